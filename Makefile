@@ -1,0 +1,34 @@
+# One command each: `make test`, `make demo`, `make bench`. Each creates .venv when missing.
+# GPU users: make test TORCH_SPEC='torch==2.13.0' PIP_EXTRA='--index-url ...' (any pip spec works).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/deltastream demo $(DEMO_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/deltastream bench all --write BENCHMARKS.md
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache

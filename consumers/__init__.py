@@ -1,0 +1,33 @@
+"""Predictor side of deltastream: serving tables, the sync daemon and the replay tool.
+
+Imports no torch: predictor hosts are CPU boxes with numpy only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+_EXPORTS = {
+    "ServingTable": "serving_table",
+    "ApplyResult": "serving_table",
+    "SyncDaemon": "sync",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'consumers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

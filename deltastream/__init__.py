@@ -1,0 +1,60 @@
+"""deltastream: stream changed embedding rows from online-learning trainers to predictors.
+
+Names are imported lazily so that torch-free code (``deltastream.wire``, the predictor
+package ``consumers``) can import this package on hosts without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+__version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# public name -> submodule that defines it
+_EXPORTS = {
+    "Slice": "sharding",
+    "gen_slice": "sharding",
+    "slice_of": "sharding",
+    "owner_of": "sharding",
+    "TrackingMode": "types",
+    "UpdateMode": "types",
+    "DeltaRows": "types",
+    "HashTable": "hashtable",
+    "SparseSGD": "optim",
+    "RowWiseAdagrad": "optim",
+    "SparseAdam": "optim",
+    "ShardedEmbedding": "sharded",
+    "DeltaStore": "store",
+    "DeltaTracker": "tracker",
+    "Selection": "selection",
+    "select_changed": "selection",
+    "DeltaBatch": "wire",
+    "encode": "wire",
+    "decode": "wire",
+    "WireError": "wire",
+    "DeltaPublisher": "publisher",
+    "PublishResult": "publisher",
+    "PublishError": "publisher",
+    "ensure_topic": "publisher",
+    "EmbeddedBroker": "broker",
+    "BrokerError": "broker",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deltastream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

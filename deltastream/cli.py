@@ -1,0 +1,99 @@
+"""The ``deltastream`` command: ``demo`` and ``bench`` subcommands.
+
+Every flag also reads a ``DELTASTREAM_*`` environment variable (see :mod:`deltastream.cliargs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from deltastream.cliargs import EnvArgumentParser
+
+__all__ = ["main", "bench_names"]
+
+log = logging.getLogger(__name__)
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def bench_names() -> list[str]:
+    """Benchmarks found in the source tree's ``bench/`` directory, in CLI spelling."""
+    d = _REPO / "bench"
+    return sorted(p.stem.replace("_", "-") for p in d.glob("*.py")
+                  if not p.stem.startswith("_") and p.stem != "run_all")
+
+
+def _import_bench(name: str):
+    if not (_REPO / "bench" / "_common.py").is_file():
+        raise SystemExit("deltastream bench: the bench/ directory is not next to the package; "
+                         "run from a source checkout (pip install -e .)")
+    if str(_REPO) not in sys.path:
+        sys.path.insert(0, str(_REPO))
+    return importlib.import_module(f"bench.{name.replace('-', '_')}")
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    names = bench_names()
+    if args.name == "list":
+        print("\n".join(names))
+        return 0
+    common = _import_bench("_common")
+    if args.name == "all":
+        runner = _import_bench("run_all")
+        return runner.main(["--write", args.write] if args.write else [])
+    if args.name not in names:
+        print(f"deltastream bench: unknown benchmark {args.name!r}; expected one of "
+              f"{', '.join(names + ['all', 'list'])}", file=sys.stderr)
+        return 2
+    results = _import_bench(args.name).main(list(args.bench_args))
+    common.emit(results, args.json)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from deltastream.demo import run_demo_cli
+
+    return run_demo_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = EnvArgumentParser(prog="deltastream", description=__doc__.splitlines()[0])
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("bench", help="run a benchmark (figure vs a same-run baseline)")
+    b.add_argument("name", help="benchmark name, 'list' or 'all'")
+    b.add_argument("--json", action="store_true", help="print one JSON object per figure")
+    b.add_argument("--write", default=None,
+                   help="with 'all': regenerate this markdown file (e.g. BENCHMARKS.md)")
+    b.add_argument("bench_args", nargs=argparse.REMAINDER,
+                   help="options passed to the benchmark itself (see its --help)")
+    b.set_defaults(func=_cmd_bench)
+
+    try:
+        from deltastream.demo import add_demo_arguments
+    except ImportError:  # the demo module is optional while it is being built
+        add_demo_arguments = None
+    if add_demo_arguments is not None:
+        d = sub.add_parser("demo", help="train a small CTR model and stream its deltas to a "
+                                        "predictor end to end; writes a report")
+        add_demo_arguments(d)
+        d.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
