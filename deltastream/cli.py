@@ -1,4 +1,4 @@
-"""The ``deltastream`` command: ``demo`` and ``bench`` subcommands.
+"""The ``deltastream`` command: ``demo``, ``bench`` and ``topic`` subcommands.
 
 Every flag also reads a ``DELTASTREAM_*`` environment variable (see :mod:`deltastream.cliargs`).
 """
@@ -9,8 +9,9 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from deltastream.cliargs import EnvArgumentParser
 
@@ -55,6 +56,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_topic(args: argparse.Namespace) -> int:
+    from deltastream.publisher import ensure_topic
+
+    topic = args.topic or f"deltas.{args.model}"
+    partitions = ensure_topic(args.bootstrap_servers, topic, args.partitions)
+    print(f"{topic}: {partitions} partitions on {args.bootstrap_servers}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from deltastream.demo import run_demo_cli
 
@@ -75,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("bench_args", nargs=argparse.REMAINDER,
                    help="options passed to the benchmark itself (see its --help)")
     b.set_defaults(func=_cmd_bench)
+
+    t = sub.add_parser("topic", help="create the deltas topic if missing (idempotent)")
+    t.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers host:port")
+    t.add_argument("--model", default="model", help="model name; the topic defaults to deltas.<model>")
+    t.add_argument("--topic", default=None, help="topic name (default deltas.<model>)")
+    t.add_argument("--partitions", type=int, default=1,
+                   help="partitions to create; use at least the number of trainer shards")
+    t.set_defaults(func=_cmd_topic)
 
     try:
         from deltastream.demo import add_demo_arguments
