@@ -51,8 +51,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"deltastream bench: unknown benchmark {args.name!r}; expected one of "
               f"{', '.join(names + ['all', 'list'])}", file=sys.stderr)
         return 2
-    results = _import_bench(args.name).main(list(args.bench_args))
-    common.emit(results, args.json)
+    # argparse.REMAINDER swallows flags after the name; --json belongs to us, not the bench.
+    bench_args = [a for a in args.bench_args if a != "--json"]
+    as_json = args.json or len(bench_args) != len(args.bench_args)
+    results = _import_bench(args.name).main(bench_args)
+    common.emit(results, as_json)
     return 0
 
 

@@ -59,7 +59,7 @@ class EnvArgumentParser(argparse.ArgumentParser):
         for v in values:
             try:
                 value = action.type(v) if action.type else v
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
                 self.error(f"{var}={raw!r}: {e}")
             if action.choices is not None and value not in action.choices:
                 self.error(f"{var}={raw!r}: expected one of {list(action.choices)}")

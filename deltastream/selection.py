@@ -1,0 +1,448 @@
+"""Choose which changed rows to publish this round: top-k by drift, new rows first.
+
+The tracker hands over, per table, the ids touched since the consumer's last read and
+(in EMBEDDING mode) each row's FIRST state: its value before the first update in the
+interval, i.e. the value the predictors last received. :func:`select_changed` reads the
+current value of every candidate from the table and scores it by how far it drifted::
+
+    score = ‖current − FIRST‖₂          (one float per row)
+
+and picks the rows to publish under a budget (``k``, ``fraction``, ``threshold``,
+``max_bytes``). Everything it does not pick is returned as ``Selection.leftover`` with the
+row's *original* FIRST state, ``new`` flag and ``age``, ready for
+``DeltaTracker.retain(consumer, fqn, selection.leftover)``: the retained drift keeps
+accumulating against the value predictors actually hold, so a row that keeps drifting
+scores higher each round.
+
+Priority, highest first (vectorized as one float64 key, then ``torch.topk``):
+
+1. **new** rows (``delta.new``; predictors have never seen them), oldest first;
+2. **overdue** rows (``age >= max_age``: carried that many rounds), oldest first;
+3. all others by ``score × (1 + age)``: the drift, boosted by how long the row has waited.
+
+Tier 2 alone already lets a carried row whose drift grows overtake fresh rows; tier 1 makes
+the bound hard: under a fixed budget of ``k`` rows per round and ``R`` candidate rows, no row
+waits more than about ``max_age + ceil(R / k)`` rounds (tested).
+
+Non-finite rows: a row whose *current* value holds NaN/Inf is never published and never
+retained. Its id is returned in ``Selection.rejected`` (and counted, with a warning in the
+log), so it is not lost silently; the caller decides (re-initialize, evict, alert). A
+rejected row becomes a candidate again the next time the trainer updates it, because the
+update is a lookup the tracker records. A row whose current value is finite but whose FIRST
+state is not (it recovered) gets score ``+inf`` and so goes first in tier 3; a score that
+overflows float (huge finite rows) is ``+inf`` as well.
+
+ID_ONLY deltas (``states is None``) carry no FIRST state, so no drift can be computed:
+``scores`` is all NaN, ``threshold`` selects every (finite) row, and ``k`` / ``fraction`` /
+``max_bytes`` still cap the count using tiers 1 and 2 and then age (oldest first).
+
+The table can be a :class:`deltastream.HashTable` (anything with ``lookup(ids) -> [n, dim]``),
+a ``torch.nn.Embedding`` (ids are row indices) or a :class:`deltastream.ShardedEmbedding`
+(its local shard, ``.table``, is read: delta ids of a shard's tracker are that shard's ids).
+The same code runs on CPU and CUDA; candidate rows are read in chunks so the drift is
+computed while the chunk is in cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .hashtable import HashTable
+from .types import DeltaRows
+
+__all__ = ["Selection", "select_changed", "WIRE_ITEMSIZE", "row_wire_bytes"]
+
+logger = logging.getLogger(__name__)
+
+#: bytes per row element on the wire, per wire dtype (see DESIGN.md, wire format v1)
+WIRE_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
+
+# Tier offsets of the priority key. Ages are clamped below _AGE_CAP so tiers never overlap
+# and float64 still resolves the fractional score part (2**40 leaves ~12 fractional bits).
+_TIER_NEW = float(2**40)
+_TIER_OVERDUE = 2.0
+_AGE_CAP = 2**30
+
+# Rows per chunk when reading current values: 16K x 128 fp32 = 8 MiB, stays in a large cache.
+_DEFAULT_CHUNK_ROWS = 16384
+
+
+@dataclass
+class Selection:
+    """The rows chosen for publishing, and what happens to the others.
+
+    Attributes:
+        ids: int64 ``[s]`` selected global ids, ascending.
+        rows: ``[s, dim]`` their *current* values (table dtype, delta's device).
+        scores: float ``[s]`` drift ``‖current − FIRST‖₂`` of each selected row; NaN for an
+            ID_ONLY delta; ``+inf`` where FIRST was non-finite or the norm overflowed.
+        leftover: rows not selected (finite, not rejected), with their original FIRST
+            states, ``new`` flags and ages: hand to ``DeltaTracker.retain``.
+        rejected: int64 ``[r]`` ascending ids whose current value holds NaN/Inf; never
+            published, not part of ``leftover`` (see the module docstring).
+        tombstones: the delta's evicted ids, passed through for the publisher (or ``None``).
+    """
+
+    ids: torch.Tensor
+    rows: torch.Tensor
+    scores: torch.Tensor
+    leftover: DeltaRows
+    rejected: torch.Tensor
+    tombstones: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def n_rejected(self) -> int:
+        """How many candidate rows were rejected as non-finite."""
+        return int(self.rejected.numel())
+
+
+def row_wire_bytes(dim: int, wire_dtype: str = "f16") -> int:
+    """Bytes one row costs on the wire: 8 (id) + ``dim`` × itemsize (+4 scale for ``i8``)."""
+    if wire_dtype not in WIRE_ITEMSIZE:
+        raise ValueError(f"wire_dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {wire_dtype!r}")
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+        raise ValueError(f"dim must be a positive int, got {dim!r}")
+    return 8 + dim * WIRE_ITEMSIZE[wire_dtype] + (4 if wire_dtype == "i8" else 0)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows) -> None:
+    given = [name for name, v in (("k", k), ("fraction", fraction), ("threshold", threshold))
+             if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of k, fraction, threshold; got {', '.join(given)}")
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+            raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+    if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+            raise TypeError(f"fraction must be a float, got {type(fraction).__name__} {fraction!r}")
+        if not 0.0 < float(fraction) <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            raise TypeError(
+                f"threshold must be a float, got {type(threshold).__name__} {threshold!r}")
+        if not (math.isfinite(float(threshold)) and float(threshold) >= 0.0):
+            raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral):
+            raise TypeError(
+                f"max_bytes must be an int, got {type(max_bytes).__name__} {max_bytes!r}")
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    if wire_dtype not in WIRE_ITEMSIZE:
+        raise ValueError(f"wire_dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {wire_dtype!r}")
+    if max_age is not None:
+        if isinstance(max_age, bool) or not isinstance(max_age, numbers.Integral) or max_age < 1:
+            raise ValueError(f"max_age must be None or an int >= 1, got {max_age!r}")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, numbers.Integral) \
+            or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+
+
+def _check_delta(delta: DeltaRows, dim: int) -> None:
+    if not isinstance(delta, DeltaRows):
+        raise TypeError(f"delta must be a DeltaRows, got {type(delta).__name__}")
+    ids = delta.ids
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
+        raise ValueError(
+            f"delta.ids must be a 1-D int64 tensor, got "
+            f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
+    n = ids.numel()
+    if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError("delta.ids must be unique and ascending (as DeltaStore/DeltaTracker "
+                         "return them)")
+    if delta.states is not None:
+        st = delta.states
+        if not isinstance(st, torch.Tensor) or st.dim() != 2 or st.shape[0] != n:
+            raise ValueError(f"delta.states must be [n={n}, dim] aligned with ids, got "
+                             f"{tuple(getattr(st, 'shape', ()))}")
+        if not st.is_floating_point():
+            raise ValueError(f"delta.states must be floating point, got {st.dtype}")
+        if st.shape[1] != dim:
+            raise ValueError(f"delta.states has dim {st.shape[1]} but the table has dim {dim}")
+        if st.device != ids.device:
+            raise ValueError(f"delta.states is on {st.device} but delta.ids on {ids.device}")
+    if delta.new is not None:
+        nw = delta.new
+        if not isinstance(nw, torch.Tensor) or nw.dtype != torch.bool or nw.shape != (n,):
+            raise ValueError(f"delta.new must be a bool tensor [n={n}], got "
+                             f"{getattr(nw, 'dtype', type(nw).__name__)} "
+                             f"{tuple(getattr(nw, 'shape', ()))}")
+    if delta.age is not None:
+        ag = delta.age
+        if not isinstance(ag, torch.Tensor) or ag.shape != (n,) or ag.is_floating_point() \
+                or ag.dtype == torch.bool:
+            raise ValueError(f"delta.age must be an integer tensor [n={n}], got "
+                             f"{getattr(ag, 'dtype', type(ag).__name__)} "
+                             f"{tuple(getattr(ag, 'shape', ()))}")
+        if n and bool((ag < 0).any()):
+            raise ValueError("delta.age must be >= 0")
+    if delta.tombstones is not None:
+        tb = delta.tombstones
+        if not isinstance(tb, torch.Tensor) or tb.dim() != 1 or tb.dtype != torch.int64:
+            raise ValueError("delta.tombstones must be None or a 1-D int64 tensor")
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def _row_reader(table) -> tuple[Callable[[torch.Tensor], torch.Tensor], int,
+                                Optional[torch.dtype], bool]:
+    """ids -> current rows (detached); the table's dim; its row dtype; whether every read
+    returns a fresh copy that the caller may overwrite."""
+    if isinstance(table, torch.nn.Embedding):
+        weight = table.weight
+        num = weight.shape[0]
+
+        def read_embedding(ids: torch.Tensor) -> torch.Tensor:
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
+                raise ValueError(f"ids must be row indices in [0, {num}) for torch.nn.Embedding, "
+                                 f"got range [{int(ids.min())}, {int(ids.max())}]")
+            return weight.detach().index_select(0, ids.to(weight.device))
+
+        return read_embedding, int(table.embedding_dim), weight.dtype, True
+    inner = table
+    if not callable(getattr(inner, "lookup", None)) and hasattr(inner, "table"):
+        inner = inner.table  # ShardedEmbedding: its local shard
+    if not callable(getattr(inner, "lookup", None)):
+        raise TypeError(
+            "table must be a HashTable (with lookup(ids)), a ShardedEmbedding or a "
+            f"torch.nn.Embedding, got {type(table).__name__}")
+    dim = getattr(inner, "embedding_dim", None)
+    if not isinstance(dim, int):
+        raise TypeError(f"table {type(inner).__name__} has no int attribute embedding_dim")
+    dtype = getattr(inner, "dtype", None)
+
+    def read_table(ids: torch.Tensor) -> torch.Tensor:
+        rows = inner.lookup(ids)
+        return rows.detach()
+
+    if not isinstance(dtype, torch.dtype):
+        dtype = None  # learnt from the first read
+    # HashTable.lookup documents that it returns a copy; other duck-typed tables may not
+    return read_table, dim, dtype, isinstance(inner, HashTable)
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+@torch.no_grad()
+def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
+                   fraction: Optional[float] = None, threshold: Optional[float] = None,
+                   max_bytes: Optional[int] = None, wire_dtype: str = "f16",
+                   max_age: Optional[int] = 16,
+                   chunk_rows: int = _DEFAULT_CHUNK_ROWS) -> Selection:
+    """Pick the rows of ``delta`` to publish now; return the rest as ``leftover``.
+
+    Args:
+        delta: candidate rows of one table (``ids`` ascending global ids ``[n]``; ``states``
+            FIRST values ``[n, dim]`` or ``None`` for ID_ONLY; optional ``new`` ``[n]`` bool,
+            ``age`` ``[n]`` int, ``tombstones``).
+        table: where current values are read (HashTable, ShardedEmbedding, nn.Embedding).
+        k: publish at most ``k`` rows.
+        fraction: publish at most ``ceil(fraction × m)`` rows, ``m`` = finite candidates,
+            ``0 < fraction <= 1``.
+        threshold: publish rows whose drift ``‖current − FIRST‖₂ >= threshold`` (plus all new
+            and overdue rows). At most one of ``k`` / ``fraction`` / ``threshold``; none of
+            them means every finite row.
+        max_bytes: additionally cap the wire payload: at most ``max_bytes //
+            row_wire_bytes(dim, wire_dtype)`` rows. Combines with any of the above.
+        wire_dtype: the dtype rows will be published in (``f32``, ``f16``, ``bf16``, ``i8``),
+            only used for ``max_bytes``.
+        max_age: rows carried this many rounds or more (``delta.age``) outrank every row but
+            new ones; ``None`` disables the hard bound (the ``1 + age`` boost stays).
+        chunk_rows: rows read from the table per chunk (memory/cache trade-off).
+
+    Returns:
+        A :class:`Selection`. Every candidate id ends up in exactly one of ``ids``,
+        ``leftover.ids`` and ``rejected``.
+    """
+    _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows)
+    read, dim, table_dtype, fresh = _row_reader(table)
+    _check_delta(delta, dim)
+
+    dev = delta.ids.device
+    ids = delta.ids
+    states = delta.states
+    n = ids.numel()
+    tombstones = delta.tombstones
+
+    # ---- 1. read current rows chunk-wise: drift score and finiteness per row
+    if states is not None:
+        cdtype = torch.float64 if states.dtype == torch.float64 else torch.float32
+    else:
+        cdtype = torch.float32
+    score = torch.empty(n, dtype=cdtype, device=dev)
+    finite = torch.ones(n, dtype=torch.bool, device=dev)
+    if n:
+        buf = None  # scratch for the difference when the rows cannot be overwritten
+        for start in range(0, n, chunk_rows):
+            stop = min(n, start + chunk_rows)
+            cur = read(ids[start:stop])
+            if cur.device != dev:
+                cur = cur.to(dev)
+            if table_dtype is None:
+                table_dtype = cur.dtype
+            if cur.shape != (stop - start, dim):
+                raise RuntimeError(f"table returned rows of shape {tuple(cur.shape)}, "
+                                   f"expected {(stop - start, dim)}")
+            sc = score[start:stop]
+            if states is not None:
+                first = states[start:stop]
+                if fresh and cur.dtype == cdtype:
+                    # the reader returned our own copy: subtract in place, no extra buffer
+                    diff = cur.sub_(first)
+                else:
+                    if buf is None:
+                        buf = torch.empty(min(chunk_rows, n), dim, dtype=cdtype, device=dev)
+                    diff = buf[: stop - start]
+                    if cur.dtype == cdtype:
+                        torch.sub(cur, first, out=diff)
+                    else:
+                        # half-precision rows: subtract in float32, not in half then widen
+                        diff.copy_(cur).sub_(first)
+                torch.linalg.vector_norm(diff, dim=1, out=sc)
+            else:
+                # A finite row sum proves every element finite (NaN/Inf propagate);
+                # non-finite sums (rare: bad rows or overflow) get the exact test below.
+                torch.sum(cur, dim=1, dtype=cdtype, out=sc)
+            odd = (~torch.isfinite(sc)).nonzero().squeeze(1)
+            if odd.numel():
+                # Exact test only for the rare rows whose score is not finite: current NaN/Inf
+                # -> rejected; otherwise FIRST was non-finite or the norm overflowed -> +inf.
+                # (re-read: `cur` may hold the difference by now)
+                ok = torch.isfinite(read(ids[start + odd]).to(dev)).all(dim=1)
+                finite[start + odd] = ok
+                sc[odd] = torch.where(ok, torch.tensor(math.inf, dtype=cdtype, device=dev),
+                                      torch.tensor(math.nan, dtype=cdtype, device=dev))
+    if table_dtype is None:
+        table_dtype = states.dtype if states is not None else torch.float32
+
+    all_finite = bool(finite.all()) if n else True
+    if all_finite:
+        rejected = ids.new_empty(0)
+        n_fin = n
+    else:
+        rejected = ids[~finite]
+        n_fin = n - rejected.numel()
+        logger.warning("select_changed: %d of %d candidate rows have NaN/Inf current values; "
+                       "they are rejected (not published, not retained)", rejected.numel(), n)
+
+    # ---- 2. the budget
+    cap = n_fin
+    if k is not None:
+        cap = min(cap, int(k))
+    elif fraction is not None:
+        # tolerance so that 0.1 * 1_000_000 gives 100000, not 100001
+        cap = min(cap, math.ceil(float(fraction) * n_fin - 1e-9))
+    if max_bytes is not None:
+        cap = min(cap, int(max_bytes) // row_wire_bytes(dim, wire_dtype))
+
+    new = delta.new.to(dev) if delta.new is not None else None
+    age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
+
+    eligible = finite
+    if threshold is not None and states is not None:
+        must = score >= float(threshold)
+        if new is not None:
+            must |= new
+        if age is not None and max_age is not None:
+            must |= age >= max_age
+        eligible = finite & must
+    n_elig = int(eligible.sum()) if n else 0
+
+    # ---- 3. choose positions
+    if cap >= n_elig:
+        sel = eligible.nonzero().squeeze(1) if n_elig != n else torch.arange(n, device=dev)
+    elif cap <= 0:
+        sel = torch.empty(0, dtype=torch.int64, device=dev)
+    else:
+        key = _priority(score if states is not None else None, new, age, max_age, n, dev)
+        key.masked_fill_(~eligible, -math.inf)
+        sel = torch.topk(key, cap, sorted=False).indices
+        sel, _ = torch.sort(sel)  # ids are ascending, so sorted positions = ascending ids
+
+    # ---- 4. assemble
+    chosen = torch.zeros(n, dtype=torch.bool, device=dev)
+    chosen[sel] = True
+    left_mask = finite & ~chosen
+    sel_ids = ids.index_select(0, sel)
+    rows = _read_rows(read, sel_ids, dim, table_dtype, dev)
+    if states is not None:
+        scores = score.index_select(0, sel).to(torch.float32)
+    else:
+        scores = torch.full((sel.numel(),), math.nan, dtype=torch.float32, device=dev)
+
+    if bool(left_mask.any()):
+        lpos = left_mask.nonzero().squeeze(1)
+        leftover = DeltaRows(
+            ids=ids.index_select(0, lpos),
+            states=None if states is None else states.index_select(0, lpos),
+            new=None if delta.new is None else delta.new.index_select(0, lpos.to(delta.new.device)),
+            age=None if delta.age is None else delta.age.index_select(0, lpos.to(delta.age.device)),
+        )
+    else:
+        leftover = DeltaRows(
+            ids=ids.new_empty(0),
+            states=None if states is None else states.new_empty(0, dim),
+            new=None if delta.new is None else delta.new.new_empty(0),
+            age=None if delta.age is None else delta.age.new_empty(0),
+        )
+    logger.debug("select_changed: %d candidates -> %d selected, %d leftover, %d rejected",
+                 n, sel_ids.numel(), leftover.ids.numel(), rejected.numel())
+    return Selection(ids=sel_ids, rows=rows, scores=scores, leftover=leftover,
+                     rejected=rejected, tombstones=tombstones)
+
+
+def _priority(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
+              age: Optional[torch.Tensor], max_age: Optional[int], n: int,
+              dev: torch.device) -> torch.Tensor:
+    """float64 ``[n]`` key: higher publishes first (tiers: new > overdue > drift x (1+age))."""
+    agef = age.clamp(max=_AGE_CAP).to(torch.float64) if age is not None else None
+    if score is not None:
+        s = score.to(torch.float64)
+        # 1 - 1/(1+x) maps [0, inf] monotonically onto [0, 1] (inf -> 1, no NaN)
+        frac = 1.0 - 1.0 / (1.0 + s)
+        if agef is not None:
+            boosted = s * (1.0 + agef)
+            key = 1.0 - 1.0 / (1.0 + boosted)
+        else:
+            key = frac.clone()
+    else:
+        frac = torch.zeros(n, dtype=torch.float64, device=dev)
+        # ID_ONLY: no drift; older rows first
+        key = (1.0 - 1.0 / (1.0 + agef)) if agef is not None else frac.clone()
+    if agef is not None:
+        if max_age is not None:
+            overdue = age >= max_age
+            key = torch.where(overdue, _TIER_OVERDUE + agef + frac, key)
+        if new is not None:
+            key = torch.where(new, _TIER_NEW + agef + frac, key)
+    elif new is not None:
+        key = torch.where(new, _TIER_NEW + frac, key)
+    return key
+
+
+def _read_rows(read, ids: torch.Tensor, dim: int, dtype: torch.dtype,
+               dev: torch.device) -> torch.Tensor:
+    """Current values of ``ids`` as one ``[len(ids), dim]`` tensor on ``dev``."""
+    if ids.numel() == 0:
+        return torch.empty(0, dim, dtype=dtype, device=dev)
+    rows = read(ids)
+    return rows.to(dev) if rows.device != dev else rows

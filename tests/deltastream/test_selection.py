@@ -1,0 +1,391 @@
+"""select_changed: drift scores, budgets, new-first, non-finite rows, leftover, anti-starvation."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from deltastream.selection import Selection, row_wire_bytes, select_changed
+from deltastream.types import DeltaRows
+
+DIM = 8
+TABLE_KINDS = ["embedding", "hashtable"]
+
+
+def make_table(kind: str, ids: torch.Tensor, rows: torch.Tensor, device="cpu"):
+    """A real table holding ``rows`` at ``ids`` (nn.Embedding: ids must be 0..n-1)."""
+    if kind == "embedding":
+        emb = torch.nn.Embedding(int(ids.max()) + 1, rows.shape[1], device=device,
+                                 dtype=rows.dtype)
+        with torch.no_grad():
+            emb.weight[ids.to(device)] = rows.to(device)
+        return emb
+    hashtable = pytest.importorskip("deltastream.hashtable")
+    table = hashtable.HashTable(rows.shape[1], name="t", device=device, dtype=rows.dtype,
+                                capacity=max(16, 2 * ids.numel()))
+    table.insert(ids.to(device), rows.to(device))
+    return table
+
+
+def global_ids(kind: str, n: int) -> torch.Tensor:
+    # HashTable ids are arbitrary (sparse, some negative); nn.Embedding ids are row indices.
+    if kind == "embedding":
+        return torch.arange(n, dtype=torch.int64)
+    return torch.arange(n, dtype=torch.int64) * 7919 - 50_000
+
+
+def scenario(kind: str, n: int = 64, seed: int = 0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    ids = global_ids(kind, n)
+    first = torch.randn(n, DIM, generator=g)
+    # drift of row i grows with a random per-row scale: distinct scores
+    scale = torch.rand(n, generator=g) * 3
+    cur = first + torch.randn(n, DIM, generator=g) * scale[:, None]
+    table = make_table(kind, ids, cur, device)
+    return ids.to(device), first.to(device), cur.to(device), table
+
+
+def partition_ok(delta: DeltaRows, sel: Selection) -> None:
+    """Every candidate ends in exactly one of selected / leftover / rejected."""
+    all_ids = torch.cat([sel.ids.cpu(), sel.leftover.ids.cpu(), sel.rejected.cpu()])
+    assert all_ids.numel() == delta.ids.numel()
+    assert torch.equal(torch.sort(all_ids).values, delta.ids.cpu())
+    for t in (sel.ids, sel.leftover.ids, sel.rejected):
+        assert torch.all(t[1:] > t[:-1]), "ids must be ascending"
+
+
+@pytest.mark.parametrize("kind", TABLE_KINDS)
+def test_scores_are_drift_norms_and_rows_current(kind):
+    ids, first, cur, table = scenario(kind)
+    delta = DeltaRows(ids=ids, states=first.clone())
+    sel = select_changed(delta, table)
+    assert torch.equal(sel.ids, ids)  # no budget: every finite row
+    torch.testing.assert_close(sel.rows, cur)
+    torch.testing.assert_close(sel.scores, torch.linalg.vector_norm(cur - first, dim=1))
+    assert len(sel.leftover) == 0 and sel.n_rejected == 0
+    partition_ok(delta, sel)
+
+
+@pytest.mark.parametrize("kind", TABLE_KINDS)
+def test_k_picks_largest_drift_and_leftover_keeps_first(kind):
+    ids, first, cur, table = scenario(kind)
+    n = ids.numel()
+    new = torch.zeros(n, dtype=torch.bool)
+    age = torch.zeros(n, dtype=torch.int64)
+    delta = DeltaRows(ids=ids, states=first.clone(), new=new, age=age)
+    sel = select_changed(delta, table, k=10)
+    scores = torch.linalg.vector_norm(cur - first, dim=1)
+    expect = torch.sort(ids[torch.topk(scores, 10).indices]).values
+    assert torch.equal(sel.ids, expect)
+    torch.testing.assert_close(sel.rows, cur[torch.isin(ids, expect)])
+    # leftover carries the ORIGINAL FIRST states, new flags and ages
+    lmask = ~torch.isin(ids, expect)
+    assert torch.equal(sel.leftover.ids, ids[lmask])
+    assert torch.equal(sel.leftover.states, first[lmask])
+    assert torch.equal(sel.leftover.new, new[lmask])
+    assert torch.equal(sel.leftover.age, age[lmask])
+    assert sel.scores.min() >= sel.leftover.states.new_tensor(
+        scores[lmask].max().item())
+    partition_ok(delta, sel)
+
+
+def test_fraction_and_threshold():
+    ids, first, cur, table = scenario("embedding", n=100)
+    scores = torch.linalg.vector_norm(cur - first, dim=1)
+    delta = DeltaRows(ids=ids, states=first)
+    sel = select_changed(delta, table, fraction=0.1)
+    assert len(sel) == 10
+    assert torch.equal(sel.ids, torch.sort(torch.topk(scores, 10).indices).values)
+    assert len(select_changed(delta, table, fraction=0.123)) == 13  # ceil
+    assert len(select_changed(delta, table, fraction=1.0)) == 100
+
+    t = float(scores.median())
+    sel = select_changed(delta, table, threshold=t)
+    assert torch.equal(sel.ids, ids[scores >= t])
+    assert torch.equal(sel.leftover.ids, ids[scores < t])
+    # new rows pass any threshold: predictors do not have them at all
+    new = torch.zeros(100, dtype=torch.bool)
+    new[scores.argmin()] = True
+    sel = select_changed(DeltaRows(ids=ids, states=first, new=new), table, threshold=t)
+    assert torch.equal(sel.ids, ids[(scores >= t) | new])
+
+
+@pytest.mark.parametrize("wire_dtype,per_row", [("f32", 8 + 4 * DIM), ("f16", 8 + 2 * DIM),
+                                                ("bf16", 8 + 2 * DIM), ("i8", 8 + DIM + 4)])
+def test_max_bytes_caps_the_count(wire_dtype, per_row):
+    assert row_wire_bytes(DIM, wire_dtype) == per_row
+    ids, first, cur, table = scenario("embedding", n=100)
+    scores = torch.linalg.vector_norm(cur - first, dim=1)
+    delta = DeltaRows(ids=ids, states=first)
+    sel = select_changed(delta, table, max_bytes=7 * per_row + per_row - 1, wire_dtype=wire_dtype)
+    assert len(sel) == 7
+    assert torch.equal(sel.ids, torch.sort(torch.topk(scores, 7).indices).values)
+    # combined with k: the smaller bound wins
+    assert len(select_changed(delta, table, k=3, max_bytes=10 * per_row,
+                              wire_dtype=wire_dtype)) == 3
+    assert len(select_changed(delta, table, k=30, max_bytes=10 * per_row,
+                              wire_dtype=wire_dtype)) == 10
+    assert len(select_changed(delta, table, threshold=0.0, max_bytes=5 * per_row,
+                              wire_dtype=wire_dtype)) == 5
+    assert len(select_changed(delta, table, max_bytes=per_row - 1, wire_dtype=wire_dtype)) == 0
+
+
+def test_new_rows_come_first_then_by_score():
+    ids, first, cur, table = scenario("embedding", n=50)
+    scores = torch.linalg.vector_norm(cur - first, dim=1)
+    order = torch.argsort(scores)
+    new = torch.zeros(50, dtype=torch.bool)
+    new[order[:5]] = True  # the five SMALLEST drifts are new rows
+    delta = DeltaRows(ids=ids, states=first, new=new, age=torch.zeros(50, dtype=torch.int64))
+    sel = select_changed(delta, table, k=8)
+    expect = torch.cat([order[:5], order[-3:]])  # all new rows, then the 3 largest drifts
+    assert torch.equal(sel.ids, torch.sort(ids[expect]).values)
+    # budget smaller than the new rows: only new rows, the largest-drift ones
+    sel = select_changed(delta, table, k=2)
+    assert torch.equal(sel.ids, torch.sort(ids[order[3:5]]).values)
+    assert bool(sel.leftover.new.sum() == 3)
+
+
+def test_non_finite_rows_rejected_never_selected_or_retained(caplog):
+    ids, first, cur, table = scenario("embedding", n=40)
+    with torch.no_grad():
+        table.weight[3, 1] = math.nan
+        table.weight[7, 0] = math.inf
+        table.weight[9, 5] = -math.inf
+    first = first.clone()
+    first[11, 2] = math.nan       # bad FIRST, good current: publish it first (score +inf)
+    with torch.no_grad():
+        table.weight[13] = 1e30   # finite but the norm overflows float32: +inf, not rejected
+    new = torch.zeros(40, dtype=torch.bool)
+    new[3] = True  # even a new row is rejected when its value is non-finite
+    delta = DeltaRows(ids=ids, states=first, new=new, age=torch.zeros(40, dtype=torch.int64))
+    with caplog.at_level(logging.WARNING, logger="deltastream.selection"):
+        sel = select_changed(delta, table, k=4)
+    assert sel.rejected.tolist() == [3, 7, 9] and sel.n_rejected == 3
+    assert "3 of 40" in caplog.text
+    assert not torch.isin(sel.rejected, sel.ids).any()
+    assert not torch.isin(sel.rejected, sel.leftover.ids).any()
+    assert {11, 13} <= set(sel.ids.tolist())
+    assert torch.isinf(sel.scores[sel.ids == 11]).all()
+    assert torch.isfinite(sel.rows).all()
+    partition_ok(delta, sel)
+    # fraction counts finite candidates only: ceil(0.5 * 37) = 19
+    assert len(select_changed(delta, table, fraction=0.5)) == 19
+    # ID_ONLY deltas are checked too
+    sel = select_changed(DeltaRows(ids=ids), table)
+    assert sel.rejected.tolist() == [3, 7, 9]
+    assert len(sel) == 37 and 13 in sel.ids.tolist()
+
+
+def test_id_only_selects_every_row_with_nan_scores():
+    ids, first, cur, table = scenario("embedding", n=30)
+    sel = select_changed(DeltaRows(ids=ids), table)
+    assert torch.equal(sel.ids, ids)
+    assert torch.isnan(sel.scores).all()
+    torch.testing.assert_close(sel.rows, cur)
+    assert sel.leftover.states is None and len(sel.leftover) == 0
+    # threshold cannot be evaluated without FIRST: every row passes
+    assert len(select_changed(DeltaRows(ids=ids), table, threshold=100.0)) == 30
+    # a count budget is still honoured: new rows, then the oldest
+    new = torch.zeros(30, dtype=torch.bool)
+    new[[4, 20]] = True
+    age = torch.zeros(30, dtype=torch.int64)
+    age[[1, 2, 25]] = torch.tensor([3, 9, 5])
+    sel = select_changed(DeltaRows(ids=ids, new=new, age=age), table, k=4)
+    assert sel.ids.tolist() == [2, 4, 20, 25]
+    assert sorted(sel.leftover.ids.tolist()) == sorted(set(range(30)) - {2, 4, 20, 25})
+
+
+def test_empty_delta_and_zero_budget():
+    ids, first, cur, table = scenario("embedding", n=10)
+    sel = select_changed(DeltaRows.empty(DIM), table, k=5)
+    assert len(sel) == 0 and sel.rows.shape == (0, DIM) and len(sel.leftover) == 0
+    assert sel.leftover.states.shape == (0, DIM)
+    tomb = torch.tensor([100, 200])
+    delta = DeltaRows(ids=ids, states=first, tombstones=tomb)
+    sel = select_changed(delta, table, k=0)
+    assert len(sel) == 0 and torch.equal(sel.leftover.ids, ids)
+    assert torch.equal(sel.leftover.states, first)
+    assert torch.equal(sel.tombstones, tomb)  # passed through for the publisher
+
+
+def test_half_precision_table_and_states():
+    ids, first, cur, _ = scenario("embedding", n=20)
+    table = make_table("embedding", ids, cur.half())
+    sel = select_changed(DeltaRows(ids=ids, states=first.half()), table, k=5)
+    ref = torch.linalg.vector_norm(cur.half().float() - first.half().float(), dim=1)
+    assert torch.equal(sel.ids, torch.sort(torch.topk(ref, 5).indices).values)
+    assert sel.rows.dtype == torch.float16 and sel.scores.dtype == torch.float32
+    torch.testing.assert_close(sel.scores, ref[sel.ids])
+
+
+def test_chunking_gives_identical_results():
+    ids, first, cur, table = scenario("embedding", n=257)
+    delta = DeltaRows(ids=ids, states=first, age=torch.arange(257) % 5)
+    a = select_changed(delta, table, fraction=0.3)
+    b = select_changed(delta, table, fraction=0.3, chunk_rows=16)
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.scores, b.scores)
+    assert torch.equal(a.leftover.ids, b.leftover.ids)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(k=3, fraction=0.5), ValueError, "at most one of k, fraction, threshold"),
+    (dict(k=1, threshold=0.1), ValueError, "at most one"),
+    (dict(k=-1), ValueError, "k must be >= 0"),
+    (dict(k=True), TypeError, "k must be an int"),
+    (dict(k=2.5), TypeError, "k must be an int"),
+    (dict(fraction=0.0), ValueError, r"fraction must be in \(0, 1\]"),
+    (dict(fraction=1.5), ValueError, r"fraction must be in \(0, 1\]"),
+    (dict(fraction="0.1"), TypeError, "fraction must be a float"),
+    (dict(threshold=-0.1), ValueError, "threshold must be a finite number >= 0"),
+    (dict(threshold=math.nan), ValueError, "threshold must be a finite number"),
+    (dict(max_bytes=-1), ValueError, "max_bytes must be >= 0"),
+    (dict(max_bytes=1.5), TypeError, "max_bytes must be an int"),
+    (dict(wire_dtype="f64"), ValueError, "wire_dtype must be one of"),
+    (dict(max_age=0), ValueError, "max_age must be None or an int >= 1"),
+    (dict(chunk_rows=0), ValueError, "chunk_rows"),
+])
+def test_argument_validation(kwargs, exc, match):
+    ids, first, cur, table = scenario("embedding", n=5)
+    with pytest.raises(exc, match=match):
+        select_changed(DeltaRows(ids=ids, states=first), table, **kwargs)
+
+
+def test_delta_validation():
+    ids, first, cur, table = scenario("embedding", n=5)
+    with pytest.raises(TypeError, match="delta must be a DeltaRows"):
+        select_changed({"ids": ids}, table)
+    with pytest.raises(ValueError, match="unique and ascending"):
+        select_changed(DeltaRows(ids=torch.tensor([0, 2, 1])), table)
+    with pytest.raises(ValueError, match="unique and ascending"):
+        select_changed(DeltaRows(ids=torch.tensor([0, 1, 1])), table)
+    with pytest.raises(ValueError, match="1-D int64"):
+        select_changed(DeltaRows(ids=ids.int()), table)
+    with pytest.raises(ValueError, match=r"states must be \[n=5, dim\]"):
+        select_changed(DeltaRows(ids=ids, states=first[:4]), table)
+    with pytest.raises(ValueError, match="states has dim 3 but the table has dim 8"):
+        select_changed(DeltaRows(ids=ids, states=first[:, :3]), table)
+    with pytest.raises(ValueError, match="states must be floating point"):
+        select_changed(DeltaRows(ids=ids, states=first.long()), table)
+    with pytest.raises(ValueError, match="new must be a bool tensor"):
+        select_changed(DeltaRows(ids=ids, new=torch.zeros(5)), table)
+    with pytest.raises(ValueError, match="age must be an integer tensor"):
+        select_changed(DeltaRows(ids=ids, age=torch.zeros(4, dtype=torch.int64)), table)
+    with pytest.raises(ValueError, match="age must be >= 0"):
+        select_changed(DeltaRows(ids=ids, age=-torch.ones(5, dtype=torch.int64)), table)
+    with pytest.raises(TypeError, match="table must be a HashTable"):
+        select_changed(DeltaRows(ids=ids), object())
+    with pytest.raises(ValueError, match=r"row indices in \[0, 5\)"):
+        select_changed(DeltaRows(ids=torch.tensor([1, 9])), table)
+
+
+def run_rounds(rounds: int, k: int, max_age, use_age: bool, R: int = 200, hot: int = 20):
+    """Simulate publish rounds under a fixed budget; return max rounds any row waited.
+
+    Hot rows drift by 1.0 every round, cold rows by 0.001: pure top-k by drift would
+    publish only hot rows. The fake retain does what DeltaTracker.retain does: leftover rows
+    keep their FIRST state (the value last published) and their age grows by one.
+    """
+    g = torch.Generator().manual_seed(1)
+    ids = torch.arange(R)
+    table = torch.nn.Embedding(R, DIM)
+    published = table.weight.detach().clone()  # FIRST: what predictors hold
+    age = torch.zeros(R, dtype=torch.int64)
+    new = torch.ones(R, dtype=torch.bool)
+    last_pub = torch.zeros(R, dtype=torch.int64)
+    speed = torch.full((R,), 0.001)
+    speed[:hot] = 1.0
+    worst = 0
+    for rnd in range(1, rounds + 1):
+        step = torch.randn(R, DIM, generator=g)
+        step = step / step.norm(dim=1, keepdim=True) * speed[:, None]
+        with torch.no_grad():
+            table.weight += step
+        delta = DeltaRows(ids=ids, states=published.clone(), new=new.clone(),
+                          age=age.clone() if use_age else None)
+        sel = select_changed(delta, table, k=k, max_age=max_age)
+        assert len(sel) == k and sel.n_rejected == 0
+        published[sel.ids] = sel.rows
+        new[sel.ids] = False
+        age[sel.ids] = 0
+        age[sel.leftover.ids] += 1
+        last_pub[sel.ids] = rnd
+        worst = max(worst, int((rnd - last_pub).max()))
+    return worst
+
+
+def test_no_row_starves_under_fixed_budget():
+    R, k = 200, 20
+    for max_age in (4, 16):
+        bound = max_age + math.ceil(R / k)
+        worst = run_rounds(rounds=120, k=k, max_age=max_age, use_age=True, R=R)
+        assert worst <= bound, f"max_age={max_age}: a row waited {worst} rounds, bound {bound}"
+    # without ages (pure top-k by drift) cold rows starve: the test above is meaningful
+    assert run_rounds(rounds=120, k=k, max_age=max_age, use_age=False, R=R) > 100
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", TABLE_KINDS)
+def test_cuda_matches_cpu(kind):
+    ids, first, cur, table = scenario(kind, n=300)
+    age = torch.arange(300) % 20
+    new = torch.arange(300) % 17 == 0
+    delta = DeltaRows(ids=ids, states=first, new=new, age=age)
+    ref = select_changed(delta, table, fraction=0.2)
+    ids_c, first_c, cur_c, table_c = scenario(kind, n=300, device="cuda")
+    delta_c = DeltaRows(ids=ids_c, states=first_c, new=new.cuda(), age=age.cuda())
+    got = select_changed(delta_c, table_c, fraction=0.2)
+    assert got.ids.is_cuda and got.rows.is_cuda
+    assert torch.equal(got.ids.cpu(), ref.ids)
+    torch.testing.assert_close(got.rows.cpu(), ref.rows)
+    torch.testing.assert_close(got.scores.cpu(), ref.scores)
+    assert torch.equal(got.leftover.ids.cpu(), ref.leftover.ids)
+
+
+def test_no_row_starves_with_real_tracker_and_training():
+    """End to end: HashTable + SparseSGD + DeltaTracker(EMBEDDING) + select_changed + retain."""
+    from deltastream.hashtable import HashTable
+    from deltastream.optim import SparseSGD
+    from deltastream.tracker import DeltaTracker
+    from deltastream.types import TrackingMode
+
+    R, hot, k, max_age, rounds = 60, 6, 6, 5, 40
+    model = torch.nn.ModuleDict({"emb": HashTable(DIM, name="emb")})
+    table = model["emb"]
+    opt = SparseSGD(model, lr=0.1)
+    tracker = DeltaTracker(model, mode=TrackingMode.EMBEDDING)
+    ids = torch.arange(R, dtype=torch.int64) * 1000 + 7
+    weight = torch.full((R, 1), 1e-3)
+    weight[:hot] = 1.0  # hot rows get ~1000x larger gradients
+    g = torch.Generator().manual_seed(3)
+    last_pub = torch.full((R,), -1, dtype=torch.int64)
+    published_value = torch.zeros(R, DIM)
+    worst = 0
+    for rnd in range(rounds):
+        out = table(ids)
+        (out * weight * torch.randn(R, DIM, generator=g)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        tracker.step()
+        delta = tracker.get_delta()["emb"]
+        assert torch.equal(delta.ids, ids)  # every id was touched or carried
+        if rnd > 0:  # FIRST = what was published last (retained rows keep theirs)
+            torch.testing.assert_close(delta.states, published_value)
+        sel = select_changed(delta, table, k=k, max_age=max_age)
+        assert len(sel) == k
+        tracker.retain("default", "emb", sel.leftover)
+        pos = torch.searchsorted(ids, sel.ids)
+        # rows that never had a value published read as FIRST = their pre-update value; keep
+        # the published values so the next FIRST can be checked
+        published_value[torch.searchsorted(ids, sel.leftover.ids)] = sel.leftover.states
+        published_value[pos] = sel.rows
+        last_pub[pos] = rnd
+        if rnd >= R // k:  # after the initial wave of new rows
+            worst = max(worst, int((rnd - last_pub).max()))
+    bound = max_age + math.ceil(R / k)
+    assert (last_pub >= 0).all()
+    assert worst <= bound, f"a row waited {worst} rounds, bound {bound}"
