@@ -14,7 +14,20 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _EXPORTS = {
     "ServingTable": "serving_table",
     "ApplyResult": "serving_table",
+    "ApplyError": "serving_table",
+    "Snapshot": "snapshot",
+    "SnapshotError": "snapshot",
+    "read_snapshot": "snapshot",
+    "write_snapshot": "snapshot",
+    "snapshot_exists": "snapshot",
+    "SeqTracker": "sequencing",
+    "Applier": "applier",
+    "Outcome": "applier",
+    "Quarantine": "quarantine",
     "SyncDaemon": "sync",
+    "TopicReader": "topic",
+    "rebuild": "replay",
+    "diff_snapshots": "replay",
 }
 
 __all__ = sorted(_EXPORTS)

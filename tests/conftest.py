@@ -22,6 +22,9 @@ class ExternalBroker:
 
 
 def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return  # no torch import needed: keeps torch-free test runs torch-free
     try:
         import torch
 
@@ -31,9 +34,8 @@ def pytest_collection_modifyitems(config, items):
     if has_cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,222 @@
+"""The one place that turns raw Kafka record values into serving-table changes.
+
+The sync daemon and the replay tool both feed records through :class:`Applier`, so the same
+records in the same order give bit-identical tables in both. :meth:`Applier.process` never
+raises on bad data and never applies part of a message:
+
+1. headers (optional, untrusted) let a record of a shard we do not serve be skipped without
+   decoding;
+2. :func:`deltastream.wire.decode` validates the message (``WireError`` -> quarantined);
+3. model, headers-vs-body agreement, shard filter, known table and dim are checked;
+4. :class:`~consumers.sequencing.SeqTracker` classifies (epoch, seq): duplicates and stale
+   epochs are skipped, gaps and new epochs are applied and reported;
+5. :meth:`ServingTable.apply` validates and applies atomically (``ApplyError`` ->
+   quarantined; a table first seen is only created when its first batch applies);
+6. the seq is committed.
+
+A quarantined message's seq is not committed: its data never reached the table, so the next
+message of that stream reports the gap.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from consumers.sequencing import SeqTracker
+from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable
+from deltastream.wire import WireError, decode, parse_headers
+
+__all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
+
+log = logging.getLogger(__name__)
+
+OUTCOME_KINDS = ("applied", "duplicate", "stale", "skipped", "quarantined")
+_COUNTERS = ("messages", "applied", "rows", "deleted", "bytes", "duplicates", "stale",
+             "skipped", "quarantined", "gaps", "missing_seqs", "new_epochs", "tables_created")
+
+
+@dataclass
+class Outcome:
+    """What :meth:`Applier.process` did with one record.
+
+    kind: ``applied`` | ``duplicate`` | ``stale`` (older trainer epoch) | ``skipped`` (a shard
+    not served here) | ``quarantined`` (undecodable or invalid; ``reason`` says why).
+    rows/deleted: rows upserted and ids deleted (applied only); bytes: record size.
+    gap: inclusive range of seqs never seen before this one, or None.
+    Fields of the message are None when it could not be decoded.
+    """
+
+    kind: str
+    reason: str = ""
+    table: Optional[str] = None
+    shard: Optional[int] = None
+    epoch: Optional[int] = None
+    seq: Optional[int] = None
+    step: Optional[int] = None
+    ts: Optional[int] = None
+    rows: int = 0
+    deleted: int = 0
+    bytes: int = 0
+    gap: Optional[tuple[int, int]] = None
+
+
+class Applier:
+    """Decode, validate, sequence-check and apply records into ``tables``.
+
+    Args:
+        model: the model whose messages are applied; others are quarantined.
+        tables: name -> :class:`ServingTable`, updated in place (new tables are added when
+            ``table_dims`` is None).
+        seqs: sequence state, updated in place.
+        table_dims: None = accept any table of ``model``, creating a table with the first
+            batch's dim; a dict = only these tables with these dims (others quarantined).
+        shards: None = all shards; a set = apply only these trainer shards (others skipped).
+        dtype: storage dtype of tables this applier creates (``"f32"`` or ``"f16"``).
+
+    One thread calls :meth:`process` (counters are plain ints); other threads may read the
+    tables meanwhile (:class:`ServingTable` is safe for that).
+    """
+
+    def __init__(self, model: str, tables: dict[str, ServingTable], seqs: SeqTracker, *,
+                 table_dims: Optional[dict[str, int]] = None,
+                 shards: Optional[set[int]] = None, dtype: str = "f32"):
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model: expected a non-empty str, got {model!r}")
+        if not isinstance(tables, dict):
+            raise TypeError(f"tables: expected a dict name -> ServingTable, got "
+                            f"{type(tables).__name__}")
+        if not isinstance(seqs, SeqTracker):
+            raise TypeError(f"seqs: expected a SeqTracker, got {type(seqs).__name__}")
+        if dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
+        if table_dims is not None:
+            if not isinstance(table_dims, dict):
+                raise TypeError(f"table_dims: expected a dict name -> dim or None, got "
+                                f"{type(table_dims).__name__}")
+            for name, dim in table_dims.items():
+                if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+                    raise ValueError(f"table_dims[{name!r}]: expected a positive int, "
+                                     f"got {dim!r}")
+                t = tables.get(name)
+                if t is not None and t.dim != dim:
+                    raise ValueError(f"table_dims[{name!r}] = {dim} but the given table has "
+                                     f"dim {t.dim}")
+        if shards is not None:
+            shards = set(shards)
+            if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shards):
+                raise ValueError(f"shards: expected non-negative ints, got {sorted(shards)!r}")
+        for name, t in tables.items():
+            if not isinstance(t, ServingTable) or t.name != name:
+                raise ValueError(f"tables[{name!r}]: expected a ServingTable named {name!r}")
+        self.model = model
+        self.tables = tables
+        self.seqs = seqs
+        self.table_dims = None if table_dims is None else dict(table_dims)
+        self.shards = shards
+        self.dtype = dtype
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self._stale_warned: set[tuple[str, int, int]] = set()
+
+    def _quarantine(self, reason: str, size: int, **fields: Any) -> Outcome:
+        self.counters["quarantined"] += 1
+        log.debug("quarantined message (%d bytes): %s", size, reason)
+        return Outcome("quarantined", reason=reason, bytes=size, **fields)
+
+    def process(self, value: Any, headers: Any = None) -> Outcome:
+        """Apply one record ``value`` (bytes) with its Kafka ``headers`` (optional list of
+        (key, bytes)). Returns an :class:`Outcome`; never raises on bad data."""
+        self.counters["messages"] += 1
+        try:
+            size = len(value)
+        except TypeError:
+            size = 0
+        hdr = None
+        if headers:
+            try:
+                hdr = parse_headers(headers)
+            except WireError as e:
+                log.debug("ignoring malformed headers: %s", e)
+        if hdr is not None and self.shards is not None and hdr["shard"] not in self.shards \
+                and hdr["model"] == self.model:
+            self.counters["skipped"] += 1
+            return Outcome("skipped", reason=f"shard {hdr['shard']} not served",
+                           table=hdr["table"], shard=hdr["shard"], epoch=hdr["epoch"],
+                           seq=hdr["seq"], bytes=size)
+        try:
+            b = decode(value)
+        except WireError as e:
+            return self._quarantine(f"decode: {e}", size)
+        fields = {"table": b.table, "shard": b.shard, "epoch": b.epoch, "seq": b.seq,
+                  "step": b.step, "ts": b.ts}
+        if b.model != self.model:
+            return self._quarantine(f"model: message is for model {b.model!r}, this applier "
+                                    f"serves {self.model!r}", size, **fields)
+        if hdr is not None:
+            body = {"model": b.model, "table": b.table, "shard": b.shard, "epoch": b.epoch,
+                    "seq": b.seq}
+            if hdr != body:
+                return self._quarantine(f"headers {hdr} disagree with the message body {body}",
+                                        size, **fields)
+        if self.shards is not None and b.shard not in self.shards:
+            self.counters["skipped"] += 1
+            return Outcome("skipped", reason=f"shard {b.shard} not served", bytes=size,
+                           **fields)
+        if self.table_dims is not None:
+            want = self.table_dims.get(b.table)
+            if want is None:
+                return self._quarantine(f"unknown table {b.table!r} (known: "
+                                        f"{sorted(self.table_dims)})", size, **fields)
+            if b.dim != want:
+                return self._quarantine(f"dim: table {b.table!r} has dim {want}, message "
+                                        f"has dim {b.dim}", size, **fields)
+        verdict = self.seqs.check(b.table, b.shard, b.epoch, b.seq)
+        if verdict.kind == "duplicate":
+            self.counters["duplicates"] += 1
+            return Outcome("duplicate", reason=f"seq {b.seq} already applied", bytes=size,
+                           **fields)
+        if verdict.kind == "stale_epoch":
+            self.counters["stale"] += 1
+            key = (b.table, b.shard, b.epoch)
+            if key not in self._stale_warned:
+                self._stale_warned.add(key)
+                log.warning("table %r shard %d: skipping messages of stale epoch %d (a newer "
+                            "trainer epoch is already applied)", b.table, b.shard, b.epoch)
+            return Outcome("stale", reason=f"epoch {b.epoch} is older than the current one",
+                           bytes=size, **fields)
+        table = self.tables.get(b.table)
+        created = table is None
+        try:
+            if created:
+                dim = b.dim if self.table_dims is None else self.table_dims[b.table]
+                table = ServingTable(b.table, dim, dtype=self.dtype,
+                                     capacity=max(1024, b.n))
+            res = table.apply(b)
+        except (ApplyError, ValueError, TypeError) as e:
+            return self._quarantine(f"apply: {e}", size, **fields)
+        if created:
+            self.tables[b.table] = table
+            self.counters["tables_created"] += 1
+            log.info("table %r created (dim %d, %s)", b.table, table.dim, table.dtype)
+        first = self.seqs.get(b.table, b.shard) is None
+        self.seqs.commit(b.table, b.shard, b.epoch, b.seq)
+        c = self.counters
+        c["applied"] += 1
+        c["rows"] += res.upserted
+        c["deleted"] += res.deleted
+        c["bytes"] += size
+        if verdict.kind == "new_epoch":
+            c["new_epochs"] += 1
+            log.info("table %r shard %d: new trainer epoch %d", b.table, b.shard, b.epoch)
+        elif first and b.seq:
+            log.info("table %r shard %d: first message seen has seq %d (starting mid-stream)",
+                     b.table, b.shard, b.seq)
+        if verdict.missing is not None:
+            lo, hi = verdict.missing
+            c["gaps"] += 1
+            c["missing_seqs"] += hi - lo + 1
+            log.warning("table %r shard %d epoch %d: seq gap, missing %d..%d (%d messages)",
+                        b.table, b.shard, b.epoch, lo, hi, hi - lo + 1)
+        return Outcome("applied", rows=res.upserted, deleted=res.deleted, bytes=size,
+                       gap=verdict.missing, **fields)

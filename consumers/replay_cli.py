@@ -1,0 +1,404 @@
+"""``deltastream-replay``: rebuild, dump, stats and diff over a deltas topic.
+
+Subcommands::
+
+    deltastream-replay rebuild --bootstrap-servers kafka:9092 --model ranker --out snap/
+    deltastream-replay rebuild ... --base snap/ --out snap2/        # continue a snapshot
+    deltastream-replay rebuild ... --to-time 2024-05-01T12:00:00Z --out at-noon/
+    deltastream-replay dump    ... --table user --seq-range 10:20 --rows
+    deltastream-replay stats   ... [--json]
+    deltastream-replay diff    A B [--tolerance 1e-6] [--json]
+    deltastream-replay diff    A --rebuild --bootstrap-servers kafka:9092
+
+Every flag also reads a ``DELTASTREAM_*`` environment variable (named in ``--help``); the
+command line wins. A progress bar is drawn on stderr when it is a terminal.
+
+Exit codes: 0 success (for ``diff``: no differences), 1 ``diff`` found differences,
+2 usage or input error (bad arguments, unreachable broker, missing topic, bad offsets, a
+damaged snapshot) with a one-line message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn, Optional
+
+from deltastream.cliargs import EnvArgumentParser
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger(__name__)
+
+PROG = "deltastream-replay"
+EXIT_OK, EXIT_DIFF, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(EnvArgumentParser):
+    """Usage errors as one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _BadValue(argparse.ArgumentTypeError, ValueError):
+    """A bad flag value: argparse reports ArgumentTypeError; EnvArgumentParser catches
+    ValueError for values from the environment. Both then print one line and exit 2."""
+
+
+def _typed(fn: Any, what: str) -> Any:
+    def conv(text: str) -> Any:
+        try:
+            return fn(text)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise _BadValue(str(e)) from None
+    conv.__name__ = what
+    return conv
+
+
+def _int_list(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise ValueError(f"expected comma-separated ints ≥ 0 like '0,2', got {text!r}")
+        if int(part) not in out:
+            out.append(int(part))
+    return out
+
+
+def _name_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ValueError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise ValueError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    v = float(text)
+    if not v >= 0 or v == float("inf"):
+        raise ValueError(f"expected a finite number ≥ 0, got {text!r}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise ValueError(f"expected an integer ≥ 1, got {text!r}")
+    return v
+
+
+def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
+    extra = " (only with --rebuild; default: the snapshot's meta)" if for_diff else ""
+    p.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
+                   help="Kafka bootstrap servers to read the topic from."
+                   + (" (only with --rebuild)" if for_diff else ""))
+    p.add_argument("--topic", default=None,
+                   help="Deltas topic (default: deltas.<model>)." + extra)
+    p.add_argument("--model", default=None,
+                   help="Model name: rebuild applies only its messages, dump/stats show "
+                        "only its messages (default: from a topic named deltas.<model>; "
+                        "dump/stats: all models)." + extra)
+    p.add_argument("--timeout", type=_typed(_positive_float, "seconds"), default=10.0,
+                   metavar="S", help="Seconds to wait for the broker to answer.")
+    p.add_argument("--no-progress", action="store_true",
+                   help="Never draw a progress bar (it is drawn only when stderr is a "
+                        "terminal anyway).")
+
+
+def _add_range(p: argparse.ArgumentParser) -> None:
+    from consumers.replay import parse_offsets, parse_time
+
+    p.add_argument("--partitions", type=_typed(_int_list, "partitions"), default=None,
+                   metavar="P[,P...]", help="Read only these partitions (default: all).")
+    p.add_argument("--from-offsets", type=_typed(parse_offsets, "offsets"), default=None,
+                   metavar="P=OFF[,...]",
+                   help="Start offset per partition, e.g. 0=10,1=5; unlisted partitions "
+                        "start at the earliest offset.")
+    p.add_argument("--to-offsets", type=_typed(parse_offsets, "offsets"), default=None,
+                   metavar="P=OFF[,...]",
+                   help="Stop offset (exclusive) per partition; unlisted partitions are "
+                        "read to their end.")
+    p.add_argument("--from-time", type=_typed(parse_time, "time"), default=None,
+                   metavar="TIME",
+                   help="Use only messages whose ts (trainer clock) is at or after TIME: "
+                        "ns since the epoch or ISO-8601 (UTC unless a zone is given). The "
+                        "whole offset range is still read, since ts is not monotonic along "
+                        "a partition.")
+    p.add_argument("--to-time", type=_typed(parse_time, "time"), default=None,
+                   metavar="TIME",
+                   help="Use only messages whose ts is at or before TIME (inclusive); "
+                        "format as --from-time.")
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", type=_typed(_name_list, "tables"), default=None,
+                   metavar="NAME[,NAME...]", help="Only messages of these tables.")
+    p.add_argument("--shard", type=_typed(_int_list, "shards"), default=None,
+                   metavar="N[,N...]", help="Only messages of these trainer shards.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``deltastream-replay``."""
+    from consumers.replay import parse_seq_range
+    from consumers.sync_cli import parse_shards, parse_tables
+
+    p = _Parser(prog=PROG, description="Replay a deltastream topic: rebuild serving tables "
+                "at an offset or a point in time, dump decoded messages, count per-stream "
+                "stats, diff snapshots.",
+                epilog="Exit codes: 0 ok (diff: no differences), 1 diff found differences, "
+                       "2 usage or input error.")
+    p.add_argument("--log-level", default="WARNING",
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="Logging level (logs go to stderr).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    r = sub.add_parser("rebuild", help="apply a range of the topic into tables and write a "
+                       "snapshot", description="Read the topic from the earliest offsets "
+                       "(or --from-offsets / --base) up to the end (or --to-offsets), apply "
+                       "the messages through the same Applier as deltastream-sync, and write "
+                       "a snapshot directory usable as deltastream-sync --base. With "
+                       "--from-time/--to-time only messages whose ts lies in the window are "
+                       "applied.")
+    _add_source(r)
+    _add_range(r)
+    r.add_argument("--out", required=True, metavar="DIR",
+                   help="Snapshot directory to write (replaced atomically).")
+    r.add_argument("--base", default=None, metavar="DIR",
+                   help="Start from this snapshot (tables, seq state) at its offsets instead "
+                        "of empty tables at the earliest offsets.")
+    r.add_argument("--tables", type=_typed(parse_tables, "tables"), default=None,
+                   metavar="NAME:DIM[,...]",
+                   help="Apply only these tables with these dims (others are quarantined), "
+                        "as deltastream-sync --tables; default: every table of the model.")
+    r.add_argument("--shards", type=_typed(parse_shards, "shards"), default=None,
+                   metavar="N[,N...]",
+                   help="Apply only these trainer shards (and read their partitions).")
+    r.add_argument("--dtype", choices=("f32", "f16"), default="f32",
+                   help="Storage dtype of the rebuilt tables.")
+    r.add_argument("--json", action="store_true",
+                   help="Print a JSON summary (offsets, counters, tables) on stdout.")
+
+    d = sub.add_parser("dump", help="print decoded messages as JSON lines",
+                       description="Print one JSON object per message: partition, offset, "
+                       "model, table, shard, epoch, seq, step, ts, n, dim, dtype, tombstones "
+                       "(count), bytes; with --rows also ids, rows and deleted ids. A record "
+                       "that does not decode prints as {\"error\": ...} with the first bytes "
+                       "in hex.")
+    _add_source(d)
+    _add_range(d)
+    _add_filters(d)
+    d.add_argument("--seq-range", type=_typed(parse_seq_range, "seq range"), default=None,
+                   metavar="FIRST:LAST", help="Only seqs in this inclusive range (either "
+                   "end may be left out: '10:', ':20').")
+    d.add_argument("--rows", action="store_true",
+                   help="Include ids, row values (float32) and tombstone ids.")
+    d.add_argument("--limit", type=_typed(_positive_int, "count"), default=None,
+                   metavar="N", help="Stop after N lines.")
+    d.add_argument("--out", default="-", metavar="FILE",
+                   help="Write the lines to FILE instead of stdout ('-').")
+
+    s = sub.add_parser("stats", help="per table and shard: messages, rows, ids, bytes, "
+                       "epochs, seq gaps, duplicates, time span",
+                       description="Count, per (table, shard) stream of the range: messages, "
+                       "rows, unique ids, tombstones, bytes, epochs, seq gaps (count and "
+                       "ranges), duplicates, stale-epoch messages, first and last ts; plus "
+                       "undecodable records.")
+    _add_source(s)
+    _add_range(s)
+    _add_filters(s)
+    s.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+    f = sub.add_parser("diff", help="compare two snapshots, or a snapshot with a rebuild",
+                       description="Compare the tables of snapshot A with snapshot B (or, "
+                       "with --rebuild, with a fresh rebuild of the topic from the earliest "
+                       "offsets up to A's offsets): per table, ids only in A, only in B, rows "
+                       "that differ by more than --tolerance, and the largest difference. "
+                       "Exit code 1 when anything differs.")
+    f.add_argument("a", metavar="A", help="Snapshot directory.")
+    f.add_argument("b", metavar="B", nargs="?", default=None,
+                   help="Second snapshot directory (omit with --rebuild).")
+    f.add_argument("--rebuild", action="store_true",
+                   help="Compare A with a rebuild of the topic up to A's offsets.")
+    f.add_argument("--tolerance", type=_typed(_non_negative_float, "tolerance"),
+                   default=0.0, metavar="X",
+                   help="Largest absolute element difference still counted as equal.")
+    f.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    _add_source(f, for_diff=True)
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(getattr(logging, level))
+    # kafka-python logs every failed connection attempt; errors here are reported once.
+    logging.getLogger("kafka").setLevel(logging.WARNING if level == "DEBUG"
+                                        else logging.CRITICAL)
+
+
+class _Usage(Exception):
+    """A usage error found after parsing (missing combination of flags)."""
+
+
+def _topic_model(args: argparse.Namespace, *, need_model: bool) -> tuple[str, Optional[str]]:
+    if not args.bootstrap_servers:
+        raise _Usage("no broker given: pass --bootstrap-servers HOST:PORT or set "
+                     "DELTASTREAM_BOOTSTRAP_SERVERS")
+    topic, model = args.topic, args.model
+    if not topic:
+        if not model:
+            raise _Usage("give --topic or --model (the topic defaults to deltas.<model>)")
+        topic = f"deltas.{model}"
+    if need_model and not model:
+        if topic.startswith("deltas.") and len(topic) > len("deltas."):
+            model = topic[len("deltas."):]
+        else:
+            raise _Usage(f"give --model: topic {topic!r} is not named deltas.<model>")
+    return topic, model
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def _range_kwargs(args: argparse.Namespace) -> dict:
+    return {"partitions": args.partitions, "from_offsets": args.from_offsets,
+            "to_offsets": args.to_offsets, "from_time": args.from_time,
+            "to_time": args.to_time}
+
+
+def _cmd_rebuild(args: argparse.Namespace) -> int:
+    from consumers.replay import rebuild
+
+    topic, model = _topic_model(args, need_model=True)
+    res = rebuild(args.bootstrap_servers, topic, model=model, out=args.out, base=args.base,
+                  table_dims=args.tables, shards=args.shards, dtype=args.dtype,
+                  progress=_progress(args), timeout=args.timeout, **_range_kwargs(args))
+    c = res.counters
+    rows = {name: len(t) for name, t in sorted(res.tables.items())}
+    if args.json:
+        print(json.dumps({"out": str(res.path), "topic": topic, "model": model,
+                          "offsets": {str(p): o for p, o in res.offsets.items()},
+                          "range": res.plan.to_json()["partitions"], "counters": c,
+                          "tables": rows, "digests": {n: t.digest() for n, t in
+                                                      sorted(res.tables.items())}}))
+    sizes = ", ".join(f"{n}: {k} ids" for n, k in rows.items()) or "none"
+    print(f"{PROG}: rebuilt {len(rows)} tables ({sizes}) from {c['records']} records into "
+          f"{res.path}; applied "
+          f"{c['applied']}, quarantined {c['quarantined']}, duplicates {c['duplicates']}, "
+          f"gaps {c['gaps']}, stale {c['stale']}, outside time {c['outside_time']}; resume "
+          f"offsets {res.offsets}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_dump(args: argparse.Namespace) -> int:
+    from consumers.replay import dump, dumps_line
+
+    topic, model = _topic_model(args, need_model=False)
+    lines = dump(args.bootstrap_servers, topic, model=model, tables=args.table,
+                 shards=args.shard, seq_range=args.seq_range, rows=args.rows,
+                 progress=_progress(args), timeout=args.timeout, **_range_kwargs(args))
+    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
+    n = 0
+    try:
+        for line in lines:
+            out.write(dumps_line(line) + "\n")
+            n += 1
+            if args.limit is not None and n >= args.limit:
+                break
+        out.flush()
+    except BrokenPipeError:
+        # `dump | head`: the reader has what it wanted; exit quietly
+        try:
+            sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - replaces a closed stdout
+        except OSError:
+            pass
+        return EXIT_OK
+    finally:
+        lines.close()
+        if out is not sys.stdout:
+            out.close()
+    return EXIT_OK
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from consumers.replay import stats
+
+    topic, model = _topic_model(args, need_model=False)
+    st = stats(args.bootstrap_servers, topic, model=model, tables=args.table,
+               shards=args.shard, progress=_progress(args), timeout=args.timeout,
+               **_range_kwargs(args))
+    if args.json:
+        print(json.dumps(st.to_json(), indent=1))
+    else:
+        print(st.format_table())
+    return EXIT_OK
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from consumers.replay import diff_snapshots, diff_with_rebuild
+
+    if args.rebuild:
+        if args.b is not None:
+            raise _Usage("diff: give either two snapshots or one snapshot with --rebuild")
+        if not args.bootstrap_servers:
+            raise _Usage("diff --rebuild: no broker given: pass --bootstrap-servers "
+                         "HOST:PORT or set DELTASTREAM_BOOTSTRAP_SERVERS")
+        rep = diff_with_rebuild(args.a, bootstrap_servers=args.bootstrap_servers,
+                                topic=args.topic, model=args.model, tolerance=args.tolerance,
+                                progress=_progress(args), timeout=args.timeout)
+    else:
+        if args.b is None:
+            raise _Usage("diff: give two snapshots A B, or one snapshot with --rebuild")
+        rep = diff_snapshots(args.a, args.b, tolerance=args.tolerance)
+    print(json.dumps(rep.to_json(), indent=1) if args.json else rep.format_text())
+    return EXIT_OK if rep.equal else EXIT_DIFF
+
+
+_COMMANDS = {"rebuild": _cmd_rebuild, "dump": _cmd_dump, "stats": _cmd_stats,
+             "diff": _cmd_diff}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``deltastream-replay``; returns the process exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, message already printed)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
+    _setup_logging(args.log_level)
+    from consumers.replay import ReplayError
+    from consumers.serving_table import SnapshotError
+    from consumers.topic import TopicError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except _Usage as e:
+        print(f"{PROG} {args.command}: error: {e} (see {PROG} {args.command} --help)",
+              file=sys.stderr)
+    except (TopicError, ReplayError, SnapshotError) as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+    except (OSError, ValueError) as e:
+        print(f"{PROG} {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

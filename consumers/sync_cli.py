@@ -1,0 +1,222 @@
+"""``deltastream-sync``: run a :class:`~consumers.sync.SyncDaemon` as a process.
+
+Every flag also reads a ``DELTASTREAM_*`` environment variable (named in ``--help``); the
+command line wins. SIGTERM and SIGINT stop the daemon, which writes its final checkpoint;
+the process then exits 0. Exit codes: 0 stopped cleanly, 1 the state could not be loaded
+(damaged checkpoint), 2 bad arguments.
+
+Example::
+
+    deltastream-sync --bootstrap-servers kafka:9092 --model ranker \\
+        --state-dir /var/lib/deltastream/ranker --shards 0,1 --metrics-port 9464
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from deltastream.cliargs import EnvArgumentParser
+
+__all__ = ["main", "build_parser", "parse_shards", "parse_tables"]
+
+log = logging.getLogger(__name__)
+
+#: Test hook: seconds to sleep after each record, so kill -9 tests land mid-stream.
+DEBUG_DELAY_ENV = "DELTASTREAM_SYNC_DEBUG_APPLY_DELAY"
+
+
+def parse_shards(text: str) -> list[int]:
+    """``"0,2,5"`` -> ``[0, 2, 5]`` (non-negative ints, no repeats)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of shard numbers ≥ 0 like '0,2,5', got "
+                f"{text!r}")
+        if int(part) in out:
+            raise argparse.ArgumentTypeError(f"shard {part} listed twice in {text!r}")
+        out.append(int(part))
+    return out
+
+
+def parse_tables(text: str) -> dict[str, int]:
+    """``"user:64,item:32"`` -> ``{"user": 64, "item": 32}``."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, dim = part.strip().rpartition(":")
+        if not sep or not name or not dim.strip().isdigit() or int(dim) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated name:dim pairs like 'user:64,item:32', got "
+                f"{text!r}")
+        if name in out:
+            raise argparse.ArgumentTypeError(f"table {name!r} listed twice in {text!r}")
+        out[name] = int(dim)
+    return out
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") \
+            from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") \
+            from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {text!r}")
+    return v
+
+
+def _port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {text!r}") from None
+    if not 0 <= v < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``deltastream-sync``."""
+    p = EnvArgumentParser(
+        prog="deltastream-sync",
+        description="Keep a predictor's serving tables in sync with a deltastream topic: "
+                    "read the deltas a trainer publishes, apply them in partition order, and "
+                    "checkpoint tables + offsets atomically so a restart resumes exactly "
+                    "where it stopped. SIGTERM/SIGINT write a final checkpoint and exit 0.",
+        epilog="Exit codes: 0 stopped cleanly, 1 the state directory could not be loaded, "
+               "2 bad arguments.")
+    p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,...]",
+                   help="Kafka bootstrap servers.")
+    p.add_argument("--model", required=True,
+                   help="Model name; messages of other models are quarantined.")
+    p.add_argument("--topic", default=None,
+                   help="Topic to read (default: deltas.<model>).")
+    p.add_argument("--state-dir", required=True, metavar="DIR",
+                   help="Directory for the checkpoint (tables + offsets + seq state) and the "
+                        "quarantine file; created if missing. Restarts resume from it.")
+    p.add_argument("--shards", type=parse_shards, default=None, metavar="N[,N...]",
+                   help="Trainer shards to serve, comma-separated; only their partitions "
+                        "(shard %% partitions) are read (default: all shards).")
+    p.add_argument("--tables", type=parse_tables, default=None, metavar="NAME:DIM[,...]",
+                   help="Serve only these tables with these row widths; messages of other "
+                        "tables or dims are quarantined (default: every table of the model, "
+                        "created on its first message).")
+    p.add_argument("--dtype", choices=("f32", "f16"), default="f32",
+                   help="Storage dtype of the serving tables.")
+    p.add_argument("--checkpoint-interval", type=_positive_float, default=5.0, metavar="S",
+                   help="Seconds between checkpoints while new records arrive.")
+    p.add_argument("--checkpoint-messages", type=_positive_int, default=1000, metavar="N",
+                   help="Also checkpoint after this many records.")
+    p.add_argument("--base", default=None, metavar="DIR",
+                   help="Snapshot to start from when --state-dir holds no checkpoint (a "
+                        "checkpoint, a `deltastream-replay rebuild` output, or a "
+                        "ServingTable.save directory): its tables, offsets and seq state.")
+    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
+                        "port, logged; default: no endpoint).")
+    p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
+                   help="Address the metrics endpoint binds.")
+    p.add_argument("--summary-interval", type=_non_negative_float, default=30.0, metavar="S",
+                   help="Seconds between one-line INFO summaries (0 = none).")
+    p.add_argument("--quarantine-max-bytes", type=_positive_int, default=64 << 20,
+                   metavar="BYTES",
+                   help="Size at which quarantine.jsonl is rotated to quarantine.jsonl.1.")
+    p.add_argument("--request-timeout", type=_positive_float, default=5.0, metavar="S",
+                   help="Seconds a broker request may take before the broker counts as down.")
+    p.add_argument("--backoff-max", type=_positive_float, default=5.0, metavar="S",
+                   help="Cap of the exponential reconnect backoff.")
+    p.add_argument("--log-level", default="INFO",
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="Logging level (logs go to stderr).")
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kafka-python logs every failed reconnect; the daemon logs each state change once.
+    logging.getLogger("kafka").setLevel(logging.WARNING if level == "DEBUG"
+                                        else logging.CRITICAL)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``deltastream-sync``; returns the process exit code."""
+    # Handlers first: a SIGTERM that arrives while the state loads must still end in a
+    # clean stop (final checkpoint, exit 0), not in the default kill.
+    daemon: Any = None
+    signalled: list[int] = []
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        signalled.append(signum)
+        log.info("%s received: stopping after the current record", signal.Signals(signum).name)
+        if daemon is not None:
+            daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    from consumers.serving_table import SnapshotError
+    from consumers.sync import SyncDaemon
+
+    topic = args.topic or f"deltas.{args.model}"
+    try:
+        daemon = SyncDaemon(
+            args.bootstrap_servers, topic, model=args.model, state_dir=args.state_dir,
+            tables=args.tables, shards=args.shards, dtype=args.dtype,
+            checkpoint_interval=args.checkpoint_interval,
+            checkpoint_messages=args.checkpoint_messages, base=args.base,
+            quarantine_max_bytes=max(1024, args.quarantine_max_bytes),
+            request_timeout=args.request_timeout, backoff_max=args.backoff_max,
+            summary_interval=args.summary_interval, metrics_port=args.metrics_port,
+            metrics_addr=args.metrics_addr)
+    except SnapshotError as e:
+        print(f"deltastream-sync: cannot load the state: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, OSError) as e:
+        print(f"deltastream-sync: error: {e}", file=sys.stderr)
+        return 2
+    if signalled:
+        daemon.request_stop()
+    delay = os.environ.get(DEBUG_DELAY_ENV)
+    if delay:
+        daemon.debug_apply_delay = float(delay)
+    log.info("deltastream-sync: model %s, topic %s on %s, state %s (%s)%s", args.model, topic,
+             args.bootstrap_servers, args.state_dir, daemon.source,
+             f", metrics on port {daemon.metrics_port}" if daemon.metrics_port is not None
+             else "")
+    daemon.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
