@@ -41,7 +41,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -69,6 +69,7 @@ QUARANTINE_FILE = "quarantine.jsonl"
 BROKER_STATES = ("connecting", "connected", "disconnected", "topic_missing", "stopped")
 _CHECKPOINT_KIND = "deltastream-sync"
 _MAX_LOST_EVENTS = 100
+_QUARANTINE_WARNINGS = 100  # quarantined records logged at WARNING before going quiet
 
 PathLike = Union[str, os.PathLike]
 
@@ -114,6 +115,10 @@ class SyncDaemon:
         freshness_window: seconds of history of the freshness p50/p99.
         metrics_port: serve Prometheus metrics on this port (0 = any free port; see
             :attr:`metrics_port`); None serves none. metrics_addr: address to bind.
+        on_apply: called as ``on_apply(outcome, partition, offset)`` in the loop thread after
+            every record (any ``outcome.kind``; ``outcome.ts`` is the trainer's ns timestamp),
+            e.g. to record freshness over a whole run. Keep it quick: it delays applying.
+            An exception from it is logged (once per kind of error) and ignored.
         **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
 
     Raises:
@@ -134,7 +139,9 @@ class SyncDaemon:
                  request_timeout: float = 5.0, backoff_max: float = 5.0,
                  probe_interval: float = 1.0, summary_interval: float = 30.0,
                  freshness_window: float = 60.0, metrics_port: Optional[int] = None,
-                 metrics_addr: str = "0.0.0.0", **consumer_config: Any) -> None:
+                 metrics_addr: str = "0.0.0.0",
+                 on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
+                 **consumer_config: Any) -> None:
         if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
             raise ValueError("bootstrap_servers: expected 'host:port[,host:port]', got "
                              f"{bootstrap_servers!r}")
@@ -174,6 +181,9 @@ class SyncDaemon:
         if isinstance(summary_interval, bool) or not isinstance(summary_interval, (int, float)) \
                 or summary_interval < 0:
             raise ValueError(f"summary_interval: expected seconds ≥ 0, got {summary_interval!r}")
+        if on_apply is not None and not callable(on_apply):
+            raise TypeError(f"on_apply: expected a callable(outcome, partition, offset) or "
+                            f"None, got {type(on_apply).__name__}")
         from kafka import KafkaConsumer
 
         unknown = set(consumer_config) - set(KafkaConsumer.DEFAULT_CONFIG)
@@ -196,6 +206,8 @@ class SyncDaemon:
         self.probe_interval = float(probe_interval)
         self.summary_interval = float(summary_interval)
         self._consumer_config = dict(consumer_config)
+        self._on_apply = on_apply
+        self._hook_errors: set[str] = set()
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()  # counters, positions, end offsets
@@ -204,6 +216,7 @@ class SyncDaemon:
         self._topic_id: Optional[str] = None
         self._checkpoints_total = 0  # across restarts (kept in the checkpoint meta)
         self._last_ckpt_wall: Optional[float] = None  # wall time of the last checkpoint
+        self._partitions_total: Optional[int] = None  # partitions of the topic
         self.source = "empty"  #: where the state came from: checkpoint | base | empty
         seqs = self._load_state(base, table_dims)
         for name, dim in (table_dims or {}).items():
@@ -214,11 +227,11 @@ class SyncDaemon:
                                 shards=shard_set, dtype=dtype)
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, quarantine_max_bytes)
         self._fresh = FreshnessWindow(freshness_window)
+        self._quarantine_logged = 0
 
         # loop state (owned by the loop thread)
         self._consumer: Any = None
         self._tps: list[Any] = []
-        self._partitions_total: Optional[int] = None
         self._backoff = 0.0
         self._next_connect = 0.0
         self._next_probe = 0.0
@@ -265,6 +278,8 @@ class SyncDaemon:
             self.source = "checkpoint"
             self._topic_id = meta.get("topic_id")
             self._checkpoints_total = int(meta.get("checkpoints", 0))
+            if isinstance(meta.get("partitions"), int):
+                self._partitions_total = meta["partitions"]
             written = meta.get("written_at")
             if isinstance(written, (int, float)):
                 self._last_ckpt_wall = float(written)
@@ -559,8 +574,15 @@ class SyncDaemon:
             out = Outcome("quarantined", reason=f"internal error: {type(e).__name__}: {e}")
         if out.kind == "quarantined":
             self._quarantine.add(partition, rec.offset, out.reason, rec.value)
-            log.warning("partition %d offset %d quarantined: %s", partition, rec.offset,
-                        out.reason)
+            # a producer spewing garbage must not flood the log: the file has every record
+            self._quarantine_logged += 1
+            level = logging.WARNING if self._quarantine_logged <= _QUARANTINE_WARNINGS \
+                else logging.DEBUG
+            log.log(level, "partition %d offset %d quarantined: %s", partition, rec.offset,
+                    out.reason)
+            if self._quarantine_logged == _QUARANTINE_WARNINGS:
+                log.warning("%d records quarantined; further ones are logged at DEBUG only "
+                            "(all are in %s)", _QUARANTINE_WARNINGS, self._quarantine.path)
         elif out.kind == "applied":
             if out.ts is not None:
                 self._fresh.add_ts(out.ts)
@@ -573,6 +595,14 @@ class SyncDaemon:
             self._positions[partition] = rec.offset + 1
         self._pending += 1
         self._dirty = True
+        if self._on_apply is not None:
+            try:
+                self._on_apply(out, partition, rec.offset)
+            except Exception as e:  # a monitoring hook must not stop syncing
+                kind = type(e).__name__
+                if kind not in self._hook_errors:
+                    self._hook_errors.add(kind)
+                    log.exception("on_apply hook failed (further %s errors not logged)", kind)
         if self.debug_apply_delay > 0:
             time.sleep(self.debug_apply_delay)
         return out
