@@ -43,6 +43,8 @@ _EXPORTS = {
     "PublishResult": "publisher",
     "PublishError": "publisher",
     "ensure_topic": "publisher",
+    "TopicError": "publisher",
+    "Undelivered": "publisher",
     "EmbeddedBroker": "broker",
     "BrokerError": "broker",
 }

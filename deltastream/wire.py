@@ -10,10 +10,17 @@ Row dtypes and their worst-case error against the float32 value that was encoded
 ``f16``   relative error ≤ 2⁻¹¹ (≈ 4.9e-4) for |x| ≥ 6.1e-5 (normal range),
           absolute error ≤ 2⁻²⁵ (≈ 3e-8) below it. |x| > 65504 is refused
           (it would become inf).
-``bf16``  relative error ≤ 2⁻⁸ (≈ 3.9e-3), round to nearest even; full f32 range.
+``bf16``  relative error ≤ 2⁻⁸ (≈ 3.9e-3), round to nearest even, for normal values
+          (|x| ≥ 1.2e-38); absolute error ≤ 2⁻¹³⁴ below. |x| ≥ 3.3961514e38 is
+          refused (it would round to inf).
 ``i8``    row-wise symmetric: ``scale = max|row| / 127``, ``q = round(x / scale)``;
-          absolute error ≤ ``scale / 2 = max|row| / 254`` per element.
+          absolute error ≤ ``scale / 2 = max|row| / 254`` per element, plus float32
+          rounding: ≤ 2⁻²²·max|row|, and ≤ 2e-43 when max|row| < 1.5e-36 makes the
+          scale subnormal. Non-finite values are refused (the scale would be inf/NaN).
 ========  ==================================================================
+
+Non-finite values (inf, NaN) pass through ``f32``/``f16``/``bf16`` unchanged; refusing
+them is the publisher's job (``allow_nonfinite``).
 
 :func:`decode` trusts nothing: every field is type- and range-checked, sizes must agree
 with ``n``/``dim``/``dtype`` before any array is built, the CRC-32C must match, and any
@@ -57,8 +64,10 @@ MAX_ROWS = 1 << 28
 MAX_NAME = 255
 _INT64_MAX = (1 << 63) - 1
 _F16_MAX = 65504.0
+#: smallest float32 that rounds to inf in bf16 (0x7F7F8000: a tie that rounds to even = up)
+_BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
 _U32 = struct.Struct(">I")
-_NAME_RE = re.compile(r"^[^/\x00-\x1f\x7f]+$")
+_NAME_RE = re.compile(r"[^/\x00-\x1f\x7f]+")  # fullmatch: "$" would accept a trailing \n
 # Bytes of map keys, fixed ints and names that a message carries besides its arrays; an
 # upper bound used to size chunks (checked against the real length after packing).
 _FIXED_OVERHEAD = 256
@@ -167,7 +176,7 @@ def parse_headers(headers: Any) -> dict:
 
 def _check_name(what: str, value: Any) -> None:
     if not isinstance(value, str) or not value or len(value) > MAX_NAME \
-            or not _NAME_RE.match(value):
+            or not _NAME_RE.fullmatch(value):
         raise WireError(f"{what}: expected a non-empty str of ≤ {MAX_NAME} chars without '/' "
                         f"or control characters, got {value!r}")
 
@@ -179,33 +188,77 @@ def _check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> None
         raise WireError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
 
 
+def _max_abs_finite(rows: np.ndarray) -> tuple[float, bool]:
+    """(largest finite |value| of ``rows``, whether all values are finite)."""
+    if not rows.size:
+        return 0.0, True
+    # min/max reduce without a temporary (np.abs would copy the whole array).
+    hi = max(-float(np.min(rows)), float(np.max(rows)))
+    if np.isfinite(hi):
+        return hi, True
+    finite = rows[np.isfinite(rows)]  # slow path: only when non-finite values are present
+    return (float(np.max(np.abs(finite))) if finite.size else 0.0), False
+
+
 def _quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Float rows ``[n, dim]`` -> (wire array, scale or None)."""
     if dtype == "f32":
         return np.ascontiguousarray(rows, dtype="<f4"), None
     if dtype == "f16":
         if rows.dtype != np.float16:
-            if rows.size and float(np.max(np.abs(rows))) > _F16_MAX:
+            if _max_abs_finite(rows)[0] > _F16_MAX:
                 raise WireError(f"rows: a value exceeds the f16 range (±{_F16_MAX:g}); "
                                 "use dtype 'bf16' or 'f32'")
             rows = rows.astype(np.float16)
         return np.ascontiguousarray(rows, dtype="<f2"), None
     r32 = np.ascontiguousarray(rows, dtype=np.float32)
     if dtype == "bf16":
+        if _max_abs_finite(r32)[0] >= _BF16_OVERFLOW:
+            raise WireError(f"rows: a value exceeds the bf16 range (|x| < {_BF16_OVERFLOW:.8g}); "
+                            "use dtype 'f32'")
         u = r32.view(np.uint32)
-        # Round to nearest even on the 16 dropped mantissa bits.
-        rounded = (u + (((u >> 16) & 1) + 0x7FFF).astype(np.uint32)) >> 16
-        return rounded.astype("<u2"), None
+        # Round to nearest even on the 16 dropped mantissa bits. NaNs are truncated
+        # instead (rounding could carry a NaN into inf, or wrap 0xFFFF.... to zero) and
+        # kept NaN by setting the quiet bit when truncation would leave an inf pattern.
+        rounded = ((u + (((u >> 16) & 1) + 0x7FFF).astype(np.uint32)) >> 16).astype("<u2")
+        nan = np.isnan(r32)
+        if nan.any():
+            t = (u[nan] >> 16).astype("<u2")
+            rounded[nan] = np.where(t & 0x7F, t, t | 0x40)
+        return rounded, None
     # i8: row-wise symmetric
+    if not _max_abs_finite(r32)[1]:
+        raise WireError("rows: dtype i8 cannot carry non-finite values (inf/NaN)")
     amax = np.max(np.abs(r32), axis=1) if r32.shape[1] else np.zeros(r32.shape[0], np.float32)
     scale = (amax / 127.0).astype(np.float32)
+    top = amax > np.float32(3.0e38)
+    if top.any():
+        # amax/127 may round up so far that 127 * scale overflows float32 on decode:
+        # step those scales down one ulp (the clip below keeps q within ±127).
+        with np.errstate(over="ignore"):
+            over = ~np.isfinite(np.float32(127) * scale) & top
+        scale[over] = np.nextafter(scale[over], np.float32(0))
     safe = np.where(scale > 0, scale, np.float32(1.0))
     q = np.clip(np.rint(r32 / safe[:, None]), -127, 127).astype(np.int8)
     return q, scale.astype("<f4")
 
 
-def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """Check a batch built by a producer; returns (ids, float rows, tombstones) normalised."""
+def _int64_ids(what: str, value: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise WireError(f"{what}: expected a 1-D integer array, got shape {arr.shape} "
+                        f"{arr.dtype}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and arr.size \
+            and int(arr.max()) > _INT64_MAX:
+        # astype would wrap these to negative ids silently
+        raise WireError(f"{what}: id {int(arr.max())} does not fit in int64")
+    return np.ascontiguousarray(arr, dtype="<i8")
+
+
+def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray],
+                                                Optional[np.ndarray]]:
+    """Check a batch built by a producer (or decoded); returns (ids, rows, tombstones, scale)
+    normalised: ids ascending int64, rows permuted with them."""
     if not isinstance(batch, DeltaBatch):
         raise WireError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
     _check_name("model", batch.model)
@@ -215,30 +268,40 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
         _check_int(name, getattr(batch, name))
     if batch.dtype not in DTYPES:
         raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {batch.dtype!r}")
-    ids = np.asarray(batch.ids)
+    ids = _int64_ids("ids", batch.ids)
     rows = np.asarray(batch.rows)
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise WireError(f"ids: expected a 1-D integer array, got shape {ids.shape} {ids.dtype}")
     if rows.ndim != 2 or rows.shape[0] != ids.shape[0]:
         raise WireError(f"rows: expected shape [{ids.shape[0]}, dim], got {rows.shape}")
-    if rows.dtype.kind != "f":
+    scale = None
+    # A decoded batch carries bf16/i8 rows in their wire representation; re-encoding it
+    # passes them through unchanged (a relay must not re-quantize).
+    wire_form = batch._decoded and batch.dtype in ("bf16", "i8")
+    if wire_form:
+        want = np.uint16 if batch.dtype == "bf16" else np.int8
+        if rows.dtype != want:
+            raise WireError(f"rows: a decoded {batch.dtype} batch must hold {np.dtype(want)} "
+                            f"rows, got {rows.dtype}")
+        if batch.dtype == "i8":
+            scale = np.asarray(batch.scale) if batch.scale is not None else None
+            if scale is None or scale.shape != (ids.shape[0],):
+                raise WireError(f"scale: expected float32 [{ids.shape[0]}] for a decoded i8 "
+                                "batch")
+            scale = np.ascontiguousarray(scale, dtype="<f4")
+    elif rows.dtype.kind != "f":
         raise WireError(f"rows: expected a float array, got {rows.dtype}")
     if not 1 <= rows.shape[1] <= MAX_DIM:
         raise WireError(f"dim: expected 1 ≤ dim ≤ {MAX_DIM}, got {rows.shape[1]}")
-    ids = ids.astype("<i8", copy=False)
     if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
         order = np.argsort(ids, kind="stable")
         ids, rows = ids[order], rows[order]
+        if scale is not None:
+            scale = scale[order]
         if bool(np.any(ids[1:] == ids[:-1])):
-            raise WireError("ids: duplicate ids in one batch")
-    tomb = None
-    if batch.tombstones is not None:
-        tomb = np.asarray(batch.tombstones)
-        if tomb.ndim != 1 or tomb.dtype.kind not in "iu":
-            raise WireError(f"tombstones: expected a 1-D integer array, got {tomb.shape} "
-                            f"{tomb.dtype}")
-        tomb = np.ascontiguousarray(tomb, dtype="<i8")
-    return ids, rows, tomb
+            dup = ids[1:][ids[1:] == ids[:-1]]
+            raise WireError(f"ids: duplicate ids in one batch (e.g. {int(dup[0])}; "
+                            f"{dup.size} duplicates)")
+    tomb = None if batch.tombstones is None else _int64_ids("tombstones", batch.tombstones)
+    return ids, rows, tomb, scale
 
 
 def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatch]:
@@ -247,9 +310,11 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
     Rows are cut in id order; tombstones fill the first messages. The pieces get
     consecutive ``seq`` numbers starting at ``batch.seq``. An empty batch gives ``[]``.
     """
-    ids, rows, tomb = _validate_batch(batch)
+    ids, rows, tomb, scale = _validate_batch(batch)
     per_row = row_bytes(rows.shape[1], batch.dtype)
-    budget = max_message_bytes - _FIXED_OVERHEAD - len(batch.model) - len(batch.table)
+    # Names count in UTF-8 bytes, not characters.
+    budget = (max_message_bytes - _FIXED_OVERHEAD - len(batch.model.encode())
+              - len(batch.table.encode()))
     if budget < per_row:
         raise WireError(f"max_message_bytes: {max_message_bytes} cannot hold one row of "
                         f"{per_row} bytes plus the {_FIXED_OVERHEAD}-byte header")
@@ -263,7 +328,8 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
         r_take = min(n - r, room // per_row)
         pieces.append(replace(
             batch, seq=batch.seq + len(pieces), ids=ids[r:r + r_take], rows=rows[r:r + r_take],
-            tombstones=tomb[t:t + t_take] if t_take else None, scale=None))
+            tombstones=tomb[t:t + t_take] if t_take else None,
+            scale=None if scale is None else scale[r:r + r_take]))
         r += r_take
         t += t_take
     return pieces
@@ -277,7 +343,11 @@ def _pack_head(key: str, size: int) -> bytes:
 def _pack_one(b: DeltaBatch) -> bytes:
     # Framed by hand rather than with msgpack.packb: the Packer grows its buffer by
     # doubling and copies megabyte payloads several times; joining buffers copies once.
-    wire_rows, scale = _quantize(b.rows, b.dtype)
+    if b._decoded and b.dtype in ("bf16", "i8"):
+        wire_rows = np.ascontiguousarray(b.rows)
+        scale = None if b.scale is None else np.ascontiguousarray(b.scale, dtype="<f4")
+    else:
+        wire_rows, scale = _quantize(b.rows, b.dtype)
     ids = np.ascontiguousarray(b.ids, dtype="<i8")
     bins: list[tuple[str, Any]] = [("ids", ids.data), ("rows", wire_rows.data)]
     if scale is not None:
@@ -412,7 +482,11 @@ def decode(data: bytes) -> DeltaBatch:
     """Decode and validate one message. Raises :class:`WireError` naming the bad field."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"data: expected bytes, got {type(data).__name__}")
-    msg = _Reader(memoryview(data).cast("B")).top_map()
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError as e:  # e.g. a non-contiguous memoryview
+        raise WireError(f"data: not a contiguous byte buffer ({e})") from None
+    msg = _Reader(view).top_map()
     keys = set(msg)
     if not _REQUIRED <= keys:
         raise WireError(f"message: missing fields {sorted(_REQUIRED - keys)}")
@@ -466,7 +540,7 @@ def decode(data: bytes) -> DeltaBatch:
         raise WireError("scale: expected finite non-negative values")
     wire_dt = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "i8": "i1"}[dtype]
     rows = np.frombuffer(rows_b, dtype=wire_dt).reshape(n, dim)
-    if n == 0 and tomb is None:
+    if n == 0 and (tomb is None or tomb.size == 0):
         raise WireError("n: a message with no rows must carry tombstones")
     return DeltaBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],
                       epoch=msg["epoch"], seq=msg["seq"], step=msg["step"], ts=msg["ts"],
