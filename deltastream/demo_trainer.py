@@ -1,0 +1,367 @@
+"""The demo's trainer process: rank ``r`` of ``W`` trains the CTR model and publishes deltas.
+
+:func:`trainer_main` runs in its own process (``multiprocessing`` spawn). Per step it trains
+on its share of the global batch (the stream's examples ``[(step·W + r)·B, … + B)``): the
+embedding tables are :class:`~deltastream.ShardedEmbedding` (rank ``r`` owns the rows of its
+slice range; lookups and gradients travel by ``torch.distributed``), the dense gradients are
+averaged with one ``all_reduce`` that also carries the loss and the stop flag (so every rank
+stops at the same step when ``--duration`` runs out).
+
+A :class:`~deltastream.DeltaTracker` in EMBEDDING mode watches the local shards with two
+consumers:
+
+* ``publish`` — every ``publish_every`` steps: ``select_changed`` (top ``topk_fraction`` by
+  drift, new rows first), ``retain`` the leftover, ``DeltaPublisher.publish`` per table
+  (shard = rank, so the rows go to partition ``rank % partitions``);
+* ``snapshot`` — every ``snapshot_every`` steps: the rows changed since the last snapshot are
+  copied into a mirror of this shard (:class:`~consumers.ServingTable` s) and written as a
+  base snapshot (``consumers.snapshot.write_snapshot``) together with the publisher's next
+  offset and seq state, so a new predictor can start from it (``SyncDaemon(base=...)``).
+
+After the last step: a final flush publishes every retained row, the held-out slice is scored
+with the trainer's own (torch) model, and the shard's rows, the ids it published and the MLP
+weights are dumped (``.npz``) for the predictor's comparison.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["trainer_main", "SNAPSHOT_PREFIX"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_PREFIX = "shard-"
+_EVAL_CHUNK = 8192
+
+
+def trainer_main(rank: int, cfg: dict, events: Any) -> None:
+    """Entry point of trainer ``rank`` (see the module docstring).
+
+    ``cfg`` keys: world, master_port, device, bootstrap_servers, topic, model_name, dim,
+    hidden, batch_size, steps (or None), duration (s or None), publish_every,
+    snapshot_every, topk_fraction, wire_dtype, max_message_bytes, lr_sparse, lr_dense,
+    seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
+    threads. ``events``: queue to the parent.
+    """
+    logging.basicConfig(level=cfg.get("log_level", "WARNING"),
+                        format=f"%(asctime)s %(levelname)s trainer{rank} %(name)s: %(message)s")
+    try:
+        _Trainer(rank, cfg, events).run()
+    except BaseException as e:
+        log.exception("trainer %d failed", rank)
+        events.put({"kind": "error", "who": f"trainer {rank}",
+                    "error": f"{type(e).__name__}: {e}"})
+        raise SystemExit(1) from None
+
+
+class _Trainer:
+    def __init__(self, rank: int, cfg: dict, events: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from consumers.serving_table import ServingTable
+        from deltastream.demo_data import ClickStream, StreamConfig
+        from deltastream.demo_model import CTRModel, local_tables
+        from deltastream.optim import RowWiseAdagrad
+        from deltastream.publisher import DeltaPublisher
+        from deltastream.tracker import DeltaTracker
+        from deltastream.types import TrackingMode
+
+        self.torch, self.dist = torch, dist
+        self.rank, self.cfg, self.events = rank, cfg, events
+        self.world = int(cfg["world"])
+        torch.set_num_threads(int(cfg.get("threads", 1)))
+        if cfg["device"] == "cuda":
+            self.device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{cfg['master_port']}",
+                                rank=rank, world_size=self.world,
+                                timeout=datetime.timedelta(seconds=float(
+                                    cfg.get("dist_timeout", 120))))
+        seed = int(cfg["seed"])
+        torch.manual_seed(seed)  # same MLP init on every rank
+        self.stream = ClickStream(StreamConfig(**cfg["stream"]))
+        self.model = CTRModel(int(cfg["dim"]), self.stream.config.n_dense,
+                              tuple(cfg.get("hidden", (64, 32))), sharded=True,
+                              device=self.device, seed=seed * 1000 + rank)
+        self.tables = local_tables(self.model)  # name -> local HashTable shard
+        self.sparse_opt = RowWiseAdagrad(self.model, lr=float(cfg["lr_sparse"]))
+        self.dense = self.model.dense_parameters()
+        self.dense_opt = torch.optim.Adam(self.dense, lr=float(cfg["lr_dense"]))
+        self.tracker = DeltaTracker(self.model, consumers=["publish", "snapshot"],
+                                    delete_on_read=True, mode=TrackingMode.EMBEDDING)
+        self.fqn_table = {fqn: self.model.get_submodule(fqn)
+                          for fqn in self._tracked_fqns()}
+        self.publisher = DeltaPublisher(cfg["bootstrap_servers"], cfg["topic"],
+                                        model=cfg["model_name"], shard=rank,
+                                        dtype=cfg["wire_dtype"],
+                                        max_message_bytes=int(cfg["max_message_bytes"]))
+        self.partition = self.publisher.partition
+        self.next_offset = self._end_offset()
+        self.pending: list[Any] = []  # PublishResults not yet flushed
+        self.mirror = {name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
+        self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.tables}
+        self.rounds: list[dict] = []
+        self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected",
+                                     "tombstones", "messages", "bytes", "rounds",
+                                     "final_flush"), 0)
+        self.snapshots = {"count": 0, "last_step": None, "seconds": 0.0}
+        self.work = Path(cfg["work_dir"])
+        self.snap_dir = Path(cfg["snapshot_dir"]) / f"{SNAPSHOT_PREFIX}{rank}"
+
+    # ------------------------------------------------------------------ helpers
+
+    def _tracked_fqns(self) -> list[str]:
+        """FQNs of the local HashTables (what the tracker reports deltas under)."""
+        from deltastream.hashtable import HashTable
+
+        return [fqn for fqn, m in self.model.named_modules() if isinstance(m, HashTable)]
+
+    def _end_offset(self) -> int:
+        """Next offset of this shard's partition now (messages before it are not ours)."""
+        from consumers.topic import TopicReader
+
+        with TopicReader(self.cfg["bootstrap_servers"], self.cfg["topic"],
+                         timeout=15.0) as reader:
+            return int(reader.end_offsets([self.partition])[self.partition])
+
+    def _settle(self) -> None:
+        """Flush the publisher; advance ``next_offset`` past every acknowledged message."""
+        self.publisher.flush()
+        for res in self.pending:
+            offs = res.offsets
+            if offs:
+                self.next_offset = max(self.next_offset, max(offs) + 1)
+        self.pending.clear()
+
+    # ------------------------------------------------------------------ publish / snapshot
+
+    def publish_round(self, step: int, *, final: bool = False) -> dict:
+        """One ``publish`` consumer round; returns its counters."""
+        from deltastream.selection import select_changed
+
+        frac = float(self.cfg["topk_fraction"])
+        t_read = time.time_ns()
+        t0 = time.monotonic()
+        delta = self.tracker.get_delta("publish")
+        rec = dict(step=step, t=time.time() - float(self.cfg["t0"]), final=final, tracked=0,
+                   published=0, carried=0, rejected=0, tombstones=0, messages=0, bytes=0)
+        for fqn, d in delta.items():
+            tbl = self.fqn_table[fqn]
+            n_tomb = 0 if d.tombstones is None else int(d.tombstones.numel())
+            if len(d) == 0 and n_tomb == 0:
+                continue
+            sel = select_changed(d, tbl, fraction=None if (final or frac >= 1.0) else frac,
+                                 wire_dtype=self.cfg["wire_dtype"])
+            if len(sel.leftover):
+                self.tracker.retain("publish", fqn, sel.leftover)
+            rec["tracked"] += len(d)
+            rec["carried"] += len(sel.leftover)
+            rec["rejected"] += sel.n_rejected
+            if len(sel) or n_tomb:
+                res = self.publisher.publish(tbl.name, sel.ids, sel.rows, step=step,
+                                             tombstones=sel.tombstones, ts=t_read)
+                self.pending.append(res)
+                rec["published"] += res.rows
+                rec["tombstones"] += res.tombstones
+                rec["messages"] += res.messages
+                rec["bytes"] += res.bytes
+                if len(sel):
+                    self.published_ids[tbl.name].append(sel.ids.detach().cpu().numpy())
+        rec["seconds"] = time.monotonic() - t0
+        for k in ("tracked", "published", "carried", "rejected", "tombstones", "messages",
+                  "bytes"):
+            self.totals[k] += rec[k]
+        self.totals["rounds"] += 1
+        if final:
+            self.totals["final_flush"] = rec["published"]
+        self.rounds.append(rec)
+        self.events.put(dict(rec, kind="publish", rank=self.rank))
+        return rec
+
+    def snapshot_round(self, step: int) -> None:
+        """One ``snapshot`` consumer round: update this shard's mirror and write it."""
+        from consumers.snapshot import write_snapshot
+
+        t0 = time.monotonic()
+        self._settle()  # offsets of everything published so far are now known
+        delta = self.tracker.get_delta("snapshot")
+        for fqn, d in delta.items():
+            tbl = self.fqn_table[fqn]
+            mirror = self.mirror[tbl.name]
+            if d.tombstones is not None and d.tombstones.numel():
+                mirror.delete(d.tombstones.cpu().numpy())
+            if len(d):
+                rows = tbl.lookup(d.ids).float().cpu().numpy()
+                ok = np.isfinite(rows).all(axis=1)  # non-finite rows are never served
+                mirror.upsert(d.ids.cpu().numpy()[ok], rows[ok])
+        next_seq = self.publisher.stats()["next_seq"]
+        streams = [{"table": t, "shard": self.rank, "epoch": self.publisher.epoch,
+                    "seq": int(s) - 1} for t, s in sorted(next_seq.items()) if s > 0]
+        write_snapshot(self.snap_dir, tables=dict(self.mirror),
+                       offsets={self.partition: int(self.next_offset)},
+                       seqs={"version": 1, "streams": streams} if streams else {},
+                       meta={"kind": "deltastream-demo-trainer-base", "step": step,
+                             "shard": self.rank, "world": self.world,
+                             "epoch": self.publisher.epoch, "model": self.cfg["model_name"],
+                             "topic": self.cfg["topic"], "written_at": time.time()})
+        self.snapshots["count"] += 1
+        self.snapshots["last_step"] = step
+        self.snapshots["seconds"] += time.monotonic() - t0
+
+    # ------------------------------------------------------------------ training
+
+    def _batch(self, step: int):
+        torch = self.torch
+        b = self.stream.batch((step * self.world + self.rank) * int(self.cfg["batch_size"]),
+                              int(self.cfg["batch_size"]))
+        dev = self.device
+        return (torch.from_numpy(b.user_ids).to(dev), torch.from_numpy(b.item_ids).to(dev),
+                torch.from_numpy(b.dense).to(dev), torch.from_numpy(b.labels).to(dev))
+
+    def _train_step(self, step: int, stop: bool) -> tuple[float, bool]:
+        torch, dist = self.torch, self.dist
+        u, i, x, y = self._batch(step)
+        logits = self.model(u, i, x)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y)
+        loss.backward()
+        # one all_reduce: dense gradients, the loss and the stop flag
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.dense]
+        flat = torch.cat([g.reshape(-1) for g in grads]
+                         + [loss.detach().reshape(1),
+                            torch.tensor([1.0 if stop else 0.0], device=self.device)])
+        dist.all_reduce(flat)
+        flat[:-1] /= self.world
+        off = 0
+        for p, g in zip(self.dense, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[off:off + n].view_as(p)
+            off += n
+        self.sparse_opt.step()
+        self.dense_opt.step()
+        self.sparse_opt.zero_grad()
+        self.dense_opt.zero_grad(set_to_none=True)
+        self.tracker.step()
+        return float(flat[-2]), bool(flat[-1] > 0)
+
+    def _heldout_scores(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's share of the held-out slice scored by the torch model (collective)."""
+        torch = self.torch
+        n = int(self.cfg["heldout"])
+        ho = self.stream.batch(start, n, salt=1)
+        mine = np.arange(self.rank, n, self.world)
+        chunks = max(1, math.ceil(n / (self.world * _EVAL_CHUNK)))
+        out = []
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.tracker.pause():
+                for idx in np.array_split(mine, chunks):  # same call count on every rank
+                    lg = self.model(torch.from_numpy(ho.user_ids[idx]).to(self.device),
+                                    torch.from_numpy(ho.item_ids[idx]).to(self.device),
+                                    torch.from_numpy(ho.dense[idx]).to(self.device))
+                    out.append(lg.float().cpu().numpy())
+        finally:
+            self.model.train()
+        return mine.astype(np.int64), (np.concatenate(out) if out else np.empty(0, np.float32))
+
+    def _dump(self, pos: np.ndarray, logits: np.ndarray) -> str:
+        from deltastream.demo_model import export_dense
+
+        arrays: dict[str, np.ndarray] = {}
+        for name, tbl in self.tables.items():
+            arrays[f"ids/{name}"] = tbl.ids().cpu().numpy()
+            arrays[f"rows/{name}"] = tbl.embeddings().float().cpu().numpy()
+            pub = self.published_ids[name]
+            arrays[f"published/{name}"] = (np.unique(np.concatenate(pub)) if pub
+                                           else np.empty(0, np.int64))
+        for k, v in export_dense(self.model).items():
+            arrays[f"dense/{k}"] = v
+        arrays["heldout/pos"] = pos
+        arrays["heldout/logit"] = logits
+        path = self.work / f"trainer-{self.rank}.npz"
+        tmp = path.with_suffix(f".tmp-{os.getpid()}.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+        return str(path)
+
+    def run(self) -> None:
+        cfg = self.cfg
+        steps = cfg.get("steps")
+        duration = cfg.get("duration")
+        pub_every = int(cfg["publish_every"])
+        snap_every = int(cfg["snapshot_every"])
+        self.events.put({"kind": "ready", "who": f"trainer {self.rank}", "rank": self.rank})
+        self.dist.barrier()
+        t0 = time.monotonic()
+        last_report = 0.0
+        step, loss, stop = 0, float("nan"), False
+        losses: list[tuple[int, float]] = []
+        while not stop and (steps is None or step < steps):
+            want_stop = duration is not None and time.monotonic() - t0 >= float(duration)
+            loss, stop = self._train_step(step, want_stop)
+            step += 1
+            if step % pub_every == 0:
+                self.publish_round(step)
+            if step % snap_every == 0:
+                self.snapshot_round(step)
+            now = time.monotonic()
+            if self.rank == 0 and (now - last_report >= 0.25 or step == steps):
+                last_report = now
+                losses.append((step, loss))
+                self.events.put({"kind": "train", "rank": 0, "step": step, "loss": loss,
+                                 "examples": step * self.world * int(cfg["batch_size"]),
+                                 "t": time.time()})
+        train_s = time.monotonic() - t0
+        # ---- final flush: everything still retained goes out now
+        t_flush = time.monotonic()
+        self.publish_round(step, final=True)
+        self._settle()
+        flush_s = time.monotonic() - t_flush
+        left = sum(len(d) for d in self.tracker.get_delta("publish").values())
+        heldout_start = step * self.world * int(cfg["batch_size"])
+        pos, logits = self._heldout_scores(heldout_start)
+        dump = self._dump(pos, logits)
+        pstats = self.publisher.stats()
+        self.publisher.close()
+        tstats = self.tracker.stats() if hasattr(self.tracker, "stats") else {}
+        self.events.put({
+            "kind": "final", "rank": self.rank, "steps": step,
+            "examples": step * self.world * int(cfg["batch_size"]),
+            "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
+            "losses": losses, "rounds": self.rounds, "totals": self.totals,
+            "left_after_flush": int(left), "offsets": {self.partition: int(self.next_offset)},
+            "dump": dump, "heldout_start": heldout_start, "snapshots": self.snapshots,
+            "rows_held": {n: len(t) for n, t in self.tables.items()},
+            "tracker": _plain(tstats), "publisher": _plain(pstats),
+            "epoch": self.publisher.epoch,
+        })
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+def _plain(x: Any) -> Any:
+    """JSON-able copy (tensors and numpy scalars to Python numbers, keys to str)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 1) == 0:
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if hasattr(x, "value") and hasattr(x, "name"):  # enums
+        return x.value
+    return x
