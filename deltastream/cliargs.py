@@ -17,12 +17,12 @@ ENV_PREFIX = "DELTASTREAM_"
 
 
 def env_name(dest: str) -> str:
-    """Environment variable for an argparse ``dest``: ``state_dir`` -> ``DELTASTREAM_STATE_DIR``."""
+    """Environment variable for a flag name or dest: ``state-dir`` -> ``DELTASTREAM_STATE_DIR``."""
     return ENV_PREFIX + dest.upper().replace("-", "_")
 
 
 class EnvArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser whose optional flags default from ``DELTASTREAM_<DEST>``.
+    """An ArgumentParser whose optional flags default from ``DELTASTREAM_<FLAG>``.
 
     The variable is named in each flag's help. Values from the environment go through
     the flag's ``type`` and ``choices`` like command-line values; ``store_true`` flags
@@ -37,7 +37,10 @@ class EnvArgumentParser(argparse.ArgumentParser):
         action = super().add_argument(*args, **kwargs)
         if not action.option_strings or action.dest in ("help", "version"):
             return action
-        var = env_name(action.dest)
+        # Named after the long flag, not the dest: `--model` (dest model_name) reads
+        # DELTASTREAM_MODEL, which is what a user reading --help expects.
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        var = env_name(longs[0][2:] if longs else action.dest)
         action.help = (action.help or "") + f" [env {var}]"
         raw = os.environ.get(var)
         if raw is None:

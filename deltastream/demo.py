@@ -141,7 +141,7 @@ class DemoOptions:
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ValueError(f"--timeout must be positive seconds, got {self.timeout!r}")
         if not self.model_name or "/" in self.model_name:
-            raise ValueError(f"--model-name must be non-empty without '/', got "
+            raise ValueError(f"--model must be non-empty without '/', got "
                              f"{self.model_name!r}")
         if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
             raise ValueError("--bootstrap-servers must be host:port[,host:port] when given")
@@ -178,8 +178,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--bootstrap-servers", default=None,
       help="Kafka bootstrap servers host:port[,host:port]; none = start an embedded broker")
-    a("--topic", default=None, help="deltas topic (default deltas.<model-name>)")
-    a("--model-name", default=d.model_name, help="model name carried in every message")
+    a("--topic", default=None, help="deltas topic (default deltas.<model>)")
+    a("--model", dest="model_name", default=d.model_name,
+      help="model name carried in every message")
     a("--workers", type=int, default=d.workers,
       help="trainer processes (torch.distributed; one shard and partition each)")
     a("--device", choices=["cpu", "cuda"], default=d.device,

@@ -142,7 +142,7 @@ def test_short_demo_one_worker_f32_is_exact(tmp_path):
     (["--steps", "-5"], "--steps"),
     (["--duration", "0"], "--duration"),
     (["--held-out", "10"], "--held-out"),
-    (["--model-name", "a/b"], "--model-name"),
+    (["--model", "a/b"], "--model"),
 ])
 def test_bad_flags_are_refused_with_a_clear_error(tmp_path, args, words):
     proc = subprocess.run([sys.executable, "-m", "deltastream.cli", "demo", "--out",
@@ -165,7 +165,7 @@ def test_flags_default_from_the_environment(tmp_path):
                                timeout=60).stdout
     for flag in ("--bootstrap-servers", "--workers", "--device", "--steps", "--duration",
                  "--batch-size", "--publish-every", "--snapshot-every", "--topk-fraction",
-                 "--dim", "--out", "--seed", "--model-name", "DELTASTREAM_WORKERS"):
+                 "--dim", "--out", "--seed", "--model", "DELTASTREAM_WORKERS"):
         assert flag in help_text
 
 
