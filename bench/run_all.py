@@ -87,7 +87,7 @@ def render(runs: dict[str, tuple[list[dict], str, float]]) -> str:
         "Every figure is set against a baseline measured in the same run, because these "
         "machines are shared and noisy: the **ratio** is what is compared with the goal.",
         "",
-        f"Run: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} on {_machine()}.",
+        f"Run: {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M UTC} on {_machine()}.",
         "",
         "| benchmark | figure | value | unit | baseline | ratio | goal | status |",
         "|---|---|---|---|---|---|---|---|",

@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -116,8 +116,8 @@ def parse_time(text: Union[str, int]) -> int:
         raise ValueError(f"time: expected integer ns or ISO-8601 like "
                          f"'2024-05-01T12:00:00Z', got {text!r}") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    delta = dt - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
     # integer arithmetic: exact to the microsecond datetime holds
     ns = (delta.days * 86400 + delta.seconds) * 10**9 + delta.microseconds * 1000
     if ns < 0:
@@ -130,7 +130,7 @@ def format_time(ns: Optional[int]) -> str:
     if ns is None:
         return ""
     s, rem = divmod(int(ns), 10**9)
-    dt = datetime.fromtimestamp(s, tz=timezone.utc).replace(microsecond=rem // 1000)
+    dt = datetime.fromtimestamp(s, tz=UTC).replace(microsecond=rem // 1000)
     return dt.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
