@@ -1,38 +1,53 @@
-"""Top-k trade-off: bytes on the wire vs serving AUC at several top-k fractions.
+"""Top-k trade-off: bytes on the wire vs serving AUC, per publish policy.
 
 One training run of the demo's CTR model (:mod:`deltastream.demo_model`, one process, on the
-demo's drifting Zipf click stream) feeds **one DeltaTracker with one consumer per fraction**
-(``f1``, ``f0.5``, …), so every fraction sees exactly the same model trajectory. Every
-``--publish-every`` steps each consumer runs a publish round: ``select_changed`` with its
-fraction (new rows first, then top drift; the leftover is ``retain``-ed), the selected rows are
-encoded in wire format v1 (``--dtype``; the encoded bytes are what is counted) and decoded and
-applied to that fraction's own :class:`~consumers.ServingTable` s — exactly what a predictor
-would hold. (In-process, without a broker: the broker does not change which bytes arrive,
-and one process keeps the run short and deterministic.)
+demo's drifting Zipf click stream) feeds **one DeltaTracker with one consumer per policy**, so
+every policy sees exactly the same model trajectory. Every ``--publish-every`` steps each
+consumer runs a publish round: ``select_changed`` with its policy, the leftover is
+``retain``-ed (tracked, not lost), the selected rows are encoded in wire format v1
+(``--dtype``; the encoded bytes are what is counted) and decoded and applied to that policy's
+own :class:`~consumers.ServingTable` s — exactly what a predictor would hold. (In-process,
+without a broker: the broker does not change which bytes arrive, and one process keeps the
+run short and deterministic.)
+
+Policies:
+
+* ``fraction=F`` (``--fractions``): a count budget, top ``ceil(F × touched)`` rows per round:
+  new rows first, then overdue rows (carried ``--max-age`` rounds), then drift × (1 + age).
+  ``fraction=1`` publishes every touched row: **the baseline**.
+* ``threshold=ε`` (``--thresholds``): bounded error. A row goes out when the predictors' copy
+  is ``ε`` away from the trainer's row (L2): ``‖current − FIRST‖`` for a row they hold,
+  ``‖current‖`` for a row they never received (they serve zeros for it; ``--new-rows drift``,
+  the default; ``first`` sends every new row at once). Rows under ``ε`` stay tracked and go out
+  when their drift crosses ``ε`` (or at a final flush / snapshot), so at every publish
+  round every row a predictor serves is within ``ε`` of the trainer's (+ wire rounding).
+* ``rel=ρ`` (``--rel-thresholds``): the same with ``ε = ρ × ‖current‖`` per row.
 
 Serving quality is measured the way an online system is judged — on traffic it has not seen
 yet: every ``--eval-every`` steps, right after the publish round, the next
 ``--eval-examples`` examples of the stream (a held-out draw, ``salt=1``) are scored with the
-trainer's current MLP and (a) the trainer's tables, (b) each fraction's serving tables. The
-AUC per fraction is over all such evaluation points. There is no final flush: this is the
-steady state.
+trainer's current MLP and (a) the trainer's tables, (b) each policy's serving tables. The
+AUC per policy is over all such evaluation points (after ``--warmup-steps``). There is no
+final flush: this is the steady state.
 
 Figure ``topk_bytes_reduction``: bytes sent at fraction 1.0 (every touched row, the baseline)
-divided by the bytes sent at the smallest fraction whose serving AUC is within ``--tolerance``
-(0.002) of the fraction-1.0 serving AUC. Goal ≥ 5×. Per-fraction records give bytes and the
-serving AUC against the trainer AUC. The curve is written to ``--out``/topk_tradeoff.png.
+divided by the bytes of the cheapest policy whose serving AUC is within ``--tolerance``
+(0.002) of the fraction-1.0 serving AUC; the record names it (``policy``). Goal ≥ 5×.
+Per-policy records give bytes, rows, the serving AUC against the trainer AUC, the AUC gap
+to fraction 1.0, the rows held back (tracked, unpublished) at the end and the largest
+serving-vs-trainer row error then. The curve (bytes vs AUC gap, one point per policy) is
+written to ``--out``/topk_tradeoff.png.
 
-Reading the figure: ``select_changed`` never drops a changed row — what it does not pick is
-carried (``retain``) and published later, new rows first and no row starving — so fewer
-bytes can only come from rows that change again while carried (one publish instead of
-several). How much that saves depends on how often ids recur within a few publish rounds;
-how much AUC it costs depends on how much the predictor needs the newest value of the
-carried rows. On the demo stream users come in sessions, so the rows of users active right
-now are both the ones that matter for the next requests and the ones a small budget defers.
-``--session-return 0`` (independent draws) shows the same model on a stream without
-sessions.
+Why count budgets fall short and thresholds do not: a count budget never drops a changed
+row, it only defers it (``max_age`` forces every carried row out within a few rounds), so
+it saves only the rows that change again while carried, and it defers exactly the rows of
+the users active right now. A threshold instead skips changes too small to matter —
+most touched rows move by far less than their norm in a publish interval (the optimizer's
+per-row step shrinks as a row accumulates gradient), and a row's *accumulated* drift is
+what is compared, so no change is lost, only small ones are batched.
 
-Run: ``deltastream bench topk-tradeoff [--fractions 1,0.5,0.2,0.1,0.05] [--steps N]``.
+Run: ``deltastream bench topk-tradeoff [--fractions 1,0.5,0.2,0.1,0.05]
+[--thresholds ...] [--rel-thresholds ...] [--steps N]``.
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ import argparse
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,24 +68,77 @@ __all__ = ["main"]
 logger = logging.getLogger(__name__)
 
 
-def _fractions(text: str) -> list[float]:
+def _numbers(text: str, *, what: str, low: float, high: float, low_open: bool) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
             from None
-    if not vals or any(not 0 < v <= 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"fractions must be in (0, 1], got {text!r}")
+    bad = [v for v in vals if not math.isfinite(v) or v > high or v < low
+           or (low_open and v == low)]
+    if bad:
+        rng = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise argparse.ArgumentTypeError(f"{what} must be in {rng}, got {text!r}")
+    return vals
+
+
+def _fractions(text: str) -> list[float]:
+    vals = _numbers(text, what="fractions", low=0.0, high=1.0, low_open=True)
+    if not vals:
+        raise argparse.ArgumentTypeError("give at least one fraction")
     if 1.0 not in vals:
         vals.append(1.0)  # the baseline
     return sorted(set(vals), reverse=True)
+
+
+def _thresholds(text: str) -> list[float]:
+    return sorted(set(_numbers(text, what="thresholds", low=0.0, high=math.inf,
+                               low_open=False)))
+
+
+@dataclass
+class Policy:
+    """One publish policy = one tracker consumer + its own serving tables."""
+
+    label: str  #: ``fraction=0.5``, ``threshold=0.1``, ``rel=0.2``
+    kind: str  #: ``fraction`` / ``threshold`` / ``rel``
+    value: float
+    kwargs: dict = field(default_factory=dict)  #: select_changed budget arguments
+
+
+def _policies(args: argparse.Namespace) -> list[Policy]:
+    out = []
+    for f in args.fractions:
+        out.append(Policy(f"fraction={f:g}", "fraction", f,
+                          {} if f >= 1.0 else {"fraction": f, "max_age": args.max_age}))
+    for e in args.thresholds:
+        out.append(Policy(f"threshold={e:g}", "threshold", e,
+                          {"threshold": e, "new_rows": args.new_rows}))
+    for r in args.rel_thresholds:
+        out.append(Policy(f"rel={r:g}", "rel", r,
+                          {"threshold": r, "relative": True, "new_rows": args.new_rows}))
+    return out
+
+
+BASELINE = "fraction=1"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="deltastream bench topk-tradeoff", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fractions", type=_fractions, default=_fractions("1,0.5,0.2,0.1,0.05"),
-                   help="top-k fractions, comma-separated (1.0 is always included)")
+                   help="top-k fractions, comma-separated (1.0, the baseline, is always "
+                        "included)")
+    p.add_argument("--thresholds", type=_thresholds,
+                   default=_thresholds("0.02,0.05,0.1,0.2,0.3"),
+                   help="absolute drift thresholds ε (L2, embedding units), comma-separated; "
+                        "'' for none")
+    p.add_argument("--rel-thresholds", type=_thresholds, default=_thresholds("0.1,0.3"),
+                   help="relative drift thresholds (ε = ρ × ‖row‖), comma-separated; '' for "
+                        "none")
+    p.add_argument("--new-rows", choices=["drift", "first"], default="drift",
+                   help="threshold policies: rows predictors never received go out when "
+                        "‖row‖ ≥ ε (drift, default) or at once (first)")
     p.add_argument("--steps", type=int, default=1200, help="training steps (default 1200)")
     p.add_argument("--batch-size", type=int, default=1024, help="examples per step")
     p.add_argument("--publish-every", type=int, default=10, help="steps between publishes")
@@ -79,10 +148,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-examples", type=int, default=2048,
                    help="upcoming examples scored per evaluation")
     p.add_argument("--warmup-steps", type=int, default=200,
-                   help="evaluations before this step are left out (default 200)")
+                   help="evaluations and bytes before this step are left out (default 200)")
     p.add_argument("--dim", type=int, default=32, help="embedding width")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "i8"], default="f16",
-                   help="wire dtype")
+                   help="wire dtype (the same for every policy)")
     p.add_argument("--users", type=int, default=50_000, help="distinct users in the stream")
     p.add_argument("--items", type=int, default=10_000, help="distinct items in the stream")
     p.add_argument("--session-return", type=float, default=None,
@@ -92,7 +161,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="stream: how far back (examples) a session continues (default: the "
                         "demo stream's)")
     p.add_argument("--max-age", type=int, default=16,
-                   help="select_changed max_age: rows carried this many rounds go first")
+                   help="fraction policies: rows carried this many rounds go first")
     p.add_argument("--tolerance", type=float, default=0.002,
                    help="largest AUC loss vs fraction 1.0 that counts as 'the same'")
     p.add_argument("--seed", type=int, default=0)
@@ -106,15 +175,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--eval-every must be a multiple of --publish-every")
     if not 0 <= args.warmup_steps < args.steps:
         p.error("--warmup-steps must be in [0, --steps)")
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        p.error("--tolerance must be a finite number >= 0")
     return args
 
 
-def _label(f: float) -> str:
-    return f"f{f:g}"
-
-
-def run(args: argparse.Namespace) -> dict:
-    """The training run; returns per-fraction bytes/rows/AUC and the trainer AUC."""
+def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
+    """The training run; returns per-policy bytes/rows/AUC and the trainer AUC."""
     import torch
 
     from consumers.serving_table import ServingTable
@@ -136,13 +203,15 @@ def run(args: argparse.Namespace) -> dict:
     model = CTRModel(args.dim, stream.config.n_dense, seed=args.seed)
     sparse = RowWiseAdagrad(model, lr=0.05)
     dense = torch.optim.Adam(model.dense_parameters(), lr=2e-3)
-    names = [_label(f) for f in args.fractions]
+    names = [p.label for p in policies]
     tracker = DeltaTracker(model, consumers=names, mode=TrackingMode.EMBEDDING)
     tables = {fqn: m for fqn, m in model.named_modules()
               if m.__class__.__name__ == "HashTable"}
+    by_name = {t.name: t for t in tables.values()}
     serving = {n: {t.name: ServingTable(t.name, args.dim) for t in tables.values()}
                for n in names}
-    sent = {n: {"bytes": 0, "rows": 0, "messages": 0, "select_s": 0.0} for n in names}
+    sent = {n: {"bytes": 0, "rows": 0, "messages": 0, "select_s": 0.0, "held": 0}
+            for n in names}
     labels: list[np.ndarray] = []
     logits: dict[str, list[np.ndarray]] = {n: [] for n in names + ["trainer"]}
     seq = {n: 0 for n in names}
@@ -162,23 +231,25 @@ def run(args: argparse.Namespace) -> dict:
         tracker.step()
         if step % args.publish_every:
             continue
-        for f, n in zip(args.fractions, names, strict=True):
+        counted = step > args.warmup_steps  # bytes over the same window as the AUC
+        for pol in policies:
+            n = pol.label
             ts0 = time.monotonic()
+            held = 0
             for fqn, d in tracker.get_delta(n).items():
                 if len(d) == 0:
                     continue
                 tbl = tables[fqn]
-                sel = select_changed(d, tbl, fraction=None if f >= 1.0 else f,
-                                     wire_dtype=args.dtype, max_age=args.max_age)
+                sel = select_changed(d, tbl, wire_dtype=args.dtype, **pol.kwargs)
                 if len(sel.leftover):
-                    tracker.retain(n, fqn, sel.leftover)
+                    tracker.retain(n, fqn, sel.leftover)  # tracked, published later
+                    held += len(sel.leftover)
                 if len(sel) == 0:
                     continue
                 batch = wire.DeltaBatch(model="topk", table=tbl.name, shard=0, epoch=1,
                                         seq=seq[n], step=step, ts=time.time_ns(),
                                         ids=sel.ids.numpy(), rows=sel.rows.numpy(),
                                         dtype=args.dtype)
-                counted = step > args.warmup_steps  # bytes over the same window as the AUC
                 for msg in wire.encode(batch):
                     if counted:
                         sent[n]["bytes"] += len(msg)
@@ -187,6 +258,7 @@ def run(args: argparse.Namespace) -> dict:
                     serving[n][tbl.name].apply(wire.decode(msg))
                 if counted:
                     sent[n]["rows"] += len(sel)
+            sent[n]["held"] = held
             sent[n]["select_s"] += time.monotonic() - ts0
         if step % args.eval_every or step < args.warmup_steps:
             continue
@@ -196,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
         labels.append(ev.labels)
 
         def trainer_lookup(name: str):
-            t = next(t for t in tables.values() if t.name == name)
+            t = by_name[name]
             return lambda ids: t.lookup(torch.from_numpy(ids)).numpy()
 
         logits["trainer"].append(score(weights, trainer_lookup("user"), trainer_lookup("item"),
@@ -206,46 +278,68 @@ def run(args: argparse.Namespace) -> dict:
             logits[n].append(score(weights, st["user"].lookup, st["item"].lookup,
                                    ev.user_ids, ev.item_ids, ev.dense))
     seconds = time.monotonic() - t0
+    # ---- largest serving-vs-trainer row error over every row the trainer holds, at the
+    # end of the run (right after the last publish round): the bound a threshold promises
+    for n in names:
+        worst = 0.0
+        for name, t in by_name.items():
+            ids = t.ids()
+            if ids.numel() == 0:
+                continue
+            err = t.lookup(ids).numpy() - serving[n][name].lookup(ids.numpy())
+            worst = max(worst, float(np.sqrt((err.astype(np.float64) ** 2).sum(1)).max()))
+        sent[n]["max_row_error"] = worst
     y = np.concatenate(labels)
     aucs = {n: auc(y, np.concatenate(v)) for n, v in logits.items()}
     return {"sent": sent, "auc": aucs, "seconds": seconds, "eval_examples": int(y.size),
-            "names": names, "stream": stream.config.to_dict()}
+            "names": names, "stream": stream.config.to_dict(),
+            "trainer_rows": {name: len(t) for name, t in by_name.items()}}
 
 
-def _plot(path: Path, args: argparse.Namespace, r: dict, chosen: str | None) -> Path | None:
+def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy],
+          chosen: str | None) -> Path | None:
     from deltastream.report import _pyplot
 
     plt = _pyplot()
     if plt is None:
         return None
-    names = r["names"]
-    mib = [r["sent"][n]["bytes"] / 2**20 for n in names]
-    aucs = [r["auc"][n] for n in names]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    base = r["auc"][BASELINE]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=100)
     try:
-        ax.plot(mib, aucs, marker="o", color="tab:blue", label="serving AUC")
-        for f, x, a in zip(args.fractions, mib, aucs, strict=True):
-            ax.annotate(f"{f:g}", (x, a), textcoords="offset points", xytext=(4, 4),
-                        fontsize=8)
-        ax.axhline(r["auc"]["trainer"], color="tab:green", ls="--", lw=1,
-                   label="trainer AUC")
-        base = r["auc"][_label(1.0)]
-        ax.axhline(base - args.tolerance, color="tab:red", ls=":", lw=1,
-                   label=f"AUC(1.0) − {args.tolerance:g}")
+        styles = {"fraction": ("tab:blue", "o", "top-k fraction"),
+                  "threshold": ("tab:orange", "s", "threshold ε"),
+                  "rel": ("tab:purple", "^", "relative threshold ρ")}
+        for kind, (color, marker, legend) in styles.items():
+            pts = [p for p in policies if p.kind == kind]
+            if not pts:
+                continue
+            xs = [r["sent"][p.label]["bytes"] / 2**20 for p in pts]
+            ys = [base - r["auc"][p.label] for p in pts]
+            order = np.argsort(xs)
+            ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], marker=marker, color=color,
+                    label=legend)
+            for p, x, yv in zip(pts, xs, ys, strict=True):
+                ax.annotate(f"{p.value:g}", (x, yv), textcoords="offset points",
+                            xytext=(4, 4), fontsize=8, color=color)
+        ax.axhline(args.tolerance, color="tab:red", ls=":", lw=1,
+                   label=f"tolerance {args.tolerance:g}")
+        ax.axhline(0.0, color="gray", lw=0.8)
+        full = r["sent"][BASELINE]["bytes"] / 2**20
+        ax.axvline(full / 5, color="tab:green", ls="--", lw=1, label="goal: 5× fewer bytes")
         if chosen is not None:
-            i = names.index(chosen)
-            ax.scatter([mib[i]], [aucs[i]], s=120, facecolors="none", edgecolors="tab:red",
-                       label="smallest fraction within tolerance")
+            ax.scatter([r["sent"][chosen]["bytes"] / 2**20], [base - r["auc"][chosen]], s=160,
+                       facecolors="none", edgecolors="tab:red",
+                       label=f"cheapest within tolerance ({chosen})")
         ax.set_xscale("log")
         from matplotlib.ticker import FuncFormatter
 
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-        ax.set_xlabel("MiB sent (log scale); labels = top-k fraction")
-        ax.set_ylabel("AUC on upcoming traffic")
-        ax.set_title("top-k fraction: bytes on the wire vs serving AUC")
+        ax.set_xlabel("MiB sent (log scale)")
+        ax.set_ylabel("AUC gap: AUC(fraction 1) − AUC(policy)")
+        ax.set_title("publish policy: bytes on the wire vs serving AUC gap")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper right")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")
@@ -257,38 +351,57 @@ def _plot(path: Path, args: argparse.Namespace, r: dict, chosen: str | None) -> 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run the trade-off benchmark; return the result records."""
     args = _parse(argv)
-    r = run(args)
-    names = r["names"]
-    full = _label(1.0)
-    base_bytes = r["sent"][full]["bytes"]
-    base_auc = r["auc"][full]
-    ok = [(f, n) for f, n in zip(args.fractions, names, strict=True)
-          if r["auc"][n] >= base_auc - args.tolerance]
-    f_best, chosen = min(ok) if ok else (1.0, full)
-    png = _plot(Path(args.out) / "topk_tradeoff.png", args, r, chosen)
+    policies = _policies(args)
+    r = run(args, policies)
+    base_bytes = r["sent"][BASELINE]["bytes"]
+    base_auc = r["auc"][BASELINE]
+    ok = [p for p in policies if r["auc"][p.label] >= base_auc - args.tolerance]
+    best = min(ok, key=lambda p: (r["sent"][p.label]["bytes"], p.label != BASELINE)) \
+        if ok else next(p for p in policies if p.label == BASELINE)
+    chosen = best.label
+    png = _plot(Path(args.out) / "topk_tradeoff.png", args, r, policies, chosen)
     chosen_bytes = r["sent"][chosen]["bytes"]
+    ok_frac = [p for p in ok if p.kind == "fraction"]
+    best_frac = min(ok_frac, key=lambda p: r["sent"][p.label]["bytes"]) if ok_frac else None
     common = dict(steps=args.steps, batch_size=args.batch_size, dim=args.dim,
                   session_return=r["stream"]["session_return"],
                   session_window=r["stream"]["session_window"],
                   dtype=args.dtype, publish_every=args.publish_every,
+                  new_rows=args.new_rows, tolerance=args.tolerance,
                   eval_examples=r["eval_examples"], seconds=r["seconds"],
                   trainer_auc=r["auc"]["trainer"], plot=str(png) if png else None)
     out = [result(
         "topk_bytes_reduction", float(chosen_bytes), float(base_bytes), 5.0, "bytes",
         ratio=base_bytes / chosen_bytes if chosen_bytes else math.nan,
         baseline_desc="bytes sent publishing every touched row (fraction 1.0), same run",
-        note=f"smallest fraction with serving AUC within {args.tolerance:g} of fraction 1.0: "
-             f"{f_best:g} (AUC {r['auc'][chosen]:.4f} vs {base_auc:.4f}; trainer "
-             f"{r['auc']['trainer']:.4f}); ratio = bytes(1.0) / bytes({f_best:g})",
-        fraction=f_best, serving_auc=r["auc"][chosen], serving_auc_full=base_auc, **common)]
-    for f, n in zip(args.fractions, names, strict=True):
-        s = r["sent"][n]
+        note=f"cheapest policy with serving AUC within {args.tolerance:g} of fraction 1.0: "
+             f"{chosen} (AUC {r['auc'][chosen]:.4f} vs {base_auc:.4f}; trainer "
+             f"{r['auc']['trainer']:.4f}); ratio = bytes(fraction=1) / bytes({chosen})"
+             + (f"; best count budget: {best_frac.label} "
+                f"({base_bytes / max(1, r['sent'][best_frac.label]['bytes']):.2f}×)"
+                if best_frac is not None else ""),
+        policy=chosen, serving_auc=r["auc"][chosen], serving_auc_full=base_auc,
+        auc_loss_vs_full=base_auc - r["auc"][chosen],
+        best_fraction_policy=None if best_frac is None else best_frac.label,
+        best_fraction_ratio=None if best_frac is None
+        else base_bytes / max(1, r["sent"][best_frac.label]["bytes"]), **common)]
+    for p in policies:
+        s = r["sent"][p.label]
+        name = f"topk_serving_auc@{p.value:g}" if p.kind == "fraction" \
+            else f"topk_serving_auc@{p.label}"
         out.append(result(
-            f"topk_serving_auc@{f:g}", r["auc"][n], r["auc"]["trainer"], None, "AUC",
+            name, r["auc"][p.label], r["auc"]["trainer"], None, "AUC",
             baseline_desc="AUC with the trainer's own tables on the same traffic",
-            note=f"{s['bytes'] / 2**20:.2f} MiB, {s['rows']:,} rows in {s['messages']} "
-                 f"messages ({base_bytes / s['bytes'] if s['bytes'] else math.nan:.1f}× "
-                 "fewer bytes than fraction 1.0)",
-            fraction=f, bytes=s["bytes"], rows=s["rows"], messages=s["messages"],
-            auc_loss_vs_full=base_auc - r["auc"][n], **common))
+            note=f"{p.label}: {s['bytes'] / 2**20:.2f} MiB, {s['rows']:,} rows in "
+                 f"{s['messages']} messages "
+                 f"({base_bytes / s['bytes'] if s['bytes'] else math.nan:.2f}× fewer bytes "
+                 f"than fraction 1.0), AUC gap {base_auc - r['auc'][p.label]:+.4f}; "
+                 f"{s['held']:,} rows held back (tracked) at the end, max row error "
+                 f"{s['max_row_error']:.3g}",
+            policy=p.label, kind=p.kind, policy_value=p.value,
+            fraction=p.value if p.kind == "fraction" else None,
+            bytes=s["bytes"], rows=s["rows"], messages=s["messages"],
+            bytes_reduction=base_bytes / s["bytes"] if s["bytes"] else math.nan,
+            auc_loss_vs_full=base_auc - r["auc"][p.label], rows_held_back=s["held"],
+            max_row_error=s["max_row_error"], select_s=s["select_s"], **common))
     return out

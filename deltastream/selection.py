@@ -57,12 +57,18 @@ import torch
 from .hashtable import HashTable
 from .types import DeltaRows
 
-__all__ = ["Selection", "select_changed", "WIRE_ITEMSIZE", "row_wire_bytes"]
+__all__ = ["Selection", "select_changed", "WIRE_ITEMSIZE", "NEW_ROW_POLICIES", "row_wire_bytes"]
 
 logger = logging.getLogger(__name__)
 
 #: bytes per row element on the wire, per wire dtype (see DESIGN.md, wire format v1)
 WIRE_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
+
+#: how ``select_changed`` treats rows the predictors have never received (``delta.new``):
+#: ``"first"`` — they outrank every other row and pass any threshold; ``"drift"`` — they are
+#: scored by ``‖current‖`` (a predictor serves zeros for a row it does not hold) and compete
+#: like any other row.
+NEW_ROW_POLICIES = ("first", "drift")
 
 # Tier offsets of the priority key. Ages are clamped below _AGE_CAP so tiers never overlap
 # and float64 still resolves the fractional score part (2**40 leaves ~12 fractional bits).
@@ -153,6 +159,27 @@ def _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, numbers.Integral) \
             or chunk_rows < 1:
         raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+
+
+def _check_policy(threshold, relative, new_rows) -> None:
+    if not isinstance(relative, bool):
+        raise TypeError(f"relative must be a bool, got {type(relative).__name__} {relative!r}")
+    if relative and threshold is None:
+        raise ValueError("relative=True needs a threshold (it makes the threshold relative "
+                         "to the row norm)")
+    if new_rows not in NEW_ROW_POLICIES:
+        raise ValueError(f"new_rows must be one of {list(NEW_ROW_POLICIES)}, got {new_rows!r}")
+
+
+def _check_weights(weights, n: int) -> torch.Tensor:
+    if not isinstance(weights, torch.Tensor) or weights.shape != (n,) \
+            or not weights.is_floating_point():
+        raise ValueError(f"weights must be a float tensor [n={n}] aligned with delta.ids, got "
+                         f"{getattr(weights, 'dtype', type(weights).__name__)} "
+                         f"{tuple(getattr(weights, 'shape', ()))}")
+    if n and not bool(((weights >= 0) & torch.isfinite(weights)).all()):
+        raise ValueError("weights must be finite and >= 0")
+    return weights
 
 
 def _check_delta(delta: DeltaRows, dim: int) -> None:
@@ -246,7 +273,8 @@ def _row_reader(table) -> tuple[Callable[[torch.Tensor], torch.Tensor], int,
 def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
                    fraction: Optional[float] = None, threshold: Optional[float] = None,
                    max_bytes: Optional[int] = None, wire_dtype: str = "f16",
-                   max_age: Optional[int] = 16,
+                   max_age: Optional[int] = 16, relative: bool = False,
+                   new_rows: str = "first", weights: Optional[torch.Tensor] = None,
                    chunk_rows: int = _DEFAULT_CHUNK_ROWS) -> Selection:
     """Pick the rows of ``delta`` to publish now; return the rest as ``leftover``.
 
@@ -274,6 +302,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         ``leftover.ids`` and ``rejected``.
     """
     _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows)
+    _check_policy(threshold, relative, new_rows)
     read, dim, table_dtype, fresh = _row_reader(table)
     _check_delta(delta, dim)
 
@@ -290,6 +319,13 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         cdtype = torch.float32
     score = torch.empty(n, dtype=cdtype, device=dev)
     finite = torch.ones(n, dtype=torch.bool, device=dev)
+    new = delta.new.to(dev) if delta.new is not None else None
+    # new_rows="drift": a row the predictors never received is served as zeros there, so its
+    # error is ‖current − 0‖, not ‖current − FIRST‖ (FIRST is the initializer's draw)
+    zero_new = new_rows == "drift" and new is not None and states is not None
+    # relative threshold: ‖current‖ per row as well (read before the in-place subtraction)
+    norm = torch.empty(n, dtype=cdtype, device=dev) if relative and states is not None \
+        else None
     if n:
         buf = None  # scratch for the difference when the rows cannot be overwritten
         for start in range(0, n, chunk_rows):
@@ -303,8 +339,14 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
                 raise RuntimeError(f"table returned rows of shape {tuple(cur.shape)}, "
                                    f"expected {(stop - start, dim)}")
             sc = score[start:stop]
+            if norm is not None:
+                torch.linalg.vector_norm(cur, dim=1, dtype=cdtype, out=norm[start:stop])
             if states is not None:
                 first = states[start:stop]
+                if zero_new:
+                    nw = new[start:stop]
+                    if bool(nw.any()):
+                        first = first.masked_fill(nw[:, None], 0.0)
                 if fresh and cur.dtype == cdtype:
                     # the reader returned our own copy: subtract in place, no extra buffer
                     diff = cur.sub_(first)
@@ -354,16 +396,33 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     if max_bytes is not None:
         cap = min(cap, int(max_bytes) // row_wire_bytes(dim, wire_dtype))
 
-    new = delta.new.to(dev) if delta.new is not None else None
     age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
+    # "drift": new rows compete on their drift from zeros like any other row (no tier of
+    # their own); "first": they outrank everything and pass any threshold
+    tier_new = new if new_rows == "first" else None
+
+    if weights is not None and states is not None:
+        w = _check_weights(weights, n).to(device=dev, dtype=cdtype)
+        wscore = score * w
+        # 0 × inf (a recovered row with weight 0) is NaN: such a row still goes first
+        wscore = torch.where(torch.isnan(wscore) & finite, math.inf, wscore)
+    else:
+        wscore = score
 
     eligible = finite
     if threshold is not None and states is not None:
-        must = score >= float(threshold)
-        if new is not None:
-            must |= new
-        if age is not None and max_age is not None:
-            must |= age >= max_age
+        # Bounded error: a row goes out once the predictors' copy is ε away from the
+        # trainer's. No max_age forcing here: a row under ε is served within ε (its FIRST is
+        # kept by retain, so drift accumulates against what predictors hold) and goes out as
+        # soon as it crosses ε, at a final flush, or under a count budget.
+        drift = wscore
+        if norm is not None:
+            # ‖Δ‖ / ‖current‖; a zero row: 0 if unchanged, +inf if it moved to zero
+            drift = torch.where(norm > 0, wscore / norm,
+                                torch.where(wscore > 0, math.inf, 0.0).to(cdtype))
+        must = drift >= float(threshold)
+        if tier_new is not None:
+            must |= tier_new
         eligible = finite & must
     n_elig = int(eligible.sum()) if n else 0
 
@@ -373,7 +432,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     elif cap <= 0:
         sel = torch.empty(0, dtype=torch.int64, device=dev)
     else:
-        key = _priority(score if states is not None else None, new, age, max_age, n, dev)
+        key = _priority(wscore if states is not None else None, tier_new, age, max_age, n, dev)
         key.masked_fill_(~eligible, -math.inf)
         sel = torch.topk(key, cap, sorted=False).indices
         sel, _ = torch.sort(sel)  # ids are ascending, so sorted positions = ascending ids

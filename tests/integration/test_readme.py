@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -22,6 +23,6 @@ def test_trainer_example_runs_and_publishes(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
-    stats = eval(out.stdout.strip().splitlines()[-1], {})  # the example prints stats()
+    stats = ast.literal_eval(out.stdout.strip().splitlines()[-1])  # the example prints stats()
     assert stats["publishes"] == 20 and stats["rows"] > 0
     assert stats["failed_messages"] == 0 and stats["acked_messages"] == stats["messages"]
