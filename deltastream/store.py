@@ -1,0 +1,483 @@
+"""DeltaStore: per-table log of touched ids (and optional states) indexed by batch.
+
+Semantics follow TorchRec's ``DeltaStore``: ``append`` records the ids (and states) a table
+saw at a batch index, ``compact(start, end)`` merges everything recorded in ``[start, end)``
+into one record at ``start``, ``get_unique(from_idx)`` returns the unique ids (and the FIRST or
+LAST state per id) recorded at indices ``>= from_idx``, ``delete(up_to_idx)`` drops records at
+indices ``< up_to_idx``.
+
+What differs, and why:
+
+* Every record is a *run*. A large append (``EAGER_DEDUPE_MIN`` ids or more) is sorted and
+  deduplicated at once (FIRST keeps the earliest state of a duplicated id, LAST the latest),
+  so duplicates of hot ids (Zipf traffic) never take memory; a small append (a training
+  step's lookup) is kept as recorded, with no sort and no device sync on the training path,
+  and deduplicated together with its neighbours when merged. Once compacted, a run stays
+  sorted and unique, so a later compaction merges it instead of re-sorting the history:
+  merging two runs (the incremental case: one compacted run plus the newest record) is a
+  ``searchsorted`` merge that copies nothing when the newer run adds no id (FIRST); merging
+  more runs sorts their ids once and gathers each chosen state straight from its run, so
+  states are copied once, never concatenated.
+* Empty tables and empty intervals give empty results (``DeltaRows`` with zero ids), never
+  exceptions.
+* A table can be *degraded* to ids only (``degrade``): its states are dropped, its ids kept.
+  The tracker uses it to bound memory. A degraded table returns to the store's mode once all
+  of its records are deleted.
+
+The store never aliases tensors passed to ``append`` (it keeps its own copies; see its
+``copy_states`` for the one opt-in exception) and never
+modifies in place the tensors it returned; treat returned tensors as read-only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .types import DeltaRows, UpdateMode
+
+__all__ = ["DeltaStore"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    """Ids (ascending, unique) a table saw at ``idx``, with aligned states or ``None``."""
+
+    idx: int
+    ids: torch.Tensor
+    states: Optional[torch.Tensor]
+    sorted: bool = True  # False: ids as recorded (duplicates, arrival order), see append
+    version: Optional[int] = None  # borrowed states: their ``_version`` when appended
+
+
+#: Appends of at least this many ids are deduplicated at once; smaller ones are kept as
+#: recorded and deduplicated together when merged (one large sort is about twice as cheap
+#: per id as many small ones, and the append itself does no sort and no device sync).
+EAGER_DEDUPE_MIN = 16384
+
+
+@dataclass
+class _Table:
+    runs: list[_Run]
+    dim: Optional[int] = None
+    dtype: torch.dtype = torch.float32
+    device: Optional[torch.device] = None
+    degraded: bool = False
+    n_rows: int = 0  # ids held over all runs (kept current by the store)
+    n_state_rows: int = 0  # of which held with a state
+
+    def rows(self) -> int:
+        return self.n_rows
+
+    def state_rows(self) -> int:
+        return self.n_state_rows
+
+    def recount(self) -> None:
+        self.n_rows = sum(int(r.ids.numel()) for r in self.runs)
+        self.n_state_rows = sum(int(r.ids.numel()) for r in self.runs if r.states is not None)
+        if not self.runs:
+            self.degraded = False  # nothing held: the table keeps states again
+
+
+def _group_mask(sorted_ids: torch.Tensor, last: bool) -> torch.Tensor:
+    """Bool mask over sorted ids: True at the first (or last) element of each equal group."""
+    n = sorted_ids.numel()
+    mask = torch.ones(n, dtype=torch.bool, device=sorted_ids.device)
+    if n > 1:
+        if last:
+            torch.ne(sorted_ids[1:], sorted_ids[:-1], out=mask[:-1])
+        else:
+            torch.ne(sorted_ids[1:], sorted_ids[:-1], out=mask[1:])
+    return mask
+
+
+def _dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
+            mode: UpdateMode) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Sort ``ids`` [N] and keep one entry per id; states [N, dim] follow FIRST/LAST.
+
+    Returns new tensors (never views of the inputs).
+    """
+    if states is None or mode is UpdateMode.NONE:
+        return torch.unique(ids, sorted=True), None
+    # A stable sort keeps equal ids in arrival order: the first of a group is the earliest.
+    sorted_ids, perm = torch.sort(ids, stable=True)
+    keep = _group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
+    if keep.numel() == sorted_ids.numel():
+        return sorted_ids, states.index_select(0, perm)
+    return sorted_ids.index_select(0, keep), states.index_select(0, perm.index_select(0, keep))
+
+
+def _member(sorted_ids: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each query id: (is it in ``sorted_ids``, its position there when it is)."""
+    if sorted_ids.numel() == 0:
+        z = torch.zeros(query.shape, dtype=torch.int64, device=query.device)
+        return torch.zeros(query.shape, dtype=torch.bool, device=query.device), z
+    pos = torch.searchsorted(sorted_ids, query)
+    pos.clamp_(max=sorted_ids.numel() - 1)
+    return sorted_ids[pos] == query, pos
+
+
+def _union(a: torch.Tensor, b: torch.Tensor):
+    """Union of two ascending unique id tensors, ``a`` taking precedence.
+
+    Returns ``(out, pos_a, b_only, pos_b, in_a, at_a)``: ``out`` ascending unique; ``pos_a``
+    the position in ``out`` of every ``a``; ``b_only`` indices into ``b`` of ids not in ``a``
+    and ``pos_b`` their positions in ``out``; ``in_a`` bool per ``b`` and ``at_a`` the index
+    in ``a`` of each ``b`` found there. ``out`` is ``a`` itself when ``b`` adds nothing.
+    """
+    in_a, at_a = _member(a, b)
+    b_only = (~in_a).nonzero().squeeze(1)
+    n_a, n_new = a.numel(), b_only.numel()
+    if n_new == 0:
+        return a, torch.arange(n_a, device=a.device), b_only, b_only, in_a, at_a
+    bo = b.index_select(0, b_only)
+    # Each element lands at (its rank in its own run) + (how many of the other run precede it).
+    pos_a = torch.arange(n_a, device=a.device) + torch.searchsorted(bo, a)
+    pos_b = torch.arange(n_new, device=a.device) + torch.searchsorted(a, bo)
+    out = torch.empty(n_a + n_new, dtype=a.dtype, device=a.device)
+    out[pos_a] = a
+    out[pos_b] = bo
+    return out, pos_a, b_only, pos_b, in_a, at_a
+
+
+def _merge2(a: _Run, b: _Run, mode: UpdateMode,
+            with_states: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Merge two runs, ``a`` recorded before ``b``: ids ascending unique, states by mode."""
+    keep_states = with_states and a.states is not None and b.states is not None
+    out, pos_a, b_only, pos_b, in_a, at_a = _union(a.ids, b.ids)
+    if not keep_states:
+        return out, None
+    last = mode is UpdateMode.LAST
+    if b_only.numel() == 0 and not last:
+        return a.ids, a.states  # FIRST: b adds nothing
+    # Fresh tensors: runs are never modified in place because they may have been handed out.
+    states = torch.empty((out.numel(), a.states.shape[1]), dtype=a.states.dtype,
+                         device=a.states.device)
+    states[pos_a] = a.states
+    if b_only.numel():
+        states[pos_b] = b.states.index_select(0, b_only)
+    if last:
+        common = in_a.nonzero().squeeze(1)
+        if common.numel():
+            states[pos_a.index_select(0, at_a.index_select(0, common))] = \
+                b.states.index_select(0, common)
+    return out, states
+
+
+def _normalized(r: _Run, mode: UpdateMode, with_states: bool) -> _Run:
+    """``r`` with ids ascending unique (itself when already so)."""
+    if r.sorted:
+        return r
+    ids, states = _dedupe(r.ids, r.states if with_states else None, mode)
+    return _Run(r.idx, ids, states)
+
+
+def _merge_runs(runs: list[_Run], mode: UpdateMode,
+                with_states: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Merge runs given in recording order into (ids ascending unique, states or None)."""
+    if len(runs) <= 2:
+        runs = [_normalized(r, mode, with_states) for r in runs]
+        if len(runs) == 1:
+            r = runs[0]
+            return r.ids, (r.states if with_states else None)
+        return _merge2(runs[0], runs[1], mode, with_states)
+    ids = torch.cat([r.ids for r in runs])
+    if not with_states or any(r.states is None for r in runs):
+        return torch.unique(ids, sorted=True), None
+    # A stable sort keeps equal ids in recording order (runs in order, and arrival order
+    # inside a run as recorded), so a group's first entry is FIRST and its last LAST.
+    sorted_ids, perm = torch.sort(ids, stable=True)
+    keep = _group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
+    out_ids = sorted_ids.index_select(0, keep)
+    src = perm.index_select(0, keep)  # concatenation position of the chosen entry per out row
+    # Gather the chosen states run by run (each run's chosen rows in position order), then
+    # put them in id order with one gather: never a concatenation of every run's states, no
+    # scatter, no second sort. A chosen position's index in the staged rows is its rank
+    # among chosen positions.
+    chosen = torch.zeros(ids.numel(), dtype=torch.bool, device=ids.device)
+    chosen[src] = True
+    first = runs[0].states
+    staged = torch.empty((src.numel(), first.shape[1]), dtype=first.dtype, device=first.device)
+    start = at = 0
+    for r in runs:
+        size = r.ids.numel()
+        rows = chosen[start:start + size].nonzero().squeeze(1)
+        k = rows.numel()
+        if k:
+            torch.index_select(r.states, 0, rows, out=staged[at:at + k])
+            at += k
+        start += size
+    rank = chosen.cumsum(0).sub_(1)
+    return out_ids, staged.index_select(0, rank.index_select(0, src))
+
+
+def _as_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor of integer ids, got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{what} must hold integer ids, got dtype {ids.dtype}")
+    return ids.detach().reshape(-1).to(torch.int64)
+
+
+class DeltaStore:
+    """Per-table log of touched ids (and FIRST/LAST states) keyed by batch index.
+
+    Args:
+        update_mode: ``UpdateMode.NONE`` (ids only), ``FIRST`` (keep the earliest state per
+            id) or ``LAST`` (keep the latest). Strings ``"none"``/``"first"``/``"last"`` work too.
+    """
+
+    def __init__(self, update_mode: UpdateMode = UpdateMode.NONE) -> None:
+        if isinstance(update_mode, str):
+            try:
+                update_mode = UpdateMode(update_mode.lower())
+            except ValueError:
+                raise ValueError(
+                    f"update_mode must be one of {[m.value for m in UpdateMode]}, "
+                    f"got {update_mode!r}") from None
+        if not isinstance(update_mode, UpdateMode):
+            raise TypeError(f"update_mode must be an UpdateMode, got {update_mode!r}")
+        self._mode = update_mode
+        self._tables: dict[str, _Table] = {}
+        self.compactions = 0  #: number of merges performed by :meth:`compact`
+        self.states_modified = 0  #: borrowed states found modified in place (see append)
+
+    @property
+    def update_mode(self) -> UpdateMode:
+        """The store's :class:`UpdateMode`."""
+        return self._mode
+
+    def _with_states(self, t: _Table) -> bool:
+        return self._mode is not UpdateMode.NONE and not t.degraded
+
+    # -- tables -------------------------------------------------------------------------
+    def add_table(self, fqn: str, dim: Optional[int] = None, *,
+                  dtype: torch.dtype = torch.float32,
+                  device: Optional[torch.device | str] = None) -> None:
+        """Declare table ``fqn`` (row width ``dim``) so empty results carry ``[0, dim]`` states."""
+        if not isinstance(fqn, str):
+            raise TypeError(f"fqn must be a str, got {type(fqn).__name__}")
+        if dim is not None and (not isinstance(dim, int) or dim <= 0):
+            raise ValueError(f"dim must be a positive int or None, got {dim!r}")
+        t = self._tables.setdefault(fqn, _Table(runs=[]))
+        if dim is not None:
+            t.dim = dim
+            t.dtype = dtype
+        if device is not None:
+            t.device = torch.device(device)
+
+    def tables(self) -> list[str]:
+        """Names of the tables the store knows (declared or appended to)."""
+        return list(self._tables)
+
+    def num_rows(self, fqn: Optional[str] = None) -> int:
+        """Rows held (ids summed over records) for ``fqn``, or over all tables."""
+        if fqn is not None:
+            t = self._tables.get(fqn)
+            return 0 if t is None else t.rows()
+        return sum(t.rows() for t in self._tables.values())
+
+    def num_state_rows(self, fqn: Optional[str] = None) -> int:
+        """Rows held together with a state (the memory that degrading frees)."""
+        if fqn is not None:
+            t = self._tables.get(fqn)
+            return 0 if t is None else t.state_rows()
+        return sum(t.state_rows() for t in self._tables.values())
+
+    def num_records(self, fqn: str) -> int:
+        """Number of separate records (runs) held for ``fqn``."""
+        t = self._tables.get(fqn)
+        return 0 if t is None else len(t.runs)
+
+    def is_degraded(self, fqn: str) -> bool:
+        """Whether ``fqn`` currently keeps ids only although the store keeps states."""
+        t = self._tables.get(fqn)
+        return bool(t is not None and t.degraded)
+
+    def degrade(self, fqn: str) -> int:
+        """Drop the states of ``fqn`` (ids are kept) until its records are all deleted.
+
+        Returns the number of state rows freed.
+        """
+        t = self._tables.get(fqn)
+        if t is None:
+            raise KeyError(f"unknown table {fqn!r}; known: {sorted(self._tables)}")
+        freed = t.state_rows()
+        t.degraded = self._mode is not UpdateMode.NONE
+        for r in t.runs:
+            r.states = None
+        t.n_state_rows = 0
+        return freed
+
+    # -- TorchRec surface ---------------------------------------------------------------
+    def append(self, batch_idx: int, fqn: str, ids: torch.Tensor,
+               states: Optional[torch.Tensor] = None, *, copy_states: bool = True) -> None:
+        """Record that table ``fqn`` saw ``ids`` (any shape, flattened) at ``batch_idx``.
+
+        ``states`` is ``[N, dim]`` (or ``[*ids.shape, dim]``) aligned with the flattened ids
+        (required in FIRST/LAST mode, ignored in NONE mode). Records may be appended at any
+        index; records with equal index keep their append order.
+
+        ``copy_states=False`` lets a small append keep a reference to ``states`` instead of a
+        copy (the tracker passes a lookup's output, which nobody else keeps). The tensor's
+        version counter is recorded: if it (or the tensor it views) is modified in place
+        before the store has copied the rows, the table is degraded (its states are no longer
+        the recorded values) with a warning, and :attr:`states_modified` counts it.
+        """
+        if not isinstance(batch_idx, int) or isinstance(batch_idx, bool):
+            raise TypeError(f"batch_idx must be an int, got {batch_idx!r}")
+        if not isinstance(fqn, str):
+            raise TypeError(f"fqn must be a str, got {type(fqn).__name__}")
+        ids = _as_ids(ids, "ids")
+        t = self._tables.get(fqn)
+        if t is None:
+            t = self._tables[fqn] = _Table(runs=[], device=ids.device)
+        if self._mode is not UpdateMode.NONE:
+            if states is None:
+                if not t.degraded:
+                    raise ValueError(
+                        f"update mode {self._mode.value} needs states [N, dim] for table {fqn!r}")
+            else:
+                if not isinstance(states, torch.Tensor):
+                    raise TypeError(f"states must be a torch.Tensor, got {type(states).__name__}")
+                states = states.detach()
+                if states.dim() > 2:  # [*ids.shape, dim] as an embedding lookup returns it
+                    states = states.reshape(-1, states.shape[-1])
+                if states.dim() != 2 or states.shape[0] != ids.numel():
+                    raise ValueError(
+                        f"states must be [N, dim] with N = {ids.numel()} ids, got "
+                        f"{tuple(states.shape)} for table {fqn!r}")
+                if t.dim is None:
+                    t.dim, t.dtype = int(states.shape[1]), states.dtype
+                elif states.shape[1] != t.dim:
+                    raise ValueError(
+                        f"table {fqn!r} has dim {t.dim}, got states of dim {states.shape[1]}")
+        if ids.numel() == 0:
+            return
+        keep = self._with_states(t)
+        if ids.numel() >= EAGER_DEDUPE_MIN:
+            u_ids, u_states = _dedupe(ids, states if keep else None, self._mode)
+            run = _Run(batch_idx, u_ids, u_states)
+        else:  # kept as recorded (own copies), deduplicated when merged
+            u_ids = ids.clone(memory_format=torch.contiguous_format)
+            u_states, version = None, None
+            if keep and states is not None:
+                if copy_states:
+                    u_states = states.clone(memory_format=torch.contiguous_format)
+                else:
+                    u_states, version = states, states._version
+            run = _Run(batch_idx, u_ids, u_states, sorted=False, version=version)
+        t.n_rows += int(u_ids.numel())
+        if u_states is not None:
+            t.n_state_rows += int(u_ids.numel())
+        if not t.runs or t.runs[-1].idx <= batch_idx:
+            t.runs.append(run)
+        else:
+            t.runs.insert(bisect.bisect_right(t.runs, batch_idx, key=lambda r: r.idx), run)
+
+    def compact(self, start_idx: int, end_idx: int) -> None:
+        """Merge every table's records in ``[start_idx, end_idx)`` into one record at
+        ``start_idx`` (FIRST/LAST resolved in index order). An empty range is a no-op."""
+        if not isinstance(start_idx, int) or not isinstance(end_idx, int):
+            raise TypeError(f"start_idx and end_idx must be ints, got {start_idx!r}, {end_idx!r}")
+        if start_idx > end_idx:
+            raise ValueError(f"start_idx ({start_idx}) must not exceed end_idx ({end_idx})")
+        for fqn, t in self._tables.items():
+            self._check_borrowed(fqn, t)
+            lo = bisect.bisect_left(t.runs, start_idx, key=lambda r: r.idx)
+            hi = bisect.bisect_left(t.runs, end_idx, key=lambda r: r.idx)
+            if hi - lo <= 1:
+                if hi - lo == 1 and not t.runs[lo].sorted:  # same index: no semantic change
+                    t.runs[lo] = _normalized(t.runs[lo], self._mode, self._with_states(t))
+                    t.recount()
+                continue
+            ids, states = _merge_runs(t.runs[lo:hi], self._mode, self._with_states(t))
+            t.runs[lo:hi] = [_Run(start_idx, ids, states)]
+            t.recount()
+            self.compactions += 1
+
+    def get_unique(self, from_idx: int = 0) -> dict[str, DeltaRows]:
+        """Unique ids (ascending) and FIRST/LAST states per table, over records at indices
+        ``>= from_idx``. Every known table is present; one with no such records maps to an
+        empty :class:`DeltaRows` (``[0, dim]`` states when the store keeps states)."""
+        if not isinstance(from_idx, int):
+            raise TypeError(f"from_idx must be an int, got {from_idx!r}")
+        out: dict[str, DeltaRows] = {}
+        for fqn, t in self._tables.items():
+            self._check_borrowed(fqn, t)
+            lo = bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
+            keep = self._with_states(t)
+            for i in range(lo, len(t.runs)):  # normalize in place: same index, fewer rows
+                if not t.runs[i].sorted and len(t.runs) - lo <= 2:
+                    t.runs[i] = _normalized(t.runs[i], self._mode, keep)
+                    t.recount()
+            runs = t.runs[lo:]
+            if not runs:
+                out[fqn] = self._empty(t, keep)
+                continue
+            ids, states = _merge_runs(runs, self._mode, keep)
+            out[fqn] = DeltaRows(ids=ids, states=states)
+        return out
+
+    #: TorchRec's name for :meth:`get_unique`.
+    get_delta = get_unique
+
+    def delete(self, up_to_idx: Optional[int] = None) -> None:
+        """Drop records at indices ``< up_to_idx`` (all records when ``None``)."""
+        if up_to_idx is not None and not isinstance(up_to_idx, int):
+            raise TypeError(f"up_to_idx must be an int or None, got {up_to_idx!r}")
+        for t in self._tables.values():
+            if up_to_idx is None:
+                t.runs = []
+            else:
+                lo = bisect.bisect_left(t.runs, up_to_idx, key=lambda r: r.idx)
+                if lo:
+                    del t.runs[:lo]
+            t.recount()
+
+    # -- extras the tracker uses --------------------------------------------------------
+    def discard(self, fqn: str, ids: torch.Tensor) -> int:
+        """Remove ``ids`` from every record of ``fqn`` (e.g. evicted rows). Returns rows removed."""
+        t = self._tables.get(fqn)
+        if t is None or not t.runs:
+            return 0
+        drop = torch.unique(_as_ids(ids, "ids"), sorted=True)
+        if drop.numel() == 0:
+            return 0
+        removed = 0
+        for r in t.runs:
+            hit, _ = _member(drop.to(r.ids.device), r.ids)
+            n = int(hit.sum())
+            if n:
+                keep = ~hit
+                r.ids = r.ids[keep]
+                if r.states is not None:
+                    r.states = r.states[keep]
+                removed += n
+        t.runs = [r for r in t.runs if r.ids.numel()]
+        t.recount()
+        return removed
+
+    def _check_borrowed(self, fqn: str, t: _Table) -> None:
+        """Degrade ``fqn`` if a borrowed state tensor was modified in place since append."""
+        for r in t.runs:
+            if r.version is not None and r.states is not None \
+                    and r.states._version != r.version:
+                self.states_modified += 1
+                logger.warning("DeltaStore: states recorded for table %s were modified in place "
+                               "after they were recorded (e.g. an in-place op on a lookup's "
+                               "output); its FIRST/LAST states are dropped, ids kept", fqn)
+                self.degrade(fqn)
+                return
+
+    def _empty(self, t: _Table, keep: bool) -> DeltaRows:
+        device = t.device or torch.device("cpu")
+        if keep and t.dim is not None:
+            return DeltaRows.empty(t.dim, device=device, dtype=t.dtype)
+        return DeltaRows.empty(device=device)
