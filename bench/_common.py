@@ -1,19 +1,43 @@
-"""Helpers every benchmark uses: timing, the result record and its printing.
+"""Helpers every benchmark uses: timing, the result record and its printing, workloads.
 
 A benchmark module ``bench/<name>.py`` defines ``main(argv=None) -> list[dict]``. Each
 dict comes from :func:`result`; ``deltastream bench <name> [--json]`` prints them.
 Every figure is set against a baseline measured in the same run, because the machines
 these run on are shared and noisy: the ratio is what is compared with the goal.
+
+Also here: :func:`zipf_ids` (the Zipf id workload), and :func:`add_threads_flag` with
+:func:`torch_threads` (the common ``--threads`` option). This module must not import torch
+at import time: torch-free benchmarks (apply, codec) import it too, so the torch helpers
+import it inside.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import math
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
-__all__ = ["result", "best_time", "emit"]
+if TYPE_CHECKING:  # annotations only: importing torch/numpy here would load them for every bench
+    import numpy as np
+    import torch
+
+__all__ = ["result", "best_time", "emit", "zipf_ids", "torch_threads", "add_threads_flag",
+           "THREADS_HELP"]
+
+#: Odd multiplier (2**32 / golden ratio) that scatters Zipf ranks over the id space. Being odd,
+#: it is a bijection modulo any power of two, so distinct ranks stay distinct ids.
+_SPREAD = 0x9E3779B1
+
+#: Help text of the common ``--threads`` flag (``{default}`` is filled in).
+THREADS_HELP = ("torch intra-op threads for the run (default {default}; 0 = leave torch's "
+                "setting). On a shared, oversubscribed machine many small multi-threaded ATen "
+                "ops stall whenever a sibling core is busy, and the figures then measure the "
+                "scheduler; 1 keeps them stable")
 
 
 def result(name: str, value: float, baseline: float, goal: float | None, unit: str, *,
@@ -60,3 +84,98 @@ def emit(results: Iterable[dict], as_json: bool) -> None:
         goal = "" if r["goal"] is None else ("≥ " if r["higher_is_better"] else "≤ ") + f"{r['goal']:g}"
         print(f"{r['name']:<40} {r['value']:>14.4g} {r['unit']:<10} baseline {r['baseline']:>12.4g}"
               f"  ratio {r['ratio']:>8.3f}  goal {goal:<8} {status}")
+
+
+def zipf_ids(n: int, *, vocab: int, alpha: float,
+             generator: torch.Generator | np.random.Generator | None = None,
+             seed: int | None = None, bits: int | None = 62, offset: int = 12345) -> torch.Tensor:
+    """``n`` int64 ids drawn Zipf(``alpha``) over ``vocab`` ranks; shape ``[n]``, on the CPU.
+
+    Rank ``k`` in ``[0, vocab)`` is drawn with probability proportional to
+    ``(k + 1) ** -alpha`` (inverse CDF of ``n`` float64 uniforms). Ranks become ids
+    ``(k * 0x9E3779B1 + offset) mod 2**bits``, so hot ids are not small consecutive integers
+    (global ids of a real table are hashes) and distinct ranks give distinct ids while
+    ``vocab <= 2**bits``; ``bits=None`` returns the ranks themselves (``offset`` unused).
+
+    The uniforms come from ``generator``: a ``torch.Generator``, or a
+    ``numpy.random.Generator`` for a benchmark that draws the rest of its workload with numpy
+    (so its stream stays one); or, without one, from a torch generator seeded with ``seed``.
+    Give exactly one of ``generator`` and ``seed``.
+    """
+    import torch
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"zipf_ids: n must be an int >= 0, got {n!r}")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= 1 << 31:
+        # the bound keeps rank * 0x9E3779B1 inside int64
+        raise ValueError(f"zipf_ids: vocab must be an int in [1, 2**31], got {vocab!r}")
+    if not math.isfinite(alpha):
+        raise ValueError(f"zipf_ids: alpha must be a finite number, got {alpha!r}")
+    if bits is not None and not 1 <= bits <= 62:
+        raise ValueError(f"zipf_ids: bits must be in [1, 62] or None, got {bits!r}")
+    if not 0 <= offset < 1 << 62:
+        raise ValueError(f"zipf_ids: offset must be in [0, 2**62), got {offset!r}")
+    if (generator is None) == (seed is None):
+        raise ValueError("zipf_ids: give exactly one of generator and seed")
+
+    if generator is None:
+        generator = torch.Generator().manual_seed(seed)
+    if isinstance(generator, torch.Generator):
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+    else:
+        import numpy as np
+
+        if not isinstance(generator, np.random.Generator):
+            raise TypeError("zipf_ids: generator must be a torch.Generator or a "
+                            f"numpy.random.Generator, got {type(generator).__name__}")
+        u = torch.from_numpy(generator.random(n))
+    cdf = torch.arange(1, vocab + 1, dtype=torch.float64).pow(-alpha).cumsum(0)
+    cdf /= cdf[-1].clone()
+    ranks = torch.searchsorted(cdf, u).clamp_(max=vocab - 1)
+    if bits is None:
+        return ranks
+    return (ranks * _SPREAD + offset) & ((1 << bits) - 1)
+
+
+def _threads_arg(text: str) -> int:
+    """argparse type of ``--threads``: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 0 (0 = leave torch's setting), got {text!r}")
+    return value
+
+
+def add_threads_flag(parser: argparse.ArgumentParser, default: int = 1) -> None:
+    """Add the common ``--threads N`` option (an int >= 0, ``default``) to ``parser``.
+
+    Use its value with :func:`torch_threads` around the benchmark's run.
+    """
+    if isinstance(default, bool) or not isinstance(default, int) or default < 0:
+        raise ValueError(f"add_threads_flag: default must be an int >= 0, got {default!r}")
+    parser.add_argument("--threads", type=_threads_arg, default=default, metavar="N",
+                        help=THREADS_HELP.format(default=default))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[int]:
+    """Run the block with ``n`` torch intra-op threads, then restore the previous count.
+
+    ``n = 0`` leaves torch's setting alone. Yields the number of threads in effect.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"torch_threads: n must be an int >= 0 (0 = leave torch's setting), "
+                         f"got {n!r}")
+    import torch
+
+    prev = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if n:
+            torch.set_num_threads(prev)  # later benches in this process keep their setting

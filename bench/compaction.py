@@ -21,25 +21,11 @@ import time
 
 import torch
 
-from bench._common import result
+from bench._common import add_threads_flag, result, torch_threads, zipf_ids
 from deltastream.store import DeltaStore
 from deltastream.types import UpdateMode
 
-__all__ = ["main", "zipf_ids", "torchrec_first"]
-
-
-def zipf_ids(n: int, *, vocab: int, alpha: float, generator: torch.Generator) -> torch.Tensor:
-    """``n`` int64 ids drawn Zipf(``alpha``) over ``vocab`` ranks, ranks scattered over int64.
-
-    Ranks are mapped through a fixed odd multiplier so hot ids are not small consecutive
-    integers (global ids of a real table are hashes).
-    """
-    ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
-    cdf = ranks.pow(-alpha).cumsum(0)
-    cdf /= cdf[-1].clone()
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    r = torch.searchsorted(cdf, u).clamp_(max=vocab - 1)
-    return (r * 0x9E3779B1 + 12345) & ((1 << 62) - 1)
+__all__ = ["main", "torchrec_first"]
 
 
 def torchrec_first(ids: list[torch.Tensor],
@@ -73,21 +59,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--vocab", type=int, default=1_000_000, help="distinct Zipf ranks (1M)")
     p.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent (default 1.05)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (5)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads for both sides (default 1: on a shared, "
-                        "oversubscribed machine many small parallel regions stall; 0 = torch's "
-                        "default)")
+    add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.threads < 0:
-        p.error("--threads must be >= 0")
-    prev_threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(p, args)
-    finally:
-        torch.set_num_threads(prev_threads)
 
 
 def _run(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:

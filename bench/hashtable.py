@@ -36,19 +36,12 @@ import time
 import numpy as np
 import torch
 
-from bench._common import best_time, result
+from bench._common import add_threads_flag, best_time, result, torch_threads, zipf_ids
 from deltastream.hashtable import HashTable, normal_initializer
 
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
-
-
-def _zipf_ranks(rng: np.random.Generator, n_items: int, size: int, s: float) -> np.ndarray:
-    """``size`` ranks in [0, n_items) with P(rank k) proportional to 1 / (k + 1)^s."""
-    weights = 1.0 / np.power(np.arange(1, n_items + 1, dtype=np.float64), s)
-    cdf = np.cumsum(weights)
-    return np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right").clip(0, n_items - 1)
 
 
 def _sync(device: torch.device) -> None:
@@ -92,10 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--new-frac", type=float, default=0.5,
                     help="fraction of unseen ids in the insert-heavy batches (default 0.5)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (default 1; 0 = leave torch's setting). On shared "
-                         "2-core machines multi-threaded ATen ops on 64K elements stall on "
-                         "busy sibling cores, which turns every figure into scheduler noise")
+    add_threads_flag(ap)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     for flag in ("rows", "batch", "dim", "batches", "repeat"):
@@ -106,13 +96,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda requested but torch.cuda.is_available() is False")
-    threads_before = torch.get_num_threads()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(args, device)
-    finally:
-        torch.set_num_threads(threads_before)  # other benches in this process keep theirs
 
 
 def _run(args: argparse.Namespace, device: torch.device) -> list[dict]:
@@ -137,7 +122,8 @@ def _run(args: argparse.Namespace, device: torch.device) -> list[dict]:
     hot = torch.from_numpy(rng.permutation(args.rows))
     batches = []
     for _ in range(args.batches):
-        ranks = torch.from_numpy(_zipf_ranks(rng, args.rows, args.batch, args.zipf))
+        # ranks from the numpy stream that drew ``hot`` (bits=None: ranks, not scattered ids)
+        ranks = zipf_ids(args.batch, vocab=args.rows, alpha=args.zipf, generator=rng, bits=None)
         batches.append(resident[hot[ranks]].to(device))
     positions = [table.positions(b) for b in batches]
     assert all(bool((p >= 0).all()) for p in positions)

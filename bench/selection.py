@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from bench._common import best_time, result
+from bench._common import add_threads_flag, best_time, result, torch_threads
 
 __all__ = ["main"]
 
@@ -50,16 +50,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeat", type=int, default=5, help="timed runs (median is reported)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for both sides (default: torch's choice)")
+    add_threads_flag(p, default=0)  # 0: torch's own setting, as before the shared flag
     args = p.parse_args(argv)
     if args.rows <= 0 or args.dim <= 0 or not 0 < args.fraction <= 1 or args.repeat <= 0:
         p.error("--rows, --dim, --repeat must be positive and --fraction in (0, 1]")
+    with torch_threads(args.threads):
+        return _run(args)
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            p.error("--threads must be positive")
-        torch.set_num_threads(args.threads)
+
+def _run(args: argparse.Namespace) -> list[dict]:
     from deltastream.selection import select_changed
     from deltastream.types import DeltaRows
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench._common import result
+from bench._common import add_threads_flag, result, torch_threads, zipf_ids
 from deltastream.hashtable import HashTable, normal_initializer
 from deltastream.optim import RowWiseAdagrad
 from deltastream.tracker import DeltaTracker
@@ -49,13 +49,6 @@ class CTR(torch.nn.Module):
         return self.mlp(torch.cat([a, b, a * b], 1)).squeeze(1)
 
 
-def _zipf(n: int, vocab: int, alpha: float, g: torch.Generator) -> torch.Tensor:
-    cdf = torch.arange(1, vocab + 1, dtype=torch.float64).pow(-alpha).cumsum(0)
-    cdf /= cdf[-1].clone()
-    r = torch.searchsorted(cdf, torch.rand(n, generator=g, dtype=torch.float64))
-    return r.clamp_(max=vocab - 1) * 2654435761 % (1 << 40)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run the benchmark; returns two result records (ID_ONLY, EMBEDDING)."""
     p = argparse.ArgumentParser(prog="deltastream bench tracker-overhead", description=__doc__,
@@ -66,9 +59,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=30, help="interleaved rounds (30)")
     p.add_argument("--users", type=int, default=200_000, help="Zipf user vocabulary")
     p.add_argument("--items", type=int, default=50_000, help="Zipf item vocabulary")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads (default 1: stable on a shared machine; "
-                        "0 = torch's default)")
+    add_threads_flag(p)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                    help="cpu: process CPU time (default; robust to other processes on a shared "
                         "machine), wall: elapsed time")
@@ -77,15 +68,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name in ("batch", "dim", "read_every", "rounds", "users", "items"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
-    if args.threads < 0:
-        p.error("--threads must be >= 0")
-    prev = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(prev)
 
 
 def _run(args: argparse.Namespace) -> list[dict]:
@@ -96,7 +80,10 @@ def _run(args: argparse.Namespace) -> list[dict]:
     dense = torch.optim.Adam(model.mlp.parameters(), lr=1e-3)
     k = args.read_every
     n_batches = args.rounds * k
-    batches = [(_zipf(args.batch, args.users, 1.05, g), _zipf(args.batch, args.items, 1.05, g),
+    # 40-bit ids, offset 0: the id space this bench has always drawn, so figures stay comparable
+    zipf = dict(alpha=1.05, generator=g, bits=40, offset=0)
+    batches = [(zipf_ids(args.batch, vocab=args.users, **zipf),
+                zipf_ids(args.batch, vocab=args.items, **zipf),
                 torch.randint(0, 2, (args.batch,), generator=g).float())
                for _ in range(n_batches)]
 
