@@ -35,6 +35,7 @@ _EXPORTS = {
     "DeltaTracker": "tracker",
     "Selection": "selection",
     "select_changed": "selection",
+    "LookupRate": "selection",
     "DeltaBatch": "wire",
     "encode": "wire",
     "decode": "wire",

@@ -1,4 +1,4 @@
-"""Choose which changed rows to publish this round: top-k by drift, new rows first.
+"""Choose which changed rows to publish this round: by drift, under a count or error budget.
 
 The tracker hands over, per table, the ids touched since the consumer's last read and
 (in EMBEDDING mode) each row's FIRST state: its value before the first update in the
@@ -20,9 +20,38 @@ Priority, highest first (vectorized as one float64 key, then ``torch.topk``):
 2. **overdue** rows (``age >= max_age``: carried that many rounds), oldest first;
 3. all others by ``score × (1 + age)``: the drift, boosted by how long the row has waited.
 
-Tier 2 alone already lets a carried row whose drift grows overtake fresh rows; tier 1 makes
+Tier 3 alone already lets a carried row whose drift grows overtake fresh rows; tier 2 makes
 the bound hard: under a fixed budget of ``k`` rows per round and ``R`` candidate rows, no row
 waits more than about ``max_age + ceil(R / k)`` rounds (tested).
+
+**Count budgets defer, they do not skip.** With ``k`` / ``fraction`` every changed row is
+still published within about ``max_age`` rounds, so the bytes saved are only the rows that
+change again while carried. To send fewer bytes at the same serving quality, publish by
+*error* instead — ``threshold`` (bounded error):
+
+* a row goes out when the predictors' copy is ``threshold`` away from the trainer's row:
+  ``‖current − FIRST‖`` (FIRST = what predictors hold, kept by ``retain``, so small changes
+  *accumulate* until they matter; nothing is dropped, only batched);
+* ``new_rows="drift"``: a row predictors never received is served as zeros there
+  (``ServingTable`` reads missing ids as zeros), so its error is ``‖current‖`` — it goes out
+  once that reaches the threshold, like any other row (``"first"``, the default, sends every
+  new row at once);
+* ``relative=True``: the threshold is a fraction of the row's norm, ``‖Δ‖ / ‖current‖``;
+* ``weights``: importance per row, compared is ``weight × drift``. The weight that makes the
+  threshold *the* budget of serving error is the row's read rate: a row read ``λ`` times per
+  round serves its error ``λ`` times. Minimizing rows published (``Σ rᵢ / εᵢ`` for rows
+  drifting ``rᵢ`` per round) under a bound on the served error (``Σ λᵢ εᵢ``) gives
+  ``εᵢ ∝ 1 / √λᵢ`` (equal drift speeds), i.e. ``weights = √λ``: hot rows stay fresh, rows
+  nobody reads wait. :class:`LookupRate` estimates ``λ`` from the trainer's own lookups.
+  Since a row only drifts when the trainer reads it, a row read in the round just ended has
+  ``λ >= 1 − decay``, so after every round *every* served row is within
+  ``threshold / √(1 − decay)`` of the trainer's (tested), and a row read ``λ`` times per
+  round within ``threshold / √λ``.
+
+Under a threshold, ``max_age`` does not force rows out: a row under the threshold is served
+within it and goes out as soon as its (accumulated) drift crosses it, at a final flush
+(call without a budget) or under a count budget; ``max_age`` only orders rows when
+``max_bytes`` caps the eligible ones.
 
 Non-finite rows: a row whose *current* value holds NaN/Inf is never published and never
 retained. Its id is returned in ``Selection.rejected`` (and counted, with a warning in the
@@ -33,8 +62,9 @@ state is not (it recovered) gets score ``+inf`` and so goes first in tier 3; a s
 overflows float (huge finite rows) is ``+inf`` as well.
 
 ID_ONLY deltas (``states is None``) carry no FIRST state, so no drift can be computed:
-``scores`` is all NaN, ``threshold`` selects every (finite) row, and ``k`` / ``fraction`` /
-``max_bytes`` still cap the count using tiers 1 and 2 and then age (oldest first).
+``scores`` is all NaN, ``threshold`` selects every (finite) row (``relative``/``weights``
+have nothing to act on), and ``k`` / ``fraction`` / ``max_bytes`` still cap the count using
+tiers 1 and 2 and then age (oldest first).
 
 The table can be a :class:`deltastream.HashTable` (anything with ``lookup(ids) -> [n, dim]``),
 a ``torch.nn.Embedding`` (ids are row indices) or a :class:`deltastream.ShardedEmbedding`
@@ -57,7 +87,8 @@ import torch
 from .hashtable import HashTable
 from .types import DeltaRows
 
-__all__ = ["Selection", "select_changed", "WIRE_ITEMSIZE", "NEW_ROW_POLICIES", "row_wire_bytes"]
+__all__ = ["Selection", "select_changed", "LookupRate", "WIRE_ITEMSIZE", "NEW_ROW_POLICIES",
+           "row_wire_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +118,8 @@ class Selection:
     Attributes:
         ids: int64 ``[s]`` selected global ids, ascending.
         rows: ``[s, dim]`` their *current* values (table dtype, delta's device).
-        scores: float ``[s]`` drift ``‖current − FIRST‖₂`` of each selected row; NaN for an
+        scores: float ``[s]`` drift ``‖current − FIRST‖₂`` of each selected row
+            (``‖current‖`` for new rows with ``new_rows="drift"``; unweighted); NaN for an
             ID_ONLY delta; ``+inf`` where FIRST was non-finite or the norm overflowed.
         leftover: rows not selected (finite, not rejected), with their original FIRST
             states, ``new`` flags and ages: hand to ``DeltaTracker.retain``.
@@ -171,7 +203,7 @@ def _check_policy(threshold, relative, new_rows) -> None:
         raise ValueError(f"new_rows must be one of {list(NEW_ROW_POLICIES)}, got {new_rows!r}")
 
 
-def _check_weights(weights, n: int) -> torch.Tensor:
+def _check_weights(weights, n: int) -> None:
     if not isinstance(weights, torch.Tensor) or weights.shape != (n,) \
             or not weights.is_floating_point():
         raise ValueError(f"weights must be a float tensor [n={n}] aligned with delta.ids, got "
@@ -179,7 +211,6 @@ def _check_weights(weights, n: int) -> torch.Tensor:
                          f"{tuple(getattr(weights, 'shape', ()))}")
     if n and not bool(((weights >= 0) & torch.isfinite(weights)).all()):
         raise ValueError("weights must be finite and >= 0")
-    return weights
 
 
 def _check_delta(delta: DeltaRows, dim: int) -> None:
@@ -286,15 +317,27 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         k: publish at most ``k`` rows.
         fraction: publish at most ``ceil(fraction × m)`` rows, ``m`` = finite candidates,
             ``0 < fraction <= 1``.
-        threshold: publish rows whose drift ``‖current − FIRST‖₂ >= threshold`` (plus all new
-            and overdue rows). At most one of ``k`` / ``fraction`` / ``threshold``; none of
-            them means every finite row.
+        threshold: publish rows whose drift ``‖current − FIRST‖₂ >= threshold`` (times
+            ``weights``, over ``‖current‖`` with ``relative``; plus every new row with
+            ``new_rows="first"``); the rest is leftover whatever its age. At most one of
+            ``k`` / ``fraction`` / ``threshold``; none of them means every finite row.
         max_bytes: additionally cap the wire payload: at most ``max_bytes //
             row_wire_bytes(dim, wire_dtype)`` rows. Combines with any of the above.
         wire_dtype: the dtype rows will be published in (``f32``, ``f16``, ``bf16``, ``i8``),
             only used for ``max_bytes``.
         max_age: rows carried this many rounds or more (``delta.age``) outrank every row but
-            new ones; ``None`` disables the hard bound (the ``1 + age`` boost stays).
+            new ones; ``None`` disables the hard bound (the ``1 + age`` boost stays). Under
+            ``threshold`` it only orders the eligible rows (for ``max_bytes``).
+        relative: compare ``‖current − FIRST‖ / ‖current‖`` with ``threshold`` (needs
+            ``threshold``; an all-zero row counts 0 if unchanged, ``+inf`` if it moved).
+        new_rows: ``"first"`` (rows predictors never received outrank all others and pass
+            any threshold) or ``"drift"`` (their drift is ``‖current‖``, what predictors
+            miss by serving zeros, and they compete like any other row). See
+            :data:`NEW_ROW_POLICIES`.
+        weights: float ``[n]`` importance per row, finite and ``>= 0``, aligned with
+            ``delta.ids``: threshold and ranking use ``weight × drift`` (e.g.
+            ``LookupRate.rate(ids).sqrt()``, see the module docstring). ``scores`` stay the
+            unweighted drift.
         chunk_rows: rows read from the table per chunk (memory/cache trade-off).
 
     Returns:
@@ -305,6 +348,8 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     _check_policy(threshold, relative, new_rows)
     read, dim, table_dtype, fresh = _row_reader(table)
     _check_delta(delta, dim)
+    if weights is not None:
+        _check_weights(weights, delta.ids.numel())
 
     dev = delta.ids.device
     ids = delta.ids
@@ -402,7 +447,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     tier_new = new if new_rows == "first" else None
 
     if weights is not None and states is not None:
-        w = _check_weights(weights, n).to(device=dev, dtype=cdtype)
+        w = weights.to(device=dev, dtype=cdtype)
         wscore = score * w
         # 0 × inf (a recovered row with weight 0) is NaN: such a row still goes first
         wscore = torch.where(torch.isnan(wscore) & finite, math.inf, wscore)
@@ -420,6 +465,8 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
             # ‖Δ‖ / ‖current‖; a zero row: 0 if unchanged, +inf if it moved to zero
             drift = torch.where(norm > 0, wscore / norm,
                                 torch.where(wscore > 0, math.inf, 0.0).to(cdtype))
+            # inf / inf (a finite row whose norm overflowed): a huge change, publish it
+            drift = torch.where(torch.isnan(drift) & finite, math.inf, drift)
         must = drift >= float(threshold)
         if tier_new is not None:
             must |= tier_new
@@ -505,3 +552,116 @@ def _read_rows(read, ids: torch.Tensor, dim: int, dtype: torch.dtype,
         return torch.empty(0, dim, dtype=dtype, device=dev)
     rows = read(ids)
     return rows.to(dev) if rows.device != dev else rows
+
+
+# --------------------------------------------------------------------------- read rates
+
+
+class LookupRate:
+    """How often each id of one table is read: an exponentially decayed count per round.
+
+    The importance of a row's serving error is how many requests read the row before the
+    next publish. The requests predictors serve are the traffic the trainer learns from, so
+    the trainer's own lookups estimate it: :meth:`observe` the ids of every batch (or use
+    :meth:`watch`), call :meth:`end_round` once per publish round, then
+    ``rate(ids)`` gives lookups per round (an id looked up ``λ`` times every round reads
+    ``λ``; the weight of the past halves every ``log(0.5) / log(decay)`` rounds). Pass
+    ``weights=rate(delta.ids).sqrt()`` to :func:`select_changed` with a ``threshold`` to publish
+    by read-weighted drift (see its docstring for why the square root).
+
+    Ids whose decayed count falls below ``min_count`` are forgotten (they read as 0), so the
+    memory is bounded by the ids read in the last few dozen rounds. Vectorized: lookups are
+    buffered and merged once per round (one sort of the live ids).
+
+    Args:
+        decay: factor in ``(0, 1)`` applied to every count at each :meth:`end_round`.
+        min_count: decayed counts below this are dropped (``>= 0``).
+        device: where the counts live (default: the device of the first observed ids).
+    """
+
+    def __init__(self, decay: float = 0.8, *, min_count: float = 1e-3,
+                 device: Optional[torch.device | str] = None) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) \
+                or not 0.0 < float(decay) < 1.0:
+            raise ValueError(f"decay must be a number in (0, 1), got {decay!r}")
+        if isinstance(min_count, bool) or not isinstance(min_count, numbers.Real) \
+                or not (math.isfinite(float(min_count)) and float(min_count) >= 0.0):
+            raise ValueError(f"min_count must be a finite number >= 0, got {min_count!r}")
+        self.decay = float(decay)
+        self.min_count = float(min_count)
+        self._device = None if device is None else torch.device(device)
+        self._ids: Optional[torch.Tensor] = None  # int64 [m], ascending
+        self._count: Optional[torch.Tensor] = None  # float64 [m], decayed lookups
+        self._pending: list[torch.Tensor] = []
+        self.rounds = 0
+
+    def _init(self, dev: torch.device) -> None:
+        if self._ids is None:
+            self._device = self._device or dev
+            self._ids = torch.empty(0, dtype=torch.int64, device=self._device)
+            self._count = torch.empty(0, dtype=torch.float64, device=self._device)
+
+    def observe(self, ids: torch.Tensor) -> None:
+        """Count one lookup per element of ``ids`` (int64, any shape; repeats count)."""
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
+            raise ValueError(f"ids must be an int64 tensor, got "
+                             f"{getattr(ids, 'dtype', type(ids).__name__)}")
+        self._init(ids.device)
+        if ids.numel():
+            # a copy: the caller may reuse its batch buffer before end_round
+            self._pending.append(ids.detach().reshape(-1).to(self._device, copy=True))
+
+    def watch(self, module: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
+        """Observe every training-mode lookup of ``module`` (its first argument: the ids).
+
+        Returns the hook handle (``handle.remove()`` stops observing). Eval-mode lookups
+        (scoring, validation) are not counted: they do not reflect the served traffic.
+        """
+        def hook(mod: torch.nn.Module, args: tuple) -> None:
+            if mod.training and args and isinstance(args[0], torch.Tensor):
+                self.observe(args[0])
+
+        return module.register_forward_pre_hook(hook)
+
+    @torch.no_grad()
+    def end_round(self) -> None:
+        """Close a round: decay every count, add the lookups observed since, drop tiny counts."""
+        self.rounds += 1
+        if self._ids is None:
+            return
+        count = self._count * self.decay
+        ids = self._ids
+        if self._pending:
+            fresh, n = torch.unique(torch.cat(self._pending), return_counts=True)
+            self._pending = []
+            both = torch.cat([ids, fresh])
+            uniq, inv = torch.unique(both, return_inverse=True)  # sorted
+            merged = torch.zeros(uniq.numel(), dtype=torch.float64, device=uniq.device)
+            merged.index_add_(0, inv, torch.cat([count, n.to(torch.float64)]))
+            ids, count = uniq, merged
+        keep = count >= self.min_count
+        if not bool(keep.all()):
+            ids, count = ids[keep], count[keep]
+        self._ids, self._count = ids, count
+
+    @torch.no_grad()
+    def rate(self, ids: torch.Tensor) -> torch.Tensor:
+        """Estimated lookups per round of ``ids`` (float32, same shape; 0 for unknown ids).
+
+        Counts lookups up to the last :meth:`end_round`.
+        """
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
+            raise ValueError(f"ids must be an int64 tensor, got "
+                             f"{getattr(ids, 'dtype', type(ids).__name__)}")
+        flat = ids.reshape(-1)
+        if self._ids is None or self._ids.numel() == 0 or flat.numel() == 0:
+            return torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+        q = flat.to(self._ids.device)
+        pos = torch.searchsorted(self._ids, q).clamp_(max=self._ids.numel() - 1)
+        hit = self._ids[pos] == q
+        out = torch.where(hit, self._count[pos] * (1.0 - self.decay), 0.0)
+        return out.to(device=ids.device, dtype=torch.float32).reshape(ids.shape)
+
+    def __len__(self) -> int:
+        """Ids with a live (not yet forgotten) count."""
+        return 0 if self._ids is None else int(self._ids.numel())

@@ -1,4 +1,5 @@
-"""select_changed: drift scores, budgets, new-first, non-finite rows, leftover, anti-starvation."""
+"""select_changed: drift scores, budgets, new-first, non-finite rows, leftover, anti-starvation;
+error thresholds (absolute, relative, read-weighted) and LookupRate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from deltastream.selection import Selection, row_wire_bytes, select_changed
+from deltastream.selection import LookupRate, Selection, row_wire_bytes, select_changed
 from deltastream.types import DeltaRows
 
 DIM = 8
@@ -346,6 +347,28 @@ def test_cuda_matches_cpu(kind):
     assert torch.equal(got.leftover.ids.cpu(), ref.leftover.ids)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("relative", [False, True])
+def test_cuda_threshold_policies_match_cpu(relative):
+    ids, first, cur, table = scenario("hashtable", n=300)
+    new = torch.arange(300) % 7 == 0
+    w = torch.rand(300, generator=torch.Generator().manual_seed(2)) * 3
+    kw = dict(threshold=0.5 if relative else 2.0, relative=relative, new_rows="drift")
+    ref = select_changed(DeltaRows(ids=ids, states=first, new=new), table, weights=w, **kw)
+    ids_c, first_c, cur_c, table_c = scenario("hashtable", n=300, device="cuda")
+    got = select_changed(DeltaRows(ids=ids_c, states=first_c, new=new.cuda()), table_c,
+                         weights=w.cuda(), **kw)
+    assert 0 < len(ref) < 300
+    assert torch.equal(got.ids.cpu(), ref.ids)
+    torch.testing.assert_close(got.scores.cpu(), ref.scores)
+    rate = LookupRate(0.5)
+    rate.observe(ids_c[:10].repeat(3))
+    rate.end_round()
+    assert rate.rate(ids_c[:12]).is_cuda
+    assert rate.rate(ids_c[:12]).cpu().tolist() == [1.5] * 10 + [0.0] * 2
+
+
 def test_no_row_starves_with_real_tracker_and_training():
     """End to end: HashTable + SparseSGD + DeltaTracker(EMBEDDING) + select_changed + retain."""
     from deltastream.hashtable import HashTable
@@ -389,3 +412,244 @@ def test_no_row_starves_with_real_tracker_and_training():
     bound = max_age + math.ceil(R / k)
     assert (last_pub >= 0).all()
     assert worst <= bound, f"a row waited {worst} rounds, bound {bound}"
+
+
+# ------------------------------------------------------------------ error thresholds
+
+
+def test_threshold_does_not_force_overdue_rows():
+    """Under a threshold a row below it stays leftover however long it was carried."""
+    ids, first, cur, table = scenario("embedding", n=60)
+    scores = torch.linalg.vector_norm(cur - first, dim=1)
+    age = torch.full((60,), 1000, dtype=torch.int64)  # far past max_age
+    t = float(scores.median())
+    sel = select_changed(DeltaRows(ids=ids, states=first, age=age), table, threshold=t,
+                         max_age=4)
+    assert torch.equal(sel.ids, ids[scores >= t])
+    assert torch.equal(sel.leftover.ids, ids[scores < t])
+    assert torch.equal(sel.leftover.age, age[scores < t])  # the tracker adds 1 on retain
+    # a count budget still forces them (the anti-starvation bound is kept there)
+    sel = select_changed(DeltaRows(ids=ids, states=first, age=age.clone()), table, k=60,
+                         max_age=4)
+    assert len(sel) == 60
+    partition_ok(DeltaRows(ids=ids), sel)
+
+
+@pytest.mark.parametrize("kind", TABLE_KINDS)
+def test_new_rows_drift_policy(kind):
+    """new_rows="drift": a never-published row's error is ‖current‖ (predictors serve zeros)."""
+    ids, first, cur, table = scenario(kind, n=80)
+    new = torch.zeros(80, dtype=torch.bool)
+    new[::3] = True
+    eff = torch.where(new, torch.linalg.vector_norm(cur, dim=1),
+                      torch.linalg.vector_norm(cur - first, dim=1))
+    t = float(eff.median())
+    delta = DeltaRows(ids=ids, states=first.clone(), new=new.clone(),
+                      age=torch.zeros(80, dtype=torch.int64))
+    sel = select_changed(delta, table, threshold=t, new_rows="drift")
+    assert torch.equal(sel.ids, ids[eff >= t])
+    torch.testing.assert_close(sel.scores, eff[eff >= t])
+    # some new rows are held back; they keep their ORIGINAL FIRST state and new flag
+    lmask = eff < t
+    assert bool((new & lmask).any()) and bool((new & ~lmask).any())
+    assert torch.equal(sel.leftover.ids, ids[lmask])
+    assert torch.equal(sel.leftover.states, first[lmask])
+    assert torch.equal(sel.leftover.new, new[lmask])
+    partition_ok(delta, sel)
+    # the default ("first") sends every new row whatever its drift
+    sel = select_changed(delta, table, threshold=t)
+    assert torch.equal(sel.ids, ids[(eff >= t) | new])
+    # under a count budget "drift" has no new-row tier: plain top-k of the effective drift
+    sel = select_changed(delta, table, k=10, new_rows="drift")
+    assert torch.equal(sel.ids, torch.sort(ids[torch.topk(eff, 10).indices]).values)
+
+
+def test_relative_threshold():
+    ids, first, cur, table = scenario("embedding", n=40)
+    first, cur = first.clone(), cur.clone()
+    first[5] = 0.0   # unchanged all-zero row: relative drift 0
+    cur[5] = 0.0
+    cur[6] = 0.0     # moved to zero: relative drift +inf
+    with torch.no_grad():
+        table.weight[5] = 0.0
+        table.weight[6] = 0.0
+    drift = torch.linalg.vector_norm(cur - first, dim=1)
+    rel = drift / torch.linalg.vector_norm(cur, dim=1)
+    rel[5], rel[6] = 0.0, math.inf
+    rho = float(rel[torch.isfinite(rel)].median())
+    sel = select_changed(DeltaRows(ids=ids, states=first), table, threshold=rho, relative=True)
+    assert torch.equal(sel.ids, ids[rel >= rho])
+    assert 6 in sel.ids.tolist() and 5 in sel.leftover.ids.tolist()
+    torch.testing.assert_close(sel.scores, drift[rel >= rho])  # scores stay absolute
+    # relative=0 publishes everything (>= 0), including the unchanged zero row
+    assert len(select_changed(DeltaRows(ids=ids, states=first), table, threshold=0.0,
+                              relative=True)) == 40
+
+
+def test_weights_scale_the_drift():
+    ids, first, cur, table = scenario("embedding", n=100)
+    g = torch.Generator().manual_seed(5)
+    w = torch.rand(100, generator=g) * 2
+    w[:10] = 0.0
+    first = first.clone()
+    first[3, 0] = math.nan  # recovered row (score +inf) with weight 0: still published
+    drift = torch.linalg.vector_norm(cur - first, dim=1)
+    drift[3] = math.inf
+    weighted = torch.where(torch.isinf(drift), math.inf, drift * w)
+    t = float(weighted[torch.isfinite(weighted)].median())
+    delta = DeltaRows(ids=ids, states=first)
+    sel = select_changed(delta, table, threshold=t, weights=w)
+    assert torch.equal(sel.ids, ids[weighted >= t])
+    assert 3 in sel.ids.tolist()
+    assert set(range(10)) - {3} <= set(sel.leftover.ids.tolist())
+    torch.testing.assert_close(sel.scores, drift[weighted >= t])  # unweighted drift
+    # a count budget ranks by the weighted drift too
+    sel = select_changed(delta, table, k=7, weights=w.double())
+    assert torch.equal(sel.ids, torch.sort(ids[torch.topk(weighted, 7).indices]).values)
+    # ID_ONLY: nothing to weight, every row (weights still validated)
+    assert len(select_changed(DeltaRows(ids=ids), table, threshold=t, weights=w)) == 100
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(new_rows="sometimes"), ValueError, "new_rows must be one of"),
+    (dict(threshold=0.1, relative=1), TypeError, "relative must be a bool"),
+    (dict(relative=True), ValueError, "relative=True needs a threshold"),
+    (dict(weights=torch.ones(4)), ValueError, r"weights must be a float tensor \[n=5\]"),
+    (dict(weights=torch.ones(5, dtype=torch.int64)), ValueError, "weights must be a float"),
+    (dict(weights=-torch.ones(5)), ValueError, "finite and >= 0"),
+    (dict(weights=torch.full((5,), math.nan)), ValueError, "finite and >= 0"),
+    (dict(weights=[1.0] * 5), ValueError, "weights must be a float tensor"),
+])
+def test_policy_argument_validation(kwargs, exc, match):
+    ids, first, cur, table = scenario("embedding", n=5)
+    with pytest.raises(exc, match=match):
+        select_changed(DeltaRows(ids=ids, states=first), table, **kwargs)
+
+
+# ------------------------------------------------------------------------- LookupRate
+
+
+def test_lookup_rate_counts_decays_and_forgets():
+    r = LookupRate(decay=0.5, min_count=0.1)
+    assert len(r) == 0 and r.rate(torch.tensor([1, 2])).tolist() == [0.0, 0.0]
+    # id 7: 4 lookups per round (repeats count, any shape); id 9: 1 lookup in round 1 only
+    r.observe(torch.tensor([[7, 7], [7, 9]]))
+    r.observe(torch.tensor([7]))
+    r.end_round()
+    assert r.rate(torch.tensor([7, 9, 8])).tolist() == [2.0, 0.5, 0.0]  # (1 - 0.5) × count
+    for _ in range(30):
+        r.observe(torch.tensor([7, 7, 7, 7]))
+        r.end_round()
+    assert r.rate(torch.tensor([7])).item() == pytest.approx(4.0, rel=1e-6)  # → λ
+    assert r.rate(torch.tensor([9])).item() == 0.0  # decayed below min_count: forgotten
+    assert len(r) == 1 and r.rounds == 31
+    # lookups count only once the round is closed
+    r.observe(torch.tensor([11]))
+    assert r.rate(torch.tensor([11])).item() == 0.0
+    r.end_round()
+    assert r.rate(torch.tensor([11])).item() == 0.5
+    out = r.rate(torch.tensor([[7, 11]]))
+    assert out.shape == (1, 2) and out.dtype == torch.float32
+
+
+def test_lookup_rate_watch_counts_training_lookups_only():
+    from deltastream.hashtable import HashTable
+
+    table = HashTable(DIM, name="t")
+    r = LookupRate(decay=0.5)
+    handle = r.watch(table)
+    table(torch.tensor([3, 3, 4]))
+    table.eval()
+    table(torch.tensor([3, 5]))  # scoring traffic: not counted
+    table.train()
+    r.end_round()
+    assert r.rate(torch.tensor([3, 4, 5])).tolist() == [1.0, 0.5, 0.0]
+    handle.remove()
+    table(torch.tensor([4]))
+    r.end_round()
+    assert r.rate(torch.tensor([4])).item() == 0.25  # only decayed
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(decay=0.0), r"decay must be a number in \(0, 1\)"),
+    (dict(decay=1.0), r"decay must be a number in \(0, 1\)"),
+    (dict(decay=True), r"decay must be a number in \(0, 1\)"),
+    (dict(min_count=-1.0), "min_count must be a finite number >= 0"),
+    (dict(min_count=math.inf), "min_count must be a finite number >= 0"),
+])
+def test_lookup_rate_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LookupRate(**kwargs)
+    with pytest.raises(ValueError, match="ids must be an int64 tensor"):
+        LookupRate().observe(torch.tensor([1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="ids must be an int64 tensor"):
+        LookupRate().rate([1, 2])
+
+
+def test_read_weighted_threshold_bounds_every_served_row():
+    """End to end: HashTable + RowWiseAdagrad + DeltaTracker + LookupRate + threshold.
+
+    The promise of ``threshold=ε, weights=√rate, new_rows="drift"``: right after every
+    publish round, every row the predictor serves (zeros for rows never published) is
+    within ε / √(1 − decay) of the trainer's row, and within ε / √((1 − decay)·c) for a
+    row read c times in that round (its rate is at least (1 − decay)·c); rows under it are
+    held back (tracked, not lost) and a final flush makes the predictor equal to the
+    trainer.
+    """
+    from deltastream.hashtable import HashTable, normal_initializer
+    from deltastream.optim import RowWiseAdagrad
+    from deltastream.tracker import DeltaTracker
+    from deltastream.types import TrackingMode
+
+    R, steps_per_round, rounds, batch, eps, decay = 400, 4, 30, 128, 0.2, 0.8
+    g = torch.Generator().manual_seed(11)
+    universe = torch.arange(R, dtype=torch.int64) * 7919 + 3
+    zipf = 1.0 / torch.arange(1, R + 1, dtype=torch.float64) ** 1.1
+    target = torch.randn(R, DIM, generator=g)
+    model = torch.nn.ModuleDict({"emb": HashTable(DIM, name="emb",
+                                                  initializer=normal_initializer(0.1, seed=1))})
+    table = model["emb"]
+    opt = RowWiseAdagrad(model, lr=0.1)
+    tracker = DeltaTracker(model, mode=TrackingMode.EMBEDDING)
+    rate = LookupRate(decay)
+    rate.watch(table)
+    served = torch.zeros(R, DIM)  # the predictor: zeros until a row is published
+    bound = eps / math.sqrt(1 - decay)
+    published = touched = held_max = 0
+    worst_unweighted = 0.0
+    for rnd in range(rounds):
+        reads = torch.zeros(R)
+        for _ in range(steps_per_round):
+            pos = torch.multinomial(zipf, batch, replacement=True, generator=g)
+            reads += torch.bincount(pos, minlength=R)
+            loss = ((table(universe[pos]) - target[pos]) ** 2).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            tracker.step()
+        target += 0.05 * torch.randn(R, DIM, generator=g)  # concept drift
+        rate.end_round()
+        delta = tracker.get_delta()["emb"]
+        sel = select_changed(delta, table, threshold=eps, new_rows="drift",
+                             weights=rate.rate(delta.ids).sqrt())
+        tracker.retain("default", "emb", sel.leftover)
+        served[torch.searchsorted(universe, sel.ids)] = sel.rows
+        touched += int((reads > 0).sum())
+        published += len(sel)
+        held_max = max(held_max, len(sel.leftover))
+        live = torch.searchsorted(universe, table.ids())
+        err = torch.linalg.vector_norm(table.lookup(universe[live]) - served[live], dim=1)
+        assert float(err.max()) <= bound + 1e-5, f"round {rnd}: error {float(err.max())}"
+        hot = reads[live] > 0
+        assert bool((err[hot] <= eps / reads[live][hot].sqrt() / math.sqrt(1 - decay)
+                     + 1e-5).all())
+        worst_unweighted = max(worst_unweighted, float(err.max()))
+    # the policy did something: rows held back, fewer rows sent than touched, and rarely
+    # read rows were allowed past the unweighted ε (hot ones were not)
+    assert held_max > 0 and published < 0.5 * touched
+    assert worst_unweighted > eps
+    # nothing was lost: a final flush (no budget) sends every held row
+    final = select_changed(tracker.get_delta()["emb"], table)
+    served[torch.searchsorted(universe, final.ids)] = final.rows
+    live = torch.searchsorted(universe, table.ids())
+    assert torch.equal(served[live], table.lookup(universe[live]))
