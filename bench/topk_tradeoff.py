@@ -40,8 +40,11 @@ AUC per policy is over all such evaluation points (after ``--warmup-steps``). Th
 final flush: this is the steady state.
 
 Figure ``topk_bytes_reduction``: bytes sent at fraction 1.0 (every touched row, the baseline)
-divided by the bytes of the cheapest policy whose serving AUC is within ``--tolerance``
-(0.002) of the fraction-1.0 serving AUC; the record names it (``policy``). Goal ≥ 5×.
+divided by the bytes of the policy named by ``--policy`` (default ``weighted=0.5``, fixed
+before the run); it passes when that ratio is ≥ 5× *and* its serving AUC is within
+``--tolerance`` (0.002) of the fraction-1.0 serving AUC. ``topk_bytes_reduction_best_of_sweep``
+reports, as information, the cheapest swept policy within tolerance — picked after the run
+on the same evaluation data, so it flatters.
 Per-policy records give bytes, rows, the serving AUC against the trainer AUC, the AUC gap
 to fraction 1.0, the rows held back (tracked, unpublished) at the end and the largest
 serving-vs-trainer row error then. The curve (bytes vs AUC gap, one point per policy) is
@@ -187,6 +190,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="fraction policies: rows carried this many rounds go first")
     p.add_argument("--tolerance", type=float, default=0.002,
                    help="largest AUC loss vs fraction 1.0 that counts as 'the same'")
+    p.add_argument("--policy", default="weighted=0.5",
+                   help="the policy the headline figure is judged on, chosen before the run "
+                        "(one of the swept policies' labels); the cheapest policy within "
+                        "tolerance is reported too, as information, because picking the best "
+                        "of many on the same evaluation data flatters it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-out", help="directory of the PNG (default bench-out)")
     args = p.parse_args(argv)
@@ -425,21 +433,39 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   new_rows=args.new_rows, tolerance=args.tolerance,
                   eval_examples=r["eval_examples"], seconds=r["seconds"],
                   trainer_auc=r["auc"]["trainer"], plot=str(png) if png else None)
+    if args.policy not in r["sent"]:
+        raise SystemExit(f"--policy {args.policy!r} is not among the swept policies "
+                         f"{sorted(r['sent'])}")
+    head = args.policy
+    head_bytes = r["sent"][head]["bytes"]
+    head_gap = base_auc - r["auc"][head]
+    head_ratio = base_bytes / head_bytes if head_bytes else math.nan
+    # The goal is 5x fewer bytes *at* an AUC within tolerance: a policy outside the
+    # tolerance fails whatever its ratio.
+    head_pass = bool(head_gap <= args.tolerance and head_ratio >= 5.0)
     out = [result(
-        "topk_bytes_reduction", float(chosen_bytes), float(base_bytes), 5.0, "bytes",
-        ratio=base_bytes / chosen_bytes if chosen_bytes else math.nan,
+        "topk_bytes_reduction", float(head_bytes), float(base_bytes), 5.0, "bytes",
+        ratio=head_ratio,
         baseline_desc="bytes sent publishing every touched row (fraction 1.0), same run",
-        note=f"cheapest policy with serving AUC within {args.tolerance:g} of fraction 1.0: "
-             f"{chosen} (AUC {r['auc'][chosen]:.4f} vs {base_auc:.4f}; trainer "
-             f"{r['auc']['trainer']:.4f}); ratio = bytes(fraction=1) / bytes({chosen})"
+        note=f"policy {head} (fixed before the run): AUC {r['auc'][head]:.4f} vs "
+             f"{base_auc:.4f} at fraction 1.0 (gap {head_gap:.4f}, tolerance "
+             f"{args.tolerance:g}; trainer {r['auc']['trainer']:.4f}); "
+             f"ratio = bytes(fraction=1) / bytes({head})",
+        policy=head, serving_auc=r["auc"][head], serving_auc_full=base_auc,
+        auc_loss_vs_full=head_gap, **common)]
+    out[0]["pass"] = head_pass
+    out.append(result(
+        "topk_bytes_reduction_best_of_sweep", float(chosen_bytes), float(base_bytes), None,
+        "bytes", ratio=base_bytes / chosen_bytes if chosen_bytes else math.nan,
+        note=f"cheapest swept policy within tolerance, picked after the run: {chosen} "
+             f"(gap {base_auc - r['auc'][chosen]:.4f})"
              + (f"; best count budget: {best_frac.label} "
                 f"({base_bytes / max(1, r['sent'][best_frac.label]['bytes']):.2f}×)"
                 if best_frac is not None else ""),
-        policy=chosen, serving_auc=r["auc"][chosen], serving_auc_full=base_auc,
-        auc_loss_vs_full=base_auc - r["auc"][chosen],
+        policy=chosen, auc_loss_vs_full=base_auc - r["auc"][chosen],
         best_fraction_policy=None if best_frac is None else best_frac.label,
         best_fraction_ratio=None if best_frac is None
-        else base_bytes / max(1, r["sent"][best_frac.label]["bytes"]), **common)]
+        else base_bytes / max(1, r["sent"][best_frac.label]["bytes"]), **common))
     for p in policies:
         s = r["sent"][p.label]
         bound = _error_bound(p, args)
