@@ -46,7 +46,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     common = _import_bench("_common")
     if args.name == "all":
         runner = _import_bench("run_all")
-        return runner.main(["--write", args.write] if args.write else [])
+        # flags after "all" land in bench_args (REMAINDER); run_all parses them itself
+        return runner.main(list(args.bench_args) + (["--write", args.write] if args.write
+                                                     else []))
     if args.name not in names:
         print(f"deltastream bench: unknown benchmark {args.name!r}; expected one of "
               f"{', '.join(names + ['all', 'list'])}", file=sys.stderr)

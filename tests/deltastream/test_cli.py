@@ -1,0 +1,50 @@
+"""The `deltastream` CLI dispatches benchmarks and renders BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from deltastream.cli import bench_names, main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench._common import result  # noqa: E402
+from bench.run_all import render  # noqa: E402
+
+
+def test_bench_list_names_every_benchmark(capsys):
+    assert main(["bench", "list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == bench_names()
+    assert {"codec", "publish", "hashtable", "compaction", "tracker-overhead", "selection",
+            "apply", "e2e", "topk-tradeoff"} <= set(listed)
+
+
+def test_unknown_benchmark_is_a_usage_error(capsys):
+    assert main(["bench", "no-such-bench"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_json_flag_after_the_name_and_bench_options(capsys):
+    args = ["bench", "codec", "--json", "--rows", "2000", "--repeat", "1", "--rounds", "1"]
+    assert main(args) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]
+    assert records, "no JSON records printed"
+    for r in records:
+        assert {"name", "value", "baseline", "ratio", "goal", "unit"} <= set(r)
+        assert r["value"] > 0 and r["baseline"] > 0
+
+
+def test_render_marks_pass_short_info_and_failures():
+    runs = {
+        "a": ([result("fast", 2.0, 1.0, 1.5, "x/s"), result("slow", 1.0, 1.0, 1.5, "x/s"),
+               result("info", 3.0, 1.0, None, "x/s")], "", 1.0),
+        "b": ([], "exit 1: boom", 2.0),
+    }
+    md = render(runs)
+    assert "| a | fast | 2 | x/s | 1 | 2 | ≥ 1.5 | pass |" in md
+    assert "| a | slow | 1 | x/s | 1 | 1 | ≥ 1.5 | **short** |" in md
+    assert "| a | info |" in md and "| info |" in md
+    assert "FAILED: exit 1: boom" in md
