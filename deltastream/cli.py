@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import EnvArgumentParser
+from deltastream.demo import add_demo_arguments, run_demo_cli
 
 __all__ = ["main", "bench_names"]
 
@@ -71,8 +72,6 @@ def _cmd_topic(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from deltastream.demo import run_demo_cli
-
     return run_demo_cli(args)
 
 
@@ -99,15 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="partitions to create; use at least the number of trainer shards")
     t.set_defaults(func=_cmd_topic)
 
-    try:
-        from deltastream.demo import add_demo_arguments
-    except ImportError:  # the demo module is optional while it is being built
-        add_demo_arguments = None
-    if add_demo_arguments is not None:
-        d = sub.add_parser("demo", help="train a small CTR model and stream its deltas to a "
-                                        "predictor end to end; writes a report")
-        add_demo_arguments(d)
-        d.set_defaults(func=_cmd_demo)
+    d = sub.add_parser("demo", help="train a small CTR model and stream its deltas to a "
+                                    "predictor end to end; writes a report")
+    add_demo_arguments(d)
+    d.set_defaults(func=_cmd_demo)
     return p
 
 
