@@ -74,7 +74,14 @@ def _machine() -> str:
                     break
     except OSError:
         pass
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else \
+            "no GPU (CUDA figures not measured in this run)"
+    except ImportError:
+        gpu = "no torch"
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, {gpu}"
 
 
 def render(runs: dict[str, tuple[list[dict], str, float]]) -> str:
@@ -107,10 +114,11 @@ def render(runs: dict[str, tuple[list[dict], str, float]]) -> str:
             lines.append(f"| {name} | — | — | — | — | — | — | FAILED: {err} |")
     lines += ["", "## Notes per figure", ""]
     for name, (results, _err, took) in runs.items():
-        notes = [r for r in results if r.get("note") or r.get("baseline_desc")]
-        lines.append(f"- **{name}** ({took:.0f} s): " + "; ".join(
-            f"{r['name']}: {r.get('note') or r.get('baseline_desc')}" for r in notes)
-            if notes else f"- **{name}** ({took:.0f} s)")
+        lines.append(f"- **{name}** — `deltastream bench {name}` ({took:.0f} s)")
+        for r in results:
+            text = "; ".join(t for t in (r.get("baseline_desc"), r.get("note")) if t)
+            if text:
+                lines.append(f"  - {r['name']}: {text}")
     plots = sorted((REPO / "bench-out").glob("*.png")) if (REPO / "bench-out").is_dir() else []
     if plots:
         lines += ["", "## Plots", ""]
