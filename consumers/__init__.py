@@ -24,6 +24,8 @@ _EXPORTS = {
     "Applier": "applier",
     "Outcome": "applier",
     "Quarantine": "quarantine",
+    "CheckpointStore": "checkpoint",
+    "read_checkpoint": "checkpoint",
     "SyncDaemon": "sync",
     "TopicReader": "topic",
     "rebuild": "replay",

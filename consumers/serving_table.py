@@ -73,6 +73,7 @@ _WINDOW = 16
 _WIN_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
 _MAX_LOAD = 0.4  # rebuild when (live + deleted markers) would exceed this fraction
 _REBUILD_SLACK = 3  # after a rebuild: buckets ≥ 3 × ids (power of 2: load in [0.19, 1/3])
+_DELETED_COMPACT_MIN = 1 << 16  # deleted-id list entries before the first dedup
 
 TABLE_FORMAT = "deltastream-table"
 TABLE_FORMAT_VERSION = 1
@@ -173,6 +174,16 @@ class ServingTable:
         self._free = np.zeros(int(capacity) + 1, np.int32)  # stack of reusable slots
         self._nfree = 0
         self._live = 0
+        # id held by each row slot (valid for live slots): lets change tracking name the
+        # ids of dirty slots without scanning the hash index
+        self._slot_ids = np.zeros(int(capacity) + 1, np.int64)
+        # change tracking for incremental checkpoints (off until a checkpoint store starts
+        # it): a dirty mark per row slot, plus the ids deleted since the last take
+        self._tracking = False
+        self._dirty = np.zeros(0, np.bool_)
+        self._deleted: list[np.ndarray] = []
+        self._deleted_n = 0
+        self._deleted_floor = _DELETED_COMPACT_MIN
         self._init_index(_pow2_at_least(_REBUILD_SLACK * int(capacity)))
 
     # ------------------------------------------------------------------ index internals
@@ -280,6 +291,14 @@ class ServingTable:
             free = np.zeros(self._rows.shape[0], np.int32)
             free[: self._nfree] = self._free[: self._nfree]
             self._free = free
+        if self._slot_ids.shape[0] < self._rows.shape[0]:
+            slot_ids = np.zeros(self._rows.shape[0], np.int64)
+            slot_ids[: self._hwm] = self._slot_ids[: self._hwm]
+            self._slot_ids = slot_ids
+        if self._tracking and self._dirty.shape[0] < self._rows.shape[0]:
+            dirty = np.zeros(self._rows.shape[0], np.bool_)
+            dirty[: self._hwm] = self._dirty[: self._hwm]
+            self._dirty = dirty
         if self._used + new_keys > _MAX_LOAD * (self._mask + 1):
             self._rebuild(self._live + new_keys)
 
@@ -317,6 +336,9 @@ class ServingTable:
         pos = np.unique(pos)  # a tombstone list may repeat an id
         slots = self._hvals[pos]
         self._hvals[pos] = _DELETED
+        if self._tracking:
+            self._dirty[slots] = False  # a freed slot holds no row to checkpoint
+            self._note_deleted(self._hkeys[pos])
         self._free[self._nfree: self._nfree + slots.size] = slots
         self._nfree += slots.size
         self._live -= slots.size
@@ -329,8 +351,11 @@ class ServingTable:
             fresh = self._alloc(int(np.count_nonzero(new)))
             slots[new] = fresh
             self._insert(ids[new], fresh)
+            self._slot_ids[fresh] = ids[new]
             self._live += fresh.size
         _scatter_rows(self._rows, slots, rows)
+        if self._tracking:
+            self._dirty[slots] = True
 
     def _slots(self, ids: np.ndarray) -> np.ndarray:
         """Row slot of each id, 0 (the zero row) for unknown ids. Caller holds the lock."""
@@ -479,12 +504,77 @@ class ServingTable:
     def _export(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids ascending, rows in storage dtype) — a consistent copy."""
         with self._lock:
-            live = self._hvals >= 0
-            keys, slots = self._hkeys[live], self._hvals[live]
-            order = np.argsort(keys, kind="stable")
-            keys, slots = keys[order], slots[order]
-            rows = np.take(self._rows, slots, axis=0)
+            return self._export_locked()
+
+    def _export_locked(self) -> tuple[np.ndarray, np.ndarray]:
+        live = self._hvals >= 0
+        keys, slots = self._hkeys[live], self._hvals[live]
+        order = np.argsort(keys, kind="stable")
+        keys, slots = keys[order], slots[order]
+        rows = np.take(self._rows, slots, axis=0)
         return keys, rows
+
+    # ------------------------------------------------------------------ change tracking
+
+    def _note_deleted(self, keys: np.ndarray) -> None:
+        """Remember deleted ``keys`` (lock held). Deduplicated when the list doubles, so
+        it stays bounded by the distinct ids deleted since the last take."""
+        self._deleted.append(keys.copy())
+        self._deleted_n += keys.size
+        if self._deleted_n > self._deleted_floor:
+            uniq = np.unique(np.concatenate(self._deleted))
+            self._deleted, self._deleted_n = [uniq], int(uniq.size)
+            self._deleted_floor = max(_DELETED_COMPACT_MIN, 2 * int(uniq.size))
+
+    def _reset_changes_locked(self) -> None:
+        if self._dirty.shape[0] < self._rows.shape[0]:
+            self._dirty = np.zeros(self._rows.shape[0], np.bool_)
+        else:
+            self._dirty[:] = False
+        self._deleted, self._deleted_n = [], 0
+        self._deleted_floor = _DELETED_COMPACT_MIN
+        self._tracking = True
+
+    def _export_tracked(self) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`_export`, and (in the same critical section) start change tracking
+        afresh: later changes are relative to exactly the state returned."""
+        with self._lock:
+            out = self._export_locked()
+            self._reset_changes_locked()
+        return out
+
+    def _start_tracking(self) -> None:
+        """Start change tracking relative to the current contents (e.g. just loaded)."""
+        with self._lock:
+            self._reset_changes_locked()
+
+    @property
+    def tracking(self) -> bool:
+        """True when changes are tracked for an incremental checkpoint."""
+        return self._tracking
+
+    def _take_changes(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Changes since the last take / tracked export, and clear them, atomically.
+
+        Returns ``(upserted ids ascending int64 [n], their rows [n, dim] in the storage
+        dtype, deleted ids ascending int64 [m])`` — ids present now whose row was written,
+        and ids absent now that were deleted (an id deleted then re-inserted is an
+        upsert). None when the table does not track changes.
+        """
+        with self._lock:
+            if not self._tracking:
+                return None
+            slots = np.flatnonzero(self._dirty[: self._hwm])
+            up = self._slot_ids[slots]
+            rows = np.take(self._rows, slots, axis=0)
+            if self._deleted_n:
+                gone = np.unique(np.concatenate(self._deleted))
+                gone = gone[self._probe(gone)[1] == 0]
+            else:
+                gone = np.zeros(0, np.int64)
+            self._reset_changes_locked()
+        order = np.argsort(up, kind="stable")
+        return up[order], rows[order], gone
 
     def ids(self) -> np.ndarray:
         """Present ids, int64 ascending."""
@@ -634,10 +724,14 @@ def _write_manifest(dir: Path, body: dict) -> dict:
     return _write_file(dir / MANIFEST, data)
 
 
-def _write_table_dir(dir: Path, table: ServingTable) -> dict:
-    """Write ``table`` into the (new) directory ``dir``; returns the manifest file's entry."""
+def _write_table_dir(dir: Path, table: ServingTable,
+                     arrays: Optional[tuple[np.ndarray, np.ndarray]] = None) -> dict:
+    """Write ``table`` into the (new) directory ``dir``; returns the manifest file's entry.
+
+    ``arrays``: (ids ascending, rows) already exported from ``table``; None exports now.
+    """
     dir.mkdir(parents=True, exist_ok=False)
-    keys, rows = table._export()
+    keys, rows = table._export() if arrays is None else arrays
     files = {"ids.npy": _write_npy(dir / "ids.npy", keys.astype("<i8", copy=False)),
              "rows.npy": _write_npy(dir / "rows.npy",
                                     rows.astype(rows.dtype.newbyteorder("<"), copy=False))}
@@ -743,6 +837,7 @@ def _read_table_dir(dir: Path, entry: Any = None, body: Optional[dict] = None) -
         slots = table._alloc(n)
         _scatter_rows(table._rows, slots, rows)
         table._insert(ids.astype(np.int64), slots)
+        table._slot_ids[slots] = ids
         table._live = n
     return table
 

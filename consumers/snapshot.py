@@ -29,7 +29,9 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+import numpy as np
 
 from consumers.serving_table import (
     MANIFEST,
@@ -99,15 +101,7 @@ def _check_offsets(offsets: Any) -> dict[str, int]:
     return out
 
 
-def write_snapshot(path: PathLike, *, tables: dict[str, ServingTable], offsets: dict[int, int],
-                   seqs: dict, meta: dict) -> None:
-    """Write tables + offsets + seq state + meta to directory ``path`` as one atomic unit.
-
-    After a crash at any instant, :func:`read_snapshot` returns either the previous or this
-    snapshot, complete. Each table is exported under its own lock (consistent per table);
-    callers that apply and checkpoint in one thread get a consistent whole.
-    """
-    path = Path(path)
+def _check_tables(tables: Any) -> None:
     if not isinstance(tables, dict):
         raise TypeError(f"tables: expected a dict name -> ServingTable, got "
                         f"{type(tables).__name__}")
@@ -117,23 +111,52 @@ def write_snapshot(path: PathLike, *, tables: dict[str, ServingTable], offsets: 
                             f"{type(t).__name__}")
         if t.name != name:
             raise ValueError(f"tables: key {name!r} holds table named {t.name!r}")
+
+
+def _write_snapshot_dir(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
+                        seqs: dict, meta: dict,
+                        exports: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None
+                        ) -> dict:
+    """Write a full snapshot into the new directory ``dir`` (files and directories fsynced).
+
+    ``exports``: name -> (ids, rows) already exported (e.g. with change tracking reset);
+    tables missing there are exported now. Returns the entry (size, sha256) of its
+    manifest and the total bytes of its files as ``{"manifest": ..., "bytes": ...}``.
+    """
+    dir.mkdir()
+    (dir / "tables").mkdir()
+    entries = []
+    total = 0
+    for i, name in enumerate(sorted(tables)):
+        sub = f"tables/{i:04d}"
+        entry = _write_table_dir(dir / sub, tables[name], (exports or {}).get(name))
+        total += entry["bytes"] + sum(
+            f["bytes"] for f in _read_manifest(dir / sub, entry)["files"].values())
+        entries.append({"name": name, "dir": sub, "manifest": entry})
+    _fsync_dir(dir / "tables")
+    body = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_FORMAT_VERSION,
+            "tables": entries, "offsets": offs, "seqs": seqs, "meta": meta}
+    entry = _write_manifest(dir, body)
+    _fsync_dir(dir)
+    return {"manifest": entry, "bytes": total + entry["bytes"]}
+
+
+def write_snapshot(path: PathLike, *, tables: dict[str, ServingTable], offsets: dict[int, int],
+                   seqs: dict, meta: dict) -> None:
+    """Write tables + offsets + seq state + meta to directory ``path`` as one atomic unit.
+
+    After a crash at any instant, :func:`read_snapshot` returns either the previous or this
+    snapshot, complete. Each table is exported under its own lock (consistent per table);
+    callers that apply and checkpoint in one thread get a consistent whole.
+    """
+    path = Path(path)
+    _check_tables(tables)
     offs = _check_offsets(offsets)
     _check_json("seqs", seqs)
     _check_json("meta", meta)
     tmp = _new_tmp(path)
     try:
-        tmp.mkdir()
-        (tmp / "tables").mkdir()
-        entries = []
-        for i, name in enumerate(sorted(tables)):
-            sub = f"tables/{i:04d}"
-            entry = _write_table_dir(tmp / sub, tables[name])
-            entries.append({"name": name, "dir": sub, "manifest": entry})
-        _fsync_dir(tmp / "tables")
-        body = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_FORMAT_VERSION,
-                "tables": entries, "offsets": offs, "seqs": seqs, "meta": meta}
-        _write_manifest(tmp, body)
-        _fsync_dir(tmp)
+        _write_snapshot_dir(tmp, tables, offs, seqs, meta)
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -154,8 +177,24 @@ def read_snapshot(path: PathLike) -> Snapshot:
     if fmt == TABLE_FORMAT:
         table = _read_table_dir(root, body=body)
         return Snapshot(tables={table.name: table}, offsets={}, seqs={}, meta={}, path=root)
+    if fmt == "deltastream-checkpoint":
+        # an incremental checkpoint (base + delta segments); imported here because
+        # consumers.checkpoint builds on this module
+        from consumers.checkpoint import read_checkpoint
+
+        return read_checkpoint(root, body)
     if fmt != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"{where}: format is {fmt!r}, expected {SNAPSHOT_FORMAT!r}")
+        raise SnapshotError(f"{where}: format is {fmt!r}, expected {SNAPSHOT_FORMAT!r} "
+                            "or 'deltastream-checkpoint'")
+    return _read_full(root, body)
+
+
+def _read_full(root: Path, body: dict) -> Snapshot:
+    """The full snapshot in directory ``root`` whose verified manifest is ``body``."""
+    where = root / MANIFEST
+    if body.get("format") != SNAPSHOT_FORMAT:
+        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected "
+                            f"{SNAPSHOT_FORMAT!r}")
     if body.get("version") != SNAPSHOT_FORMAT_VERSION:
         raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
                             f"supported (this reader knows {SNAPSHOT_FORMAT_VERSION})")

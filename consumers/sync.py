@@ -9,9 +9,11 @@ One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
 3. **poll** and hand each record, partition by partition in offset order (apply order is
    partition order), to :class:`~consumers.applier.Applier`, which decodes, validates,
    sequence-checks and applies it atomically; bad records go to the quarantine file;
-4. **checkpoint** tables + next offset per partition + seq state as one atomic directory
-   (:func:`consumers.snapshot.write_snapshot`) every ``checkpoint_interval`` seconds or
-   ``checkpoint_messages`` records, and on :meth:`stop`.
+4. **checkpoint** tables + next offset per partition + seq state atomically every
+   ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`,
+   with a :class:`~consumers.checkpoint.CheckpointStore`: each checkpoint writes only the
+   rows changed since the previous one (a delta segment), plus a new full base when the
+   segments grow large next to it; a small manifest replaced atomically commits it.
 
 Exactly once in effect: offsets, tables and seq state are written together, between two
 records, by the only thread that applies. After a crash at any instant the daemon reloads
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from consumers.applier import Applier, Outcome
+from consumers.checkpoint import CheckpointStore
 from consumers.metrics import (
     FreshnessWindow,
     MetricsServer,
@@ -56,7 +59,7 @@ from consumers.metrics import (
 from consumers.quarantine import Quarantine
 from consumers.sequencing import SeqTracker
 from consumers.serving_table import STORAGE_DTYPES, ServingTable
-from consumers.snapshot import read_snapshot, snapshot_exists, write_snapshot
+from consumers.snapshot import read_snapshot, snapshot_exists
 
 __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
@@ -103,6 +106,10 @@ class SyncDaemon:
         dtype: storage dtype of the serving tables, ``"f32"`` or ``"f16"``.
         checkpoint_interval: seconds between checkpoints while there are new records.
         checkpoint_messages: records after which a checkpoint is written regardless of time.
+        checkpoint_max_segments: delta segments chained on one base before a checkpoint
+            rewrites the base in full.
+        checkpoint_segment_fraction: rewrite the base when the segments' bytes exceed this
+            fraction of the base's bytes.
         base: snapshot directory (a checkpoint or one ``ServingTable.save`` dir) to start
             from when ``state_dir`` holds no checkpoint: its tables, offsets and seq state.
         poll_timeout_ms: longest wait of one poll for new records (ms).
@@ -134,6 +141,7 @@ class SyncDaemon:
                  tables: Optional[Mapping[str, int]] = None,
                  shards: Optional[Iterable[int]] = None, dtype: str = "f32",
                  checkpoint_interval: float = 5.0, checkpoint_messages: int = 1000,
+                 checkpoint_max_segments: int = 128, checkpoint_segment_fraction: float = 0.5,
                  base: Optional[PathLike] = None, poll_timeout_ms: int = 200,
                  max_poll_records: int = 500, quarantine_max_bytes: int = 64 << 20,
                  request_timeout: float = 5.0, backoff_max: float = 5.0,
@@ -195,6 +203,11 @@ class SyncDaemon:
         self.model = model
         self.state_dir = Path(state_dir)
         self.checkpoint_path = self.state_dir / CHECKPOINT_DIR
+        # validates its arguments; nothing is read or written before load/write
+        self._store = CheckpointStore(self.checkpoint_path,
+                                      max_segment_fraction=checkpoint_segment_fraction,
+                                      max_segments=checkpoint_max_segments)
+        self._last_ckpt: Optional[dict] = None  # kind, bytes, rows, seconds of the last one
         self.shards = shard_set
         self.dtype = dtype
         self.checkpoint_interval = float(checkpoint_interval)
@@ -265,8 +278,9 @@ class SyncDaemon:
 
     def _load_state(self, base: Optional[PathLike],
                     table_dims: Optional[dict[str, int]]) -> SeqTracker:
-        if snapshot_exists(self.checkpoint_path):
-            snap = read_snapshot(self.checkpoint_path)
+        if self._store.exists():
+            snap = self._store.load()
+            assert snap is not None
             meta = snap.meta
             if meta.get("kind") == _CHECKPOINT_KIND:
                 for key, mine in (("model", self.model), ("topic", self.topic)):
@@ -318,10 +332,11 @@ class SyncDaemon:
                 "shards": None if self.shards is None else sorted(self.shards),
                 "checkpoints": n, "written_at": time.time()}
         t0 = time.monotonic()
-        log.debug("checkpoint %d begin: offsets %s", n, offsets)
+        tables = dict(self._tables)
+        log.debug("checkpoint %d begin (%s): offsets %s", n, self._store.plan(tables), offsets)
         try:
-            write_snapshot(self.checkpoint_path, tables=dict(self._tables), offsets=offsets,
-                           seqs=self._seqs.state(), meta=meta)
+            res = self._store.write(tables=tables, offsets=offsets, seqs=self._seqs.state(),
+                                    meta=meta)
         except Exception as e:  # a full disk must not stop serving; retried next interval
             with self._lock:
                 self._c["checkpoint_errors"] += 1
@@ -335,7 +350,11 @@ class SyncDaemon:
         self._last_ckpt_wall = time.time()
         with self._lock:
             self._c["checkpoints"] += 1
-        log.debug("checkpoint %d written in %.1f ms", n, (time.monotonic() - t0) * 1e3)
+            self._last_ckpt = {"kind": res.kind, "bytes": res.bytes, "rows": res.upserts,
+                               "deleted": res.deletes, "seconds": res.seconds}
+        log.debug("checkpoint %d written in %.1f ms (%s: %d rows, %d deleted, %d bytes)", n,
+                  (time.monotonic() - t0) * 1e3, res.kind, res.upserts, res.deletes,
+                  res.bytes)
         return True
 
     def checkpoint(self) -> bool:
@@ -686,7 +705,7 @@ class SyncDaemon:
         if self._closed:
             return
         self._close_consumer()
-        if self._dirty or not snapshot_exists(self.checkpoint_path):
+        if self._dirty or not self._store.exists():
             self._checkpoint_locked()
         self._closed = True
         with self._lock:
@@ -865,7 +884,8 @@ class SyncDaemon:
         reason), ``positions`` / ``end_offsets`` / ``lag`` (per partition), ``lag_total``,
         ``freshness_p50_s`` / ``freshness_p99_s`` (None before any apply),
         ``checkpoints``, ``checkpoints_total`` (across restarts), ``checkpoint_age_s``
-        (None before the first), ``checkpoint_pending``, ``checkpoint_errors``, ``broker``
+        (None before the first), ``checkpoint_last`` (kind ``base``/``segment``, bytes,
+        rows, deleted, seconds of the last checkpoint; None before the first), ``checkpoint_pending``, ``checkpoint_errors``, ``broker``
         (one of :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table),
         ``source``, ``uptime_s``.
         """
@@ -893,6 +913,7 @@ class SyncDaemon:
                 "checkpoint_age_s": None if self._last_ckpt_wall is None
                 else max(0.0, time.time() - self._last_ckpt_wall),
                 "checkpoint_pending": self._pending,
+                "checkpoint_last": None if self._last_ckpt is None else dict(self._last_ckpt),
                 "checkpoint_errors": self._c["checkpoint_errors"],
                 "disconnects": self._c["disconnects"],
                 "internal_errors": self._c["internal_errors"],

@@ -135,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Seconds between checkpoints while new records arrive.")
     p.add_argument("--checkpoint-messages", type=_positive_int, default=1000, metavar="N",
                    help="Also checkpoint after this many records.")
+    p.add_argument("--checkpoint-max-segments", type=_positive_int, default=128, metavar="N",
+                   help="A checkpoint writes only the rows changed since the previous one (a "
+                        "segment); after this many segments the full tables are rewritten.")
+    p.add_argument("--checkpoint-segment-fraction", type=_positive_float, default=0.5,
+                   metavar="X",
+                   help="Also rewrite the full tables when the segments add up to this "
+                        "fraction of the full tables' size.")
     p.add_argument("--base", default=None, metavar="DIR",
                    help="Snapshot to start from when --state-dir holds no checkpoint (a "
                         "checkpoint, a `deltastream-replay rebuild` output, or a "
@@ -195,6 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             tables=args.tables, shards=args.shards, dtype=args.dtype,
             checkpoint_interval=args.checkpoint_interval,
             checkpoint_messages=args.checkpoint_messages, base=args.base,
+            checkpoint_max_segments=args.checkpoint_max_segments,
+            checkpoint_segment_fraction=args.checkpoint_segment_fraction,
             quarantine_max_bytes=max(1024, args.quarantine_max_bytes),
             request_timeout=args.request_timeout, backoff_max=args.backoff_max,
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,

@@ -88,14 +88,26 @@ class LogWatch:
         return None
 
 
+def _strays(ckpt: Path) -> list[str]:
+    """Files in the incremental checkpoint dir that its manifest does not list (left by a
+    write that was killed before its commit, or before removing the files it replaced)."""
+    try:
+        body = json.loads((ckpt / "manifest.json").read_text())
+        listed = {"manifest.json", body["base"]["dir"], *(s["file"] for s in body["segments"])}
+        return sorted(p.name for p in ckpt.iterdir() if p.name not in listed)
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 def _phase(state: Path, text: str, pid: int, old_before: bool) -> str:
     """Where the kill of process ``pid`` landed, from what it left behind."""
-    half_written = any(p.name.startswith(f"checkpoint.tmp-{pid}-") for p in state.iterdir())
+    half_written = any(p.name.startswith(f"checkpoint.tmp-{pid}-") for p in state.iterdir()) \
+        or bool(_strays(state / "checkpoint"))
     between_renames = not old_before and (state / "checkpoint.old").exists()
     begins = [int(x) for x in re.findall(r"checkpoint (\d+) begin", text)]
     written = [int(x) for x in re.findall(r"checkpoint (\d+) written", text)]
     if half_written or between_renames:
-        return "checkpoint-files"  # inside write_snapshot: temp dir or swap half done
+        return "checkpoint-files"  # inside a checkpoint write: files not (yet) committed
     if begins and (not written or begins[-1] > written[-1]):
         return "checkpoint"  # between "begin" and the first file
     last_written = text.rfind(" written in ")
@@ -139,12 +151,14 @@ def test_kill_9_at_random_instants_ends_bit_identical(broker, topic_name, tmp_pa
         try:
             connected = watch.wait(r"-> connected", timeout=60)
             assert connected
-            aim = "checkpoint" if i % 3 == 1 else "random"
-            if aim == "checkpoint":
+            aim = ("checkpoint-base" if i % 6 == 1 else "checkpoint-segment") \
+                if i % 3 == 1 else "random"
+            if aim != "random":
                 # after one checkpoint of this incarnation completed, kill the moment the
-                # next one begins: inside write_snapshot (or just before it)
+                # next one (of the aimed kind: full base or delta segment) begins: inside
+                # the checkpoint write (or just before it)
                 m = watch.wait(r"checkpoint \d+ written", timeout=20, after=connected.end())
-                watch.wait(r"checkpoint \d+ begin", timeout=10,
+                watch.wait(rf"checkpoint \d+ begin \({aim.split('-')[1]}\)", timeout=10,
                            after=m.end() if m else connected.end())
             else:
                 # a random number of records into this incarnation, then a random instant
@@ -164,12 +178,17 @@ def test_kill_9_at_random_instants_ends_bit_identical(broker, topic_name, tmp_pa
         count, offsets = _checkpoint_meta(state)
         resumed = re.search(r"state from checkpoint .*offsets (\{[^}]*\})", text)
         kills.append({"aim": aim, "phase": phase, "checkpoints": count, "offsets": offsets,
-                      "resumed": resumed is not None})
+                      "resumed": resumed is not None,
+                      "bases": len(re.findall(r" written in [\d.]+ ms \(base", text)),
+                      "segments": len(re.findall(r" written in [\d.]+ ms \(segment", text))})
 
     phases = [k["phase"] for k in kills]
     counts = [k["checkpoints"] for k in kills]
     # the kills landed at different phases, and each incarnation made progress on disk
     assert {"checkpoint", "checkpoint-files"} & set(phases), kills
+    # the chain was exercised: delta segments and full base rewrites, across restarts
+    assert sum(k["segments"] for k in kills) >= KILLS, kills
+    assert sum(k["bases"] > 0 for k in kills) >= KILLS // 2, kills
     assert "apply" in phases, kills
     assert counts == sorted(counts), kills
     advanced = sum(b > a for a, b in zip([0] + counts[:-1], counts, strict=True))
