@@ -304,6 +304,7 @@ class HashTable(torch.nn.Module):
         # hooks and row-state listeners (sparse optimizers)
         self._insert_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._evict_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._lookup_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._row_listeners: list[weakref.ref] = []
 
     # ------------------------------------------------------------------ small helpers
@@ -535,8 +536,13 @@ class HashTable(torch.nn.Module):
         flat = ids.reshape(-1)
         self._check_range(flat)
         shape = (*ids.shape, self.embedding_dim)
+        lookup_hooks = self.__dict__.get("_lookup_hooks")  # absent on tables pickled before
         if not self.training:
-            return self._read(flat).reshape(shape)
+            out = self._read(flat)
+            if lookup_hooks:
+                for fn in list(lookup_hooks.values()):
+                    fn(self, None, out)
+            return out.reshape(shape)
         pos, new_ids = self._find_or_insert(flat)
         if new_ids.numel():
             self._fire(self._insert_hooks, new_ids)
@@ -546,6 +552,9 @@ class HashTable(torch.nn.Module):
             out = _GatherRows.apply(self._holder, self, pos, flat.clone())
         else:
             out = self._weight.index_select(0, pos)
+        if lookup_hooks:
+            for fn in list(lookup_hooks.values()):
+                fn(self, pos, out)
         return out.reshape(shape)
 
     def _read(self, flat: torch.Tensor) -> torch.Tensor:
@@ -746,6 +755,34 @@ class HashTable(torch.nn.Module):
         handle = RemovableHandle(self._evict_hooks)
         self._evict_hooks[handle.id] = fn
         return handle
+
+    def register_lookup_hook(
+            self, fn: Callable[[HashTable, Optional[torch.Tensor], torch.Tensor], None]
+    ) -> RemovableHandle:
+        """Call ``fn(table, positions, rows)`` at the end of every :meth:`forward`.
+
+        Training mode: ``positions`` is int64 ``[N]``, the storage row position of each
+        looked-up id (flattened order, after inserts; see :meth:`positions`), and ``rows``
+        the ``[N, dim]`` result (before the reshape to ``[*ids.shape, dim]``, sharing its
+        memory). Eval mode: ``positions`` is ``None`` (nothing was resolved for training).
+        Both are the forward's own tensors: read them, never modify them. Unlike a module
+        forward hook it also fires when ``forward`` is called directly. Returns a handle
+        with ``.remove()``.
+        """
+        if not callable(fn):
+            raise TypeError(f"hook must be callable, got {fn!r}")
+        hooks = self.__dict__.setdefault("_lookup_hooks", OrderedDict())
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = fn
+        return handle
+
+    def _ids_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Internal: the id stored at each row position (int64, same shape).
+
+        For a position freed by :meth:`evict`/:meth:`clear` this is the id it held until
+        an insert reuses it (row listeners run before any reuse).
+        """
+        return self._pos_ids.index_select(0, positions)
 
     def _fire(self, hooks: OrderedDict, ids: torch.Tensor) -> None:
         for fn in list(hooks.values()):

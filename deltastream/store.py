@@ -381,6 +381,43 @@ class DeltaStore:
         else:
             t.runs.insert(bisect.bisect_right(t.runs, batch_idx, key=lambda r: r.idx), run)
 
+    def append_unique(self, batch_idx: int, fqn: str, ids: torch.Tensor,
+                      states: Optional[torch.Tensor] = None) -> None:
+        """Record ``ids`` that are already int64 ``[N]``, ascending and unique, at ``batch_idx``.
+
+        For callers that deduplicated themselves (the tracker's per-row touch marks): the
+        record is kept as one sorted run, with no sort, no check (that would need a device
+        sync) and no copy: the store takes ownership of ``ids`` and ``states`` (``[N, dim]``,
+        required when the store keeps states for ``fqn``, dropped when it does not).
+        """
+        if not isinstance(batch_idx, int) or isinstance(batch_idx, bool):
+            raise TypeError(f"batch_idx must be an int, got {batch_idx!r}")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
+            raise TypeError("ids must be an int64 [N] tensor")
+        t = self._tables.get(fqn)
+        if t is None:
+            t = self._tables[fqn] = _Table(runs=[], device=ids.device)
+        keep = self._with_states(t)
+        if not keep:
+            states = None
+        elif states is None:
+            raise ValueError(
+                f"update mode {self._mode.value} needs states [N, dim] for table {fqn!r}")
+        elif states.dim() != 2 or states.shape[0] != ids.numel():
+            raise ValueError(f"states must be [N, dim] with N = {ids.numel()} ids, got "
+                             f"{tuple(states.shape)} for table {fqn!r}")
+        n = int(ids.numel())
+        if n == 0:
+            return
+        t.n_rows += n
+        if states is not None:
+            t.n_state_rows += n
+        run = _Run(batch_idx, ids, states)
+        if not t.runs or t.runs[-1].idx <= batch_idx:
+            t.runs.append(run)
+        else:
+            t.runs.insert(bisect.bisect_right(t.runs, batch_idx, key=lambda r: r.idx), run)
+
     def compact(self, start_idx: int, end_idx: int) -> None:
         """Merge every table's records in ``[start_idx, end_idx)`` into one record at
         ``start_idx`` (FIRST/LAST resolved in index order). An empty range is a no-op."""
@@ -469,12 +506,16 @@ class DeltaStore:
         for r in t.runs:
             if r.version is not None and r.states is not None \
                     and r.states._version != r.version:
-                self.states_modified += 1
-                logger.warning("DeltaStore: states recorded for table %s were modified in place "
-                               "after they were recorded (e.g. an in-place op on a lookup's "
-                               "output); its FIRST/LAST states are dropped, ids kept", fqn)
-                self.degrade(fqn)
+                self.note_states_modified(fqn)
                 return
+
+    def note_states_modified(self, fqn: str) -> None:
+        """Borrowed states of ``fqn`` were modified in place: count, warn, degrade ``fqn``."""
+        self.states_modified += 1
+        logger.warning("DeltaStore: states recorded for table %s were modified in place "
+                       "after they were recorded (e.g. an in-place op on a lookup's "
+                       "output); its FIRST/LAST states are dropped, ids kept", fqn)
+        self.degrade(fqn)
 
     def _empty(self, t: _Table, keep: bool) -> DeltaRows:
         device = t.device or torch.device("cpu")

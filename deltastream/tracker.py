@@ -67,6 +67,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from .store import DeltaStore, _member, _union
@@ -125,6 +126,75 @@ class _Tracked:
     dtype: torch.dtype
     device: torch.device
     dynamic: bool  # has insert/evict hooks (a HashTable)
+    positional: bool = False  # lookups recorded as row positions (see _Pending)
+
+
+def _is_positional(mod: torch.nn.Module) -> bool:
+    """A HashTable whose lookups report row positions, and which tells when rows are freed."""
+    return all(callable(getattr(mod, a, None)) for a in
+               ("register_lookup_hook", "_ids_at", "_register_row_listener")) \
+        and isinstance(getattr(mod, "capacity", None), int)
+
+
+class _Pending:
+    """Lookups of one positional table since its last flush into the store.
+
+    ``marks[p]`` is True when row position ``p`` was looked up. Positions stand for the ids
+    they hold only while no row is freed, so the tracker flushes (positions -> ids, one
+    sorted run) whenever the table frees rows (row listener, before any reuse), at every
+    read boundary and before any store operation. In EMBEDDING mode the lookups' positions
+    and output rows are kept too (borrowed, with their version counters): at the flush, the
+    earliest occurrence of each position gives its FIRST state.
+    """
+
+    __slots__ = ("marks", "pos", "states", "versions", "n", "n_states", "stateless")
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.marks = torch.zeros(capacity, dtype=torch.bool, device=device)
+        self.reset()
+
+    def reset(self) -> None:
+        self.pos: list[torch.Tensor] = []
+        self.states: list[torch.Tensor] = []
+        self.versions: list[int] = []
+        self.n = 0  # ids recorded (duplicates counted, as the store counts raw records)
+        self.n_states = 0  # of which with a borrowed state
+        self.stateless = False  # some lookup was recorded without its state (degraded)
+
+    def drop_states(self) -> None:
+        self.pos, self.states, self.versions = [], [], []
+        self.n_states = 0
+        self.stateless = True
+
+    def fit(self, capacity: int, device: torch.device) -> None:
+        """Grow ``marks`` to the table's capacity (and follow it to its device)."""
+        m = self.marks
+        if m.device != device:
+            m = m.to(device)
+        if m.numel() < capacity:
+            grown = torch.zeros(capacity, dtype=torch.bool, device=device)
+            grown[: m.numel()] = m
+            m = grown
+        self.marks = m
+
+
+def _first_states(pos: list[torch.Tensor], states: list[torch.Tensor], touched: torch.Tensor,
+                  capacity: int) -> torch.Tensor:
+    """State of each ``touched`` position at its earliest occurrence in the ``pos`` runs.
+
+    ``pos[i]`` [n_i] are positions, ``states[i]`` [n_i, dim] their rows, in recording order;
+    ``touched`` [k] lists positions occurring in them. Returns ``[k, dim]`` (a new tensor).
+    No sort: the earliest occurrence is a scatter-min over positions.
+    """
+    allpos = pos[0] if len(pos) == 1 else torch.cat(pos)
+    n = allpos.numel()
+    dev = allpos.device
+    first = torch.full((capacity,), n, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(0, allpos, torch.arange(n, device=dev), "amin")
+    src = first.index_select(0, touched)  # concatenation index of the chosen occurrence
+    # One concatenation and one gather: measured cheaper on CPU than gathering run by run.
+    allstates = states[0] if len(states) == 1 else torch.cat(states)
+    return allstates.index_select(0, src)
 
 
 def _empty_delta(t: _Tracked, with_states: bool) -> DeltaRows:
@@ -214,6 +284,8 @@ class DeltaTracker:
 
         self._tables: dict[str, _Tracked] = {}
         self._handles: list[Any] = []
+        self._pending: dict[str, _Pending] = {}  # positional tables' unflushed lookups
+        self._row_listeners: list[Any] = []
         self._discover(model, _skip_patterns(fqns_to_skip))
 
     # ------------------------------------------------------------------ discovery
@@ -242,12 +314,20 @@ class DeltaTracker:
                 device = torch.device(getattr(mod, "device", "cpu"))
             else:
                 dim, dtype, device = int(mod.embedding_dim), mod.weight.dtype, mod.weight.device
-            info = _Tracked(mod, dim, dtype, device, dynamic)
+            positional = dynamic and _is_positional(mod)
+            info = _Tracked(mod, dim, dtype, device, dynamic, positional)
             self._tables[fqn] = info
             for store in (self._store, self._tombs, self._news):
                 store.add_table(fqn, dim, dtype=dtype, device=device)
-            self._handles.append(mod.register_forward_hook(
-                self._make_forward_hook(fqn), with_kwargs=True))
+            if positional:
+                self._pending[fqn] = _Pending(int(mod.capacity), device)
+                self._handles.append(mod.register_lookup_hook(self._make_lookup_hook(fqn)))
+                cb = self._make_row_listener(fqn)
+                self._row_listeners.append(cb)  # the table holds it weakly
+                mod._register_row_listener(cb)
+            else:
+                self._handles.append(mod.register_forward_hook(
+                    self._make_forward_hook(fqn), with_kwargs=True))
             if dynamic:
                 self._handles.append(mod.register_insert_hook(self._make_insert_hook(fqn)))
                 self._handles.append(mod.register_evict_hook(self._make_evict_hook(fqn)))
@@ -271,10 +351,24 @@ class DeltaTracker:
                 self._stats["inserted"] += int(ids.numel())
         return hook
 
+    def _make_lookup_hook(self, fqn: str):
+        def hook(module, positions, rows):
+            self._record_positions(fqn, module, positions, rows)
+        return hook
+
+    def _make_row_listener(self, fqn: str):
+        def listener(table, positions):
+            # Rows are being freed: their positions may be reused by the next insert, so the
+            # marks must become ids now (the table still knows which id each position held).
+            with self._lock:
+                self._flush(fqn)
+        return listener
+
     def _make_evict_hook(self, fqn: str):
         def hook(table, ids):
             ids = ids.detach().reshape(-1).to(torch.int64)
             with self._lock:
+                self._flush(fqn)  # touches before the eviction are in the store
                 # Touches before the eviction are void for every consumer: the row is gone.
                 # A later re-insert + lookup records the id afresh (after this point).
                 self._store.discard(fqn, ids)
@@ -321,10 +415,85 @@ class DeltaTracker:
             if self._max_rows is not None:
                 self._enforce_bound()
 
+    def _record_positions(self, fqn: str, module: torch.nn.Module,
+                          positions: Optional[torch.Tensor], rows: torch.Tensor) -> None:
+        """Lookup hook of a positional table: mark the rows (no copy, no sort, no sync)."""
+        if self._paused():
+            self._stats["lookups_paused"] += 1
+            return
+        if positions is None or not module.training:
+            self._stats["lookups_eval_skipped"] += 1
+            return
+        n = positions.numel()
+        with self._lock:
+            p = self._pending[fqn]
+            p.fit(module.capacity, positions.device)
+            p.marks.index_fill_(0, positions, True)
+            p.n += n
+            if self._mode is TrackingMode.EMBEDDING:
+                if self._store.is_degraded(fqn) or p.stateless:
+                    p.stateless = True
+                else:
+                    # Borrowed: the forward's own output, checked for in-place changes at
+                    # the flush through its version counter.
+                    states = rows.detach()
+                    p.pos.append(positions)
+                    p.states.append(states)
+                    p.versions.append(states._version)
+                    p.n_states += n
+            self._stats["lookups_recorded"] += 1
+            self._stats["ids_recorded"] += n
+            if self._max_rows is not None:
+                self._enforce_bound()
+
+    def _flush(self, fqn: str) -> None:
+        """Move a positional table's pending lookups into the store as one sorted run.
+
+        Recorded at the current index: every pending lookup came after the last read
+        boundary, and nothing reads the records at or after it separately.
+        """
+        p = self._pending.get(fqn)
+        if p is None or p.n == 0:
+            return
+        info = self._tables[fqn]
+        mod = info.module
+        touched = p.marks.nonzero().squeeze(1)  # ascending positions, each once
+        ids = mod._ids_at(touched)
+        states = None
+        if self._mode is TrackingMode.EMBEDDING:
+            if not p.stateless and any(s._version != v for s, v in
+                                       zip(p.states, p.versions, strict=True)):
+                self._store.note_states_modified(fqn)
+                p.drop_states()
+            if p.stateless:
+                if not self._store.is_degraded(fqn):
+                    self._store.degrade(fqn)  # the ids-only lookups keep it degraded
+            elif not self._store.is_degraded(fqn):
+                states = _first_states(p.pos, p.states, touched, p.marks.numel())
+        if states is None:
+            ids = _sorted(ids)
+        else:
+            ids, order = _sort_perm(ids)
+            states = states.index_select(0, order)
+        p.marks.index_fill_(0, touched, False)
+        p.reset()
+        self._store.append_unique(self._idx, fqn, ids, states)
+
+    def _flush_all(self) -> None:
+        for fqn in self._pending:
+            self._flush(fqn)
+
+    def _pending_rows(self) -> int:
+        return sum(p.n for p in self._pending.values())
+
+    def _pending_state_rows(self) -> int:
+        return sum(p.n_states for p in self._pending.values())
+
     # ------------------------------------------------------------------ bounded memory
 
     def _compact_all(self) -> None:
         """Compact every interval that no read boundary splits."""
+        self._flush_all()
         bounds = sorted(set(self._cursor.values()) | {self._idx + 1})
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
             for store in (self._store, self._tombs, self._news):
@@ -332,6 +501,10 @@ class DeltaTracker:
 
     def _degrade(self, fqn: str, why: str) -> None:
         freed = self._store.degrade(fqn)
+        p = self._pending.get(fqn)
+        if p is not None and self._mode is TrackingMode.EMBEDDING:
+            freed += p.n_states
+            p.drop_states()
         self._stats["degradations"] += 1
         log = logger.warning if fqn not in self._warned_degraded else logger.info
         self._warned_degraded.add(fqn)
@@ -340,10 +513,11 @@ class DeltaTracker:
 
     def _enforce_bound(self) -> None:
         limit = self._max_rows
-        states_over = self._store.num_state_rows() > limit
-        rows = self._store.num_rows()
+        states_over = self._store.num_state_rows() + self._pending_state_rows() > limit
+        rows = self._store.num_rows() + self._pending_rows()
         if not states_over and rows <= max(limit, self._next_bound_check):
             return
+        self._flush_all()
         # Records before every cursor can never be read again (kept only because
         # delete_on_read=False): under pressure they go first.
         upto = min(self._cursor.values())
@@ -396,6 +570,7 @@ class DeltaTracker:
         """Mark the end of a training step (compacts the unread interval if auto_compact)."""
         with self._lock:
             if self._auto_compact:
+                self._flush_all()
                 start = max(self._cursor.values())
                 for store in (self._store, self._tombs, self._news):
                     store.compact(start, self._idx + 1)
@@ -425,6 +600,7 @@ class DeltaTracker:
         """
         with self._lock:
             c = self._resolve(consumer)
+            self._flush_all()
             end = self._idx + 1
             start = max(self._cursor.values())
             if start < end:  # the interval nobody has read yet becomes one record
@@ -488,6 +664,9 @@ class DeltaTracker:
         with self._lock:
             end = self._idx + 1
             if consumer is None:
+                for p in self._pending.values():
+                    p.marks.zero_()
+                    p.reset()
                 for store in (self._store, self._tombs, self._news):
                     store.delete()
                 for c in self._cursor:
@@ -496,6 +675,7 @@ class DeltaTracker:
                 self._next_bound_check = 0
             else:
                 c = self._resolve(consumer)
+                self._flush_all()  # the other consumers still read these lookups
                 self._cursor[c] = end
                 self._carry[c] = {}
                 if self._delete_on_read:
@@ -553,8 +733,8 @@ class DeltaTracker:
                 consumers=list(self._consumers),
                 tables=len(self._tables),
                 steps=self.curr_batch_idx,
-                rows_tracked=self._store.num_rows(),
-                state_rows=self._store.num_state_rows(),
+                rows_tracked=self._store.num_rows() + self._pending_rows(),
+                state_rows=self._store.num_state_rows() + self._pending_state_rows(),
                 tombstones_pending=self._tombs.num_rows(),
                 compactions=self._store.compactions,
                 states_modified=self._store.states_modified,
@@ -565,10 +745,16 @@ class DeltaTracker:
             return s
 
     def close(self) -> None:
-        """Remove every hook the tracker registered (it records nothing afterwards)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        """Remove every hook the tracker registered (it records nothing afterwards).
+
+        What was recorded stays readable.
+        """
+        with self._lock:
+            self._flush_all()  # marks mean ids only while the tables report freed rows
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            self._row_listeners = []  # held weakly by the tables: they go with these refs
 
     def __enter__(self) -> DeltaTracker:
         return self
@@ -578,6 +764,22 @@ class DeltaTracker:
 
 
 # ---------------------------------------------------------------------- row helpers
+
+def _sorted(ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` (unique int64 [n]) in ascending order (a new tensor)."""
+    if ids.device.type == "cpu":
+        # numpy's sort of int64 keys is ~1.7x faster than torch.sort on CPU (which also
+        # builds the permutation); this sort is most of a read's cost.
+        return torch.from_numpy(np.sort(ids.numpy()))
+    return torch.sort(ids).values
+
+
+def _sort_perm(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids ascending, permutation)`` for unique int64 ``ids`` [n]."""
+    if ids.device.type == "cpu":
+        order = torch.from_numpy(np.argsort(ids.numpy()))
+        return ids.index_select(0, order), order
+    return torch.sort(ids)
 
 def _select(rows: DeltaRows, keep: torch.Tensor) -> DeltaRows:
     def pick(x):
