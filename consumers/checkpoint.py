@@ -56,6 +56,7 @@ from consumers.serving_table import (
     PathLike,
     ServingTable,
     SnapshotError,
+    _check_format,
     _fsync_dir,
     _old_path,
     _read_manifest,
@@ -194,12 +195,7 @@ def _apply_segment(tables: dict[str, ServingTable], parts: list, path: Path) -> 
 
 def _check_body(root: Path, body: dict) -> tuple[dict, list, dict[int, int], dict, dict]:
     where = root / MANIFEST
-    if body.get("format") != CHECKPOINT_FORMAT:
-        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected "
-                            f"{CHECKPOINT_FORMAT!r}")
-    if body.get("version") != CHECKPOINT_FORMAT_VERSION:
-        raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
-                            f"supported (this reader knows {CHECKPOINT_FORMAT_VERSION})")
+    _check_format(where, body, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION)
     base, segs = body.get("base"), body.get("segments")
     offs, seqs, meta = body.get("offsets"), body.get("seqs"), body.get("meta")
     if not isinstance(base, dict) or not isinstance(segs, list) or not isinstance(offs, dict) \

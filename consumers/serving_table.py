@@ -804,17 +804,21 @@ def _read_manifest(dir: Path, entry: Any = None) -> dict:
     return _unseal(raw, path)
 
 
+def _check_format(where: Path, body: dict, fmt: str, version: int) -> None:
+    """Refuse a manifest ``body`` (read from ``where``) of another format or version."""
+    if body.get("format") != fmt:
+        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected {fmt!r}")
+    if body.get("version") != version:
+        raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
+                            f"supported (this reader knows {version})")
+
+
 def _read_table_dir(dir: Path, entry: Any = None, body: Optional[dict] = None) -> ServingTable:
     """Load and verify a table directory (``entry``: expected manifest size/sha256)."""
     if body is None:
         body = _read_manifest(dir, entry)
     where = dir / MANIFEST
-    if body.get("format") != TABLE_FORMAT:
-        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected "
-                            f"{TABLE_FORMAT!r}")
-    if body.get("version") != TABLE_FORMAT_VERSION:
-        raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
-                            f"supported (this reader knows {TABLE_FORMAT_VERSION})")
+    _check_format(where, body, TABLE_FORMAT, TABLE_FORMAT_VERSION)
     name, dim, dtype, n = body.get("name"), body.get("dim"), body.get("dtype"), body.get("n")
     files = body.get("files")
     if not isinstance(name, str) or not name or not isinstance(dim, int) \

@@ -39,6 +39,7 @@ from consumers.serving_table import (
     PathLike,
     ServingTable,
     SnapshotError,
+    _check_format,
     _fsync_dir,
     _new_tmp,
     _read_manifest,
@@ -192,12 +193,7 @@ def read_snapshot(path: PathLike) -> Snapshot:
 def _read_full(root: Path, body: dict) -> Snapshot:
     """The full snapshot in directory ``root`` whose verified manifest is ``body``."""
     where = root / MANIFEST
-    if body.get("format") != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected "
-                            f"{SNAPSHOT_FORMAT!r}")
-    if body.get("version") != SNAPSHOT_FORMAT_VERSION:
-        raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
-                            f"supported (this reader knows {SNAPSHOT_FORMAT_VERSION})")
+    _check_format(where, body, SNAPSHOT_FORMAT, SNAPSHOT_FORMAT_VERSION)
     entries, offs = body.get("tables"), body.get("offsets")
     seqs, meta = body.get("seqs"), body.get("meta")
     if not isinstance(entries, list) or not isinstance(offs, dict) \
