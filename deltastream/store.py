@@ -25,7 +25,8 @@ What differs, and why:
   of its records are deleted.
 
 The store never aliases tensors passed to ``append`` (it keeps its own copies; see its
-``copy_states`` for the one opt-in exception) and never
+``copy_states`` for the one opt-in exception; ``append_unique``, for callers that already
+deduplicated, takes ownership instead) and never
 modifies in place the tensors it returned; treat returned tensors as read-only.
 """
 

@@ -48,11 +48,18 @@ skipped and counted (``stats()["lookups_eval_skipped"]``). ``HashTable.lookup``/
 are not lookups: explicit inserts only mark ids ``new``. ``HashTable.clear()`` fires no evict
 hooks, so the tracker cannot report it.
 
-Cost on the training path: a lookup's ids are copied (a few µs) and, in EMBEDDING mode, its
-output rows are kept by reference (the store detects an in-place change of them and then
-degrades the table rather than report wrong FIRST states); no sort and no device sync happen
-in the hook. Deduplication happens in one sort per table at the next read (or ``step`` with
-``auto_compact``).
+Cost on the training path: for a :class:`HashTable` (which reports the row positions its
+forward resolved, through a lookup hook) a lookup only keeps a reference to those positions
+and, in EMBEDDING mode, to its output rows (an in-place change of the output is detected
+through its version counter and the table is then degraded rather than report wrong FIRST
+states). No copy, no sort and no device sync happen in the hook. At the next read (or
+``step`` with ``auto_compact``, or before the table frees rows: positions stand for ids only
+until a freed position is reused) the positions are marked in a bool tensor over the
+table's capacity; its nonzero entries are the touched rows, each once, with no sort; then
+one sort of the *distinct* ids per table (an LSD radix sort on CPU). In EMBEDDING mode only
+the first occurrence of each row is copied out of the kept outputs. Other modules
+(``nn.Embedding``, duck-typed tables) record through a forward hook: their ids are copied and
+deduplicated in one sort per table at the next read.
 
 Thread safety: hooks, reads, ``retain`` and ``clear`` take one lock, so a publisher thread
 may call ``get_delta`` while the training thread runs forward passes.
@@ -139,12 +146,14 @@ def _is_positional(mod: torch.nn.Module) -> bool:
 class _Pending:
     """Lookups of one positional table since its last flush into the store.
 
-    ``marks[p]`` is True when row position ``p`` was looked up. Positions stand for the ids
-    they hold only while no row is freed, so the tracker flushes (positions -> ids, one
-    sorted run) whenever the table frees rows (row listener, before any reuse), at every
-    read boundary and before any store operation. In EMBEDDING mode the lookups' positions
-    and output rows are kept too (borrowed, with their version counters): at the flush, the
-    earliest occurrence of each position gives its FIRST state.
+    ``pos`` holds each lookup's row positions (the forward's own tensor, borrowed: no copy).
+    Positions stand for the ids they hold only while no row is freed, so the tracker flushes
+    (positions -> ids, one sorted run) whenever the table frees rows (row listener, before
+    any reuse), at every read boundary and before any store operation. The flush marks the
+    positions in ``marks`` (a bool scratch tensor over the table's capacity, all False
+    between flushes): its ``nonzero`` is each touched position once, with no sort. In
+    EMBEDDING mode the lookups' output rows are kept too (borrowed, with their version
+    counters): the earliest occurrence of each position gives its FIRST state.
     """
 
     __slots__ = ("marks", "pos", "states", "versions", "n", "n_states", "stateless")
@@ -162,39 +171,91 @@ class _Pending:
         self.stateless = False  # some lookup was recorded without its state (degraded)
 
     def drop_states(self) -> None:
-        self.pos, self.states, self.versions = [], [], []
+        self.states, self.versions = [], []
         self.n_states = 0
         self.stateless = True
 
     def fit(self, capacity: int, device: torch.device) -> None:
-        """Grow ``marks`` to the table's capacity (and follow it to its device)."""
+        """Make ``marks`` (all False) cover ``capacity`` positions on ``device``."""
         m = self.marks
-        if m.device != device:
-            m = m.to(device)
-        if m.numel() < capacity:
-            grown = torch.zeros(capacity, dtype=torch.bool, device=device)
-            grown[: m.numel()] = m
-            m = grown
-        self.marks = m
+        if m.numel() < capacity or m.device != device:
+            self.marks = torch.zeros(max(capacity, m.numel()), dtype=torch.bool, device=device)
 
 
-def _first_states(pos: list[torch.Tensor], states: list[torch.Tensor], touched: torch.Tensor,
-                  capacity: int) -> torch.Tensor:
-    """State of each ``touched`` position at its earliest occurrence in the ``pos`` runs.
+def _first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct positions in the ``pos`` runs (ascending) and each one's earliest state.
 
-    ``pos[i]`` [n_i] are positions, ``states[i]`` [n_i, dim] their rows, in recording order;
-    ``touched`` [k] lists positions occurring in them. Returns ``[k, dim]`` (a new tensor).
-    No sort: the earliest occurrence is a scatter-min over positions.
+    ``pos[i]`` [n_i] are a lookup's row positions and ``states[i]`` [n_i, dim] its output,
+    in recording order; ``marks`` is an all-False bool scratch over the positions (left all
+    False). Returns ``(touched [k], rows [r, dim], src [k])``: the earliest state of
+    ``touched[j]`` is ``rows[src[j]]`` (the caller gathers once, in its final order). Run by
+    run, only the
+    occurrences of positions no earlier run had are gathered: about one row per distinct
+    position is copied, never a concatenation of every lookup's output. Occurrences of one
+    position inside one run are copies of the same row (one lookup), so any of them is the
+    earliest state.
     """
-    allpos = pos[0] if len(pos) == 1 else torch.cat(pos)
-    n = allpos.numel()
-    dev = allpos.device
-    first = torch.full((capacity,), n, dtype=torch.int64, device=dev)
-    first.scatter_reduce_(0, allpos, torch.arange(n, device=dev), "amin")
-    src = first.index_select(0, touched)  # concatenation index of the chosen occurrence
-    # One concatenation and one gather: measured cheaper on CPU than gathering run by run.
-    allstates = states[0] if len(states) == 1 else torch.cat(states)
-    return allstates.index_select(0, src)
+    if marks.device.type == "cpu":
+        return _first_states_cpu(marks, pos, states)
+    return _first_states_torch(marks, pos, states)
+
+
+def _first_states_torch(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_first_states` in torch ops (any device)."""
+    pieces_pos, pieces_states = [], []
+    for q, st in zip(pos, states, strict=True):
+        q = q.to(marks.device)
+        fresh = marks.index_select(0, q).logical_not_().nonzero().squeeze(1)
+        if fresh.numel():
+            qf = q.index_select(0, fresh)
+            marks.index_fill_(0, qf, True)
+            pieces_pos.append(qf)
+            pieces_states.append(st.index_select(0, fresh.to(st.device)))
+    touched = marks.nonzero().squeeze(1)
+    marks.index_fill_(0, touched, False)
+    if not pieces_pos:
+        return touched, states[0][:0].clone(), touched
+    allpos = pieces_pos[0] if len(pieces_pos) == 1 else torch.cat(pieces_pos)
+    rows = pieces_states[0] if len(pieces_states) == 1 else torch.cat(pieces_states)
+    slot = torch.empty(marks.numel(), dtype=torch.int64, device=marks.device)
+    slot.index_copy_(0, allpos, torch.arange(allpos.numel(), device=marks.device))
+    return touched, rows, slot.index_select(0, touched).to(rows.device)
+
+
+def _first_states_cpu(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_first_states` with the position bookkeeping in numpy (several times faster
+    than torch's small CPU ops here); the rows are still gathered by torch (any dtype)."""
+    m = marks.numpy()
+    pieces_pos, pieces_states, total = [], [], 0
+    for q, st in zip(pos, states, strict=True):
+        qn = q.cpu().numpy()
+        fresh = np.flatnonzero(~m[qn])
+        if fresh.size:
+            qf = qn[fresh]
+            m[qf] = True
+            pieces_pos.append(qf)
+            pieces_states.append((st, torch.from_numpy(fresh)))
+            total += fresh.size
+    touched = np.flatnonzero(m)
+    m[touched] = False
+    if not pieces_pos:
+        t = torch.from_numpy(touched.astype(np.int64, copy=False))
+        return t, states[0][:0].clone(), t
+    st0 = pieces_states[0][0]
+    rows = torch.empty((total, st0.shape[1]), dtype=st0.dtype)
+    at = 0
+    for st, fresh in pieces_states:  # staged in place: no concatenation afterwards
+        k = fresh.numel()
+        torch.index_select(st, 0, fresh, out=rows[at:at + k])
+        at += k
+    slot = np.empty(m.size, dtype=np.int64)
+    allpos = np.concatenate(pieces_pos)
+    slot[allpos] = np.arange(allpos.size)
+    return torch.from_numpy(touched.astype(np.int64, copy=False)), rows, \
+        torch.from_numpy(slot[touched])
 
 
 def _empty_delta(t: _Tracked, with_states: bool) -> DeltaRows:
@@ -417,7 +478,7 @@ class DeltaTracker:
 
     def _record_positions(self, fqn: str, module: torch.nn.Module,
                           positions: Optional[torch.Tensor], rows: torch.Tensor) -> None:
-        """Lookup hook of a positional table: mark the rows (no copy, no sort, no sync)."""
+        """Lookup hook of a positional table: keep its positions (no copy, sort or sync)."""
         if self._paused():
             self._stats["lookups_paused"] += 1
             return
@@ -427,8 +488,7 @@ class DeltaTracker:
         n = positions.numel()
         with self._lock:
             p = self._pending[fqn]
-            p.fit(module.capacity, positions.device)
-            p.marks.index_fill_(0, positions, True)
+            p.pos.append(positions)
             p.n += n
             if self._mode is TrackingMode.EMBEDDING:
                 if self._store.is_degraded(fqn) or p.stateless:
@@ -437,7 +497,6 @@ class DeltaTracker:
                     # Borrowed: the forward's own output, checked for in-place changes at
                     # the flush through its version counter.
                     states = rows.detach()
-                    p.pos.append(positions)
                     p.states.append(states)
                     p.versions.append(states._version)
                     p.n_states += n
@@ -455,11 +514,11 @@ class DeltaTracker:
         p = self._pending.get(fqn)
         if p is None or p.n == 0:
             return
-        info = self._tables[fqn]
-        mod = info.module
-        touched = p.marks.nonzero().squeeze(1)  # ascending positions, each once
-        ids = mod._ids_at(touched)
-        states = None
+        mod = self._tables[fqn].module
+        dev = p.pos[0].device
+        p.fit(int(mod.capacity), dev)  # positions only grow past capacity with the storage
+        marks = p.marks
+        want_states = False
         if self._mode is TrackingMode.EMBEDDING:
             if not p.stateless and any(s._version != v for s, v in
                                        zip(p.states, p.versions, strict=True)):
@@ -468,14 +527,19 @@ class DeltaTracker:
             if p.stateless:
                 if not self._store.is_degraded(fqn):
                     self._store.degrade(fqn)  # the ids-only lookups keep it degraded
-            elif not self._store.is_degraded(fqn):
-                states = _first_states(p.pos, p.states, touched, p.marks.numel())
-        if states is None:
+            else:
+                want_states = not self._store.is_degraded(fqn)
+        states = None
+        if want_states:
+            touched, rows, src = _first_states(marks, p.pos, p.states)
+        else:
+            touched = _mark_positions(marks, p.pos)  # ascending positions, each once
+        ids = mod._ids_at(touched.to(getattr(mod, "device", dev))).to(dev)
+        if not want_states:
             ids = _sorted(ids)
         else:
             ids, order = _sort_perm(ids)
-            states = states.index_select(0, order)
-        p.marks.index_fill_(0, touched, False)
+            states = rows.index_select(0, src.index_select(0, order.to(src.device)))
         p.reset()
         self._store.append_unique(self._idx, fqn, ids, states)
 
@@ -665,7 +729,6 @@ class DeltaTracker:
             end = self._idx + 1
             if consumer is None:
                 for p in self._pending.values():
-                    p.marks.zero_()
                     p.reset()
                 for store in (self._store, self._tombs, self._news):
                     store.delete()
@@ -765,20 +828,76 @@ class DeltaTracker:
 
 # ---------------------------------------------------------------------- row helpers
 
+def _mark_positions(marks: torch.Tensor, pos: list[torch.Tensor]) -> torch.Tensor:
+    """Distinct positions in ``pos`` (int64 tensors), ascending, via the all-False bool
+    scratch ``marks`` (left all False again)."""
+    if marks.device.type == "cpu":
+        # numpy: its flatnonzero is ~6x faster than torch's nonzero on CPU, and nonzero
+        # over the table's capacity was the largest cost of a read after the sort.
+        m = marks.numpy()
+        for q in pos:
+            m[q.cpu().numpy()] = True
+        touched = np.flatnonzero(m)
+        if touched.size * 16 < m.size:  # few: clear them, else clear everything
+            m[touched] = False
+        else:
+            m[:] = False
+        return torch.from_numpy(touched.astype(np.int64, copy=False))
+    return _mark_positions_torch(marks, pos)
+
+
+def _mark_positions_torch(marks: torch.Tensor, pos: list[torch.Tensor]) -> torch.Tensor:
+    """:func:`_mark_positions` in torch ops (any device)."""
+    for q in pos:
+        marks.index_fill_(0, q.to(marks.device), True)
+    touched = marks.nonzero().squeeze(1)
+    marks.index_fill_(0, touched, False)
+    return touched
+
+
+#: Below this many ids a comparison sort beats the radix passes of :func:`_np_sort`.
+_RADIX_MIN = 2048
+
+
+def _np_sort(a: np.ndarray, want_perm: bool) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Ascending sort of int64 ``a`` [n] (and the permutation when ``want_perm``).
+
+    This sort is the largest cost of a read, and numpy's (like torch's) int64 sort is a
+    scalar comparison sort here (~26 ns per id at 12K ids). An LSD radix sort over 16-bit
+    digits is about twice as fast: numpy's stable argsort of 16-bit keys is a counting/radix
+    sort, and only the digits spanned by ``max - min`` need a pass (3 for 40-bit ids).
+    Correct whatever numpy's algorithm is: every pass is a stable sort by one digit.
+    """
+    if a.size < _RADIX_MIN:
+        if want_perm:
+            order = np.argsort(a)
+            return a[order], order
+        return np.sort(a), None
+    lo, hi = int(a.min()), int(a.max())
+    lo_u = np.uint64(lo % (1 << 64))
+    u = a.view(np.uint64) - lo_u  # offsets from the minimum: wrap-free order, < 2**64
+    perm = None
+    for k in range(max(1, ((hi - lo).bit_length() + 15) // 16)):
+        digit = (u >> np.uint64(16 * k)).astype(np.uint16)  # the cast keeps the low 16 bits
+        order = np.argsort(digit, kind="stable")
+        u = u[order]
+        if want_perm:
+            perm = order if perm is None else perm[order]
+    return (u + lo_u).view(np.int64), perm
+
+
 def _sorted(ids: torch.Tensor) -> torch.Tensor:
     """``ids`` (unique int64 [n]) in ascending order (a new tensor)."""
     if ids.device.type == "cpu":
-        # numpy's sort of int64 keys is ~1.7x faster than torch.sort on CPU (which also
-        # builds the permutation); this sort is most of a read's cost.
-        return torch.from_numpy(np.sort(ids.numpy()))
+        return torch.from_numpy(_np_sort(ids.numpy(), False)[0])
     return torch.sort(ids).values
 
 
 def _sort_perm(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids ascending, permutation)`` for unique int64 ``ids`` [n]."""
     if ids.device.type == "cpu":
-        order = torch.from_numpy(np.argsort(ids.numpy()))
-        return ids.index_select(0, order), order
+        out, order = _np_sort(ids.numpy(), True)
+        return torch.from_numpy(out), torch.from_numpy(order)
     return torch.sort(ids)
 
 def _select(rows: DeltaRows, keep: torch.Tensor) -> DeltaRows:

@@ -575,3 +575,135 @@ def test_bound_compaction_never_changes_what_consumers_read(delete_on_read):
             assert equal_rows(a[fqn], b[fqn]), (n, consumer, fqn)
     st = bounded.stats()
     assert st["bound_compactions"] >= 1 and st["degradations"] == 0
+
+
+# ---------------------------------------------------------------------- positional tables
+
+
+@pytest.mark.parametrize("mode", [IDS, EMB])
+def test_evicted_position_reused_by_new_id_is_not_a_stale_touch(mode):
+    """Touches are marked per row position; a freed position reused by another id must not
+    report that id (nor lose the evicted id's touch for the consumers' tombstone logic)."""
+    table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=6), capacity=8)
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=mode, consumers=["A", "B"])
+    table(torch.tensor([10, 11, 12]))
+    pos10 = int(table.positions(torch.tensor([10]))[0])
+    table.evict(torch.tensor([10]))
+    table.insert(torch.tensor([99]), torch.ones(1, DIM))  # reuses the freed position
+    assert int(table.positions(torch.tensor([99]))[0]) == pos10
+    a = t.get_delta("A")["t"]
+    assert a.ids.tolist() == [11, 12] and a.tombstones.tolist() == [10]
+    assert a.new.tolist() == [True, True]  # inserted since the tracker started
+    # re-inserted and looked up again: a live row with its fresh state
+    table(torch.tensor([10, 99]))
+    b = t.get_delta("B")["t"]
+    assert b.ids.tolist() == [10, 11, 12, 99] and b.tombstones.numel() == 0
+    if mode is EMB:
+        assert torch.equal(b.states[3], torch.ones(DIM))
+        assert torch.equal(b.states[0], table.lookup(torch.tensor([10]))[0])
+    a = t.get_delta("A")["t"]
+    assert a.ids.tolist() == [10, 99] and a.new.tolist() == [True, False]
+
+
+def test_table_clear_and_growth_keep_positional_marks_right():
+    """HashTable.clear (no evict hooks) and storage growth between reads."""
+    table = HashTable(DIM, name="t", capacity=4)
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
+    first = table(torch.tensor([1, 2])).detach().clone()
+    table.clear()  # positions 0, 1 are free again
+    table(torch.tensor([7, 8]))
+    d = t.get_delta()["t"]
+    # as before: the recorded ids are reported (clear fires no evict hook), never 7/8 twice
+    assert d.ids.tolist() == [1, 2, 7, 8] and torch.equal(d.states[:2], first)
+    big = torch.arange(100, 1100)  # grows the storage far past the marks' first size
+    table(big)
+    table(torch.tensor([100, 5]))
+    d = t.get_delta()["t"]
+    assert d.ids.tolist() == [5, *big.tolist()]
+    assert table.capacity >= 1000 and t.stats()["rows_tracked"] == 0
+
+
+def test_first_state_is_earliest_lookup_with_duplicates_across_steps():
+    table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=8))
+    opt = RowWiseAdagrad(torch.nn.ModuleDict({"t": table}), lr=0.5)
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
+    ids = torch.tensor([3, 1, 3, 2, 1])
+    table(ids)  # inserts
+    t.get_delta()
+    before = table.lookup(torch.tensor([1, 2, 3, 4]))
+    for s in range(4):
+        batch = torch.cat([ids, torch.tensor([4])]) if s == 2 else ids
+        table(batch).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        t.step()
+    d = t.get_delta()["t"]
+    assert d.ids.tolist() == [1, 2, 3, 4]
+    assert torch.equal(d.states[:3], before[:3])  # before the first update since the read
+    assert not torch.equal(d.states[:3], table.lookup(torch.tensor([1, 2, 3])))
+    st = t.stats()
+    assert st["ids_recorded"] == 4 * 5 + 1 + 5 and st["lookups_recorded"] == 5
+
+
+def test_hashtable_lookup_hook_reports_positions_and_rows():
+    table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=9))
+    seen = []
+    h = table.register_lookup_hook(lambda tb, pos, rows: seen.append((pos, rows)))
+    out = table(torch.tensor([[5, 6], [6, 7]]))
+    pos, rows = seen[-1]
+    assert torch.equal(pos, table.positions(torch.tensor([5, 6, 6, 7])))
+    assert torch.equal(rows.detach(), out.detach().reshape(4, DIM))
+    table.eval()
+    table(torch.tensor([5]))
+    assert seen[-1][0] is None  # eval mode: nothing resolved for training
+    h.remove()
+    table.train()
+    table(torch.tensor([8]))
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("n", [0, 1, 100, 2047, 2048, 5000, 30000])
+def test_read_sort_matches_numpy_sort_over_the_whole_int64_range(n):
+    """The reads' radix sort (16-bit digits over max - min) on extreme and narrow ids."""
+    import numpy as np
+
+    from deltastream.tracker import _np_sort
+
+    rng = np.random.default_rng(n)
+    for a in (rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True),
+              rng.integers(0, 1 << 40, n, dtype=np.int64),
+              rng.integers(-5, 50, n, dtype=np.int64),
+              np.array([-2**63, 2**63 - 1, 0, -1, 1] * (n // 5), dtype=np.int64)):
+        vals, _ = _np_sort(a, False)
+        assert np.array_equal(vals, np.sort(a))
+        vals, perm = _np_sort(a, True)
+        assert np.array_equal(vals, np.sort(a)) and np.array_equal(a[perm], vals)
+
+
+def test_position_marking_torch_path_matches_cpu_path():
+    """The torch-op paths (used on CUDA) give what the numpy CPU paths give."""
+    from deltastream import tracker as tm
+
+    g = torch.Generator().manual_seed(11)
+    cap = 300
+    pos = [torch.randint(0, cap, (n,), generator=g) for n in (50, 1, 80, 0, 40)]
+    states = [torch.randn(q.numel(), 3, generator=g) for q in pos]
+    for q, st in zip(pos, states, strict=True):  # one lookup: a repeated position has one row value
+        st.copy_(torch.arange(cap, dtype=torch.float32)[q].unsqueeze(1) * torch.ones(3))
+    states[2] += 1000  # later lookups return other values: FIRST must pick the earliest
+    marks = torch.zeros(cap, dtype=torch.bool)
+    want = torch.cat(pos).unique()
+    for fn in (tm._mark_positions, tm._mark_positions_torch):
+        assert torch.equal(fn(marks, pos), want) and not bool(marks.any())
+    results = []
+    for fn in (tm._first_states_cpu, tm._first_states_torch):
+        touched, rows, src = fn(marks, pos, states)
+        assert torch.equal(touched, want) and not bool(marks.any())
+        results.append(rows.index_select(0, src))
+    assert torch.equal(results[0], results[1])
+    first_run = {}
+    for q, st in zip(pos, states, strict=True):
+        for j, x in enumerate(q.tolist()):
+            first_run.setdefault(x, st[j])
+    assert torch.equal(results[0], torch.stack([first_run[x] for x in want.tolist()]))
+    assert torch.equal(tm._sorted(want.flip(0)), want)
