@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
-from deltastream.cliargs import EnvArgumentParser
+from deltastream.cliargs import EnvArgumentParser, non_negative_float, positive_float, positive_int
 
 __all__ = ["main", "build_parser"]
 
@@ -77,27 +77,6 @@ def _name_list(text: str) -> list[str]:
     return names
 
 
-def _positive_float(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise ValueError(f"expected a positive number, got {text!r}")
-    return v
-
-
-def _non_negative_float(text: str) -> float:
-    v = float(text)
-    if not v >= 0 or v == float("inf"):
-        raise ValueError(f"expected a finite number ≥ 0, got {text!r}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise ValueError(f"expected an integer ≥ 1, got {text!r}")
-    return v
-
-
 def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
     extra = " (only with --rebuild; default: the snapshot's meta)" if for_diff else ""
     p.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
@@ -109,7 +88,7 @@ def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
                    help="Model name: rebuild applies only its messages, dump/stats show "
                         "only its messages (default: from a topic named deltas.<model>; "
                         "dump/stats: all models)." + extra)
-    p.add_argument("--timeout", type=_typed(_positive_float, "seconds"), default=10.0,
+    p.add_argument("--timeout", type=_typed(positive_float, "seconds"), default=10.0,
                    metavar="S", help="Seconds to wait for the broker to answer.")
     p.add_argument("--no-progress", action="store_true",
                    help="Never draw a progress bar (it is drawn only when stderr is a "
@@ -204,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "end may be left out: '10:', ':20').")
     d.add_argument("--rows", action="store_true",
                    help="Include ids, row values (float32) and tombstone ids.")
-    d.add_argument("--limit", type=_typed(_positive_int, "count"), default=None,
+    d.add_argument("--limit", type=_typed(positive_int, "count"), default=None,
                    metavar="N", help="Stop after N lines.")
     d.add_argument("--out", default="-", metavar="FILE",
                    help="Write the lines to FILE instead of stdout ('-').")
@@ -231,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Second snapshot directory (omit with --rebuild).")
     f.add_argument("--rebuild", action="store_true",
                    help="Compare A with a rebuild of the topic up to A's offsets.")
-    f.add_argument("--tolerance", type=_typed(_non_negative_float, "tolerance"),
+    f.add_argument("--tolerance", type=_typed(non_negative_float, "tolerance"),
                    default=0.0, metavar="X",
                    help="Largest absolute element difference still counted as equal.")
     f.add_argument("--json", action="store_true", help="Print the report as JSON.")

@@ -21,7 +21,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from deltastream.cliargs import EnvArgumentParser
+from deltastream.cliargs import (
+    EnvArgumentParser,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
+)
 
 __all__ = ["main", "build_parser", "parse_shards", "parse_tables"]
 
@@ -61,48 +67,6 @@ def parse_tables(text: str) -> dict[str, int]:
     return out
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") \
-            from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") \
-            from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {text!r}")
-    return v
-
-
-def _port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {text!r}") from None
-    if not 0 <= v < 65536:
-        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {text!r}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``deltastream-sync``."""
     p = EnvArgumentParser(
@@ -131,14 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "created on its first message).")
     p.add_argument("--dtype", choices=("f32", "f16"), default="f32",
                    help="Storage dtype of the serving tables.")
-    p.add_argument("--checkpoint-interval", type=_positive_float, default=5.0, metavar="S",
+    p.add_argument("--checkpoint-interval", type=positive_float, default=5.0, metavar="S",
                    help="Seconds between checkpoints while new records arrive.")
-    p.add_argument("--checkpoint-messages", type=_positive_int, default=1000, metavar="N",
+    p.add_argument("--checkpoint-messages", type=positive_int, default=1000, metavar="N",
                    help="Also checkpoint after this many records.")
-    p.add_argument("--checkpoint-max-segments", type=_positive_int, default=128, metavar="N",
+    p.add_argument("--checkpoint-max-segments", type=positive_int, default=128, metavar="N",
                    help="A checkpoint writes only the rows changed since the previous one (a "
                         "segment); after this many segments the full tables are rewritten.")
-    p.add_argument("--checkpoint-segment-fraction", type=_positive_float, default=0.5,
+    p.add_argument("--checkpoint-segment-fraction", type=positive_float, default=0.5,
                    metavar="X",
                    help="Also rewrite the full tables when the segments add up to this "
                         "fraction of the full tables' size.")
@@ -146,19 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Snapshot to start from when --state-dir holds no checkpoint (a "
                         "checkpoint, a `deltastream-replay rebuild` output, or a "
                         "ServingTable.save directory): its tables, offsets and seq state.")
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+    p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
                         "port, logged; default: no endpoint).")
     p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
                    help="Address the metrics endpoint binds.")
-    p.add_argument("--summary-interval", type=_non_negative_float, default=30.0, metavar="S",
+    p.add_argument("--summary-interval", type=non_negative_float, default=30.0, metavar="S",
                    help="Seconds between one-line INFO summaries (0 = none).")
-    p.add_argument("--quarantine-max-bytes", type=_positive_int, default=64 << 20,
+    p.add_argument("--quarantine-max-bytes", type=positive_int, default=64 << 20,
                    metavar="BYTES",
                    help="Size at which quarantine.jsonl is rotated to quarantine.jsonl.1.")
-    p.add_argument("--request-timeout", type=_positive_float, default=5.0, metavar="S",
+    p.add_argument("--request-timeout", type=positive_float, default=5.0, metavar="S",
                    help="Seconds a broker request may take before the broker counts as down.")
-    p.add_argument("--backoff-max", type=_positive_float, default=5.0, metavar="S",
+    p.add_argument("--backoff-max", type=positive_float, default=5.0, metavar="S",
                    help="Cap of the exponential reconnect backoff.")
     p.add_argument("--log-level", default="INFO",
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"),

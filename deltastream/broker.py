@@ -28,7 +28,7 @@ import time
 import weakref
 from typing import Optional
 
-__all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "kafka_ready"]
+__all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "free_port", "kafka_ready"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def find_broker_binary() -> str:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -152,7 +152,7 @@ class EmbeddedBroker:
             attempts = 1 if (self._fixed_port or self.port) else 3
             last = ""
             for _ in range(attempts):
-                port = self._fixed_port or self.port or _free_port()
+                port = self._fixed_port or self.port or free_port()
                 last = self._spawn(port)
                 if not last:
                     self.port = port

@@ -11,7 +11,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EnvArgumentParser", "env_name"]
+__all__ = ["EnvArgumentParser", "env_name", "positive_float", "non_negative_float",
+           "positive_int", "port"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -68,3 +69,47 @@ class EnvArgumentParser(argparse.ArgumentParser):
                 self.error(f"{var}={raw!r}: expected one of {list(action.choices)}")
             out.append(value)
         return out if action.nargs in ("+", "*") else out[0]
+
+
+# Value types for flags. They raise ArgumentTypeError, so a bad value on the command line or
+# in a DELTASTREAM_* variable is a usage error (exit 2) naming the flag or the variable.
+
+
+def positive_float(text: str) -> float:
+    """A number > 0 (seconds, fractions of a size, ...)."""
+    v = _number(text, float)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number ≥ 0."""
+    v = _number(text, float)
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An integer ≥ 1."""
+    v = _number(text, int)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {text!r}")
+    return v
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (= pick a free one) to 65535."""
+    v = _number(text, int)
+    if not 0 <= v < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {text!r}")
+    return v
+
+
+def _number(text: str, kind: type) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None

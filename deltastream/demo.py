@@ -28,7 +28,6 @@ import math
 import multiprocessing as mp
 import queue
 import shutil
-import socket
 import sys
 import time
 from contextlib import ExitStack
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from deltastream import report as rpt
+from deltastream.broker import BrokerError, EmbeddedBroker, free_port
 from deltastream.demo_data import StreamConfig
 
 __all__ = ["DemoOptions", "DemoError", "add_demo_arguments", "run_demo_cli", "run_demo",
@@ -286,12 +286,6 @@ def _fmt_rate(x: float) -> str:
 # --------------------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop_process(p: mp.process.BaseProcess, grace: float = 5.0) -> None:
     """Wait for ``p`` briefly, then terminate, then kill it (only this demo's children)."""
     if p.pid is None:
@@ -423,8 +417,6 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
     deadline = time.monotonic() + opts.timeout
     with ExitStack() as stack:
         if opts.bootstrap_servers is None:
-            from deltastream.broker import BrokerError, EmbeddedBroker
-
             try:
                 broker = stack.enter_context(EmbeddedBroker())
             except BrokerError as e:
@@ -458,7 +450,7 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
         stack.callback(_stop_process, predictor, 1.0)
         run.pump(lambda: "predictor" in run.ready, 60.0, "the predictor to start")
 
-        tcfg = dict(common, world=opts.workers, master_port=_free_port(), device=opts.device,
+        tcfg = dict(common, world=opts.workers, master_port=free_port(), device=opts.device,
                     hidden=tuple(opts.hidden), batch_size=opts.batch_size,
                     steps=opts.resolved_steps, duration=opts.duration,
                     publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,

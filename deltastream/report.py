@@ -332,6 +332,13 @@ def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
     return out
 
 
+def _save_png(fig, path: str | os.PathLike) -> Path:
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, format="png")
+    return out
+
+
 def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[float], *,
                    bin_s: float = 1.0, title: str = "freshness (trainer read → applied)"
                    ) -> Optional[Path]:
@@ -369,12 +376,9 @@ def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[
         ax.set_ylabel("freshness (ms)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        out = Path(path)
-        fig.savefig(out, format="png")
+        return _save_png(fig, path)
     finally:
         plt.close(fig)
-    return out
 
 
 def plot_published(path: str | os.PathLike, steps: Sequence[int], rows: Sequence[int],
@@ -424,9 +428,6 @@ def plot_published(path: str | os.PathLike, steps: Sequence[int], rows: Sequence
         ax.set_ylabel("rows published", color="tab:blue")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        out = Path(path)
-        fig.savefig(out, format="png")
+        return _save_png(fig, path)
     finally:
         plt.close(fig)
-    return out
