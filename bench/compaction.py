@@ -6,7 +6,7 @@ with a ``[batch, dim]`` state per id (dim 64), FIRST mode. Both sides get the sa
 * baseline — TorchRec's ``DeltaStore``: appends are list appends; the compaction concatenates
   every id and state, ``torch.unique(return_inverse=True)``, ``scatter_reduce("amin")`` over
   positions to find each id's first occurrence, then gathers those states.
-* ours — :class:`deltastream.store.DeltaStore`: ``append`` per batch (sorted, deduplicated
+* ours — :class:`deltastream.tracking.store.DeltaStore`: ``append`` per batch (sorted, deduplicated
   runs), ``compact(0, batches)``, ``get_unique(0)``.
 
 Both results are checked equal (ids and FIRST states) before timing. The figure is
@@ -22,7 +22,7 @@ import time
 import torch
 
 from bench._common import add_threads_flag, result, torch_threads, zipf_ids
-from deltastream.store import DeltaStore
+from deltastream.tracking.store import DeltaStore
 from deltastream.types import UpdateMode
 
 __all__ = ["main", "torchrec_first"]

@@ -88,7 +88,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _sync_entry(cfg: dict, events: Any, control: Any) -> None:
-    from deltastream.demo_predictor import sync_main
+    from demo.predictor import sync_main
 
     sync_main(cfg, events, control)
 
@@ -114,10 +114,10 @@ def _wait(events: Any, kind: str, proc: Any, timeout: float) -> dict:
 def _run(args: argparse.Namespace, servers: str, tmp: Path) -> dict:
     import torch
 
-    from deltastream.hashtable import HashTable
-    from deltastream.publisher import DeltaPublisher, ensure_topic
-    from deltastream.selection import select_changed
-    from deltastream.tracker import DeltaTracker
+    from deltastream.embedding.hashtable import HashTable
+    from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+    from deltastream.publishing.selection import select_changed
+    from deltastream.tracking.tracker import DeltaTracker
     from deltastream.types import TrackingMode
 
     torch.set_num_threads(1)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from bench._common import add_threads_flag, best_time, result, torch_threads, zipf_ids
-from deltastream.hashtable import HashTable, normal_initializer
+from deltastream.embedding.hashtable import HashTable, normal_initializer
 
 __all__ = ["main"]
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from bench._common import result
 from deltastream import wire
-from deltastream.publisher import DeltaPublisher, ensure_topic
+from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
 
 __all__ = ["main"]
 

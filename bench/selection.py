@@ -30,7 +30,7 @@ def _build_table(kind: str, ids: torch.Tensor, rows: torch.Tensor, device: str):
         with torch.no_grad():
             emb.weight.copy_(rows)
         return emb
-    from deltastream.hashtable import HashTable
+    from deltastream.embedding.hashtable import HashTable
 
     table = HashTable(rows.shape[1], name="bench", device=device,
                       capacity=int(rows.shape[0] * 1.25))
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def _run(args: argparse.Namespace) -> list[dict]:
-    from deltastream.selection import select_changed
+    from deltastream.publishing.selection import select_changed
     from deltastream.types import DeltaRows
 
     dev = torch.device(args.device)

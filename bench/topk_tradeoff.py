@@ -1,6 +1,6 @@
 """Top-k trade-off: bytes on the wire vs serving AUC, per publish policy.
 
-One training run of the demo's CTR model (:mod:`deltastream.demo_model`, one process, on the
+One training run of the demo's CTR model (:mod:`demo.model`, one process, on the
 demo's drifting Zipf click stream) feeds **one DeltaTracker with one consumer per policy**, so
 every policy sees exactly the same model trajectory. Every ``--publish-every`` steps each
 consumer runs a publish round: ``select_changed`` with its policy, the leftover is
@@ -28,7 +28,7 @@ Policies:
   round, estimated from the trainer's own training lookups (``selection.LookupRate``, decay
   ``--rate-decay``: only past traffic). A row read ``λ`` times per round serves its error
   ``λ`` times; publishing as few rows as possible under a bound on the served error gives
-  ``ε_row ∝ 1/√λ`` (see :mod:`deltastream.selection`). Hot rows stay within a small error,
+  ``ε_row ∝ 1/√λ`` (see :mod:`deltastream.publishing.selection`). Hot rows stay within a small error,
   rows nobody reads now wait; since a row drifts only when it is read, every served row is
   still within ``ε / √(1 − decay)`` after each round.
 
@@ -159,7 +159,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "(lookups per round) ** --rate-power ≥ ε; comma-separated; '' for none")
     p.add_argument("--rate-decay", type=float, default=0.8,
                    help="read-weighted: per-round decay of the lookup-rate estimate "
-                        "(deltastream.selection.LookupRate)")
+                        "(deltastream.publishing.selection.LookupRate)")
     p.add_argument("--rate-power", type=float, default=0.5,
                    help="read-weighted: exponent of the lookup rate in the weight (0.5)")
     p.add_argument("--new-rows", choices=["drift", "first"], default="drift",
@@ -221,13 +221,13 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
 
     from consumers.serving_table import ServingTable
     from deltastream import wire
-    from deltastream.demo_data import ClickStream, StreamConfig
-    from deltastream.demo_model import CTRModel, export_dense
-    from deltastream.demo_scoring import auc, score
-    from deltastream.optim import RowWiseAdagrad
-    from deltastream.selection import LookupRate, select_changed
-    from deltastream.tracker import DeltaTracker
+    from deltastream.embedding.optim import RowWiseAdagrad
+    from deltastream.publishing.selection import LookupRate, select_changed
+    from deltastream.tracking.tracker import DeltaTracker
     from deltastream.types import TrackingMode
+    from demo.data import ClickStream, StreamConfig
+    from demo.model import CTRModel, export_dense
+    from demo.scoring import auc, score
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -344,7 +344,7 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
 
 def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy],
           chosen: str | None) -> Path | None:
-    from deltastream.report import _pyplot
+    from demo.report import _pyplot
 
     plt = _pyplot()
     if plt is None:

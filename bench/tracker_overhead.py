@@ -23,9 +23,9 @@ import time
 import torch
 
 from bench._common import add_threads_flag, result, torch_threads, zipf_ids
-from deltastream.hashtable import HashTable, normal_initializer
-from deltastream.optim import RowWiseAdagrad
-from deltastream.tracker import DeltaTracker
+from deltastream.embedding.hashtable import HashTable, normal_initializer
+from deltastream.embedding.optim import RowWiseAdagrad
+from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import TrackingMode
 
 __all__ = ["main", "CTR"]

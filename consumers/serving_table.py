@@ -55,6 +55,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from consumers.errors import ApplyError, SnapshotError
 from deltastream.wire import MAX_DIM, DeltaBatch
 
 __all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
@@ -80,15 +81,6 @@ TABLE_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
 PathLike = Union[str, os.PathLike]
-
-
-class ApplyError(ValueError):
-    """A batch was refused (wrong table, dim, dtype, shapes, non-finite values); the table
-    is unchanged. The text says what was wrong and what was expected."""
-
-
-class SnapshotError(ValueError):
-    """A snapshot is missing, damaged, truncated or half-written; the text names the file."""
 
 
 @dataclass

@@ -32,6 +32,8 @@ from typing import Any, Optional
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
 
+from consumers.errors import BrokerUnavailable, OffsetError, TopicError, TopicNotFound
+
 __all__ = [
     "TopicError",
     "BrokerUnavailable",
@@ -42,22 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class TopicError(RuntimeError):
-    """A topic could not be read; the message is one line naming what and where."""
-
-
-class BrokerUnavailable(TopicError):
-    """No broker answered at the bootstrap address in time."""
-
-
-class TopicNotFound(TopicError):
-    """The topic does not exist on the broker."""
-
-
-class OffsetError(TopicError):
-    """A requested offset range cannot be read as asked."""
 
 
 @dataclass(frozen=True)

@@ -28,15 +28,13 @@ import time
 import weakref
 from typing import Optional
 
+from deltastream.errors import BrokerError
+
 __all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "free_port", "kafka_ready"]
 
 log = logging.getLogger(__name__)
 
 ENV_BIN = "DELTASTREAM_BROKER_BIN"
-
-
-class BrokerError(RuntimeError):
-    """The embedded broker could not be found or started."""
 
 
 def find_broker_binary() -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import EnvArgumentParser
-from deltastream.demo import add_demo_arguments, run_demo_cli
 
 __all__ = ["main", "bench_names"]
 
@@ -63,7 +62,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_topic(args: argparse.Namespace) -> int:
-    from deltastream.publisher import ensure_topic
+    from deltastream.publishing.publisher import ensure_topic
 
     topic = args.topic or f"deltas.{args.model}"
     partitions = ensure_topic(args.bootstrap_servers, topic, args.partitions)
@@ -72,6 +71,8 @@ def _cmd_topic(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from demo.run import run_demo_cli  # the demo sits above the library: load it on use
+
     return run_demo_cli(args)
 
 
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="train a small CTR model and stream its deltas to a "
                                     "predictor end to end; writes a report")
+    from demo.run import add_demo_arguments
+
     add_demo_arguments(d)
     d.set_defaults(func=_cmd_demo)
     return p

@@ -40,6 +40,8 @@ import crc32c as _crc32c
 import msgpack
 import numpy as np
 
+from deltastream.errors import WireError
+
 __all__ = [
     "VERSION",
     "DTYPES",
@@ -77,8 +79,6 @@ _OPTIONAL = {"scale", "del"}
 _INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc")
 
 
-class WireError(ValueError):
-    """A message or batch that does not follow wire format v1; the text names the field."""
 
 
 @dataclass

@@ -233,7 +233,7 @@ def test_same_records_give_bit_identical_tables():
 
 
 def test_consumers_import_no_torch():
-    code = ("import consumers, consumers.serving_table, consumers.snapshot, "
+    code = ("import consumers, consumers.serving_table, consumers.storage.snapshot, "
             "consumers.sequencing, consumers.applier, consumers.quarantine, deltastream.wire, "
             "sys; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True,

@@ -1,4 +1,4 @@
-"""Incremental checkpoints (consumers.checkpoint): chains, compaction, damage, crashes."""
+"""Incremental checkpoints (consumers.storage.checkpoint): chains, compaction, damage, crashes."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import consumers.checkpoint as ck
-from consumers.checkpoint import CheckpointStore, read_checkpoint
+import consumers.storage.checkpoint as ck
 from consumers.serving_table import ServingTable, SnapshotError
-from consumers.snapshot import read_snapshot, write_snapshot
+from consumers.storage.checkpoint import CheckpointStore, read_checkpoint
+from consumers.storage.snapshot import read_snapshot, write_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -281,7 +281,7 @@ _CHILD = textwrap.dedent("""
     import sys
     import numpy as np
     sys.path.insert(0, sys.argv[2])
-    from consumers.checkpoint import CheckpointStore
+    from consumers.storage.checkpoint import CheckpointStore
     from consumers.serving_table import ServingTable
     from tests.consumers.test_checkpoint import _step, _big
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from consumers.metrics import (
+from consumers.sync.metrics import (
     FreshnessWindow,
     MetricsServer,
     StatsCollector,

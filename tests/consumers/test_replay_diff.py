@@ -18,9 +18,9 @@ from consumers.replay import (
     parse_seq_range,
     parse_time,
 )
-from consumers.replay_cli import main
+from consumers.replay.cli import main
 from consumers.serving_table import ServingTable, SnapshotError
-from consumers.snapshot import write_snapshot
+from consumers.storage.snapshot import write_snapshot
 
 
 def _table(name: str, ids, rows, dtype: str = "f32") -> ServingTable:

@@ -17,7 +17,7 @@ import pytest
 
 from consumers.sequencing import SeqTracker
 from consumers.serving_table import ServingTable
-from consumers.snapshot import (
+from consumers.storage.snapshot import (
     Snapshot,
     SnapshotError,
     read_snapshot,
@@ -253,7 +253,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     sys.path.insert(0, {tests!r})
     from test_snapshot import make_state
-    from consumers.snapshot import read_snapshot, snapshot_exists, write_snapshot
+    from consumers.storage.snapshot import read_snapshot, snapshot_exists, write_snapshot
     path = sys.argv[1]
     v = read_snapshot(path).meta["version"] + 1 if snapshot_exists(path) else 1
     while True:

@@ -1,4 +1,4 @@
-"""Unit tests for deltastream.hashtable.HashTable (CPU; CUDA variants marked ``gpu``)."""
+"""Unit tests for deltastream.embedding.hashtable.HashTable (CPU; CUDA variants marked ``gpu``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-import deltastream.hashtable as ht_mod
-from deltastream.hashtable import (
+import deltastream.embedding.hashtable as ht_mod
+from deltastream.embedding.hashtable import (
     HashTable,
     constant_initializer,
     normal_initializer,

@@ -1,4 +1,4 @@
-"""Unit tests for the sparse optimizers in deltastream.optim against dense references."""
+"""Unit tests for the sparse optimizers in deltastream.embedding.optim against dense references."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import doctest
 import pytest
 import torch
 
-import deltastream.optim as optim_mod
-from deltastream.hashtable import HashTable, constant_initializer
-from deltastream.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+import deltastream.embedding.optim as optim_mod
+from deltastream.embedding.hashtable import HashTable, constant_initializer
+from deltastream.embedding.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 
 VOCAB, DIM = 30, 6
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from deltastream.selection import LookupRate, Selection, row_wire_bytes, select_changed
+from deltastream.publishing.selection import LookupRate, Selection, row_wire_bytes, select_changed
 from deltastream.types import DeltaRows
 
 DIM = 8
@@ -24,7 +24,7 @@ def make_table(kind: str, ids: torch.Tensor, rows: torch.Tensor, device="cpu"):
         with torch.no_grad():
             emb.weight[ids.to(device)] = rows.to(device)
         return emb
-    hashtable = pytest.importorskip("deltastream.hashtable")
+    hashtable = pytest.importorskip("deltastream.embedding.hashtable")
     table = hashtable.HashTable(rows.shape[1], name="t", device=device, dtype=rows.dtype,
                                 capacity=max(16, 2 * ids.numel()))
     table.insert(ids.to(device), rows.to(device))
@@ -163,7 +163,7 @@ def test_non_finite_rows_rejected_never_selected_or_retained(caplog):
     new = torch.zeros(40, dtype=torch.bool)
     new[3] = True  # even a new row is rejected when its value is non-finite
     delta = DeltaRows(ids=ids, states=first, new=new, age=torch.zeros(40, dtype=torch.int64))
-    with caplog.at_level(logging.WARNING, logger="deltastream.selection"):
+    with caplog.at_level(logging.WARNING, logger="deltastream.publishing.selection"):
         sel = select_changed(delta, table, k=4)
     assert sel.rejected.tolist() == [3, 7, 9] and sel.n_rejected == 3
     assert "3 of 40" in caplog.text
@@ -371,9 +371,9 @@ def test_cuda_threshold_policies_match_cpu(relative):
 
 def test_no_row_starves_with_real_tracker_and_training():
     """End to end: HashTable + SparseSGD + DeltaTracker(EMBEDDING) + select_changed + retain."""
-    from deltastream.hashtable import HashTable
-    from deltastream.optim import SparseSGD
-    from deltastream.tracker import DeltaTracker
+    from deltastream.embedding.hashtable import HashTable
+    from deltastream.embedding.optim import SparseSGD
+    from deltastream.tracking.tracker import DeltaTracker
     from deltastream.types import TrackingMode
 
     R, hot, k, max_age, rounds = 60, 6, 6, 5, 40
@@ -553,7 +553,7 @@ def test_lookup_rate_counts_decays_and_forgets():
 
 
 def test_lookup_rate_watch_counts_training_lookups_only():
-    from deltastream.hashtable import HashTable
+    from deltastream.embedding.hashtable import HashTable
 
     table = HashTable(DIM, name="t")
     r = LookupRate(decay=0.5)
@@ -596,9 +596,9 @@ def test_read_weighted_threshold_bounds_every_served_row():
     held back (tracked, not lost) and a final flush makes the predictor equal to the
     trainer.
     """
-    from deltastream.hashtable import HashTable, normal_initializer
-    from deltastream.optim import RowWiseAdagrad
-    from deltastream.tracker import DeltaTracker
+    from deltastream.embedding.hashtable import HashTable, normal_initializer
+    from deltastream.embedding.optim import RowWiseAdagrad
+    from deltastream.tracking.tracker import DeltaTracker
     from deltastream.types import TrackingMode
 
     R, steps_per_round, rounds, batch, eps, decay = 400, 4, 30, 128, 0.2, 0.8

@@ -12,8 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import deltastream.store as store_mod
-from deltastream.store import DeltaStore
+import deltastream.tracking.store as store_mod
+from deltastream.tracking.store import DeltaStore
 from deltastream.types import DeltaRows, UpdateMode
 
 DIM = 3

@@ -8,11 +8,11 @@ import threading
 import pytest
 import torch
 
-import deltastream.store as store_mod
-from deltastream.hashtable import HashTable, normal_initializer
-from deltastream.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+import deltastream.tracking.store as store_mod
+from deltastream.embedding.hashtable import HashTable, normal_initializer
+from deltastream.embedding.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from deltastream.sharding import gen_slice
-from deltastream.tracker import DeltaTracker
+from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import DeltaRows, TrackingMode
 
 DIM = 4
@@ -435,7 +435,7 @@ def test_max_tracked_rows_10x_overload_degrades_and_keeps_every_id(caplog):
     model = torch.nn.ModuleDict({"big": table, "small": small})
     limit = 200
     t = DeltaTracker(model, mode=EMB, max_tracked_rows=limit)
-    caplog.set_level(logging.INFO, logger="deltastream.tracker")
+    caplog.set_level(logging.INFO, logger="deltastream.tracking.tracker")
     for s in range(20):  # 100 new ids per step: 2000 distinct ids = 10x the bound
         table(torch.arange(s * 100, (s + 1) * 100))
         small(torch.tensor([1, 2]))
@@ -549,7 +549,7 @@ def test_lookup_output_modified_in_place_degrades_instead_of_lying(caplog):
     with torch.no_grad():
         out = table(torch.tensor([1, 2]))
         out.mul_(0)  # the user scales the lookup result in place
-    with caplog.at_level(logging.WARNING, logger="deltastream.store"):
+    with caplog.at_level(logging.WARNING, logger="deltastream.tracking.store"):
         d = t.get_delta()["t"]
     assert d.ids.tolist() == [1, 2] and d.states is None  # ids kept, states not trusted
     assert t.stats()["states_modified"] == 1
@@ -667,7 +667,7 @@ def test_read_sort_matches_numpy_sort_over_the_whole_int64_range(n):
     """The reads' radix sort (16-bit digits over max - min) on extreme and narrow ids."""
     import numpy as np
 
-    from deltastream.tracker import _np_sort
+    from deltastream.tracking.tracker import _np_sort
 
     rng = np.random.default_rng(n)
     for a in (rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True),
@@ -682,7 +682,7 @@ def test_read_sort_matches_numpy_sort_over_the_whole_int64_range(n):
 
 def test_position_marking_torch_path_matches_cpu_path():
     """The torch-op paths (used on CUDA) give what the numpy CPU paths give."""
-    from deltastream import tracker as tm
+    from deltastream.tracking import tracker as tm
 
     g = torch.Generator().manual_seed(11)
     cap = 300

@@ -15,7 +15,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from deltastream import wire
-from deltastream.publisher import (
+from deltastream.publishing.publisher import (
     DeltaPublisher,
     PublishError,
     TopicError,
@@ -275,7 +275,7 @@ def test_ensure_topic_idempotent_and_fewer_partitions(broker, topic_name, caplog
     assert ensure_topic(servers, topic_name, 2) == 2
     assert ensure_topic(servers, topic_name, 2) == 2
     assert ensure_topic(servers, topic_name, 1) == 2
-    with caplog.at_level(logging.WARNING, logger="deltastream.publisher"):
+    with caplog.at_level(logging.WARNING, logger="deltastream.publishing.publisher"):
         assert ensure_topic(servers, topic_name, 4) == 2
     assert "exists with 2 partitions, fewer than the 4" in caplog.text
     with pytest.raises(TopicError, match="fewer than the 4"):
@@ -389,7 +389,7 @@ def test_f16_cast_matches_numpy_bit_for_bit():
     """The publisher's chunked torch cast (used when torch is loaded) rounds exactly like
     numpy's astype (what wire.encode uses): subnormals, ties, the top of the range."""
     torch = pytest.importorskip("torch")
-    from deltastream.publisher import _CAST_CHUNK, _to_f16
+    from deltastream.publishing.publisher import _CAST_CHUNK, _to_f16
 
     assert torch is not None
     rng = np.random.default_rng(3)

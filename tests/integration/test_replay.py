@@ -31,12 +31,12 @@ from consumers.replay import (
     rebuild,
     stats,
 )
-from consumers.replay_cli import main
+from consumers.replay.cli import main
 from consumers.sequencing import SeqTracker
-from consumers.snapshot import read_snapshot
+from consumers.storage.snapshot import read_snapshot
 from consumers.topic import BrokerUnavailable, OffsetError, TopicNotFound, TopicReader
 from deltastream import wire
-from deltastream.publisher import DeltaPublisher, ensure_topic
+from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
 
 pytestmark = pytest.mark.integration
 
@@ -384,7 +384,7 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith("DELTASTREAM_")}
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "consumers.replay_cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "consumers.replay.cli", *args], cwd=REPO,
                           env=e, capture_output=True, text=True, timeout=60)
 
 

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from deltastream.hashtable import HashTable
-from deltastream.optim import RowWiseAdagrad, SparseSGD
-from deltastream.selection import select_changed
+from deltastream.embedding.hashtable import HashTable
+from deltastream.embedding.optim import RowWiseAdagrad, SparseSGD
+from deltastream.publishing.selection import select_changed
 from deltastream.sharding import owner_of
-from deltastream.tracker import DeltaTracker
+from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import DeltaRows, TrackingMode
 
 pytestmark = pytest.mark.integration
@@ -68,7 +68,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
     try:
-        from deltastream.sharded import ShardedEmbedding
+        from deltastream.embedding.sharded import ShardedEmbedding
 
         embs = {name: ShardedEmbedding(dim, name=name, initializer=id_initializer, capacity=16)
                 for name, dim in DIMS.items()}
@@ -218,7 +218,7 @@ def test_two_processes_match_single_table(tmp_path):
 
 
 def test_needs_initialized_process_group():
-    from deltastream.sharded import ShardedEmbedding
+    from deltastream.embedding.sharded import ShardedEmbedding
 
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):

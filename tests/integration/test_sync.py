@@ -24,11 +24,11 @@ import pytest
 from kafka import KafkaProducer
 
 from consumers.serving_table import ServingTable
-from consumers.snapshot import read_snapshot, snapshot_exists, write_snapshot
+from consumers.storage.snapshot import read_snapshot, snapshot_exists, write_snapshot
 from consumers.sync import SyncDaemon
-from consumers.sync_cli import build_parser
+from consumers.sync.cli import build_parser
 from deltastream import wire
-from deltastream.publisher import ensure_topic
+from deltastream.publishing.publisher import ensure_topic
 
 pytestmark = pytest.mark.integration
 
@@ -210,7 +210,7 @@ def test_tables_match_reference_and_restart_resumes_without_reapplying(broker, f
 def test_end_to_end_from_delta_publishers(broker, topic_name, tmp_path):
     """Two trainer shards publish with the real DeltaPublisher (f16 on the wire); the
     daemon serves each id's last published row, f16-rounded, and evicted ids read zero."""
-    from deltastream.publisher import DeltaPublisher
+    from deltastream.publishing.publisher import DeltaPublisher
 
     ensure_topic(broker.bootstrap_servers, topic_name, 2)
     rng = np.random.default_rng(7)
@@ -553,7 +553,7 @@ def test_broker_restart_keeps_serving_and_resumes(own_broker, tmp_path):
 
 
 def _cli(*args, env=None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "consumers.sync_cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "consumers.sync.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env=env, **kw)
 
 
@@ -595,7 +595,7 @@ def test_cli_env_defaults_and_sigterm_leaves_checkpoint(broker, feed, tmp_path):
                PYTHONPATH=str(REPO))
     log = open(tmp_path / "sync.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "consumers.sync_cli", "--topic", feed.topic,
+        [sys.executable, "-m", "consumers.sync.cli", "--topic", feed.topic,
          "--state-dir", str(tmp_path / "state"), "--metrics-addr", "127.0.0.1",
          "--checkpoint-interval", "60"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

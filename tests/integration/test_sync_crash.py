@@ -1,6 +1,6 @@
 """kill -9 the deltastream-sync process at random instants; the end state is bit-identical.
 
-A real ``python -m consumers.sync_cli`` process consumes a pre-filled topic (thousands of
+A real ``python -m consumers.sync.cli`` process consumes a pre-filled topic (thousands of
 small messages, 4 trainer shards on 2 partitions, mixed wire dtypes, tombstones, ids that
 are overwritten many times so order matters). It checkpoints every 25 records and sleeps
 1 ms after each record (``DELTASTREAM_SYNC_DEBUG_APPLY_DELAY``) so a run takes long enough
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from consumers.snapshot import read_snapshot
-from consumers.sync_cli import DEBUG_DELAY_ENV
-from deltastream.publisher import ensure_topic
+from consumers.storage.snapshot import read_snapshot
+from consumers.sync.cli import DEBUG_DELAY_ENV
+from deltastream.publishing.publisher import ensure_topic
 
 from .test_sync import Feed, assert_tables_equal
 
@@ -47,7 +47,7 @@ def _spawn(bootstrap: str, topic: str, state: Path, log_path: Path, delay: float
         env.pop(DEBUG_DELAY_ENV, None)
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "consumers.sync_cli", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "consumers.sync.cli", "--bootstrap-servers", bootstrap,
          "--model", "m", "--topic", topic, "--state-dir", str(state),
          "--checkpoint-interval", "0.1", "--checkpoint-messages", "25",
          "--summary-interval", "0", "--log-level", "DEBUG"],

@@ -63,7 +63,7 @@ from consumers.serving_table import (
     _read_verified,
     _seal,
 )
-from consumers.snapshot import (
+from consumers.storage.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
     _check_json,
@@ -384,7 +384,7 @@ class CheckpointStore:
             self._need_base = False
             self._clean(legacy=True)
         else:
-            from consumers.snapshot import read_snapshot
+            from consumers.storage.snapshot import read_snapshot
 
             snap = read_snapshot(self.path)  # full format: rewritten as a base next time
             self._need_base = True

@@ -180,8 +180,8 @@ def read_snapshot(path: PathLike) -> Snapshot:
         return Snapshot(tables={table.name: table}, offsets={}, seqs={}, meta={}, path=root)
     if fmt == "deltastream-checkpoint":
         # an incremental checkpoint (base + delta segments); imported here because
-        # consumers.checkpoint builds on this module
-        from consumers.checkpoint import read_checkpoint
+        # consumers.storage.checkpoint builds on this module
+        from consumers.storage.checkpoint import read_checkpoint
 
         return read_checkpoint(root, body)
     if fmt != SNAPSHOT_FORMAT:

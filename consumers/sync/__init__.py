@@ -11,7 +11,7 @@ One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
    sequence-checks and applies it atomically; bad records go to the quarantine file;
 4. **checkpoint** tables + next offset per partition + seq state atomically every
    ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`,
-   with a :class:`~consumers.checkpoint.CheckpointStore`: each checkpoint writes only the
+   with a :class:`~consumers.storage.checkpoint.CheckpointStore`: each checkpoint writes only the
    rows changed since the previous one (a delta segment), plus a new full base when the
    segments grow large next to it; a small manifest replaced atomically commits it.
 
@@ -48,18 +48,18 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from consumers.applier import Applier, Outcome
-from consumers.checkpoint import CheckpointStore
-from consumers.metrics import (
+from consumers.quarantine import Quarantine
+from consumers.sequencing import SeqTracker
+from consumers.serving_table import STORAGE_DTYPES, ServingTable
+from consumers.storage.checkpoint import CheckpointStore
+from consumers.storage.snapshot import read_snapshot, snapshot_exists
+from consumers.sync.metrics import (
     FreshnessWindow,
     MetricsServer,
     partition_lag,
     summary_line,
     total_lag,
 )
-from consumers.quarantine import Quarantine
-from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ServingTable
-from consumers.snapshot import read_snapshot, snapshot_exists
 
 __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
@@ -131,7 +131,7 @@ class SyncDaemon:
     Raises:
         ValueError/TypeError: a bad argument, or a checkpoint in ``state_dir`` written for
             another model or topic (or with tables of other dims).
-        consumers.snapshot.SnapshotError: a damaged checkpoint or base snapshot.
+        consumers.storage.snapshot.SnapshotError: a damaged checkpoint or base snapshot.
     """
 
     #: Seconds to sleep after each record (tests use it to land kills mid-stream).

@@ -38,6 +38,7 @@ import msgpack
 import numpy as np
 
 from deltastream import wire
+from deltastream.errors import PublishError, TopicError
 
 __all__ = [
     "DeltaPublisher",
@@ -74,29 +75,6 @@ def new_epoch() -> int:
     with _epoch_lock:
         _last_epoch = max(time.time_ns() // 1000, _last_epoch + 1)
         return _last_epoch
-
-
-class PublishError(RuntimeError):
-    """Rows were not (or not confirmed) delivered to Kafka.
-
-    Attributes:
-        undelivered: one :class:`Undelivered` per run of consecutive messages of a table
-            that was not sent or not acknowledged; the caller should keep those rows
-            (e.g. ``DeltaTracker.retain``) and publish them again.
-        result: for an error raised by :meth:`DeltaPublisher.publish` part-way, the
-            :class:`PublishResult` of the messages that call did send; else ``None``.
-    """
-
-    def __init__(self, message: str, undelivered: Optional[list[Undelivered]] = None) -> None:
-        self.undelivered: list[Undelivered] = list(undelivered or [])
-        self.result: Optional[PublishResult] = None
-        if self.undelivered:
-            message += "; not delivered: " + ", ".join(map(str, self.undelivered))
-        super().__init__(message)
-
-
-class TopicError(PublishError):
-    """The topic does not exist, or has fewer partitions than required."""
 
 
 @dataclass(frozen=True)

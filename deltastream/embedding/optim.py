@@ -1,7 +1,7 @@
-"""Sparse optimizers for :class:`~deltastream.hashtable.HashTable` rows.
+"""Sparse optimizers for :class:`~deltastream.embedding.hashtable.HashTable` rows.
 
 Each optimizer updates only the rows that received a gradient since the last
-:meth:`zero_grad` (the table's :meth:`~deltastream.hashtable.HashTable.sparse_grad`), keeps
+:meth:`zero_grad` (the table's :meth:`~deltastream.embedding.hashtable.HashTable.sparse_grad`), keeps
 its per-row state in tensors indexed by the table's row positions, grows that state with the
 table's storage, and resets the state of rows the table evicts (a reused position never
 inherits an old row's state). Math is done in float32 whatever the table dtype.
@@ -35,7 +35,7 @@ from typing import Optional, Union
 
 import torch
 
-from deltastream.hashtable import HashTable
+from deltastream.embedding.hashtable import HashTable
 
 __all__ = ["SparseOptimizer", "SparseSGD", "RowWiseAdagrad", "SparseAdam"]
 

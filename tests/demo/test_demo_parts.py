@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream.demo_data import ClickStream, StreamConfig, entity_ids
-from deltastream.demo_model import CTRModel, export_dense, local_tables
-from deltastream.demo_predictor import compare_rows, row_tolerance
-from deltastream.demo_scoring import RowTable, auc, logloss, mlp_logits, score
-from deltastream.report import (
+from demo.data import ClickStream, StreamConfig, entity_ids
+from demo.model import CTRModel, export_dense, local_tables
+from demo.predictor import compare_rows, row_tolerance
+from demo.report import (
     PNG_MAGIC,
     check_report,
     format_report,
@@ -20,6 +19,7 @@ from deltastream.report import (
     read_report,
     write_report,
 )
+from demo.scoring import RowTable, auc, logloss, mlp_logits, score
 
 SMALL = StreamConfig(seed=3, n_users=2000, n_items=500)
 

@@ -1,6 +1,6 @@
 """Replay a deltas topic: rebuild tables, dump messages, count stats, diff snapshots.
 
-The library behind ``deltastream-replay`` (see :mod:`consumers.replay_cli`). Torch-free.
+The library behind ``deltastream-replay`` (see :mod:`consumers.replay.cli`). Torch-free.
 
 Reading
 -------
@@ -21,7 +21,7 @@ Rebuild
 -------
 :func:`rebuild` feeds records through the same :class:`~consumers.applier.Applier` as the
 sync daemon, so the same records in the same order give bit-identical tables. Its snapshot
-(:func:`consumers.snapshot.write_snapshot`) records, per partition, the offset a daemon
+(:func:`consumers.storage.snapshot.write_snapshot`) records, per partition, the offset a daemon
 resuming from it must read next. With ``to_time`` that is the first offset whose message
 was held back for being later than ``to_time`` (or the stop offset): a daemon started from
 the snapshot re-reads the messages after it, and the seq state in the snapshot makes it skip
@@ -46,9 +46,10 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from consumers.applier import Applier
+from consumers.errors import ReplayError
 from consumers.sequencing import SeqTracker
 from consumers.serving_table import STORAGE_DTYPES, ServingTable
-from consumers.snapshot import Snapshot, read_snapshot, write_snapshot
+from consumers.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 from consumers.topic import Record, TopicReader
 from deltastream.wire import WireError, decode, parse_headers
 
@@ -83,10 +84,6 @@ REBUILD_KIND = "deltastream-replay"
 _SAMPLE = 10  # ids listed per category in a diff
 _DIFF_CHUNK = 1 << 16  # rows compared per step (bounds temporary memory)
 _HEAD_BYTES = 32  # bytes of an undecodable record shown in hex
-
-
-class ReplayError(ValueError):
-    """Bad input to a replay: arguments, ranges, snapshots that do not fit together."""
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -34,10 +34,10 @@ from typing import Any, Optional
 import numpy as np
 
 from consumers.serving_table import ServingTable
-from consumers.snapshot import read_snapshot, write_snapshot
+from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.sync import SyncDaemon
-from deltastream.demo_data import ClickStream, StreamConfig
-from deltastream.demo_scoring import RowTable, auc, logloss, score
+from demo.data import ClickStream, StreamConfig
+from demo.scoring import RowTable, auc, logloss, score
 
 __all__ = [
     "ApplyLog",

@@ -6,7 +6,7 @@ included) of its :class:`~deltastream.sharding.Slice` range to rows of width
 
     >>> import torch
     >>> from deltastream import HashTable, SparseAdam
-    >>> from deltastream.hashtable import normal_initializer
+    >>> from deltastream.embedding.hashtable import normal_initializer
     >>> table = HashTable(16, name="user", initializer=normal_initializer(0.01))
     >>> opt = SparseAdam(table, lr=1e-2)       # dense layers: a normal torch optimizer
     >>> out = table(torch.tensor([[3, 10**12], [-7, 3]]))   # [2, 2, 16]; inserts 3 ids
@@ -44,7 +44,7 @@ Design (why this shape):
   coalesces the stash (unique positions, summed grads) on demand. Growth, eviction and
   reuse between forward and the optimizer step are safe: positions are stable while a row
   lives, and stale entries (a position that no longer holds the same id) are dropped.
-  Sparse optimizers are in :mod:`deltastream.optim`; the storage is deliberately not a
+  Sparse optimizers are in :mod:`deltastream.embedding.optim`; the storage is deliberately not a
   ``Parameter``, so ``model.parameters()`` lists only dense weights for a dense optimizer.
 
 Values of unseen ids read in eval mode or by :meth:`HashTable.lookup`: the initializer's

@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 
-from .types import DeltaRows, UpdateMode
+from deltastream.types import DeltaRows, UpdateMode
 
 __all__ = ["DeltaStore"]
 

@@ -7,7 +7,7 @@ slice range; lookups and gradients are routed by ``torch.distributed``). Table n
 ``"user"`` and ``"item"`` either way; those are the names rows are published under.
 
 The dense part is exported to plain numpy arrays with :func:`export_dense` so that a
-torch-free predictor can run the same forward pass (:mod:`deltastream.demo_scoring`).
+torch-free predictor can run the same forward pass (:mod:`demo.scoring`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from deltastream.hashtable import HashTable, normal_initializer
+from deltastream.embedding.hashtable import HashTable, normal_initializer
 
 __all__ = ["CTRModel", "export_dense", "local_tables", "TABLE_NAMES"]
 
@@ -58,7 +58,7 @@ class CTRModel(torch.nn.Module):
         for i, name in enumerate(TABLE_NAMES):
             init = normal_initializer(init_std, seed=None if seed is None else seed * 7919 + i)
             if sharded:
-                from deltastream.sharded import ShardedEmbedding
+                from deltastream.embedding.sharded import ShardedEmbedding
 
                 tables.append(ShardedEmbedding(dim, name=name, process_group=process_group,
                                                device=device, initializer=init,
@@ -103,7 +103,7 @@ def local_tables(model: torch.nn.Module) -> dict[str, HashTable]:
 def export_dense(model: CTRModel) -> dict[str, np.ndarray]:
     """The MLP as ``{"w0", "b0", "w1", …}`` float32 numpy arrays (``w{i}`` is ``[out, in]``).
 
-    :func:`deltastream.demo_scoring.mlp_logits` runs the same forward pass.
+    :func:`demo.scoring.mlp_logits` runs the same forward pass.
     """
     linears = [m for m in model.mlp if isinstance(m, torch.nn.Linear)]
     out: dict[str, np.ndarray] = {}

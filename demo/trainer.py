@@ -15,7 +15,7 @@ consumers:
   (shard = rank, so the rows go to partition ``rank % partitions``);
 * ``snapshot`` — every ``snapshot_every`` steps: the rows changed since the last snapshot are
   copied into a mirror of this shard (:class:`~consumers.ServingTable` s) and written as a
-  base snapshot (``consumers.snapshot.write_snapshot``) together with the publisher's next
+  base snapshot (``consumers.storage.snapshot.write_snapshot``) together with the publisher's next
   offset and seq state, so a new predictor can start from it (``SyncDaemon(base=...)``).
 
 After the last step: a final flush publishes every retained row, the held-out slice is scored
@@ -69,12 +69,12 @@ class _Trainer:
         import torch.distributed as dist
 
         from consumers.serving_table import ServingTable
-        from deltastream.demo_data import ClickStream, StreamConfig
-        from deltastream.demo_model import CTRModel, local_tables
-        from deltastream.optim import RowWiseAdagrad
-        from deltastream.publisher import DeltaPublisher
-        from deltastream.tracker import DeltaTracker
+        from deltastream.embedding.optim import RowWiseAdagrad
+        from deltastream.publishing.publisher import DeltaPublisher
+        from deltastream.tracking.tracker import DeltaTracker
         from deltastream.types import TrackingMode
+        from demo.data import ClickStream, StreamConfig
+        from demo.model import CTRModel, local_tables
 
         self.torch, self.dist = torch, dist
         self.rank, self.cfg, self.events = rank, cfg, events
@@ -126,7 +126,7 @@ class _Trainer:
 
     def _tracked_fqns(self) -> list[str]:
         """FQNs of the local HashTables (what the tracker reports deltas under)."""
-        from deltastream.hashtable import HashTable
+        from deltastream.embedding.hashtable import HashTable
 
         return [fqn for fqn, m in self.model.named_modules() if isinstance(m, HashTable)]
 
@@ -151,7 +151,7 @@ class _Trainer:
 
     def publish_round(self, step: int, *, final: bool = False) -> dict:
         """One ``publish`` consumer round; returns its counters."""
-        from deltastream.selection import select_changed
+        from deltastream.publishing.selection import select_changed
 
         frac = float(self.cfg["topk_fraction"])
         t_read = time.time_ns()
@@ -194,7 +194,7 @@ class _Trainer:
 
     def snapshot_round(self, step: int) -> None:
         """One ``snapshot`` consumer round: update this shard's mirror and write it."""
-        from consumers.snapshot import write_snapshot
+        from consumers.storage.snapshot import write_snapshot
 
         t0 = time.monotonic()
         self._settle()  # offsets of everything published so far are now known
@@ -278,7 +278,7 @@ class _Trainer:
         return mine.astype(np.int64), (np.concatenate(out) if out else np.empty(0, np.float32))
 
     def _dump(self, pos: np.ndarray, logits: np.ndarray) -> str:
-        from deltastream.demo_model import export_dense
+        from demo.model import export_dense
 
         arrays: dict[str, np.ndarray] = {}
         for name, tbl in self.tables.items():

@@ -84,8 +84,8 @@ from typing import Optional
 
 import torch
 
-from .hashtable import HashTable
-from .types import DeltaRows
+from deltastream.embedding.hashtable import HashTable
+from deltastream.types import DeltaRows
 
 __all__ = ["Selection", "select_changed", "LookupRate", "WIRE_ITEMSIZE", "NEW_ROW_POLICIES",
            "row_wire_bytes"]

@@ -130,7 +130,7 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``deltastream-replay``."""
     from consumers.replay import parse_seq_range
-    from consumers.sync_cli import parse_shards, parse_tables
+    from consumers.sync.cli import parse_shards, parse_tables
 
     p = _Parser(prog=PROG, description="Replay a deltastream topic: rebuild serving tables "
                 "at an offset or a point in time, dump decoded messages, count per-stream "

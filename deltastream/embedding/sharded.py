@@ -36,8 +36,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .hashtable import HashTable
-from .sharding import DEFAULT_SLICE_SIZE, gen_slice, owner_of
+from deltastream.embedding.hashtable import HashTable
+from deltastream.sharding import DEFAULT_SLICE_SIZE, gen_slice, owner_of
 
 __all__ = ["ShardedEmbedding"]
 

@@ -3,7 +3,7 @@
 The tracker finds every :class:`~deltastream.HashTable` and ``torch.nn.Embedding`` in a
 model and registers a forward hook on each: every training-mode lookup appends its ids (and,
 in ``TrackingMode.EMBEDDING``, the rows it returned, i.e. the value *before* this step's
-optimizer update) to a :class:`~deltastream.store.DeltaStore`. ``get_delta(consumer)``
+optimizer update) to a :class:`~deltastream.tracking.store.DeltaStore`. ``get_delta(consumer)``
 returns, per table, the unique ids touched since that consumer's last read with their FIRST
 state (the value before the first update since that read).
 
@@ -77,8 +77,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .store import DeltaStore, _member, _union
-from .types import DeltaRows, TrackingMode, UpdateMode
+from deltastream.tracking.store import DeltaStore, _member, _union
+from deltastream.types import DeltaRows, TrackingMode, UpdateMode
 
 __all__ = ["DeltaTracker"]
 
@@ -90,7 +90,7 @@ _UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: U
 def _hashtable_class() -> Optional[type]:
     # Imported lazily: the tracker also works (on nn.Embedding) without the HashTable module.
     try:
-        from .hashtable import HashTable
+        from deltastream.embedding.hashtable import HashTable
     except ImportError:  # pragma: no cover - the module ships with the package
         return None
     return HashTable

@@ -4,16 +4,16 @@ The whole job on one machine, with real processes::
 
     parent (this module; no torch)
       ├─ embedded broker (Tansu)            unless --bootstrap-servers names a Kafka
-      ├─ trainer 0 … W-1 (torch)            deltastream.demo_trainer: ShardedEmbedding over
+      ├─ trainer 0 … W-1 (torch)            demo.trainer: ShardedEmbedding over
       │                                     gloo (nccl with --device cuda), DeltaTracker,
       │                                     select_changed, DeltaPublisher, base snapshots
-      └─ predictor (no torch)               deltastream.demo_predictor: SyncDaemon, then
+      └─ predictor (no torch)               demo.predictor: SyncDaemon, then
                                             scoring with serving vs trainer tables
 
 The parent starts the processes, shows live progress on a terminal (step, loss, examples/s,
 rows published/s, lag, freshness p99), and at the end writes ``report.json`` and PNG plots to
 ``--out`` and prints the report table. It exits 0 when every invariant of the report holds
-(:func:`deltastream.report.check_report`), 1 when one is broken, 2 on bad flags.
+(:func:`demo.report.check_report`), 1 when one is broken, 2 on bad flags.
 
 Defaults finish in about a minute on a 2-core machine; ``--steps`` / ``--duration`` scale
 the run up. Everything is seeded (``--seed``): the stream, the model's initialization and
@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from deltastream import report as rpt
 from deltastream.broker import BrokerError, EmbeddedBroker, free_port
-from deltastream.demo_data import StreamConfig
+from demo import report as rpt
+from demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "DemoError", "add_demo_arguments", "run_demo_cli", "run_demo",
            "DEFAULT_STEPS"]
@@ -425,7 +425,7 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
             log.info("embedded broker at %s", servers)
         else:
             servers = opts.bootstrap_servers
-        from deltastream.publisher import PublishError, ensure_topic
+        from deltastream.publishing.publisher import PublishError, ensure_topic
 
         try:
             parts = ensure_topic(servers, topic, partitions=opts.workers,
@@ -502,13 +502,13 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
 
 
 def _predictor_entry(cfg: dict, events: Any, control: Any) -> None:
-    from deltastream.demo_predictor import predictor_main
+    from demo.predictor import predictor_main
 
     predictor_main(cfg, events, control)
 
 
 def _trainer_entry(rank: int, cfg: dict, events: Any) -> None:
-    from deltastream.demo_trainer import trainer_main
+    from demo.trainer import trainer_main
 
     trainer_main(rank, cfg, events)
 
@@ -619,7 +619,19 @@ def _plots(out: Path, report: dict, result: dict) -> list[str]:
     return made
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m deltastream.demo` convenience
-    from deltastream.cli import main as _main
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m demo.run [flags]``: the same as ``deltastream demo [flags]``."""
+    from deltastream.cliargs import EnvArgumentParser
 
-    sys.exit(_main(["demo", *sys.argv[1:]]))
+    p = EnvArgumentParser(prog="deltastream demo", description=__doc__.splitlines()[0])
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    add_demo_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_demo_cli(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

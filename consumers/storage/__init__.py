@@ -1,0 +1,1 @@
+"""Predictor persistence: atomic multi-table snapshots and incremental checkpoints."""
