@@ -5,8 +5,8 @@ dict comes from :func:`result`; ``deltastream bench <name> [--json]`` prints the
 Every figure is set against a baseline measured in the same run, because the machines
 these run on are shared and noisy: the ratio is what is compared with the goal.
 
-Also here: :func:`zipf_ids` (the Zipf id workload), and :func:`add_threads_flag` with
-:func:`torch_threads` (the common ``--threads`` option). This module must not import torch
+Also here: :func:`zipf_ids` (the Zipf id workload), :func:`add_threads_flag` with
+:func:`torch_threads` (the common ``--threads`` option), and :func:`pyplot` for plots. This module must not import torch
 at import time: torch-free benchmarks (apply, codec) import it too, so the torch helpers
 import it inside.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import statistics
 import time
@@ -27,7 +28,9 @@ if TYPE_CHECKING:  # annotations only: importing torch/numpy here would load the
     import torch
 
 __all__ = ["result", "best_time", "emit", "zipf_ids", "torch_threads", "add_threads_flag",
-           "THREADS_HELP"]
+           "THREADS_HELP", "pyplot"]
+
+log = logging.getLogger(__name__)
 
 #: Odd multiplier (2**32 / golden ratio) that scatters Zipf ranks over the id space. Being odd,
 #: it is a bijection modulo any power of two, so distinct ranks stay distinct ids.
@@ -179,3 +182,18 @@ def torch_threads(n: int) -> Iterator[int]:
     finally:
         if n:
             torch.set_num_threads(prev)  # later benches in this process keep their setting
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), or ``None`` with a
+    warning when matplotlib is not installed (plots are optional)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: plots are skipped "
+                    "(pip install 'deltastream[plots]')")
+        return None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt

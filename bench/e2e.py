@@ -4,8 +4,8 @@ A synthetic producer (this process, torch) changes ``--rows-per-s`` distinct row
 of a :class:`~deltastream.HashTable` (``--resident`` rows, ``--dim`` wide): every tick
 (``--tick`` s) it looks a batch of ids up through the table (recorded by a
 :class:`~deltastream.DeltaTracker` in EMBEDDING mode), writes changed rows back, and runs one
-publish round: ``get_delta`` → ``select_changed`` (every changed row) →
-``DeltaPublisher.publish`` (``--dtype``, ``ts`` = when the rows were read). A
+publish round (:func:`deltastream.publish_delta`: ``get_delta`` → ``select_changed`` (every
+changed row) → ``DeltaPublisher.publish``, ``--dtype``, ``ts`` = when the rows were read). A
 :class:`~consumers.SyncDaemon` in a separate, torch-free process (the predictor) applies the
 messages from the embedded broker and logs each message's freshness (apply time − ``ts``).
 Everything runs on this machine (2 cores shared by producer, broker and daemon).
@@ -33,6 +33,7 @@ import logging
 import multiprocessing as mp
 import queue
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -44,7 +45,7 @@ from bench._common import result
 
 __all__ = ["main"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 _BUDGET_S = 0.5  # the issue's goal: p99 freshness ≤ 0.5 s at 100K rows/s
 
@@ -87,10 +88,90 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _sync_entry(cfg: dict, events: Any, control: Any) -> None:
-    from demo.predictor import sync_main
+class _ApplyLog:
+    """``SyncDaemon(on_apply=...)`` hook: wall time, freshness (s), rows and table of every
+    applied message. Thread-safe (the daemon calls it from its apply thread)."""
 
-    sync_main(cfg, events, control)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.t: list[float] = []
+        self.fresh: list[float] = []
+        self.rows: list[int] = []
+        self.tables: list[str] = []
+
+    def __call__(self, outcome: Any, partition: int = -1, offset: int = -1) -> None:
+        if outcome.kind != "applied" or outcome.ts is None:
+            return
+        now = time.time()
+        with self._lock:
+            self.t.append(now)
+            self.fresh.append(now - outcome.ts / 1e9)
+            self.rows.append(int(outcome.rows or 0))
+            self.tables.append(str(outcome.table))
+
+    def samples(self) -> dict:
+        with self._lock:
+            return {"t": list(self.t), "fresh": list(self.fresh), "rows": list(self.rows),
+                    "tables": list(self.tables)}
+
+
+def _sync_main(cfg: dict, events: Any, control: Any) -> None:
+    """The predictor process (torch-free): a SyncDaemon with an :class:`_ApplyLog`.
+
+    Starts at the topic's current end offsets (an empty base snapshot), sends ``ready``,
+    applies until a ``stop`` control message (after draining up to its ``offsets``) or
+    ``cfg["max_seconds"]``, then sends ``{"kind": "samples", "t", "fresh", "rows",
+    "tables", "stats", "torch_imported"}`` (wall times in s).
+    """
+    import sys
+
+    from consumers import SyncDaemon, TopicReader, write_snapshot
+
+    logging.basicConfig(level="WARNING",
+                        format="%(asctime)s %(levelname)s sync %(name)s: %(message)s")
+    try:
+        state = Path(cfg["state_dir"])
+        base = state.parent / (state.name + "-base")
+        with TopicReader(cfg["bootstrap_servers"], cfg["topic"], timeout=15.0) as reader:
+            ends = reader.end_offsets()
+        write_snapshot(base, tables={}, offsets=ends, seqs={},
+                       meta={"kind": "deltastream-bench-e2e-start", "topic": cfg["topic"]})
+        alog = _ApplyLog()
+        daemon = SyncDaemon(cfg["bootstrap_servers"], cfg["topic"], model=cfg["model_name"],
+                            state_dir=state, base=base, on_apply=alog,
+                            checkpoint_interval=float(cfg["checkpoint_interval"]),
+                            summary_interval=0, poll_timeout_ms=50, max_poll_records=1000)
+        runner = threading.Thread(target=daemon.run, name="sync-daemon", daemon=True)
+        runner.start()
+        events.put({"kind": "ready", "who": "sync"})
+        deadline = time.monotonic() + float(cfg["max_seconds"])
+        while time.monotonic() < deadline:
+            try:
+                msg = control.get(timeout=0.5)
+            except queue.Empty:
+                msg = None
+            if msg is not None and msg.get("kind") == "stop":
+                target = {int(p): int(o) for p, o in (msg.get("offsets") or {}).items()}
+                drain_until = time.monotonic() + float(msg.get("timeout", 30.0))
+                while target and time.monotonic() < drain_until:
+                    pos = daemon.stats()["positions"]
+                    if all(pos.get(p, 0) >= o for p, o in target.items()):
+                        break
+                    time.sleep(0.02)
+                break
+            if not runner.is_alive():
+                raise RuntimeError("the sync daemon thread stopped unexpectedly")
+        daemon.stop()
+        runner.join(timeout=30)
+        st = daemon.stats()
+        events.put(dict(alog.samples(), kind="samples",
+                        stats={k: st[k] for k in ("messages", "applied", "rows", "bytes",
+                                                  "duplicates", "gaps", "quarantined")},
+                        torch_imported="torch" in sys.modules))
+    except BaseException as e:
+        log.exception("sync process failed")
+        events.put({"kind": "error", "who": "sync", "error": f"{type(e).__name__}: {e}"})
+        raise SystemExit(1) from None
 
 
 def _wait(events: Any, kind: str, proc: Any, timeout: float) -> dict:
@@ -114,11 +195,14 @@ def _wait(events: Any, kind: str, proc: Any, timeout: float) -> dict:
 def _run(args: argparse.Namespace, servers: str, tmp: Path) -> dict:
     import torch
 
-    from deltastream.embedding.hashtable import HashTable
-    from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
-    from deltastream.publishing.selection import select_changed
-    from deltastream.tracking.tracker import DeltaTracker
-    from deltastream.types import TrackingMode
+    from deltastream import (
+        DeltaPublisher,
+        DeltaTracker,
+        HashTable,
+        TrackingMode,
+        ensure_topic,
+        publish_delta,
+    )
 
     torch.set_num_threads(1)
     topic = f"deltas.e2e-{uuid.uuid4().hex[:8]}"
@@ -127,7 +211,7 @@ def _run(args: argparse.Namespace, servers: str, tmp: Path) -> dict:
     ctx = mp.get_context("spawn")
     events, control = ctx.Queue(), ctx.Queue()
     total = args.floor_seconds + args.duration
-    proc = ctx.Process(target=_sync_entry, name="deltastream-e2e-sync", args=(
+    proc = ctx.Process(target=_sync_main, name="deltastream-e2e-sync", args=(
         {"bootstrap_servers": servers, "topic": topic, "model_name": model,
          "state_dir": str(tmp / "sync"), "max_seconds": total + 300.0,
          "checkpoint_interval": args.checkpoint_interval}, events, control))
@@ -140,7 +224,6 @@ def _run(args: argparse.Namespace, servers: str, tmp: Path) -> dict:
                      torch.randn(args.resident, args.dim, generator=g) * 0.1)
         holder = torch.nn.ModuleDict({"e2e": table})
         tracker = DeltaTracker(holder, consumers=["publish"], mode=TrackingMode.EMBEDDING)
-        fqn = next(iter(n for n, m in holder.named_modules() if m is table))
         pub = DeltaPublisher(servers, topic, model=model, shard=0, dtype=args.dtype)
         results = []
 
@@ -180,16 +263,9 @@ def _run(args: argparse.Namespace, servers: str, tmp: Path) -> dict:
                 table.insert(ids, rows + 0.01 * torch.randn(n, args.dim, generator=g))
             tracker.step()
             changed += n
-            t_read = time.time_ns()
-            for name, d in tracker.get_delta("publish").items():
-                if name != fqn or len(d) == 0:
-                    continue
-                sel = select_changed(d, table, wire_dtype=args.dtype)
-                if len(sel.leftover):
-                    tracker.retain("publish", name, sel.leftover)
-                res = pub.publish("e2e", sel.ids, sel.rows, step=step, ts=t_read)
-                published += res.rows
-                results.append(res)
+            rnd = publish_delta(tracker, pub, "publish", step=step)  # every changed row
+            published += rnd.published
+            results += [t.result for t in rnd.tables if t.result is not None]
             step += 1
         t_end = time.time()
         pub.flush()
@@ -213,7 +289,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if args.bootstrap_servers:
             run = _run(args, args.bootstrap_servers, Path(tmp))
         else:
-            from deltastream.broker import EmbeddedBroker
+            from deltastream import EmbeddedBroker
 
             with EmbeddedBroker() as broker:
                 run = _run(args, broker.bootstrap_servers, Path(tmp))

@@ -41,7 +41,7 @@ from deltastream.embedding.hashtable import HashTable, normal_initializer
 
 __all__ = ["main"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def _sync(device: torch.device) -> None:
@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> list[dict]:
     table.insert(resident.to(device), torch.randn(args.rows, args.dim, generator=gen).to(device))
     _sync(device)
     build_s = time.perf_counter() - t0
-    logger.info("built %d rows in %.2fs (%d slots)", len(table), build_s, table.num_slots)
+    log.info("built %d rows in %.2fs (%d slots)", len(table), build_s, table.num_slots)
 
     # Zipf batches: rank -> resident id through a random permutation (hot ids spread out).
     hot = torch.from_numpy(rng.permutation(args.rows))

@@ -21,7 +21,7 @@ from bench._common import add_threads_flag, best_time, result, torch_threads
 
 __all__ = ["main"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def _build_table(kind: str, ids: torch.Tensor, rows: torch.Tensor, device: str):

@@ -3,12 +3,12 @@
 One training run of the demo's CTR model (:mod:`demo.model`, one process, on the
 demo's drifting Zipf click stream) feeds **one DeltaTracker with one consumer per policy**, so
 every policy sees exactly the same model trajectory. Every ``--publish-every`` steps each
-consumer runs a publish round: ``select_changed`` with its policy, the leftover is
-``retain``-ed (tracked, not lost), the selected rows are encoded in wire format v1
-(``--dtype``; the encoded bytes are what is counted) and decoded and applied to that policy's
-own :class:`~consumers.ServingTable` s — exactly what a predictor would hold. (In-process,
-without a broker: the broker does not change which bytes arrive, and one process keeps the
-run short and deterministic.)
+consumer runs a publish round (:func:`deltastream.publish_delta`): ``select_changed`` with its
+policy, the leftover is ``retain``-ed (tracked, not lost), the selected rows are encoded in
+wire format v1 (``--dtype``; the encoded bytes are what is counted) and decoded and applied
+to that policy's own :class:`~consumers.ServingTable` s — exactly what a predictor would
+hold. (In-process, without a broker: the broker does not change which bytes arrive, and one
+process keeps the run short and deterministic.)
 
 Policies:
 
@@ -75,11 +75,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import result
+from bench._common import pyplot, result
 
 __all__ = ["main"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def _numbers(text: str, *, what: str, low: float, high: float, low_open: bool) -> list[float]:
@@ -117,8 +117,44 @@ class Policy:
     label: str  #: ``fraction=0.5``, ``threshold=0.1``, ``rel=0.2``
     kind: str  #: ``fraction`` / ``threshold`` / ``rel``
     value: float
-    kwargs: dict = field(default_factory=dict)  #: select_changed budget arguments
+    kwargs: dict = field(default_factory=dict)  #: SelectionPolicy budget arguments
     weighted: bool = False  #: pass weights = read rate ** --rate-power
+
+
+@dataclass
+class _Sent:
+    """Counters of one :meth:`_Loopback.publish` call (those of a ``PublishResult``)."""
+
+    rows: int
+    tombstones: int
+    messages: int
+    bytes: int
+
+
+class _Loopback:
+    """In-process stand-in for ``DeltaPublisher``: each batch is encoded in wire format v1
+    (``dtype``; the encoded bytes are counted), decoded and applied to this policy's own
+    serving tables. One seq counter over all tables (shard 0, epoch 1)."""
+
+    def __init__(self, serving: dict, dtype: str) -> None:
+        self.serving = serving  # table name -> consumers.ServingTable
+        self.dtype = dtype
+        self.seq = 0
+
+    def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
+                ts: int | None = None) -> _Sent:
+        from deltastream import wire
+
+        batch = wire.DeltaBatch(model="topk", table=table, shard=0, epoch=1, seq=self.seq,
+                                step=step, ts=time.time_ns() if ts is None else ts,
+                                ids=ids.numpy(), rows=rows.numpy(), dtype=self.dtype,
+                                tombstones=None if tombstones is None else tombstones.numpy())
+        msgs = wire.encode(batch)
+        for msg in msgs:
+            self.seq += 1
+            self.serving[table].apply(wire.decode(msg))
+        return _Sent(rows=len(ids), tombstones=0 if tombstones is None else len(tombstones),
+                     messages=len(msgs), bytes=sum(len(m) for m in msgs))
 
 
 def _policies(args: argparse.Namespace) -> list[Policy]:
@@ -219,12 +255,16 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
     """The training run; returns per-policy bytes/rows/AUC and the trainer AUC."""
     import torch
 
-    from consumers.serving_table import ServingTable
-    from deltastream import wire
-    from deltastream.embedding.optim import RowWiseAdagrad
-    from deltastream.publishing.selection import LookupRate, select_changed
-    from deltastream.tracking.tracker import DeltaTracker
-    from deltastream.types import TrackingMode
+    from consumers import ServingTable
+    from deltastream import (
+        DeltaTracker,
+        HashTable,
+        LookupRate,
+        RowWiseAdagrad,
+        TrackingMode,
+        publish_delta,
+    )
+    from deltastream.publishing.rounds import SelectionPolicy
     from demo.data import ClickStream, StreamConfig
     from demo.model import CTRModel, export_dense
     from demo.scoring import auc, score
@@ -240,8 +280,7 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
     dense = torch.optim.Adam(model.dense_parameters(), lr=2e-3)
     names = [p.label for p in policies]
     tracker = DeltaTracker(model, consumers=names, mode=TrackingMode.EMBEDDING)
-    tables = {fqn: m for fqn, m in model.named_modules()
-              if m.__class__.__name__ == "HashTable"}
+    tables = {fqn: m for fqn, m in model.named_modules() if isinstance(m, HashTable)}
     by_name = {t.name: t for t in tables.values()}
     # read rate per row from the trainer's own (training-mode) lookups: only the past
     rates = {fqn: LookupRate(args.rate_decay) for fqn in tables}
@@ -249,11 +288,17 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
         rates[fqn].watch(t)
     serving = {n: {t.name: ServingTable(t.name, args.dim) for t in tables.values()}
                for n in names}
+    sinks = {n: _Loopback(serving[n], args.dtype) for n in names}
+
+    def read_rate(fqn: str, ids: torch.Tensor) -> torch.Tensor:
+        return rates[fqn].rate(ids) ** args.rate_power
+
+    select = {p.label: SelectionPolicy(**p.kwargs, weights=read_rate if p.weighted else None)
+              for p in policies}
     sent = {n: {"bytes": 0, "rows": 0, "messages": 0, "select_s": 0.0, "held": 0,
                 "max_row_error": math.nan} for n in names}
     labels: list[np.ndarray] = []
     logits: dict[str, list[np.ndarray]] = {n: [] for n in names + ["trainer"]}
-    seq = {n: 0 for n in names}
     t0 = time.monotonic()
     bs = args.batch_size
     last_publish = args.steps - args.steps % args.publish_every
@@ -274,36 +319,14 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
         counted = step > args.warmup_steps  # bytes over the same window as the AUC
         for rt in rates.values():
             rt.end_round()
-        for pol in policies:
-            n = pol.label
+        for n in names:
             ts0 = time.monotonic()
-            held = 0
-            for fqn, d in tracker.get_delta(n).items():
-                if len(d) == 0:
-                    continue
-                tbl = tables[fqn]
-                kw = pol.kwargs
-                if pol.weighted:
-                    kw = dict(kw, weights=rates[fqn].rate(d.ids) ** args.rate_power)
-                sel = select_changed(d, tbl, wire_dtype=args.dtype, **kw)
-                if len(sel.leftover):
-                    tracker.retain(n, fqn, sel.leftover)  # tracked, published later
-                    held += len(sel.leftover)
-                if len(sel) == 0:
-                    continue
-                batch = wire.DeltaBatch(model="topk", table=tbl.name, shard=0, epoch=1,
-                                        seq=seq[n], step=step, ts=time.time_ns(),
-                                        ids=sel.ids.numpy(), rows=sel.rows.numpy(),
-                                        dtype=args.dtype)
-                for msg in wire.encode(batch):
-                    if counted:
-                        sent[n]["bytes"] += len(msg)
-                        sent[n]["messages"] += 1
-                    seq[n] += 1
-                    serving[n][tbl.name].apply(wire.decode(msg))
-                if counted:
-                    sent[n]["rows"] += len(sel)
-            sent[n]["held"] = held
+            rnd = publish_delta(tracker, sinks[n], n, select[n], step=step, tables=tables)
+            if counted:
+                sent[n]["bytes"] += rnd.bytes
+                sent[n]["messages"] += rnd.messages
+                sent[n]["rows"] += rnd.published
+            sent[n]["held"] = rnd.carried  # tracked, published later
             sent[n]["select_s"] += time.monotonic() - ts0
         if step == last_publish:
             # largest serving-vs-trainer row error over every row the trainer holds, right
@@ -344,9 +367,7 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
 
 def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy],
           chosen: str | None) -> Path | None:
-    from demo.report import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     base = r["auc"][BASELINE]

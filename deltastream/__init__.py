@@ -46,6 +46,7 @@ _EXPORTS = {
     "ensure_topic": "publishing.publisher",
     "TopicError": "errors",
     "Undelivered": "publishing.publisher",
+    "publish_delta": "publishing.rounds",
     "EmbeddedBroker": "broker",
     "DeltastreamError": "errors",
     "BrokerError": "errors",

@@ -46,7 +46,6 @@ __all__ = [
     "row_tolerance",
     "compare_rows",
     "predictor_main",
-    "sync_main",
 ]
 
 log = logging.getLogger(__name__)
@@ -418,57 +417,3 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
         "torch_imported": bool(torch_at_start or "torch" in sys.modules),
     }
     events.put(result)
-
-
-def sync_main(cfg: dict, events: Any, control: Any) -> None:
-    """A bare predictor process for benchmarks: a SyncDaemon with an :class:`ApplyLog`.
-
-    Starts at the topic's current end offsets, sends ``ready``, runs until a ``stop``
-    control message (or ``cfg["max_seconds"]``), then sends ``{"kind": "samples", "t",
-    "fresh", "rows", "tables", "stats", "torch_imported"}`` (wall times in s) and exits.
-    ``cfg``: bootstrap_servers, topic, model_name, state_dir, log_level, max_seconds.
-    """
-    logging.basicConfig(level=cfg.get("log_level", "WARNING"),
-                        format="%(asctime)s %(levelname)s sync %(name)s: %(message)s")
-    try:
-        state = Path(cfg["state_dir"])
-        base = state.parent / (state.name + "-base")
-        write_start_base(base, cfg["bootstrap_servers"], cfg["topic"])
-        alog = ApplyLog()
-        daemon = SyncDaemon(cfg["bootstrap_servers"], cfg["topic"], model=cfg["model_name"],
-                            state_dir=state, base=base, on_apply=alog,
-                            checkpoint_interval=float(cfg.get("checkpoint_interval", 5.0)),
-                            summary_interval=0, poll_timeout_ms=50, max_poll_records=1000)
-        runner = threading.Thread(target=daemon.run, name="sync-daemon", daemon=True)
-        runner.start()
-        events.put({"kind": "ready", "who": "sync"})
-        deadline = time.monotonic() + float(cfg.get("max_seconds", 600.0))
-        while time.monotonic() < deadline:
-            try:
-                msg = control.get(timeout=0.5)
-            except queue.Empty:
-                msg = None
-            if msg is not None and msg.get("kind") == "stop":
-                target = {int(p): int(o) for p, o in (msg.get("offsets") or {}).items()}
-                drain_until = time.monotonic() + float(msg.get("timeout", 30.0))
-                while target and time.monotonic() < drain_until:
-                    pos = daemon.stats()["positions"]
-                    if all(pos.get(p, 0) >= o for p, o in target.items()):
-                        break
-                    time.sleep(0.02)
-                break
-            if not runner.is_alive():
-                raise RuntimeError("the sync daemon thread stopped unexpectedly")
-        daemon.stop()
-        runner.join(timeout=30)
-        t, fresh, rows = alog.arrays()
-        st = daemon.stats()
-        events.put({"kind": "samples", "t": t.tolist(), "fresh": fresh.tolist(),
-                    "rows": rows.tolist(), "tables": alog.tables(),
-                    "stats": {k: st[k] for k in ("messages", "applied", "rows", "bytes",
-                                                 "duplicates", "gaps", "quarantined")},
-                    "torch_imported": "torch" in sys.modules})
-    except BaseException as e:
-        log.exception("sync process failed")
-        events.put({"kind": "error", "who": "sync", "error": f"{type(e).__name__}: {e}"})
-        raise SystemExit(1) from None

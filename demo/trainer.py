@@ -10,9 +10,10 @@ stops at the same step when ``--duration`` runs out).
 A :class:`~deltastream.DeltaTracker` in EMBEDDING mode watches the local shards with two
 consumers:
 
-* ``publish`` — every ``publish_every`` steps: ``select_changed`` (top ``topk_fraction`` by
-  drift, new rows first), ``retain`` the leftover, ``DeltaPublisher.publish`` per table
-  (shard = rank, so the rows go to partition ``rank % partitions``);
+* ``publish`` — every ``publish_every`` steps, one :func:`deltastream.publish_delta` round:
+  ``select_changed`` (top ``topk_fraction`` by drift, new rows first), ``retain`` the
+  leftover, ``DeltaPublisher.publish`` per table (shard = rank, so the rows go to partition
+  ``rank % partitions``);
 * ``snapshot`` — every ``snapshot_every`` steps: the rows changed since the last snapshot are
   copied into a mirror of this shard (:class:`~consumers.ServingTable` s) and written as a
   base snapshot (``consumers.storage.snapshot.write_snapshot``) together with the publisher's next
@@ -68,11 +69,9 @@ class _Trainer:
         import torch
         import torch.distributed as dist
 
-        from consumers.serving_table import ServingTable
-        from deltastream.embedding.optim import RowWiseAdagrad
-        from deltastream.publishing.publisher import DeltaPublisher
-        from deltastream.tracking.tracker import DeltaTracker
-        from deltastream.types import TrackingMode
+        from consumers import ServingTable
+        from deltastream import DeltaPublisher, DeltaTracker, RowWiseAdagrad, TrackingMode
+        from deltastream.publishing.rounds import SelectionPolicy
         from demo.data import ClickStream, StreamConfig
         from demo.model import CTRModel, local_tables
 
@@ -110,6 +109,8 @@ class _Trainer:
                                         dtype=cfg["wire_dtype"],
                                         max_message_bytes=int(cfg["max_message_bytes"]))
         self.partition = self.publisher.partition
+        frac = float(cfg["topk_fraction"])
+        self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
         self.next_offset = self._end_offset()
         self.pending: list[Any] = []  # PublishResults not yet flushed
         self.mirror = {name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
@@ -126,7 +127,7 @@ class _Trainer:
 
     def _tracked_fqns(self) -> list[str]:
         """FQNs of the local HashTables (what the tracker reports deltas under)."""
-        from deltastream.embedding.hashtable import HashTable
+        from deltastream import HashTable
 
         return [fqn for fqn, m in self.model.named_modules() if isinstance(m, HashTable)]
 
@@ -150,38 +151,18 @@ class _Trainer:
     # ------------------------------------------------------------------ publish / snapshot
 
     def publish_round(self, step: int, *, final: bool = False) -> dict:
-        """One ``publish`` consumer round; returns its counters."""
-        from deltastream.publishing.selection import select_changed
+        """One ``publish`` consumer round (:func:`deltastream.publish_delta`); its counters."""
+        from deltastream import publish_delta
 
-        frac = float(self.cfg["topk_fraction"])
-        t_read = time.time_ns()
-        t0 = time.monotonic()
-        delta = self.tracker.get_delta("publish")
-        rec = dict(step=step, t=time.time() - float(self.cfg["t0"]), final=final, tracked=0,
-                   published=0, carried=0, rejected=0, tombstones=0, messages=0, bytes=0)
-        for fqn, d in delta.items():
-            tbl = self.fqn_table[fqn]
-            n_tomb = 0 if d.tombstones is None else int(d.tombstones.numel())
-            if len(d) == 0 and n_tomb == 0:
-                continue
-            sel = select_changed(d, tbl, fraction=None if (final or frac >= 1.0) else frac,
-                                 wire_dtype=self.cfg["wire_dtype"])
-            if len(sel.leftover):
-                self.tracker.retain("publish", fqn, sel.leftover)
-            rec["tracked"] += len(d)
-            rec["carried"] += len(sel.leftover)
-            rec["rejected"] += sel.n_rejected
-            if len(sel) or n_tomb:
-                res = self.publisher.publish(tbl.name, sel.ids, sel.rows, step=step,
-                                             tombstones=sel.tombstones, ts=t_read)
-                self.pending.append(res)
-                rec["published"] += res.rows
-                rec["tombstones"] += res.tombstones
-                rec["messages"] += res.messages
-                rec["bytes"] += res.bytes
-                if len(sel):
-                    self.published_ids[tbl.name].append(sel.ids.detach().cpu().numpy())
-        rec["seconds"] = time.monotonic() - t0
+        rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy, step=step,
+                            final=final, tables=self.fqn_table)
+        for t in rnd.tables:
+            if t.result is not None:
+                self.pending.append(t.result)
+            if len(t.ids):
+                self.published_ids[t.table].append(t.ids.detach().cpu().numpy())
+        rec = dict(step=step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
+                   **rnd.totals(), seconds=rnd.seconds)
         for k in ("tracked", "published", "carried", "rejected", "tombstones", "messages",
                   "bytes"):
             self.totals[k] += rec[k]

@@ -170,8 +170,8 @@ def test_flags_default_from_the_environment(tmp_path):
 
 
 def test_demo_parent_and_predictor_modules_import_no_torch():
-    code = ("import sys, deltastream.cli, demo.run, demo.predictor, "
-            "demo.report, demo.scoring, demo.data; "
+    code = ("import sys, deltastream.cli, demo.run, demo.predictor, demo.options, "
+            "demo.progress, demo.summary, demo.report, demo.scoring, demo.data; "
             "deltastream.cli.build_parser(); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),

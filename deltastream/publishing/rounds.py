@@ -1,0 +1,350 @@
+"""One publish round: read a tracker consumer's delta, select, retain the rest, publish.
+
+:func:`publish_delta` is the loop every trainer writes around the library::
+
+    for fqn, delta in tracker.get_delta(consumer).items():
+        sel = select_changed(delta, table, **policy)      # what goes out now
+        tracker.retain(consumer, fqn, sel.leftover)       # the rest stays tracked
+        publisher.publish(name, sel.ids, sel.rows, tombstones=sel.tombstones, ...)
+
+with the bookkeeping done once: table names, the wire dtype the byte budget is counted in,
+counters per table and in total, and no row lost when publishing fails part-way (the rows
+not handed to the publisher go back to the tracker before the error propagates).
+
+:class:`SelectionPolicy` holds ``select_changed``'s budget arguments, checked when it is
+built, so a bad policy fails at start-up rather than at the first round.
+
+The publisher is anything with a ``dtype`` (wire dtype name) and
+``publish(table, ids, rows, *, step, tombstones, ts)`` returning counters like
+:class:`~deltastream.PublishResult` (``rows``, ``tombstones``, ``messages``, ``bytes``):
+usually a :class:`~deltastream.DeltaPublisher`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+import torch
+
+from deltastream.publishing.selection import NEW_ROW_POLICIES, Selection, select_changed
+from deltastream.types import DeltaRows
+
+if TYPE_CHECKING:
+    from deltastream.tracking.tracker import DeltaTracker
+
+__all__ = ["SelectionPolicy", "TableRound", "PublishRound", "RowPublisher", "publish_delta",
+           "table_name"]
+
+log = logging.getLogger(__name__)
+
+#: ``weights`` hook of a policy: ``(fqn, candidate ids [n]) -> float weights [n]``.
+WeightsFn = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+class RowPublisher(Protocol):
+    """What :func:`publish_delta` needs of a publisher (a :class:`~deltastream.DeltaPublisher`)."""
+
+    dtype: str
+
+    def publish(self, table: str, ids: Any, rows: Any, *, step: int,
+                tombstones: Any = None, ts: Optional[int] = None) -> Any:
+        """Send ``rows`` ``[n, dim]`` of ``ids`` ``[n]``; return ``rows``/``tombstones``/
+        ``messages``/``bytes`` counters (a :class:`~deltastream.PublishResult`)."""
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"SelectionPolicy.{name} must be an int, got "
+                        f"{type(value).__name__} {value!r}")
+    if value < lo:
+        raise ValueError(f"SelectionPolicy.{name} must be >= {lo}, got {value}")
+
+
+@dataclass(frozen=True)
+class SelectionPolicy:
+    """How many of a round's changed rows go out: ``select_changed``'s keyword arguments.
+
+    At most one of ``k`` (rows per table), ``fraction`` (of the finite candidates, in
+    ``(0, 1]``) and ``threshold`` (drift, L2 in embedding units; relative to ``‖row‖`` with
+    ``relative``); none of them = every finite row. ``max_bytes`` caps the wire payload per
+    table and round (bytes, counted in the publisher's wire dtype). ``max_age``, ``new_rows``
+    as in :func:`~deltastream.select_changed`. ``weights``, if given, is called as
+    ``weights(fqn, ids)`` with the candidate ids ``[n]`` of a table and returns float
+    importance weights ``[n]`` (e.g. ``LookupRate.rate(ids).sqrt()``).
+
+    Raises:
+        TypeError / ValueError: naming the bad field and what was expected.
+    """
+
+    k: Optional[int] = None
+    fraction: Optional[float] = None
+    threshold: Optional[float] = None
+    max_bytes: Optional[int] = None
+    max_age: Optional[int] = 16
+    relative: bool = False
+    new_rows: str = "first"
+    weights: Optional[WeightsFn] = None
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("k", "fraction", "threshold") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"SelectionPolicy: give at most one of k, fraction, threshold; "
+                             f"got {', '.join(given)}")
+        if self.k is not None:
+            _check_int("k", self.k, 0)
+        if self.fraction is not None:
+            f = self.fraction
+            if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.0 < f <= 1.0:
+                raise ValueError(f"SelectionPolicy.fraction must be a number in (0, 1], "
+                                 f"got {f!r}")
+        if self.threshold is not None:
+            t = self.threshold
+            if isinstance(t, bool) or not isinstance(t, numbers.Real) \
+                    or not (math.isfinite(t) and t >= 0.0):
+                raise ValueError(f"SelectionPolicy.threshold must be a finite number >= 0, "
+                                 f"got {t!r}")
+        if self.max_bytes is not None:
+            _check_int("max_bytes", self.max_bytes, 0)
+        if self.max_age is not None:
+            _check_int("max_age", self.max_age, 0)
+        if not isinstance(self.relative, bool):
+            raise TypeError(f"SelectionPolicy.relative must be a bool, got {self.relative!r}")
+        if self.relative and self.threshold is None:
+            raise ValueError("SelectionPolicy.relative=True needs a threshold (it makes the "
+                             "threshold relative to the row norm)")
+        if self.new_rows not in NEW_ROW_POLICIES:
+            raise ValueError(f"SelectionPolicy.new_rows must be one of "
+                             f"{list(NEW_ROW_POLICIES)}, got {self.new_rows!r}")
+        if self.weights is not None and not callable(self.weights):
+            raise TypeError(f"SelectionPolicy.weights must be callable (fqn, ids) -> weights, "
+                            f"got {type(self.weights).__name__}")
+
+    def select(self, delta: DeltaRows, table: torch.nn.Module, *, fqn: str,
+               wire_dtype: str) -> Selection:
+        """``select_changed(delta, table, ...)`` with this policy's arguments."""
+        weights = None if self.weights is None else self.weights(fqn, delta.ids)
+        return select_changed(delta, table, k=self.k, fraction=self.fraction,
+                              threshold=self.threshold, max_bytes=self.max_bytes,
+                              wire_dtype=wire_dtype, max_age=self.max_age,
+                              relative=self.relative, new_rows=self.new_rows, weights=weights)
+
+
+@dataclass(frozen=True)
+class TableRound:
+    """What one round did for one table (counts in rows, ``bytes`` in encoded bytes).
+
+    Attributes:
+        fqn: the tracker's key of the table. table: the name rows were published under.
+        tracked: candidate rows read from the tracker. published: rows handed to the
+            publisher. tombstones: evicted ids published. carried: rows retained for the
+            next round (tracked, not lost). rejected: rows skipped as non-finite.
+        messages, bytes: what the publisher sent (0 when nothing was published).
+        ids: int64 ``[published]`` ascending ids published (the delta's device).
+        result: the publisher's return value (a :class:`~deltastream.PublishResult`), or
+            ``None`` when there was nothing to publish.
+    """
+
+    fqn: str
+    table: str
+    tracked: int
+    published: int
+    tombstones: int
+    carried: int
+    rejected: int
+    messages: int
+    bytes: int
+    ids: torch.Tensor
+    result: Any = None
+
+
+_COUNTERS = ("tracked", "published", "carried", "rejected", "tombstones", "messages", "bytes")
+
+
+@dataclass(frozen=True)
+class PublishRound:
+    """One call of :func:`publish_delta`: per-table records and their totals.
+
+    ``ts`` is the wall clock (ns) when the delta was read, carried by every message;
+    ``seconds`` the round's duration. Tables with nothing to publish or carry are left out.
+    """
+
+    step: int
+    ts: int
+    final: bool
+    seconds: float
+    tables: tuple[TableRound, ...]
+
+    def _sum(self, name: str) -> int:
+        return sum(getattr(t, name) for t in self.tables)
+
+    @property
+    def tracked(self) -> int:
+        return self._sum("tracked")
+
+    @property
+    def published(self) -> int:
+        return self._sum("published")
+
+    @property
+    def tombstones(self) -> int:
+        return self._sum("tombstones")
+
+    @property
+    def carried(self) -> int:
+        return self._sum("carried")
+
+    @property
+    def rejected(self) -> int:
+        return self._sum("rejected")
+
+    @property
+    def messages(self) -> int:
+        return self._sum("messages")
+
+    @property
+    def bytes(self) -> int:
+        return self._sum("bytes")
+
+    def totals(self) -> dict[str, int]:
+        """``{tracked, published, carried, rejected, tombstones, messages, bytes}`` summed."""
+        return {k: self._sum(k) for k in _COUNTERS}
+
+
+def table_name(fqn: str, module: torch.nn.Module) -> str:
+    """The name a tracked table's rows are published under.
+
+    A table that carries its own name (:class:`~deltastream.HashTable`, a
+    :class:`~deltastream.ShardedEmbedding` shard: ``module.name``) is published under it, so
+    every shard of a table agrees whatever its module path; any other module (e.g. a
+    ``torch.nn.Embedding``) under its fqn.
+    """
+    name = getattr(module, "name", None)
+    return name if isinstance(name, str) and name else fqn
+
+
+def _rows_at(delta: DeltaRows, ids: torch.Tensor) -> DeltaRows:
+    """The rows of ``delta`` for ``ids`` (a subset of ``delta.ids``, ascending), every column."""
+    pos = torch.searchsorted(delta.ids, ids.to(delta.ids.device))
+
+    def pick(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return None if x is None else x.index_select(0, pos.to(x.device))
+
+    return DeltaRows(ids=pick(delta.ids), states=pick(delta.states), new=pick(delta.new),
+                     age=pick(delta.age))
+
+
+def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
+                  policy: Optional[SelectionPolicy] = None, *, step: int, final: bool = False,
+                  tables: Optional[Mapping[str, torch.nn.Module]] = None,
+                  ts: Optional[int] = None) -> PublishRound:
+    """Run one publish round of ``consumer``: select, retain the leftover, publish.
+
+    For every table in ``tracker.get_delta(consumer)`` with changed rows or tombstones:
+    ``policy.select`` picks the rows (current values read from the table), the leftover is
+    handed back with ``tracker.retain`` (it comes back next round, older FIRST state, ``age
+    + 1``), and the selected rows and the delta's tombstones are published under
+    :func:`table_name`.
+
+    Args:
+        tracker: a :class:`~deltastream.DeltaTracker` with ``consumer``.
+        publisher: a :class:`~deltastream.DeltaPublisher` (or any :class:`RowPublisher`);
+            its ``dtype`` is the wire dtype ``policy.max_bytes`` is counted in.
+        policy: the selection budget; ``None`` = every finite row.
+        step: trainer global step carried by the messages (>= 0).
+        final: a final flush: publish every finite row whatever ``policy`` says, retain
+            nothing.
+        tables: ``{fqn: module}`` where rows are read; default
+            ``tracker.get_tracked_modules()``.
+        ts: wall clock in ns stamped on the messages; default when the delta is read.
+
+    Returns:
+        A :class:`PublishRound` with per-table counts, published ids and publisher results.
+
+    Raises:
+        PublishError: from the publisher. Before it propagates, the rows that were not
+            handed to the publisher (the failing table's selection and every later table's
+            candidates) are retained, so the next round publishes them again; the failing
+            table's selection may then go out twice (upserts are idempotent). Tombstones
+            cannot be retained (``retain`` keeps rows): the error's notes name the tables
+            whose tombstones were not published. Messages of earlier rounds that failed
+            after they were handed over are named in ``PublishError.undelivered``.
+        Any error of ``select_changed`` or the tracker, after the same hand-back.
+    """
+    policy = SelectionPolicy() if policy is None else policy
+    if not isinstance(policy, SelectionPolicy):
+        raise TypeError(f"policy must be a SelectionPolicy or None, got "
+                        f"{type(policy).__name__}")
+    wire_dtype = publisher.dtype
+    modules = tracker.get_tracked_modules() if tables is None else tables
+    t0 = time.monotonic()
+    ts = time.time_ns() if ts is None else ts
+    # (fqn, delta, ids of the delta still at stake: None = all of them); what is left here
+    # when an error propagates goes back to the tracker
+    pending: list[tuple[str, DeltaRows, Optional[torch.Tensor]]] = [
+        (fqn, d, None) for fqn, d in tracker.get_delta(consumer).items()]
+    done: list[TableRound] = []
+    while pending:
+        fqn, delta, _ = pending[0]
+        n_tomb = 0 if delta.tombstones is None else int(delta.tombstones.numel())
+        if len(delta) == 0 and n_tomb == 0:
+            pending.pop(0)
+            continue
+        res = None
+        try:
+            if fqn not in modules:
+                raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(modules)}")
+            module = modules[fqn]
+            name = table_name(fqn, module)
+            sel = (select_changed(delta, module, wire_dtype=wire_dtype) if final
+                   else policy.select(delta, module, fqn=fqn, wire_dtype=wire_dtype))
+            if len(sel.leftover):
+                tracker.retain(consumer, fqn, sel.leftover)
+            # from here on only the selection is at stake: the leftover is back in the tracker
+            pending[0] = (fqn, delta, sel.ids)
+            if len(sel) or n_tomb:
+                res = publisher.publish(name, sel.ids, sel.rows, step=step, ts=ts,
+                                        tombstones=sel.tombstones if n_tomb else None)
+        except BaseException as e:
+            _hand_back(tracker, consumer, pending, e)
+            raise
+        pending.pop(0)
+        done.append(TableRound(
+            fqn=fqn, table=name, tracked=len(delta),
+            published=0 if res is None else int(res.rows),
+            tombstones=0 if res is None else int(res.tombstones),
+            carried=len(sel.leftover), rejected=sel.n_rejected,
+            messages=0 if res is None else int(res.messages),
+            bytes=0 if res is None else int(res.bytes), ids=sel.ids, result=res))
+    return PublishRound(step=step, ts=ts, final=final, seconds=time.monotonic() - t0,
+                        tables=tuple(done))
+
+
+def _hand_back(tracker: DeltaTracker, consumer: str,
+               pending: list[tuple[str, DeltaRows, Optional[torch.Tensor]]],
+               error: BaseException) -> None:
+    """After ``error``: retain the rows of ``pending`` (not handed to the publisher)."""
+    rows = 0
+    lost: list[str] = []
+    for fqn, delta, ids in pending:
+        if delta.tombstones is not None and delta.tombstones.numel():
+            lost.append(f"{fqn} ({int(delta.tombstones.numel())})")
+        if ids is not None:
+            delta = _rows_at(delta, ids)
+        if not len(delta):
+            continue
+        try:
+            tracker.retain(consumer, fqn, delta)
+            rows += len(delta)
+        except Exception:  # keep the original error; this one is logged
+            log.exception("publish round: could not retain %d rows of %s", len(delta), fqn)
+    text = (f"publish_delta: {rows} unpublished rows of consumer {consumer!r} retained for "
+            f"the next round" + (f"; tombstones not published: {', '.join(lost)}" if lost
+                                 else ""))
+    log.warning("%s (after %s)", text, type(error).__name__)
+    error.add_note(text)
