@@ -227,9 +227,9 @@ def _fail_at(monkeypatch, k: int) -> list:
             return real(*a, **kw)
         monkeypatch.setattr(owner, name, f)
 
-    wrap(ck, "_write_chunks")
-    wrap(ck, "_fsync_dir")
-    wrap(ck, "_write_snapshot_dir")
+    wrap(ck, "write_chunks")
+    wrap(ck, "fsync_dir")
+    wrap(ck, "write_full")
     wrap(os, "replace")
     wrap(os, "rename")
     wrap(os, "fsync")
