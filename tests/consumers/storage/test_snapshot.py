@@ -25,7 +25,7 @@ from consumers.storage.snapshot import (
     write_snapshot,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def make_state(version: int, n: int = 200):
