@@ -9,7 +9,8 @@ import importlib
 import logging
 from typing import Any
 
-logging.getLogger(__name__).addHandler(logging.NullHandler())
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())  # library: the application configures logging
 
 _EXPORTS = {
     "ServingTable": "serving_table",
@@ -26,12 +27,12 @@ _EXPORTS = {
     "Quarantine": "quarantine",
     "CheckpointStore": "storage.checkpoint",
     "read_checkpoint": "storage.checkpoint",
-    "SyncDaemon": "sync",
+    "SyncDaemon": "sync.daemon",
     "ConsumerError": "errors",
     "ReplayError": "errors",
     "TopicReader": "topic",
-    "rebuild": "replay",
-    "diff_snapshots": "replay",
+    "rebuild": "replay.rebuild",
+    "diff_snapshots": "replay.diff",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -20,11 +20,14 @@ verdict         when                                                      consum
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
 __all__ = ["SeqVerdict", "SeqTracker", "VERDICTS"]
+
+log = logging.getLogger(__name__)
 
 VERDICTS = ("ok", "duplicate", "gap", "new_epoch", "stale_epoch")
 _STATE_VERSION = 1

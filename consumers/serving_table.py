@@ -5,20 +5,9 @@ Layout
 * Rows live in one numpy array ``[row_capacity, dim]`` (float32 or float16). Row slot 0 is
   reserved and always zero: a lookup maps unknown ids to slot 0, so ``lookup`` is one probe
   plus one gather with no masking. Slots of deleted ids go on a free stack and are reused.
-* The id -> slot index is an open-addressing hash table with linear probing (Fibonacci
-  hashing of the int64 id) held in two numpy arrays (``int64`` keys, ``int32`` slot or
-  EMPTY/DELETED marker), probed vectorized: each round handles every id still unresolved
-  (one bucket per round, then windows of 16 buckets for the last few ids in long runs),
-  until every id hit its key or an EMPTY bucket. The load factor (live + deleted markers)
-  is kept in [0.2, 0.4] by rebuilding, so ~80-90% of ids resolve in the first round.
-  At 1M ids the index costs 48 MB (4M buckets × 12 bytes) next to 256 MB of dim-64 rows.
-
-  Why a hash and not sorted keys + ``searchsorted``: a sorted index answers lookups in
-  O(log n) but every batch that brings new ids must merge them in, an O(resident) copy
-  (16 MB of keys and slots at 1M ids) per batch; a trainer that keeps discovering ids would
-  make every apply cost milliseconds regardless of batch size. The hash costs O(batch) per
-  apply and lookup, with an amortized O(resident) rebuild only when it grows (or when delete
-  markers pile up).
+* The id -> slot index is a :class:`~consumers.id_index.IdIndex`: a numpy open-addressing
+  hash of the int64 ids, O(batch) per apply and lookup (see that module for why not sorted
+  keys). At 1M ids it costs 48 MB next to 256 MB of dim-64 rows.
 
 Thread safety
 -------------
@@ -34,53 +23,44 @@ Snapshots
 ``save(dir)`` writes ``ids.npy`` and ``rows.npy`` (``allow_pickle=False``) and a
 ``manifest.json`` with the format version, shapes and sha256 of each file (and a checksum
 of the manifest itself) into a temporary directory next to ``dir``, fsyncs files and
-directories, then swaps it in with renames (see :func:`_replace_dir`). ``load`` verifies
-everything and raises :class:`SnapshotError` naming the file and the problem.
+directories, then swaps it in with renames (see :mod:`consumers.storage.files`). ``load``
+verifies everything and raises :class:`SnapshotError` naming the file and the problem.
+Snapshots and checkpoints (:mod:`consumers.storage`) use the public persistence surface:
+:meth:`ServingTable.export`, :meth:`ServingTable.restore`, the change tracking methods
+(:meth:`~ServingTable.start_tracking`, :meth:`~ServingTable.export_tracked`,
+:meth:`~ServingTable.take_changes`) and :meth:`ServingTable.apply_changes`.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import io
-import json
 import logging
-import os
-import shutil
 import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 
 from consumers.errors import ApplyError, SnapshotError
+from consumers.id_index import IdIndex
+from consumers.storage.files import (
+    STORAGE_DTYPES,
+    PathLike,
+    TableData,
+    read_table_dir,
+    resolve_dir,
+    write_dir_atomic,
+    write_table_dir,
+)
 from deltastream.wire import MAX_DIM, DeltaBatch
 
 __all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
 
 log = logging.getLogger(__name__)
 
-#: storage dtype name -> numpy dtype
-STORAGE_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
 _F16_MAX = 65504.0
-
-_EMPTY = np.int32(-1)
-_DELETED = np.int32(-2)
-_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio, odd
-_FEW = 64  # probe rounds switch from 1 bucket to a window when fewer keys remain
-_WINDOW = 16
-_WIN_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
-_MAX_LOAD = 0.4  # rebuild when (live + deleted markers) would exceed this fraction
-_REBUILD_SLACK = 3  # after a rebuild: buckets ≥ 3 × ids (power of 2: load in [0.19, 1/3])
 _DELETED_COMPACT_MIN = 1 << 16  # deleted-id list entries before the first dedup
-
-TABLE_FORMAT = "deltastream-table"
-TABLE_FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-
-PathLike = Union[str, os.PathLike]
 
 
 @dataclass
@@ -108,12 +88,6 @@ def _as_ids(ids: Any, what: str = "ids") -> np.ndarray:
     if arr.dtype == np.uint64 and bool(np.any(arr > np.iinfo(np.int64).max)):
         raise ValueError(f"{what}: ids must fit in int64")
     return np.ascontiguousarray(arr, dtype=np.int64)
-
-
-def _hash(keys: np.ndarray, shift: np.uint64) -> np.ndarray:
-    """Bucket of each int64 key: the top bits of key × golden-ratio constant (mod 2^64)."""
-    # the result is < 2^(64-shift), so viewing it as int64 is exact and free
-    return ((keys.view(np.uint64) * _MULT) >> shift).view(np.int64)
 
 
 def _all_finite(x: np.ndarray) -> bool:
@@ -176,100 +150,9 @@ class ServingTable:
         self._deleted: list[np.ndarray] = []
         self._deleted_n = 0
         self._deleted_floor = _DELETED_COMPACT_MIN
-        self._init_index(_pow2_at_least(_REBUILD_SLACK * int(capacity)))
+        self._index = IdIndex(int(capacity), name)
 
-    # ------------------------------------------------------------------ index internals
-
-    def _init_index(self, buckets: int) -> None:
-        self._hkeys = np.zeros(buckets, np.int64)
-        self._hvals = np.full(buckets, _EMPTY, np.int32)
-        self._mask = buckets - 1
-        self._shift = np.uint64(64 - (buckets.bit_length() - 1))
-        self._used = 0  # buckets not EMPTY (live + DELETED markers)
-
-    def _probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket holding each key or -1, its row slot or 0) for int64 contiguous ``keys``.
-
-        Round 1 checks every key's home bucket with 1-D gathers (resolves most keys); the
-        rest go on in :meth:`_probe_rest`. A key is always placed
-        before the first EMPTY bucket of its probe path, so the first bucket that holds
-        the key or is EMPTY decides.
-        """
-        n = keys.shape[0]
-        if n == 0:
-            return np.full(0, -1, np.int64), np.zeros(0, np.int32)
-        hk, hv = self._hkeys, self._hvals
-        pos = _hash(keys, self._shift)
-        v = hv[pos]
-        hit = (hk[pos] == keys) & (v >= 0)
-        out_pos = np.where(hit, pos, -1)
-        out_slot = np.where(hit, v, np.int32(0))
-        rest = np.flatnonzero(~(hit | (v == _EMPTY)))
-        if rest.size:
-            p, s = self._probe_rest(keys[rest], (pos[rest] + 1) & self._mask)
-            out_pos[rest] = p
-            out_slot[rest] = s
-        return out_pos, out_slot
-
-    def _probe_rest(self, keys: np.ndarray, start: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        """Continue probing ``keys`` from buckets ``start``.
-
-        While many keys remain, one bucket per round (1-D gathers, cheapest per key). The
-        last few keys sit in the longest runs of occupied buckets, and a round costs a
-        dozen numpy calls whatever its size, so they go ``_WINDOW`` buckets per round.
-        """
-        hk, hv, mask = self._hkeys, self._hvals, self._mask
-        out_pos = np.full(keys.shape[0], -1, np.int64)
-        out_slot = np.zeros(keys.shape[0], np.int32)
-        active = np.arange(keys.shape[0])
-        pos, k = start, keys
-        while active.size > _FEW:
-            v = hv[pos]
-            hit = (hk[pos] == k) & (v >= 0)
-            if hit.any():
-                out_pos[active[hit]] = pos[hit]
-                out_slot[active[hit]] = v[hit]
-            keep = ~(hit | (v == _EMPTY))
-            active, pos, k = active[keep], (pos[keep] + 1) & mask, k[keep]
-        while active.size:
-            idx = (pos[:, None] + _WIN_OFFSETS) & mask
-            v = hv[idx]
-            hit = (hk[idx] == k[:, None]) & (v >= 0)
-            stop = hit | (v == _EMPTY)
-            first = stop.argmax(axis=1)
-            rows = np.arange(active.shape[0])
-            found = hit[rows, first]
-            out_pos[active[found]] = idx[rows, first][found]
-            out_slot[active[found]] = v[rows, first][found]
-            more = ~stop[rows, first]  # nothing decisive in this window: the next one
-            active, pos, k = active[more], (pos[more] + _WINDOW) & mask, k[more]
-        return out_pos, out_slot
-
-    def _insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        """Insert ``keys`` (unique, all absent) pointing at row ``slots``. Capacity reserved.
-
-        Each round, every unplaced key claims its current bucket if free (EMPTY, or DELETED:
-        safe to reuse since the keys are known absent), else moves one bucket on. Several
-        keys may claim one bucket: all write their key, the one whose key reads back won
-        (keys are unique, so exactly one did), and only winners write their slot — this
-        never relies on the order of a fancy assignment. Losers move on.
-        """
-        hk, hv, mask = self._hkeys, self._hvals, self._mask
-        pos = _hash(keys, self._shift)
-        active = np.arange(keys.shape[0])
-        while active.size:
-            free = hv[pos] < 0
-            fa, fp = active[free], pos[free]
-            keep = ~free
-            if fa.size:
-                hk[fp] = keys[fa]
-                won = hk[fp] == keys[fa]
-                wa, wp = fa[won], fp[won]
-                self._used += int(np.count_nonzero(hv[wp] == _EMPTY))
-                hv[wp] = slots[wa]
-                keep[np.flatnonzero(free)[~won]] = True  # losers go on probing
-            active, pos = active[keep], (pos[keep] + 1) & mask
+    # ------------------------------------------------------------------ internals (lock held)
 
     def _reserve(self, new_keys: int) -> None:
         """Make room for ``new_keys`` more ids (buckets and rows) before anything changes."""
@@ -291,22 +174,7 @@ class ServingTable:
             dirty = np.zeros(self._rows.shape[0], np.bool_)
             dirty[: self._hwm] = self._dirty[: self._hwm]
             self._dirty = dirty
-        if self._used + new_keys > _MAX_LOAD * (self._mask + 1):
-            self._rebuild(self._live + new_keys)
-
-    def _rebuild(self, expected: int) -> None:
-        """Rehash live ids into fresh buckets sized for ``expected`` ids (drops markers)."""
-        live = self._hvals >= 0
-        keys, slots = self._hkeys[live], self._hvals[live]
-        old = (self._hkeys, self._hvals, self._mask, self._shift, self._used)
-        try:
-            self._init_index(_pow2_at_least(_REBUILD_SLACK * max(expected, 1)))
-            self._insert(keys, slots)
-        except BaseException:
-            self._hkeys, self._hvals, self._mask, self._shift, self._used = old
-            raise
-        log.debug("table %s: index rebuilt with %d buckets for %d ids", self.name,
-                  self._mask + 1, keys.shape[0])
+        self._index.reserve(new_keys, self._live)
 
     def _alloc(self, m: int) -> np.ndarray:
         """``m`` row slots (reused ones first). Capacity reserved by :meth:`_reserve`."""
@@ -321,28 +189,24 @@ class ServingTable:
     def _delete_locked(self, ids: np.ndarray) -> int:
         if ids.size == 0:
             return 0
-        pos, _ = self._probe(ids)
-        pos = pos[pos >= 0]
-        if pos.size == 0:
+        slots, keys = self._index.delete(ids)
+        if slots.size == 0:
             return 0
-        pos = np.unique(pos)  # a tombstone list may repeat an id
-        slots = self._hvals[pos]
-        self._hvals[pos] = _DELETED
         if self._tracking:
             self._dirty[slots] = False  # a freed slot holds no row to checkpoint
-            self._note_deleted(self._hkeys[pos])
+            self._note_deleted(keys)
         self._free[self._nfree: self._nfree + slots.size] = slots
         self._nfree += slots.size
         self._live -= slots.size
         return int(slots.size)
 
     def _upsert_locked(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        _, slots = self._probe(ids)
+        slots = self._index.slots(ids)
         new = slots == 0
         if new.any():
             fresh = self._alloc(int(np.count_nonzero(new)))
             slots[new] = fresh
-            self._insert(ids[new], fresh)
+            self._index.insert(ids[new], fresh)
             self._slot_ids[fresh] = ids[new]
             self._live += fresh.size
         _scatter_rows(self._rows, slots, rows)
@@ -351,7 +215,7 @@ class ServingTable:
 
     def _slots(self, ids: np.ndarray) -> np.ndarray:
         """Row slot of each id, 0 (the zero row) for unknown ids. Caller holds the lock."""
-        return self._probe(ids)[1]
+        return self._index.slots(ids)
 
     # ------------------------------------------------------------------ validation
 
@@ -491,16 +355,21 @@ class ServingTable:
         """Bool ``[N]``: which ``ids`` are present."""
         keys = _as_ids(ids)
         with self._lock:
-            return self._probe(keys)[1] > 0
+            return self._index.slots(keys) > 0
 
-    def _export(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ids ascending, rows in storage dtype) — a consistent copy."""
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The numpy dtype rows are stored in (``STORAGE_DTYPES[self.dtype]``)."""
+        return self._np_dtype
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids ascending int64 ``[n]``, rows ``[n, dim]`` in the storage dtype) — a
+        consistent copy (what :meth:`save` and snapshots write)."""
         with self._lock:
             return self._export_locked()
 
     def _export_locked(self) -> tuple[np.ndarray, np.ndarray]:
-        live = self._hvals >= 0
-        keys, slots = self._hkeys[live], self._hvals[live]
+        keys, slots = self._index.items()
         order = np.argsort(keys, kind="stable")
         keys, slots = keys[order], slots[order]
         rows = np.take(self._rows, slots, axis=0)
@@ -527,15 +396,15 @@ class ServingTable:
         self._deleted_floor = _DELETED_COMPACT_MIN
         self._tracking = True
 
-    def _export_tracked(self) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`_export`, and (in the same critical section) start change tracking
+    def export_tracked(self) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`export`, and (in the same critical section) start change tracking
         afresh: later changes are relative to exactly the state returned."""
         with self._lock:
             out = self._export_locked()
             self._reset_changes_locked()
         return out
 
-    def _start_tracking(self) -> None:
+    def start_tracking(self) -> None:
         """Start change tracking relative to the current contents (e.g. just loaded)."""
         with self._lock:
             self._reset_changes_locked()
@@ -545,7 +414,7 @@ class ServingTable:
         """True when changes are tracked for an incremental checkpoint."""
         return self._tracking
 
-    def _take_changes(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def take_changes(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Changes since the last take / tracked export, and clear them, atomically.
 
         Returns ``(upserted ids ascending int64 [n], their rows [n, dim] in the storage
@@ -561,7 +430,7 @@ class ServingTable:
             rows = np.take(self._rows, slots, axis=0)
             if self._deleted_n:
                 gone = np.unique(np.concatenate(self._deleted))
-                gone = gone[self._probe(gone)[1] == 0]
+                gone = gone[self._index.slots(gone) == 0]
             else:
                 gone = np.zeros(0, np.int64)
             self._reset_changes_locked()
@@ -571,7 +440,7 @@ class ServingTable:
     def ids(self) -> np.ndarray:
         """Present ids, int64 ascending."""
         with self._lock:
-            keys = self._hkeys[self._hvals >= 0]
+            keys = self._index.keys()
         keys.sort()
         return keys
 
@@ -579,12 +448,12 @@ class ServingTable:
         """Float32 rows: of ``ids()`` in that order (``ids=None``), else ``lookup(ids)``."""
         if ids is not None:
             return self.lookup(ids)
-        _, rows = self._export()
+        _, rows = self.export()
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids ascending int64 ``[n]``, float32 rows ``[n, dim]``) from one consistent view."""
-        keys, rows = self._export()
+        keys, rows = self.export()
         return keys, (rows if rows.dtype == np.float32 else rows.astype(np.float32))
 
     def digest(self) -> str:
@@ -592,7 +461,7 @@ class ServingTable:
 
         Equal digests mean bit-identical contents (the name is not included).
         """
-        keys, rows = self._export()
+        keys, rows = self.export()
         h = hashlib.sha256()
         h.update(f"deltastream-table-digest-v1 dim={self.dim} dtype={self.dtype}\n".encode())
         h.update(keys.astype("<i8", copy=False).tobytes())
@@ -603,9 +472,8 @@ class ServingTable:
         """Sizes for monitoring: ids, row slots, free slots, buckets, bytes held."""
         with self._lock:
             return {"ids": self._live, "row_capacity": int(self._rows.shape[0]) - 1,
-                    "free_slots": self._nfree, "buckets": self._mask + 1,
-                    "bytes": int(self._rows.nbytes + self._hkeys.nbytes + self._hvals.nbytes
-                                 + self._free.nbytes)}
+                    "free_slots": self._nfree, "buckets": self._index.buckets,
+                    "bytes": int(self._rows.nbytes + self._index.nbytes + self._free.nbytes)}
 
     @classmethod
     def from_arrays(cls, name: str, ids: Any, rows: Any, *, dtype: str = "f32") -> ServingTable:
@@ -617,24 +485,62 @@ class ServingTable:
         t.upsert(ids, rows)
         return t
 
-    # ------------------------------------------------------------------ snapshots
+    # ------------------------------------------------------------------ persistence
+
+    @classmethod
+    def restore(cls, name: str, ids: np.ndarray, rows: np.ndarray, *,
+                dtype: str = "f32") -> ServingTable:
+        """A table holding stored contents: ``ids`` strictly ascending int64 ``[n]``, ``rows``
+        ``[n, dim]`` in the storage dtype of ``dtype``.
+
+        For verified storage (sha256-checked files): unlike :meth:`from_arrays` the values
+        are not checked again (finite, f16 range), and the ids are not sorted or deduplicated.
+        """
+        rows = np.asarray(rows)
+        n = int(np.shape(ids)[0])
+        if rows.ndim != 2 or rows.shape[0] != n:
+            raise ValueError(f"rows: expected shape [{n}, dim], got {rows.shape}")
+        table = cls(name, rows.shape[1], dtype=dtype, capacity=max(1, n))
+        with table._lock:
+            table._reserve(n)
+            slots = table._alloc(n)
+            _scatter_rows(table._rows, slots, rows)
+            table._index.insert(np.asarray(ids, dtype=np.int64), slots)
+            table._slot_ids[slots] = ids
+            table._live = n
+        return table
+
+    def apply_changes(self, ids: np.ndarray, rows: np.ndarray, deleted: np.ndarray) -> None:
+        """Delete ``deleted`` then upsert ``ids`` (unique int64 ``[n]``) with ``rows``
+        (``[n, dim]``, storage dtype), atomically for readers.
+
+        Replays stored changes (a checkpoint segment, as :meth:`take_changes` returned
+        them); like :meth:`restore`, values are not checked again.
+        """
+        ids = np.ascontiguousarray(ids, np.int64)
+        rows = np.ascontiguousarray(rows, self._np_dtype)
+        if rows.shape != (ids.shape[0], self.dim):
+            raise ValueError(f"rows: expected shape [{ids.shape[0]}, {self.dim}] for table "
+                             f"{self.name!r}, got {rows.shape}")
+        with self._lock:
+            self._reserve(ids.shape[0])
+            if deleted.size:
+                self._delete_locked(np.ascontiguousarray(deleted, np.int64))
+            if ids.size:
+                self._upsert_locked(ids, rows)
 
     def save(self, dir: PathLike) -> None:
         """Write this table to directory ``dir`` atomically (replacing what is there)."""
-        path = Path(dir)
-        tmp = _new_tmp(path)
-        try:
-            _write_table_dir(tmp, self)  # fsyncs its files and the directory
-        except Exception:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        _replace_dir(tmp, path)
+        keys, rows = self.export()
+        write_dir_atomic(Path(dir), lambda tmp: write_table_dir(
+            tmp, TableData(self.name, self.dtype, keys, rows)))
 
     @classmethod
     def load(cls, dir: PathLike) -> ServingTable:
         """Read a table written by :meth:`save`. Raises :class:`SnapshotError` when ``dir``
         is missing, damaged, truncated or half-written."""
-        return _read_table_dir(_resolve_dir(Path(dir)))
+        data = read_table_dir(resolve_dir(Path(dir)))
+        return cls.restore(data.name, data.ids, data.rows, dtype=data.dtype)
 
 
 def _scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
@@ -644,248 +550,3 @@ def _scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
     rows = np.ascontiguousarray(rows, dtype=dst.dtype)
     item = np.dtype((np.void, dst.dtype.itemsize * dst.shape[1]))
     dst.view(item).reshape(-1)[slots] = rows.view(item).reshape(-1)
-
-
-def _pow2_at_least(n: int) -> int:
-    return max(16, 1 << (max(1, int(n)) - 1).bit_length())
-
-
-# ----------------------------------------------------------------------------- files
-
-
-class _HashingWriter:
-    """File wrapper that sha256-hashes and counts what is written (np.save writes chunks)."""
-
-    def __init__(self, f: Any) -> None:
-        self.f, self.h, self.n = f, hashlib.sha256(), 0
-
-    def write(self, b: Any) -> int:
-        self.h.update(b)
-        self.n += len(memoryview(b).cast("B"))
-        return self.f.write(b)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, data: bytes) -> dict:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-
-
-def _write_npy(path: Path, arr: np.ndarray) -> dict:
-    """np.save ``arr`` to ``path`` with fsync; returns {"sha256", "bytes"} of the file."""
-    with open(path, "wb") as f:
-        w = _HashingWriter(f)
-        np.save(w, arr, allow_pickle=False)  # type: ignore[arg-type]
-        f.flush()
-        os.fsync(f.fileno())
-    return {"sha256": w.h.hexdigest(), "bytes": w.n}
-
-
-def _seal(body: dict) -> dict:
-    """``body`` plus "checksum": sha256 of its canonical JSON (catches any edited byte)."""
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return {**body, "checksum": hashlib.sha256(canon).hexdigest()}
-
-
-def _unseal(raw: bytes, where: Path) -> dict:
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SnapshotError(f"{where}: manifest is not valid JSON ({e})") from None
-    if not isinstance(doc, dict) or "checksum" not in doc:
-        raise SnapshotError(f"{where}: manifest has no checksum (not a deltastream snapshot?)")
-    body = {k: v for k, v in doc.items() if k != "checksum"}
-    if _seal(body)["checksum"] != doc["checksum"]:
-        raise SnapshotError(f"{where}: manifest checksum mismatch (the manifest was altered "
-                            "or damaged)")
-    return body
-
-
-def _write_manifest(dir: Path, body: dict) -> dict:
-    data = json.dumps(_seal(body), indent=1, sort_keys=True).encode()
-    return _write_file(dir / MANIFEST, data)
-
-
-def _write_table_dir(dir: Path, table: ServingTable,
-                     arrays: Optional[tuple[np.ndarray, np.ndarray]] = None) -> dict:
-    """Write ``table`` into the (new) directory ``dir``; returns the manifest file's entry.
-
-    ``arrays``: (ids ascending, rows) already exported from ``table``; None exports now.
-    """
-    dir.mkdir(parents=True, exist_ok=False)
-    keys, rows = table._export() if arrays is None else arrays
-    files = {"ids.npy": _write_npy(dir / "ids.npy", keys.astype("<i8", copy=False)),
-             "rows.npy": _write_npy(dir / "rows.npy",
-                                    rows.astype(rows.dtype.newbyteorder("<"), copy=False))}
-    body = {"format": TABLE_FORMAT, "version": TABLE_FORMAT_VERSION, "name": table.name,
-            "dim": table.dim, "dtype": table.dtype, "n": int(keys.shape[0]), "files": files}
-    entry = _write_manifest(dir, body)
-    _fsync_dir(dir)
-    return entry
-
-
-def _read_verified(path: Path, entry: Any) -> bytearray:
-    """Bytes of ``path`` after checking size and sha256 against the manifest ``entry``."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
-            or not isinstance(entry.get("bytes"), int):
-        raise SnapshotError(f"{path}: manifest entry is malformed: {entry!r}")
-    try:
-        size = os.path.getsize(path)
-        if size != entry["bytes"]:
-            raise SnapshotError(f"{path}: {size} bytes, manifest says {entry['bytes']} "
-                                "(truncated or half-written)")
-        data = bytearray(size)
-        with open(path, "rb") as f:
-            got = f.readinto(data)
-    except FileNotFoundError:
-        raise SnapshotError(f"{path}: file missing") from None
-    except OSError as e:
-        raise SnapshotError(f"{path}: cannot read ({e})") from None
-    if got != size:
-        raise SnapshotError(f"{path}: short read ({got} of {size} bytes)")
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise SnapshotError(f"{path}: sha256 checksum mismatch (file damaged)")
-    return data
-
-
-def _parse_npy(data: bytearray, path: Path, dtype: np.dtype, shape: tuple) -> np.ndarray:
-    """Array from verified .npy bytes (no copy); refuses object dtypes and wrong shapes."""
-    try:
-        head = io.BytesIO(bytes(data[: min(len(data), 1 << 16)]))
-        version = np.lib.format.read_magic(head)
-        reader = {(1, 0): np.lib.format.read_array_header_1_0,
-                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-        if reader is None:
-            raise ValueError(f"unsupported .npy version {version}")
-        fshape, fortran, fdtype = reader(head)
-    except ValueError as e:
-        raise SnapshotError(f"{path}: not a valid .npy file ({e})") from None
-    if fdtype != dtype or fortran or tuple(fshape) != tuple(shape):
-        raise SnapshotError(f"{path}: holds {fdtype} {tuple(fshape)} (fortran={fortran}), "
-                            f"expected {dtype} {tuple(shape)}")
-    offset = head.tell()
-    count = int(np.prod(shape, dtype=np.int64))
-    if len(data) - offset != count * dtype.itemsize:
-        raise SnapshotError(f"{path}: {len(data) - offset} data bytes, expected "
-                            f"{count * dtype.itemsize}")
-    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
-
-
-def _read_manifest(dir: Path, entry: Any = None) -> dict:
-    path = dir / MANIFEST
-    if entry is not None:
-        raw = bytes(_read_verified(path, entry))
-    else:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise SnapshotError(f"{path}: manifest missing (half-written or not a "
-                                "snapshot)") from None
-        except OSError as e:
-            raise SnapshotError(f"{path}: cannot read ({e})") from None
-    return _unseal(raw, path)
-
-
-def _check_format(where: Path, body: dict, fmt: str, version: int) -> None:
-    """Refuse a manifest ``body`` (read from ``where``) of another format or version."""
-    if body.get("format") != fmt:
-        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected {fmt!r}")
-    if body.get("version") != version:
-        raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
-                            f"supported (this reader knows {version})")
-
-
-def _read_table_dir(dir: Path, entry: Any = None, body: Optional[dict] = None) -> ServingTable:
-    """Load and verify a table directory (``entry``: expected manifest size/sha256)."""
-    if body is None:
-        body = _read_manifest(dir, entry)
-    where = dir / MANIFEST
-    _check_format(where, body, TABLE_FORMAT, TABLE_FORMAT_VERSION)
-    name, dim, dtype, n = body.get("name"), body.get("dim"), body.get("dtype"), body.get("n")
-    files = body.get("files")
-    if not isinstance(name, str) or not name or not isinstance(dim, int) \
-            or not 1 <= dim <= MAX_DIM or dtype not in STORAGE_DTYPES \
-            or not isinstance(n, int) or n < 0 or not isinstance(files, dict):
-        raise SnapshotError(f"{where}: malformed fields (name={name!r}, dim={dim!r}, "
-                            f"dtype={dtype!r}, n={n!r})")
-    for fname in ("ids.npy", "rows.npy"):
-        if fname not in files:
-            raise SnapshotError(f"{where}: no entry for {fname}")
-    ids = _parse_npy(_read_verified(dir / "ids.npy", files["ids.npy"]), dir / "ids.npy",
-                     np.dtype("<i8"), (n,))
-    rows = _parse_npy(_read_verified(dir / "rows.npy", files["rows.npy"]), dir / "rows.npy",
-                      STORAGE_DTYPES[dtype], (n, dim))
-    if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise SnapshotError(f"{dir / 'ids.npy'}: ids are not strictly ascending")
-    table = ServingTable(name, dim, dtype=dtype, capacity=max(1, n))
-    with table._lock:
-        table._reserve(n)
-        slots = table._alloc(n)
-        _scatter_rows(table._rows, slots, rows)
-        table._insert(ids.astype(np.int64), slots)
-        table._slot_ids[slots] = ids
-        table._live = n
-    return table
-
-
-# ----------------------------------------------------------------------------- atomic dirs
-
-
-def _old_path(path: Path) -> Path:
-    return path.with_name(path.name + ".old")
-
-
-def _new_tmp(path: Path) -> Path:
-    """A fresh temp dir name next to ``path`` (same filesystem, so renames are atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(glob.escape(path.name) + ".tmp-*"):
-        # left by a writer that crashed; single writer per path is a documented rule
-        shutil.rmtree(stale, ignore_errors=True)
-    return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def _replace_dir(tmp: Path, path: Path) -> None:
-    """Make the complete, fsynced directory ``tmp`` become ``path``.
-
-    Steps (each a rename or removal; the parent is fsynced after each rename):
-      1. ``path`` and ``path.old`` both exist (an earlier crash after step 3): ``path`` is
-         the newer complete one, remove ``path.old``.
-      2. rename ``path`` -> ``path.old`` (skipped when there is no ``path``).
-      3. rename ``tmp`` -> ``path``.
-      4. remove ``path.old``.
-    At every instant either ``path`` is complete, or it is absent and ``path.old`` is the
-    previous complete one; :func:`_resolve_dir` reads whichever applies.
-    """
-    parent = path.parent
-    old = _old_path(path)
-    if path.exists() and old.exists():
-        shutil.rmtree(old)
-    if path.exists():
-        os.rename(path, old)
-        _fsync_dir(parent)
-    os.rename(tmp, path)
-    _fsync_dir(parent)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def _resolve_dir(path: Path) -> Path:
-    """The directory holding the latest complete snapshot written at ``path``."""
-    if path.exists():
-        return path
-    old = _old_path(path)
-    if old.exists():
-        log.warning("snapshot %s missing but %s exists (a write was interrupted); "
-                    "reading the previous snapshot", path, old)
-        return old
-    raise SnapshotError(f"{path}: no snapshot there")

@@ -27,6 +27,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
+from consumers.errors import ReplayError, SnapshotError, TopicError
+from consumers.replay.diff import diff_snapshots, diff_with_rebuild
+from consumers.replay.inspect import dump, dumps_line, stats
+from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
+from consumers.replay.rebuild import rebuild
+from consumers.sync.cli import parse_shards, parse_tables
 from deltastream.cliargs import EnvArgumentParser, non_negative_float, positive_float, positive_int
 
 __all__ = ["main", "build_parser"]
@@ -96,8 +102,6 @@ def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
 
 
 def _add_range(p: argparse.ArgumentParser) -> None:
-    from consumers.replay import parse_offsets, parse_time
-
     p.add_argument("--partitions", type=_typed(_int_list, "partitions"), default=None,
                    metavar="P[,P...]", help="Read only these partitions (default: all).")
     p.add_argument("--from-offsets", type=_typed(parse_offsets, "offsets"), default=None,
@@ -129,9 +133,6 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``deltastream-replay``."""
-    from consumers.replay import parse_seq_range
-    from consumers.sync.cli import parse_shards, parse_tables
-
     p = _Parser(prog=PROG, description="Replay a deltastream topic: rebuild serving tables "
                 "at an offset or a point in time, dump decoded messages, count per-stream "
                 "stats, diff snapshots.",
@@ -262,8 +263,6 @@ def _range_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:
-    from consumers.replay import rebuild
-
     topic, model = _topic_model(args, need_model=True)
     res = rebuild(args.bootstrap_servers, topic, model=model, out=args.out, base=args.base,
                   table_dims=args.tables, shards=args.shards, dtype=args.dtype,
@@ -286,8 +285,6 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
-    from consumers.replay import dump, dumps_line
-
     topic, model = _topic_model(args, need_model=False)
     lines = dump(args.bootstrap_servers, topic, model=model, tables=args.table,
                  shards=args.shard, seq_range=args.seq_range, rows=args.rows,
@@ -316,8 +313,6 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from consumers.replay import stats
-
     topic, model = _topic_model(args, need_model=False)
     st = stats(args.bootstrap_servers, topic, model=model, tables=args.table,
                shards=args.shard, progress=_progress(args), timeout=args.timeout,
@@ -330,8 +325,6 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from consumers.replay import diff_snapshots, diff_with_rebuild
-
     if args.rebuild:
         if args.b is not None:
             raise _Usage("diff: give either two snapshots or one snapshot with --rebuild")
@@ -360,10 +353,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:  # --help (0) or a usage error (2, message already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
     _setup_logging(args.log_level)
-    from consumers.replay import ReplayError
-    from consumers.serving_table import SnapshotError
-    from consumers.topic import TopicError
-
     try:
         return _COMMANDS[args.command](args)
     except _Usage as e:

@@ -1,1 +1,12 @@
-"""Predictor persistence: atomic multi-table snapshots and incremental checkpoints."""
+"""Predictor persistence: atomic multi-table snapshots and incremental checkpoints.
+
+Layered so that imports run one way (each module imports only those listed before it;
+:mod:`consumers.serving_table` sits between ``files`` and ``full_snapshot``):
+
+* :mod:`~consumers.storage.files` — sealed manifests, verified reads, fsync, atomic
+  directory swaps, the table directory layout (no knowledge of ServingTable);
+* :mod:`~consumers.storage.full_snapshot` — the full snapshot format (all tables in full);
+* :mod:`~consumers.storage.checkpoint` — incremental checkpoints (a full base + segments);
+* :mod:`~consumers.storage.snapshot` — ``write_snapshot`` / ``read_snapshot`` (reads every
+  format above).
+"""

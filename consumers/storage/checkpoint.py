@@ -2,7 +2,7 @@
 
 Why: rewriting every table in full at each checkpoint costs O(resident rows) — 256 MB
 written, hashed and fsynced per checkpoint for 1M × 64 f32 rows. A checkpoint here writes
-only the rows changed since the previous one (:meth:`ServingTable._take_changes`), and
+only the rows changed since the previous one (:meth:`ServingTable.take_changes`), and
 rewrites the base only when the segments grow large next to it.
 
 Layout of a checkpoint directory ``<path>``::
@@ -35,7 +35,6 @@ and removes the old files after its manifest is durable.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import logging
 import os
@@ -50,27 +49,27 @@ from typing import Any, Optional
 
 import numpy as np
 
-from consumers.serving_table import (
+from consumers.errors import SnapshotError
+from consumers.serving_table import ServingTable
+from consumers.storage.files import (
     MANIFEST,
     STORAGE_DTYPES,
     PathLike,
-    ServingTable,
-    SnapshotError,
-    _check_format,
-    _fsync_dir,
-    _old_path,
-    _read_manifest,
-    _read_verified,
-    _seal,
+    check_format,
+    fsync_dir,
+    old_path,
+    read_manifest,
+    read_verified,
+    seal,
+    write_chunks,
 )
-from consumers.storage.snapshot import (
+from consumers.storage.full_snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
-    _check_json,
-    _check_offsets,
-    _check_tables,
-    _read_full,
-    _write_snapshot_dir,
+    check_contents,
+    read_full,
+    read_saved,
+    write_full,
 )
 from deltastream.wire import MAX_DIM
 
@@ -122,7 +121,7 @@ def _encode_segment(gen: int, index: int,
     chunks: list[Any] = [_SEG_MAGIC, struct.pack("<I", len(raw) + pad), raw, b" " * pad]
     for t, ids, rows, gone in changes.values():
         chunks.append(np.ascontiguousarray(ids, dtype="<i8"))
-        chunks.append(np.ascontiguousarray(rows, dtype=t._np_dtype.newbyteorder("<")))
+        chunks.append(np.ascontiguousarray(rows, dtype=t.storage_dtype.newbyteorder("<")))
         chunks.append(np.ascontiguousarray(gone, dtype="<i8"))
     return chunks
 
@@ -181,13 +180,7 @@ def _apply_segment(tables: dict[str, ServingTable], parts: list, path: Path) -> 
         if t.dim != dim or t.dtype != dtype:
             raise SnapshotError(f"{path}: table {name!r} is dim {dim} {dtype} in the segment, "
                                 f"dim {t.dim} {t.dtype} in the base")
-        with t._lock:
-            t._reserve(ids.shape[0])
-            if gone.size:
-                t._delete_locked(np.ascontiguousarray(gone, np.int64))
-            if ids.size:
-                t._upsert_locked(np.ascontiguousarray(ids, np.int64),
-                                 np.ascontiguousarray(rows, t._np_dtype))
+        t.apply_changes(ids, rows, gone)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -195,7 +188,7 @@ def _apply_segment(tables: dict[str, ServingTable], parts: list, path: Path) -> 
 
 def _check_body(root: Path, body: dict) -> tuple[dict, list, dict[int, int], dict, dict]:
     where = root / MANIFEST
-    _check_format(where, body, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION)
+    check_format(where, body, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION)
     base, segs = body.get("base"), body.get("segments")
     offs, seqs, meta = body.get("offsets"), body.get("seqs"), body.get("meta")
     if not isinstance(base, dict) or not isinstance(segs, list) or not isinstance(offs, dict) \
@@ -219,15 +212,15 @@ def _check_body(root: Path, body: dict) -> tuple[dict, list, dict[int, int], dic
 def _read_chain(root: Path, body: dict) -> Snapshot:
     base, segs, offsets, seqs, meta = _check_body(root, body)
     bdir = root / base["dir"]
-    bbody = _read_manifest(bdir, base.get("manifest"))
+    bbody = read_manifest(bdir, base.get("manifest"))
     if bbody.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(f"{bdir / MANIFEST}: base format is {bbody.get('format')!r}, "
                             f"expected {SNAPSHOT_FORMAT!r}")
-    tables = _read_full(bdir, bbody).tables
+    tables = read_full(bdir, bbody).tables
     for s in segs:
         path = root / s["file"]
         index = int(_SEG_RE.match(s["file"]).group(2))  # type: ignore[union-attr]
-        parts = _parse_segment(_read_verified(path, s), path, base["gen"], index)
+        parts = _parse_segment(read_verified(path, s), path, base["gen"], index)
         _apply_segment(tables, parts, path)
     return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root)
 
@@ -244,12 +237,12 @@ def read_checkpoint(path: PathLike, body: Optional[dict] = None) -> Snapshot:
     """
     root = Path(path)
     if body is None:
-        body = _read_manifest(root)
+        body = read_manifest(root)
     for attempt in range(3):
         try:
             return _read_chain(root, body)
         except SnapshotError:
-            newer = _read_manifest(root)
+            newer = read_manifest(root)
             if newer == body or attempt == 2:
                 raise
             log.debug("checkpoint %s changed while reading; reading the new one", root)
@@ -258,21 +251,6 @@ def read_checkpoint(path: PathLike, body: Optional[dict] = None) -> Snapshot:
 
 
 # ----------------------------------------------------------------------------- writing
-
-
-def _write_chunks(path: Path, chunks: list[Any]) -> dict:
-    """Write ``chunks`` to the new file ``path`` with fsync; {"sha256", "bytes"}."""
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "wb") as f:
-        for c in chunks:
-            mv = memoryview(c).cast("B")
-            h.update(mv)
-            n += len(mv)
-            f.write(mv)
-        f.flush()
-        os.fsync(f.fileno())
-    return {"sha256": h.hexdigest(), "bytes": n}
 
 
 class CheckpointStore:
@@ -318,13 +296,13 @@ class CheckpointStore:
         if self._recovered:
             return
         self._recovered = True
-        path, old = self.path, _old_path(self.path)
+        path, old = self.path, old_path(self.path)
         # an interrupted write_snapshot swap (full format written at this path)
         if path.exists() and old.exists():
             shutil.rmtree(old, ignore_errors=True)
         elif old.exists():
             os.rename(old, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         if path.parent.exists():
             for stale in path.parent.glob(glob.escape(path.name) + ".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -373,7 +351,7 @@ class CheckpointStore:
         self._recover()
         if not (self.path / MANIFEST).is_file():
             return None
-        body = _read_manifest(self.path)
+        body = read_manifest(self.path)
         fmt = body.get("format")
         if fmt == CHECKPOINT_FORMAT:
             snap = _read_chain(self.path, body)
@@ -384,12 +362,10 @@ class CheckpointStore:
             self._need_base = False
             self._clean(legacy=True)
         else:
-            from consumers.storage.snapshot import read_snapshot
-
-            snap = read_snapshot(self.path)  # full format: rewritten as a base next time
+            snap = read_saved(self.path, body)  # full format: rewritten as a base next time
             self._need_base = True
         for t in snap.tables.values():
-            t._start_tracking()
+            t.start_tracking()
         self._tracked = dict(snap.tables)
         return snap
 
@@ -415,10 +391,7 @@ class CheckpointStore:
         was committed (or the commit is not known durable): the next write is a base.
         Call from the one thread that applies to ``tables``.
         """
-        _check_tables(tables)
-        offs = _check_offsets(offsets)
-        _check_json("seqs", seqs)
-        _check_json("meta", meta)
+        offs = check_contents(tables, offsets, seqs, meta)
         self._recover()
         t0 = time.perf_counter()
         kind = self.plan(tables)
@@ -436,7 +409,7 @@ class CheckpointStore:
     def _commit(self, base: dict, segs: list[dict], offs: dict, seqs: dict, meta: dict) -> int:
         body = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_FORMAT_VERSION,
                 "base": base, "segments": segs, "offsets": offs, "seqs": seqs, "meta": meta}
-        data = json.dumps(_seal(body), indent=1, sort_keys=True).encode()
+        data = json.dumps(seal(body), indent=1, sort_keys=True).encode()
         tmp = self.path / f"{MANIFEST}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             with open(tmp, "wb") as f:
@@ -447,7 +420,7 @@ class CheckpointStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.path)  # the rename is durable: the commit point
+        fsync_dir(self.path)  # the rename is durable: the commit point
         return len(data)
 
     def _write_base(self, tables: dict[str, ServingTable], offs: dict, seqs: dict,
@@ -459,14 +432,14 @@ class CheckpointStore:
         name = f"base-{gen:06d}"
         tmp = self.path / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         # export + restart tracking per table under its lock: later changes go in segments
-        exports = {n: t._export_tracked() for n, t in tables.items()}
+        exports = {n: t.export_tracked() for n, t in tables.items()}
         try:
-            info = _write_snapshot_dir(tmp, tables, offs, seqs, meta, exports)
+            info = write_full(tmp, tables, offs, seqs, meta, exports)
             os.rename(tmp, self.path / name)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         base = {"dir": name, "gen": gen, "manifest": info["manifest"], "bytes": info["bytes"]}
         mbytes = self._commit(base, [], offs, seqs, meta)
         self._base, self._segs = base, []
@@ -484,7 +457,7 @@ class CheckpointStore:
         assert self._base is not None
         changes = {}
         for n in sorted(tables):
-            got = tables[n]._take_changes()
+            got = tables[n].take_changes()
             if got is None:  # tracking stopped under us: plan() said segment, so a bug
                 raise RuntimeError(f"table {n!r} does not track changes")
             if got[0].size or got[2].size:
@@ -497,11 +470,11 @@ class CheckpointStore:
             fname = f"seg-{gen:06d}-{index:06d}.bin"
             path = self.path / fname
             try:
-                entry = _write_chunks(path, _encode_segment(gen, index, changes))
+                entry = write_chunks(path, _encode_segment(gen, index, changes))
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
-            _fsync_dir(self.path)  # the new name is durable before a manifest lists it
+            fsync_dir(self.path)  # the new name is durable before a manifest lists it
             segs.append({"file": fname, **entry})
             nbytes = entry["bytes"]
         nbytes += self._commit(self._base, segs, offs, seqs, meta)

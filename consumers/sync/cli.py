@@ -1,4 +1,4 @@
-"""``deltastream-sync``: run a :class:`~consumers.sync.SyncDaemon` as a process.
+"""``deltastream-sync``: run a :class:`~consumers.sync.daemon.SyncDaemon` as a process.
 
 Every flag also reads a ``DELTASTREAM_*`` environment variable (named in ``--help``); the
 command line wins. SIGTERM and SIGINT stop the daemon, which writes its final checkpoint;
@@ -21,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from consumers.errors import SnapshotError
+from consumers.sync.daemon import SyncDaemon
 from deltastream.cliargs import (
     EnvArgumentParser,
     non_negative_float,
@@ -156,9 +158,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)
-    from consumers.serving_table import SnapshotError
-    from consumers.sync import SyncDaemon
-
     topic = args.topic or f"deltas.{args.model}"
     try:
         daemon = SyncDaemon(

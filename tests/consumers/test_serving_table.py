@@ -456,19 +456,19 @@ def test_edited_manifest_detected(saved):
 def test_resealed_manifest_with_wrong_shape_detected(saved):
     """Even a manifest with a valid checksum cannot make a file be read with another shape
     or dtype (and object arrays are never unpickled)."""
-    from consumers.serving_table import _seal
+    from consumers.storage.files import seal
 
     _, path = saved
     doc = json.loads((path / "manifest.json").read_text())
     body = {k: v for k, v in doc.items() if k != "checksum"}
     body["dim"] = 3
-    (path / "manifest.json").write_text(json.dumps(_seal(body)))
+    (path / "manifest.json").write_text(json.dumps(seal(body)))
     with pytest.raises(SnapshotError, match="expected"):
         ServingTable.load(path)
 
 
 def test_object_npy_refused(saved):
-    from consumers.serving_table import _seal
+    from consumers.storage.files import seal
 
     _, path = saved
     doc = json.loads((path / "manifest.json").read_text())
@@ -480,6 +480,6 @@ def test_object_npy_refused(saved):
     for name in ("ids.npy", "rows.npy"):
         data = (path / name).read_bytes()
         body["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (path / "manifest.json").write_text(json.dumps(_seal(body)))
+    (path / "manifest.json").write_text(json.dumps(seal(body)))
     with pytest.raises(SnapshotError, match="expected"):
         ServingTable.load(path)

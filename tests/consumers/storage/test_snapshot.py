@@ -25,7 +25,7 @@ from consumers.storage.snapshot import (
     write_snapshot,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def make_state(version: int, n: int = 200):
@@ -129,14 +129,14 @@ def test_replaced_table_manifest_detected(tmp_path):
     (lambda d: d["tables"][0].update(name="zzz"), "manifest says"),
 ])
 def test_malformed_manifest(tmp_path, mutate, match):
-    from consumers.serving_table import _seal
+    from consumers.storage.files import seal
 
     path = tmp_path / "c"
     write_snapshot(path, **make_state(1))
     doc = json.loads((path / "manifest.json").read_text())
     body = {k: v for k, v in doc.items() if k != "checksum"}
     mutate(body)
-    (path / "manifest.json").write_text(json.dumps(_seal(body)))
+    (path / "manifest.json").write_text(json.dumps(seal(body)))
     with pytest.raises(SnapshotError, match=match):
         read_snapshot(path)
 

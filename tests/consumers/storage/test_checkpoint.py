@@ -20,7 +20,7 @@ from consumers.serving_table import ServingTable, SnapshotError
 from consumers.storage.checkpoint import CheckpointStore, read_checkpoint
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _step(tables: dict[str, ServingTable], i: int) -> None:
@@ -227,9 +227,9 @@ def _fail_at(monkeypatch, k: int) -> list:
             return real(*a, **kw)
         monkeypatch.setattr(owner, name, f)
 
-    wrap(ck, "_write_chunks")
-    wrap(ck, "_fsync_dir")
-    wrap(ck, "_write_snapshot_dir")
+    wrap(ck, "write_chunks")
+    wrap(ck, "fsync_dir")
+    wrap(ck, "write_full")
     wrap(os, "replace")
     wrap(os, "rename")
     wrap(os, "fsync")
@@ -283,7 +283,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from consumers.storage.checkpoint import CheckpointStore
     from consumers.serving_table import ServingTable
-    from tests.consumers.test_checkpoint import _step, _big
+    from tests.consumers.storage.test_checkpoint import _step, _big
 
     store = CheckpointStore(sys.argv[1], max_segments=4)
     snap = store.load()

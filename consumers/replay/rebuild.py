@@ -1,0 +1,193 @@
+"""Rebuild serving tables from a range of a deltas topic, and write them as a snapshot.
+
+:func:`rebuild` feeds records through the same :class:`~consumers.applier.Applier` as the
+sync daemon, so the same records in the same order give bit-identical tables. Its snapshot
+(:func:`consumers.storage.snapshot.write_snapshot`) records, per partition, the offset a daemon
+resuming from it must read next. With ``to_time`` that is the first offset whose message
+was held back for being later than ``to_time`` (or the stop offset): a daemon started from
+the snapshot re-reads the messages after it, and the seq state in the snapshot makes it skip
+those already applied as duplicates — so resuming is exact as long as each trainer shard's
+clock is monotonic. Messages before ``from_time`` are left out for good: such a snapshot
+holds only the rows written inside the window (meta ``range`` says so). Records that do not
+decode have no ``ts``; they go to the Applier anyway, which quarantines and counts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Union
+
+from consumers.applier import Applier
+from consumers.errors import ReplayError
+from consumers.replay.plan import (
+    ReadPlan,
+    check_time_range,
+    in_time,
+    open_reader,
+    plan_read,
+    read_records,
+)
+from consumers.sequencing import SeqTracker
+from consumers.serving_table import STORAGE_DTYPES, ServingTable
+from consumers.storage.files import PathLike
+from consumers.storage.snapshot import Snapshot, read_snapshot, write_snapshot
+from deltastream.wire import WireError, decode
+
+__all__ = ["REBUILD_KIND", "RebuildResult", "rebuild"]
+
+log = logging.getLogger(__name__)
+
+#: ``meta["kind"]`` of snapshots written by :func:`rebuild`
+REBUILD_KIND = "deltastream-replay"
+
+
+@dataclass
+class RebuildResult:
+    """What :func:`rebuild` built.
+
+    Attributes:
+        tables: name -> :class:`ServingTable`.
+        offsets: partition -> next offset a daemon resuming from this state reads.
+        seqs: ``SeqTracker.state()`` of the applied messages.
+        plan: the offsets read. counters: the Applier's counters plus ``outside_time``
+            (messages left out by the time bounds) and ``records`` (records read).
+        meta: the snapshot meta. path: the snapshot written, or None.
+        quarantined: ``(partition, offset, reason)`` of the first 100 quarantined records.
+    """
+
+    tables: dict[str, ServingTable]
+    offsets: dict[int, int]
+    seqs: dict
+    plan: ReadPlan
+    counters: dict[str, int]
+    meta: dict
+    path: Optional[Path] = None
+    quarantined: list = field(default_factory=list)
+
+
+def rebuild(bootstrap_servers: str, topic: str, *, model: str,
+            out: Optional[PathLike] = None, base: Union[PathLike, Snapshot, None] = None,
+            partitions: Optional[Iterable[int]] = None,
+            from_offsets: Optional[Mapping[int, int]] = None,
+            to_offsets: Optional[Mapping[int, int]] = None,
+            from_time: Optional[int] = None, to_time: Optional[int] = None,
+            table_dims: Optional[Mapping[str, int]] = None,
+            shards: Optional[Iterable[int]] = None, dtype: str = "f32",
+            progress: bool = False, timeout: float = 10.0) -> RebuildResult:
+    """Apply a range of the topic into fresh tables (or onto ``base``); write ``out``.
+
+    Args:
+        bootstrap_servers, topic: where to read. model: messages of other models are
+            quarantined (as the daemon does).
+        out: snapshot directory to write (atomically); None writes nothing.
+        base: a snapshot (path or :class:`Snapshot`) whose tables, seq state and offsets
+            are the starting point; its offsets are the start offsets (so ``from_offsets``
+            may not be given too) and its partitions the default partitions.
+        partitions, from_offsets, to_offsets: see :func:`plan_read`.
+        from_time, to_time: ns; only messages with ``from_time <= ts <= to_time`` are
+            applied (see the module docstring for resume offsets).
+        table_dims: ``{name: dim}`` to accept only these tables (as the daemon's
+            ``tables=``); None accepts every table of ``model``.
+        shards: trainer shards to apply (others skipped); also picks the partitions.
+        dtype: storage dtype of created tables (``"f32"`` or ``"f16"``).
+        progress: tqdm bar on stderr. timeout: seconds for broker answers.
+
+    Raises:
+        ReplayError: bad arguments. ``consumers.topic.TopicError``: broker/topic/offsets.
+        ``consumers.serving_table.SnapshotError``: a damaged base snapshot.
+    """
+    if not isinstance(model, str) or not model:
+        raise ReplayError(f"model: expected a non-empty str, got {model!r}")
+    if dtype not in STORAGE_DTYPES:
+        raise ReplayError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
+    check_time_range(from_time, to_time)
+    if base is not None and from_offsets:
+        raise ReplayError("from_offsets and base are exclusive: a base snapshot's offsets "
+                          "are where the rebuild starts")
+    tables: dict[str, ServingTable] = {}
+    seqs = SeqTracker()
+    base_path = None
+    if base is not None:
+        snap = base if isinstance(base, Snapshot) else read_snapshot(base)
+        base_path = None if snap.path is None else str(snap.path)
+        bmodel = snap.meta.get("model")
+        if bmodel is not None and bmodel != model:
+            raise ReplayError(f"base {base_path}: a snapshot of model {bmodel!r}, not "
+                              f"{model!r}")
+        btopic = snap.meta.get("topic")
+        if btopic is not None and btopic != topic:
+            log.warning("base %s was taken from topic %r; reading %r", base_path, btopic,
+                        topic)
+        tables = dict(snap.tables)
+        try:
+            seqs = SeqTracker.from_state(snap.seqs)
+        except ValueError as e:
+            raise ReplayError(f"base {base_path}: {e}") from None
+        from_offsets = dict(snap.offsets)
+        if partitions is None and shards is None and snap.offsets:
+            partitions = sorted(snap.offsets)
+    try:
+        applier = Applier(model, tables, seqs,
+                          table_dims=None if table_dims is None else dict(table_dims),
+                          shards=None if shards is None else set(shards), dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise ReplayError(str(e)) from None
+    with open_reader(bootstrap_servers, topic, timeout) as reader:
+        plan = plan_read(reader, partitions=partitions, shards=shards,
+                         from_offsets=from_offsets, to_offsets=to_offsets)
+        resume = dict(plan.stop)
+        outside = other_model = 0
+        quarantined: list = []
+        timed = from_time is not None or to_time is not None
+        t0 = time.monotonic()
+        n = 0
+        for rec in read_records(reader, plan, progress, "rebuild"):
+            n += 1
+            if timed:
+                try:
+                    ts = decode(rec.value).ts
+                except WireError:
+                    ts = None  # the applier quarantines it and says why
+                if ts is not None and not in_time(ts, from_time, to_time):
+                    outside += 1
+                    if to_time is not None and ts > to_time:
+                        resume[rec.partition] = min(resume[rec.partition], rec.offset)
+                    continue
+            res = applier.process(rec.value, rec.headers)
+            if res.kind == "quarantined":
+                if res.reason.startswith("model:"):
+                    other_model += 1
+                # the first few loudly, the rest only counted (a flood must stay readable)
+                log.log(logging.WARNING if len(quarantined) < 10 else logging.DEBUG,
+                        "partition %d offset %d quarantined: %s", rec.partition,
+                        rec.offset, res.reason)
+                if len(quarantined) < 100:
+                    quarantined.append((rec.partition, rec.offset, res.reason))
+    if other_model:
+        log.warning("%d of %d records are messages of other models (quarantined); this "
+                    "rebuild applies only model %r", other_model, n, model)
+    counters = dict(applier.counters)
+    counters["outside_time"] = outside
+    counters["records"] = n
+    log.info("rebuild of %s: %d records in %.2f s, %s", topic, n, time.monotonic() - t0,
+             counters)
+    meta = {
+        "kind": REBUILD_KIND, "tool": "deltastream-replay rebuild", "model": model,
+        "topic": topic, "partitions": plan.partition_count,
+        "shards": None if shards is None else sorted(set(shards)),
+        "range": {"start": {str(p): o for p, o in plan.start.items()},
+                  "stop": {str(p): o for p, o in plan.stop.items()},
+                  "from_time": from_time, "to_time": to_time},
+        "base": base_path, "counters": counters, "written_at": time.time(),
+    }
+    result = RebuildResult(tables=tables, offsets=resume, seqs=seqs.state(), plan=plan,
+                           counters=counters, meta=meta, quarantined=quarantined)
+    if out is not None:
+        write_snapshot(out, tables=tables, offsets=resume, seqs=result.seqs, meta=meta)
+        result.path = Path(out)
+        log.info("snapshot written to %s (%d tables, offsets %s)", out, len(tables), resume)
+    return result

@@ -1,0 +1,364 @@
+"""The files predictor state is stored in: sealed manifests, verified reads, atomic swaps.
+
+Every persistent format of the predictor (a table directory, a full snapshot, an
+incremental checkpoint) is built from these pieces:
+
+* **manifests** — ``manifest.json``: a JSON body plus ``"checksum"``, the sha256 of the
+  body's canonical JSON (:func:`seal` / :func:`unseal`), so any edited byte is caught; file
+  entries in a manifest carry the size and sha256 of each file (:func:`read_verified`);
+* **durable writes** — every file written here is fsynced (:func:`write_file`,
+  :func:`write_npy`, :func:`write_chunks`), and so is each directory after it changes
+  (:func:`fsync_dir`);
+* **atomic directories** — a directory is filled under a temporary name next to its place
+  and swapped in by renames (:func:`write_dir_atomic`, :func:`replace_dir`); a reader
+  finds the latest complete one with :func:`resolve_dir`;
+* **table directories** — one table's ``ids.npy`` + ``rows.npy`` + manifest
+  (:func:`write_table_dir` / :func:`read_table_dir`), the layout of ``ServingTable.save``
+  and of every table inside a snapshot.
+
+Every problem found while reading raises :class:`~consumers.errors.SnapshotError` naming
+the file and what was expected.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, TypeVar, Union
+
+import numpy as np
+
+from consumers.errors import SnapshotError
+from deltastream.wire import MAX_DIM
+
+__all__ = [
+    "PathLike",
+    "MANIFEST",
+    "STORAGE_DTYPES",
+    "TABLE_FORMAT",
+    "TABLE_FORMAT_VERSION",
+    "HashingWriter",
+    "fsync_dir",
+    "write_file",
+    "write_npy",
+    "write_chunks",
+    "seal",
+    "unseal",
+    "write_manifest",
+    "read_manifest",
+    "read_verified",
+    "parse_npy",
+    "check_format",
+    "TableData",
+    "write_table_dir",
+    "read_table_dir",
+    "old_path",
+    "new_tmp",
+    "replace_dir",
+    "resolve_dir",
+    "write_dir_atomic",
+]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
+T = TypeVar("T")
+
+#: storage dtype name -> numpy dtype (rows of serving tables, in memory and on disk)
+STORAGE_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+
+MANIFEST = "manifest.json"
+TABLE_FORMAT = "deltastream-table"
+TABLE_FORMAT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class HashingWriter:
+    """File wrapper that sha256-hashes and counts what is written (np.save writes chunks)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def write(self, b: Any) -> int:
+        self.h.update(b)
+        self.n += len(memoryview(b).cast("B"))
+        return self.f.write(b)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync directory ``path`` (makes the names created or renamed in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, data: bytes) -> dict:
+    """Write ``data`` to ``path`` with fsync; returns {"sha256", "bytes"} of the file."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def write_npy(path: Path, arr: np.ndarray) -> dict:
+    """np.save ``arr`` to ``path`` with fsync; returns {"sha256", "bytes"} of the file."""
+    with open(path, "wb") as f:
+        w = HashingWriter(f)
+        np.save(w, arr, allow_pickle=False)  # type: ignore[arg-type]
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": w.h.hexdigest(), "bytes": w.n}
+
+
+def write_chunks(path: Path, chunks: Iterable[Any]) -> dict:
+    """Write ``chunks`` (bytes or contiguous arrays) to the new file ``path`` with fsync;
+    returns {"sha256", "bytes"} of the file."""
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "wb") as f:
+        for c in chunks:
+            mv = memoryview(c).cast("B")
+            h.update(mv)
+            n += len(mv)
+            f.write(mv)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": h.hexdigest(), "bytes": n}
+
+
+# ----------------------------------------------------------------------------- manifests
+
+
+def seal(body: dict) -> dict:
+    """``body`` plus "checksum": sha256 of its canonical JSON (catches any edited byte)."""
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return {**body, "checksum": hashlib.sha256(canon).hexdigest()}
+
+
+def unseal(raw: bytes, where: Path) -> dict:
+    """The body of the sealed manifest ``raw`` (read from ``where``) after checking it."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SnapshotError(f"{where}: manifest is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or "checksum" not in doc:
+        raise SnapshotError(f"{where}: manifest has no checksum (not a deltastream snapshot?)")
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    if seal(body)["checksum"] != doc["checksum"]:
+        raise SnapshotError(f"{where}: manifest checksum mismatch (the manifest was altered "
+                            "or damaged)")
+    return body
+
+
+def write_manifest(dir: Path, body: dict) -> dict:
+    """Write ``body`` sealed as ``dir/manifest.json`` with fsync; returns its file entry."""
+    data = json.dumps(seal(body), indent=1, sort_keys=True).encode()
+    return write_file(dir / MANIFEST, data)
+
+
+def read_verified(path: Path, entry: Any) -> bytearray:
+    """Bytes of ``path`` after checking size and sha256 against the manifest ``entry``."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+            or not isinstance(entry.get("bytes"), int):
+        raise SnapshotError(f"{path}: manifest entry is malformed: {entry!r}")
+    try:
+        size = os.path.getsize(path)
+        if size != entry["bytes"]:
+            raise SnapshotError(f"{path}: {size} bytes, manifest says {entry['bytes']} "
+                                "(truncated or half-written)")
+        data = bytearray(size)
+        with open(path, "rb") as f:
+            got = f.readinto(data)
+    except FileNotFoundError:
+        raise SnapshotError(f"{path}: file missing") from None
+    except OSError as e:
+        raise SnapshotError(f"{path}: cannot read ({e})") from None
+    if got != size:
+        raise SnapshotError(f"{path}: short read ({got} of {size} bytes)")
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise SnapshotError(f"{path}: sha256 checksum mismatch (file damaged)")
+    return data
+
+
+def read_manifest(dir: Path, entry: Any = None) -> dict:
+    """The verified body of ``dir/manifest.json`` (``entry``: its expected size/sha256)."""
+    path = dir / MANIFEST
+    if entry is not None:
+        raw = bytes(read_verified(path, entry))
+    else:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise SnapshotError(f"{path}: manifest missing (half-written or not a "
+                                "snapshot)") from None
+        except OSError as e:
+            raise SnapshotError(f"{path}: cannot read ({e})") from None
+    return unseal(raw, path)
+
+
+def check_format(where: Path, body: dict, fmt: str, version: int) -> None:
+    """Refuse a manifest ``body`` (read from ``where``) of another format or version."""
+    if body.get("format") != fmt:
+        raise SnapshotError(f"{where}: format is {body.get('format')!r}, expected {fmt!r}")
+    if body.get("version") != version:
+        raise SnapshotError(f"{where}: format version {body.get('version')!r} is not "
+                            f"supported (this reader knows {version})")
+
+
+def parse_npy(data: bytearray, path: Path, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """Array from verified .npy bytes (no copy); refuses object dtypes and wrong shapes."""
+    try:
+        head = io.BytesIO(bytes(data[: min(len(data), 1 << 16)]))
+        version = np.lib.format.read_magic(head)
+        reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if reader is None:
+            raise ValueError(f"unsupported .npy version {version}")
+        fshape, fortran, fdtype = reader(head)
+    except ValueError as e:
+        raise SnapshotError(f"{path}: not a valid .npy file ({e})") from None
+    if fdtype != dtype or fortran or tuple(fshape) != tuple(shape):
+        raise SnapshotError(f"{path}: holds {fdtype} {tuple(fshape)} (fortran={fortran}), "
+                            f"expected {dtype} {tuple(shape)}")
+    offset = head.tell()
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(data) - offset != count * dtype.itemsize:
+        raise SnapshotError(f"{path}: {len(data) - offset} data bytes, expected "
+                            f"{count * dtype.itemsize}")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+# ----------------------------------------------------------------------------- table dirs
+
+
+class TableData(NamedTuple):
+    """One table as stored: name, storage dtype name, ids ascending int64 ``[n]``, rows
+    ``[n, dim]`` in the storage dtype."""
+
+    name: str
+    dtype: str
+    ids: np.ndarray
+    rows: np.ndarray
+
+
+def write_table_dir(dir: Path, table: TableData) -> dict:
+    """Write ``table`` into the (new) directory ``dir`` (files and directory fsynced);
+    returns the manifest file's entry (size, sha256)."""
+    dir.mkdir(parents=True, exist_ok=False)
+    keys, rows = table.ids, table.rows
+    files = {"ids.npy": write_npy(dir / "ids.npy", keys.astype("<i8", copy=False)),
+             "rows.npy": write_npy(dir / "rows.npy",
+                                   rows.astype(rows.dtype.newbyteorder("<"), copy=False))}
+    body = {"format": TABLE_FORMAT, "version": TABLE_FORMAT_VERSION, "name": table.name,
+            "dim": int(rows.shape[1]), "dtype": table.dtype, "n": int(keys.shape[0]),
+            "files": files}
+    entry = write_manifest(dir, body)
+    fsync_dir(dir)
+    return entry
+
+
+def read_table_dir(dir: Path, entry: Any = None, body: Optional[dict] = None) -> TableData:
+    """Read and verify a table directory (``entry``: expected manifest size/sha256;
+    ``body``: its already verified manifest). The arrays are read-only views."""
+    if body is None:
+        body = read_manifest(dir, entry)
+    where = dir / MANIFEST
+    check_format(where, body, TABLE_FORMAT, TABLE_FORMAT_VERSION)
+    name, dim, dtype, n = body.get("name"), body.get("dim"), body.get("dtype"), body.get("n")
+    files = body.get("files")
+    if not isinstance(name, str) or not name or not isinstance(dim, int) \
+            or not 1 <= dim <= MAX_DIM or dtype not in STORAGE_DTYPES \
+            or not isinstance(n, int) or n < 0 or not isinstance(files, dict):
+        raise SnapshotError(f"{where}: malformed fields (name={name!r}, dim={dim!r}, "
+                            f"dtype={dtype!r}, n={n!r})")
+    for fname in ("ids.npy", "rows.npy"):
+        if fname not in files:
+            raise SnapshotError(f"{where}: no entry for {fname}")
+    ids = parse_npy(read_verified(dir / "ids.npy", files["ids.npy"]), dir / "ids.npy",
+                    np.dtype("<i8"), (n,))
+    rows = parse_npy(read_verified(dir / "rows.npy", files["rows.npy"]), dir / "rows.npy",
+                     STORAGE_DTYPES[dtype], (n, dim))
+    if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise SnapshotError(f"{dir / 'ids.npy'}: ids are not strictly ascending")
+    return TableData(name, dtype, ids, rows)
+
+
+# ----------------------------------------------------------------------------- atomic dirs
+
+
+def old_path(path: Path) -> Path:
+    """Where :func:`replace_dir` keeps the previous ``path`` during a swap."""
+    return path.with_name(path.name + ".old")
+
+
+def new_tmp(path: Path) -> Path:
+    """A fresh temp dir name next to ``path`` (same filesystem, so renames are atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(glob.escape(path.name) + ".tmp-*"):
+        # left by a writer that crashed; single writer per path is a documented rule
+        shutil.rmtree(stale, ignore_errors=True)
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Make the complete, fsynced directory ``tmp`` become ``path``.
+
+    Steps (each a rename or removal; the parent is fsynced after each rename):
+      1. ``path`` and ``path.old`` both exist (an earlier crash after step 3): ``path`` is
+         the newer complete one, remove ``path.old``.
+      2. rename ``path`` -> ``path.old`` (skipped when there is no ``path``).
+      3. rename ``tmp`` -> ``path``.
+      4. remove ``path.old``.
+    At every instant either ``path`` is complete, or it is absent and ``path.old`` is the
+    previous complete one; :func:`resolve_dir` reads whichever applies.
+    """
+    parent = path.parent
+    old = old_path(path)
+    if path.exists() and old.exists():
+        shutil.rmtree(old)
+    if path.exists():
+        os.rename(path, old)
+        fsync_dir(parent)
+    os.rename(tmp, path)
+    fsync_dir(parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def resolve_dir(path: Path) -> Path:
+    """The directory holding the latest complete snapshot written at ``path``."""
+    if path.exists():
+        return path
+    old = old_path(path)
+    if old.exists():
+        log.warning("snapshot %s missing but %s exists (a write was interrupted); "
+                    "reading the previous snapshot", path, old)
+        return old
+    raise SnapshotError(f"{path}: no snapshot there")
+
+
+def write_dir_atomic(path: Path, fill: Callable[[Path], T]) -> T:
+    """Call ``fill(tmp)`` to write a new directory ``tmp`` (fsynced), then swap it in at
+    ``path`` with :func:`replace_dir`; returns what ``fill`` returned. On an exception
+    from ``fill`` the temp directory is removed and ``path`` is untouched."""
+    tmp = new_tmp(path)
+    try:
+        out = fill(tmp)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, path)
+    return out

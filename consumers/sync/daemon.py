@@ -1,0 +1,570 @@
+"""SyncDaemon: keep a predictor's serving tables in sync with a deltas topic.
+
+One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
+
+1. **connect** and **seek** to the next offset per partition from the last checkpoint
+   (earliest when none) — :class:`~consumers.sync.source.KafkaSource`, which also
+   reconnects after broker trouble and handles offsets the broker no longer has;
+2. **poll** and hand each record, partition by partition in offset order (apply order is
+   partition order), to :class:`~consumers.applier.Applier`, which decodes, validates,
+   sequence-checks and applies it atomically; bad records go to the quarantine file;
+3. **checkpoint** tables + next offset per partition + seq state atomically every
+   ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`,
+   with a :class:`~consumers.storage.checkpoint.CheckpointStore`: each checkpoint writes only
+   the rows changed since the previous one (a delta segment), plus a new full base when the
+   segments grow large next to it; a small manifest replaced atomically commits it.
+
+Exactly once in effect: offsets, tables and seq state are written together, between two
+records, by the only thread that applies. After a crash at any instant the daemon reloads
+the last complete checkpoint and re-reads from its offsets, so it ends in the same state as
+a run without the crash (re-applying a message is deterministic, and the seq state in the
+checkpoint matches the tables in it).
+
+The daemon never stops serving lookups while the broker is away (tables live in memory).
+Its arguments are checked by :class:`~consumers.sync.options.SyncOptions`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional
+
+from consumers.applier import Applier, Outcome
+from consumers.quarantine import Quarantine
+from consumers.serving_table import ServingTable
+from consumers.storage.checkpoint import CheckpointStore
+from consumers.storage.files import PathLike
+from consumers.sync.metrics import (
+    FreshnessWindow,
+    MetricsServer,
+    partition_lag,
+    summary_line,
+    total_lag,
+)
+from consumers.sync.options import SyncOptions, check_positive
+from consumers.sync.source import BROKER_STATES, KafkaSource
+from consumers.sync.state import CHECKPOINT_KIND, load_start_state
+
+__all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
+
+log = logging.getLogger(__name__)
+
+#: sub-paths of ``state_dir``
+CHECKPOINT_DIR = "checkpoint"
+QUARANTINE_FILE = "quarantine.jsonl"
+_QUARANTINE_WARNINGS = 100  # quarantined records logged at WARNING before going quiet
+
+
+class SyncDaemon:
+    """Consume a deltas topic into serving tables, with atomic checkpoints.
+
+    Args:
+        bootstrap_servers: ``"host:port[,host:port]"`` of the Kafka cluster.
+        topic: the deltas topic (``deltas.<model>`` by convention).
+        model: messages of other models are quarantined.
+        state_dir: directory for ``checkpoint/`` and ``quarantine.jsonl`` (created).
+        tables: ``{name: dim}`` to serve only these tables (messages of other tables are
+            quarantined); None serves every table of ``model`` (created on first message).
+        shards: trainer shards to serve (their partitions are ``shard % partitions``; other
+            shards' messages in those partitions are skipped); None serves all.
+        dtype: storage dtype of the serving tables, ``"f32"`` or ``"f16"``.
+        checkpoint_interval: seconds between checkpoints while there are new records.
+        checkpoint_messages: records after which a checkpoint is written regardless of time.
+        checkpoint_max_segments: delta segments chained on one base before a checkpoint
+            rewrites the base in full.
+        checkpoint_segment_fraction: rewrite the base when the segments' bytes exceed this
+            fraction of the base's bytes.
+        base: snapshot directory (a checkpoint or one ``ServingTable.save`` dir) to start
+            from when ``state_dir`` holds no checkpoint: its tables, offsets and seq state.
+        poll_timeout_ms: longest wait of one poll for new records (ms).
+        max_poll_records: most records handed over per poll.
+        quarantine_max_bytes: size bound of the quarantine file (rotated once to ``.1``).
+        request_timeout: seconds a broker request may take before the broker counts as down.
+        backoff_max: cap of the exponential reconnect backoff, seconds.
+        probe_interval: seconds between end-offset refreshes (lag, liveness).
+        summary_interval: seconds between one-line INFO summaries (0 disables them).
+        freshness_window: seconds of history of the freshness p50/p99.
+        metrics_port: serve Prometheus metrics on this port (0 = any free port; see
+            :attr:`metrics_port`); None serves none. metrics_addr: address to bind.
+        on_apply: called as ``on_apply(outcome, partition, offset)`` in the loop thread after
+            every record (any ``outcome.kind``; ``outcome.ts`` is the trainer's ns timestamp),
+            e.g. to record freshness over a whole run. Keep it quick: it delays applying.
+            An exception from it is logged (once per kind of error) and ignored.
+        **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
+
+    Raises:
+        ValueError/TypeError: a bad argument, or a checkpoint in ``state_dir`` written for
+            another model or topic (or with tables of other dims).
+        consumers.storage.snapshot.SnapshotError: a damaged checkpoint or base snapshot.
+    """
+
+    #: Seconds to sleep after each record (tests use it to land kills mid-stream).
+    debug_apply_delay: float = 0.0
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, model: str, state_dir: PathLike,
+                 tables: Optional[Mapping[str, int]] = None,
+                 shards: Optional[Iterable[int]] = None, dtype: str = "f32",
+                 checkpoint_interval: float = 5.0, checkpoint_messages: int = 1000,
+                 checkpoint_max_segments: int = 128, checkpoint_segment_fraction: float = 0.5,
+                 base: Optional[PathLike] = None, poll_timeout_ms: int = 200,
+                 max_poll_records: int = 500, quarantine_max_bytes: int = 64 << 20,
+                 request_timeout: float = 5.0, backoff_max: float = 5.0,
+                 probe_interval: float = 1.0, summary_interval: float = 30.0,
+                 freshness_window: float = 60.0, metrics_port: Optional[int] = None,
+                 metrics_addr: str = "0.0.0.0",
+                 on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
+                 **consumer_config: Any) -> None:
+        o = SyncOptions(
+            bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
+            dtype=dtype, checkpoint_interval=checkpoint_interval,
+            checkpoint_messages=checkpoint_messages,
+            checkpoint_max_segments=checkpoint_max_segments,
+            checkpoint_segment_fraction=checkpoint_segment_fraction, base=base,
+            poll_timeout_ms=poll_timeout_ms, max_poll_records=max_poll_records,
+            quarantine_max_bytes=quarantine_max_bytes, request_timeout=request_timeout,
+            backoff_max=backoff_max, probe_interval=probe_interval,
+            summary_interval=summary_interval, freshness_window=freshness_window,
+            metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
+            consumer_config=consumer_config)
+        self.options = o  #: the validated settings
+        self.bootstrap_servers = o.bootstrap_servers
+        self.topic = o.topic
+        self.model = o.model
+        self.state_dir = o.state_dir
+        self.checkpoint_path = self.state_dir / CHECKPOINT_DIR
+        # validates its arguments; nothing is read or written before load/write
+        self._store = CheckpointStore(self.checkpoint_path,
+                                      max_segment_fraction=o.checkpoint_segment_fraction,
+                                      max_segments=o.checkpoint_max_segments)
+        self._last_ckpt: Optional[dict] = None  # kind, bytes, rows, seconds of the last one
+        self.shards = o.shards
+        self.dtype = o.dtype
+        self.checkpoint_interval = o.checkpoint_interval
+        self.checkpoint_messages = o.checkpoint_messages
+        self.poll_timeout_ms = o.poll_timeout_ms
+        self.max_poll_records = o.max_poll_records
+        self.request_timeout = o.request_timeout
+        self.backoff_max = o.backoff_max
+        self.probe_interval = o.probe_interval
+        self.summary_interval = o.summary_interval
+        self._on_apply = o.on_apply
+        self._hook_errors: set[str] = set()
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()  # counters
+        start = load_start_state(self._store, o.base, model=o.model, topic=o.topic,
+                                 table_dims=o.tables)
+        self.source = start.source  #: where the state came from: checkpoint | base | empty
+        self._tables: dict[str, ServingTable] = start.tables
+        self._checkpoints_total = start.checkpoints  # across restarts (in the checkpoint meta)
+        self._last_ckpt_wall = start.written_at  # wall time of the last checkpoint
+        for name, dim in (o.tables or {}).items():
+            if name not in self._tables:
+                self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
+        self._seqs = start.seqs
+        self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
+                                shards=o.shards, dtype=o.dtype)
+        self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
+        self._fresh = FreshnessWindow(o.freshness_window)
+        self._quarantine_logged = 0
+        self._kafka = KafkaSource(o, offsets=start.offsets, topic_id=start.topic_id,
+                                  partitions=start.partitions, on_moved=self._moved)
+
+        # loop state (owned by the loop thread)
+        self._pending = 0  # records read since the last checkpoint
+        self._dirty = self.source == "base"
+        self._last_ckpt_mono = time.monotonic()
+        self._next_summary = time.monotonic() + self.summary_interval
+        self._prev_summary: Optional[tuple[float, dict]] = None
+
+        # shared with other threads
+        self._last_gap: Optional[dict] = None
+        self._c = dict.fromkeys(("checkpoints", "checkpoint_errors", "internal_errors"), 0)
+        self._started = time.monotonic()
+        self._stop_event = threading.Event()
+        self._loop_lock = threading.Lock()
+        self._loop_thread: Optional[int] = None
+        self._closed = False
+
+        self.metrics_port: Optional[int] = None  #: bound port of the metrics endpoint
+        self._metrics: Optional[MetricsServer] = None
+        if o.metrics_port is not None:
+            self._metrics = MetricsServer(self.stats, o.metrics_port, o.metrics_addr)
+            self.metrics_port = self._metrics.port
+
+    def _moved(self) -> None:
+        """The source changed position or log identity: the next checkpoint must say so."""
+        self._dirty = True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_locked(self) -> bool:
+        """Write the checkpoint now (loop thread, between records). True when written."""
+        n = self._checkpoints_total + 1
+        offsets = self._kafka.resume_offsets()
+        meta = {"kind": CHECKPOINT_KIND, "model": self.model, "topic": self.topic,
+                "topic_id": self._kafka.topic_id, "partitions": self._kafka.partitions_total,
+                "shards": None if self.shards is None else sorted(self.shards),
+                "checkpoints": n, "written_at": time.time()}
+        t0 = time.monotonic()
+        tables = dict(self._tables)
+        log.debug("checkpoint %d begin (%s): offsets %s", n, self._store.plan(tables), offsets)
+        try:
+            res = self._store.write(tables=tables, offsets=offsets, seqs=self._seqs.state(),
+                                    meta=meta)
+        except Exception as e:  # a full disk must not stop serving; retried next interval
+            with self._lock:
+                self._c["checkpoint_errors"] += 1
+            log.error("checkpoint %d to %s failed: %s", n, self.checkpoint_path, e)
+            self._last_ckpt_mono = time.monotonic()
+            return False
+        self._checkpoints_total = n
+        self._pending = 0
+        self._dirty = False
+        self._last_ckpt_mono = time.monotonic()
+        self._last_ckpt_wall = time.time()
+        with self._lock:
+            self._c["checkpoints"] += 1
+            self._last_ckpt = {"kind": res.kind, "bytes": res.bytes, "rows": res.upserts,
+                               "deleted": res.deletes, "seconds": res.seconds}
+        log.debug("checkpoint %d written in %.1f ms (%s: %d rows, %d deleted, %d bytes)", n,
+                  (time.monotonic() - t0) * 1e3, res.kind, res.upserts, res.deletes,
+                  res.bytes)
+        return True
+
+    def checkpoint(self) -> bool:
+        """Write a checkpoint now. True when written.
+
+        Raises ``RuntimeError`` while :meth:`run` works in another thread (the loop
+        checkpoints on its own schedule) or after :meth:`stop`.
+        """
+        self._enter("checkpoint")
+        try:
+            return self._checkpoint_locked()
+        finally:
+            self._loop_thread = None
+            self._loop_lock.release()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _record(self, partition: int, rec: Any) -> Outcome:
+        try:
+            out = self._applier.process(rec.value, rec.headers)
+        except Exception as e:  # a bug must not kill serving; the record is kept aside
+            with self._lock:
+                self._c["internal_errors"] += 1
+            log.exception("partition %d offset %d: applying failed", partition, rec.offset)
+            out = Outcome("quarantined", reason=f"internal error: {type(e).__name__}: {e}")
+        if out.kind == "quarantined":
+            self._quarantine.add(partition, rec.offset, out.reason, rec.value)
+            # a producer spewing garbage must not flood the log: the file has every record
+            self._quarantine_logged += 1
+            level = logging.WARNING if self._quarantine_logged <= _QUARANTINE_WARNINGS \
+                else logging.DEBUG
+            log.log(level, "partition %d offset %d quarantined: %s", partition, rec.offset,
+                    out.reason)
+            if self._quarantine_logged == _QUARANTINE_WARNINGS:
+                log.warning("%d records quarantined; further ones are logged at DEBUG only "
+                            "(all are in %s)", _QUARANTINE_WARNINGS, self._quarantine.path)
+        elif out.kind == "applied":
+            if out.ts is not None:
+                self._fresh.add_ts(out.ts)
+            if out.gap is not None:
+                with self._lock:
+                    self._last_gap = {"table": out.table, "shard": out.shard,
+                                      "epoch": out.epoch, "missing": list(out.gap),
+                                      "partition": partition, "offset": rec.offset}
+        self._kafka.advance(partition, rec.offset + 1)
+        self._pending += 1
+        self._dirty = True
+        if self._on_apply is not None:
+            try:
+                self._on_apply(out, partition, rec.offset)
+            except Exception as e:  # a monitoring hook must not stop syncing
+                kind = type(e).__name__
+                if kind not in self._hook_errors:
+                    self._hook_errors.add(kind)
+                    log.exception("on_apply hook failed (further %s errors not logged)", kind)
+        if self.debug_apply_delay > 0:
+            time.sleep(self.debug_apply_delay)
+        return out
+
+    def _step(self, max_records: int) -> int:
+        """One poll + apply + housekeeping round. Returns records read."""
+        if not self._kafka.ready(self._stop_event.wait):
+            self._housekeeping()
+            return 0
+        batches = self._kafka.poll(max_records)
+        if batches is None:
+            return 0
+        n = 0
+        debug = log.isEnabledFor(logging.DEBUG)
+        for p, records in batches:
+            for rec in records:
+                if rec.offset < self._kafka.position(p):
+                    continue  # a fetch may start inside a batch that began earlier
+                out = self._record(p, rec)
+                n += 1
+                if debug:
+                    log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
+                              out.kind, out.table, out.shard, out.epoch, out.seq)
+                if self._pending >= self.checkpoint_messages:
+                    self._checkpoint_locked()
+                if self._stop_event.is_set():
+                    break
+            if self._stop_event.is_set():
+                break
+        if self._stop_event.is_set() and n:
+            return n  # the consumer is closed right after; no need to re-seek
+        self._kafka.refresh()
+        self._housekeeping()
+        return n
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if self._dirty and (self._pending >= self.checkpoint_messages
+                            or now - self._last_ckpt_mono >= self.checkpoint_interval):
+            self._checkpoint_locked()
+        if self.summary_interval and now >= self._next_summary:
+            s = self.stats()
+            prev = self._prev_summary
+            log.info("sync %s: %s", self.topic, summary_line(
+                s, prev[1] if prev else None, now - prev[0] if prev else None))
+            self._prev_summary = (now, s)
+            self._next_summary = now + self.summary_interval
+
+    def _enter(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{what}: the daemon was stopped")
+        if not self._loop_lock.acquire(blocking=False):
+            raise RuntimeError(f"{what}: the daemon is already running in another thread")
+        self._loop_thread = threading.get_ident()
+
+    def _leave(self) -> None:
+        try:
+            if self._stop_event.is_set():
+                self._shutdown_locked()
+        finally:
+            self._loop_thread = None
+            self._loop_lock.release()
+
+    def _shutdown_locked(self) -> None:
+        if self._closed:
+            return
+        self._kafka.close()
+        if self._dirty or not self._store.exists():
+            self._checkpoint_locked()
+        self._closed = True
+        self._kafka.mark_stopped()
+        if self._metrics is not None:
+            self._metrics.close()
+        log.info("sync %s stopped: %s", self.topic, summary_line(self.stats()))
+
+    def run(self) -> None:
+        """Sync until :meth:`stop`; then close the consumer and write a final checkpoint."""
+        self._enter("run")
+        try:
+            while not self._stop_event.is_set():
+                self._step(self.max_poll_records)
+        finally:
+            self._stop_event.set()
+            self._leave()
+
+    def run_for(self, seconds: Optional[float] = None, messages: Optional[int] = None) -> int:
+        """Sync for ``seconds`` or until ``messages`` records were read (whichever first).
+
+        Checkpoints happen on their schedule meanwhile; call :meth:`stop` for the final
+        one. Returns the number of records read.
+        """
+        if seconds is None and messages is None:
+            raise ValueError("run_for: give seconds, messages or both")
+        if seconds is not None:
+            check_positive("seconds", seconds)
+        if messages is not None:
+            check_positive("messages", messages, integer=True)
+        self._enter("run_for")
+        deadline = None if seconds is None else time.monotonic() + seconds
+        done = 0
+        try:
+            while not self._stop_event.is_set():
+                if messages is not None and done >= messages:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                room = self.max_poll_records if messages is None else \
+                    min(self.max_poll_records, messages - done)
+                done += self._step(room)
+        finally:
+            self._leave()
+        return done
+
+    def catch_up(self, timeout: float = 60.0) -> bool:
+        """Sync in this thread until every assigned partition reaches the end offsets
+        measured now (see :meth:`end_offsets`). True when caught up within ``timeout`` s."""
+        check_positive("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        target = None
+        while time.monotonic() < deadline and not self._stop_event.is_set():
+            if target is None:
+                try:
+                    target = self.end_offsets()
+                except Exception as e:  # broker down: keep syncing, measure later
+                    log.debug("end offsets not measured yet: %s", e)
+            if target is not None and self._reached(target):
+                return True
+            left = deadline - time.monotonic()
+            if left > 0:
+                self.run_for(seconds=min(left, 0.5))
+        return target is not None and self._reached(target)
+
+    def _reached(self, target: Mapping[int, int]) -> bool:
+        with self._lock:
+            pos = self._kafka.positions()
+        if not pos:
+            return False
+        return all(pos.get(p, -1) >= end for p, end in target.items() if p in pos) \
+            and all(p in target for p in pos)
+
+    def end_offsets(self) -> dict[int, int]:
+        """Exact end offset of each partition this daemon assigns, measured now.
+
+        Uses its own short-lived reader (safe from any thread). Raises
+        ``consumers.topic.TopicError`` when the broker or topic is unavailable.
+        """
+        return self._kafka.measure_end_offsets()
+
+    def caught_up(self) -> bool:
+        """True when the position of every assigned partition is at the end offsets
+        measured now (so everything published before this call has been read). Safe from
+        any thread; False while disconnected."""
+        try:
+            target = self.end_offsets()
+        except Exception as e:
+            log.debug("caught_up: end offsets unavailable: %s", e)
+            return False
+        if self._kafka.state != "connected":
+            return False
+        return self._reached(target)
+
+    def wait_caught_up(self, timeout: float = 30.0, interval: float = 0.1) -> bool:
+        """Wait (while :meth:`run` works in another thread) until :meth:`caught_up`."""
+        check_positive("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        target = None
+        while time.monotonic() < deadline:
+            if target is None:
+                try:
+                    target = self.end_offsets()
+                except Exception as e:
+                    log.debug("end offsets unavailable: %s", e)
+            if target is not None and self._kafka.state == "connected" \
+                    and self._reached(target):
+                return True
+            time.sleep(interval)
+        return False
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop and return at once (safe in signal handlers and before
+        :meth:`run` starts: :meth:`run` then returns right away, after the final
+        checkpoint)."""
+        self._stop_event.set()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop syncing: close the consumer and write the final checkpoint.
+
+        Thread-safe. Called from another thread while :meth:`run` works, it waits up to
+        ``timeout`` s for the loop to finish its record and checkpoint. From a signal
+        handler in the loop's own thread it only asks the loop to stop (the loop then
+        checkpoints before :meth:`run` returns). Idempotent.
+        """
+        self._stop_event.set()
+        if self._loop_thread == threading.get_ident():
+            return  # signal handler inside the loop: the loop finishes the job
+        if not self._loop_lock.acquire(timeout=timeout):
+            log.error("stop: the sync loop did not finish within %g s", timeout)
+            return
+        try:
+            self._shutdown_locked()
+        finally:
+            self._loop_lock.release()
+
+    close = stop
+
+    def __enter__(self) -> SyncDaemon:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ serving
+
+    def table(self, name: str) -> ServingTable:
+        """The serving table ``name`` (lookups are safe while the daemon applies)."""
+        t = self._tables.get(name)
+        if t is None:
+            raise KeyError(f"no table {name!r} (tables: {sorted(self._tables)})")
+        return t
+
+    def tables(self) -> dict[str, ServingTable]:
+        """name -> :class:`ServingTable` (a new dict; the tables are the live ones)."""
+        return dict(self._tables)
+
+    @property
+    def running(self) -> bool:
+        """True while :meth:`run` or :meth:`run_for` works."""
+        return self._loop_thread is not None
+
+    def stats(self) -> dict:
+        """Counters and gauges (safe from any thread).
+
+        Keys: ``messages`` (records read), ``applied``, ``rows``, ``deleted``, ``bytes``
+        (applied), ``duplicates``, ``gaps``, ``gap_messages`` (seqs missing), ``last_gap``,
+        ``new_epochs``, ``stale``, ``skipped``, ``quarantined``, ``offsets_lost`` (ranges),
+        ``lost_ranges`` (recent ranges: partition, from, to (None = unknown), resume,
+        reason), ``positions`` / ``end_offsets`` / ``lag`` (per partition), ``lag_total``,
+        ``freshness_p50_s`` / ``freshness_p99_s`` (None before any apply),
+        ``checkpoints``, ``checkpoints_total`` (across restarts), ``checkpoint_age_s``
+        (None before the first), ``checkpoint_last`` (kind ``base``/``segment``, bytes,
+        rows, deleted, seconds of the last checkpoint; None before the first), ``checkpoint_pending``, ``checkpoint_errors``, ``broker``
+        (one of :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table),
+        ``source``, ``uptime_s``.
+        """
+        a = self._applier.counters
+        p50, p99 = self._fresh.quantiles((0.5, 0.99))
+        k = self._kafka.view()
+        positions, ends = k["positions"], k["end_offsets"]
+        lag = partition_lag(positions, ends)
+        with self._lock:
+            out = {
+                "model": self.model, "topic": self.topic, "broker": k["broker"],
+                "source": self.source,
+                "messages": a["messages"], "applied": a["applied"], "rows": a["rows"],
+                "deleted": a["deleted"], "bytes": a["bytes"],
+                "duplicates": a["duplicates"], "gaps": a["gaps"],
+                "gap_messages": a["missing_seqs"], "last_gap": self._last_gap,
+                "new_epochs": a["new_epochs"], "stale": a["stale"], "skipped": a["skipped"],
+                "quarantined": a["quarantined"] + self._c["internal_errors"],
+                "offsets_lost": k["offsets_lost"], "lost_ranges": k["lost_ranges"],
+                "positions": positions, "end_offsets": ends, "lag": lag,
+                "lag_total": total_lag(lag.values()),
+                "freshness_p50_s": p50, "freshness_p99_s": p99,
+                "checkpoints": self._c["checkpoints"],
+                "checkpoints_total": self._checkpoints_total,
+                "checkpoint_age_s": None if self._last_ckpt_wall is None
+                else max(0.0, time.time() - self._last_ckpt_wall),
+                "checkpoint_pending": self._pending,
+                "checkpoint_last": None if self._last_ckpt is None else dict(self._last_ckpt),
+                "checkpoint_errors": self._c["checkpoint_errors"],
+                "disconnects": k["disconnects"],
+                "internal_errors": self._c["internal_errors"],
+                "uptime_s": time.monotonic() - self._started,
+            }
+        out["tables"] = {name: len(t) for name, t in list(self._tables.items())}
+        return out
+
+    def __repr__(self) -> str:
+        return (f"SyncDaemon({self.topic!r} on {self.bootstrap_servers}, model={self.model!r}, "
+                f"state_dir={str(self.state_dir)!r}, {self._kafka.state})")

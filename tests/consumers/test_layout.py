@@ -1,0 +1,109 @@
+"""The shape of the predictor package: imports run one way, no module reaches into another
+module's private names, no module is over 600 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file of every module under consumers/ (packages by __init__.py)."""
+    out = {}
+    for path in sorted((REPO / "consumers").rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> list[tuple[str, list[str]]]:
+    """(imported consumers module, names taken from it) for every import statement in the
+    module, at module level or inside functions (a lazy import still ties two modules)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            if base not in known:
+                continue
+            # `from pkg import submodule` ties to the submodule, not to the package
+            subs = [a.name for a in node.names if f"{base}.{a.name}" in known]
+            out += [(f"{base}.{s}", []) for s in subs]
+            names = [a.name for a in node.names if a.name not in subs]
+            if names:
+                out.append((base, names))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {n: {m for m, _ in _imports(n, p, set(mods))} - {n} for n, p in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_graph_sees_the_imports():
+    g = _graph()
+    assert "consumers.storage.files" in g["consumers.serving_table"]
+    assert "consumers.serving_table" in g["consumers.storage.full_snapshot"]
+    assert "consumers.sync.daemon" in g["consumers.sync"]
+
+
+def test_no_import_cycle_between_consumers_modules():
+    assert _cycles(_graph()) == []
+
+
+def test_no_private_names_imported_across_modules():
+    mods = _modules()
+    bad = [f"{n}: from {m} import {x}" for n, p in mods.items()
+           for m, names in _imports(n, p, set(mods)) for x in names
+           if x.startswith("_") and not x.startswith("__")]
+    assert bad == []
+
+
+def test_no_module_over_600_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in _modules().items()}
+    assert {n: k for n, k in long.items() if k > MAX_LINES} == {}
