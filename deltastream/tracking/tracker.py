@@ -63,6 +63,9 @@ deduplicated in one sort per table at the next read.
 
 Thread safety: hooks, reads, ``retain`` and ``clear`` take one lock, so a publisher thread
 may call ``get_delta`` while the training thread runs forward passes.
+
+Its parts: :mod:`.discovery` finds the tables, :mod:`.positions` turns recorded positions
+into ids and FIRST states, :mod:`.store` keeps the records, :mod:`.rows` merges retained rows.
 """
 
 from __future__ import annotations
