@@ -62,7 +62,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_topic(args: argparse.Namespace) -> int:
-    from deltastream.publishing.publisher import ensure_topic
+    from deltastream.publishing.topics import ensure_topic
 
     topic = args.topic or f"deltas.{args.model}"
     partitions = ensure_topic(args.bootstrap_servers, topic, args.partitions)

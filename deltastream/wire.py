@@ -27,26 +27,46 @@ with ``n``/``dim``/``dtype`` before any array is built, the CRC-32C must match, 
 problem raises :class:`WireError` naming the field. Decoded rows are zero-copy views in
 the wire dtype; :meth:`DeltaBatch.rows_f32` dequantizes. Decoding does not check that
 values are finite (the publisher refuses non-finite rows; serving tables check on apply).
+
+This module is the format's public face; the bytes themselves are laid out by
+:mod:`deltastream.wire_codec`, the one encoder (:func:`encode` and the publisher's in-place
+:class:`Framer` share its layout helpers). Producers validate with the same rules the
+encoder applies: :func:`check_name`, :func:`check_dtype`, :func:`row_bytes`,
+:func:`max_abs_finite`.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import crc32c as _crc32c
-import msgpack
 import numpy as np
 
 from deltastream.errors import WireError
+from deltastream.wire_codec import (
+    BF16_OVERFLOW,
+    DTYPES,
+    F16_MAX,
+    NUMPY_DTYPES,
+    VERSION,
+    Framer,
+    Reader,
+    max_abs_finite,
+    pack_message,
+    quantize,
+)
 
 __all__ = [
     "VERSION",
     "DTYPES",
+    "NUMPY_DTYPES",
+    "F16_MAX",
+    "BF16_OVERFLOW",
     "DeltaBatch",
     "WireError",
+    "Framer",
     "encode",
     "decode",
     "split",
@@ -54,21 +74,18 @@ __all__ = [
     "kafka_headers",
     "parse_headers",
     "row_bytes",
+    "check_name",
+    "check_dtype",
+    "max_abs_finite",
     "MAX_DIM",
     "MAX_ROWS",
+    "MAX_NAME",
 ]
 
-VERSION = 1
-#: wire dtype -> bytes per element
-DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
 MAX_DIM = 1 << 16
 MAX_ROWS = 1 << 28
 MAX_NAME = 255
 _INT64_MAX = (1 << 63) - 1
-_F16_MAX = 65504.0
-#: smallest float32 that rounds to inf in bf16 (0x7F7F8000: a tie that rounds to even = up)
-_BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
-_U32 = struct.Struct(">I")
 _NAME_RE = re.compile(r"[^/\x00-\x1f\x7f]+")  # fullmatch: "$" would accept a trailing \n
 # Bytes of map keys, fixed ints and names that a message carries besides its arrays; an
 # upper bound used to size chunks (checked against the real length after packing).
@@ -77,8 +94,6 @@ _REQUIRED = {"v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", 
              "dtype", "ids", "rows", "crc"}
 _OPTIONAL = {"scale", "del"}
 _INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc")
-
-
 
 
 @dataclass
@@ -138,7 +153,9 @@ class DeltaBatch:
 
 
 def row_bytes(dim: int, dtype: str) -> int:
-    """Bytes one row costs on the wire: id + values (+ scale for i8)."""
+    """Bytes one row of width ``dim`` costs on the wire in ``dtype``: 8 (id) + ``dim`` ×
+    itemsize (+ 4 scale for i8). Raises :class:`WireError` for an unknown dtype."""
+    check_dtype(dtype)
     return 8 + dim * DTYPES[dtype] + (4 if dtype == "i8" else 0)
 
 
@@ -174,11 +191,19 @@ def parse_headers(headers: Any) -> dict:
 # ----------------------------------------------------------------------------- encode
 
 
-def _check_name(what: str, value: Any) -> None:
+def check_name(what: str, value: Any) -> None:
+    """Raise :class:`WireError` unless ``value`` is a valid model/table name: a non-empty
+    str of ≤ ``MAX_NAME`` chars without ``/`` or control characters (``what`` names it)."""
     if not isinstance(value, str) or not value or len(value) > MAX_NAME \
             or not _NAME_RE.fullmatch(value):
         raise WireError(f"{what}: expected a non-empty str of ≤ {MAX_NAME} chars without '/' "
                         f"or control characters, got {value!r}")
+
+
+def check_dtype(dtype: Any) -> None:
+    """Raise :class:`WireError` unless ``dtype`` is a wire dtype (a key of :data:`DTYPES`)."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
 
 
 def _check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> None:
@@ -186,61 +211,6 @@ def _check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> None
         raise WireError(f"{what}: expected an int, got {type(value).__name__}")
     if not lo <= int(value) <= hi:
         raise WireError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
-
-
-def _max_abs_finite(rows: np.ndarray) -> tuple[float, bool]:
-    """(largest finite |value| of ``rows``, whether all values are finite)."""
-    if not rows.size:
-        return 0.0, True
-    # min/max reduce without a temporary (np.abs would copy the whole array).
-    hi = max(-float(np.min(rows)), float(np.max(rows)))
-    if np.isfinite(hi):
-        return hi, True
-    finite = rows[np.isfinite(rows)]  # slow path: only when non-finite values are present
-    return (float(np.max(np.abs(finite))) if finite.size else 0.0), False
-
-
-def _quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """Float rows ``[n, dim]`` -> (wire array, scale or None)."""
-    if dtype == "f32":
-        return np.ascontiguousarray(rows, dtype="<f4"), None
-    if dtype == "f16":
-        if rows.dtype != np.float16:
-            if _max_abs_finite(rows)[0] > _F16_MAX:
-                raise WireError(f"rows: a value exceeds the f16 range (±{_F16_MAX:g}); "
-                                "use dtype 'bf16' or 'f32'")
-            rows = rows.astype(np.float16)
-        return np.ascontiguousarray(rows, dtype="<f2"), None
-    r32 = np.ascontiguousarray(rows, dtype=np.float32)
-    if dtype == "bf16":
-        if _max_abs_finite(r32)[0] >= _BF16_OVERFLOW:
-            raise WireError(f"rows: a value exceeds the bf16 range (|x| < {_BF16_OVERFLOW:.8g}); "
-                            "use dtype 'f32'")
-        u = r32.view(np.uint32)
-        # Round to nearest even on the 16 dropped mantissa bits. NaNs are truncated
-        # instead (rounding could carry a NaN into inf, or wrap 0xFFFF.... to zero) and
-        # kept NaN by setting the quiet bit when truncation would leave an inf pattern.
-        rounded = ((u + (((u >> 16) & 1) + 0x7FFF).astype(np.uint32)) >> 16).astype("<u2")
-        nan = np.isnan(r32)
-        if nan.any():
-            t = (u[nan] >> 16).astype("<u2")
-            rounded[nan] = np.where(t & 0x7F, t, t | 0x40)
-        return rounded, None
-    # i8: row-wise symmetric
-    if not _max_abs_finite(r32)[1]:
-        raise WireError("rows: dtype i8 cannot carry non-finite values (inf/NaN)")
-    amax = np.max(np.abs(r32), axis=1) if r32.shape[1] else np.zeros(r32.shape[0], np.float32)
-    scale = (amax / 127.0).astype(np.float32)
-    top = amax > np.float32(3.0e38)
-    if top.any():
-        # amax/127 may round up so far that 127 * scale overflows float32 on decode:
-        # step those scales down one ulp (the clip below keeps q within ±127).
-        with np.errstate(over="ignore"):
-            over = ~np.isfinite(np.float32(127) * scale) & top
-        scale[over] = np.nextafter(scale[over], np.float32(0))
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    q = np.clip(np.rint(r32 / safe[:, None]), -127, 127).astype(np.int8)
-    return q, scale.astype("<f4")
 
 
 def _int64_ids(what: str, value: Any) -> np.ndarray:
@@ -261,13 +231,12 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
     normalised: ids ascending int64, rows permuted with them."""
     if not isinstance(batch, DeltaBatch):
         raise WireError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
-    _check_name("model", batch.model)
-    _check_name("table", batch.table)
+    check_name("model", batch.model)
+    check_name("table", batch.table)
     _check_int("shard", batch.shard, 0, (1 << 31) - 1)
     for name in ("epoch", "seq", "step", "ts"):
         _check_int(name, getattr(batch, name))
-    if batch.dtype not in DTYPES:
-        raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {batch.dtype!r}")
+    check_dtype(batch.dtype)
     ids = _int64_ids("ids", batch.ids)
     rows = np.asarray(batch.rows)
     if rows.ndim != 2 or rows.shape[0] != ids.shape[0]:
@@ -335,40 +304,15 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
     return pieces
 
 
-def _pack_head(key: str, size: int) -> bytes:
-    """msgpack str key followed by a bin32 header for ``size`` bytes."""
-    return msgpack.packb(key) + b"\xc6" + _U32.pack(size)
-
-
 def _pack_one(b: DeltaBatch) -> bytes:
-    # Framed by hand rather than with msgpack.packb: the Packer grows its buffer by
-    # doubling and copies megabyte payloads several times; joining buffers copies once.
     if b._decoded and b.dtype in ("bf16", "i8"):
         wire_rows = np.ascontiguousarray(b.rows)
         scale = None if b.scale is None else np.ascontiguousarray(b.scale, dtype="<f4")
     else:
-        wire_rows, scale = _quantize(b.rows, b.dtype)
+        wire_rows, scale = quantize(b.rows, b.dtype)
     ids = np.ascontiguousarray(b.ids, dtype="<i8")
-    bins: list[tuple[str, Any]] = [("ids", ids.data), ("rows", wire_rows.data)]
-    if scale is not None:
-        bins.append(("scale", scale.data))
-    if b.tombstones is not None:
-        bins.append(("del", np.ascontiguousarray(b.tombstones, dtype="<i8").data))
-    crc = 0
-    for _, buf in bins:
-        crc = _crc32c.crc32c(buf, crc)
-    scalars = {
-        "v": VERSION, "model": b.model, "table": b.table, "shard": int(b.shard),
-        "epoch": int(b.epoch), "seq": int(b.seq), "step": int(b.step), "ts": int(b.ts),
-        "n": int(ids.shape[0]), "dim": int(b.rows.shape[1]), "dtype": b.dtype, "crc": crc,
-    }
-    head = msgpack.packb(scalars)
-    # Replace the fixmap header by a map16 header counting the bin fields too.
-    parts: list[Any] = [b"\xde" + (len(scalars) + len(bins)).to_bytes(2, "big"), head[1:]]
-    for key, buf in bins:
-        parts.append(_pack_head(key, buf.nbytes))
-        parts.append(buf)
-    return b"".join(parts)
+    tomb = None if b.tombstones is None else np.ascontiguousarray(b.tombstones, dtype="<i8")
+    return pack_message(b, ids, wire_rows, scale, tomb)
 
 
 def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20) -> list[bytes]:
@@ -390,85 +334,6 @@ def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20) -> list[bytes
 # ----------------------------------------------------------------------------- decode
 
 
-class _Reader:
-    """A strict reader for the msgpack subset v1 uses: one map of str keys to int, str,
-    bin, nil or bool values. Bins come back as zero-copy memoryview slices of the input.
-    Anything else (arrays, nested maps, floats, ext types) is refused.
-    """
-
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: memoryview) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def _take(self, n: int, what: str) -> memoryview:
-        end = self.pos + n
-        if end > len(self.buf):
-            raise WireError(f"{what}: message truncated (needs {n} bytes at offset {self.pos})")
-        out = self.buf[self.pos:end]
-        self.pos = end
-        return out
-
-    def _uint(self, n: int, what: str) -> int:
-        return int.from_bytes(self._take(n, what), "big")
-
-    def _sint(self, n: int, what: str) -> int:
-        return int.from_bytes(self._take(n, what), "big", signed=True)
-
-    def _str(self, n: int, what: str) -> str:
-        try:
-            return str(self._take(n, what), "utf-8")
-        except UnicodeDecodeError:
-            raise WireError(f"{what}: invalid UTF-8") from None
-
-    def value(self, what: str) -> Any:
-        b = self._uint(1, what)
-        if b <= 0x7F:
-            return b
-        if b >= 0xE0:
-            return b - 0x100
-        if 0xA0 <= b <= 0xBF:
-            return self._str(b & 0x1F, what)
-        if b == 0xC0:
-            return None
-        if b in (0xC2, 0xC3):
-            return b == 0xC3
-        if 0xC4 <= b <= 0xC6:
-            return self._take(self._uint(1 << (b - 0xC4), what), what)
-        if 0xCC <= b <= 0xCF:
-            return self._uint(1 << (b - 0xCC), what)
-        if 0xD0 <= b <= 0xD3:
-            return self._sint(1 << (b - 0xD0), what)
-        if 0xD9 <= b <= 0xDB:
-            return self._str(self._uint(1 << (b - 0xD9), what), what)
-        raise WireError(f"{what}: msgpack type byte {b:#04x} is not allowed in wire v1 "
-                        "(only int, str, bin, nil, bool)")
-
-    def top_map(self) -> dict:
-        b = self._uint(1, "message")
-        if 0x80 <= b <= 0x8F:
-            count = b & 0x0F
-        elif b in (0xDE, 0xDF):
-            count = self._uint(2 if b == 0xDE else 4, "message")
-        else:
-            raise WireError(f"message: expected a msgpack map, got type byte {b:#04x}")
-        if count > len(_REQUIRED | _OPTIONAL):
-            raise WireError(f"message: {count} fields, at most {len(_REQUIRED | _OPTIONAL)} "
-                            "allowed")
-        out: dict = {}
-        for i in range(count):
-            key = self.value(f"key {i}")
-            if not isinstance(key, str):
-                raise WireError(f"key {i}: expected a str key, got {type(key).__name__}")
-            if key in out:
-                raise WireError(f"{key}: duplicate field")
-            out[key] = self.value(key)
-        if self.pos != len(self.buf):
-            raise WireError(f"message: {len(self.buf) - self.pos} trailing bytes after the map")
-        return out
-
-
 def _bin(msg: dict, key: str, expected: int) -> memoryview:
     value = msg[key]
     if not isinstance(value, memoryview):
@@ -486,7 +351,7 @@ def decode(data: bytes) -> DeltaBatch:
         view = memoryview(data).cast("B")
     except TypeError as e:  # e.g. a non-contiguous memoryview
         raise WireError(f"data: not a contiguous byte buffer ({e})") from None
-    msg = _Reader(view).top_map()
+    msg = Reader(view, len(_REQUIRED | _OPTIONAL)).top_map()
     keys = set(msg)
     if not _REQUIRED <= keys:
         raise WireError(f"message: missing fields {sorted(_REQUIRED - keys)}")
@@ -497,8 +362,8 @@ def decode(data: bytes) -> DeltaBatch:
             raise WireError(f"{k}: expected an int, got {type(msg[k]).__name__}")
     if msg["v"] != VERSION:
         raise WireError(f"v: unsupported schema version {msg['v']} (this reader knows {VERSION})")
-    _check_name("model", msg["model"])
-    _check_name("table", msg["table"])
+    check_name("model", msg["model"])
+    check_name("table", msg["table"])
     _check_int("shard", msg["shard"], 0, (1 << 31) - 1)
     for k in ("epoch", "seq", "step", "ts"):
         _check_int(k, msg[k])
@@ -506,8 +371,7 @@ def decode(data: bytes) -> DeltaBatch:
     _check_int("dim", msg["dim"], 1, MAX_DIM)
     _check_int("crc", msg["crc"], 0, (1 << 32) - 1)
     dtype = msg["dtype"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    check_dtype(dtype)
     n, dim = msg["n"], msg["dim"]
     # Sizes are checked against the bytes actually present before any array is built,
     # so a message claiming 10^12 rows allocates nothing.
@@ -538,8 +402,7 @@ def decode(data: bytes) -> DeltaBatch:
         raise WireError("ids: not strictly ascending")
     if scale is not None and not bool(np.all(np.isfinite(scale) & (scale >= 0))):
         raise WireError("scale: expected finite non-negative values")
-    wire_dt = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "i8": "i1"}[dtype]
-    rows = np.frombuffer(rows_b, dtype=wire_dt).reshape(n, dim)
+    rows = np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim)
     if n == 0 and (tomb is None or tomb.size == 0):
         raise WireError("n: a message with no rows must carry tombstones")
     return DeltaBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],

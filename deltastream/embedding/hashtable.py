@@ -6,7 +6,7 @@ included) of its :class:`~deltastream.sharding.Slice` range to rows of width
 
     >>> import torch
     >>> from deltastream import HashTable, SparseAdam
-    >>> from deltastream.embedding.hashtable import normal_initializer
+    >>> from deltastream.embedding.initializers import normal_initializer
     >>> table = HashTable(16, name="user", initializer=normal_initializer(0.01))
     >>> opt = SparseAdam(table, lr=1e-2)       # dense layers: a normal torch optimizer
     >>> out = table(torch.tensor([[3, 10**12], [-7, 3]]))   # [2, 2, 16]; inserts 3 ids
@@ -17,34 +17,16 @@ included) of its :class:`~deltastream.sharding.Slice` range to rows of width
 
 Design (why this shape):
 
-* **Index: open addressing with linear probing over two flat tensors** (``keys`` int64,
-  ``vals`` int64 row position or ``EMPTY``/``DELETED``), a power-of-two slot count and a
-  multiplicative (Fibonacci) hash. A batch of ``N`` ids is resolved in *probing rounds*:
-  every round gathers ``keys[slot]``/``vals[slot]`` for all still-unresolved ids at once,
-  settles hits and misses, and advances the rest by one slot. Live + deleted slots are kept
-  <= 0.5 of the slots (a rebuild brings the load down to <= 0.3), so the expected number of
-  rounds is < 2 for hits and the work is O(N) with a handful of kernels per round -- no
-  per-id Python, and the same code runs on CUDA. Separate ``keys``/``vals`` arrays rather
-  than one ``[slots, 2]`` tensor: a 1-D ``index_select`` is ~10x faster on CPU than
-  gathering 16-byte rows. A sorted-key index with ``searchsorted`` was the alternative; it costs
-  log2(n) dependent random reads per id (20 for 1M rows) and needs merges of an insertion
-  buffer, which is slower for the lookup-dominated workload here.
-* **Batched insert** uses the same rounds: ids that target a free slot race for it by
-  scattering their batch index into a scratch ``claim`` array and reading it back; the
-  winner writes, losers advance. Free slots include ``DELETED`` ones (evicted ids), which
-  are therefore reused; the index is rebuilt (O(live)) when live + deleted slots exceed the
-  load bound, so insert is amortized O(1).
+* **Index**: an open-addressing hash index over flat tensors that resolves a whole batch
+  of ids per probing round, on CPU and CUDA alike (:mod:`deltastream.embedding.hash_index`).
 * **Rows** live in one contiguous ``[capacity, dim]`` tensor that grows geometrically
   (x1.5, rounded up to whole blocks of 1024 rows) so that a lookup is a single
   ``index_select`` kernel. A list of separate blocks would avoid the copy at growth but turn
   every gather into a per-block loop; the copy is amortized O(1) per row. Positions freed by
   :meth:`HashTable.evict` go on a free list and are handed out again before the storage grows.
-* **Gradients**: :meth:`HashTable.forward` returns rows through a custom autograd function
-  whose backward only *stashes* ``(positions, ids, grad)``; :meth:`HashTable.sparse_grad`
-  coalesces the stash (unique positions, summed grads) on demand. Growth, eviction and
-  reuse between forward and the optimizer step are safe: positions are stable while a row
-  lives, and stale entries (a position that no longer holds the same id) are dropped.
-  Sparse optimizers are in :mod:`deltastream.embedding.optim`; the storage is deliberately not a
+* **Gradients** are sparse: backward stashes ``(positions, ids, grad)`` and
+  :meth:`HashTable.sparse_grad` coalesces them on demand
+  (:mod:`deltastream.embedding.sparse_grad`). Sparse optimizers are in :mod:`deltastream.embedding.optim`; the storage is deliberately not a
   ``Parameter``, so ``model.parameters()`` lists only dense weights for a dense optimizer.
 
 Values of unseen ids read in eval mode or by :meth:`HashTable.lookup`: the initializer's
@@ -57,17 +39,28 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from deltastream.embedding.hash_index import HashIndex
+from deltastream.embedding.initializers import (
+    Initializer,
+    accepted_kwargs,
+    constant_initializer,
+    init_rows,
+    normal_initializer,
+    uniform_initializer,
+)
+from deltastream.embedding.sparse_grad import GradStash, SparseGrad, gather_rows
 from deltastream.sharding import DEFAULT_SLICE_SIZE, Slice
 
+# The initializers live in .initializers; they are re-exported here, where users have
+# always imported them from.
 __all__ = [
     "HashTable",
     "SparseGrad",
@@ -77,152 +70,14 @@ __all__ = [
     "constant_initializer",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
-_EMPTY = -1  # vals[] marker: slot never used (ends a probe chain)
-_DELETED = -2  # vals[] marker: slot held an evicted id (probe chains pass over it)
-_MAX_LOAD = 0.5  # (live + deleted) / slots above which the index is rebuilt
-_REBUILD_LOAD = 0.3  # live / slots right after a rebuild
-_MIN_SLOTS = 64
 _BLOCK_ROWS = 1024  # row storage grows in whole blocks of this many rows
 _GROWTH = 1.5
-# Golden-ratio multiplier 0x9E3779B97F4A7C15 as a signed int64 (torch multiplies with wrap).
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-# --------------------------------------------------------------------------- initializers
-
-
-class Initializer:
-    """Base class of the row initializers: ``init(n, dim, *, device, dtype) -> [n, dim]``.
-
-    ``eval_value`` is the value unseen ids read as in eval mode / :meth:`HashTable.lookup`.
-    A seeded initializer owns one generator per device, so a table's rows are reproducible.
-    """
-
-    eval_value: float = 0.0
-
-    def __init__(self, seed: Optional[int] = None) -> None:
-        self.seed = seed
-        self._generators: dict[str, torch.Generator] = {}
-
-    def _generator(self, device: torch.device) -> Optional[torch.Generator]:
-        if self.seed is None:
-            return None
-        key = str(device)
-        gen = self._generators.get(key)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(self.seed)
-            self._generators[key] = gen
-        return gen
-
-    def __call__(self, n: int, dim: int, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class _Normal(Initializer):
-    def __init__(self, std: float, mean: float, seed: Optional[int]) -> None:
-        super().__init__(seed)
-        self.std, self.mean = float(std), float(mean)
-        self.eval_value = self.mean
-
-    def __call__(self, n, dim, *, device="cpu", dtype=torch.float32):
-        device = torch.device(device)
-        out = torch.empty(n, dim, device=device, dtype=torch.float32)
-        out.normal_(self.mean, self.std, generator=self._generator(device))
-        return out.to(dtype)
-
-    def __repr__(self) -> str:
-        return f"normal_initializer(std={self.std}, mean={self.mean}, seed={self.seed})"
-
-
-class _Uniform(Initializer):
-    def __init__(self, a: float, seed: Optional[int]) -> None:
-        super().__init__(seed)
-        self.a = float(a)
-
-    def __call__(self, n, dim, *, device="cpu", dtype=torch.float32):
-        device = torch.device(device)
-        out = torch.empty(n, dim, device=device, dtype=torch.float32)
-        out.uniform_(-self.a, self.a, generator=self._generator(device))
-        return out.to(dtype)
-
-    def __repr__(self) -> str:
-        return f"uniform_initializer(a={self.a}, seed={self.seed})"
-
-
-class _Constant(Initializer):
-    def __init__(self, value: float) -> None:
-        super().__init__(None)
-        self.value = float(value)
-        self.eval_value = self.value
-
-    def __call__(self, n, dim, *, device="cpu", dtype=torch.float32):
-        return torch.full((n, dim), self.value, device=device, dtype=dtype)
-
-    def __repr__(self) -> str:
-        return f"constant_initializer({self.value})"
-
-
-def normal_initializer(std: float = 0.01, mean: float = 0.0, *,
-                       seed: Optional[int] = None) -> Initializer:
-    """Rows drawn from N(mean, std²); unseen ids read as ``mean`` in eval mode."""
-    if not std >= 0:
-        raise ValueError(f"std must be >= 0, got {std}")
-    return _Normal(std, mean, seed)
-
-
-def uniform_initializer(a: float = 0.01, *, seed: Optional[int] = None) -> Initializer:
-    """Rows drawn from U(-a, a); unseen ids read as 0 in eval mode."""
-    if not a >= 0:
-        raise ValueError(f"a must be >= 0, got {a}")
-    return _Uniform(a, seed)
-
-
-def constant_initializer(value: float = 0.0) -> Initializer:
-    """Every new row is ``value``; unseen ids read as ``value`` in eval mode too."""
-    return _Constant(value)
-
-
-# --------------------------------------------------------------------------- autograd
-
-
-class SparseGrad(NamedTuple):
-    """Coalesced gradient of a :class:`HashTable`: one entry per touched row.
-
-    ``positions`` int64 ``[u]`` (unique row positions in the storage), ``ids`` int64 ``[u]``
-    (the ids at those positions), ``values`` ``[u, dim]`` (summed gradients, table dtype).
-    """
-
-    positions: torch.Tensor
-    ids: torch.Tensor
-    values: torch.Tensor
-
-
-class _GatherRows(torch.autograd.Function):
-    """``rows = storage[positions]``; backward stashes the grads in the table (sparse)."""
-
-    @staticmethod
-    def forward(ctx, holder, table, positions, ids):  # holder: a leaf that carries the grad
-        ctx.table = table
-        ctx.save_for_backward(positions, ids)
-        return table._weight.index_select(0, positions)
-
-    @staticmethod
-    def backward(ctx, grad):
-        positions, ids = ctx.saved_tensors
-        ctx.table._stash_grad(positions, ids, grad)
-        return None, None, None, None
-
-
 # --------------------------------------------------------------------------- the table
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n - 1).bit_length())
 
 
 class HashTable(torch.nn.Module):
@@ -283,7 +138,7 @@ class HashTable(torch.nn.Module):
         self.device = torch.device(device)
         self.dtype = dtype
         self.initializer = initializer
-        self._init_kwargs = _accepted_kwargs(initializer, ("device", "dtype", "ids"))
+        self._init_kwargs = accepted_kwargs(initializer, ("device", "dtype", "ids"))
         self._eval_value = float(getattr(initializer, "eval_value", 0.0))
 
         dev = self.device
@@ -295,12 +150,10 @@ class HashTable(torch.nn.Module):
         self._hw = 0  # high-water mark: positions >= _hw were never used
         self._free = torch.empty(0, dtype=torch.int64, device=dev)  # evicted positions
         self._live = 0
-        # hash index
-        self._new_index(_next_pow2(max(_MIN_SLOTS, math.ceil(capacity / _REBUILD_LOAD))))
+        self._index = HashIndex(capacity, dev, name)
         # autograd
         self._holder = torch.zeros((), device=dev, requires_grad=True)
-        self._grad_stash: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._grad_cache: Optional[SparseGrad] = None
+        self._grads = GradStash(embedding_dim, dtype)
         # hooks and row-state listeners (sparse optimizers)
         self._insert_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._evict_hooks: OrderedDict[int, Callable] = OrderedDict()
@@ -321,9 +174,16 @@ class HashTable(torch.nn.Module):
         return int(self._weight.shape[0])
 
     @property
+    def storage(self) -> torch.Tensor:
+        """The row storage ``[capacity, dim]``: the row of an id is at its position
+        (:meth:`positions`). Sparse optimizers update rows in place here; it is replaced
+        (not resized) when the table grows, so do not keep it across inserts."""
+        return self._weight
+
+    @property
     def num_slots(self) -> int:
         """Slots of the hash index (a power of two)."""
-        return self._slots
+        return self._index.slots
 
     def extra_repr(self) -> str:
         return (f"{self.embedding_dim}, name={self.name!r}, len={self._live}, "
@@ -348,113 +208,13 @@ class HashTable(torch.nn.Module):
                 f"outside this table's slice range [{self.slice.begin}, {self.slice.end}) "
                 f"of {self.slice.size} ({int(bad.sum())} such ids in the batch)")
 
-    # ------------------------------------------------------------------ hash index
-
-    def _new_index(self, slots: int) -> None:
-        dev = self.device
-        self._slots = slots
-        self._shift = 64 - (slots.bit_length() - 1)
-        self._keys = torch.zeros(slots, dtype=torch.int64, device=dev)
-        self._vals = torch.full((slots,), _EMPTY, dtype=torch.int64, device=dev)
-        self._claim = torch.empty(slots, dtype=torch.int64, device=dev)
-        self._used = 0  # live + deleted slots
-
-    def _hash(self, keys: torch.Tensor) -> torch.Tensor:
-        # Fibonacci hashing: the top log2(slots) bits of key * golden ratio (mod 2^64). Bit i
-        # of the key reaches every product bit >= i, so all key bits reach the top bits;
-        # the mask undoes the sign extension of the arithmetic shift.
-        return ((keys * _GOLDEN) >> self._shift) & (self._slots - 1)
-
-    def _probe(self, keys: torch.Tensor, need_slots: bool = False):
-        """Row position per key (-1 if absent) and, optionally, the slot holding it."""
-        n = keys.numel()
-        if n == 0 or self._live == 0:
-            pos = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-            return pos, (pos.clone() if need_slots else None)
-        slots = None
-        mask = self._slots - 1
-        slot = self._hash(keys)
-        # A slot whose key equals the id ends its probe: the position if the slot is live,
-        # else the id is absent (a DELETED slot keeps its old key; an id re-inserted after
-        # its eviction lands in that slot or an earlier one, never further along). A slot
-        # with another key continues the probe unless it is EMPTY.
-        # Round 0 runs over the whole batch without compaction.
-        v = self._vals.index_select(0, slot)
-        other = self._keys.index_select(0, slot) != keys
-        pos = v.masked_fill(other, -1)
-        if need_slots:
-            slots = slot.masked_fill(other, -1)
-        rest = (other & (v != _EMPTY)).nonzero().squeeze(1)
-        if rest.numel() == 0:
-            return pos, slots
-        cur, ckeys, cslot = rest, keys.index_select(0, rest), (slot.index_select(0, rest) + 1) & mask
-        while cur.numel():
-            v = self._vals.index_select(0, cslot)
-            other = self._keys.index_select(0, cslot) != ckeys
-            hi = (~other).nonzero().squeeze(1)
-            if hi.numel():
-                where = cur.index_select(0, hi)
-                pos.index_copy_(0, where, v.index_select(0, hi))
-                if need_slots:
-                    slots.index_copy_(0, where, cslot.index_select(0, hi))
-            keep = (other & (v != _EMPTY)).nonzero().squeeze(1)
-            cur = cur.index_select(0, keep)
-            ckeys = ckeys.index_select(0, keep)
-            cslot = (cslot.index_select(0, keep) + 1) & mask
-        return pos, slots
-
-    def _index_insert(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
-        """Add absent, unique ``keys`` -> ``positions`` to the index (room ensured)."""
-        n = keys.numel()
-        if n == 0:
-            return
-        mask = self._slots - 1
-        slot = self._hash(keys)
-        cur = torch.arange(n, device=self.device)
-        reused = 0
-        while cur.numel():
-            v = self._vals.index_select(0, slot)
-            free = (v < 0).nonzero().squeeze(1)
-            if free.numel():
-                cand = cur.index_select(0, free)
-                cslot = slot.index_select(0, free)
-                # ids racing for one slot: whichever write lands wins, read back to see who
-                self._claim.index_copy_(0, cslot, cand)
-                won_mask = self._claim.index_select(0, cslot) == cand
-                won = won_mask.nonzero().squeeze(1)
-                wslot = cslot.index_select(0, won)
-                widx = cand.index_select(0, won)
-                reused += int((v.index_select(0, free.index_select(0, won)) == _DELETED).sum())
-                self._keys.index_copy_(0, wslot, keys.index_select(0, widx))
-                self._vals.index_copy_(0, wslot, positions.index_select(0, widx))
-                settled = torch.zeros(cur.numel(), dtype=torch.bool, device=self.device)
-                settled[free.index_select(0, won)] = True
-                keep = (~settled).nonzero().squeeze(1)
-            else:
-                keep = torch.arange(cur.numel(), device=self.device)
-            cur = cur.index_select(0, keep)
-            slot = (slot.index_select(0, keep) + 1) & mask
-        self._used += n - reused
-
-    def _reserve_index(self, n: int) -> None:
-        """Make room for ``n`` more keys: rebuild the index if it would pass the bound."""
-        if self._used + n <= self._slots * _MAX_LOAD:
-            return
-        target = self._live + n
-        slots = _next_pow2(max(_MIN_SLOTS, math.ceil(target / _REBUILD_LOAD)))
-        live_pos = self._occupied[: self._hw].nonzero().squeeze(1)
-        logger.debug("HashTable %r: index rebuild %d -> %d slots (%d live, %d deleted)",
-                     self.name, self._slots, slots, self._live, self._used - self._live)
-        self._new_index(slots)
-        self._index_insert(self._pos_ids.index_select(0, live_pos), live_pos)
-
     # ------------------------------------------------------------------ row storage
 
     def _grow(self, rows: int) -> None:
         cap = self.capacity
         new = max(rows, int(cap * _GROWTH))
         new = -(-new // _BLOCK_ROWS) * _BLOCK_ROWS
-        logger.debug("HashTable %r: storage %d -> %d rows", self.name, cap, new)
+        log.debug("HashTable %r: storage %d -> %d rows", self.name, cap, new)
         weight = torch.zeros(new, self.embedding_dim, dtype=self.dtype, device=self.device)
         weight[: self._hw] = self._weight[: self._hw]
         pos_ids = torch.zeros(new, dtype=torch.int64, device=self.device)
@@ -481,40 +241,22 @@ class HashTable(torch.nn.Module):
     def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Insert absent, unique ``ids`` with ``rows``; returns their positions."""
         n = ids.numel()
-        self._reserve_index(n)  # before the new positions are marked live
+        self._index.reserve(n, self._live_entries)  # before the new positions are marked live
         pos = self._alloc(n)
         self._weight.index_copy_(0, pos, rows)
         self._pos_ids.index_copy_(0, pos, ids)
         self._occupied[pos] = True
-        self._index_insert(ids, pos)
+        self._index.insert(ids, pos)
         self._live += n
         return pos
 
     def _init_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        n = ids.numel()
-        if self.initializer is None:
-            return torch.zeros(n, self.embedding_dim, dtype=self.dtype, device=self.device)
-        kw = {}
-        if "device" in self._init_kwargs:
-            kw["device"] = self.device
-        if "dtype" in self._init_kwargs:
-            kw["dtype"] = self.dtype
-        if "ids" in self._init_kwargs:
-            kw["ids"] = ids
-        rows = self.initializer(n, self.embedding_dim, **kw)
-        if not isinstance(rows, torch.Tensor) or tuple(rows.shape) != (n, self.embedding_dim):
-            got = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
-            raise ValueError(f"HashTable {self.name!r}: initializer returned {got}, expected "
-                             f"a tensor of shape ({n}, {self.embedding_dim})")
-        return rows.to(device=self.device, dtype=self.dtype)
-
-    def _eval_rows(self, n: int) -> torch.Tensor:
-        return torch.full((n, self.embedding_dim), self._eval_value, dtype=self.dtype,
-                          device=self.device)
+        return init_rows(self.initializer, self._init_kwargs, ids, self.embedding_dim,
+                         device=self.device, dtype=self.dtype, table=self.name)
 
     def _find_or_insert(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of ``flat`` (inserting unseen ids) and the newly inserted ids."""
-        pos, _ = self._probe(flat)
+        pos, _ = self._index.probe(flat)
         miss = (pos < 0).nonzero().squeeze(1)
         if miss.numel() == 0:
             return pos, flat[:0]
@@ -549,7 +291,7 @@ class HashTable(torch.nn.Module):
         if torch.is_grad_enabled():
             # ids are kept to spot rows evicted/reused before the optimizer step; a copy so
             # that the caller may reuse its id buffer in place before backward
-            out = _GatherRows.apply(self._holder, self, pos, flat.clone())
+            out = gather_rows(self._holder, self._weight, self._grads, pos, flat.clone())
         else:
             out = self._weight.index_select(0, pos)
         if lookup_hooks:
@@ -558,7 +300,7 @@ class HashTable(torch.nn.Module):
         return out.reshape(shape)
 
     def _read(self, flat: torch.Tensor) -> torch.Tensor:
-        pos, _ = self._probe(flat)
+        pos, _ = self._index.probe(flat)
         if flat.numel() == 0 or int(pos.min()) >= 0:  # common case: every id present
             return self._weight.index_select(0, pos)
         miss = pos < 0
@@ -584,7 +326,7 @@ class HashTable(torch.nn.Module):
         Positions are stable while a row lives; an evicted position may be reused.
         """
         ids = self._as_ids(ids)
-        return self._probe(ids.reshape(-1))[0].clamp_(min=-1).reshape(ids.shape)
+        return self._index.probe(ids.reshape(-1))[0].clamp_(min=-1).reshape(ids.shape)
 
     @torch.no_grad()
     def contains(self, ids: torch.Tensor) -> torch.Tensor:
@@ -616,7 +358,7 @@ class HashTable(torch.nn.Module):
         last = torch.full((uniq.numel(),), -1, dtype=torch.int64, device=self.device)
         last.scatter_reduce_(0, inv, torch.arange(ids.numel(), device=self.device), "amax")
         rows = rows.index_select(0, last)
-        pos, _ = self._probe(uniq)
+        pos, _ = self._index.probe(uniq)
         present = pos >= 0
         have = present.nonzero().squeeze(1)
         if have.numel():
@@ -638,21 +380,19 @@ class HashTable(torch.nn.Module):
         if ids.numel() == 0 or self._live == 0:
             return 0
         uniq = torch.unique(ids)
-        pos, slots = self._probe(uniq, need_slots=True)
+        pos, slots = self._index.probe(uniq, need_slots=True)
         found = (pos >= 0).nonzero().squeeze(1)
         k = found.numel()
         if k == 0:
             return 0
         pos = pos.index_select(0, found)
         gone = uniq.index_select(0, found)
-        self._vals[slots.index_select(0, found)] = _DELETED
+        self._index.delete(slots.index_select(0, found))
         self._occupied[pos] = False
         self._weight[pos] = 0
         self._free = torch.cat([self._free, pos])
         self._live -= k
-        if self._live == 0:  # nothing left: start from a clean index, no tombstones
-            self._vals.fill_(_EMPTY)
-            self._used = 0
+        if self._live == 0:  # nothing left: fresh positions from the start again
             self._free = torch.empty(0, dtype=torch.int64, device=self.device)
             self._hw = 0
         self._notify_rows(pos)
@@ -667,31 +407,31 @@ class HashTable(torch.nn.Module):
         self._free = torch.empty(0, dtype=torch.int64, device=self.device)
         self._hw = 0
         self._live = 0
-        self._vals.fill_(_EMPTY)
-        self._used = 0
-        self._grad_stash.clear()
-        self._grad_cache = None
+        self._index.clear()
+        self._grads.clear()
         self._notify_rows(None)
 
-    def _live_positions(self) -> torch.Tensor:
+    def live_positions(self) -> torch.Tensor:
+        """Storage positions of every row held, int64 ``[len]`` ascending (see
+        :attr:`storage`)."""
         return self._occupied[: self._hw].nonzero().squeeze(1)
+
+    def _live_entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, positions) of every row held: what the hash index is rebuilt from."""
+        live = self.live_positions()
+        return self._pos_ids.index_select(0, live), live
 
     @torch.no_grad()
     def ids(self) -> torch.Tensor:
         """All ids held, int64 ``[len]``, in storage order (aligned with :meth:`embeddings`)."""
-        return self._pos_ids.index_select(0, self._live_positions())
+        return self._pos_ids.index_select(0, self.live_positions())
 
     @torch.no_grad()
     def embeddings(self) -> torch.Tensor:
         """All rows ``[len, dim]`` (a copy); row i belongs to ``ids()[i]``."""
-        return self._weight.index_select(0, self._live_positions())
+        return self._weight.index_select(0, self.live_positions())
 
     # ------------------------------------------------------------------ gradients
-
-    def _stash_grad(self, positions: torch.Tensor, ids: torch.Tensor,
-                    grad: torch.Tensor) -> None:
-        self._grad_stash.append((positions, ids, grad.to(self.dtype)))
-        self._grad_cache = None
 
     @torch.no_grad()
     def sparse_grad(self) -> Optional[SparseGrad]:
@@ -699,36 +439,12 @@ class HashTable(torch.nn.Module):
 
         Entries for rows evicted (or reused by another id) since the backward are dropped.
         """
-        if self._grad_cache is not None:
-            return self._grad_cache
-        if not self._grad_stash:
-            return None
-        pos = torch.cat([p for p, _, _ in self._grad_stash])
-        ids = torch.cat([i for _, i, _ in self._grad_stash])
-        grad = torch.cat([g.reshape(-1, self.embedding_dim) for _, _, g in self._grad_stash])
-        pos = pos.to(self.device)
-        ids = ids.to(self.device)
-        grad = grad.to(self.device)
-        valid = (pos < self.capacity)
-        valid &= self._occupied[pos.clamp(max=self.capacity - 1)]
-        valid &= self._pos_ids[pos.clamp(max=self.capacity - 1)] == ids
-        if not bool(valid.all()):
-            keep = valid.nonzero().squeeze(1)
-            pos, grad = pos.index_select(0, keep), grad.index_select(0, keep)
-        uniq, inv = torch.unique(pos, return_inverse=True)
-        summed = torch.zeros(uniq.numel(), self.embedding_dim, dtype=grad.dtype,
-                             device=self.device)
-        summed.index_add_(0, inv, grad)
-        self._grad_stash = []
-        self._grad_cache = SparseGrad(uniq, self._pos_ids.index_select(0, uniq), summed)
-        self._grad_stash.append((uniq, self._grad_cache.ids, summed))
-        return self._grad_cache
+        return self._grads.coalesce(self._pos_ids, self._occupied)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the accumulated sparse gradient (and dense ones, as ``Module.zero_grad``)."""
         super().zero_grad(set_to_none=set_to_none)
-        self._grad_stash = []
-        self._grad_cache = None
+        self._grads.clear()
 
     # ------------------------------------------------------------------ hooks
 
@@ -776,8 +492,8 @@ class HashTable(torch.nn.Module):
         hooks[handle.id] = fn
         return handle
 
-    def _ids_at(self, positions: torch.Tensor) -> torch.Tensor:
-        """Internal: the id stored at each row position (int64, same shape).
+    def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """The id stored at each row position (int64 ``positions``, any shape -> same shape).
 
         For a position freed by :meth:`evict`/:meth:`clear` this is the id it held until
         an insert reuses it (row listeners run before any reuse).
@@ -788,11 +504,16 @@ class HashTable(torch.nn.Module):
         for fn in list(hooks.values()):
             fn(self, ids)
 
-    def _register_row_listener(
+    def register_row_listener(
             self, callback: Callable[[HashTable, Optional[torch.Tensor]], None]) -> None:
-        """Internal: ``callback(table, positions)`` when rows are freed (``None`` = all rows).
+        """Call ``callback(table, positions)`` when rows are freed, before any freed position
+        is reused: ``positions`` int64 ``[k]`` (:meth:`evict`) or ``None`` (all rows,
+        :meth:`clear`).
 
-        Sparse optimizers use it to reset the state of freed rows; held weakly.
+        Sparse optimizers reset the state of freed rows; the tracker turns recorded
+        positions into ids (:meth:`ids_at`) while they still hold them. Held weakly (a
+        bound method through :class:`weakref.WeakMethod`): keep a reference to
+        ``callback`` as long as it should be called; there is no handle to remove it.
         """
         ref = weakref.WeakMethod(callback) if inspect.ismethod(callback) else weakref.ref(callback)
         self._row_listeners.append(ref)
@@ -814,12 +535,11 @@ class HashTable(torch.nn.Module):
             self.__dict__.copy()
         state = dict(state)
         state["_row_listeners"] = []
-        state["_grad_stash"] = []
-        state["_grad_cache"] = None
+        state["_grads"] = GradStash(self.embedding_dim, self.dtype)
         return state
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
-        live = self._live_positions()
+        live = self.live_positions()
         destination[prefix + "ids"] = self._pos_ids.index_select(0, live)
         destination[prefix + "rows"] = self._weight.index_select(0, live)
 
@@ -870,25 +590,8 @@ class HashTable(torch.nn.Module):
         self._weight = weight
         self._pos_ids, self._occupied, self._free = (move(self._pos_ids), move(self._occupied),
                                                      move(self._free))
-        self._keys, self._vals, self._claim = move(self._keys), move(self._vals), move(self._claim)
+        self._index.to(dev)
         self._holder = torch.zeros((), device=dev, requires_grad=True)
-        self._grad_stash = [(move(p), move(i), g.to(device=dev, dtype=weight.dtype))
-                            for p, i, g in self._grad_stash]
-        self._grad_cache = None
+        self._grads.to(dev, weight.dtype)
         self.device, self.dtype = dev, weight.dtype
         return self
-
-
-def _accepted_kwargs(fn: Optional[Callable], names: tuple[str, ...]) -> frozenset:
-    """Which of ``names`` ``fn`` accepts as keyword arguments."""
-    if fn is None:
-        return frozenset()
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return frozenset()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return frozenset(names)
-    ok = {p.name for p in params
-          if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
-    return frozenset(n for n in names if n in ok)

@@ -39,7 +39,7 @@ from deltastream.embedding.hashtable import HashTable
 
 __all__ = ["SparseOptimizer", "SparseSGD", "RowWiseAdagrad", "SparseAdam"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 TablesLike = Union[torch.nn.Module, Iterable[torch.nn.Module]]
 
@@ -95,7 +95,7 @@ class SparseOptimizer:
         # table name -> state name -> tensor indexed by row position (float32 / int64)
         self.state: dict[str, dict[str, torch.Tensor]] = {t.name: {} for t in self.tables}
         for t in self.tables:
-            t._register_row_listener(self._on_rows_freed)
+            t.register_row_listener(self._on_rows_freed)
 
     # ------------------------------------------------------------------ state handling
 
@@ -168,9 +168,9 @@ class SparseOptimizer:
                 continue
             st = self._ensure_state(t)
             pos = g.positions
-            w = t._weight.index_select(0, pos).float()
+            w = t.storage.index_select(0, pos).float()
             new_w = self._update(st, pos, w, g.values.float(), group)
-            t._weight.index_copy_(0, pos, new_w.to(t.dtype))
+            t.storage.index_copy_(0, pos, new_w.to(t.dtype))
         return loss
 
     def _update(self, st: dict[str, torch.Tensor], pos: torch.Tensor, w: torch.Tensor,
@@ -186,8 +186,8 @@ class SparseOptimizer:
             if not st:
                 continue
             st = self._ensure_state(t)
-            live = t._live_positions()
-            entry = {"ids": t._pos_ids.index_select(0, live)}
+            live = t.live_positions()
+            entry = {"ids": t.ids_at(live)}
             for name, tensor in st.items():
                 entry[name] = tensor.index_select(0, live)
             out["state"][t.name] = entry
@@ -227,7 +227,7 @@ class SparseOptimizer:
             found = (pos >= 0).nonzero().squeeze(1)
             skipped = pos.numel() - found.numel()
             if skipped:
-                logger.warning("%s: %d ids of table %r in the optimizer state are not in the "
+                log.warning("%s: %d ids of table %r in the optimizer state are not in the "
                                "table; their state is skipped", type(self).__name__, skipped,
                                t.name)
             where = pos.index_select(0, found)

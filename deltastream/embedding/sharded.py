@@ -41,7 +41,7 @@ from deltastream.sharding import DEFAULT_SLICE_SIZE, gen_slice, owner_of
 
 __all__ = ["ShardedEmbedding"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class _ExchangeRows(torch.autograd.Function):

@@ -27,19 +27,26 @@ from __future__ import annotations
 
 import collections
 import logging
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import crc32c
-import msgpack
 import numpy as np
 
 from deltastream import wire
 from deltastream.errors import PublishError, TopicError
+from deltastream.publishing.results import (
+    PublishResult,
+    SentMessage,
+    Undelivered,
+    describe_undelivered,
+    error_reason,
+    wait_future,
+)
+from deltastream.publishing.topics import admin_client, ensure_topic, load_kafka, partition_count
 
+# ensure_topic, PublishResult and Undelivered live in .topics and .results; they are
+# re-exported here, where users have always imported them from.
 __all__ = [
     "DeltaPublisher",
     "PublishResult",
@@ -77,290 +84,12 @@ def new_epoch() -> int:
         return _last_epoch
 
 
-@dataclass(frozen=True)
-class Undelivered:
-    """Messages ``first_seq..last_seq`` of ``table`` (``rows`` rows, ``tombstones`` ids)."""
-
-    table: str
-    first_seq: int
-    last_seq: int
-    rows: int
-    tombstones: int
-    reason: str
-
-    def __str__(self) -> str:
-        return (f"table {self.table!r} seq {self.first_seq}..{self.last_seq} "
-                f"({self.rows} rows, {self.tombstones} tombstones: {self.reason})")
-
-
-class _Sent:
-    """One message handed to the producer."""
-
-    __slots__ = ("table", "seq", "rows", "tombstones", "nbytes", "future", "reported")
-
-    def __init__(self, table: str, seq: int, rows: int, tombstones: int, nbytes: int,
-                 future: Any) -> None:
-        self.table, self.seq, self.rows, self.tombstones = table, seq, rows, tombstones
-        self.nbytes, self.future, self.reported = nbytes, future, False
-
-
-def _describe(records: list[_Sent], reason_of: Any) -> list[Undelivered]:
-    """Group consecutive messages of a table with the same reason into ranges."""
-    out: list[Undelivered] = []
-    for r in sorted(records, key=lambda r: (r.table, r.seq)):
-        reason = reason_of(r)
-        last = out[-1] if out else None
-        if last and last.table == r.table and last.last_seq + 1 == r.seq \
-                and last.reason == reason:
-            out[-1] = Undelivered(r.table, last.first_seq, r.seq, last.rows + r.rows,
-                                  last.tombstones + r.tombstones, reason)
-        else:
-            out.append(Undelivered(r.table, r.seq, r.seq, r.rows, r.tombstones, reason))
-    return out
-
-
-def _error_reason(record: _Sent) -> str:
-    exc = record.future.exception
-    text = str(exc)
-    if not text.startswith(type(exc).__name__):  # kafka errors already start with it
-        text = f"{type(exc).__name__}: {text}"
-    if "MessageSizeTooLarge" in text:
-        text += (" (raise the topic's max.message.bytes, e.g. with ensure_topic(..., "
-                 "max_message_bytes=...), or lower the publisher's max_message_bytes)")
-    return text
-
-
-@dataclass
-class PublishResult:
-    """What one :meth:`DeltaPublisher.publish` call handed to Kafka.
-
-    Attributes:
-        table: table name. partition: Kafka partition of every message. epoch: the
-            publisher's epoch.
-        messages: messages sent; ``first_seq..last_seq`` their seqs (``last_seq ==
-            first_seq - 1`` when nothing was sent).
-        rows, tombstones: rows and tombstone ids carried. bytes: wire bytes (values only).
-    """
-
-    table: str
-    partition: int
-    epoch: int
-    first_seq: int
-    last_seq: int
-    messages: int
-    rows: int
-    tombstones: int
-    bytes: int
-    _sent: list = field(default_factory=list, repr=False, compare=False)
-
-    @property
-    def done(self) -> bool:
-        """True once every message is acknowledged or failed."""
-        return all(s.future.is_done for s in self._sent)
-
-    @property
-    def offsets(self) -> Optional[list[int]]:
-        """Kafka offsets of the messages once all are acknowledged (after
-        :meth:`DeltaPublisher.flush` or :meth:`wait`), else ``None``."""
-        if not all(s.future.is_done and s.future.exception is None for s in self._sent):
-            return None
-        return [s.future.value.offset for s in self._sent]
-
-    def wait(self, timeout: Optional[float] = None) -> PublishResult:
-        """Block until every message is acknowledged; returns ``self`` (with ``offsets``).
-
-        Raises :class:`PublishError` naming the messages that failed or were not
-        acknowledged within ``timeout`` seconds (``None``: until the producer's delivery
-        timeout resolves each of them).
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for s in self._sent:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            _wait_future(s.future, remaining)
-        pending = [s for s in self._sent if not s.future.is_done]
-        failed = [s for s in self._sent if s.future.is_done and s.future.exception is not None]
-        if failed or pending:
-            for s in failed + pending:
-                s.reported = True  # the caller knows now: the publisher will not repeat it
-            undelivered = _describe(failed, _error_reason) + _describe(
-                pending, lambda _: f"not acknowledged within {timeout} s")
-            raise PublishError(f"publish of table {self.table!r} was not fully delivered",
-                               undelivered)
-        return self
-
-
-def _wait_future(future: Any, timeout: Optional[float]) -> bool:
-    """Wait up to ``timeout`` s for a producer future; True when it is done (ok or failed)."""
-    if not future.is_done:
-        try:
-            future.get(timeout=timeout)
-        except Exception:  # failures are read from the future itself
-            pass
-    return future.is_done
-
-
-def _kafka():
-    """kafka-python, imported on first use (its import costs ~0.1 s)."""
-    import kafka
-    import kafka.errors
-
-    return kafka
-
-
-def _admin(bootstrap_servers: Any, timeout: float, client_config: dict) -> Any:
-    kafka = _kafka()
-    common = {k: v for k, v in client_config.items()
-              if k in kafka.KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"}
-    ms = int(timeout * 1000)
-    try:
-        return kafka.KafkaAdminClient(bootstrap_servers=bootstrap_servers,
-                                      bootstrap_timeout_ms=ms,
-                                      request_timeout_ms=max(1000, ms), **common)
-    except (kafka.errors.KafkaError, OSError) as e:
-        raise PublishError(f"cannot reach Kafka at {bootstrap_servers!r} within "
-                           f"{timeout:g} s: {type(e).__name__}: {e}") from e
-
-
-def _partition_count(admin: Any, topic: str) -> Optional[int]:
-    """Partitions of ``topic``, or None when it does not exist (never auto-creates)."""
-    kafka = _kafka()
-    (desc,) = admin.describe_topics([topic])
-    code = desc.get("error_code", 0)
-    if code == kafka.errors.UnknownTopicOrPartitionError.errno:
-        return None
-    if code:
-        err = kafka.errors.for_code(code)
-        raise TopicError(f"topic {topic!r}: broker answered {err.__name__}")
-    return len(desc["partitions"])
-
-
 def _check_int(what: str, value: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
     if not lo <= int(value) <= hi:
         raise ValueError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
     return int(value)
-
-
-def ensure_topic(bootstrap_servers: Any, topic: str, partitions: int, *, timeout: float = 30.0,
-                 replication_factor: int = -1, max_message_bytes: int = 1 << 20,
-                 configs: Optional[dict] = None, strict: bool = False,
-                 **client_config: Any) -> int:
-    """Create ``topic`` with ``partitions`` partitions unless it exists; return its count.
-
-    Args:
-        bootstrap_servers: Kafka bootstrap servers (``"host:port"`` or a list).
-        topic: topic name, e.g. ``"deltas.<model>"``.
-        partitions: wanted partition count (≥ 1); one per trainer shard keeps shards apart.
-        timeout: seconds to reach the broker and see the topic's metadata.
-        replication_factor: replicas per partition; -1 = the broker's default.
-        max_message_bytes: the publishers' ``max_message_bytes``; the topic's
-            ``max.message.bytes`` is set to at least this (new topics only).
-        configs: more topic configs for a new topic (e.g. ``{"retention.ms": "86400000"}``).
-        strict: raise :class:`TopicError` when the topic exists with fewer partitions
-            (otherwise a warning is logged: shards then share partitions, which keeps each
-            shard's order but couples their consumers).
-        client_config: kafka-python client settings (security, SASL, …).
-
-    Returns:
-        The topic's partition count (may differ from ``partitions`` for an existing topic).
-    """
-    _check_int("partitions", partitions, 1, 1 << 20)
-    if not isinstance(topic, str) or not topic:
-        raise ValueError(f"topic: expected a non-empty str, got {topic!r}")
-    if timeout <= 0:
-        raise ValueError(f"timeout: expected positive seconds, got {timeout!r}")
-    kafka = _kafka()
-    admin = _admin(bootstrap_servers, timeout, client_config)
-    try:
-        existing = _partition_count(admin, topic)
-        if existing is None:
-            topic_configs = {"max.message.bytes": str(max(max_message_bytes, 1048588))}
-            topic_configs.update({k: str(v) for k, v in (configs or {}).items()})
-            try:
-                admin.create_topics({topic: {"num_partitions": partitions,
-                                             "replication_factor": replication_factor,
-                                             "configs": topic_configs}},
-                                    timeout_ms=int(timeout * 1000), wait_for_metadata=True)
-                log.info("created topic %r with %d partitions", topic, partitions)
-                return partitions
-            except kafka.errors.TopicAlreadyExistsError:
-                existing = _partition_count(admin, topic)  # another trainer created it
-                if existing is None:
-                    raise TopicError(f"topic {topic!r}: reported as existing but not "
-                                     "visible in metadata") from None
-            except kafka.errors.KafkaError as e:
-                raise TopicError(f"cannot create topic {topic!r} with {partitions} "
-                                 f"partitions: {type(e).__name__}: {e}") from e
-        if existing < partitions:
-            text = (f"topic {topic!r} exists with {existing} partitions, fewer than the "
-                    f"{partitions} asked for: shards s and s+{existing} share a partition. "
-                    "Add partitions with kafka-topics --alter --partitions, or use a new topic")
-            if strict:
-                raise TopicError(text)
-            log.warning(text)
-        return existing
-    finally:
-        admin.close()
-
-
-class _Framer:
-    """Frames f32/f16 messages into one reusable buffer, byte-identical to
-    :func:`deltastream.wire.encode` of the same piece.
-
-    Rows are cast straight into the message (no temporary array, no join copy) and the
-    buffer is reused: ``KafkaProducer.send`` copies the value into its record batch before
-    it returns, so the next message may overwrite it.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.buf = bytearray(capacity)
-        self.view = memoryview(self.buf)
-
-    def frame(self, b: wire.DeltaBatch) -> Optional[memoryview]:
-        """The message of ``b`` (a piece from :func:`wire.split`), or None if it does not
-        fit the buffer."""
-        n, dim = int(b.ids.shape[0]), int(b.rows.shape[1])
-        wire_dt = "<f2" if b.dtype == "f16" else "<f4"
-        tomb = b.tombstones
-        bins = [("ids", n * 8), ("rows", n * dim * wire.DTYPES[b.dtype])]
-        if tomb is not None:
-            bins.append(("del", int(tomb.shape[0]) * 8))
-        scalars = {"v": wire.VERSION, "model": b.model, "table": b.table, "shard": int(b.shard),
-                   "epoch": int(b.epoch), "seq": int(b.seq), "step": int(b.step),
-                   "ts": int(b.ts), "n": n, "dim": dim, "dtype": b.dtype, "crc": 0xFFFFFFFF}
-        # The CRC is packed last, in as few bytes as its value needs: reserve the widest
-        # header and right-align the real one against the bins.
-        head_end = 3 + len(msgpack.packb(scalars)) - 1
-        # Start where the rows land 64-byte aligned in the buffer (vectorised casts); the
-        # message is the slice [start:pos] wherever it sits.
-        head_end += -(head_end + 9 + 8 * n + 10) % 64
-        pos, regions = head_end, []
-        for key, size in bins:
-            hdr = msgpack.packb(key) + b"\xc6" + size.to_bytes(4, "big")
-            if pos + len(hdr) + size > len(self.buf):
-                return None
-            self.buf[pos:pos + len(hdr)] = hdr
-            regions.append(pos + len(hdr))
-            pos += len(hdr) + size
-        buf = self.buf
-        np.frombuffer(buf, "<i8", n, regions[0])[:] = b.ids
-        rows = np.frombuffer(buf, wire_dt, n * dim, regions[1]).reshape(n, dim)
-        if b.dtype == "f16":
-            _to_f16(b.rows, out=rows)
-        else:
-            np.copyto(rows, b.rows, casting="same_kind")
-        if tomb is not None:
-            np.frombuffer(buf, "<i8", tomb.shape[0], regions[2])[:] = tomb
-        crc = 0
-        for (_, size), at in zip(bins, regions, strict=True):
-            crc = crc32c.crc32c(self.view[at:at + size], crc)
-        scalars["crc"] = crc
-        head = msgpack.packb(scalars)
-        start = head_end - 3 - (len(head) - 1)
-        buf[start:start + 3] = b"\xde" + (len(scalars) + len(bins)).to_bytes(2, "big")
-        buf[start + 3:head_end] = head[1:]
-        return self.view[start:pos]
 
 
 class DeltaPublisher:
@@ -398,11 +127,10 @@ class DeltaPublisher:
                  max_message_bytes: int = 1 << 20, compression: Optional[str] = None,
                  send_timeout: float = 30.0, allow_nonfinite: bool = False,
                  **producer_config: Any) -> None:
-        wire._check_name("model", model)
+        wire.check_name("model", model)
         self.shard = _check_int("shard", shard, 0, (1 << 31) - 1)
         self.epoch = new_epoch() if epoch is None else _check_int("epoch", epoch)
-        if dtype not in wire.DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(wire.DTYPES)}, got {dtype!r}")
+        wire.check_dtype(dtype)
         _check_int("max_message_bytes", max_message_bytes, _MIN_MESSAGE_BYTES, 1 << 30)
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression: expected one of {_COMPRESSIONS}, got "
@@ -428,10 +156,10 @@ class DeltaPublisher:
         if self._buffer_bytes <= 0:
             raise ValueError(f"buffer_memory: expected positive bytes, got {self._buffer_bytes}")
 
-        kafka = _kafka()
-        admin = _admin(bootstrap_servers, self.send_timeout, producer_config)
+        kafka = load_kafka()
+        admin = admin_client(bootstrap_servers, self.send_timeout, producer_config)
         try:
-            count = _partition_count(admin, topic)
+            count = partition_count(admin, topic)
         finally:
             admin.close()
         if count is None:
@@ -472,12 +200,12 @@ class DeltaPublisher:
         self._next_seq: dict[str, int] = {}
         self._dims: dict[str, int] = {}
         self._keys: dict[str, bytes] = {}
-        self._pending: collections.deque[_Sent] = collections.deque()
+        self._pending: collections.deque[SentMessage] = collections.deque()
         self._pending_bytes = 0
-        self._failed: list[_Sent] = []
+        self._failed: list[SentMessage] = []
         self._fail_lock = threading.Lock()
         # f16/f32 messages are framed in place (bf16/i8 go through wire.encode)
-        self._framer = _Framer(self.max_message_bytes + 8192) if dtype in ("f16", "f32") \
+        self._framer = wire.Framer(self.max_message_bytes + 8192) if dtype in ("f16", "f32") \
             else None
         self._stats = dict(publishes=0, messages=0, rows=0, tombstones=0, bytes=0,
                            acked_messages=0, failed_messages=0, blocked_s=0.0)
@@ -492,7 +220,7 @@ class DeltaPublisher:
         names = len(self.model.encode()) + len(table.encode())
         return self.max_message_bytes - _KAFKA_OVERHEAD - 2 * names - 64
 
-    def _on_error(self, record: _Sent, _exc: Any) -> None:  # runs on the sender thread
+    def _on_error(self, record: SentMessage, _exc: Any) -> None:  # runs on the sender thread
         with self._fail_lock:
             self._failed.append(record)
 
@@ -509,7 +237,7 @@ class DeltaPublisher:
     def _has_new_failures(self) -> bool:
         return any(not r.reported for r in self._failed)
 
-    def _take_failures(self) -> list[_Sent]:
+    def _take_failures(self) -> list[SentMessage]:
         with self._fail_lock:
             failed, self._failed = self._failed, []
         return [s for s in failed if not s.reported]
@@ -521,7 +249,7 @@ class DeltaPublisher:
             for s in failed:
                 s.reported = True
             raise PublishError(f"{self.topic} partition {self.partition}: {what}",
-                               _describe(failed, _error_reason) + list(extra or []))
+                               describe_undelivered(failed, error_reason) + list(extra or []))
 
     def _reserve(self, nbytes: int, deadline: float) -> bool:
         """Wait until ``nbytes`` more fit in the buffer; False at the deadline."""
@@ -534,7 +262,7 @@ class DeltaPublisher:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                _wait_future(self._pending[0].future, remaining)
+                wait_future(self._pending[0].future, remaining)
                 self._reap()
                 if self._has_new_failures():  # frees space, but must surface now
                     return True
@@ -615,10 +343,10 @@ class DeltaPublisher:
             top = max(-lo, hi)
             if not finite:
                 host = x.float().cpu().numpy() if tensor else x
-                top = wire._max_abs_finite(host)[0]
-            if top > 65504.0:
+                top = wire.max_abs_finite(host)[0]
+            if top > wire.F16_MAX:
                 raise ValueError(f"rows: value {top:g} of table {table!r} exceeds the f16 "
-                                 "range (±65504); use dtype='bf16' or 'f32'")
+                                 f"range (±{wire.F16_MAX:g}); use dtype='bf16' or 'f32'")
             if tensor:
                 return x.half().cpu().numpy()
             return x
@@ -653,7 +381,7 @@ class DeltaPublisher:
                 seqs of messages that were never handed to the producer are reused by the
                 next publish, so consumers see a seq gap only where a sent message failed.
         """
-        wire._check_name("table", table)
+        wire.check_name("table", table)
         step = _check_int("step", step)
         ts = time.time_ns() if ts is None else _check_int("ts", ts)
         ids_np = self._host_ids(ids, "ids")
@@ -675,7 +403,7 @@ class DeltaPublisher:
                                    first_seq=first, last_seq=first - 1, messages=0, rows=0,
                                    tombstones=0, bytes=0)
             deadline = time.monotonic() + self.send_timeout
-            kafka = _kafka()
+            kafka = load_kafka()
             for i, piece in enumerate(pieces):
                 value = None if self._framer is None else self._framer.frame(piece)
                 if value is None:
@@ -707,18 +435,13 @@ class DeltaPublisher:
                     except PublishError as e:
                         e.result = result  # what this call did send
                         raise
-                record = _Sent(table, piece.seq, piece.n, n_tomb, len(value), fut)
+                record = SentMessage(table, piece.seq, piece.n, n_tomb, len(value), fut)
                 fut.add_errback(self._on_error, record)
                 self._pending.append(record)
                 self._pending_bytes += len(value)
-                result._sent.append(record)
+                result.add(record)
                 self._next_seq[table] = piece.seq + 1
                 self._dims[table] = rows_np.shape[1]
-                result.last_seq = piece.seq
-                result.messages += 1
-                result.rows += piece.n
-                result.tombstones += n_tomb
-                result.bytes += len(value)
                 st = self._stats
                 st["messages"] += 1
                 st["rows"] += piece.n
@@ -742,20 +465,20 @@ class DeltaPublisher:
             self._flush_locked(timeout)
 
     def _flush_locked(self, timeout: float) -> None:
-        kafka = _kafka()
+        kafka = load_kafka()
         deadline = time.monotonic() + timeout
         try:
             self._producer.flush(timeout=max(timeout, 0.001))
         except kafka.errors.KafkaTimeoutError:
             pass  # what is still pending is reported below
         for s in list(self._pending):
-            _wait_future(s.future, max(0.0, deadline - time.monotonic()))
+            wait_future(s.future, max(0.0, deadline - time.monotonic()))
         self._reap()
         pending = [s for s in self._pending if not s.future.is_done and not s.reported]
         for s in pending:
             # Fate unknown (it may still arrive); reported once, here, not again on failure.
             s.reported = True
-        extra = _describe(pending, lambda _: f"not acknowledged within {timeout:g} s")
+        extra = describe_undelivered(pending, lambda _: f"not acknowledged within {timeout:g} s")
         self._raise_failures(extra, "flush found undelivered messages")
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -774,7 +497,7 @@ class DeltaPublisher:
                 self._close_producer()
 
     def _close_producer(self) -> None:
-        kafka = _kafka()
+        kafka = load_kafka()
         try:
             self._producer.close(timeout=1.0)
         except kafka.errors.KafkaError:
@@ -822,31 +545,3 @@ class DeltaPublisher:
     def __repr__(self) -> str:
         return (f"DeltaPublisher(topic={self.topic!r}, model={self.model!r}, "
                 f"shard={self.shard}, epoch={self.epoch}, partition={self.partition})")
-
-
-# Elements per torch cast call: below torch's parallel grain size (32768), so each call
-# runs in this thread instead of waking the intra-op thread pool, which on a machine whose
-# cores are busy (training, the producer's sender thread) costs 10-50x.
-_CAST_CHUNK = 32767
-
-
-def _to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-    """float ``[n, dim]`` -> float16 (range already checked), round to nearest even, into
-    ``out`` (a C-contiguous float16 array of the same shape) when given.
-
-    Uses torch's vectorised cast when the trainer has already imported torch (5-10x
-    numpy's, which has no SIMD path for it); never imports torch itself.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or rows.dtype not in (np.float32, np.float64):
-        if out is None:
-            return rows.astype(np.float16)
-        np.copyto(out, rows, casting="same_kind")
-        return out
-    if out is None:
-        out = np.empty(rows.shape, dtype=np.float16)
-    src = torch.from_numpy(np.ascontiguousarray(rows)).view(-1)
-    dst = torch.from_numpy(out).view(-1)
-    for a in range(0, src.numel(), _CAST_CHUNK):
-        dst[a:a + _CAST_CHUNK].copy_(src[a:a + _CAST_CHUNK])
-    return out

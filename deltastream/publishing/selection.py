@@ -84,16 +84,18 @@ from typing import Optional
 
 import torch
 
-from deltastream.embedding.hashtable import HashTable
+from deltastream import wire
+from deltastream.publishing.lookup_rate import LookupRate
+from deltastream.publishing.table_rows import read_rows, row_reader
 from deltastream.types import DeltaRows
 
 __all__ = ["Selection", "select_changed", "LookupRate", "WIRE_ITEMSIZE", "NEW_ROW_POLICIES",
            "row_wire_bytes"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
-#: bytes per row element on the wire, per wire dtype (see DESIGN.md, wire format v1)
-WIRE_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
+#: bytes per row element on the wire, per wire dtype (:data:`deltastream.wire.DTYPES`)
+WIRE_ITEMSIZE = wire.DTYPES
 
 #: how ``select_changed`` treats rows the predictors have never received (``delta.new``):
 #: ``"first"`` — they outrank every other row and pass any threshold; ``"drift"`` — they are
@@ -146,11 +148,11 @@ class Selection:
 
 def row_wire_bytes(dim: int, wire_dtype: str = "f16") -> int:
     """Bytes one row costs on the wire: 8 (id) + ``dim`` × itemsize (+4 scale for ``i8``)."""
-    if wire_dtype not in WIRE_ITEMSIZE:
-        raise ValueError(f"wire_dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {wire_dtype!r}")
+    if wire_dtype not in wire.DTYPES:
+        raise ValueError(f"wire_dtype must be one of {sorted(wire.DTYPES)}, got {wire_dtype!r}")
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
         raise ValueError(f"dim must be a positive int, got {dim!r}")
-    return 8 + dim * WIRE_ITEMSIZE[wire_dtype] + (4 if wire_dtype == "i8" else 0)
+    return wire.row_bytes(dim, wire_dtype)
 
 
 # --------------------------------------------------------------------------- validation
@@ -183,8 +185,8 @@ def _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_
                 f"max_bytes must be an int, got {type(max_bytes).__name__} {max_bytes!r}")
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-    if wire_dtype not in WIRE_ITEMSIZE:
-        raise ValueError(f"wire_dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {wire_dtype!r}")
+    if wire_dtype not in wire.DTYPES:
+        raise ValueError(f"wire_dtype must be one of {sorted(wire.DTYPES)}, got {wire_dtype!r}")
     if max_age is not None:
         if isinstance(max_age, bool) or not isinstance(max_age, numbers.Integral) or max_age < 1:
             raise ValueError(f"max_age must be None or an int >= 1, got {max_age!r}")
@@ -257,46 +259,6 @@ def _check_delta(delta: DeltaRows, dim: int) -> None:
             raise ValueError("delta.tombstones must be None or a 1-D int64 tensor")
 
 
-# ------------------------------------------------------------------------------ tables
-
-
-def _row_reader(table) -> tuple[Callable[[torch.Tensor], torch.Tensor], int,
-                                Optional[torch.dtype], bool]:
-    """ids -> current rows (detached); the table's dim; its row dtype; whether every read
-    returns a fresh copy that the caller may overwrite."""
-    if isinstance(table, torch.nn.Embedding):
-        weight = table.weight
-        num = weight.shape[0]
-
-        def read_embedding(ids: torch.Tensor) -> torch.Tensor:
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
-                raise ValueError(f"ids must be row indices in [0, {num}) for torch.nn.Embedding, "
-                                 f"got range [{int(ids.min())}, {int(ids.max())}]")
-            return weight.detach().index_select(0, ids.to(weight.device))
-
-        return read_embedding, int(table.embedding_dim), weight.dtype, True
-    inner = table
-    if not callable(getattr(inner, "lookup", None)) and hasattr(inner, "table"):
-        inner = inner.table  # ShardedEmbedding: its local shard
-    if not callable(getattr(inner, "lookup", None)):
-        raise TypeError(
-            "table must be a HashTable (with lookup(ids)), a ShardedEmbedding or a "
-            f"torch.nn.Embedding, got {type(table).__name__}")
-    dim = getattr(inner, "embedding_dim", None)
-    if not isinstance(dim, int):
-        raise TypeError(f"table {type(inner).__name__} has no int attribute embedding_dim")
-    dtype = getattr(inner, "dtype", None)
-
-    def read_table(ids: torch.Tensor) -> torch.Tensor:
-        rows = inner.lookup(ids)
-        return rows.detach()
-
-    if not isinstance(dtype, torch.dtype):
-        dtype = None  # learnt from the first read
-    # HashTable.lookup documents that it returns a copy; other duck-typed tables may not
-    return read_table, dim, dtype, isinstance(inner, HashTable)
-
-
 # ---------------------------------------------------------------------------- selection
 
 
@@ -346,92 +308,161 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     """
     _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows)
     _check_policy(threshold, relative, new_rows)
-    read, dim, table_dtype, fresh = _row_reader(table)
+    read, dim, table_dtype, fresh = row_reader(table)
     _check_delta(delta, dim)
     if weights is not None:
         _check_weights(weights, delta.ids.numel())
-
-    dev = delta.ids.device
-    ids = delta.ids
-    states = delta.states
-    n = ids.numel()
-    tombstones = delta.tombstones
-
-    # ---- 1. read current rows chunk-wise: drift score and finiteness per row
-    if states is not None:
-        cdtype = torch.float64 if states.dtype == torch.float64 else torch.float32
-    else:
-        cdtype = torch.float32
-    score = torch.empty(n, dtype=cdtype, device=dev)
-    finite = torch.ones(n, dtype=torch.bool, device=dev)
+    ids, states = delta.ids, delta.states
+    n, dev = ids.numel(), ids.device
     new = delta.new.to(dev) if delta.new is not None else None
     # new_rows="drift": a row the predictors never received is served as zeros there, so its
     # error is ‖current − 0‖, not ‖current − FIRST‖ (FIRST is the initializer's draw)
-    zero_new = new_rows == "drift" and new is not None and states is not None
+    zero_new = new if new_rows == "drift" and states is not None else None
+
+    # ---- 1. read current rows chunk-wise: drift score and finiteness per row
+    drift = _drift(read, fresh, table_dtype, dim, ids, states, zero_new,
+                   relative and states is not None, chunk_rows)
+    rejected = _rejected(ids, drift.finite)
+
+    # ---- 2. the budget, and which rows it may pick
+    cap = _row_cap(n - rejected.numel(), k, fraction, max_bytes, dim, wire_dtype)
+    age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
+    # "drift": new rows compete on their drift from zeros like any other row (no tier of
+    # their own); "first": they outrank everything and pass any threshold
+    tier_new = new if new_rows == "first" else None
+    if states is None:  # ID_ONLY: no drift to weigh or to hold against a threshold
+        wscore, eligible = None, drift.finite
+    else:
+        wscore = _weighted(drift.score, weights, drift.finite)
+        eligible = _eligible(drift.finite, wscore, threshold, drift.norm, tier_new)
+
+    # ---- 3. choose positions
+    sel = _choose(eligible, cap,
+                  lambda: _priority(wscore, tier_new, age, max_age, n, dev))
+
+    # ---- 4. assemble
+    chosen = torch.zeros(n, dtype=torch.bool, device=dev)
+    chosen[sel] = True
+    sel_ids = ids.index_select(0, sel)
+    rows = read_rows(read, sel_ids, dim, drift.table_dtype, dev)
+    if states is not None:
+        scores = drift.score.index_select(0, sel).to(torch.float32)
+    else:
+        scores = torch.full((sel.numel(),), math.nan, dtype=torch.float32, device=dev)
+    leftover = _leftover(delta, drift.finite & ~chosen, dim)
+    log.debug("select_changed: %d candidates -> %d selected, %d leftover, %d rejected",
+              n, sel_ids.numel(), leftover.ids.numel(), rejected.numel())
+    return Selection(ids=sel_ids, rows=rows, scores=scores, leftover=leftover,
+                     rejected=rejected, tombstones=delta.tombstones)
+
+
+# ------------------------------------------------------------------------ select phases
+
+
+@dataclass
+class _Drift:
+    """Per candidate row: drift ``score`` (``[n]``, the compute dtype), whether its current
+    value is ``finite``, ``‖current‖`` (relative thresholds only) and the table's row dtype."""
+
+    score: torch.Tensor
+    finite: torch.Tensor
+    norm: Optional[torch.Tensor]
+    table_dtype: torch.dtype
+
+
+def _drift(read, fresh: bool, table_dtype: Optional[torch.dtype], dim: int, ids: torch.Tensor,
+           states: Optional[torch.Tensor], zero_new: Optional[torch.Tensor], want_norm: bool,
+           chunk_rows: int) -> _Drift:
+    """Read the current rows of ``ids`` chunk by chunk and score each against its FIRST
+    state (``states``; rows flagged in ``zero_new`` against zeros); ID_ONLY (``states``
+    None) only tests finiteness."""
+    n, dev = ids.numel(), ids.device
+    cdtype = torch.float64 if states is not None and states.dtype == torch.float64 \
+        else torch.float32
+    score = torch.empty(n, dtype=cdtype, device=dev)
+    finite = torch.ones(n, dtype=torch.bool, device=dev)
     # relative threshold: ‖current‖ per row as well (read before the in-place subtraction)
-    norm = torch.empty(n, dtype=cdtype, device=dev) if relative and states is not None \
-        else None
-    if n:
-        buf = None  # scratch for the difference when the rows cannot be overwritten
-        for start in range(0, n, chunk_rows):
-            stop = min(n, start + chunk_rows)
-            cur = read(ids[start:stop])
-            if cur.device != dev:
-                cur = cur.to(dev)
-            if table_dtype is None:
-                table_dtype = cur.dtype
-            if cur.shape != (stop - start, dim):
-                raise RuntimeError(f"table returned rows of shape {tuple(cur.shape)}, "
-                                   f"expected {(stop - start, dim)}")
-            sc = score[start:stop]
-            if norm is not None:
-                torch.linalg.vector_norm(cur, dim=1, dtype=cdtype, out=norm[start:stop])
-            if states is not None:
-                first = states[start:stop]
-                if zero_new:
-                    nw = new[start:stop]
-                    if bool(nw.any()):
-                        first = first.masked_fill(nw[:, None], 0.0)
-                if fresh and cur.dtype == cdtype:
-                    # the reader returned our own copy: subtract in place, no extra buffer
-                    diff = cur.sub_(first)
-                else:
-                    if buf is None:
-                        buf = torch.empty(min(chunk_rows, n), dim, dtype=cdtype, device=dev)
-                    diff = buf[: stop - start]
-                    if cur.dtype == cdtype:
-                        torch.sub(cur, first, out=diff)
-                    else:
-                        # half-precision rows: subtract in float32, not in half then widen
-                        diff.copy_(cur).sub_(first)
-                torch.linalg.vector_norm(diff, dim=1, out=sc)
+    norm = torch.empty(n, dtype=cdtype, device=dev) if want_norm else None
+    buf = None  # scratch for the difference when the rows cannot be overwritten
+    for start in range(0, n, chunk_rows):
+        stop = min(n, start + chunk_rows)
+        cur = read(ids[start:stop])
+        if cur.device != dev:
+            cur = cur.to(dev)
+        if table_dtype is None:
+            table_dtype = cur.dtype
+        if cur.shape != (stop - start, dim):
+            raise RuntimeError(f"table returned rows of shape {tuple(cur.shape)}, "
+                               f"expected {(stop - start, dim)}")
+        sc = score[start:stop]
+        if norm is not None:
+            torch.linalg.vector_norm(cur, dim=1, dtype=cdtype, out=norm[start:stop])
+        if states is None:
+            # A finite row sum proves every element finite (NaN/Inf propagate);
+            # non-finite sums (rare: bad rows or overflow) get the exact test below.
+            torch.sum(cur, dim=1, dtype=cdtype, out=sc)
+        else:
+            first = _first_chunk(states, zero_new, start, stop)
+            if fresh and cur.dtype == cdtype:
+                # the reader returned our own copy: subtract in place, no extra buffer
+                diff = cur.sub_(first)
             else:
-                # A finite row sum proves every element finite (NaN/Inf propagate);
-                # non-finite sums (rare: bad rows or overflow) get the exact test below.
-                torch.sum(cur, dim=1, dtype=cdtype, out=sc)
-            odd = (~torch.isfinite(sc)).nonzero().squeeze(1)
-            if odd.numel():
-                # Exact test only for the rare rows whose score is not finite: current NaN/Inf
-                # -> rejected; otherwise FIRST was non-finite or the norm overflowed -> +inf.
-                # (re-read: `cur` may hold the difference by now)
-                ok = torch.isfinite(read(ids[start + odd]).to(dev)).all(dim=1)
-                finite[start + odd] = ok
-                sc[odd] = torch.where(ok, torch.tensor(math.inf, dtype=cdtype, device=dev),
-                                      torch.tensor(math.nan, dtype=cdtype, device=dev))
+                if buf is None:
+                    buf = torch.empty(min(chunk_rows, n), dim, dtype=cdtype, device=dev)
+                diff = _subtract_into(buf[: stop - start], cur, first)
+            torch.linalg.vector_norm(diff, dim=1, out=sc)
+        _settle_nonfinite(read, ids[start:stop], sc, finite[start:stop])
     if table_dtype is None:
         table_dtype = states.dtype if states is not None else torch.float32
+    return _Drift(score, finite, norm, table_dtype)
 
-    all_finite = bool(finite.all()) if n else True
-    if all_finite:
-        rejected = ids.new_empty(0)
-        n_fin = n
-    else:
-        rejected = ids[~finite]
-        n_fin = n - rejected.numel()
-        logger.warning("select_changed: %d of %d candidate rows have NaN/Inf current values; "
-                       "they are rejected (not published, not retained)", rejected.numel(), n)
 
-    # ---- 2. the budget
+def _first_chunk(states: torch.Tensor, zero_new: Optional[torch.Tensor], start: int,
+                 stop: int) -> torch.Tensor:
+    """FIRST states of rows ``start:stop``, zeros for the rows flagged in ``zero_new``."""
+    first = states[start:stop]
+    if zero_new is not None:
+        nw = zero_new[start:stop]
+        if bool(nw.any()):
+            first = first.masked_fill(nw[:, None], 0.0)
+    return first
+
+
+def _subtract_into(out: torch.Tensor, cur: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """``cur − first`` into ``out`` (the compute dtype)."""
+    if cur.dtype == out.dtype:
+        return torch.sub(cur, first, out=out)
+    # half-precision rows: subtract in float32, not in half then widen
+    return out.copy_(cur).sub_(first)
+
+
+def _settle_nonfinite(read, ids: torch.Tensor, sc: torch.Tensor, finite: torch.Tensor) -> None:
+    """Exact test for the rare rows of a chunk whose score is not finite: a NaN/Inf current
+    value marks the row not ``finite`` (score NaN); otherwise FIRST was non-finite or the
+    norm overflowed: score +inf. ``sc`` and ``finite`` are the chunk's views."""
+    odd = (~torch.isfinite(sc)).nonzero().squeeze(1)
+    if odd.numel():
+        # re-read: the chunk's rows may hold the difference by now
+        ok = torch.isfinite(read(ids[odd]).to(sc.device)).all(dim=1)
+        finite[odd] = ok
+        sc[odd] = torch.where(ok, torch.tensor(math.inf, dtype=sc.dtype, device=sc.device),
+                              torch.tensor(math.nan, dtype=sc.dtype, device=sc.device))
+
+
+def _rejected(ids: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """Ids whose current value holds NaN/Inf (logged: they are neither sent nor kept)."""
+    n = ids.numel()
+    if not n or bool(finite.all()):
+        return ids.new_empty(0)
+    rejected = ids[~finite]
+    log.warning("select_changed: %d of %d candidate rows have NaN/Inf current values; "
+                "they are rejected (not published, not retained)", rejected.numel(), n)
+    return rejected
+
+
+def _row_cap(n_fin: int, k: Optional[int], fraction: Optional[float],
+             max_bytes: Optional[int], dim: int, wire_dtype: str) -> int:
+    """Most rows the budget lets out of ``n_fin`` finite candidates."""
     cap = n_fin
     if k is not None:
         cap = min(cap, int(k))
@@ -440,80 +471,76 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         cap = min(cap, math.ceil(float(fraction) * n_fin - 1e-9))
     if max_bytes is not None:
         cap = min(cap, int(max_bytes) // row_wire_bytes(dim, wire_dtype))
+    return cap
 
-    age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
-    # "drift": new rows compete on their drift from zeros like any other row (no tier of
-    # their own); "first": they outrank everything and pass any threshold
-    tier_new = new if new_rows == "first" else None
 
-    if weights is not None and states is not None:
-        w = weights.to(device=dev, dtype=cdtype)
-        wscore = score * w
-        # 0 × inf (a recovered row with weight 0) is NaN: such a row still goes first
-        wscore = torch.where(torch.isnan(wscore) & finite, math.inf, wscore)
-    else:
-        wscore = score
+def _weighted(score: torch.Tensor, weights: Optional[torch.Tensor],
+              finite: torch.Tensor) -> torch.Tensor:
+    """``weight × drift`` (the drift itself without weights)."""
+    if weights is None:
+        return score
+    wscore = score * weights.to(device=score.device, dtype=score.dtype)
+    # 0 × inf (a recovered row with weight 0) is NaN: such a row still goes first
+    return torch.where(torch.isnan(wscore) & finite, math.inf, wscore)
 
-    eligible = finite
-    if threshold is not None and states is not None:
-        # Bounded error: a row goes out once the predictors' copy is ε away from the
-        # trainer's. No max_age forcing here: a row under ε is served within ε (its FIRST is
-        # kept by retain, so drift accumulates against what predictors hold) and goes out as
-        # soon as it crosses ε, at a final flush, or under a count budget.
-        drift = wscore
-        if norm is not None:
-            # ‖Δ‖ / ‖current‖; a zero row: 0 if unchanged, +inf if it moved to zero
-            drift = torch.where(norm > 0, wscore / norm,
-                                torch.where(wscore > 0, math.inf, 0.0).to(cdtype))
-            # inf / inf (a finite row whose norm overflowed): a huge change, publish it
-            drift = torch.where(torch.isnan(drift) & finite, math.inf, drift)
-        must = drift >= float(threshold)
-        if tier_new is not None:
-            must |= tier_new
-        eligible = finite & must
+
+def _eligible(finite: torch.Tensor, wscore: torch.Tensor, threshold: Optional[float],
+              norm: Optional[torch.Tensor], tier_new: Optional[torch.Tensor]) -> torch.Tensor:
+    """Rows a budget may pick: every finite row, or under a threshold those past it.
+
+    Bounded error: a row goes out once the predictors' copy is ε away from the trainer's.
+    No max_age forcing here: a row under ε is served within ε (its FIRST is kept by retain,
+    so drift accumulates against what predictors hold) and goes out as soon as it crosses
+    ε, at a final flush, or under a count budget.
+    """
+    if threshold is None:
+        return finite
+    drift = wscore
+    if norm is not None:
+        # ‖Δ‖ / ‖current‖; a zero row: 0 if unchanged, +inf if it moved to zero
+        drift = torch.where(norm > 0, wscore / norm,
+                            torch.where(wscore > 0, math.inf, 0.0).to(wscore.dtype))
+        # inf / inf (a finite row whose norm overflowed): a huge change, publish it
+        drift = torch.where(torch.isnan(drift) & finite, math.inf, drift)
+    must = drift >= float(threshold)
+    if tier_new is not None:
+        must |= tier_new
+    return finite & must
+
+
+def _choose(eligible: torch.Tensor, cap: int,
+            priority: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Ascending positions of the (at most ``cap``) eligible rows to publish, by
+    ``priority()`` (computed only when the budget does not take every eligible row)."""
+    n, dev = eligible.numel(), eligible.device
     n_elig = int(eligible.sum()) if n else 0
-
-    # ---- 3. choose positions
     if cap >= n_elig:
-        sel = eligible.nonzero().squeeze(1) if n_elig != n else torch.arange(n, device=dev)
-    elif cap <= 0:
-        sel = torch.empty(0, dtype=torch.int64, device=dev)
-    else:
-        key = _priority(wscore if states is not None else None, tier_new, age, max_age, n, dev)
-        key.masked_fill_(~eligible, -math.inf)
-        sel = torch.topk(key, cap, sorted=False).indices
-        sel, _ = torch.sort(sel)  # ids are ascending, so sorted positions = ascending ids
+        return eligible.nonzero().squeeze(1) if n_elig != n else torch.arange(n, device=dev)
+    if cap <= 0:
+        return torch.empty(0, dtype=torch.int64, device=dev)
+    key = priority()
+    key.masked_fill_(~eligible, -math.inf)
+    sel = torch.topk(key, cap, sorted=False).indices
+    return torch.sort(sel).values  # ids are ascending, so sorted positions = ascending ids
 
-    # ---- 4. assemble
-    chosen = torch.zeros(n, dtype=torch.bool, device=dev)
-    chosen[sel] = True
-    left_mask = finite & ~chosen
-    sel_ids = ids.index_select(0, sel)
-    rows = _read_rows(read, sel_ids, dim, table_dtype, dev)
-    if states is not None:
-        scores = score.index_select(0, sel).to(torch.float32)
-    else:
-        scores = torch.full((sel.numel(),), math.nan, dtype=torch.float32, device=dev)
 
-    if bool(left_mask.any()):
-        lpos = left_mask.nonzero().squeeze(1)
-        leftover = DeltaRows(
+def _leftover(delta: DeltaRows, left: torch.Tensor, dim: int) -> DeltaRows:
+    """The rows of ``delta`` at mask ``left``, with their FIRST states, ``new`` and ages."""
+    ids, states = delta.ids, delta.states
+    if bool(left.any()):
+        lpos = left.nonzero().squeeze(1)
+        return DeltaRows(
             ids=ids.index_select(0, lpos),
             states=None if states is None else states.index_select(0, lpos),
             new=None if delta.new is None else delta.new.index_select(0, lpos.to(delta.new.device)),
             age=None if delta.age is None else delta.age.index_select(0, lpos.to(delta.age.device)),
         )
-    else:
-        leftover = DeltaRows(
-            ids=ids.new_empty(0),
-            states=None if states is None else states.new_empty(0, dim),
-            new=None if delta.new is None else delta.new.new_empty(0),
-            age=None if delta.age is None else delta.age.new_empty(0),
-        )
-    logger.debug("select_changed: %d candidates -> %d selected, %d leftover, %d rejected",
-                 n, sel_ids.numel(), leftover.ids.numel(), rejected.numel())
-    return Selection(ids=sel_ids, rows=rows, scores=scores, leftover=leftover,
-                     rejected=rejected, tombstones=tombstones)
+    return DeltaRows(
+        ids=ids.new_empty(0),
+        states=None if states is None else states.new_empty(0, dim),
+        new=None if delta.new is None else delta.new.new_empty(0),
+        age=None if delta.age is None else delta.age.new_empty(0),
+    )
 
 
 def _priority(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
@@ -543,125 +570,3 @@ def _priority(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
     elif new is not None:
         key = torch.where(new, _TIER_NEW + frac, key)
     return key
-
-
-def _read_rows(read, ids: torch.Tensor, dim: int, dtype: torch.dtype,
-               dev: torch.device) -> torch.Tensor:
-    """Current values of ``ids`` as one ``[len(ids), dim]`` tensor on ``dev``."""
-    if ids.numel() == 0:
-        return torch.empty(0, dim, dtype=dtype, device=dev)
-    rows = read(ids)
-    return rows.to(dev) if rows.device != dev else rows
-
-
-# --------------------------------------------------------------------------- read rates
-
-
-class LookupRate:
-    """How often each id of one table is read: an exponentially decayed count per round.
-
-    The importance of a row's serving error is how many requests read the row before the
-    next publish. The requests predictors serve are the traffic the trainer learns from, so
-    the trainer's own lookups estimate it: :meth:`observe` the ids of every batch (or use
-    :meth:`watch`), call :meth:`end_round` once per publish round, then
-    ``rate(ids)`` gives lookups per round (an id looked up ``λ`` times every round reads
-    ``λ``; the weight of the past halves every ``log(0.5) / log(decay)`` rounds). Pass
-    ``weights=rate(delta.ids).sqrt()`` to :func:`select_changed` with a ``threshold`` to publish
-    by read-weighted drift (see its docstring for why the square root).
-
-    Ids whose decayed count falls below ``min_count`` are forgotten (they read as 0), so the
-    memory is bounded by the ids read in the last few dozen rounds. Vectorized: lookups are
-    buffered and merged once per round (one sort of the live ids).
-
-    Args:
-        decay: factor in ``(0, 1)`` applied to every count at each :meth:`end_round`.
-        min_count: decayed counts below this are dropped (``>= 0``).
-        device: where the counts live (default: the device of the first observed ids).
-    """
-
-    def __init__(self, decay: float = 0.8, *, min_count: float = 1e-3,
-                 device: Optional[torch.device | str] = None) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) \
-                or not 0.0 < float(decay) < 1.0:
-            raise ValueError(f"decay must be a number in (0, 1), got {decay!r}")
-        if isinstance(min_count, bool) or not isinstance(min_count, numbers.Real) \
-                or not (math.isfinite(float(min_count)) and float(min_count) >= 0.0):
-            raise ValueError(f"min_count must be a finite number >= 0, got {min_count!r}")
-        self.decay = float(decay)
-        self.min_count = float(min_count)
-        self._device = None if device is None else torch.device(device)
-        self._ids: Optional[torch.Tensor] = None  # int64 [m], ascending
-        self._count: Optional[torch.Tensor] = None  # float64 [m], decayed lookups
-        self._pending: list[torch.Tensor] = []
-        self.rounds = 0
-
-    def _init(self, dev: torch.device) -> None:
-        if self._ids is None:
-            self._device = self._device or dev
-            self._ids = torch.empty(0, dtype=torch.int64, device=self._device)
-            self._count = torch.empty(0, dtype=torch.float64, device=self._device)
-
-    def observe(self, ids: torch.Tensor) -> None:
-        """Count one lookup per element of ``ids`` (int64, any shape; repeats count)."""
-        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
-            raise ValueError(f"ids must be an int64 tensor, got "
-                             f"{getattr(ids, 'dtype', type(ids).__name__)}")
-        self._init(ids.device)
-        if ids.numel():
-            # a copy: the caller may reuse its batch buffer before end_round
-            self._pending.append(ids.detach().reshape(-1).to(self._device, copy=True))
-
-    def watch(self, module: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
-        """Observe every training-mode lookup of ``module`` (its first argument: the ids).
-
-        Returns the hook handle (``handle.remove()`` stops observing). Eval-mode lookups
-        (scoring, validation) are not counted: they do not reflect the served traffic.
-        """
-        def hook(mod: torch.nn.Module, args: tuple) -> None:
-            if mod.training and args and isinstance(args[0], torch.Tensor):
-                self.observe(args[0])
-
-        return module.register_forward_pre_hook(hook)
-
-    @torch.no_grad()
-    def end_round(self) -> None:
-        """Close a round: decay every count, add the lookups observed since, drop tiny counts."""
-        self.rounds += 1
-        if self._ids is None:
-            return
-        count = self._count * self.decay
-        ids = self._ids
-        if self._pending:
-            fresh, n = torch.unique(torch.cat(self._pending), return_counts=True)
-            self._pending = []
-            both = torch.cat([ids, fresh])
-            uniq, inv = torch.unique(both, return_inverse=True)  # sorted
-            merged = torch.zeros(uniq.numel(), dtype=torch.float64, device=uniq.device)
-            merged.index_add_(0, inv, torch.cat([count, n.to(torch.float64)]))
-            ids, count = uniq, merged
-        keep = count >= self.min_count
-        if not bool(keep.all()):
-            ids, count = ids[keep], count[keep]
-        self._ids, self._count = ids, count
-
-    @torch.no_grad()
-    def rate(self, ids: torch.Tensor) -> torch.Tensor:
-        """Estimated lookups per round of ``ids`` (float32, same shape; 0 for unknown ids).
-
-        Counts lookups up to the last :meth:`end_round`.
-        """
-        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
-            raise ValueError(f"ids must be an int64 tensor, got "
-                             f"{getattr(ids, 'dtype', type(ids).__name__)}")
-        flat = ids.reshape(-1)
-        if self._ids is None or self._ids.numel() == 0 or flat.numel() == 0:
-            return torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-        q = flat.to(self._ids.device)
-        pos = torch.searchsorted(self._ids, q).clamp_(max=self._ids.numel() - 1)
-        hit = self._ids[pos] == q
-        out = torch.where(hit, self._count[pos] * (1.0 - self.decay), 0.0)
-        return out.to(device=ids.device, dtype=torch.float32).reshape(ids.shape)
-
-    def __len__(self) -> int:
-        """Ids with a live (not yet forgotten) count."""
-        return 0 if self._ids is None else int(self._ids.numel())

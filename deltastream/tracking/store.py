@@ -39,11 +39,12 @@ from typing import Optional
 
 import torch
 
+from deltastream.tracking.sorted_ids import member, union
 from deltastream.types import DeltaRows, UpdateMode
 
 __all__ = ["DeltaStore"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -114,44 +115,11 @@ def _dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
     return sorted_ids.index_select(0, keep), states.index_select(0, perm.index_select(0, keep))
 
 
-def _member(sorted_ids: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each query id: (is it in ``sorted_ids``, its position there when it is)."""
-    if sorted_ids.numel() == 0:
-        z = torch.zeros(query.shape, dtype=torch.int64, device=query.device)
-        return torch.zeros(query.shape, dtype=torch.bool, device=query.device), z
-    pos = torch.searchsorted(sorted_ids, query)
-    pos.clamp_(max=sorted_ids.numel() - 1)
-    return sorted_ids[pos] == query, pos
-
-
-def _union(a: torch.Tensor, b: torch.Tensor):
-    """Union of two ascending unique id tensors, ``a`` taking precedence.
-
-    Returns ``(out, pos_a, b_only, pos_b, in_a, at_a)``: ``out`` ascending unique; ``pos_a``
-    the position in ``out`` of every ``a``; ``b_only`` indices into ``b`` of ids not in ``a``
-    and ``pos_b`` their positions in ``out``; ``in_a`` bool per ``b`` and ``at_a`` the index
-    in ``a`` of each ``b`` found there. ``out`` is ``a`` itself when ``b`` adds nothing.
-    """
-    in_a, at_a = _member(a, b)
-    b_only = (~in_a).nonzero().squeeze(1)
-    n_a, n_new = a.numel(), b_only.numel()
-    if n_new == 0:
-        return a, torch.arange(n_a, device=a.device), b_only, b_only, in_a, at_a
-    bo = b.index_select(0, b_only)
-    # Each element lands at (its rank in its own run) + (how many of the other run precede it).
-    pos_a = torch.arange(n_a, device=a.device) + torch.searchsorted(bo, a)
-    pos_b = torch.arange(n_new, device=a.device) + torch.searchsorted(a, bo)
-    out = torch.empty(n_a + n_new, dtype=a.dtype, device=a.device)
-    out[pos_a] = a
-    out[pos_b] = bo
-    return out, pos_a, b_only, pos_b, in_a, at_a
-
-
 def _merge2(a: _Run, b: _Run, mode: UpdateMode,
             with_states: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Merge two runs, ``a`` recorded before ``b``: ids ascending unique, states by mode."""
     keep_states = with_states and a.states is not None and b.states is not None
-    out, pos_a, b_only, pos_b, in_a, at_a = _union(a.ids, b.ids)
+    out, pos_a, b_only, pos_b, in_a, at_a = union(a.ids, b.ids)
     if not keep_states:
         return out, None
     last = mode is UpdateMode.LAST
@@ -490,7 +458,7 @@ class DeltaStore:
             return 0
         removed = 0
         for r in t.runs:
-            hit, _ = _member(drop.to(r.ids.device), r.ids)
+            hit, _ = member(drop.to(r.ids.device), r.ids)
             n = int(hit.sum())
             if n:
                 keep = ~hit
@@ -513,7 +481,7 @@ class DeltaStore:
     def note_states_modified(self, fqn: str) -> None:
         """Borrowed states of ``fqn`` were modified in place: count, warn, degrade ``fqn``."""
         self.states_modified += 1
-        logger.warning("DeltaStore: states recorded for table %s were modified in place "
+        log.warning("DeltaStore: states recorded for table %s were modified in place "
                        "after they were recorded (e.g. an in-place op on a lookup's "
                        "output); its FIRST/LAST states are dropped, ids kept", fqn)
         self.degrade(fqn)

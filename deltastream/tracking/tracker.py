@@ -63,6 +63,9 @@ deduplicated in one sort per table at the next read.
 
 Thread safety: hooks, reads, ``retain`` and ``clear`` take one lock, so a publisher thread
 may call ``get_delta`` while the training thread runs forward passes.
+
+Its parts: :mod:`.discovery` finds the tables, :mod:`.positions` turns recorded positions
+into ids and FIRST states, :mod:`.store` keeps the records, :mod:`.rows` merges retained rows.
 """
 
 from __future__ import annotations
@@ -71,202 +74,27 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
-from deltastream.tracking.store import DeltaStore, _member, _union
+from deltastream.tracking.discovery import TrackedTable, find_tables
+from deltastream.tracking.positions import PendingLookups
+from deltastream.tracking.rows import (
+    assemble_delta,
+    canonical_rows,
+    drop_ids,
+    merge_carry,
+    select_rows,
+)
+from deltastream.tracking.store import DeltaStore
 from deltastream.types import DeltaRows, TrackingMode, UpdateMode
 
 __all__ = ["DeltaTracker"]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 _UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: UpdateMode.FIRST}
-
-
-def _hashtable_class() -> Optional[type]:
-    # Imported lazily: the tracker also works (on nn.Embedding) without the HashTable module.
-    try:
-        from deltastream.embedding.hashtable import HashTable
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return None
-    return HashTable
-
-
-def _is_hashtable(mod: torch.nn.Module, cls: Optional[type]) -> bool:
-    if cls is not None and isinstance(mod, cls):
-        return True
-    # duck typing: any dynamic table with the HashTable hook surface
-    return (callable(getattr(mod, "register_insert_hook", None))
-            and callable(getattr(mod, "register_evict_hook", None))
-            and isinstance(getattr(mod, "embedding_dim", None), int))
-
-
-def _skip_patterns(fqns_to_skip: Iterable[str]) -> list[tuple[str, ...]]:
-    if isinstance(fqns_to_skip, str):
-        fqns_to_skip = (fqns_to_skip,)
-    out = []
-    for s in fqns_to_skip:
-        if not isinstance(s, str) or not s or any(not seg for seg in s.split(".")):
-            raise ValueError(f"fqns_to_skip entries must be non-empty dotted names, got {s!r}")
-        out.append(tuple(s.split(".")))
-    return out
-
-
-def _skipped(fqn: str, patterns: list[tuple[str, ...]]) -> bool:
-    """True when some pattern occurs in ``fqn`` as a run of whole dotted segments."""
-    segs = tuple(fqn.split(".")) if fqn else ()
-    for pat in patterns:
-        k = len(pat)
-        if any(segs[i:i + k] == pat for i in range(len(segs) - k + 1)):
-            return True
-    return False
-
-
-@dataclass
-class _Tracked:
-    module: torch.nn.Module
-    dim: int
-    dtype: torch.dtype
-    device: torch.device
-    dynamic: bool  # has insert/evict hooks (a HashTable)
-    positional: bool = False  # lookups recorded as row positions (see _Pending)
-
-
-def _is_positional(mod: torch.nn.Module) -> bool:
-    """A HashTable whose lookups report row positions, and which tells when rows are freed."""
-    return all(callable(getattr(mod, a, None)) for a in
-               ("register_lookup_hook", "_ids_at", "_register_row_listener")) \
-        and isinstance(getattr(mod, "capacity", None), int)
-
-
-class _Pending:
-    """Lookups of one positional table since its last flush into the store.
-
-    ``pos`` holds each lookup's row positions (the forward's own tensor, borrowed: no copy).
-    Positions stand for the ids they hold only while no row is freed, so the tracker flushes
-    (positions -> ids, one sorted run) whenever the table frees rows (row listener, before
-    any reuse), at every read boundary and before any store operation. The flush marks the
-    positions in ``marks`` (a bool scratch tensor over the table's capacity, all False
-    between flushes): its ``nonzero`` is each touched position once, with no sort. In
-    EMBEDDING mode the lookups' output rows are kept too (borrowed, with their version
-    counters): the earliest occurrence of each position gives its FIRST state.
-    """
-
-    __slots__ = ("marks", "pos", "states", "versions", "n", "n_states", "stateless")
-
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.marks = torch.zeros(capacity, dtype=torch.bool, device=device)
-        self.reset()
-
-    def reset(self) -> None:
-        self.pos: list[torch.Tensor] = []
-        self.states: list[torch.Tensor] = []
-        self.versions: list[int] = []
-        self.n = 0  # ids recorded (duplicates counted, as the store counts raw records)
-        self.n_states = 0  # of which with a borrowed state
-        self.stateless = False  # some lookup was recorded without its state (degraded)
-
-    def drop_states(self) -> None:
-        self.states, self.versions = [], []
-        self.n_states = 0
-        self.stateless = True
-
-    def fit(self, capacity: int, device: torch.device) -> None:
-        """Make ``marks`` (all False) cover ``capacity`` positions on ``device``."""
-        m = self.marks
-        if m.numel() < capacity or m.device != device:
-            self.marks = torch.zeros(max(capacity, m.numel()), dtype=torch.bool, device=device)
-
-
-def _first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Distinct positions in the ``pos`` runs (ascending) and each one's earliest state.
-
-    ``pos[i]`` [n_i] are a lookup's row positions and ``states[i]`` [n_i, dim] its output,
-    in recording order; ``marks`` is an all-False bool scratch over the positions (left all
-    False). Returns ``(touched [k], rows [r, dim], src [k])``: the earliest state of
-    ``touched[j]`` is ``rows[src[j]]`` (the caller gathers once, in its final order). Run by
-    run, only the
-    occurrences of positions no earlier run had are gathered: about one row per distinct
-    position is copied, never a concatenation of every lookup's output. Occurrences of one
-    position inside one run are copies of the same row (one lookup), so any of them is the
-    earliest state.
-    """
-    if marks.device.type == "cpu":
-        return _first_states_cpu(marks, pos, states)
-    return _first_states_torch(marks, pos, states)
-
-
-def _first_states_torch(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_first_states` in torch ops (any device)."""
-    pieces_pos, pieces_states = [], []
-    for q, st in zip(pos, states, strict=True):
-        q = q.to(marks.device)
-        fresh = marks.index_select(0, q).logical_not_().nonzero().squeeze(1)
-        if fresh.numel():
-            qf = q.index_select(0, fresh)
-            marks.index_fill_(0, qf, True)
-            pieces_pos.append(qf)
-            pieces_states.append(st.index_select(0, fresh.to(st.device)))
-    touched = marks.nonzero().squeeze(1)
-    marks.index_fill_(0, touched, False)
-    if not pieces_pos:
-        return touched, states[0][:0].clone(), touched
-    allpos = pieces_pos[0] if len(pieces_pos) == 1 else torch.cat(pieces_pos)
-    rows = pieces_states[0] if len(pieces_states) == 1 else torch.cat(pieces_states)
-    slot = torch.empty(marks.numel(), dtype=torch.int64, device=marks.device)
-    slot.index_copy_(0, allpos, torch.arange(allpos.numel(), device=marks.device))
-    return touched, rows, slot.index_select(0, touched).to(rows.device)
-
-
-def _first_states_cpu(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_first_states` with the position bookkeeping in numpy (several times faster
-    than torch's small CPU ops here); the rows are still gathered by torch (any dtype)."""
-    m = marks.numpy()
-    pieces_pos, pieces_states, total = [], [], 0
-    for q, st in zip(pos, states, strict=True):
-        qn = q.cpu().numpy()
-        fresh = np.flatnonzero(~m[qn])
-        if fresh.size:
-            qf = qn[fresh]
-            m[qf] = True
-            pieces_pos.append(qf)
-            pieces_states.append((st, torch.from_numpy(fresh)))
-            total += fresh.size
-    touched = np.flatnonzero(m)
-    m[touched] = False
-    if not pieces_pos:
-        t = torch.from_numpy(touched.astype(np.int64, copy=False))
-        return t, states[0][:0].clone(), t
-    st0 = pieces_states[0][0]
-    rows = torch.empty((total, st0.shape[1]), dtype=st0.dtype)
-    at = 0
-    for st, fresh in pieces_states:  # staged in place: no concatenation afterwards
-        k = fresh.numel()
-        torch.index_select(st, 0, fresh, out=rows[at:at + k])
-        at += k
-    slot = np.empty(m.size, dtype=np.int64)
-    allpos = np.concatenate(pieces_pos)
-    slot[allpos] = np.arange(allpos.size)
-    return torch.from_numpy(touched.astype(np.int64, copy=False)), rows, \
-        torch.from_numpy(slot[touched])
-
-
-def _empty_delta(t: _Tracked, with_states: bool) -> DeltaRows:
-    ids = torch.empty(0, dtype=torch.int64, device=t.device)
-    return DeltaRows(
-        ids=ids,
-        states=torch.empty(0, t.dim, dtype=t.dtype, device=t.device) if with_states else None,
-        new=torch.empty(0, dtype=torch.bool, device=t.device) if t.dynamic else None,
-        tombstones=ids.clone(),
-        age=ids.clone(),
-    )
 
 
 class DeltaTracker:
@@ -343,59 +171,33 @@ class DeltaTracker:
              "bound_compactions", "degradations", "over_bound_events", "tombstones",
              "inserted", "retained_total", "reads"), 0)
 
-        self._tables: dict[str, _Tracked] = {}
+        self._tables: dict[str, TrackedTable] = {}
         self._handles: list[Any] = []
-        self._pending: dict[str, _Pending] = {}  # positional tables' unflushed lookups
+        self._pending: dict[str, PendingLookups] = {}  # positional tables' unflushed lookups
         self._row_listeners: list[Any] = []
-        self._discover(model, _skip_patterns(fqns_to_skip))
+        self._discover(model, fqns_to_skip)
 
     # ------------------------------------------------------------------ discovery
 
-    def _discover(self, model: torch.nn.Module, skip: list[tuple[str, ...]]) -> None:
-        from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-        root = model.module if isinstance(model, (DataParallel, DistributedDataParallel)) \
-            else model
-        ht_cls = _hashtable_class()
-        taken: list[str] = []  # names of tracked modules: their children are not tracked
-        for name, mod in root.named_modules():
-            if any(name == p or name.startswith(p + ".") or p == "" for p in taken):
-                continue
-            dynamic = _is_hashtable(mod, ht_cls)
-            if not dynamic and not isinstance(mod, torch.nn.Embedding):
-                continue
-            if _skipped(name, skip):
-                logger.info("DeltaTracker: skipping %s (fqns_to_skip)", name)
-                continue
-            taken.append(name)
-            fqn = name or str(getattr(mod, "name", "") or "embedding")
-            if dynamic:
-                dim = int(mod.embedding_dim)
-                dtype = getattr(mod, "dtype", torch.float32)
-                device = torch.device(getattr(mod, "device", "cpu"))
-            else:
-                dim, dtype, device = int(mod.embedding_dim), mod.weight.dtype, mod.weight.device
-            positional = dynamic and _is_positional(mod)
-            info = _Tracked(mod, dim, dtype, device, dynamic, positional)
-            self._tables[fqn] = info
+    def _discover(self, model: torch.nn.Module, fqns_to_skip: Iterable[str]) -> None:
+        self._tables = find_tables(model, fqns_to_skip)
+        for fqn, info in self._tables.items():
+            mod = info.module
             for store in (self._store, self._tombs, self._news):
-                store.add_table(fqn, dim, dtype=dtype, device=device)
-            if positional:
-                self._pending[fqn] = _Pending(int(mod.capacity), device)
+                store.add_table(fqn, info.dim, dtype=info.dtype, device=info.device)
+            if info.positional:
+                self._pending[fqn] = PendingLookups(int(mod.capacity), info.device)
                 self._handles.append(mod.register_lookup_hook(self._make_lookup_hook(fqn)))
                 cb = self._make_row_listener(fqn)
                 self._row_listeners.append(cb)  # the table holds it weakly
-                mod._register_row_listener(cb)
+                mod.register_row_listener(cb)
             else:
                 self._handles.append(mod.register_forward_hook(
                     self._make_forward_hook(fqn), with_kwargs=True))
-            if dynamic:
+            if info.dynamic:
                 self._handles.append(mod.register_insert_hook(self._make_insert_hook(fqn)))
                 self._handles.append(mod.register_evict_hook(self._make_evict_hook(fqn)))
-        if not self._tables:
-            raise ValueError("DeltaTracker found no HashTable or torch.nn.Embedding in the "
-                             "model (after fqns_to_skip); nothing to track")
-        logger.info("DeltaTracker (%s) tracks %s", self._mode.value, sorted(self._tables))
+        log.info("DeltaTracker (%s) tracks %s", self._mode.value, sorted(self._tables))
 
     # ------------------------------------------------------------------ hooks
 
@@ -438,7 +240,7 @@ class DeltaTracker:
                 for carry in self._carry.values():
                     rows = carry.get(fqn)
                     if rows is not None and len(rows):
-                        carry[fqn] = _drop_ids(rows, ids)
+                        carry[fqn] = drop_ids(rows, ids)
                 self._stats["tombstones"] += int(ids.numel())
         return hook
 
@@ -515,9 +317,6 @@ class DeltaTracker:
         if p is None or p.n == 0:
             return
         mod = self._tables[fqn].module
-        dev = p.pos[0].device
-        p.fit(int(mod.capacity), dev)  # positions only grow past capacity with the storage
-        marks = p.marks
         want_states = False
         if self._mode is TrackingMode.EMBEDDING:
             if not p.stateless and any(s._version != v for s, v in
@@ -529,18 +328,7 @@ class DeltaTracker:
                     self._store.degrade(fqn)  # the ids-only lookups keep it degraded
             else:
                 want_states = not self._store.is_degraded(fqn)
-        states = None
-        if want_states:
-            touched, rows, src = _first_states(marks, p.pos, p.states)
-        else:
-            touched = _mark_positions(marks, p.pos)  # ascending positions, each once
-        ids = mod._ids_at(touched.to(getattr(mod, "device", dev))).to(dev)
-        if not want_states:
-            ids = _sorted(ids)
-        else:
-            ids, order = _sort_perm(ids)
-            states = rows.index_select(0, src.index_select(0, order.to(src.device)))
-        p.reset()
+        ids, states = p.drain(mod, want_states)
         self._store.append_unique(self._idx, fqn, ids, states)
 
     def _flush_all(self) -> None:
@@ -570,9 +358,9 @@ class DeltaTracker:
             freed += p.n_states
             p.drop_states()
         self._stats["degradations"] += 1
-        log = logger.warning if fqn not in self._warned_degraded else logger.info
+        emit = log.warning if fqn not in self._warned_degraded else log.info
         self._warned_degraded.add(fqn)
-        log("DeltaTracker: table %s degraded to ID_ONLY (%s); %d FIRST states dropped, ids "
+        emit("DeltaTracker: table %s degraded to ID_ONLY (%s); %d FIRST states dropped, ids "
             "kept", fqn, why, freed)
 
     def _enforce_bound(self) -> None:
@@ -603,7 +391,7 @@ class DeltaTracker:
             self._stats["over_bound_events"] += 1
             if not self._warned_over:
                 self._warned_over = True
-                logger.warning("DeltaTracker: %d unique ids held exceed max_tracked_rows=%d; "
+                log.warning("DeltaTracker: %d unique ids held exceed max_tracked_rows=%d; "
                                "ids are kept (never dropped), states are not", rows, limit)
             self._next_bound_check = rows + rows // 2
         else:
@@ -678,8 +466,8 @@ class DeltaTracker:
             self._carry[c] = {}
             out = {}
             for fqn, info in self._tables.items():
-                out[fqn] = self._assemble(info, touched[fqn], tombs[fqn].ids, news[fqn].ids,
-                                          carry.get(fqn))
+                out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
+                                          carry.get(fqn), info.dynamic)
             self._cursor[c] = end
             self._idx = end
             if self._delete_on_read:
@@ -693,26 +481,6 @@ class DeltaTracker:
     def get_delta_ids(self, consumer: Optional[str] = None) -> dict[str, torch.Tensor]:
         """``{fqn: ids}`` changed since ``consumer``'s last read (advances its cursor)."""
         return {fqn: rows.ids for fqn, rows in self.get_delta(consumer).items()}
-
-    def _assemble(self, info: _Tracked, touched: DeltaRows, tombs: torch.Tensor,
-                  news: torch.Tensor, carry: Optional[DeltaRows]) -> DeltaRows:
-        ids = touched.ids
-        rows = DeltaRows(
-            ids=ids, states=touched.states,
-            new=torch.zeros(ids.numel(), dtype=torch.bool, device=ids.device)
-            if info.dynamic else None,
-            age=torch.zeros(ids.numel(), dtype=torch.int64, device=ids.device))
-        if carry is not None and len(carry):
-            rows = _merge_carry(carry, rows)
-        if info.dynamic and news.numel() and len(rows):
-            rows.new |= _member(news.to(rows.ids.device), rows.ids)[0]
-        # An id both evicted and present was (re)inserted after its last eviction (evictions
-        # purge earlier touches and retained rows), so it is live: a row, not a tombstone.
-        if tombs.numel() and len(rows):
-            hit, _ = _member(rows.ids, tombs.to(rows.ids.device))
-            tombs = tombs[~hit]
-        rows.tombstones = tombs
-        return rows
 
     def _delete_read(self) -> None:
         upto = min(self._cursor.values())
@@ -772,19 +540,19 @@ class DeltaTracker:
             if fqn not in self._tables:
                 raise ValueError(f"unknown table {fqn!r}; tracked: {sorted(self._tables)}")
             info = self._tables[fqn]
-            rows = _canonical(rows, info, self._mode is TrackingMode.EMBEDDING)
+            rows = canonical_rows(rows, info.dim, info.dynamic, self._mode is TrackingMode.EMBEDDING)
             if len(rows) and info.dynamic and callable(getattr(info.module, "contains", None)):
                 live = info.module.contains(rows.ids)
                 if isinstance(live, torch.Tensor) and live.shape == rows.ids.shape:
                     live = live.to(device=rows.ids.device, dtype=torch.bool)
                     if not bool(live.all()):
-                        rows = _select(rows, live.nonzero().squeeze(1))
+                        rows = select_rows(rows, live.nonzero().squeeze(1))
             if not len(rows):
                 return
             rows.age = rows.age + 1
             prev = self._carry[c].get(fqn)
             self._carry[c][fqn] = rows if prev is None or not len(prev) \
-                else _merge_carry(prev, rows)
+                else merge_carry(prev, rows)
             self._stats["retained_total"] += len(rows)
 
     def stats(self) -> dict:
@@ -824,155 +592,3 @@ class DeltaTracker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---------------------------------------------------------------------- row helpers
-
-def _mark_positions(marks: torch.Tensor, pos: list[torch.Tensor]) -> torch.Tensor:
-    """Distinct positions in ``pos`` (int64 tensors), ascending, via the all-False bool
-    scratch ``marks`` (left all False again)."""
-    if marks.device.type == "cpu":
-        # numpy: its flatnonzero is ~6x faster than torch's nonzero on CPU, and nonzero
-        # over the table's capacity was the largest cost of a read after the sort.
-        m = marks.numpy()
-        for q in pos:
-            m[q.cpu().numpy()] = True
-        touched = np.flatnonzero(m)
-        if touched.size * 16 < m.size:  # few: clear them, else clear everything
-            m[touched] = False
-        else:
-            m[:] = False
-        return torch.from_numpy(touched.astype(np.int64, copy=False))
-    return _mark_positions_torch(marks, pos)
-
-
-def _mark_positions_torch(marks: torch.Tensor, pos: list[torch.Tensor]) -> torch.Tensor:
-    """:func:`_mark_positions` in torch ops (any device)."""
-    for q in pos:
-        marks.index_fill_(0, q.to(marks.device), True)
-    touched = marks.nonzero().squeeze(1)
-    marks.index_fill_(0, touched, False)
-    return touched
-
-
-#: Below this many ids a comparison sort beats the radix passes of :func:`_np_sort`.
-_RADIX_MIN = 2048
-
-
-def _np_sort(a: np.ndarray, want_perm: bool) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """Ascending sort of int64 ``a`` [n] (and the permutation when ``want_perm``).
-
-    This sort is the largest cost of a read, and numpy's (like torch's) int64 sort is a
-    scalar comparison sort here (~26 ns per id at 12K ids). An LSD radix sort over 16-bit
-    digits is about twice as fast: numpy's stable argsort of 16-bit keys is a counting/radix
-    sort, and only the digits spanned by ``max - min`` need a pass (3 for 40-bit ids).
-    Correct whatever numpy's algorithm is: every pass is a stable sort by one digit.
-    """
-    if a.size < _RADIX_MIN:
-        if want_perm:
-            order = np.argsort(a)
-            return a[order], order
-        return np.sort(a), None
-    lo, hi = int(a.min()), int(a.max())
-    lo_u = np.uint64(lo % (1 << 64))
-    u = a.view(np.uint64) - lo_u  # offsets from the minimum: wrap-free order, < 2**64
-    perm = None
-    for k in range(max(1, ((hi - lo).bit_length() + 15) // 16)):
-        digit = (u >> np.uint64(16 * k)).astype(np.uint16)  # the cast keeps the low 16 bits
-        order = np.argsort(digit, kind="stable")
-        u = u[order]
-        if want_perm:
-            perm = order if perm is None else perm[order]
-    return (u + lo_u).view(np.int64), perm
-
-
-def _sorted(ids: torch.Tensor) -> torch.Tensor:
-    """``ids`` (unique int64 [n]) in ascending order (a new tensor)."""
-    if ids.device.type == "cpu":
-        return torch.from_numpy(_np_sort(ids.numpy(), False)[0])
-    return torch.sort(ids).values
-
-
-def _sort_perm(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids ascending, permutation)`` for unique int64 ``ids`` [n]."""
-    if ids.device.type == "cpu":
-        out, order = _np_sort(ids.numpy(), True)
-        return torch.from_numpy(out), torch.from_numpy(order)
-    return torch.sort(ids)
-
-def _select(rows: DeltaRows, keep: torch.Tensor) -> DeltaRows:
-    def pick(x):
-        return None if x is None else x.index_select(0, keep.to(x.device))
-    return DeltaRows(ids=pick(rows.ids), states=pick(rows.states), new=pick(rows.new),
-                     tombstones=rows.tombstones, age=pick(rows.age))
-
-
-def _drop_ids(rows: DeltaRows, ids: torch.Tensor) -> DeltaRows:
-    gone, _ = _member(torch.unique(ids.to(rows.ids.device)), rows.ids)
-    if not bool(gone.any()):
-        return rows
-    return _select(rows, (~gone).nonzero().squeeze(1))
-
-
-def _canonical(rows: DeltaRows, info: _Tracked, with_states: bool) -> DeltaRows:
-    """Validate rows handed to ``retain``; returns ascending unique ids with every column."""
-    ids = rows.ids
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.is_floating_point():
-        raise ValueError("rows.ids must be a 1-D integer tensor")
-    n = ids.numel()
-    ids = ids.to(torch.int64)
-    states = rows.states if with_states else None
-    if states is not None and (states.dim() != 2 or tuple(states.shape) != (n, info.dim)):
-        raise ValueError(f"rows.states must be [{n}, {info.dim}], got {tuple(states.shape)}")
-    for name in ("new", "age"):
-        col = getattr(rows, name)
-        if col is not None and tuple(col.shape) != (n,):
-            raise ValueError(f"rows.{name} must be [{n}], got {tuple(col.shape)}")
-    new = rows.new.to(torch.bool) if rows.new is not None else (
-        torch.zeros(n, dtype=torch.bool, device=ids.device) if info.dynamic else None)
-    age = rows.age.to(torch.int64) if rows.age is not None else torch.zeros(
-        n, dtype=torch.int64, device=ids.device)
-    if rows.age is not None and n and int(age.min()) < 0:
-        raise ValueError("rows.age must be >= 0")
-    out = DeltaRows(ids=ids, states=states, new=new, age=age)
-    if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        # not ascending unique: sort, keep the first row of a repeated id
-        sorted_ids, perm = torch.sort(ids, stable=True)
-        first = torch.ones(n, dtype=torch.bool, device=ids.device)
-        first[1:] = sorted_ids[1:] != sorted_ids[:-1]
-        out = _select(out, perm[first])
-    return out
-
-
-def _merge_carry(old: DeltaRows, fresh: DeltaRows) -> DeltaRows:
-    """Union of retained rows ``old`` and ``fresh`` rows; ``old`` wins for common ids.
-
-    States: ``old``'s FIRST state is older, so it is kept; if either side has no states the
-    result has none (selection then publishes every row). ``new``: OR. ``age``: ``old``'s
-    for common ids. Tombstones are ``fresh``'s.
-    """
-    dev = fresh.ids.device
-    a, b = old.ids.to(dev), fresh.ids
-    out, pos_a, b_only, pos_b, in_a, at_a = _union(a, b)
-    n = out.numel()
-
-    def column(x, y, fill):
-        if x is None or y is None:
-            return None
-        x, y = x.to(dev), y.to(dev)
-        col = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=dev) if fill is None \
-            else torch.full((n, *x.shape[1:]), fill, dtype=x.dtype, device=dev)
-        if b_only.numel():
-            col[pos_b] = y.index_select(0, b_only)
-        col[pos_a] = x
-        return col
-
-    states = column(old.states, fresh.states, None)
-    age = column(old.age, fresh.age, None)
-    new = column(old.new, fresh.new, None)
-    if new is not None:
-        common = in_a.nonzero().squeeze(1)
-        if common.numel():
-            at = pos_a.index_select(0, at_a.index_select(0, common))
-            new[at] |= fresh.new.to(dev).index_select(0, common)
-    return DeltaRows(ids=out, states=states, new=new, tombstones=fresh.tombstones, age=age)

@@ -599,3 +599,30 @@ def test_decode_random_bytes_only_raise_wire_error(data):
         decode(data)
     except WireError:
         pass
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+@pytest.mark.parametrize("n,tombs", [(0, 3), (1, None), (257, 5), (1000, None)])
+def test_framer_bytes_equal_encode(dtype, n, tombs):
+    """The publisher's in-place framer writes exactly what encode returns (one layout)."""
+    rng = np.random.default_rng(n)
+    batch = DeltaBatch(model="m", table="t", shard=3, epoch=2**40, seq=7, step=2**33, ts=5,
+                       ids=np.sort(rng.choice(1 << 50, n, replace=False)).astype(np.int64),
+                       rows=rng.standard_normal((n, 33)).astype(np.float32), dtype=dtype,
+                       tombstones=None if tombs is None else np.arange(tombs, dtype=np.int64))
+    framer = wire.Framer(1 << 20)
+    for piece, msg in zip(split(batch, 16 << 10), encode(batch, max_message_bytes=16 << 10),
+                          strict=True):
+        assert bytes(framer.frame(piece)) == msg
+    assert wire.Framer(64).frame(split(batch, 16 << 10)[0]) is None  # too small: refused
+
+
+def test_public_checks_name_dtype_and_row_size():
+    wire.check_name("model", "ranker")
+    with pytest.raises(WireError, match="model: expected a non-empty str"):
+        wire.check_name("model", "a/b")
+    with pytest.raises(WireError, match="dtype: expected one of"):
+        wire.check_dtype("f64")
+    with pytest.raises(WireError, match="dtype: expected one of"):
+        wire.row_bytes(8, "f64")
+    assert wire.max_abs_finite(np.array([[1.0, -3.0], [np.inf, 2.0]])) == (3.0, False)

@@ -389,7 +389,7 @@ def test_f16_cast_matches_numpy_bit_for_bit():
     """The publisher's chunked torch cast (used when torch is loaded) rounds exactly like
     numpy's astype (what wire.encode uses): subnormals, ties, the top of the range."""
     torch = pytest.importorskip("torch")
-    from deltastream.publishing.publisher import _CAST_CHUNK, _to_f16
+    from deltastream.wire_codec import _CAST_CHUNK, _to_f16
 
     assert torch is not None
     rng = np.random.default_rng(3)

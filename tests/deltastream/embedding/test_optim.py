@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import deltastream.embedding.optim as optim_mod
-from deltastream.embedding.hashtable import HashTable, constant_initializer
+from deltastream.embedding.hashtable import HashTable
+from deltastream.embedding.initializers import constant_initializer
 from deltastream.embedding.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 
 VOCAB, DIM = 30, 6

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import deltastream.tracking.store as store_mod
-from deltastream.embedding.hashtable import HashTable, normal_initializer
+from deltastream.embedding.hashtable import HashTable
+from deltastream.embedding.initializers import normal_initializer
 from deltastream.embedding.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from deltastream.sharding import gen_slice
 from deltastream.tracking.tracker import DeltaTracker
@@ -667,7 +668,7 @@ def test_read_sort_matches_numpy_sort_over_the_whole_int64_range(n):
     """The reads' radix sort (16-bit digits over max - min) on extreme and narrow ids."""
     import numpy as np
 
-    from deltastream.tracking.tracker import _np_sort
+    from deltastream.tracking.sorted_ids import radix_sort as _np_sort
 
     rng = np.random.default_rng(n)
     for a in (rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True),
@@ -682,7 +683,7 @@ def test_read_sort_matches_numpy_sort_over_the_whole_int64_range(n):
 
 def test_position_marking_torch_path_matches_cpu_path():
     """The torch-op paths (used on CUDA) give what the numpy CPU paths give."""
-    from deltastream.tracking import tracker as tm
+    from deltastream.tracking import positions, sorted_ids
 
     g = torch.Generator().manual_seed(11)
     cap = 300
@@ -693,10 +694,10 @@ def test_position_marking_torch_path_matches_cpu_path():
     states[2] += 1000  # later lookups return other values: FIRST must pick the earliest
     marks = torch.zeros(cap, dtype=torch.bool)
     want = torch.cat(pos).unique()
-    for fn in (tm._mark_positions, tm._mark_positions_torch):
+    for fn in (positions.mark_positions, positions.mark_positions_torch):
         assert torch.equal(fn(marks, pos), want) and not bool(marks.any())
     results = []
-    for fn in (tm._first_states_cpu, tm._first_states_torch):
+    for fn in (positions.first_states_cpu, positions.first_states_torch):
         touched, rows, src = fn(marks, pos, states)
         assert torch.equal(touched, want) and not bool(marks.any())
         results.append(rows.index_select(0, src))
@@ -706,4 +707,4 @@ def test_position_marking_torch_path_matches_cpu_path():
         for j, x in enumerate(q.tolist()):
             first_run.setdefault(x, st[j])
     assert torch.equal(results[0], torch.stack([first_run[x] for x in want.tolist()]))
-    assert torch.equal(tm._sorted(want.flip(0)), want)
+    assert torch.equal(sorted_ids.sort_ids(want.flip(0)), want)

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from deltastream.publishing.selection import LookupRate, Selection, row_wire_bytes, select_changed
+from deltastream.publishing.lookup_rate import LookupRate
+from deltastream.publishing.selection import Selection, row_wire_bytes, select_changed
 from deltastream.types import DeltaRows
 
 DIM = 8

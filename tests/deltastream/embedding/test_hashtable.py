@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import deltastream.embedding.hashtable as ht_mod
-from deltastream.embedding.hashtable import (
-    HashTable,
+from deltastream.embedding.hashtable import HashTable
+from deltastream.embedding.initializers import (
     constant_initializer,
     normal_initializer,
     uniform_initializer,

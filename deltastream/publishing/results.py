@@ -1,0 +1,159 @@
+"""What a publish handed to Kafka, and what was not delivered.
+
+:class:`PublishResult` is what :meth:`DeltaPublisher.publish` returns: the seq range, rows
+and bytes sent, with the producer futures of its messages (:class:`SentMessage`) to wait on.
+:class:`Undelivered` names a run of messages that was not sent or not acknowledged; a
+:class:`~deltastream.errors.PublishError` carries a list of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from deltastream.errors import PublishError
+
+__all__ = [
+    "PublishResult",
+    "Undelivered",
+    "SentMessage",
+    "describe_undelivered",
+    "error_reason",
+    "wait_future",
+]
+
+
+@dataclass(frozen=True)
+class Undelivered:
+    """Messages ``first_seq..last_seq`` of ``table`` (``rows`` rows, ``tombstones`` ids)."""
+
+    table: str
+    first_seq: int
+    last_seq: int
+    rows: int
+    tombstones: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"table {self.table!r} seq {self.first_seq}..{self.last_seq} "
+                f"({self.rows} rows, {self.tombstones} tombstones: {self.reason})")
+
+
+class SentMessage:
+    """One message handed to the producer: its table, seq, content counts, size in bytes,
+    the producer's future, and whether its failure was reported to the caller."""
+
+    __slots__ = ("table", "seq", "rows", "tombstones", "nbytes", "future", "reported")
+
+    def __init__(self, table: str, seq: int, rows: int, tombstones: int, nbytes: int,
+                 future: Any) -> None:
+        self.table, self.seq, self.rows, self.tombstones = table, seq, rows, tombstones
+        self.nbytes, self.future, self.reported = nbytes, future, False
+
+
+def describe_undelivered(records: Iterable[SentMessage],
+                         reason_of: Callable[[SentMessage], str]) -> list[Undelivered]:
+    """Group consecutive messages of a table with the same reason into ranges."""
+    out: list[Undelivered] = []
+    for r in sorted(records, key=lambda r: (r.table, r.seq)):
+        reason = reason_of(r)
+        last = out[-1] if out else None
+        if last and last.table == r.table and last.last_seq + 1 == r.seq \
+                and last.reason == reason:
+            out[-1] = Undelivered(r.table, last.first_seq, r.seq, last.rows + r.rows,
+                                  last.tombstones + r.tombstones, reason)
+        else:
+            out.append(Undelivered(r.table, r.seq, r.seq, r.rows, r.tombstones, reason))
+    return out
+
+
+def error_reason(record: SentMessage) -> str:
+    """Why the (failed) ``record`` was not delivered, with a hint for oversized messages."""
+    exc = record.future.exception
+    text = str(exc)
+    if not text.startswith(type(exc).__name__):  # kafka errors already start with it
+        text = f"{type(exc).__name__}: {text}"
+    if "MessageSizeTooLarge" in text:
+        text += (" (raise the topic's max.message.bytes, e.g. with ensure_topic(..., "
+                 "max_message_bytes=...), or lower the publisher's max_message_bytes)")
+    return text
+
+
+def wait_future(future: Any, timeout: Optional[float]) -> bool:
+    """Wait up to ``timeout`` s for a producer future; True when it is done (ok or failed)."""
+    if not future.is_done:
+        try:
+            future.get(timeout=timeout)
+        except Exception:  # failures are read from the future itself
+            pass
+    return future.is_done
+
+
+@dataclass
+class PublishResult:
+    """What one :meth:`DeltaPublisher.publish` call handed to Kafka.
+
+    Attributes:
+        table: table name. partition: Kafka partition of every message. epoch: the
+            publisher's epoch.
+        messages: messages sent; ``first_seq..last_seq`` their seqs (``last_seq ==
+            first_seq - 1`` when nothing was sent).
+        rows, tombstones: rows and tombstone ids carried. bytes: wire bytes (values only).
+    """
+
+    table: str
+    partition: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+    messages: int
+    rows: int
+    tombstones: int
+    bytes: int
+    _sent: list = field(default_factory=list, repr=False, compare=False)
+
+    def add(self, record: SentMessage) -> None:
+        """Count ``record``, the next message of this call, and wait on it in :meth:`wait`."""
+        self._sent.append(record)
+        self.last_seq = record.seq
+        self.messages += 1
+        self.rows += record.rows
+        self.tombstones += record.tombstones
+        self.bytes += record.nbytes
+
+    @property
+    def done(self) -> bool:
+        """True once every message is acknowledged or failed."""
+        return all(s.future.is_done for s in self._sent)
+
+    @property
+    def offsets(self) -> Optional[list[int]]:
+        """Kafka offsets of the messages once all are acknowledged (after
+        :meth:`DeltaPublisher.flush` or :meth:`wait`), else ``None``."""
+        if not all(s.future.is_done and s.future.exception is None for s in self._sent):
+            return None
+        return [s.future.value.offset for s in self._sent]
+
+    def wait(self, timeout: Optional[float] = None) -> PublishResult:
+        """Block until every message is acknowledged; returns ``self`` (with ``offsets``).
+
+        Raises :class:`PublishError` naming the messages that failed or were not
+        acknowledged within ``timeout`` seconds (``None``: until the producer's delivery
+        timeout resolves each of them).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for s in self._sent:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait_future(s.future, remaining)
+        pending = [s for s in self._sent if not s.future.is_done]
+        failed = [s for s in self._sent if s.future.is_done and s.future.exception is not None]
+        if failed or pending:
+            for s in failed + pending:
+                s.reported = True  # the caller knows now: the publisher will not repeat it
+            undelivered = describe_undelivered(failed, error_reason) + describe_undelivered(
+                pending, lambda _: f"not acknowledged within {timeout} s")
+            raise PublishError(f"publish of table {self.table!r} was not fully delivered",
+                               undelivered)
+        return self

@@ -1,0 +1,362 @@
+"""The bytes of one wire-v1 message: row values in the wire dtypes, framing, CRC-32C.
+
+This is the one encoder of the format. A message is one msgpack map: the scalar fields
+(:func:`scalar_fields`, in this order), then the bin fields ``ids``, ``rows`` (``scale``
+for i8) and ``del`` (tombstones); ``crc`` is the CRC-32C of the bins in that order. Two
+writers lay a message out with the same helpers (:func:`map_header`, :func:`bin_header`,
+:func:`bin_sizes`), so their bytes are identical by construction:
+
+* :func:`pack_message` joins wire arrays into a fresh ``bytes`` (what
+  :func:`deltastream.wire.encode` returns; rows already in the wire dtype cost one copy);
+* :class:`Framer` casts float rows straight into a reusable buffer (what the publisher
+  sends: no temporary array, no join copy).
+
+:class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
+
+Torch-free (``to_f16`` uses torch only when the caller has already imported it). Users import
+the format from :mod:`deltastream.wire`; this module is its machinery.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import Any, Optional
+
+import crc32c as _crc32c
+import msgpack
+import numpy as np
+
+from deltastream.errors import WireError
+
+__all__ = [
+    "VERSION",
+    "DTYPES",
+    "NUMPY_DTYPES",
+    "F16_MAX",
+    "BF16_OVERFLOW",
+    "max_abs_finite",
+    "quantize",
+    "scalar_fields",
+    "bin_sizes",
+    "map_header",
+    "bin_header",
+    "pack_message",
+    "Framer",
+    "Reader",
+]
+
+VERSION = 1
+#: wire dtype -> bytes per element
+DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
+#: wire dtype -> numpy dtype of its rows on the wire (bf16 as its uint16 bit pattern)
+NUMPY_DTYPES = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "i8": "i1"}
+#: largest finite float16 magnitude; larger values are refused for dtype f16
+F16_MAX = 65504.0
+#: smallest float32 that rounds to inf in bf16 (0x7F7F8000: a tie that rounds to even = up)
+BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
+_U32 = struct.Struct(">I")
+# Elements per torch cast call: below torch's parallel grain size (32768), so each call
+# runs in this thread instead of waking the intra-op thread pool, which on a machine whose
+# cores are busy (training, the producer's sender thread) costs 10-50x.
+_CAST_CHUNK = 32767
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def max_abs_finite(rows: np.ndarray) -> tuple[float, bool]:
+    """(largest finite ``|value|`` of ``rows``, whether all values are finite)."""
+    if not rows.size:
+        return 0.0, True
+    # min/max reduce without a temporary (np.abs would copy the whole array).
+    hi = max(-float(np.min(rows)), float(np.max(rows)))
+    if np.isfinite(hi):
+        return hi, True
+    finite = rows[np.isfinite(rows)]  # slow path: only when non-finite values are present
+    return (float(np.max(np.abs(finite))) if finite.size else 0.0), False
+
+
+def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Float rows ``[n, dim]`` -> (wire array ``[n, dim]``, float32 scale ``[n]`` or None).
+
+    Raises :class:`WireError` for values the dtype cannot carry (see
+    :mod:`deltastream.wire` for each dtype's range and error bound).
+    """
+    if dtype == "f32":
+        return np.ascontiguousarray(rows, dtype="<f4"), None
+    if dtype == "f16":
+        if rows.dtype != np.float16:
+            if max_abs_finite(rows)[0] > F16_MAX:
+                raise WireError(f"rows: a value exceeds the f16 range (±{F16_MAX:g}); "
+                                "use dtype 'bf16' or 'f32'")
+            rows = rows.astype(np.float16)
+        return np.ascontiguousarray(rows, dtype="<f2"), None
+    r32 = np.ascontiguousarray(rows, dtype=np.float32)
+    if dtype == "bf16":
+        return _to_bf16(r32), None
+    return _to_i8(r32)
+
+
+def _to_bf16(r32: np.ndarray) -> np.ndarray:
+    if max_abs_finite(r32)[0] >= BF16_OVERFLOW:
+        raise WireError(f"rows: a value exceeds the bf16 range (|x| < {BF16_OVERFLOW:.8g}); "
+                        "use dtype 'f32'")
+    u = r32.view(np.uint32)
+    # Round to nearest even on the 16 dropped mantissa bits. NaNs are truncated
+    # instead (rounding could carry a NaN into inf, or wrap 0xFFFF.... to zero) and
+    # kept NaN by setting the quiet bit when truncation would leave an inf pattern.
+    rounded = ((u + (((u >> 16) & 1) + 0x7FFF).astype(np.uint32)) >> 16).astype("<u2")
+    nan = np.isnan(r32)
+    if nan.any():
+        t = (u[nan] >> 16).astype("<u2")
+        rounded[nan] = np.where(t & 0x7F, t, t | 0x40)
+    return rounded
+
+
+def _to_i8(r32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise symmetric int8: ``scale = max|row| / 127``, ``q = round(x / scale)``."""
+    if not max_abs_finite(r32)[1]:
+        raise WireError("rows: dtype i8 cannot carry non-finite values (inf/NaN)")
+    amax = np.max(np.abs(r32), axis=1) if r32.shape[1] else np.zeros(r32.shape[0], np.float32)
+    scale = (amax / 127.0).astype(np.float32)
+    top = amax > np.float32(3.0e38)
+    if top.any():
+        # amax/127 may round up so far that 127 * scale overflows float32 on decode:
+        # step those scales down one ulp (the clip below keeps q within ±127).
+        with np.errstate(over="ignore"):
+            over = ~np.isfinite(np.float32(127) * scale) & top
+        scale[over] = np.nextafter(scale[over], np.float32(0))
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    q = np.clip(np.rint(r32 / safe[:, None]), -127, 127).astype(np.int8)
+    return q, scale.astype("<f4")
+
+
+def _to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """float ``[n, dim]`` -> float16 (range already checked), round to nearest even, into
+    ``out`` (a C-contiguous float16 array of the same shape) when given.
+
+    Uses torch's vectorised cast when the trainer has already imported torch (5-10x
+    numpy's, which has no SIMD path for it); never imports torch itself.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or rows.dtype not in (np.float32, np.float64):
+        if out is None:
+            return rows.astype(np.float16)
+        np.copyto(out, rows, casting="same_kind")
+        return out
+    if out is None:
+        out = np.empty(rows.shape, dtype=np.float16)
+    src = torch.from_numpy(np.ascontiguousarray(rows)).view(-1)
+    dst = torch.from_numpy(out).view(-1)
+    for a in range(0, src.numel(), _CAST_CHUNK):
+        dst[a:a + _CAST_CHUNK].copy_(src[a:a + _CAST_CHUNK])
+    return out
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def scalar_fields(head: Any, n: int, dim: int, crc: int) -> dict[str, Any]:
+    """The scalar fields of a message, in wire order.
+
+    ``head`` is anything with the :class:`~deltastream.wire.DeltaBatch` header attributes
+    (``model``, ``table``, ``shard``, ``epoch``, ``seq``, ``step``, ``ts``, ``dtype``).
+    """
+    return {"v": VERSION, "model": head.model, "table": head.table, "shard": int(head.shard),
+            "epoch": int(head.epoch), "seq": int(head.seq), "step": int(head.step),
+            "ts": int(head.ts), "n": n, "dim": dim, "dtype": head.dtype, "crc": crc}
+
+
+def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool,
+              n_tombstones: Optional[int]) -> list[tuple[str, int]]:
+    """``(key, bytes)`` of each bin field, in wire (and CRC) order."""
+    bins = [("ids", n * 8), ("rows", n * dim * DTYPES[dtype])]
+    if with_scale:
+        bins.append(("scale", n * 4))
+    if n_tombstones is not None:
+        bins.append(("del", n_tombstones * 8))
+    return bins
+
+
+def map_header(scalars: dict[str, Any], n_bins: int) -> bytes:
+    """The message's map16 header (counting scalars and bins) followed by the scalars."""
+    head = msgpack.packb(scalars)
+    # packb writes a fixmap header (< 16 fields): replace it by a map16 header.
+    return b"\xde" + (len(scalars) + n_bins).to_bytes(2, "big") + head[1:]
+
+
+def bin_header(key: str, size: int) -> bytes:
+    """msgpack str ``key`` followed by a bin32 header for ``size`` bytes."""
+    return msgpack.packb(key) + b"\xc6" + _U32.pack(size)
+
+
+def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[np.ndarray],
+                 tombstones: Optional[np.ndarray]) -> bytes:
+    """One message from wire arrays: ids ``<i8 [n]``, rows ``[n, dim]`` in the wire dtype,
+    scale ``<f4 [n]`` (i8 only) and tombstones ``<i8 [m]`` or None.
+
+    Framed by hand rather than with ``msgpack.packb``: the Packer grows its buffer by
+    doubling and copies megabyte payloads several times; joining buffers copies once.
+    """
+    n, dim = int(ids.shape[0]), int(rows.shape[1])
+    bufs = [ids.data, rows.data]
+    if scale is not None:
+        bufs.append(scale.data)
+    if tombstones is not None:
+        bufs.append(tombstones.data)
+    bins = bin_sizes(n, dim, head.dtype, scale is not None,
+                     None if tombstones is None else int(tombstones.shape[0]))
+    crc = 0
+    for buf in bufs:
+        crc = _crc32c.crc32c(buf, crc)
+    parts: list[Any] = [map_header(scalar_fields(head, n, dim, crc), len(bins))]
+    for (key, size), buf in zip(bins, bufs, strict=True):
+        parts.append(bin_header(key, size))
+        parts.append(buf)
+    return b"".join(parts)
+
+
+class Framer:
+    """Frames f32/f16 messages into one reusable buffer (the publisher's fast path).
+
+    Rows are cast straight into the message (no temporary array, no join copy) and the
+    buffer is reused: ``KafkaProducer.send`` copies the value into its record batch before
+    it returns, so the next message may overwrite it. The bytes equal
+    :func:`pack_message` of the same piece (same layout helpers; tested).
+
+    Args:
+        capacity: buffer bytes; a message that does not fit is refused (``frame`` -> None).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.buf = bytearray(capacity)
+        self.view = memoryview(self.buf)
+
+    def frame(self, b: Any) -> Optional[memoryview]:
+        """The message of ``b`` (a piece from :func:`deltastream.wire.split` with dtype f32
+        or f16 and float rows), a view into the buffer valid until the next call; None if
+        it does not fit the buffer."""
+        n, dim = int(b.ids.shape[0]), int(b.rows.shape[1])
+        tomb = b.tombstones
+        bins = bin_sizes(n, dim, b.dtype, False, None if tomb is None else int(tomb.shape[0]))
+        # The CRC is packed last, in as few bytes as its value needs: reserve the widest
+        # header and right-align the real one against the bins.
+        head_end = len(map_header(scalar_fields(b, n, dim, 0xFFFFFFFF), len(bins)))
+        # Start where the rows land 64-byte aligned in the buffer (vectorised casts); the
+        # message is the slice [start:pos] wherever it sits.
+        head_end += -(head_end + 9 + 8 * n + 10) % 64
+        pos, regions = head_end, []
+        for key, size in bins:
+            hdr = bin_header(key, size)
+            if pos + len(hdr) + size > len(self.buf):
+                return None
+            self.buf[pos:pos + len(hdr)] = hdr
+            regions.append(pos + len(hdr))
+            pos += len(hdr) + size
+        buf = self.buf
+        np.frombuffer(buf, "<i8", n, regions[0])[:] = b.ids
+        rows = np.frombuffer(buf, NUMPY_DTYPES[b.dtype], n * dim, regions[1]).reshape(n, dim)
+        if b.dtype == "f16":
+            _to_f16(b.rows, out=rows)
+        else:
+            np.copyto(rows, b.rows, casting="same_kind")
+        if tomb is not None:
+            np.frombuffer(buf, "<i8", tomb.shape[0], regions[2])[:] = tomb
+        crc = 0
+        for (_, size), at in zip(bins, regions, strict=True):
+            crc = _crc32c.crc32c(self.view[at:at + size], crc)
+        head = map_header(scalar_fields(b, n, dim, crc), len(bins))
+        start = head_end - len(head)
+        buf[start:head_end] = head
+        return self.view[start:pos]
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+class Reader:
+    """A strict reader for the msgpack subset v1 uses: one map of str keys to int, str,
+    bin, nil or bool values. Bins come back as zero-copy memoryview slices of the input.
+    Anything else (arrays, nested maps, floats, ext types) is refused with a
+    :class:`WireError` naming the field.
+
+    Args:
+        buf: the message bytes.
+        max_fields: a map with more fields is refused before any is read.
+    """
+
+    __slots__ = ("buf", "pos", "max_fields")
+
+    def __init__(self, buf: memoryview, max_fields: int) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.max_fields = max_fields
+
+    def _take(self, n: int, what: str) -> memoryview:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise WireError(f"{what}: message truncated (needs {n} bytes at offset {self.pos})")
+        out = self.buf[self.pos:end]
+        self.pos = end
+        return out
+
+    def _uint(self, n: int, what: str) -> int:
+        return int.from_bytes(self._take(n, what), "big")
+
+    def _sint(self, n: int, what: str) -> int:
+        return int.from_bytes(self._take(n, what), "big", signed=True)
+
+    def _str(self, n: int, what: str) -> str:
+        try:
+            return str(self._take(n, what), "utf-8")
+        except UnicodeDecodeError:
+            raise WireError(f"{what}: invalid UTF-8") from None
+
+    def value(self, what: str) -> Any:
+        """The next value (int, str, memoryview for bin, None or bool); ``what`` names it
+        in errors."""
+        b = self._uint(1, what)
+        if b <= 0x7F:
+            return b
+        if b >= 0xE0:
+            return b - 0x100
+        if 0xA0 <= b <= 0xBF:
+            return self._str(b & 0x1F, what)
+        if b == 0xC0:
+            return None
+        if b in (0xC2, 0xC3):
+            return b == 0xC3
+        if 0xC4 <= b <= 0xC6:
+            return self._take(self._uint(1 << (b - 0xC4), what), what)
+        if 0xCC <= b <= 0xCF:
+            return self._uint(1 << (b - 0xCC), what)
+        if 0xD0 <= b <= 0xD3:
+            return self._sint(1 << (b - 0xD0), what)
+        if 0xD9 <= b <= 0xDB:
+            return self._str(self._uint(1 << (b - 0xD9), what), what)
+        raise WireError(f"{what}: msgpack type byte {b:#04x} is not allowed in wire v1 "
+                        "(only int, str, bin, nil, bool)")
+
+    def top_map(self) -> dict:
+        """The whole buffer as one map of unique str keys (no trailing bytes allowed)."""
+        b = self._uint(1, "message")
+        if 0x80 <= b <= 0x8F:
+            count = b & 0x0F
+        elif b in (0xDE, 0xDF):
+            count = self._uint(2 if b == 0xDE else 4, "message")
+        else:
+            raise WireError(f"message: expected a msgpack map, got type byte {b:#04x}")
+        if count > self.max_fields:
+            raise WireError(f"message: {count} fields, at most {self.max_fields} allowed")
+        out: dict = {}
+        for i in range(count):
+            key = self.value(f"key {i}")
+            if not isinstance(key, str):
+                raise WireError(f"key {i}: expected a str key, got {type(key).__name__}")
+            if key in out:
+                raise WireError(f"{key}: duplicate field")
+            out[key] = self.value(key)
+        if self.pos != len(self.buf):
+            raise WireError(f"message: {len(self.buf) - self.pos} trailing bytes after the map")
+        return out
