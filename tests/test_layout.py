@@ -1,19 +1,30 @@
-"""The shape of the predictor package: imports run one way, no module reaches into another
-module's private names, no module is over 600 lines."""
+"""The shape of the packages: arrows run one way (demo → consumers → deltastream, never back),
+no import cycle between modules, no module reaches into another module's private names, no
+module is over 600 lines."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 600
+PACKAGES = ("deltastream", "consumers", "demo")
+# Which package may import which: the predictor side uses the torch-free shared contract of
+# the trainer package (wire, errors, cliargs); the demo sits above both.
+MAY_IMPORT = {"deltastream": {"deltastream"}, "consumers": {"consumers", "deltastream"},
+              "demo": {"demo", "deltastream", "consumers"}}
+# The one arrow up that the layout allows: `deltastream demo` loads the demo on use.
+ALLOWED_UP = {("deltastream.cli", "demo.run")}
 
 
 def _modules() -> dict[str, Path]:
-    """Dotted name -> file of every module under consumers/ (packages by __init__.py)."""
+    """Dotted name -> file of every module of the three packages (packages by __init__.py)."""
     out = {}
-    for path in sorted((REPO / "consumers").rglob("*.py")):
+    paths = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    for path in sorted(paths):
         parts = list(path.relative_to(REPO).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -22,7 +33,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, known: set[str]) -> list[tuple[str, list[str]]]:
-    """(imported consumers module, names taken from it) for every import statement in the
+    """(imported project module, names taken from it) for every import statement in the
     module, at module level or inside functions (a lazy import still ties two modules)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
@@ -90,10 +101,20 @@ def test_graph_sees_the_imports():
     assert "consumers.storage.files" in g["consumers.serving_table"]
     assert "consumers.serving_table" in g["consumers.storage.full_snapshot"]
     assert "consumers.sync.daemon" in g["consumers.sync"]
+    assert "deltastream.wire" in g["consumers.applier"]
+    assert "deltastream.tracking.store" in g["deltastream.tracking.tracker"]
 
 
-def test_no_import_cycle_between_consumers_modules():
+def test_no_import_cycle_between_modules():
     assert _cycles(_graph()) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_arrows_run_one_way(package):
+    bad = sorted(f"{n} -> {m}" for n, deps in _graph().items() if n.split(".")[0] == package
+                 for m in deps if m.split(".")[0] not in MAY_IMPORT[package]
+                 and (n, m) not in ALLOWED_UP)
+    assert bad == []
 
 
 def test_no_private_names_imported_across_modules():
