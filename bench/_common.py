@@ -6,9 +6,9 @@ Every figure is set against a baseline measured in the same run, because the mac
 these run on are shared and noisy: the ratio is what is compared with the goal.
 
 Also here: :func:`zipf_ids` (the Zipf id workload), :func:`add_threads_flag` with
-:func:`torch_threads` (the common ``--threads`` option), and :func:`pyplot` for plots. This module must not import torch
-at import time: torch-free benchmarks (apply, codec) import it too, so the torch helpers
-import it inside.
+:func:`torch_threads` (the common ``--threads`` option). This module must not import torch at
+import time: torch-free benchmarks (apply, codec) import it too, so the torch helpers import it
+inside. Plots use :func:`demo.report.pyplot`.
 """
 
 from __future__ import annotations
@@ -182,18 +182,3 @@ def torch_threads(n: int) -> Iterator[int]:
     finally:
         if n:
             torch.set_num_threads(prev)  # later benches in this process keep their setting
-
-
-def pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (no display needed), or ``None`` with a
-    warning when matplotlib is not installed (plots are optional)."""
-    try:
-        import matplotlib
-    except ImportError:
-        log.warning("matplotlib is not installed: plots are skipped "
-                    "(pip install 'deltastream[plots]')")
-        return None
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -75,7 +75,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import pyplot, result
+from bench._common import result
+from demo.report import pyplot
 
 __all__ = ["main"]
 

@@ -31,6 +31,7 @@ __all__ = [
     "plot_freshness",
     "plot_published",
     "freshness_series",
+    "pyplot",
     "PNG_MAGIC",
 ]
 
@@ -290,7 +291,9 @@ def check_report(r: Mapping[str, Any], *, auc_tolerance: float = 0.002) -> list[
 # --------------------------------------------------------------------------- plots
 
 
-def _pyplot():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), or ``None`` with a
+    warning when matplotlib is not installed (plots are optional)."""
     try:
         import matplotlib
     except ImportError:
@@ -347,7 +350,7 @@ def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[
     ``t``: apply time of each message (s since the run started); ``fresh``: its freshness
     (s). Returns the path, or None when matplotlib is missing.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     t = np.asarray(t, np.float64)
@@ -390,7 +393,7 @@ def plot_published(path: str | os.PathLike, steps: Sequence[int], rows: Sequence
     shards. When the last entry is the final flush, pass its step as ``final_step``: it is
     drawn apart. Returns the path, or None without matplotlib.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     x = np.asarray(steps, np.float64)
