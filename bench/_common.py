@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only: importing torch/numpy here would load the
     import torch
 
 __all__ = ["result", "best_time", "emit", "zipf_ids", "torch_threads", "add_threads_flag",
-           "THREADS_HELP", "pyplot"]
+           "THREADS_HELP"]
 
 log = logging.getLogger(__name__)
 
