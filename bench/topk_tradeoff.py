@@ -5,7 +5,7 @@ demo's drifting Zipf click stream) feeds **one DeltaTracker with one consumer pe
 every policy sees exactly the same model trajectory. Every ``--publish-every`` steps each
 consumer runs a publish round (:func:`deltastream.publish_delta`): ``select_changed`` with its
 policy, the leftover is ``retain``-ed (tracked, not lost), the selected rows are encoded in
-wire format v1 (``--dtype``; the encoded bytes are what is counted) and decoded and applied
+wire format (``--dtype``; the encoded bytes are what is counted) and decoded and applied
 to that policy's own :class:`~consumers.ServingTable` s — exactly what a predictor would
 hold. (In-process, without a broker: the broker does not change which bytes arrive, and one
 process keeps the run short and deterministic.)
@@ -133,7 +133,7 @@ class _Sent:
 
 
 class _Loopback:
-    """In-process stand-in for ``DeltaPublisher``: each batch is encoded in wire format v1
+    """In-process stand-in for ``DeltaPublisher``: each batch is encoded in the wire format
     (``dtype``; the encoded bytes are counted), decoded and applied to this policy's own
     serving tables. One seq counter over all tables (shard 0, epoch 1)."""
 

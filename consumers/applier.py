@@ -7,7 +7,8 @@ raises on bad data and never applies part of a message:
 1. headers (optional, untrusted) let a record of a shard we do not serve be skipped without
    decoding;
 2. :func:`deltastream.wire.decode` validates the message (``WireError`` -> quarantined);
-3. model, headers-vs-body agreement, shard filter, known table and dim are checked;
+3. model, headers-vs-body agreement, shard filter, whole rows (a wire-v2 column slice is
+   quarantined: column-wise shards are not applied yet), known table and dim are checked;
 4. :class:`~consumers.sequencing.SeqTracker` classifies (epoch, seq): duplicates and stale
    epochs are skipped, gaps and new epochs are applied and reported;
 5. :meth:`ServingTable.apply` validates and applies atomically (``ApplyError`` ->
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable
+from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable, check_whole_rows
 from deltastream.wire import WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
@@ -163,6 +164,10 @@ class Applier:
             self.counters["skipped"] += 1
             return Outcome("skipped", reason=f"shard {b.shard} not served", bytes=size,
                            **fields)
+        try:  # before the dim check: a slice's dim is not the table's
+            check_whole_rows(b)
+        except ApplyError as e:
+            return self._quarantine(f"apply: {e}", size, **fields)
         if self.table_dims is not None:
             want = self.table_dims.get(b.table)
             if want is None:

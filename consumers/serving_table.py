@@ -55,7 +55,8 @@ from consumers.storage.files import (
 )
 from deltastream.wire import MAX_DIM, DeltaBatch
 
-__all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
+__all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES",
+           "check_whole_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,19 @@ def _as_ids(ids: Any, what: str = "ids") -> np.ndarray:
     if arr.dtype == np.uint64 and bool(np.any(arr > np.iinfo(np.int64).max)):
         raise ValueError(f"{what}: ids must fit in int64")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_whole_rows(batch: DeltaBatch) -> None:
+    """Raise :class:`ApplyError` for a column slice (wire v2 ``col``/``width``: a batch
+    carrying columns ``[col, col + dim)`` of wider rows, from column-wise trainer shards).
+    Serving tables hold whole rows; applying a slice as rows would corrupt them."""
+    col, width = getattr(batch, "col", 0), getattr(batch, "width", None)
+    rows = np.asarray(batch.rows)
+    dim = rows.shape[1] if rows.ndim == 2 else None
+    if col != 0 or (width is not None and width != dim):
+        raise ApplyError(f"columns: batch of table {batch.table!r} carries columns "
+                         f"[{col}, {col + (dim or 0)}) of rows {width} wide (a column-wise "
+                         "shard); only whole rows (col 0, width = dim) can be applied")
 
 
 def _all_finite(x: np.ndarray) -> bool:
@@ -257,14 +271,16 @@ class ServingTable:
         """Apply one decoded wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
         ``batch.rows_f32()`` — atomically for readers.
 
-        Raises :class:`ApplyError` (table untouched) on a table-name or dim mismatch, an
-        unknown wire dtype, bad shapes, duplicate ids, or non-finite rows.
+        Raises :class:`ApplyError` (table untouched) on a table-name or dim mismatch, a
+        column slice (:func:`check_whole_rows`), an unknown wire dtype, bad shapes,
+        duplicate ids, or non-finite rows.
         """
         if not isinstance(batch, DeltaBatch):
             raise ApplyError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
         if batch.table != self.name:
             raise ApplyError(f"table: batch is for table {batch.table!r}, this table is "
                              f"{self.name!r}")
+        check_whole_rows(batch)
         rows_raw = np.asarray(batch.rows)
         if rows_raw.ndim != 2 or rows_raw.shape[1] != self.dim:
             got = rows_raw.shape[1] if rows_raw.ndim == 2 else f"shape {rows_raw.shape}"

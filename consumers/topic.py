@@ -55,7 +55,7 @@ class Record:
         timestamp: broker/producer timestamp in ms since the epoch (-1 when absent). The
             replay tool positions in time by the message's own ``ts`` field, not by this.
         key: record key bytes or ``None``. headers: list of ``(name, bytes)``.
-        value: the record payload (a wire v1 message for deltas topics).
+        value: the record payload (a wire message for deltas topics).
     """
 
     partition: int

@@ -1,6 +1,34 @@
-"""Wire format v1: one Kafka message is one msgpack map carrying a batch of rows.
+"""Wire format v2: one Kafka message is one msgpack map carrying a batch of rows.
 
 Torch-free: predictor hosts import this with numpy and msgpack only.
+
+Fields (``DESIGN.md`` is the contract; bins are raw little-endian arrays, never lists):
+
+===============  ====  ================================================================
+``v``            int   schema version: 2 (decoders also read 1)
+``model``        str   model name; ``table``: table name (≤ 255 chars, no ``/``)
+``shard``        int   trainer shard that owns the rows
+``epoch``        int   trainer incarnation, new on every trainer start
+``seq``          int   per (model, table, shard, epoch): 0, 1, 2 … one per message
+``step``, ``ts`` int   trainer global step; trainer wall clock (ns) when rows were read
+``n``, ``dim``   int   rows, width of the carried rows
+``col``          int   v2, optional: ``rows`` are columns ``[col, col + dim)`` of rows
+``width``        int   ``width`` wide (column-wise shards); default 0 and ``dim``
+``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8`` (see below)
+``ids``          bin   n × int64
+``rows``         bin   n × dim × itemsize, row-major
+``scale``        bin   n × float32, only for ``i8``
+``del``          bin   m × int64 tombstones (ids the trainer evicted), optional
+``crc``          int   CRC-32C, see below
+===============  ====  ================================================================
+
+Integrity. **v2** (what :func:`encode` writes): ``crc`` is the map's last key and its value
+a msgpack uint32, so every message ends with the 9-byte trailer ``0xa3 'crc' 0xce`` + 4
+CRC bytes (big-endian), and the CRC-32C covers every byte before that trailer — all keys
+and values, so a flipped model/table/shard/epoch/seq/step/ts is detected like a flipped
+row. **v1** (still decoded; written only by ``encode(..., version=1)``, for tests): ``crc``
+may sit anywhere and covers the bins ``ids``, ``rows``, ``scale``, ``del`` only; v1 has no
+``col``/``width``.
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):
@@ -47,10 +75,13 @@ import numpy as np
 from deltastream.errors import WireError
 from deltastream.wire_codec import (
     BF16_OVERFLOW,
+    CRC_TRAILER,
     DTYPES,
     F16_MAX,
     NUMPY_DTYPES,
+    TRAILER_BYTES,
     VERSION,
+    VERSIONS,
     Framer,
     Reader,
     max_abs_finite,
@@ -60,6 +91,7 @@ from deltastream.wire_codec import (
 
 __all__ = [
     "VERSION",
+    "VERSIONS",
     "DTYPES",
     "NUMPY_DTYPES",
     "F16_MAX",
@@ -92,8 +124,9 @@ _NAME_RE = re.compile(r"[^/\x00-\x1f\x7f]+")  # fullmatch: "$" would accept a tr
 _FIXED_OVERHEAD = 256
 _REQUIRED = {"v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", "dim",
              "dtype", "ids", "rows", "crc"}
-_OPTIONAL = {"scale", "del"}
-_INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc")
+_OPTIONAL = {"scale", "del", "col", "width"}
+_V2_ONLY = ("col", "width")
+_INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc", "col", "width")
 
 
 @dataclass
@@ -117,6 +150,9 @@ class DeltaBatch:
         tombstones: int64 ``[m]`` ids the trainer evicted, or ``None``. A consumer deletes
             them before upserting ``ids`` (the two sets are disjoint when produced by
             deltastream's tracker).
+        col, width: the rows are columns ``[col, col + dim)`` of rows ``width`` wide (a
+            column-wise shard). Defaults: ``col`` 0, ``width`` ``None`` = ``dim`` (whole
+            rows); a decoded batch always has ``width`` set.
     """
 
     model: str
@@ -131,6 +167,8 @@ class DeltaBatch:
     dtype: str = "f32"
     scale: Optional[np.ndarray] = None
     tombstones: Optional[np.ndarray] = None
+    col: int = 0
+    width: Optional[int] = None
     _decoded: bool = field(default=False, repr=False, compare=False)
 
     @property
@@ -140,6 +178,12 @@ class DeltaBatch:
     @property
     def dim(self) -> int:
         return int(self.rows.shape[1])
+
+    @property
+    def is_column_slice(self) -> bool:
+        """True when the rows are a column range of wider rows (``col != 0`` or
+        ``width != dim``), False for whole rows."""
+        return self.col != 0 or (self.width is not None and self.width != self.dim)
 
     def rows_f32(self) -> np.ndarray:
         """Row values as float32 ``[n, dim]`` (dequantized for decoded f16/bf16/i8)."""
@@ -225,6 +269,15 @@ def _int64_ids(what: str, value: Any) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype="<i8")
 
 
+def _check_columns(col: Any, width: Any, dim: int) -> None:
+    """``0 ≤ col`` and ``col + dim ≤ width ≤ MAX_DIM``, else :class:`WireError`."""
+    _check_int("col", col, 0, MAX_DIM - 1)
+    _check_int("width", width, 1, MAX_DIM)
+    if not col + dim <= width:
+        raise WireError(f"width: expected col + dim = {col} + {dim} ≤ width ≤ {MAX_DIM}, "
+                        f"got width {width}")
+
+
 def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray],
                                                 Optional[np.ndarray]]:
     """Check a batch built by a producer (or decoded); returns (ids, rows, tombstones, scale)
@@ -260,6 +313,8 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
         raise WireError(f"rows: expected a float array, got {rows.dtype}")
     if not 1 <= rows.shape[1] <= MAX_DIM:
         raise WireError(f"dim: expected 1 ≤ dim ≤ {MAX_DIM}, got {rows.shape[1]}")
+    _check_columns(batch.col, rows.shape[1] if batch.width is None else batch.width,
+                   rows.shape[1])
     if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
         order = np.argsort(ids, kind="stable")
         ids, rows = ids[order], rows[order]
@@ -304,7 +359,7 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
     return pieces
 
 
-def _pack_one(b: DeltaBatch) -> bytes:
+def _pack_one(b: DeltaBatch, version: int) -> bytes:
     if b._decoded and b.dtype in ("bf16", "i8"):
         wire_rows = np.ascontiguousarray(b.rows)
         scale = None if b.scale is None else np.ascontiguousarray(b.scale, dtype="<f4")
@@ -312,18 +367,25 @@ def _pack_one(b: DeltaBatch) -> bytes:
         wire_rows, scale = quantize(b.rows, b.dtype)
     ids = np.ascontiguousarray(b.ids, dtype="<i8")
     tomb = None if b.tombstones is None else np.ascontiguousarray(b.tombstones, dtype="<i8")
-    return pack_message(b, ids, wire_rows, scale, tomb)
+    return pack_message(b, ids, wire_rows, scale, tomb, version=version)
 
 
-def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20) -> list[bytes]:
+def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20,
+           version: int = VERSION) -> list[bytes]:
     """Encode ``batch`` as messages of at most ``max_message_bytes`` bytes each.
 
     Returns one message per piece of :func:`split` (seq ``batch.seq``, ``batch.seq + 1`` …);
-    ``[]`` for a batch with no rows and no tombstones.
+    ``[]`` for a batch with no rows and no tombstones. ``version`` 1 writes the old format
+    (for tests of v1 decoding; it cannot carry a column slice).
     """
     if not isinstance(max_message_bytes, int) or max_message_bytes <= 0:
         raise WireError(f"max_message_bytes: expected a positive int, got {max_message_bytes!r}")
-    out = [_pack_one(p) for p in split(batch, max_message_bytes)]
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise WireError(f"version: expected one of {VERSIONS}, got {version!r}")
+    if version == 1 and batch.is_column_slice:
+        raise WireError(f"version: wire v1 cannot carry a column slice (col {batch.col}, "
+                        f"width {batch.width}); use version 2")
+    out = [_pack_one(p, version) for p in split(batch, max_message_bytes)]
     for i, m in enumerate(out):
         if len(m) > max_message_bytes:  # a bug in the size estimate, never bad input
             raise WireError(f"message {i}: {len(m)} bytes exceed max_message_bytes "
@@ -351,17 +413,34 @@ def decode(data: bytes) -> DeltaBatch:
         view = memoryview(data).cast("B")
     except TypeError as e:  # e.g. a non-contiguous memoryview
         raise WireError(f"data: not a contiguous byte buffer ({e})") from None
-    msg = Reader(view, len(_REQUIRED | _OPTIONAL)).top_map()
+    reader = Reader(view, len(_REQUIRED | _OPTIONAL))
+    msg = reader.top_map()
     keys = set(msg)
     if not _REQUIRED <= keys:
         raise WireError(f"message: missing fields {sorted(_REQUIRED - keys)}")
     if keys - _REQUIRED - _OPTIONAL:
         raise WireError(f"message: unknown fields {sorted(map(str, keys - _REQUIRED - _OPTIONAL))}")
     for k in _INT_FIELDS:
-        if isinstance(msg[k], bool) or not isinstance(msg[k], int):
+        if k in msg and (isinstance(msg[k], bool) or not isinstance(msg[k], int)):
             raise WireError(f"{k}: expected an int, got {type(msg[k]).__name__}")
-    if msg["v"] != VERSION:
-        raise WireError(f"v: unsupported schema version {msg['v']} (this reader knows {VERSION})")
+    version = msg["v"]
+    if version not in VERSIONS:
+        raise WireError(f"v: unsupported schema version {version} (this reader knows "
+                        f"{', '.join(map(str, VERSIONS))})")
+    if version == 2:
+        # The trailer is the map's last field, byte for byte; the CRC covers all before it.
+        end = len(view) - TRAILER_BYTES
+        if reader.last_key_at != end or bytes(view[end:end + len(CRC_TRAILER)]) != CRC_TRAILER:
+            raise WireError("crc: a v2 message must end with the crc field packed as msgpack "
+                            "uint32 (trailer a3 'crc' ce + 4 bytes)")
+        crc = _crc32c.crc32c(view[:end])
+        if crc != msg["crc"]:
+            raise WireError(f"crc: CRC-32C mismatch (message says {msg['crc']:#010x}, "
+                            f"its bytes give {crc:#010x})")
+    else:
+        for k in _V2_ONLY:
+            if k in msg:
+                raise WireError(f"{k}: not a field of wire v1 (column slices need v2)")
     check_name("model", msg["model"])
     check_name("table", msg["table"])
     _check_int("shard", msg["shard"], 0, (1 << 31) - 1)
@@ -373,17 +452,19 @@ def decode(data: bytes) -> DeltaBatch:
     dtype = msg["dtype"]
     check_dtype(dtype)
     n, dim = msg["n"], msg["dim"]
+    col, width = msg.get("col", 0), msg.get("width", dim)
+    _check_columns(col, width, dim)
     # Sizes are checked against the bytes actually present before any array is built,
     # so a message claiming 10^12 rows allocates nothing.
     ids_b = _bin(msg, "ids", n * 8)
     rows_b = _bin(msg, "rows", n * dim * DTYPES[dtype])
-    crc = _crc32c.crc32c(rows_b, _crc32c.crc32c(ids_b))
+    bins = [ids_b, rows_b]
     scale = None
     if dtype == "i8":
         if "scale" not in msg:
             raise WireError("scale: required for dtype i8")
         scale_b = _bin(msg, "scale", n * 4)
-        crc = _crc32c.crc32c(scale_b, crc)
+        bins.append(scale_b)
         scale = np.frombuffer(scale_b, dtype="<f4")
     elif "scale" in msg:
         raise WireError(f"scale: only allowed for dtype i8, not {dtype}")
@@ -392,11 +473,15 @@ def decode(data: bytes) -> DeltaBatch:
         del_b = msg["del"]
         if not isinstance(del_b, memoryview) or len(del_b) % 8:
             raise WireError("del: expected bin of a multiple of 8 bytes")
-        crc = _crc32c.crc32c(del_b, crc)
+        bins.append(del_b)
         tomb = np.frombuffer(del_b, dtype="<i8")
-    if crc != msg["crc"]:
-        raise WireError(f"crc: CRC-32C mismatch (message says {msg['crc']:#010x}, "
-                        f"payload gives {crc:#010x})")
+    if version == 1:
+        crc = 0
+        for b in bins:
+            crc = _crc32c.crc32c(b, crc)
+        if crc != msg["crc"]:
+            raise WireError(f"crc: CRC-32C mismatch (message says {msg['crc']:#010x}, "
+                            f"payload gives {crc:#010x})")
     ids = np.frombuffer(ids_b, dtype="<i8")
     if n > 1 and not bool(np.all(ids[1:] > ids[:-1])):
         raise WireError("ids: not strictly ascending")
@@ -408,4 +493,4 @@ def decode(data: bytes) -> DeltaBatch:
     return DeltaBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],
                       epoch=msg["epoch"], seq=msg["seq"], step=msg["step"], ts=msg["ts"],
                       ids=ids, rows=rows, dtype=dtype, scale=scale, tombstones=tomb,
-                      _decoded=True)
+                      col=col, width=width, _decoded=True)

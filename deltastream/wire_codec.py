@@ -1,15 +1,19 @@
-"""The bytes of one wire-v1 message: row values in the wire dtypes, framing, CRC-32C.
+"""The bytes of one wire message: row values in the wire dtypes, framing, CRC-32C.
 
-This is the one encoder of the format. A message is one msgpack map: the scalar fields
-(:func:`scalar_fields`, in this order), then the bin fields ``ids``, ``rows`` (``scale``
-for i8) and ``del`` (tombstones); ``crc`` is the CRC-32C of the bins in that order. Two
+This is the one encoder of the format. A version-2 message is one msgpack map: the scalar
+fields (:func:`scalar_fields`, in this order), then the bin fields ``ids``, ``rows``
+(``scale`` for i8) and ``del`` (tombstones), then the 9-byte trailer :data:`CRC_TRAILER`
++ the CRC-32C of every byte before it, as a msgpack uint32 (:func:`crc_trailer`). Two
 writers lay a message out with the same helpers (:func:`map_header`, :func:`bin_header`,
-:func:`bin_sizes`), so their bytes are identical by construction:
+:func:`bin_sizes`, :func:`crc_trailer`), so their bytes are identical by construction:
 
 * :func:`pack_message` joins wire arrays into a fresh ``bytes`` (what
   :func:`deltastream.wire.encode` returns; rows already in the wire dtype cost one copy);
 * :class:`Framer` casts float rows straight into a reusable buffer (what the publisher
   sends: no temporary array, no join copy).
+
+:func:`pack_message` also writes version 1 (``version=1``: ``crc`` the last scalar, before
+the bins, covering only the bins), so that decoding v1 stays tested.
 
 :class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
 
@@ -31,6 +35,9 @@ from deltastream.errors import WireError
 
 __all__ = [
     "VERSION",
+    "VERSIONS",
+    "CRC_TRAILER",
+    "TRAILER_BYTES",
     "DTYPES",
     "NUMPY_DTYPES",
     "F16_MAX",
@@ -41,12 +48,21 @@ __all__ = [
     "bin_sizes",
     "map_header",
     "bin_header",
+    "crc_trailer",
     "pack_message",
     "Framer",
     "Reader",
 ]
 
-VERSION = 1
+#: the version encoders write
+VERSION = 2
+#: the versions decoders read
+VERSIONS = (1, 2)
+#: how every v2 message ends, before the 4 CRC bytes: the key ``"crc"`` (fixstr) and the
+#: msgpack uint32 type byte
+CRC_TRAILER = b"\xa3crc\xce"
+#: bytes of the v2 trailer: :data:`CRC_TRAILER` + the big-endian CRC-32C
+TRAILER_BYTES = len(CRC_TRAILER) + 4
 #: wire dtype -> bytes per element
 DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
 #: wire dtype -> numpy dtype of its rows on the wire (bf16 as its uint16 bit pattern)
@@ -157,20 +173,32 @@ def _to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 # ----------------------------------------------------------------------------- layout
 
 
-def scalar_fields(head: Any, n: int, dim: int, crc: int) -> dict[str, Any]:
+def scalar_fields(head: Any, n: int, dim: int, *, version: int = VERSION,
+                  crc: int = 0) -> dict[str, Any]:
     """The scalar fields of a message, in wire order.
 
     ``head`` is anything with the :class:`~deltastream.wire.DeltaBatch` header attributes
-    (``model``, ``table``, ``shard``, ``epoch``, ``seq``, ``step``, ``ts``, ``dtype``).
+    (``model``, ``table``, ``shard``, ``epoch``, ``seq``, ``step``, ``ts``, ``dtype``,
+    ``col``, ``width``). Version 2 writes ``col``/``width`` only for a column slice
+    (``col != 0`` or ``width`` not ``dim``); version 1 ends with ``crc``.
     """
-    return {"v": VERSION, "model": head.model, "table": head.table, "shard": int(head.shard),
-            "epoch": int(head.epoch), "seq": int(head.seq), "step": int(head.step),
-            "ts": int(head.ts), "n": n, "dim": dim, "dtype": head.dtype, "crc": crc}
+    out = {"v": version, "model": head.model, "table": head.table, "shard": int(head.shard),
+           "epoch": int(head.epoch), "seq": int(head.seq), "step": int(head.step),
+           "ts": int(head.ts), "n": n, "dim": dim}
+    col = int(head.col)
+    width = dim if head.width is None else int(head.width)
+    if version != 1 and (col or width != dim):
+        out["col"] = col
+        out["width"] = width
+    out["dtype"] = head.dtype
+    if version == 1:
+        out["crc"] = crc
+    return out
 
 
 def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool,
               n_tombstones: Optional[int]) -> list[tuple[str, int]]:
-    """``(key, bytes)`` of each bin field, in wire (and CRC) order."""
+    """``(key, bytes)`` of each bin field, in wire order."""
     bins = [("ids", n * 8), ("rows", n * dim * DTYPES[dtype])]
     if with_scale:
         bins.append(("scale", n * 4))
@@ -179,11 +207,12 @@ def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool,
     return bins
 
 
-def map_header(scalars: dict[str, Any], n_bins: int) -> bytes:
-    """The message's map16 header (counting scalars and bins) followed by the scalars."""
+def map_header(scalars: dict[str, Any], n_more: int) -> bytes:
+    """The message's map16 header (counting the scalars and ``n_more`` fields after them:
+    the bins, and the CRC trailer in v2) followed by the scalars."""
     head = msgpack.packb(scalars)
     # packb writes a fixmap header (< 16 fields): replace it by a map16 header.
-    return b"\xde" + (len(scalars) + n_bins).to_bytes(2, "big") + head[1:]
+    return b"\xde" + (len(scalars) + n_more).to_bytes(2, "big") + head[1:]
 
 
 def bin_header(key: str, size: int) -> bytes:
@@ -191,8 +220,14 @@ def bin_header(key: str, size: int) -> bytes:
     return msgpack.packb(key) + b"\xc6" + _U32.pack(size)
 
 
+def crc_trailer(crc: int) -> bytes:
+    """The last :data:`TRAILER_BYTES` of a v2 message: key ``"crc"`` and ``crc`` as a
+    msgpack uint32 (always 5 bytes, whatever its value)."""
+    return CRC_TRAILER + _U32.pack(crc)
+
+
 def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[np.ndarray],
-                 tombstones: Optional[np.ndarray]) -> bytes:
+                 tombstones: Optional[np.ndarray], *, version: int = VERSION) -> bytes:
     """One message from wire arrays: ids ``<i8 [n]``, rows ``[n, dim]`` in the wire dtype,
     scale ``<f4 [n]`` (i8 only) and tombstones ``<i8 [m]`` or None.
 
@@ -207,18 +242,29 @@ def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[n
         bufs.append(tombstones.data)
     bins = bin_sizes(n, dim, head.dtype, scale is not None,
                      None if tombstones is None else int(tombstones.shape[0]))
-    crc = 0
-    for buf in bufs:
-        crc = _crc32c.crc32c(buf, crc)
-    parts: list[Any] = [map_header(scalar_fields(head, n, dim, crc), len(bins))]
+    if version == 1:  # CRC of the bins, written before them
+        crc = 0
+        for buf in bufs:
+            crc = _crc32c.crc32c(buf, crc)
+        parts: list[Any] = [map_header(scalar_fields(head, n, dim, version=1, crc=crc),
+                                       len(bins))]
+        for (key, size), buf in zip(bins, bufs, strict=True):
+            parts += [bin_header(key, size), buf]
+        return b"".join(parts)
+    # v2: the CRC covers every byte before the trailer, computed part by part while the
+    # parts are listed (the payload is read once for the CRC and once for the join).
+    parts = [map_header(scalar_fields(head, n, dim), len(bins) + 1)]
+    crc = _crc32c.crc32c(parts[0])
     for (key, size), buf in zip(bins, bufs, strict=True):
-        parts.append(bin_header(key, size))
-        parts.append(buf)
+        hdr = bin_header(key, size)
+        crc = _crc32c.crc32c(buf, _crc32c.crc32c(hdr, crc))
+        parts += [hdr, buf]
+    parts.append(crc_trailer(crc))
     return b"".join(parts)
 
 
 class Framer:
-    """Frames f32/f16 messages into one reusable buffer (the publisher's fast path).
+    """Frames f32/f16 v2 messages into one reusable buffer (the publisher's fast path).
 
     Rows are cast straight into the message (no temporary array, no join copy) and the
     buffer is reused: ``KafkaProducer.send`` copies the value into its record batch before
@@ -240,21 +286,20 @@ class Framer:
         n, dim = int(b.ids.shape[0]), int(b.rows.shape[1])
         tomb = b.tombstones
         bins = bin_sizes(n, dim, b.dtype, False, None if tomb is None else int(tomb.shape[0]))
-        # The CRC is packed last, in as few bytes as its value needs: reserve the widest
-        # header and right-align the real one against the bins.
-        head_end = len(map_header(scalar_fields(b, n, dim, 0xFFFFFFFF), len(bins)))
-        # Start where the rows land 64-byte aligned in the buffer (vectorised casts); the
-        # message is the slice [start:pos] wherever it sits.
-        head_end += -(head_end + 9 + 8 * n + 10) % 64
-        pos, regions = head_end, []
+        head = map_header(scalar_fields(b, n, dim), len(bins) + 1)
+        # Start where the rows land 64-byte aligned in the buffer (vectorised casts): after
+        # the head, the ids' bin header (9 bytes), the ids and the rows' bin header (10).
+        start = -(len(head) + 9 + 8 * n + 10) % 64
+        pos, regions = start + len(head), []
+        buf = self.buf
         for key, size in bins:
             hdr = bin_header(key, size)
-            if pos + len(hdr) + size > len(self.buf):
+            if pos + len(hdr) + size + TRAILER_BYTES > len(buf):
                 return None
-            self.buf[pos:pos + len(hdr)] = hdr
+            buf[pos:pos + len(hdr)] = hdr
             regions.append(pos + len(hdr))
             pos += len(hdr) + size
-        buf = self.buf
+        buf[start:start + len(head)] = head
         np.frombuffer(buf, "<i8", n, regions[0])[:] = b.ids
         rows = np.frombuffer(buf, NUMPY_DTYPES[b.dtype], n * dim, regions[1]).reshape(n, dim)
         if b.dtype == "f16":
@@ -263,35 +308,35 @@ class Framer:
             np.copyto(rows, b.rows, casting="same_kind")
         if tomb is not None:
             np.frombuffer(buf, "<i8", tomb.shape[0], regions[2])[:] = tomb
-        crc = 0
-        for (_, size), at in zip(bins, regions, strict=True):
-            crc = _crc32c.crc32c(self.view[at:at + size], crc)
-        head = map_header(scalar_fields(b, n, dim, crc), len(bins))
-        start = head_end - len(head)
-        buf[start:head_end] = head
-        return self.view[start:pos]
+        crc = _crc32c.crc32c(self.view[start:pos])
+        buf[pos:pos + TRAILER_BYTES] = crc_trailer(crc)
+        return self.view[start:pos + TRAILER_BYTES]
 
 
 # ----------------------------------------------------------------------------- decode
 
 
 class Reader:
-    """A strict reader for the msgpack subset v1 uses: one map of str keys to int, str,
-    bin, nil or bool values. Bins come back as zero-copy memoryview slices of the input.
-    Anything else (arrays, nested maps, floats, ext types) is refused with a
+    """A strict reader for the msgpack subset the wire uses: one map of str keys to int,
+    str, bin, nil or bool values. Bins come back as zero-copy memoryview slices of the
+    input. Anything else (arrays, nested maps, floats, ext types) is refused with a
     :class:`WireError` naming the field.
 
     Args:
         buf: the message bytes.
         max_fields: a map with more fields is refused before any is read.
+
+    After :meth:`top_map`, ``last_key_at`` is the offset where the map's last key starts
+    (where a v2 message's CRC trailer must start).
     """
 
-    __slots__ = ("buf", "pos", "max_fields")
+    __slots__ = ("buf", "pos", "max_fields", "last_key_at")
 
     def __init__(self, buf: memoryview, max_fields: int) -> None:
         self.buf = buf
         self.pos = 0
         self.max_fields = max_fields
+        self.last_key_at = -1
 
     def _take(self, n: int, what: str) -> memoryview:
         end = self.pos + n
@@ -335,8 +380,8 @@ class Reader:
             return self._sint(1 << (b - 0xD0), what)
         if 0xD9 <= b <= 0xDB:
             return self._str(self._uint(1 << (b - 0xD9), what), what)
-        raise WireError(f"{what}: msgpack type byte {b:#04x} is not allowed in wire v1 "
-                        "(only int, str, bin, nil, bool)")
+        raise WireError(f"{what}: msgpack type byte {b:#04x} is not allowed in wire "
+                        "messages (only int, str, bin, nil, bool)")
 
     def top_map(self) -> dict:
         """The whole buffer as one map of unique str keys (no trailing bytes allowed)."""
@@ -351,6 +396,7 @@ class Reader:
             raise WireError(f"message: {count} fields, at most {self.max_fields} allowed")
         out: dict = {}
         for i in range(count):
+            self.last_key_at = self.pos
             key = self.value(f"key {i}")
             if not isinstance(key, str):
                 raise WireError(f"key {i}: expected a str key, got {type(key).__name__}")

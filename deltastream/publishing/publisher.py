@@ -1,4 +1,4 @@
-"""Publish changed embedding rows to Kafka as wire-v1 messages.
+"""Publish changed embedding rows to Kafka as wire messages (format v2).
 
 :class:`DeltaPublisher` is the trainer-side end of the transport: one publisher per trainer
 shard, on kafka-python's idempotent producer (``acks="all"``). Every message of
@@ -19,6 +19,13 @@ Nothing is lost silently:
   :class:`PublishError` from the next :meth:`~DeltaPublisher.publish`,
   :meth:`~DeltaPublisher.flush` or :meth:`PublishResult.wait`.
 
+It recovers by itself and never creates topics: the producer retries with backoff within
+``send_timeout``; a producer that failed a delivery (e.g. the broker restarted and lost its
+producer state) is replaced before the next message is sent, once the old one's messages
+are resolved and the topic is seen to exist (:mod:`.producer_link`). The epoch and seq
+stream continue: consumers see a seq gap exactly where a message reported in a
+:class:`PublishError` was lost.
+
 Torch is never imported here: tensors (CPU or CUDA) are recognised by duck typing
 (``.detach()``) and converted on their own device before the copy to host.
 """
@@ -35,6 +42,7 @@ import numpy as np
 
 from deltastream import wire
 from deltastream.errors import PublishError, TopicError
+from deltastream.publishing.producer_link import ProducerLink
 from deltastream.publishing.results import (
     PublishResult,
     SentMessage,
@@ -43,7 +51,7 @@ from deltastream.publishing.results import (
     error_reason,
     wait_future,
 )
-from deltastream.publishing.topics import admin_client, ensure_topic, load_kafka, partition_count
+from deltastream.publishing.topics import ensure_topic, load_kafka
 
 # ensure_topic, PublishResult and Undelivered live in .topics and .results; they are
 # re-exported here, where users have always imported them from.
@@ -93,7 +101,7 @@ def _check_int(what: str, value: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> i
 
 
 class DeltaPublisher:
-    """Send changed rows of one trainer shard to a Kafka topic, in wire format v1.
+    """Send changed rows of one trainer shard to a Kafka topic, in wire format v2.
 
     Example::
 
@@ -112,9 +120,9 @@ class DeltaPublisher:
             (value, key, headers and framing); the wire message is ~300 bytes smaller. The
             default fits Kafka's default topic limit (1048588 bytes).
         compression: ``None``, ``"gzip"``, ``"snappy"``, ``"lz4"`` or ``"zstd"``.
-        send_timeout: seconds a ``publish`` may block on a full buffer, a message may take
-            to be acknowledged (delivery timeout), and the constructor may take to reach
-            the broker.
+        send_timeout: seconds a ``publish`` may block on a full buffer or on replacing a
+            failed producer, a message may take to be acknowledged (delivery timeout), and
+            the constructor may take to reach the broker.
         allow_nonfinite: publish inf/NaN rows instead of raising (not with dtype i8).
         producer_config: more kafka-python ``KafkaProducer`` settings (``linger_ms``,
             ``batch_size``, security, …). ``buffer_memory`` (bytes, default
@@ -156,19 +164,6 @@ class DeltaPublisher:
         if self._buffer_bytes <= 0:
             raise ValueError(f"buffer_memory: expected positive bytes, got {self._buffer_bytes}")
 
-        kafka = load_kafka()
-        admin = admin_client(bootstrap_servers, self.send_timeout, producer_config)
-        try:
-            count = partition_count(admin, topic)
-        finally:
-            admin.close()
-        if count is None:
-            raise TopicError(f"topic {topic!r} does not exist on {bootstrap_servers!r}; create "
-                             f"it first: ensure_topic({bootstrap_servers!r}, {topic!r}, "
-                             f"partitions=<number of trainer shards>)")
-        self.partitions = count
-        self.partition = self.shard % count
-
         timeout_ms = int(self.send_timeout * 1000)
         linger = int(producer_config.get("linger_ms", 0))
         config = dict(
@@ -183,17 +178,17 @@ class DeltaPublisher:
         config.update(producer_config)
         #: the KafkaProducer settings in use (besides bootstrap_servers)
         self.producer_config = dict(config)
-        try:
-            self._producer = kafka.KafkaProducer(bootstrap_servers=bootstrap_servers, **config)
-            seen = self._producer.partitions_for(topic)
-        except (kafka.errors.KafkaError, OSError) as e:
-            if getattr(self, "_producer", None) is not None:
-                self._producer.close(timeout=0)
-            raise PublishError(f"cannot start a Kafka producer for {bootstrap_servers!r}: "
-                               f"{type(e).__name__}: {e}") from e
-        if seen is not None and len(seen) != count:
-            log.warning("topic %r: admin sees %d partitions, producer %d", topic, count,
-                        len(seen))
+        self._link = ProducerLink(bootstrap_servers, topic, config, producer_config)
+        count = self._link.topic_partitions(self.send_timeout)
+        if count is None:
+            raise TopicError(f"topic {topic!r} does not exist on {bootstrap_servers!r}; create "
+                             f"it first: ensure_topic({bootstrap_servers!r}, {topic!r}, "
+                             f"partitions=<number of trainer shards>)")
+        self.partitions = count
+        self.partition = self.shard % count
+        seen = self._link.connect(self.send_timeout)
+        if seen is not None and seen != count:
+            log.warning("topic %r: admin sees %d partitions, producer %d", topic, count, seen)
 
         self._lock = threading.RLock()
         self._closed = False
@@ -220,9 +215,29 @@ class DeltaPublisher:
         names = len(self.model.encode()) + len(table.encode())
         return self.max_message_bytes - _KAFKA_OVERHEAD - 2 * names - 64
 
-    def _on_error(self, record: SentMessage, _exc: Any) -> None:  # runs on the sender thread
+    def _on_error(self, record: SentMessage, generation: int, _exc: Any) -> None:
+        # runs on the sender thread
         with self._fail_lock:
             self._failed.append(record)
+        self._link.mark_failed(generation)
+
+    def _recover(self, deadline: float) -> Optional[str]:
+        """Replace a wedged producer; None when one can take messages, else why not."""
+        if not self._link.wedged():
+            return None
+        # Every message of the old producer must be resolved before a new one sends: a
+        # later seq must never reach the partition before an earlier one.
+        for s in list(self._pending):
+            if not wait_future(s.future, max(0.0, deadline - time.monotonic())):
+                return (f"the producer is being replaced after a failure, and earlier "
+                        f"messages are still unresolved after {self.send_timeout:g} s")
+        self._reap()
+        try:
+            self._link.replace(max(0.001, deadline - time.monotonic()), self.partitions,
+                               self.partition)
+        except (PublishError, TopicError) as e:
+            return f"cannot replace the failed producer: {e}"
+        return None
 
     def _reap(self) -> None:
         """Release acknowledged (or failed) messages from the head of the pending queue."""
@@ -409,17 +424,19 @@ class DeltaPublisher:
                 if value is None:
                     (value,) = wire.encode(piece, max_message_bytes=limit)
                 n_tomb = 0 if piece.tombstones is None else int(piece.tombstones.shape[0])
-                reason = None
-                if not self._reserve(len(value), deadline):
+                reason = self._recover(deadline)
+                if reason is not None:
+                    pass
+                elif not self._reserve(len(value), deadline):
                     reason = (f"buffer of {self._buffer_bytes} bytes still full after "
                               f"{self.send_timeout:g} s (broker slow or down)")
                 elif self._has_new_failures():
                     reason = "not sent after an earlier message failed"
                 else:
                     try:
-                        fut = self._producer.send(self.topic, value=value, key=key,
-                                                  headers=wire.kafka_headers(piece),
-                                                  partition=self.partition)
+                        fut = self._link.producer.send(self.topic, value=value, key=key,
+                                                       headers=wire.kafka_headers(piece),
+                                                       partition=self.partition)
                     except (kafka.errors.KafkaError, ValueError, TypeError) as e:
                         reason = f"{type(e).__name__}: {e}"
                 if reason is not None:
@@ -436,7 +453,7 @@ class DeltaPublisher:
                         e.result = result  # what this call did send
                         raise
                 record = SentMessage(table, piece.seq, piece.n, n_tomb, len(value), fut)
-                fut.add_errback(self._on_error, record)
+                fut.add_errback(self._on_error, record, self._link.generation)
                 self._pending.append(record)
                 self._pending_bytes += len(value)
                 result.add(record)
@@ -467,8 +484,10 @@ class DeltaPublisher:
     def _flush_locked(self, timeout: float) -> None:
         kafka = load_kafka()
         deadline = time.monotonic() + timeout
+        producer = self._link.producer
         try:
-            self._producer.flush(timeout=max(timeout, 0.001))
+            if producer is not None:
+                producer.flush(timeout=max(timeout, 0.001))
         except kafka.errors.KafkaTimeoutError:
             pass  # what is still pending is reported below
         for s in list(self._pending):
@@ -494,28 +513,17 @@ class DeltaPublisher:
             try:
                 self._flush_locked(timeout)
             finally:
-                self._close_producer()
-
-    def _close_producer(self) -> None:
-        kafka = load_kafka()
-        try:
-            self._producer.close(timeout=1.0)
-        except kafka.errors.KafkaError:
-            # close() flushes first and raises while a batch is still awaiting its
-            # delivery timeout; abandon them (they were reported) and stop the sender.
-            sender = getattr(self._producer, "_sender", None)
-            if sender is not None:
-                sender.force_close()
-            self._producer._closed = True
-            log.warning("producer for %s closed with undelivered messages", self.topic)
+                self._link.close()
 
     def stats(self) -> dict:
         """Counters: publishes, messages, rows, tombstones, bytes (wire values), acked and
         failed messages, pending messages/bytes (awaiting acknowledgement), blocked_s
-        (seconds publish waited on a full buffer), epoch, partition, next seq per table."""
+        (seconds publish waited on a full buffer), reconnects (failed producers replaced),
+        epoch, partition, next seq per table."""
         with self._lock:
             self._reap()
             return dict(self._stats, pending_messages=len(self._pending),
+                        reconnects=self._link.replacements,
                         pending_bytes=self._pending_bytes, buffer_bytes=self._buffer_bytes,
                         epoch=self.epoch, partition=self.partition,
                         partitions=self.partitions, next_seq=dict(self._next_seq))

@@ -12,12 +12,12 @@ from deltastream.wire import DeltaBatch, decode, encode, kafka_headers
 
 
 def msg(ids, rows, *, table="emb", model="m", shard=0, epoch=1, seq=0, dtype="f16",
-        tombstones=None, step=7, ts=123):
+        tombstones=None, step=7, ts=123, version=2, **columns):
     ids = np.asarray(ids, np.int64)
     rows = np.asarray(rows, np.float32).reshape(len(ids), -1)
     b = DeltaBatch(model, table, shard, epoch, seq, step, ts, ids=ids, rows=rows,
-                   dtype=dtype, tombstones=tombstones)
-    (m,) = encode(b, max_message_bytes=64 << 20)
+                   dtype=dtype, tombstones=tombstones, **columns)
+    (m,) = encode(b, max_message_bytes=64 << 20, version=version)
     return m
 
 
@@ -56,11 +56,47 @@ def test_corrupted_payload_quarantined_and_nothing_applied():
     ap.process(msg([1], [[1, 1]]))
     before = tables["emb"].digest()
     m = bytearray(msg([1, 2], [[9, 9], [9, 9]], seq=1))
-    m[-3] ^= 0xFF  # inside the rows: CRC mismatch
+    m[-12] ^= 0xFF  # inside the rows (before the 9-byte CRC trailer): CRC mismatch
     out = ap.process(bytes(m))
     assert out.kind == "quarantined" and "crc" in out.reason
     assert tables["emb"].digest() == before
     assert ap.seqs.get("emb", 0) == (1, 0)
+
+
+def test_header_field_corruption_quarantined():
+    """Wire v2's CRC covers every field: a flipped epoch bit is not taken for a newer
+    trainer epoch (which would make every later good message look stale)."""
+    ap, tables = fresh()
+    ap.process(msg([1], [[1, 1]], epoch=1))
+    m = msg([1], [[2, 2]], epoch=1, seq=1)
+    at = m.index(b"epoch") + len(b"epoch")  # the epoch value: fixint 1 -> 65, "newer"
+    forged = bytearray(m)
+    forged[at] ^= 0x40
+    out = ap.process(bytes(forged))
+    assert out.kind == "quarantined" and "crc" in out.reason
+    assert ap.process(m).kind == "applied" and ap.counters["stale"] == 0
+    assert tables["emb"].lookup([1]).tolist() == [[2, 2]]
+
+
+def test_v1_messages_still_apply():
+    ap, tables = fresh()
+    assert ap.process(msg([1, 2], [[1, 2], [3, 4]], version=1)).kind == "applied"
+    assert ap.process(msg([3], [[5, 6]], seq=1)).kind == "applied"  # then v2, same stream
+    assert tables["emb"].lookup([1, 3]).tolist() == [[1, 2], [5, 6]]
+
+
+@pytest.mark.parametrize("table_dims", [None, {"emb": 2}, {"emb": 4}])
+def test_column_slices_quarantined_until_supported(table_dims):
+    ap, tables = fresh(table_dims=table_dims)
+    if table_dims is None or table_dims["emb"] == 2:
+        ap.process(msg([1], [[1, 1]]))
+    before = {k: t.digest() for k, t in tables.items()}
+    out = ap.process(msg([1], [[7, 7]], seq=1, col=2, width=4))
+    assert out.kind == "quarantined" and out.reason.startswith("apply: columns:")
+    assert "columns [2, 4) of rows 4 wide" in out.reason
+    assert {k: t.digest() for k, t in tables.items()} == before
+    out = ap.process(msg([1], [[7, 7]], seq=2, col=0, width=4))  # the first half is a slice too
+    assert out.kind == "quarantined" and "columns [0, 2) of rows 4 wide" in out.reason
 
 
 def test_wrong_model_quarantined():

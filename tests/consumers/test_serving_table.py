@@ -16,12 +16,13 @@ from consumers.serving_table import ApplyError, ApplyResult, ServingTable, Snaps
 from deltastream.wire import DeltaBatch, decode, encode
 
 
-def wire_batch(ids, rows, *, table="emb", dtype="f32", tombstones=None, seq=0, dim=None):
+def wire_batch(ids, rows, *, table="emb", dtype="f32", tombstones=None, seq=0, dim=None,
+               **columns):
     """Encode + decode one batch, as the daemon sees it."""
     ids = np.asarray(ids, np.int64)
     rows = np.asarray(rows, np.float32).reshape(len(ids), -1 if dim is None else dim)
     msgs = encode(DeltaBatch("m", table, 0, 0, seq, 0, 0, ids=ids, rows=rows, dtype=dtype,
-                             tombstones=tombstones), max_message_bytes=64 << 20)
+                             tombstones=tombstones, **columns), max_message_bytes=64 << 20)
     assert len(msgs) == 1
     return decode(msgs[0])
 
@@ -200,6 +201,10 @@ def _refusals():
                                  rows=np.ones((3, 2))), "shape"),
         "unknown dtype": (DeltaBatch("m", "emb", 0, 0, 0, 0, 0, ids=np.array([3]),
                                      rows=np.ones((1, 2)), dtype="f64"), "dtype"),
+        # wire v2 column slices (column-wise shards) are refused until they are supported
+        "column slice": (wire_batch(ids, np.ones((2, 2)), col=2, width=4),
+                         r"columns: .*columns \[2, 4\) of rows 4 wide"),
+        "left columns": (wire_batch(ids, np.ones((2, 2)), width=4), r"columns \[0, 2\)"),
     }
 
 

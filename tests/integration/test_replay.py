@@ -98,7 +98,7 @@ def _publish_stream(bootstrap: str, topic: str) -> int:
 
     phase(0, 1, range(0, 6), "f16")
     phase(1, 1, range(0, 6), "f32")
-    # a record that is not wire v1 at all, in the middle of partition 0
+    # a record that is not a wire message at all, in the middle of partition 0
     raw = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     raw.send(topic, value=b"\x93not a delta message", partition=0).get(timeout=30)
     produced += 1

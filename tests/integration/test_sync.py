@@ -38,7 +38,7 @@ DIMS = {"user": 8, "item": 4}
 
 
 class Feed:
-    """Produce wire-v1 messages with explicit (table, shard, epoch, seq) into a topic, and
+    """Produce wire messages with explicit (table, shard, epoch, seq) into a topic, and
     keep the expected tables: each message meant to apply is applied once, in send order."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, *, model: str = MODEL,
