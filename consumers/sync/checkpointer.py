@@ -118,7 +118,8 @@ class Checkpointer:
         self.last = {"kind": res.kind, "bytes": res.bytes, "rows": res.upserts,
                      "deleted": res.deletes, "seconds": res.seconds}
         if self.committer is not None and commit:
-            if not self.committer.commit(commit):
+            errors = self.committer.errors
+            if not self.committer.commit(commit) and self.committer.errors > errors:
                 log.log(logging.WARNING if self.committer.errors == 1 else logging.DEBUG,
                         "committing offsets to consumer group %r failed: %s (counted in "
                         "group_commit_errors; the checkpoint is the source of truth)",

@@ -62,6 +62,7 @@ from consumers.sync.metrics import (
 )
 from consumers.sync.options import SyncOptions, check_positive
 from consumers.sync.outcomes import RecordReport
+from consumers.sync.progress import wait_for_end
 from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
 
@@ -194,8 +195,9 @@ class SyncDaemon:
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
         self._fresh = FreshnessWindow(o.freshness_window)
         self._fresh_hist = FreshnessHistogram()
-        self._report = RecordReport(o.topic, o.model, self._quarantine, o.on_apply, log)
         self._failures = FailureLog(("quarantine", "checkpoint"), logger=log)
+        self._report = RecordReport(o.topic, o.model, self._quarantine, o.on_apply,
+                                    self._failures, log)
         self.group_id = default_group_id(o.model) if o.group_id is None else o.group_id
         self._ckpt = Checkpointer(
             self._store, self._quarantine, self._failures,
@@ -412,23 +414,9 @@ class SyncDaemon:
         """Sync in this thread until every assigned partition reaches the end offsets
         measured now (see :meth:`end_offsets`). True when caught up within ``timeout`` s."""
         check_positive("timeout", timeout)
-        deadline = time.monotonic() + timeout
-        target = None
-        while time.monotonic() < deadline and not self._stop_event.is_set():
-            if target is None:
-                try:
-                    target = self.end_offsets()
-                except Exception as e:  # broker down: keep syncing, measure later
-                    log.debug("end offsets not measured yet: %s", e)
-            if target is not None and self._reached(target):
-                return True
-            left = deadline - time.monotonic()
-            if left > 0:
-                self.run_for(seconds=min(left, 0.5))
-        return target is not None and self._reached(target)
-
-    def _reached(self, target: Mapping[int, int]) -> bool:
-        return reached(self._kafka.positions(), target)
+        return wait_for_end(self.end_offsets, self._kafka.positions, timeout=timeout,
+                            step=lambda s: self.run_for(seconds=s),
+                            stopped=self._stop_event.is_set)
 
     def end_offsets(self) -> dict[int, int]:
         """Exact end offset of each partition this daemon assigns, measured now.
@@ -447,26 +435,16 @@ class SyncDaemon:
         except Exception as e:
             log.debug("caught_up: end offsets unavailable: %s", e)
             return False
-        if self._kafka.state != "connected":
-            return False
-        return self._reached(target)
+        return self._kafka.state == "connected" and reached(self._kafka.positions(), target)
 
     def wait_caught_up(self, timeout: float = 30.0, interval: float = 0.1) -> bool:
-        """Wait (while :meth:`run` works in another thread) until :meth:`caught_up`."""
+        """Wait (while :meth:`run` works in another thread) until everything published
+        before this call is applied: True when every assigned partition reached the end
+        offsets measured at the call within ``timeout`` s (checked every ``interval`` s)."""
         check_positive("timeout", timeout)
-        deadline = time.monotonic() + timeout
-        target = None
-        while time.monotonic() < deadline:
-            if target is None:
-                try:
-                    target = self.end_offsets()
-                except Exception as e:
-                    log.debug("end offsets unavailable: %s", e)
-            if target is not None and self._kafka.state == "connected" \
-                    and self._reached(target):
-                return True
-            time.sleep(interval)
-        return False
+        return wait_for_end(self.end_offsets, self._kafka.positions, timeout=timeout,
+                            step=lambda s: time.sleep(min(s, interval)),
+                            ready=lambda: self._kafka.state == "connected")
 
     def request_stop(self) -> None:
         """Ask the loop to stop and return at once (safe in signal handlers and before
@@ -542,9 +520,9 @@ class SyncDaemon:
         count, sum since start), ``checkpoints``, ``checkpoints_total`` (across restarts),
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
-        before the first), ``checkpoint_pending``, ``write_errors`` (``{"quarantine": n,
-        "checkpoint": n}``), ``checkpoint_errors`` (= ``write_errors["checkpoint"]``),
-        ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
+        before the first), ``checkpoint_pending``, ``write_errors`` (failed writes:
+        ``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors`` (its checkpoint
+        count), ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
         :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table), ``source``,
         ``uptime_s``.
         """
@@ -553,7 +531,9 @@ class SyncDaemon:
         k = self._kafka.view()
         positions, ends = k["positions"], k["end_offsets"]
         lag = partition_lag(positions, ends)
-        ck, errors = self._ckpt, self._failures.counts()
+        ck, q = self._ckpt, self._quarantine
+        errors = {"quarantine": q.write_errors,
+                  "checkpoint": self._failures.counts().get("checkpoint", 0)}
         committer = ck.committer
         with self._lock:
             out = {
@@ -568,7 +548,7 @@ class SyncDaemon:
                 "foreign_models": {m: n for m, n in dict(self._applier.models).items()
                                    if m != self.model},
                 "quarantined": a["quarantined"] + self._c["internal_errors"],
-                "quarantine_backlog": self._quarantine.backlog,
+                "quarantine_backlog": q.backlog,
                 "offsets_lost": k["offsets_lost"], "lost_ranges": k["lost_ranges"],
                 "positions": positions, "end_offsets": ends, "lag": lag,
                 "lag_total": total_lag(lag.values()),

@@ -11,12 +11,16 @@ ids, or their commits overwrite each other's.
 
 The embedded broker (Tansu) supports OffsetCommit / OffsetFetch, so the committed offsets
 can be read back (``KafkaConsumer(group_id=...).committed(tp)``); it does not support group
-membership, which this code never uses. A failed commit is counted and never stops syncing.
+membership, which this code never uses. A failed commit is counted and never stops syncing;
+after k failures in a row, commits pause for ``min(300 s, 5 s × 2^(k-1))`` so a broker that
+cannot take them does not slow applying down (a commit blocks the loop up to
+``request_timeout``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -25,6 +29,8 @@ from consumers.sync.options import SyncOptions
 __all__ = ["GroupCommitter", "default_group_id"]
 
 log = logging.getLogger(__name__)
+
+_PAUSE_S, _PAUSE_MAX_S = 5.0, 300.0  # commit pause after a failure, doubling, capped
 
 
 def default_group_id(model: str) -> str:
@@ -49,6 +55,8 @@ class GroupCommitter:
         self.errors = 0  #: failed commits
         self.last_error: Optional[str] = None
         self._consumer: Any = None
+        self._failed_in_row = 0
+        self._next_try = 0.0  # monotonic
 
     def _client(self) -> Any:
         if self._consumer is None:
@@ -67,9 +75,12 @@ class GroupCommitter:
         return self._consumer
 
     def commit(self, offsets: Mapping[int, int]) -> bool:
-        """Commit partition -> next offset. True when the broker acknowledged."""
+        """Commit partition -> next offset. True when the broker acknowledged (or there was
+        nothing to commit); False when it failed or commits pause after failures."""
         if not offsets:
             return True
+        if time.monotonic() < self._next_try:
+            return False
         from kafka import TopicPartition
         from kafka.structs import OffsetAndMetadata
 
@@ -78,13 +89,17 @@ class GroupCommitter:
                 for p, o in sorted(offsets.items())}
         try:
             self._client().commit(data, timeout_ms=int(self.options.request_timeout * 1000))
-        except Exception as e:  # any client failure: counted, retried at the next checkpoint
+        except Exception as e:  # any client failure: counted, retried after a pause
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
+            self._failed_in_row += 1
+            self._next_try = time.monotonic() + min(
+                _PAUSE_MAX_S, _PAUSE_S * 2 ** min(self._failed_in_row - 1, 16))
             self.close()
             return False
         self.commits += 1
         self.last_error = None
+        self._failed_in_row = 0
         return True
 
     def close(self) -> None:

@@ -2,7 +2,8 @@
 
 * a quarantined record goes to the quarantine file
   (:class:`~consumers.quarantine.Quarantine`: once, also across a crash; a failed write is
-  kept in memory and retried) and is logged — the first ``QUARANTINE_WARNINGS`` at WARNING,
+  kept in memory and retried, and reported to the :class:`~consumers.sync.failures.FailureLog`
+  at once) and is logged — the first ``QUARANTINE_WARNINGS`` at WARNING,
   the rest at DEBUG (a producer spewing garbage must not flood the log; the file has every
   record);
 * a record of another model is not corrupt: it is skipped and counted by the
@@ -19,6 +20,7 @@ from typing import Any, Optional
 
 from consumers.applier import Outcome
 from consumers.quarantine import Quarantine
+from consumers.sync.failures import FailureLog
 
 __all__ = ["RecordReport", "QUARANTINE_WARNINGS"]
 
@@ -34,13 +36,16 @@ class RecordReport:
         topic, model: what the daemon reads and serves (for the log lines).
         quarantine: where quarantined records go.
         on_apply: the daemon's ``on_apply(outcome, partition, offset)`` hook, or None.
+        failures: where a failed quarantine write is reported (``"quarantine"``).
         logger: where to log (the daemon's logger).
     """
 
     def __init__(self, topic: str, model: str, quarantine: Quarantine,
                  on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
+                 failures: Optional[FailureLog] = None,
                  logger: Optional[logging.Logger] = None) -> None:
         self.topic, self.model, self.quarantine = topic, model, quarantine
+        self._failures = failures
         self._on_apply = on_apply
         self._log = logger or log
         self._quarantined = 0
@@ -51,7 +56,11 @@ class RecordReport:
         """Quarantine / log / hand to the hook the outcome of the record at
         (``partition``, ``offset``) whose raw value is ``value``."""
         if out.kind == "quarantined":
-            self.quarantine.add(partition, offset, out.reason, value)
+            q = self.quarantine
+            if not q.add(partition, offset, out.reason, value) and self._failures is not None:
+                self._failures.failed("quarantine", f"quarantine {q.path}: {q.backlog} lines "
+                                      f"not written ({q.last_error}); kept in memory, "
+                                      "checkpoints wait for them")
             self._quarantined += 1
             level = logging.WARNING if self._quarantined <= QUARANTINE_WARNINGS \
                 else logging.DEBUG
