@@ -68,6 +68,7 @@ from consumers.storage.files import (
     check_format,
     fsync_dir,
     is_deltastream_dir,
+    is_tmp_name,
     new_tmp,
     old_path,
     read_manifest,
@@ -321,7 +322,8 @@ class CheckpointStore:
             fsync_dir(path.parent)
         if path.parent.exists():
             for stale in path.parent.glob(glob.escape(path.name) + ".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                if is_tmp_name(stale.name) and stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)  # only our own temp dirs
         if not path.is_dir():
             return
         gens = [int(m.group(1)) for p in path.iterdir()
