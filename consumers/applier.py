@@ -8,7 +8,10 @@ raises on bad data and never applies part of a message:
    decoding;
 2. :func:`deltastream.wire.decode` validates the message (``WireError`` -> quarantined);
 3. model, headers-vs-body agreement, shard filter, whole rows (a wire-v2 column slice is
-   quarantined: column-wise shards are not applied yet), known table and dim are checked;
+   quarantined: column-wise shards are not applied yet), known table and dim are checked; a
+   message of another model is not corrupt — it is skipped and counted by model name
+   (``foreign_model``, :attr:`Applier.models`; ``Outcome.model`` names it), never
+   quarantined;
 4. :class:`~consumers.sequencing.SeqTracker` classifies (epoch, seq): duplicates and stale
    epochs are skipped, gaps and new epochs are applied and reported;
 5. :meth:`ServingTable.apply` validates and applies atomically (``ApplyError`` ->
@@ -35,7 +38,8 @@ log = logging.getLogger(__name__)
 
 OUTCOME_KINDS = ("applied", "duplicate", "stale", "skipped", "quarantined")
 _COUNTERS = ("messages", "applied", "rows", "deleted", "bytes", "duplicates", "stale",
-             "skipped", "quarantined", "gaps", "missing_seqs", "new_epochs", "tables_created")
+             "skipped", "foreign_model", "quarantined", "gaps", "missing_seqs", "new_epochs",
+             "tables_created")
 
 
 @dataclass
@@ -43,7 +47,8 @@ class Outcome:
     """What :meth:`Applier.process` did with one record.
 
     kind: ``applied`` | ``duplicate`` | ``stale`` (older trainer epoch) | ``skipped`` (a shard
-    not served here) | ``quarantined`` (undecodable or invalid; ``reason`` says why).
+    not served here, or a message of another model: ``model`` says which) |
+    ``quarantined`` (undecodable or invalid; ``reason`` says why).
     rows/deleted: rows upserted and ids deleted (applied only); bytes: record size.
     gap: inclusive range of seqs never seen before this one, or None.
     Fields of the message are None when it could not be decoded.
@@ -57,6 +62,7 @@ class Outcome:
     seq: Optional[int] = None
     step: Optional[int] = None
     ts: Optional[int] = None
+    model: Optional[str] = None
     rows: int = 0
     deleted: int = 0
     bytes: int = 0
@@ -67,7 +73,8 @@ class Applier:
     """Decode, validate, sequence-check and apply records into ``tables``.
 
     Args:
-        model: the model whose messages are applied; others are quarantined.
+        model: the model whose messages are applied; messages of other models are skipped
+            and counted (``counters["foreign_model"]``, :attr:`models`).
         tables: name -> :class:`ServingTable`, updated in place (new tables are added when
             ``table_dims`` is None).
         seqs: sequence state, updated in place.
@@ -118,7 +125,16 @@ class Applier:
         self.shards = shards
         self.dtype = dtype
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        #: model name -> records seen of it (this model's included; undecodable ones not)
+        self.models: dict[str, int] = {}
         self._stale_warned: set[tuple[str, int, int]] = set()
+
+    def _foreign(self, b: Any, size: int, fields: dict) -> Outcome:
+        """A message of another model: skipped and counted (the caller says so once)."""
+        self.counters["skipped"] += 1
+        self.counters["foreign_model"] += 1
+        return Outcome("skipped", reason=f"model {b.model!r} is not {self.model!r}",
+                       model=b.model, bytes=size, **fields)
 
     def _quarantine(self, reason: str, size: int, **fields: Any) -> Outcome:
         self.counters["quarantined"] += 1
@@ -141,19 +157,21 @@ class Applier:
                 log.debug("ignoring malformed headers: %s", e)
         if hdr is not None and self.shards is not None and hdr["shard"] not in self.shards \
                 and hdr["model"] == self.model:
+            self.models[self.model] = self.models.get(self.model, 0) + 1
             self.counters["skipped"] += 1
             return Outcome("skipped", reason=f"shard {hdr['shard']} not served",
                            table=hdr["table"], shard=hdr["shard"], epoch=hdr["epoch"],
-                           seq=hdr["seq"], bytes=size)
+                           seq=hdr["seq"], model=hdr["model"], bytes=size)
         try:
             b = decode(value)
         except WireError as e:
             return self._quarantine(f"decode: {e}", size)
         fields = {"table": b.table, "shard": b.shard, "epoch": b.epoch, "seq": b.seq,
                   "step": b.step, "ts": b.ts}
+        self.models[b.model] = self.models.get(b.model, 0) + 1
         if b.model != self.model:
-            return self._quarantine(f"model: message is for model {b.model!r}, this applier "
-                                    f"serves {self.model!r}", size, **fields)
+            return self._foreign(b, size, fields)
+        fields["model"] = b.model
         if hdr is not None:
             body = {"model": b.model, "table": b.table, "shard": b.shard, "epoch": b.epoch,
                     "seq": b.seq}

@@ -15,7 +15,9 @@ command line wins. A progress bar is drawn on stderr when it is a terminal.
 
 Exit codes: 0 success (for ``diff``: no differences), 1 ``diff`` found differences,
 2 usage or input error (bad arguments, unreachable broker, missing topic, bad offsets, a
-damaged snapshot) with a one-line message on stderr.
+damaged snapshot, an ``--out`` that holds anything but a deltastream snapshot — never
+replaced —, a topic range holding records of other models only — the message names
+them) with a one-line message on stderr.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ figures (:func:`stats`).
 Both read like :mod:`consumers.replay.plan` says and filter by model, tables, shards (and
 ``dump`` by seq range), and by ``ts`` between ``from_time`` and ``to_time`` (inclusive).
 A record that does not decode is shown by :func:`dump` as an error line and counted by
-:func:`stats` as undecodable.
+:func:`stats` as undecodable. With ``model`` given, a range holding records of other models
+only raises :class:`~consumers.errors.ReplayError` naming them (after ``dump`` yielded
+whatever it found: nothing of ``model``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from consumers.replay.plan import (
     ReadPlan,
+    check_models,
     check_time_range,
     format_time,
     in_time,
@@ -66,7 +69,9 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
     Filters (all optional, combined with AND): ``model``, ``tables`` (names), ``shards``,
     ``seq_range`` (inclusive ``(first, last)``, None = open), ``from_time``/``to_time``
     (inclusive, on ``ts``). An undecodable record is shown unless its headers place it
-    outside the filters (it has no ``ts``, so time bounds do not hide it).
+    outside the filters (it has no ``ts``, so time bounds do not hide it). Raises
+    ``ReplayError`` at the end when ``model`` is given and the range holds records of other
+    models only.
     """
     check_time_range(from_time, to_time)
     table_set = None if tables is None else set(tables)
@@ -79,6 +84,7 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
                 and (shard_set is None or s is None or s in shard_set)
                 and (q is None or ((lo is None or q >= lo) and (hi is None or q <= hi))))
 
+    models: dict[str, int] = {}
     with open_reader(bootstrap_servers, topic, timeout) as reader:
         plan = plan_read(reader, partitions=partitions, from_offsets=from_offsets,
                          to_offsets=to_offsets)
@@ -100,6 +106,7 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
                 head = bytes(rec.value[:_HEAD_BYTES]).hex() if rec.value else ""
                 yield {**base, "error": str(e), "head": head, **hdr}
                 continue
+            models[b.model] = models.get(b.model, 0) + 1
             if not wanted(b.model, b.table, b.shard, b.seq) \
                     or not in_time(b.ts, from_time, to_time):
                 continue
@@ -112,6 +119,8 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
                 line["rows"] = _finite_list(b.rows_f32())
                 line["deleted"] = [] if b.tombstones is None else b.tombstones.tolist()
             yield line
+    if model is not None:
+        check_models(models, model, topic, warn=False)
 
 
 def dumps_line(obj: dict) -> str:
@@ -275,12 +284,14 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
 
     Seq analysis follows the message order in the partition: per epoch, a seq above the
     highest seen + 1 is a gap, one at or below it a duplicate; a message of an epoch lower
-    than the newest seen for the stream is stale.
+    than the newest seen for the stream is stale. Raises ``ReplayError`` when ``model``
+    is given and the range holds records of other models only.
     """
     check_time_range(from_time, to_time)
     table_set = None if tables is None else set(tables)
     shard_set = None if shards is None else {int(s) for s in shards}
     accs: dict[tuple[str, str, int], _Acc] = {}
+    models: dict[str, int] = {}
     with open_reader(bootstrap_servers, topic, timeout) as reader:
         plan = plan_read(reader, partitions=partitions, from_offsets=from_offsets,
                          to_offsets=to_offsets)
@@ -294,6 +305,7 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
                 if len(result.undecodable_offsets) < 100:
                     result.undecodable_offsets.append((rec.partition, rec.offset, str(e)))
                 continue
+            models[b.model] = models.get(b.model, 0) + 1
             if (model is not None and b.model != model) \
                     or (table_set is not None and b.table not in table_set) \
                     or (shard_set is not None and b.shard not in shard_set):
@@ -314,6 +326,8 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
         acc.st.unique_ids = int(acc.uniq.size)
         acc.st.epochs = sorted(acc.last)
     result.streams = [accs[k].st for k in sorted(accs)]
+    if model is not None:
+        check_models(models, model, topic, warn=False)
     return result
 
 

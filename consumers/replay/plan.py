@@ -10,6 +10,9 @@ one partition interleaves several shards whose clocks need not agree, so ``ts`` 
 monotonic along a partition. A time bound therefore never stops a read early: the whole
 offset range is read and exactly the messages with ``from_time <= ts <= to_time`` are used
 (both bounds inclusive).
+
+A read for one model that finds records of other models only is refused
+(:func:`check_models`): a wrong ``--model`` must not look like an empty topic.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "parse_offsets",
     "parse_seq_range",
     "check_time_range",
+    "check_models",
     "in_time",
     "ReadPlan",
     "plan_read",
@@ -135,6 +139,27 @@ def check_time_range(from_time: Optional[int], to_time: Optional[int]) -> None:
     if from_time is not None and to_time is not None and to_time < from_time:
         raise ReplayError(f"to_time {format_time(to_time)} is before from_time "
                           f"{format_time(from_time)}")
+
+
+def check_models(models: Mapping[str, int], model: str, topic: str, *,
+                 warn: bool = True) -> None:
+    """Refuse a read that found records of other models but none of ``model``
+    (:class:`ReplayError` naming the models found); with ``warn``, log once when some
+    were skipped.
+
+    ``models``: model name -> records decoded of it."""
+    others = {m: k for m, k in models.items() if m != model}
+    if not others:
+        return
+    found = ", ".join(f"{m!r} ({k} records)" for m, k in sorted(others.items()))
+    if not models.get(model):
+        hint = f"; did you mean --model {next(iter(sorted(others)))}?" if len(others) == 1 \
+            else ""
+        raise ReplayError(f"topic {topic} holds no records of model {model!r} in the range "
+                          f"read, only of {found}{hint}")
+    if warn:
+        log.warning("skipped %d records of other models in topic %s: %s (this replay reads "
+                    "model %r)", sum(others.values()), topic, found, model)
 
 
 def in_time(ts: int, from_time: Optional[int], to_time: Optional[int]) -> bool:

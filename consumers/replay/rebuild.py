@@ -10,6 +10,12 @@ those already applied as duplicates — so resuming is exact as long as each tra
 clock is monotonic. Messages before ``from_time`` are left out for good: such a snapshot
 holds only the rows written inside the window (meta ``range`` says so). Records that do not
 decode have no ``ts``; they go to the Applier anyway, which quarantines and counts them.
+
+Messages of other models are skipped and counted (``foreign_model``); a range that holds
+records but none of ``model`` is refused with :class:`~consumers.errors.ReplayError` naming
+the models found (a wrong ``--model`` must not write an empty snapshot). ``out`` is checked
+before anything is read: it must not exist, be empty, or hold a deltastream snapshot
+(:func:`consumers.storage.files.check_replaceable`); nothing else there is ever replaced.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from consumers.applier import Applier
 from consumers.errors import ReplayError
 from consumers.replay.plan import (
     ReadPlan,
+    check_models,
     check_time_range,
     in_time,
     open_reader,
@@ -33,7 +40,7 @@ from consumers.replay.plan import (
 )
 from consumers.sequencing import SeqTracker
 from consumers.serving_table import STORAGE_DTYPES, ServingTable
-from consumers.storage.files import PathLike
+from consumers.storage.files import PathLike, check_replaceable
 from consumers.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 from deltastream.wire import WireError, decode
 
@@ -82,8 +89,9 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
 
     Args:
         bootstrap_servers, topic: where to read. model: messages of other models are
-            quarantined (as the daemon does).
-        out: snapshot directory to write (atomically); None writes nothing.
+            skipped and counted (as the daemon does).
+        out: snapshot directory to write (atomically); None writes nothing. Refused
+            before reading when it holds anything but a deltastream snapshot.
         base: a snapshot (path or :class:`Snapshot`) whose tables, seq state and offsets
             are the starting point; its offsets are the start offsets (so ``from_offsets``
             may not be given too) and its partitions the default partitions.
@@ -97,8 +105,10 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         progress: tqdm bar on stderr. timeout: seconds for broker answers.
 
     Raises:
-        ReplayError: bad arguments. ``consumers.topic.TopicError``: broker/topic/offsets.
-        ``consumers.serving_table.SnapshotError``: a damaged base snapshot.
+        ReplayError: bad arguments; records in the range but none of ``model``.
+        ``consumers.topic.TopicError``: broker/topic/offsets.
+        ``consumers.errors.SnapshotError``: a damaged base snapshot; ``out`` holds
+        something that is not a deltastream snapshot.
     """
     if not isinstance(model, str) or not model:
         raise ReplayError(f"model: expected a non-empty str, got {model!r}")
@@ -108,6 +118,8 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
     if base is not None and from_offsets:
         raise ReplayError("from_offsets and base are exclusive: a base snapshot's offsets "
                           "are where the rebuild starts")
+    if out is not None:
+        check_replaceable(Path(out))  # before reading: a bad --out must not cost a replay
     tables: dict[str, ServingTable] = {}
     seqs = SeqTracker()
     base_path = None
@@ -140,7 +152,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         plan = plan_read(reader, partitions=partitions, shards=shards,
                          from_offsets=from_offsets, to_offsets=to_offsets)
         resume = dict(plan.stop)
-        outside = other_model = 0
+        outside = 0
         quarantined: list = []
         timed = from_time is not None or to_time is not None
         t0 = time.monotonic()
@@ -159,17 +171,13 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
                     continue
             res = applier.process(rec.value, rec.headers)
             if res.kind == "quarantined":
-                if res.reason.startswith("model:"):
-                    other_model += 1
                 # the first few loudly, the rest only counted (a flood must stay readable)
                 log.log(logging.WARNING if len(quarantined) < 10 else logging.DEBUG,
                         "partition %d offset %d quarantined: %s", rec.partition,
                         rec.offset, res.reason)
                 if len(quarantined) < 100:
                     quarantined.append((rec.partition, rec.offset, res.reason))
-    if other_model:
-        log.warning("%d of %d records are messages of other models (quarantined); this "
-                    "rebuild applies only model %r", other_model, n, model)
+    check_models(applier.models, model, topic)
     counters = dict(applier.counters)
     counters["outside_time"] = outside
     counters["records"] = n
@@ -191,3 +199,4 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         result.path = Path(out)
         log.info("snapshot written to %s (%d tables, offsets %s)", out, len(tables), resume)
     return result
+

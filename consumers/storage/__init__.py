@@ -6,6 +6,8 @@ Layered so that imports run one way (each module imports only those listed befor
 * :mod:`~consumers.storage.files` — sealed manifests, verified reads, fsync, atomic
   directory swaps, the table directory layout (no knowledge of ServingTable);
 * :mod:`~consumers.storage.full_snapshot` — the full snapshot format (all tables in full);
+* :mod:`~consumers.storage.checkpoint_dir` — what may stand at a checkpoint path (damage
+  is refused), removing a checkpoint to start over;
 * :mod:`~consumers.storage.checkpoint` — incremental checkpoints (a full base + segments);
 * :mod:`~consumers.storage.snapshot` — ``write_snapshot`` / ``read_snapshot`` (reads every
   format above).

@@ -30,6 +30,15 @@ Loading = base, then each segment in order (deletes, then upserts). A directory 
 full snapshot (the older checkpoint format, ``deltastream-replay rebuild`` output) is read
 as is; the first checkpoint written by a :class:`CheckpointStore` then writes a base there
 and removes the old files after its manifest is durable.
+
+Damage is refused, never papered over: the very first checkpoint is built in a temp
+directory next to ``<path>`` and renamed into place, so a checkpoint directory exists only
+with a committed manifest. :meth:`CheckpointStore.load` therefore raises
+:class:`SnapshotError` naming the path for a ``<path>`` that is a file, a directory that
+holds checkpoint files but no ``manifest.json``, or one holding files deltastream does not
+write; an absent or empty directory is a fresh start. :meth:`CheckpointStore.reset`
+removes a (damaged) checkpoint so the next write starts over — only when everything there
+is something deltastream writes; it never deletes or moves anything else.
 """
 
 from __future__ import annotations
@@ -51,12 +60,16 @@ import numpy as np
 
 from consumers.errors import SnapshotError
 from consumers.serving_table import ServingTable
+from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
 from consumers.storage.files import (
     MANIFEST,
     STORAGE_DTYPES,
     PathLike,
     check_format,
     fsync_dir,
+    is_deltastream_dir,
+    is_tmp_name,
+    new_tmp,
     old_path,
     read_manifest,
     read_verified,
@@ -297,15 +310,20 @@ class CheckpointStore:
             return
         self._recovered = True
         path, old = self.path, old_path(self.path)
-        # an interrupted write_snapshot swap (full format written at this path)
-        if path.exists() and old.exists():
+        # an interrupted write_snapshot swap (full format written at this path); a
+        # ``<path>.old`` deltastream did not write is left alone
+        if old.exists() and not is_deltastream_dir(old):
+            log.warning("checkpoint %s: %s is not a deltastream snapshot; leaving it alone",
+                        path, old)
+        elif path.exists() and old.exists():
             shutil.rmtree(old, ignore_errors=True)
-        elif old.exists():
+        elif old.exists() and not os.path.lexists(path):
             os.rename(old, path)
             fsync_dir(path.parent)
         if path.parent.exists():
             for stale in path.parent.glob(glob.escape(path.name) + ".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                if is_tmp_name(stale.name) and stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)  # only our own temp dirs
         if not path.is_dir():
             return
         gens = [int(m.group(1)) for p in path.iterdir()
@@ -337,6 +355,16 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ public
 
+    def reset(self) -> list[str]:
+        """Remove the checkpoint at ``path`` (damaged or not) so the next :meth:`write`
+        starts over; returns the names removed. Refuses (:class:`SnapshotError`) when
+        ``path`` holds anything deltastream does not write
+        (:func:`~consumers.storage.checkpoint_dir.remove_checkpoint_dir`)."""
+        removed = remove_checkpoint_dir(self.path)
+        self._base, self._segs, self._tracked = None, [], {}
+        self._need_base, self._next_gen, self._next_seg = True, 1, 1
+        return removed
+
     def exists(self) -> bool:
         """True when ``path`` holds a manifest (checksums are verified by :meth:`load`)."""
         self._recover()
@@ -346,9 +374,12 @@ class CheckpointStore:
         """Recover from a crashed write, read and verify the stored state, and start
         tracking changes of its tables. None when there is no checkpoint yet.
 
-        Raises :class:`SnapshotError` on a damaged checkpoint.
+        Raises :class:`SnapshotError` on a damaged checkpoint: unreadable or failing a
+        check, ``path`` a file, or checkpoint files without a manifest (see the module
+        docstring; :meth:`reset` starts over).
         """
         self._recover()
+        check_checkpoint_dir(self.path)
         if not (self.path / MANIFEST).is_file():
             return None
         body = read_manifest(self.path)
@@ -396,7 +427,9 @@ class CheckpointStore:
         t0 = time.perf_counter()
         kind = self.plan(tables)
         try:
-            if kind == "base":
+            if kind == "base" and not os.path.lexists(self.path):
+                res = self._write_first(tables, offs, seqs, meta)
+            elif kind == "base":
                 res = self._write_base(tables, offs, seqs, meta)
             else:
                 res = self._write_segment(tables, offs, seqs, meta)
@@ -423,6 +456,39 @@ class CheckpointStore:
         fsync_dir(self.path)  # the rename is durable: the commit point
         return len(data)
 
+    def _write_first(self, tables: dict[str, ServingTable], offs: dict, seqs: dict,
+                     meta: dict) -> CheckpointResult:
+        """The first checkpoint at ``path``: a base written into a temp directory next to
+        it, renamed into place once committed — so a checkpoint directory without a
+        manifest is never left by a crash of ours (:meth:`load` refuses one as damaged)."""
+        final = self.path
+        tmp = new_tmp(final)
+        self.path = tmp
+        try:
+            res = self._write_base(tables, offs, seqs, meta)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            self.path = final
+        try:
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(final.parent)
+        return res
+
+    def _drop_uncommitted(self, name: str) -> None:
+        """Remove the new base ``name`` after its commit failed, unless the manifest on
+        disk lists it (the rename landed, only a later step failed)."""
+        try:
+            listed = json.loads((self.path / MANIFEST).read_bytes()).get("base", {}).get("dir")
+        except (OSError, ValueError, AttributeError):
+            listed = None
+        if listed != name:
+            shutil.rmtree(self.path / name, ignore_errors=True)
+
     def _write_base(self, tables: dict[str, ServingTable], offs: dict, seqs: dict,
                     meta: dict) -> CheckpointResult:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -441,7 +507,11 @@ class CheckpointStore:
             raise
         fsync_dir(self.path)
         base = {"dir": name, "gen": gen, "manifest": info["manifest"], "bytes": info["bytes"]}
-        mbytes = self._commit(base, [], offs, seqs, meta)
+        try:
+            mbytes = self._commit(base, [], offs, seqs, meta)
+        except BaseException:
+            self._drop_uncommitted(name)  # a full disk must not fill up with orphan bases
+            raise
         self._base, self._segs = base, []
         self._tracked = dict(tables)
         self._need_base = False

@@ -12,6 +12,10 @@ incremental checkpoint) is built from these pieces:
 * **atomic directories** — a directory is filled under a temporary name next to its place
   and swapped in by renames (:func:`write_dir_atomic`, :func:`replace_dir`); a reader
   finds the latest complete one with :func:`resolve_dir`;
+* **ownership** — a write replaces only what deltastream wrote: an output path (or its
+  ``<path>.old``) that exists and is neither an empty directory nor a deltastream snapshot
+  (:func:`is_deltastream_dir`) is refused with :class:`SnapshotError` naming the path and
+  what was expected (:func:`check_replaceable`); nothing there is deleted or moved;
 * **table directories** — one table's ``ids.npy`` + ``rows.npy`` + manifest
   (:func:`write_table_dir` / :func:`read_table_dir`), the layout of ``ServingTable.save``
   and of every table inside a snapshot.
@@ -28,6 +32,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
@@ -45,6 +50,7 @@ __all__ = [
     "STORAGE_DTYPES",
     "TABLE_FORMAT",
     "TABLE_FORMAT_VERSION",
+    "OWN_FORMATS",
     "HashingWriter",
     "fsync_dir",
     "write_file",
@@ -62,6 +68,10 @@ __all__ = [
     "read_table_dir",
     "old_path",
     "new_tmp",
+    "is_tmp_name",
+    "is_deltastream_dir",
+    "foreign_entries",
+    "check_replaceable",
     "replace_dir",
     "resolve_dir",
     "write_dir_atomic",
@@ -78,6 +88,13 @@ STORAGE_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
 MANIFEST = "manifest.json"
 TABLE_FORMAT = "deltastream-table"
 TABLE_FORMAT_VERSION = 1
+#: manifest formats deltastream writes (table dir, full snapshot, incremental checkpoint)
+OWN_FORMATS = ("deltastream-table", "deltastream-snapshot", "deltastream-checkpoint")
+#: names deltastream writes at the top of a table, snapshot or checkpoint directory
+_OWN_NAME = re.compile(r"^(manifest\.json|ids\.npy|rows\.npy|tables|base-\d{6,}|"
+                       r"seg-\d{6,}-\d{6,}\.bin)(\.tmp-\d+-[0-9a-f]+)?$")
+#: a temp directory of :func:`new_tmp` next to ``<name>``
+_TMP_SUFFIX = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 
 
 # ----------------------------------------------------------------------------- writing
@@ -308,9 +325,73 @@ def new_tmp(path: Path) -> Path:
     """A fresh temp dir name next to ``path`` (same filesystem, so renames are atomic)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(glob.escape(path.name) + ".tmp-*"):
-        # left by a writer that crashed; single writer per path is a documented rule
-        shutil.rmtree(stale, ignore_errors=True)
+        # left by a writer that crashed (single writer per path is a documented rule);
+        # only directories named exactly as this function names them are ours to remove
+        if _TMP_SUFFIX.fullmatch(stale.name[len(path.name):]) and stale.is_dir() \
+                and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
     return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def is_tmp_name(name: str) -> bool:
+    """True when ``name`` ends like the temp names deltastream writes under
+    (``<name>.tmp-<pid>-<hex>``): a write that is not committed."""
+    return _TMP_SUFFIX.search(name) is not None
+
+
+def foreign_entries(dir: Path) -> list[str]:
+    """Names at the top of directory ``dir`` that deltastream never writes there (sorted)."""
+    return sorted(p.name for p in dir.iterdir() if not _OWN_NAME.match(p.name))
+
+
+def is_deltastream_dir(path: Path) -> bool:
+    """True when ``path`` is a directory deltastream wrote: its ``manifest.json`` is JSON
+    naming one of deltastream's formats (checksums are not verified: a damaged snapshot of
+    ours is still ours to replace) and it holds only names deltastream writes."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        doc = json.loads((path / MANIFEST).read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") in OWN_FORMATS \
+        and not foreign_entries(path)
+
+
+def _refusal(path: Path) -> Optional[str]:
+    """Why ``path`` must not be replaced, or None when it may be (absent, an empty
+    directory, or a deltastream snapshot)."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink():
+        return "is a symbolic link"
+    if not path.is_dir():
+        return "is a file, not a directory"
+    try:
+        names = sorted(p.name for p in path.iterdir())
+    except OSError as e:
+        return f"cannot be listed ({e})"
+    if not names or is_deltastream_dir(path):
+        return None
+    foreign = foreign_entries(path)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f", … ({len(foreign)} in all)"
+                                          if len(foreign) > 5 else "")
+        return f"holds files deltastream did not write ({shown})"
+    return f"holds no valid {MANIFEST} (not a complete deltastream snapshot)"
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse to write at ``path`` unless it is absent, an empty directory, or a deltastream
+    snapshot (likewise ``<path>.old``, which a swap removes): :class:`SnapshotError` naming
+    the path and what was expected. Never deletes or moves anything."""
+    for p in (path, old_path(path)):
+        why = _refusal(p)
+        if why is not None:
+            raise SnapshotError(
+                f"{p}: {why}; expected a deltastream snapshot to replace, an empty directory "
+                f"or a path that does not exist — nothing was changed (move it away or "
+                f"choose another path)")
 
 
 def replace_dir(tmp: Path, path: Path) -> None:
@@ -325,6 +406,7 @@ def replace_dir(tmp: Path, path: Path) -> None:
     At every instant either ``path`` is complete, or it is absent and ``path.old`` is the
     previous complete one; :func:`resolve_dir` reads whichever applies.
     """
+    check_replaceable(path)  # again right before the swap: nothing foreign is ever removed
     parent = path.parent
     old = old_path(path)
     if path.exists() and old.exists():
@@ -353,7 +435,10 @@ def resolve_dir(path: Path) -> Path:
 def write_dir_atomic(path: Path, fill: Callable[[Path], T]) -> T:
     """Call ``fill(tmp)`` to write a new directory ``tmp`` (fsynced), then swap it in at
     ``path`` with :func:`replace_dir`; returns what ``fill`` returned. On an exception
-    from ``fill`` the temp directory is removed and ``path`` is untouched."""
+    from ``fill`` the temp directory is removed and ``path`` is untouched. A ``path`` (or
+    ``<path>.old``) holding anything but a deltastream snapshot or an empty directory is
+    refused first, before anything is written (:func:`check_replaceable`)."""
+    check_replaceable(path)
     tmp = new_tmp(path)
     try:
         out = fill(tmp)

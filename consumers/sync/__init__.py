@@ -7,7 +7,17 @@ One module per job, the public names re-exported here:
 * :mod:`~consumers.sync.source` — the Kafka side: connect, seek, poll, reconnect with
   backoff, offsets the broker no longer has, end offsets;
 * :mod:`~consumers.sync.options` — the daemon's settings, validated once;
-* :mod:`~consumers.sync.metrics` — freshness, lag, Prometheus endpoint, summary lines;
+* :mod:`~consumers.sync.state` — where a daemon starts from (checkpoint, base, empty;
+  damaged state refused);
+* :mod:`~consumers.sync.checkpointer` — when to checkpoint, never past an unwritten
+  quarantine line; write failures counted and retried, never fatal;
+* :mod:`~consumers.sync.failures` — failure counts by kind, logged rate-limited;
+* :mod:`~consumers.sync.group_offsets` — next offsets committed to a consumer group
+  (without joining it) for Kafka lag tools;
+* :mod:`~consumers.sync.outcomes` — what is written and logged per record (quarantine,
+  other models once, the ``on_apply`` hook);
+* :mod:`~consumers.sync.metrics` — freshness (window and histogram), lag, Prometheus
+  endpoint, summary lines;
 * :mod:`~consumers.sync.cli` — the ``deltastream-sync`` command.
 """
 

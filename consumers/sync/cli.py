@@ -3,7 +3,9 @@
 Every flag also reads a ``DELTASTREAM_*`` environment variable (named in ``--help``); the
 command line wins. SIGTERM and SIGINT stop the daemon, which writes its final checkpoint;
 the process then exits 0. Exit codes: 0 stopped cleanly, 1 the state could not be loaded
-(damaged checkpoint), 2 bad arguments.
+(damaged checkpoint: the message names the path; ``--reset-state`` starts over), 2 bad
+arguments. A full or read-only state disk is not fatal: write failures are counted and
+logged and the daemon keeps serving.
 
 Example::
 
@@ -82,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,...]",
                    help="Kafka bootstrap servers.")
     p.add_argument("--model", required=True,
-                   help="Model name; messages of other models are quarantined.")
+                   help="Model name; messages of other models are skipped and counted "
+                        "(logged once per model).")
     p.add_argument("--topic", default=None,
                    help="Topic to read (default: deltas.<model>).")
     p.add_argument("--state-dir", required=True, metavar="DIR",
@@ -112,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Snapshot to start from when --state-dir holds no checkpoint (a "
                         "checkpoint, a `deltastream-replay rebuild` output, or a "
                         "ServingTable.save directory): its tables, offsets and seq state.")
+    p.add_argument("--reset-state", action="store_true",
+                   help="Remove the checkpoint in --state-dir (e.g. a damaged one, which "
+                        "otherwise stops the daemon from starting) and start over from "
+                        "--base or empty. Removes only what deltastream wrote. Use once, "
+                        "not in a unit file: every start with it re-reads the topic.")
+    p.add_argument("--group-id", default=None, metavar="GROUP",
+                   help="Consumer group the next offsets are committed to after each "
+                        "checkpoint, without joining it, so Kafka lag tools see this "
+                        "predictor (default: deltastream-sync.<model>; '' disables). Give "
+                        "replicas that serve the same shards distinct groups.")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
                         "port, logged; default: no endpoint).")
@@ -170,9 +183,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             quarantine_max_bytes=max(1024, args.quarantine_max_bytes),
             request_timeout=args.request_timeout, backoff_max=args.backoff_max,
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,
-            metrics_addr=args.metrics_addr)
+            metrics_addr=args.metrics_addr, reset_state=args.reset_state,
+            group_id=args.group_id)
     except SnapshotError as e:
-        print(f"deltastream-sync: cannot load the state: {e}", file=sys.stderr)
+        hint = "" if args.reset_state else " (--reset-state starts over, removing only what " \
+            "deltastream wrote)"
+        print(f"deltastream-sync: cannot load the state: {e}{hint}", file=sys.stderr)
         return 1
     except (ValueError, TypeError, OSError) as e:
         print(f"deltastream-sync: error: {e}", file=sys.stderr)

@@ -7,12 +7,23 @@ One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
    reconnects after broker trouble and handles offsets the broker no longer has;
 2. **poll** and hand each record, partition by partition in offset order (apply order is
    partition order), to :class:`~consumers.applier.Applier`, which decodes, validates,
-   sequence-checks and applies it atomically; bad records go to the quarantine file;
+   sequence-checks and applies it atomically; bad records go to the quarantine file (once,
+   also across a crash: :class:`~consumers.quarantine.Quarantine`); records of other models
+   are skipped and counted by model (``foreign_models``), logged once per model;
 3. **checkpoint** tables + next offset per partition + seq state atomically every
    ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`,
    with a :class:`~consumers.storage.checkpoint.CheckpointStore`: each checkpoint writes only
    the rows changed since the previous one (a delta segment), plus a new full base when the
-   segments grow large next to it; a small manifest replaced atomically commits it.
+   segments grow large next to it; a small manifest replaced atomically commits it. Then the
+   offsets are committed to a consumer group (without joining it) for lag tools. See
+   :class:`~consumers.sync.checkpointer.Checkpointer`.
+
+State is never destroyed or silently replaced: a damaged checkpoint (unreadable, a file
+where its directory should be, files without a manifest) makes the constructor raise
+:class:`~consumers.errors.SnapshotError` naming the path, unless ``reset_state=True``
+(``--reset-state``) removes it — only what deltastream wrote — and starts over (from
+``base`` or empty). A write failure of the state disk (full, read-only) is counted
+(``write_errors``), logged rate-limited and retried; it never stops serving.
 
 Exactly once in effect: offsets, tables and seq state are written together, between two
 records, by the only thread that applies. After a crash at any instant the daemon reloads
@@ -37,14 +48,21 @@ from consumers.quarantine import Quarantine
 from consumers.serving_table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.storage.files import PathLike
+from consumers.sync.checkpointer import Checkpointer
+from consumers.sync.failures import FailureLog
+from consumers.sync.group_offsets import GroupCommitter, default_group_id
 from consumers.sync.metrics import (
+    FreshnessHistogram,
     FreshnessWindow,
     MetricsServer,
     partition_lag,
+    reached,
     summary_line,
     total_lag,
 )
 from consumers.sync.options import SyncOptions, check_positive
+from consumers.sync.outcomes import RecordReport
+from consumers.sync.progress import wait_for_end
 from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
 
@@ -55,7 +73,6 @@ log = logging.getLogger(__name__)
 #: sub-paths of ``state_dir``
 CHECKPOINT_DIR = "checkpoint"
 QUARANTINE_FILE = "quarantine.jsonl"
-_QUARANTINE_WARNINGS = 100  # quarantined records logged at WARNING before going quiet
 
 
 class SyncDaemon:
@@ -64,7 +81,7 @@ class SyncDaemon:
     Args:
         bootstrap_servers: ``"host:port[,host:port]"`` of the Kafka cluster.
         topic: the deltas topic (``deltas.<model>`` by convention).
-        model: messages of other models are quarantined.
+        model: messages of other models are skipped and counted (``foreign_models``).
         state_dir: directory for ``checkpoint/`` and ``quarantine.jsonl`` (created).
         tables: ``{name: dim}`` to serve only these tables (messages of other tables are
             quarantined); None serves every table of ``model`` (created on first message).
@@ -93,12 +110,19 @@ class SyncDaemon:
             every record (any ``outcome.kind``; ``outcome.ts`` is the trainer's ns timestamp),
             e.g. to record freshness over a whole run. Keep it quick: it delays applying.
             An exception from it is logged (once per kind of error) and ignored.
+        reset_state: remove the checkpoint in ``state_dir`` (damaged or not; only what
+            deltastream wrote) and start over from ``base`` or empty. Without it a damaged
+            checkpoint makes the constructor raise.
+        group_id: consumer group the next offsets are committed to after each checkpoint,
+            without joining it (None: ``deltastream-sync.<model>``; ``""``: no commits).
         **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
 
     Raises:
         ValueError/TypeError: a bad argument, or a checkpoint in ``state_dir`` written for
             another model or topic (or with tables of other dims).
-        consumers.storage.snapshot.SnapshotError: a damaged checkpoint or base snapshot.
+        consumers.errors.SnapshotError: a damaged checkpoint (without ``reset_state``) or
+            base snapshot; with ``reset_state``, a checkpoint path holding files deltastream
+            did not write (never removed).
     """
 
     #: Seconds to sleep after each record (tests use it to land kills mid-stream).
@@ -116,6 +140,7 @@ class SyncDaemon:
                  freshness_window: float = 60.0, metrics_port: Optional[int] = None,
                  metrics_addr: str = "0.0.0.0",
                  on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
+                 reset_state: bool = False, group_id: Optional[str] = None,
                  **consumer_config: Any) -> None:
         o = SyncOptions(
             bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
@@ -128,7 +153,7 @@ class SyncDaemon:
             backoff_max=backoff_max, probe_interval=probe_interval,
             summary_interval=summary_interval, freshness_window=freshness_window,
             metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
-            consumer_config=consumer_config)
+            reset_state=reset_state, group_id=group_id, consumer_config=consumer_config)
         self.options = o  #: the validated settings
         self.bootstrap_servers = o.bootstrap_servers
         self.topic = o.topic
@@ -139,7 +164,6 @@ class SyncDaemon:
         self._store = CheckpointStore(self.checkpoint_path,
                                       max_segment_fraction=o.checkpoint_segment_fraction,
                                       max_segments=o.checkpoint_max_segments)
-        self._last_ckpt: Optional[dict] = None  # kind, bytes, rows, seconds of the last one
         self.shards = o.shards
         self.dtype = o.dtype
         self.checkpoint_interval = o.checkpoint_interval
@@ -150,11 +174,12 @@ class SyncDaemon:
         self.backoff_max = o.backoff_max
         self.probe_interval = o.probe_interval
         self.summary_interval = o.summary_interval
-        self._on_apply = o.on_apply
-        self._hook_errors: set[str] = set()
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()  # counters
+        if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
+            log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
+                        self._store.reset() or "(nothing there)")
         start = load_start_state(self._store, o.base, model=o.model, topic=o.topic,
                                  table_dims=o.tables)
         self.source = start.source  #: where the state came from: checkpoint | base | empty
@@ -169,20 +194,28 @@ class SyncDaemon:
                                 shards=o.shards, dtype=o.dtype)
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
         self._fresh = FreshnessWindow(o.freshness_window)
-        self._quarantine_logged = 0
+        self._fresh_hist = FreshnessHistogram()
+        self._failures = FailureLog(("quarantine", "checkpoint"), logger=log)
+        self._report = RecordReport(o.topic, o.model, self._quarantine, o.on_apply,
+                                    self._failures, log)
+        self.group_id = default_group_id(o.model) if o.group_id is None else o.group_id
+        self._ckpt = Checkpointer(
+            self._store, self._quarantine, self._failures,
+            GroupCommitter(o, self.group_id) if self.group_id else None,
+            interval=o.checkpoint_interval, messages=o.checkpoint_messages)
         self._kafka = KafkaSource(o, offsets=start.offsets, topic_id=start.topic_id,
-                                  partitions=start.partitions, on_moved=self._moved)
+                                  partitions=start.partitions, on_moved=self._moved,
+                                  on_reset=self._quarantine.forget)
 
         # loop state (owned by the loop thread)
         self._pending = 0  # records read since the last checkpoint
         self._dirty = self.source == "base"
-        self._last_ckpt_mono = time.monotonic()
         self._next_summary = time.monotonic() + self.summary_interval
         self._prev_summary: Optional[tuple[float, dict]] = None
 
         # shared with other threads
         self._last_gap: Optional[dict] = None
-        self._c = dict.fromkeys(("checkpoints", "checkpoint_errors", "internal_errors"), 0)
+        self._c = dict.fromkeys(("internal_errors",), 0)
         self._started = time.monotonic()
         self._stop_event = threading.Event()
         self._loop_lock = threading.Lock()
@@ -202,7 +235,8 @@ class SyncDaemon:
     # ------------------------------------------------------------------ checkpoints
 
     def _checkpoint_locked(self) -> bool:
-        """Write the checkpoint now (loop thread, between records). True when written."""
+        """Write the checkpoint now (loop thread, between records). True when written;
+        a failure is counted and logged by the :class:`Checkpointer`, never raised."""
         n = self._checkpoints_total + 1
         offsets = self._kafka.resume_offsets()
         meta = {"kind": CHECKPOINT_KIND, "model": self.model, "topic": self.topic,
@@ -212,24 +246,16 @@ class SyncDaemon:
         t0 = time.monotonic()
         tables = dict(self._tables)
         log.debug("checkpoint %d begin (%s): offsets %s", n, self._store.plan(tables), offsets)
-        try:
-            res = self._store.write(tables=tables, offsets=offsets, seqs=self._seqs.state(),
-                                    meta=meta)
-        except Exception as e:  # a full disk must not stop serving; retried next interval
-            with self._lock:
-                self._c["checkpoint_errors"] += 1
-            log.error("checkpoint %d to %s failed: %s", n, self.checkpoint_path, e)
-            self._last_ckpt_mono = time.monotonic()
+        # only the partitions this daemon reads: others' group offsets are not its own
+        commit = {p: offsets[p] for p in self._kafka.positions() if p in offsets} \
+            if self._kafka.state == "connected" else None
+        res = self._ckpt.write(tables, offsets, self._seqs.state(), meta, commit=commit)
+        if res is None:
             return False
         self._checkpoints_total = n
         self._pending = 0
         self._dirty = False
-        self._last_ckpt_mono = time.monotonic()
         self._last_ckpt_wall = time.time()
-        with self._lock:
-            self._c["checkpoints"] += 1
-            self._last_ckpt = {"kind": res.kind, "bytes": res.bytes, "rows": res.upserts,
-                               "deleted": res.deletes, "seconds": res.seconds}
         log.debug("checkpoint %d written in %.1f ms (%s: %d rows, %d deleted, %d bytes)", n,
                   (time.monotonic() - t0) * 1e3, res.kind, res.upserts, res.deletes,
                   res.bytes)
@@ -258,20 +284,9 @@ class SyncDaemon:
                 self._c["internal_errors"] += 1
             log.exception("partition %d offset %d: applying failed", partition, rec.offset)
             out = Outcome("quarantined", reason=f"internal error: {type(e).__name__}: {e}")
-        if out.kind == "quarantined":
-            self._quarantine.add(partition, rec.offset, out.reason, rec.value)
-            # a producer spewing garbage must not flood the log: the file has every record
-            self._quarantine_logged += 1
-            level = logging.WARNING if self._quarantine_logged <= _QUARANTINE_WARNINGS \
-                else logging.DEBUG
-            log.log(level, "partition %d offset %d quarantined: %s", partition, rec.offset,
-                    out.reason)
-            if self._quarantine_logged == _QUARANTINE_WARNINGS:
-                log.warning("%d records quarantined; further ones are logged at DEBUG only "
-                            "(all are in %s)", _QUARANTINE_WARNINGS, self._quarantine.path)
-        elif out.kind == "applied":
+        if out.kind == "applied":
             if out.ts is not None:
-                self._fresh.add_ts(out.ts)
+                self._fresh_hist.observe(self._fresh.add_ts(out.ts))
             if out.gap is not None:
                 with self._lock:
                     self._last_gap = {"table": out.table, "shard": out.shard,
@@ -280,14 +295,7 @@ class SyncDaemon:
         self._kafka.advance(partition, rec.offset + 1)
         self._pending += 1
         self._dirty = True
-        if self._on_apply is not None:
-            try:
-                self._on_apply(out, partition, rec.offset)
-            except Exception as e:  # a monitoring hook must not stop syncing
-                kind = type(e).__name__
-                if kind not in self._hook_errors:
-                    self._hook_errors.add(kind)
-                    log.exception("on_apply hook failed (further %s errors not logged)", kind)
+        self._report.report(out, partition, rec.offset, rec.value)
         if self.debug_apply_delay > 0:
             time.sleep(self.debug_apply_delay)
         return out
@@ -311,7 +319,8 @@ class SyncDaemon:
                 if debug:
                     log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
                               out.kind, out.table, out.shard, out.epoch, out.seq)
-                if self._pending >= self.checkpoint_messages:
+                if self._pending >= self.checkpoint_messages \
+                        and self._ckpt.due(self._pending, self._dirty):
                     self._checkpoint_locked()
                 if self._stop_event.is_set():
                     break
@@ -325,8 +334,7 @@ class SyncDaemon:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        if self._dirty and (self._pending >= self.checkpoint_messages
-                            or now - self._last_ckpt_mono >= self.checkpoint_interval):
+        if self._ckpt.due(self._pending, self._dirty, now):
             self._checkpoint_locked()
         if self.summary_interval and now >= self._next_summary:
             s = self.stats()
@@ -356,7 +364,8 @@ class SyncDaemon:
             return
         self._kafka.close()
         if self._dirty or not self._store.exists():
-            self._checkpoint_locked()
+            self._checkpoint_locked()  # a failing disk: counted and logged, restart re-reads
+        self._ckpt.close()
         self._closed = True
         self._kafka.mark_stopped()
         if self._metrics is not None:
@@ -405,28 +414,9 @@ class SyncDaemon:
         """Sync in this thread until every assigned partition reaches the end offsets
         measured now (see :meth:`end_offsets`). True when caught up within ``timeout`` s."""
         check_positive("timeout", timeout)
-        deadline = time.monotonic() + timeout
-        target = None
-        while time.monotonic() < deadline and not self._stop_event.is_set():
-            if target is None:
-                try:
-                    target = self.end_offsets()
-                except Exception as e:  # broker down: keep syncing, measure later
-                    log.debug("end offsets not measured yet: %s", e)
-            if target is not None and self._reached(target):
-                return True
-            left = deadline - time.monotonic()
-            if left > 0:
-                self.run_for(seconds=min(left, 0.5))
-        return target is not None and self._reached(target)
-
-    def _reached(self, target: Mapping[int, int]) -> bool:
-        with self._lock:
-            pos = self._kafka.positions()
-        if not pos:
-            return False
-        return all(pos.get(p, -1) >= end for p, end in target.items() if p in pos) \
-            and all(p in target for p in pos)
+        return wait_for_end(self.end_offsets, self._kafka.positions, timeout=timeout,
+                            step=lambda s: self.run_for(seconds=s),
+                            stopped=self._stop_event.is_set)
 
     def end_offsets(self) -> dict[int, int]:
         """Exact end offset of each partition this daemon assigns, measured now.
@@ -445,26 +435,16 @@ class SyncDaemon:
         except Exception as e:
             log.debug("caught_up: end offsets unavailable: %s", e)
             return False
-        if self._kafka.state != "connected":
-            return False
-        return self._reached(target)
+        return self._kafka.state == "connected" and reached(self._kafka.positions(), target)
 
     def wait_caught_up(self, timeout: float = 30.0, interval: float = 0.1) -> bool:
-        """Wait (while :meth:`run` works in another thread) until :meth:`caught_up`."""
+        """Wait (while :meth:`run` works in another thread) until everything published
+        before this call is applied: True when every assigned partition reached the end
+        offsets measured at the call within ``timeout`` s (checked every ``interval`` s)."""
         check_positive("timeout", timeout)
-        deadline = time.monotonic() + timeout
-        target = None
-        while time.monotonic() < deadline:
-            if target is None:
-                try:
-                    target = self.end_offsets()
-                except Exception as e:
-                    log.debug("end offsets unavailable: %s", e)
-            if target is not None and self._kafka.state == "connected" \
-                    and self._reached(target):
-                return True
-            time.sleep(interval)
-        return False
+        return wait_for_end(self.end_offsets, self._kafka.positions, timeout=timeout,
+                            step=lambda s: time.sleep(min(s, interval)),
+                            ready=lambda: self._kafka.state == "connected")
 
     def request_stop(self) -> None:
         """Ask the loop to stop and return at once (safe in signal handlers and before
@@ -502,10 +482,17 @@ class SyncDaemon:
     # ------------------------------------------------------------------ serving
 
     def table(self, name: str) -> ServingTable:
-        """The serving table ``name`` (lookups are safe while the daemon applies)."""
+        """The serving table ``name`` (lookups are safe while the daemon applies).
+
+        A table configured with ``tables=`` or loaded from the checkpoint or base exists
+        from the start (empty until its first message: lookups read zeros); with
+        ``tables=None`` a table appears with its first message. Raises ``KeyError`` naming
+        the known tables for any other name."""
         t = self._tables.get(name)
         if t is None:
-            raise KeyError(f"no table {name!r} (tables: {sorted(self._tables)})")
+            raise KeyError(f"no table {name!r}: known tables are {sorted(self._tables)} "
+                           "(pass tables={name: dim} to serve a table before its first "
+                           "message arrives)")
         return t
 
     def tables(self) -> dict[str, ServingTable]:
@@ -522,21 +509,32 @@ class SyncDaemon:
 
         Keys: ``messages`` (records read), ``applied``, ``rows``, ``deleted``, ``bytes``
         (applied), ``duplicates``, ``gaps``, ``gap_messages`` (seqs missing), ``last_gap``,
-        ``new_epochs``, ``stale``, ``skipped``, ``quarantined``, ``offsets_lost`` (ranges),
-        ``lost_ranges`` (recent ranges: partition, from, to (None = unknown), resume,
-        reason), ``positions`` / ``end_offsets`` / ``lag`` (per partition), ``lag_total``,
-        ``freshness_p50_s`` / ``freshness_p99_s`` (None before any apply),
-        ``checkpoints``, ``checkpoints_total`` (across restarts), ``checkpoint_age_s``
-        (None before the first), ``checkpoint_last`` (kind ``base``/``segment``, bytes,
-        rows, deleted, seconds of the last checkpoint; None before the first), ``checkpoint_pending``, ``checkpoint_errors``, ``broker``
-        (one of :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table),
-        ``source``, ``uptime_s``.
+        ``new_epochs``, ``stale``, ``skipped`` (other shards and models),
+        ``foreign_model`` / ``foreign_models`` (messages of other models, total / by
+        model), ``quarantined`` (counted in memory, also while the file cannot be
+        written), ``quarantine_backlog`` (lines waiting for the disk),
+        ``offsets_lost`` (ranges), ``lost_ranges`` (recent ranges: partition, from, to
+        (None = unknown), resume, reason), ``positions`` / ``end_offsets`` / ``lag`` (dicts
+        partition -> offsets / messages behind), ``lag_total``, ``freshness_p50_s`` /
+        ``freshness_p99_s`` (None before any apply), ``freshness_histogram`` (buckets,
+        count, sum since start), ``checkpoints``, ``checkpoints_total`` (across restarts),
+        ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
+        ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
+        before the first), ``checkpoint_pending``, ``write_errors`` (failed writes:
+        ``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors`` (its checkpoint
+        count), ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
+        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table), ``source``,
+        ``uptime_s``.
         """
         a = self._applier.counters
         p50, p99 = self._fresh.quantiles((0.5, 0.99))
         k = self._kafka.view()
         positions, ends = k["positions"], k["end_offsets"]
         lag = partition_lag(positions, ends)
+        ck, q = self._ckpt, self._quarantine
+        errors = {"quarantine": q.write_errors,
+                  "checkpoint": self._failures.counts().get("checkpoint", 0)}
+        committer = ck.committer
         with self._lock:
             out = {
                 "model": self.model, "topic": self.topic, "broker": k["broker"],
@@ -546,18 +544,27 @@ class SyncDaemon:
                 "duplicates": a["duplicates"], "gaps": a["gaps"],
                 "gap_messages": a["missing_seqs"], "last_gap": self._last_gap,
                 "new_epochs": a["new_epochs"], "stale": a["stale"], "skipped": a["skipped"],
+                "foreign_model": a["foreign_model"],
+                "foreign_models": {m: n for m, n in dict(self._applier.models).items()
+                                   if m != self.model},
                 "quarantined": a["quarantined"] + self._c["internal_errors"],
+                "quarantine_backlog": q.backlog,
                 "offsets_lost": k["offsets_lost"], "lost_ranges": k["lost_ranges"],
                 "positions": positions, "end_offsets": ends, "lag": lag,
                 "lag_total": total_lag(lag.values()),
                 "freshness_p50_s": p50, "freshness_p99_s": p99,
-                "checkpoints": self._c["checkpoints"],
+                "freshness_histogram": self._fresh_hist.snapshot(),
+                "checkpoints": ck.written,
                 "checkpoints_total": self._checkpoints_total,
                 "checkpoint_age_s": None if self._last_ckpt_wall is None
                 else max(0.0, time.time() - self._last_ckpt_wall),
                 "checkpoint_pending": self._pending,
-                "checkpoint_last": None if self._last_ckpt is None else dict(self._last_ckpt),
-                "checkpoint_errors": self._c["checkpoint_errors"],
+                "checkpoint_last": None if ck.last is None else dict(ck.last),
+                "write_errors": errors,
+                "checkpoint_errors": errors.get("checkpoint", 0),
+                "group_id": self.group_id or None,
+                "group_commits": 0 if committer is None else committer.commits,
+                "group_commit_errors": 0 if committer is None else committer.errors,
                 "disconnects": k["disconnects"],
                 "internal_errors": self._c["internal_errors"],
                 "uptime_s": time.monotonic() - self._started,

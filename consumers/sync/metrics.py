@@ -4,16 +4,21 @@ Torch-free and free of Kafka: everything here is pure bookkeeping over numbers t
 daemon hands in, so it is unit-tested on its own.
 
 - :class:`FreshnessWindow` keeps ``now - ts`` of recently applied messages in a bounded
-  ring buffer and answers quantiles (p50, p99) over a sliding time window.
+  ring buffer and answers quantiles (p50, p99) over a sliding time window (``stats()``);
+  :class:`FreshnessHistogram` counts the same samples in fixed buckets from 1 ms to 10 min
+  for Prometheus (a Histogram aggregates across predictors; quantile gauges do not).
 - :func:`partition_lag` turns positions and end offsets into per-partition lag.
 - :class:`MetricsServer` serves a ``stats()`` dict in the Prometheus text format
   (``prometheus_client``), read fresh on every scrape from a private registry so several
-  daemons in one process never collide.
+  daemons in one process never collide. Names follow Prometheus conventions: counters end
+  in ``_total``, gauges never do, units are in the name (``_seconds``, ``_bytes``); the
+  full table is :data:`METRICS`.
 - :func:`summary_line` is the periodic one-line log summary.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
@@ -26,7 +31,11 @@ import numpy as np
 __all__ = [
     "quantiles",
     "FreshnessWindow",
+    "FreshnessHistogram",
+    "FRESHNESS_BUCKETS",
+    "METRICS",
     "partition_lag",
+    "reached",
     "total_lag",
     "MetricsServer",
     "StatsCollector",
@@ -116,6 +125,53 @@ class FreshnessWindow:
         return int(self.values().size)
 
 
+#: upper bounds (seconds) of the freshness histogram's buckets: 1 ms .. 10 min
+FRESHNESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                     10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class FreshnessHistogram:
+    """Cumulative counts of freshness samples (seconds) in :data:`FRESHNESS_BUCKETS`, with
+    their count and sum, since start (a Prometheus Histogram). Thread-safe.
+
+    A negative sample (trainer clock ahead) counts as 0 s, so the sum never decreases."""
+
+    def __init__(self, buckets: Sequence[float] = FRESHNESS_BUCKETS) -> None:
+        bounds = [float(b) for b in buckets]
+        if not bounds or bounds != sorted(set(bounds)) or bounds[0] <= 0:
+            raise ValueError(f"buckets: expected ascending positive bounds, got {buckets!r}")
+        self.bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # per bucket (not cumulative); last = +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        """Count one sample."""
+        v = max(0.0, float(seconds))
+        i = bisect.bisect_left(self.bounds, v)  # first bound >= v ("le" semantics)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += v
+
+    def snapshot(self) -> dict:
+        """``{"buckets": [[le, cumulative count], ..., ["+Inf", count]], "count", "sum"}``."""
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cum, out = 0, []
+        for le, c in zip([*self.bounds, "+Inf"], counts, strict=True):
+            cum += c
+            out.append([le, cum])
+        return {"buckets": out, "count": cum, "sum": total}
+
+
+def reached(positions: Mapping[int, int], target: Mapping[int, int]) -> bool:
+    """True when every partition of ``positions`` (partition -> next offset) is in
+    ``target`` and at or past its offset there; False for no positions."""
+    if not positions:
+        return False
+    return all(p in target and pos >= target[p] for p, pos in positions.items())
+
+
 def partition_lag(positions: Mapping[int, Optional[int]],
                   ends: Mapping[int, Optional[int]]) -> dict[int, Optional[int]]:
     """Messages behind per partition: ``max(0, end - position)``.
@@ -136,13 +192,14 @@ def partition_lag(positions: Mapping[int, Optional[int]],
 
 # ----------------------------------------------------------------------------- Prometheus
 
-#: stats key -> (metric name, help) for monotonically growing counts
+#: stats key -> (metric name, help) for monotonically growing counts (exposed with the
+#: ``_total`` suffix)
 _COUNTERS = {
     "messages": ("messages", "Kafka records read (applied or not)"),
     "applied": ("messages_applied", "messages applied to serving tables"),
     "rows": ("rows_applied", "rows upserted into serving tables"),
     "deleted": ("rows_deleted", "tombstone ids applied"),
-    "bytes": ("bytes_applied", "bytes of applied messages"),
+    "bytes": ("applied_bytes", "bytes of applied messages"),
     "duplicates": ("duplicates", "messages skipped because their seq was already applied"),
     "gaps": ("gaps", "seq gaps seen (messages missing before an applied one)"),
     "gap_messages": ("gap_messages", "seq numbers missing in the gaps seen"),
@@ -153,16 +210,40 @@ _COUNTERS = {
     "offsets_lost": ("offsets_lost", "offset ranges that were no longer on the broker"),
     "checkpoints": ("checkpoints", "checkpoints written"),
     "disconnects": ("disconnects", "times the broker became unreachable"),
+    "group_commits": ("group_commits", "next offsets committed to the consumer group"),
+    "group_commit_errors": ("group_commit_errors",
+                            "failed commits of next offsets to the consumer group"),
 }
 #: stats key -> (metric name, help) for values that go up and down
 _GAUGES = {
-    "lag_total": ("lag_messages_total", "messages behind the end offsets, all partitions"),
+    "lag_total": ("lag_messages", "messages behind the end offsets, all partitions"),
     "checkpoint_age_s": ("checkpoint_age_seconds", "seconds since the last checkpoint"),
     "checkpoint_pending": ("checkpoint_pending_messages",
                            "messages read since the last checkpoint"),
     "uptime_s": ("uptime_seconds", "seconds since the daemon started"),
+    "quarantine_backlog": ("quarantine_backlog_records",
+                           "quarantine lines kept in memory because writing them failed"),
 }
 _PREFIX = "deltastream_sync_"
+#: stats key -> (metric name, help, label) for counters by label
+_LABELED_COUNTERS = {
+    "write_errors": ("write_errors", "failed writes of the state directory, by what "
+                     "(quarantine, checkpoint); never fatal, retried", "what"),
+    "foreign_models": ("foreign_messages", "messages of other models, skipped, by model",
+                       "model"),
+}
+
+#: every exposed metric: (name, type, help) — the table in the README
+METRICS = sorted(
+    [(_PREFIX + n + "_total", "counter", d) for n, d in _COUNTERS.values()]
+    + [(_PREFIX + n + "_total", "counter", d) for n, d, _ in _LABELED_COUNTERS.values()]
+    + [(_PREFIX + n, "gauge", d) for n, d in _GAUGES.values()]
+    + [(_PREFIX + "broker_connected", "gauge", "1 while the broker answers, else 0"),
+       (_PREFIX + "partition_lag_messages", "gauge", "messages behind the end offset, by "
+        "partition"),
+       (_PREFIX + "table_rows", "gauge", "rows resident in a serving table, by table"),
+       (_PREFIX + "freshness_seconds", "histogram", "now minus the trainer timestamp of "
+        "applied messages")])
 
 
 def _num(value: Any) -> float:
@@ -180,7 +261,11 @@ class StatsCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         try:
             s = self._stats_fn()
@@ -190,6 +275,12 @@ class StatsCollector:
         for key, (name, doc) in _COUNTERS.items():
             if key in s:
                 yield CounterMetricFamily(_PREFIX + name, doc, value=_num(s[key]))
+        for key, (name, doc, label) in _LABELED_COUNTERS.items():
+            if key in s:
+                fam = CounterMetricFamily(_PREFIX + name, doc, labels=[label])
+                for k, v in sorted((s.get(key) or {}).items()):
+                    fam.add_metric([str(k)], _num(v))
+                yield fam
         for key, (name, doc) in _GAUGES.items():
             if key in s:
                 yield GaugeMetricFamily(_PREFIX + name, doc, value=_num(s[key]))
@@ -197,18 +288,20 @@ class StatsCollector:
                                "1 while the broker answers, else 0")
         up.add_metric([], 1.0 if s.get("broker") == "connected" else 0.0)
         yield up
-        lag = GaugeMetricFamily(_PREFIX + "lag_messages", "messages behind the end offset",
+        lag = GaugeMetricFamily(_PREFIX + "partition_lag_messages",
+                                "messages behind the end offset, by partition",
                                 labels=["partition"])
         for p, v in sorted((s.get("lag") or {}).items()):
             lag.add_metric([str(p)], _num(v))
         yield lag
-        fresh = GaugeMetricFamily(
-            _PREFIX + "freshness_seconds",
-            "now minus the trainer timestamp of applied messages, over the recent window",
-            labels=["quantile"])
-        for q, key in (("0.5", "freshness_p50_s"), ("0.99", "freshness_p99_s")):
-            fresh.add_metric([q], _num(s.get(key)))
-        yield fresh
+        hist = s.get("freshness_histogram")
+        if hist is not None:
+            yield HistogramMetricFamily(
+                _PREFIX + "freshness_seconds",
+                "now minus the trainer timestamp of applied messages",
+                buckets=[(le if isinstance(le, str) else repr(float(le)), c)
+                         for le, c in hist["buckets"]],
+                sum_value=hist["sum"])
         rows = GaugeMetricFamily(_PREFIX + "table_rows", "rows resident in a serving table",
                                  labels=["table"])
         for t, v in sorted((s.get("tables") or {}).items()):
@@ -272,9 +365,13 @@ def summary_line(s: Mapping[str, Any], previous: Optional[Mapping[str, Any]] = N
         parts.append(f"rows/s={rate:.0f}")
     parts.append(f"lag={s.get('lag_total', '-')}")
     parts.append(f"fresh p50={_fmt(s.get('freshness_p50_s'))} p99={_fmt(s.get('freshness_p99_s'))}")
-    for key in ("duplicates", "gaps", "stale", "quarantined", "offsets_lost"):
+    for key in ("duplicates", "gaps", "stale", "quarantined", "foreign_model",
+                "offsets_lost"):
         if s.get(key):
             parts.append(f"{key}={s[key]}")
+    errors = {k: v for k, v in (s.get("write_errors") or {}).items() if v}
+    if errors:
+        parts.append("write_errors=" + ",".join(f"{k}:{v}" for k, v in sorted(errors.items())))
     parts.append(f"checkpoint_age={_fmt(s.get('checkpoint_age_s'))}")
     return " ".join(parts)
 

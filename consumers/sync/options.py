@@ -91,6 +91,8 @@ class SyncOptions:
     metrics_port: Optional[int] = None
     metrics_addr: str = "0.0.0.0"
     on_apply: Optional[Callable[..., None]] = None
+    reset_state: bool = False
+    group_id: Optional[str] = None
     consumer_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -124,6 +126,16 @@ class SyncOptions:
         unknown = set(self.consumer_config) - set(KafkaConsumer.DEFAULT_CONFIG)
         if unknown:
             raise TypeError(f"unknown SyncDaemon/KafkaConsumer settings: {sorted(unknown)}")
+        if "group_id" in self.consumer_config:
+            raise TypeError("group_id: pass it as SyncDaemon(group_id=...) (the daemon "
+                            "commits offsets to it without joining), not as a consumer "
+                            "setting")
+        if not isinstance(self.reset_state, bool):
+            raise TypeError(f"reset_state: expected a bool, got {self.reset_state!r}")
+        if self.group_id is not None and not isinstance(self.group_id, str):
+            raise TypeError(f"group_id: expected a str ('' disables committing offsets to "
+                            f"a consumer group) or None (the default name), got "
+                            f"{self.group_id!r}")
         self._set("state_dir", Path(self.state_dir))
         self._set("consumer_config", dict(self.consumer_config))
         for name in ("checkpoint_interval", "request_timeout", "backoff_max", "probe_interval",

@@ -14,7 +14,9 @@ notice a log that is no longer the one the positions refer to.
   earliest offset (retention), beyond the end of the log, or a topic whose id changed:
   deleted and recreated, an in-memory broker that restarted) the range is logged, counted
   and kept in :meth:`KafkaSource.view`, and reading continues from the earliest available
-  offset.
+  offset. A partition without a stored offset (a fresh start, or a partition new to the
+  state) whose earliest offset is above 0 counts the range ``[0, earliest)`` as lost too:
+  retention deleted records that state built from this topic never saw.
 * **end offsets** — the embedded broker (Tansu) answers ListOffsets(latest) with the base
   offset of the last record batch + 1, an undercount when producers batch; lag uses the
   larger of that and the fetch high watermark, and :meth:`KafkaSource.measure_end_offsets`
@@ -61,16 +63,20 @@ class KafkaSource:
         partitions: partition count of the topic when the state was stored (None: unknown).
         on_moved: called (loop thread) when the position or the log identity changed
             without a record being applied, so the state must be checkpointed again.
+        on_reset: called (loop thread) with a partition whose log was replaced (offsets
+            start over: the topic was recreated or the broker lost its log).
     """
 
     def __init__(self, options: SyncOptions, *, offsets: Mapping[int, int],
                  topic_id: Optional[str], partitions: Optional[int],
-                 on_moved: Callable[[], None]) -> None:
+                 on_moved: Callable[[], None],
+                 on_reset: Optional[Callable[[int], None]] = None) -> None:
         self.options = options
         self.topic = options.topic
         self.topic_id = topic_id  #: id of the topic the positions refer to
         self.partitions_total = partitions  #: partitions of the topic
         self._on_moved = on_moved
+        self._on_reset = on_reset
         self._lock = threading.RLock()  # positions, end offsets, state, counters
         self._offsets: dict[int, int] = dict(offsets)  # partition -> next (all ever seen)
         # loop state (owned by the loop thread)
@@ -249,6 +255,8 @@ class KafkaSource:
         with self._lock:
             self._c["offsets_lost"] += 1
             self._lost.append(event)
+        if resume <= start and self._on_reset is not None:
+            self._on_reset(partition)  # a new log: its offsets start over
         span = f"[{start}, {end})" if end is not None else f"from {start} on (count unknown)"
         log.warning("partition %d: offsets %s are no longer on the broker (%s); continuing "
                     "from offset %d", partition, span, reason, resume)
@@ -302,6 +310,10 @@ class KafkaSource:
             first = int(begin[tp])
             if stored is None:
                 start = first
+                if first > 0:  # nothing stored: state never saw [0, first)
+                    self._lost_range(p, 0, first, start, "no stored offset and the earliest "
+                                     "available offset is above 0 (retention deleted older "
+                                     "records)")
             elif recreated:
                 start = first
                 self._lost_range(p, stored, None, start,

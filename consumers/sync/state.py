@@ -5,7 +5,9 @@ through its :class:`~consumers.storage.checkpoint.CheckpointStore`, or, when the
 the ``base`` snapshot (a checkpoint, a ``deltastream-replay rebuild`` output or a
 ``ServingTable.save`` directory). A checkpoint written for another model or topic, or with
 tables of other dims than configured, is refused with ``ValueError``; a damaged one raises
-:class:`~consumers.errors.SnapshotError`.
+:class:`~consumers.errors.SnapshotError` — also when its manifest is missing or a file
+stands where its directory should be: only an absent or empty checkpoint directory is a
+fresh start (see :mod:`consumers.storage.checkpoint_dir`).
 """
 
 from __future__ import annotations
@@ -56,9 +58,8 @@ def load_start_state(store: CheckpointStore, base: Optional[PathLike], *, model:
                      topic: str, table_dims: Optional[dict[str, int]]) -> StartState:
     """Load the checkpoint of ``store`` (else ``base``); see the module docstring."""
     out = StartState()
-    if store.exists():
-        snap = store.load()
-        assert snap is not None
+    snap = store.load()  # None for a fresh start; SnapshotError for damaged state
+    if snap is not None:
         meta = snap.meta
         if meta.get("kind") == CHECKPOINT_KIND:
             for key, mine in (("model", model), ("topic", topic)):

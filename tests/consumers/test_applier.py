@@ -31,7 +31,7 @@ def test_applies_and_creates_table():
     m = msg([1, 2], [[1, 2], [3, 4]])
     out = ap.process(m)
     assert out == Outcome("applied", table="emb", shard=0, epoch=1, seq=0, step=7, ts=123,
-                          rows=2, deleted=0, bytes=len(m))
+                          model="m", rows=2, deleted=0, bytes=len(m))
     assert tables["emb"].dim == 2
     assert np.array_equal(tables["emb"].lookup([1, 2, 3]), [[1, 2], [3, 4], [0, 0]])
     out = ap.process(msg([3], [[5, 5]], tombstones=np.array([1]), seq=1))
@@ -99,11 +99,19 @@ def test_column_slices_quarantined_until_supported(table_dims):
     assert out.kind == "quarantined" and "columns [0, 2) of rows 4 wide" in out.reason
 
 
-def test_wrong_model_quarantined():
+def test_other_models_are_skipped_and_counted_by_name_not_quarantined():
     ap, tables = fresh()
     out = ap.process(msg([1], [[1]], model="other"))
-    assert out.kind == "quarantined" and "model" in out.reason and out.table == "emb"
-    assert tables == {}
+    assert out.kind == "skipped" and out.model == "other" and out.table == "emb"
+    assert "'other'" in out.reason and "'m'" in out.reason
+    ap.process(msg([1], [[1]], model="other", seq=1))
+    ap.process(msg([1], [[1]], model="third"))
+    assert tables == {} and ap.seqs.get("emb", 0) is None
+    c = ap.counters
+    assert c["foreign_model"] == 3 and c["skipped"] == 3 and c["quarantined"] == 0
+    assert ap.models == {"other": 2, "third": 1}
+    assert ap.process(msg([1], [[1]])).kind == "applied"  # its own model still applies
+    assert ap.models == {"other": 2, "third": 1, "m": 1}
 
 
 def test_unknown_table_and_dim_mismatch_with_table_dims():

@@ -1,8 +1,11 @@
-"""The README's trainer example runs as written (against the embedded broker)."""
+"""The README's snippets run as written: the trainer example (its own embedded broker) and
+the predictor snippet (against the session broker, on a topic with data); its metrics table
+lists every metric the daemon exports."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -26,3 +29,44 @@ def test_trainer_example_runs_and_publishes(tmp_path):
     stats = ast.literal_eval(out.stdout.strip().splitlines()[-1])  # the example prints stats()
     assert stats["publishes"] == 20 and stats["rows"] > 0
     assert stats["failed_messages"] == 0 and stats["acked_messages"] == stats["messages"]
+
+
+def test_daemon_example_runs_against_a_topic_with_data(broker, topic_name, tmp_path):
+    """The predictor snippet, with the broker, topic and state directory substituted."""
+    import numpy as np
+
+    from consumers.storage.snapshot import read_snapshot
+    from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = next(b for b in blocks if "SyncDaemon(" in b)
+    ensure_topic(broker.bootstrap_servers, topic_name, 1)
+    ids = np.array([3, 14, 159, 2000], np.int64)
+    rows = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    with DeltaPublisher(broker.bootstrap_servers, topic_name, model="ctr", shard=0,
+                        dtype="f32") as pub:
+        pub.publish("user", ids, rows, step=1)
+        pub.publish("item", ids[:2], rows[:2], step=1)
+        pub.flush()
+    state = tmp_path / "state"
+    script = tmp_path / "daemon_example.py"
+    script.write_text(example.replace('"kafka:9092"', repr(broker.bootstrap_servers))
+                      .replace('"deltas.ctr"', repr(topic_name))
+                      .replace('"/var/lib/deltastream"', repr(str(state))))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=README.parent,
+                         env={**os.environ, "PYTHONPATH": str(README.parent)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == \
+        "(3, 32) 0 0 {'quarantine': 0, 'checkpoint': 0}"
+    snap = read_snapshot(state / "checkpoint")  # stop() wrote the final checkpoint
+    np.testing.assert_array_equal(snap.tables["user"].lookup(ids), rows)
+
+
+def test_metrics_table_lists_every_metric():
+    from consumers.sync.metrics import METRICS
+
+    text = README.read_text()
+    missing = [n for n, _, _ in METRICS
+               if f"`{n}" not in text and f"`{n[len('deltastream_sync'):]}`" not in text]
+    assert missing == []

@@ -467,3 +467,49 @@ def test_progress_bar_only_on_a_terminal(stream, tmp_path, capsys, monkeypatch):
     assert f"/{stream.produced} " in err and "msg/s" in err  # drawn, then cleared
     assert main(args + ["--no-progress"]) == 0
     assert "msg" not in capsys.readouterr().err
+
+
+def test_rebuild_out_never_replaces_what_deltastream_did_not_write(stream, tmp_path):
+    """Issue 13, point 1: a user's file or directory at --out survives; exit 2, one line."""
+    src = ["--bootstrap-servers", stream.bootstrap, "--topic", stream.topic, "--model", MODEL]
+    thesis = "four years of my life\n"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text(thesis)
+    afile = tmp_path / "notes.txt"
+    afile.write_text(thesis)
+    for out, needle in ((mine, "thesis.txt"), (afile, "is a file")):
+        r = _cli("rebuild", *src, "--out", str(out))
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(out) in lines[0] and needle in lines[0], r.stderr
+        assert "expected a deltastream snapshot" in lines[0]
+    assert (mine / "thesis.txt").read_text() == thesis and afile.read_text() == thesis
+    assert sorted(os.listdir(tmp_path)) == ["mine", "notes.txt"]  # no .old, no temp dir
+    # an empty directory, and a snapshot deltastream wrote, are replaced
+    (tmp_path / "empty").mkdir()
+    for out in ("empty", "empty", "fresh"):
+        r = _cli("rebuild", *src, "--out", str(tmp_path / out))
+        assert r.returncode == 0, r.stderr
+    assert read_snapshot(tmp_path / "empty").meta["model"] == MODEL
+    assert sorted(os.listdir(tmp_path)) == ["empty", "fresh", "mine", "notes.txt"]
+
+
+def test_a_wrong_model_is_an_error_naming_the_models_found(stream, tmp_path):
+    """Issue 13, point 8: no empty snapshot with exit 0 for a model the topic lacks."""
+    src = ["--bootstrap-servers", stream.bootstrap, "--topic", stream.topic, "--model", "nope"]
+    for cmd in (["rebuild", *src, "--out", str(tmp_path / "out")], ["dump", *src],
+                ["stats", *src]):
+        r = _cli(*cmd)
+        assert r.returncode == 2, (cmd[0], r.stdout, r.stderr)
+        # one error line (the stream's one garbage record is also reported, as a warning)
+        lines = [ln for ln in r.stderr.splitlines() if "WARNING" not in ln]
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{cmd[0]}: error: topic {stream.topic} holds no records of model 'nope'" \
+            in lines[0] and f"'{MODEL}'" in lines[0] and f"--model {MODEL}" in lines[0]
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ReplayError, match="no records of model 'nope'"):
+        rebuild(stream.bootstrap, stream.topic, model="nope")
+    # the right model still rebuilds, and a model that is there is never an error
+    res = rebuild(stream.bootstrap, stream.topic, model=MODEL)
+    assert res.counters["foreign_model"] == 0 and res.tables

@@ -9,6 +9,7 @@ each intended message once, in order, to fresh ServingTables.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -300,29 +301,38 @@ def test_duplicates_gaps_new_epoch_and_stale(broker, feed, tmp_path):
     d.stop()
 
 
-def test_bad_messages_are_quarantined_and_nothing_is_applied(broker, feed, tmp_path):
+def test_bad_messages_are_quarantined_and_nothing_is_applied(broker, feed, tmp_path, caplog):
     feed.publish("user", 0, seq=0)
     good_rows = feed.expected["user"].items()
     bad = [
         (b"\x00garbage that is no msgpack map", "decode"),
-        (feed.message("user", 1, seq=0, model="other-model"), "model"),
         (feed.message("ads", 0, seq=0, dim=8), "unknown table"),
         (feed.message("user", 0, seq=1, dim=5), "dim"),
     ]
     # a truncated copy of a good message: the CRC/length check refuses it
     ok = feed.message("user", 0, seq=1)
     bad.append((ok[:-7], "decode"))
-    for value, _ in bad:
+    feed.send(bad[0][0], partition=0, apply=False)
+    # messages of another model are not corrupt: skipped and counted, never quarantined
+    for seq in range(3):
+        feed.send(feed.message("user", 1, seq=seq, model="other-model"), partition=0,
+                  apply=False)
+    for value, _ in bad[1:]:
         feed.send(value, partition=0, apply=False)
     feed.publish("user", 0, seq=1)
     feed.flush()
     d = daemon_for(broker, feed.topic, tmp_path, tables={"user": 8})
-    assert d.catch_up(timeout=60)
+    with caplog.at_level(logging.WARNING, logger="consumers.sync.daemon"):
+        assert d.catch_up(timeout=60)
     s = d.stats()
     assert s["quarantined"] == len(bad) and s["applied"] == 2
+    assert s["foreign_model"] == 3 and s["foreign_models"] == {"other-model": 3}
     assert s["gaps"] == 0  # quarantined messages do not advance the seq
+    foreign = [r.getMessage() for r in caplog.records if "other-model" in r.getMessage()]
+    assert len(foreign) == 1, foreign  # one line, not one per message
+    assert "--model 'm'" in foreign[0] and "--model other-model" in foreign[0]
     lines = [json.loads(x) for x in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
-    assert [ln["offset"] for ln in lines] == [1, 2, 3, 4, 5]
+    assert [ln["offset"] for ln in lines] == [1, 5, 6, 7]
     assert all(ln["partition"] == 0 for ln in lines)
     for ln, (value, why) in zip(lines, bad, strict=True):
         assert why in ln["reason"], (why, ln["reason"])
@@ -398,10 +408,13 @@ def test_metrics_endpoint_serves_prometheus_text(broker, feed, tmp_path):
     assert samples["deltastream_sync_messages_applied_total"] == n
     assert samples["deltastream_sync_rows_applied_total"] == d.stats()["rows"]
     assert samples["deltastream_sync_duplicates_total"] == 0
-    assert samples['deltastream_sync_lag_messages{partition="0"}'] == 0
-    assert samples['deltastream_sync_lag_messages{partition="1"}'] == 0
+    assert samples['deltastream_sync_partition_lag_messages{partition="0"}'] == 0
+    assert samples['deltastream_sync_partition_lag_messages{partition="1"}'] == 0
+    assert samples["deltastream_sync_lag_messages"] == 0
     assert samples["deltastream_sync_broker_connected"] == 1
-    assert samples['deltastream_sync_freshness_seconds{quantile="0.99"}'] >= 0
+    assert samples["deltastream_sync_freshness_seconds_count"] == n
+    assert samples['deltastream_sync_freshness_seconds_bucket{le="+Inf"}'] == n
+    assert samples['deltastream_sync_write_errors_total{what="checkpoint"}'] == 0
     assert samples['deltastream_sync_table_rows{table="user"}'] == len(feed.expected["user"])
     assert samples["deltastream_sync_checkpoint_age_seconds"] >= 0
     assert "# TYPE deltastream_sync_gaps_total counter" in text
@@ -703,3 +716,9 @@ def test_offsets_deleted_by_retention_are_reported_as_lost(broker, feed, tmp_pat
     assert (lost["partition"], lost["from"], lost["to"], lost["resume"]) == (0, 2, 4, 4)
     assert s["applied"] == 2 and s["gaps"] == 2 and s["gap_messages"] == 2
     d2.stop()
+    # a fresh state directory: the deleted records [0, 4) were never seen, so they count
+    d3 = daemon_for(broker, feed.topic, tmp_path / "fresh", shards=[0])
+    assert d3.catch_up(timeout=60)
+    lost = d3.stats()["lost_ranges"]
+    assert [(x["partition"], x["from"], x["to"], x["resume"]) for x in lost] == [(0, 0, 4, 4)]
+    d3.stop()

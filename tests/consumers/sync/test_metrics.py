@@ -10,11 +10,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from consumers.sync.metrics import (
+    FRESHNESS_BUCKETS,
+    METRICS,
+    FreshnessHistogram,
     FreshnessWindow,
     MetricsServer,
     StatsCollector,
     partition_lag,
     quantiles,
+    reached,
     summary_line,
     total_lag,
 )
@@ -83,13 +87,43 @@ def test_partition_lag_math():
     assert total_lag([]) is None
 
 
+def test_reached_needs_every_position_at_its_target():
+    assert reached({0: 5, 1: 3}, {0: 5, 1: 3})
+    assert reached({0: 6}, {0: 5, 1: 9})  # only the assigned partitions count
+    assert not reached({0: 4, 1: 3}, {0: 5, 1: 3})
+    assert not reached({0: 5, 2: 0}, {0: 5})  # a position without a target: not measured
+    assert not reached({}, {0: 0})
+
+
+def test_freshness_histogram_buckets_are_cumulative_from_1ms_to_10min():
+    assert FRESHNESS_BUCKETS[0] == 0.001 and FRESHNESS_BUCKETS[-1] == 600.0
+    h = FreshnessHistogram()
+    for v in (0.0005, 0.001, 0.003, 0.2, 7.0, 900.0, -2.0):
+        h.observe(v)
+    snap = h.snapshot()
+    cum = dict((le, c) for le, c in snap["buckets"])
+    assert cum[0.001] == 3  # 0.0005, 0.001 (le is inclusive) and -2 counted as 0
+    assert cum[0.005] == 4 and cum[0.25] == 5 and cum[10.0] == 6 and cum[600.0] == 6
+    assert cum["+Inf"] == snap["count"] == 7
+    assert snap["sum"] == pytest.approx(0.0005 + 0.001 + 0.003 + 0.2 + 7.0 + 900.0)
+    with pytest.raises(ValueError, match="buckets"):
+        FreshnessHistogram([1.0, 0.5])
+
+
 def _stats(**over):
     s = {"broker": "connected", "messages": 12, "applied": 10, "rows": 640, "deleted": 3,
          "bytes": 9000, "duplicates": 1, "gaps": 1, "gap_messages": 2, "new_epochs": 0,
          "stale": 0, "skipped": 1, "quarantined": 0, "offsets_lost": 0, "checkpoints": 2,
          "disconnects": 0, "lag": {0: 4, 1: 0}, "lag_total": 4, "freshness_p50_s": 0.25,
          "freshness_p99_s": 1.5, "checkpoint_age_s": 3.0, "checkpoint_pending": 5,
-         "uptime_s": 60.0, "tables": {"user": 100, "item": 7}}
+         "uptime_s": 60.0, "tables": {"user": 100, "item": 7},
+         "write_errors": {"quarantine": 2, "checkpoint": 0},
+         "foreign_models": {"other": 5}, "quarantine_backlog": 1, "group_commits": 3,
+         "group_commit_errors": 0}
+    h = FreshnessHistogram()
+    for v in (0.004, 0.3, 1.2):
+        h.observe(v)
+    s["freshness_histogram"] = h.snapshot()
     s.update(over)
     return s
 
@@ -111,24 +145,55 @@ def test_collector_exposes_counters_gauges_and_labels():
     assert s["deltastream_sync_messages_applied_total"] == 10
     assert s["deltastream_sync_rows_applied_total"] == 640
     assert s["deltastream_sync_gap_messages_total"] == 2
-    assert s['deltastream_sync_lag_messages{partition="0"}'] == 4
-    assert s['deltastream_sync_lag_messages{partition="1"}'] == 0
-    assert s["deltastream_sync_lag_messages_total"] == 4
-    assert s['deltastream_sync_freshness_seconds{quantile="0.5"}'] == 0.25
-    assert s['deltastream_sync_freshness_seconds{quantile="0.99"}'] == 1.5
+    assert s["deltastream_sync_applied_bytes_total"] == 9000
+    assert s['deltastream_sync_partition_lag_messages{partition="0"}'] == 4
+    assert s['deltastream_sync_partition_lag_messages{partition="1"}'] == 0
+    assert s["deltastream_sync_lag_messages"] == 4  # a gauge: no _total suffix
+    assert "deltastream_sync_lag_messages_total" not in s
+    assert s['deltastream_sync_write_errors_total{what="quarantine"}'] == 2
+    assert s['deltastream_sync_write_errors_total{what="checkpoint"}'] == 0
+    assert s['deltastream_sync_foreign_messages_total{model="other"}'] == 5
+    assert s["deltastream_sync_quarantine_backlog_records"] == 1
+    assert s["deltastream_sync_group_commits_total"] == 3
+    # freshness is a histogram (aggregatable across predictors), not quantile gauges
+    assert "# TYPE deltastream_sync_freshness_seconds histogram" in text
+    assert s['deltastream_sync_freshness_seconds_bucket{le="0.001"}'] == 0
+    assert s['deltastream_sync_freshness_seconds_bucket{le="0.005"}'] == 1
+    assert s['deltastream_sync_freshness_seconds_bucket{le="0.5"}'] == 2
+    assert s['deltastream_sync_freshness_seconds_bucket{le="600.0"}'] == 3
+    assert s['deltastream_sync_freshness_seconds_bucket{le="+Inf"}'] == 3
+    assert s["deltastream_sync_freshness_seconds_count"] == 3
+    assert s["deltastream_sync_freshness_seconds_sum"] == pytest.approx(1.504)
+    assert not any("quantile" in k for k in s)
     assert s['deltastream_sync_table_rows{table="item"}'] == 7
     assert s["deltastream_sync_broker_connected"] == 1
     assert "# TYPE deltastream_sync_duplicates_total counter" in text
     assert "# TYPE deltastream_sync_checkpoint_age_seconds gauge" in text
 
 
+def test_exposed_names_follow_prometheus_conventions():
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StatsCollector(lambda: _stats()))
+    text = generate_latest(reg).decode()
+    types = dict(line.split()[2:4] for line in text.splitlines()
+                 if line.startswith("# TYPE"))
+    assert types and types == {n: t for n, t, _ in METRICS}  # METRICS is the full table
+    for name, kind in types.items():
+        assert name.startswith("deltastream_sync_")
+        if kind == "gauge":
+            assert not name.endswith("_total"), name
+    counters = [n for n, t, _ in METRICS if t == "counter"]
+    assert counters and all(n.endswith("_total") for n in counters)
+    assert not any("bytes_applied" in n for n, _, _ in METRICS)  # unit last: applied_bytes
+
+
 def test_collector_unknown_values_are_nan_and_state_is_reported():
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StatsCollector(lambda: _stats(broker="disconnected", freshness_p50_s=None,
+    reg.register(StatsCollector(lambda: _stats(broker="disconnected", lag_total=None,
                                                checkpoint_age_s=None)))
     s = _samples(generate_latest(reg).decode())
     assert s["deltastream_sync_broker_connected"] == 0
-    assert math.isnan(s['deltastream_sync_freshness_seconds{quantile="0.5"}'])
+    assert math.isnan(s["deltastream_sync_lag_messages"])
     assert math.isnan(s["deltastream_sync_checkpoint_age_seconds"])
 
 
@@ -164,4 +229,5 @@ def test_summary_line():
     assert "p50=0.25s" in line and "p99=1.5s" in line
     assert "duplicates=1" in line and "gaps=1" in line
     assert "quarantined" not in line  # zero counters are left out
+    assert "write_errors=quarantine:2" in line and "checkpoint:" not in line
     assert "p50=-" in summary_line(_stats(freshness_p50_s=None))
