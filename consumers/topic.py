@@ -33,6 +33,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
 
 from consumers.errors import BrokerUnavailable, OffsetError, TopicError, TopicNotFound
+from deltastream.kafka_compat import forbid_auto_create
 
 __all__ = [
     "TopicError",
@@ -115,6 +116,7 @@ class TopicReader:
         config.update(consumer_config)
         try:
             self._consumer = KafkaConsumer(**config)
+            forbid_auto_create(self._consumer)  # kafka-python ignores the config flag
         except KafkaTimeoutError as e:
             raise BrokerUnavailable(
                 f"no Kafka broker answered at {bootstrap_servers} within {self.timeout:g} s "

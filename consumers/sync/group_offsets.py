@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from consumers.sync.options import SyncOptions
+from deltastream.kafka_compat import forbid_auto_create
 
 __all__ = ["GroupCommitter", "default_group_id"]
 
@@ -71,7 +72,9 @@ class GroupCommitter:
                        request_timeout_ms=max(ms, 1000), reconnect_backoff_ms=50,
                        reconnect_backoff_max_ms=int(o.backoff_max * 1000),
                        client_id=f"deltastream-sync-{o.model}-offsets")
-            self._consumer = KafkaConsumer(**cfg)
+            consumer = KafkaConsumer(**cfg)
+            forbid_auto_create(consumer)  # a commit's metadata lookup must not create topics
+            self._consumer = consumer
         return self._consumer
 
     def commit(self, offsets: Mapping[int, int]) -> bool:

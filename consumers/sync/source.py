@@ -35,7 +35,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from consumers.errors import TopicError
 from consumers.sync.options import SyncOptions
+from deltastream.kafka_compat import forbid_auto_create
 
 __all__ = ["KafkaSource", "BROKER_STATES"]
 
@@ -268,7 +270,10 @@ class KafkaSource:
         errors = _kafka_errors()
         try:
             consumer = KafkaConsumer(**self._consumer_settings())
-        except (errors.KafkaError, OSError) as e:
+            # kafka-python ignores allow_auto_create_topics: without this, the metadata
+            # request below re-creates a vanished topic with the broker's default partitions
+            forbid_auto_create(consumer)
+        except (errors.KafkaError, OSError, TopicError) as e:
             self._set_state("disconnected", f"{type(e).__name__}: {e}")
             self._schedule_reconnect()
             return False

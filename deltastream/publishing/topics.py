@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from deltastream.errors import PublishError, TopicError
+from deltastream.kafka_compat import forbid_auto_create
 
 __all__ = ["ensure_topic", "partition_count", "admin_client", "load_kafka",
            "forbid_auto_create"]
@@ -52,27 +53,6 @@ def admin_client(bootstrap_servers: Any, timeout: float, client_config: dict) ->
     except (kafka.errors.KafkaError, OSError) as e:
         raise PublishError(f"cannot reach Kafka at {bootstrap_servers!r} within "
                            f"{timeout:g} s: {type(e).__name__}: {e}") from e
-
-
-def forbid_auto_create(client: Any) -> None:
-    """Make every metadata request of a kafka-python ``KafkaProducer`` or ``KafkaConsumer``
-    say ``allow_auto_topic_creation=False``.
-
-    kafka-python 3.0 accepts ``allow_auto_create_topics=False`` but does not hand it to the
-    cluster metadata object that builds the requests, so they ask the broker to create a
-    missing topic — with the broker's default partition count (4 on the embedded broker),
-    e.g. when a broker restart lost the topic. This sets the flag where the requests read
-    it. Raises :class:`TopicError` when that object cannot be found (kafka-python internals
-    moved: then the client is not known to be safe).
-    """
-    cluster = getattr(client, "_metadata", None)  # KafkaProducer
-    if cluster is None:
-        cluster = getattr(getattr(client, "_client", None), "cluster", None)  # KafkaConsumer
-    config = getattr(cluster, "config", None)
-    if not isinstance(config, dict) or "allow_auto_create_topics" not in config:
-        raise TopicError(f"cannot turn off topic auto-creation of {type(client).__name__} "
-                         "(kafka-python internals changed); refusing to use it")
-    config["allow_auto_create_topics"] = False
 
 
 def partition_count(admin: Any, topic: str) -> Optional[int]:
