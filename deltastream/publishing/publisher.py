@@ -34,7 +34,8 @@ from typing import Any, Optional
 import numpy as np
 
 from deltastream import wire
-from deltastream.errors import PublishError, TopicError
+from deltastream.errors import PublishError, TopicError, error_text
+from deltastream.kafka_config import check_bootstrap_servers
 from deltastream.publishing.results import (
     PublishResult,
     SentMessage,
@@ -144,7 +145,7 @@ class DeltaPublisher:
         if reserved:
             raise ValueError(f"producer_config: {reserved} are set by DeltaPublisher "
                              "(use its arguments: compression, max_message_bytes)")
-        self.bootstrap_servers = bootstrap_servers
+        self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
         self.topic = topic
         self.model = model
         self.dtype = dtype
@@ -190,7 +191,7 @@ class DeltaPublisher:
             if getattr(self, "_producer", None) is not None:
                 self._producer.close(timeout=0)
             raise PublishError(f"cannot start a Kafka producer for {bootstrap_servers!r}: "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{error_text(e)}") from e
         if seen is not None and len(seen) != count:
             log.warning("topic %r: admin sees %d partitions, producer %d", topic, count,
                         len(seen))
@@ -421,7 +422,7 @@ class DeltaPublisher:
                                                   headers=wire.kafka_headers(piece),
                                                   partition=self.partition)
                     except (kafka.errors.KafkaError, ValueError, TypeError) as e:
-                        reason = f"{type(e).__name__}: {e}"
+                        reason = f"{error_text(e)}"
                 if reason is not None:
                     rest = pieces[i:]
                     unsent = Undelivered(
