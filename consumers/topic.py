@@ -34,6 +34,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
 
 from consumers.errors import BrokerUnavailable, OffsetError, TopicError, TopicNotFound
 from deltastream.kafka_compat import forbid_auto_create
+from deltastream.kafka_config import bootstrap_list, check_bootstrap_servers, tls_probe
 
 __all__ = [
     "TopicError",
@@ -90,9 +91,7 @@ class TopicReader:
 
     def __init__(self, bootstrap_servers: str, topic: str, *, timeout: float = 10.0,
                  **consumer_config: Any) -> None:
-        if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
-            raise ValueError("bootstrap_servers: expected 'host:port[,host:port]', got "
-                             f"{bootstrap_servers!r}")
+        check_bootstrap_servers(bootstrap_servers)
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"topic: expected a non-empty str, got {topic!r}")
         self.timeout = _check_positive("timeout", timeout)
@@ -100,7 +99,7 @@ class TopicReader:
         self.bootstrap_servers = bootstrap_servers
         timeout_ms = max(1000, int(self.timeout * 1000))
         config = dict(
-            bootstrap_servers=bootstrap_servers.split(","),
+            bootstrap_servers=bootstrap_list(bootstrap_servers),
             group_id=None,
             enable_auto_commit=False,
             # An offset that retention deleted mid-read must fail loudly, never jump.
@@ -114,6 +113,10 @@ class TopicReader:
             client_id="deltastream-replay",
         )
         config.update(consumer_config)
+        # kafka-python would wait forever on a TLS handshake with a plaintext listener
+        problem = tls_probe(bootstrap_servers, config, self.timeout)
+        if problem:
+            raise BrokerUnavailable(f"cannot connect to {bootstrap_servers}: {problem}")
         try:
             self._consumer = KafkaConsumer(**config)
             forbid_auto_create(self._consumer)  # kafka-python ignores the config flag

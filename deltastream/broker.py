@@ -8,6 +8,9 @@ Linux — when the parent dies by a signal it cannot catch, so it never outlives
 
 Storage is in memory: a broker that is stopped and started again comes back empty.
 Production deployments use Apache Kafka (see ``docker/``).
+
+From a shell: ``deltastream broker [--port N]`` or ``python -m deltastream.broker [--port N]``
+runs one in the foreground and prints its bootstrap address (SIGTERM or Ctrl-C stops it).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Optional
+from typing import Any, Optional, TextIO
 
 from deltastream.errors import BrokerError
 
-__all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "free_port", "kafka_ready"]
+__all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "free_port", "kafka_ready",
+           "serve_foreground", "add_broker_arguments"]
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +169,12 @@ class EmbeddedBroker:
                                                          suffix=".log", delete=False)
         cmd = [self._binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
+        # A process group of its own: Ctrl-C in a terminal goes to the owner, which stops
+        # the broker after its clients (they would otherwise log a dead broker first).
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            process_group=0)
         deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -215,3 +222,73 @@ class EmbeddedBroker:
     def __repr__(self) -> str:
         state = f"pid={self.pid} on {self.bootstrap_servers}" if self.running else "stopped"
         return f"EmbeddedBroker({state})"
+
+
+
+# --------------------------------------------------------------------------- foreground CLI
+
+
+def add_broker_arguments(parser: Any) -> None:
+    """The flags of ``deltastream broker`` / ``python -m deltastream.broker``."""
+    from deltastream.cliargs import port
+
+    parser.add_argument("--port", type=port, default=9092,
+                        help="TCP port on 127.0.0.1; 0 picks a free one")
+
+
+def serve_foreground(port: int, *, out: Optional[TextIO] = None) -> int:
+    """Run a broker in the foreground until SIGTERM or SIGINT; print its bootstrap address on
+    ``out`` (stdout) once it answers. Returns the exit code: 0 stopped by a signal, 3 it could
+    not start (port taken, no binary) or its process died."""
+    from deltastream.cliargs import EXIT_OK, EXIT_UNAVAILABLE
+
+    out = out or sys.stdout
+    stop = threading.Event()
+    received: list[str] = []
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            broker = EmbeddedBroker(port=port or None).start()
+        except (BrokerError, ValueError) as e:
+            print(f"deltastream broker: error: {e}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        try:
+            print(broker.bootstrap_servers, file=out, flush=True)
+            log.info("embedded broker (in memory) at %s, pid %s; SIGTERM or Ctrl-C stops it",
+                     broker.bootstrap_servers, broker.pid)
+            while not stop.wait(0.5):
+                if not broker.running:
+                    print(f"deltastream broker: error: the broker process exited on its own; "
+                          f"log: {broker._log_tail(500)!r}", file=sys.stderr)
+                    return EXIT_UNAVAILABLE
+            log.info("%s received: stopping the broker", received[0])
+        finally:
+            broker.close()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return EXIT_OK
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m deltastream.broker [flags]``: the same as ``deltastream broker [flags]``."""
+    from deltastream.cliargs import EXIT_CODES, EnvArgumentParser, add_logging_arguments
+    from deltastream.clilog import setup_logging
+
+    p = EnvArgumentParser(prog="python -m deltastream.broker", env_prefix="DELTASTREAM_BROKER_",
+                          description="Run the embedded broker in the foreground.",
+                          epilog=EXIT_CODES)
+    add_logging_arguments(p)
+    add_broker_arguments(p)
+    args = p.parse_args(argv)
+    setup_logging(args.log_level, verbose=args.verbose)
+    return serve_foreground(args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,10 @@
-"""The ``deltastream`` command: ``demo``, ``bench`` and ``topic`` subcommands.
+"""The deltastream command: demo, bench, topic and broker subcommands.
 
-Every flag also reads a ``DELTASTREAM_*`` environment variable (see :mod:`deltastream.cliargs`).
+Each subcommand reads its flags also from DELTASTREAM_<SUBCOMMAND>_<FLAG> variables
+(``DELTASTREAM_TOPIC_PARTITIONS``, ``DELTASTREAM_DEMO_STEPS``, …); the shared settings
+from ``DELTASTREAM_BOOTSTRAP_SERVERS``, ``DELTASTREAM_KAFKA_*`` and
+``DELTASTREAM_LOG_LEVEL`` (see :mod:`deltastream.cliargs`). Exit codes follow
+:data:`deltastream.cliargs.EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -13,12 +17,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
-from deltastream.cliargs import EnvArgumentParser
+from deltastream.cliargs import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EnvArgumentParser,
+    add_kafka_arguments,
+    add_logging_arguments,
+    kafka_settings,
+    positive_float,
+    positive_int,
+)
+from deltastream.clilog import kafka_hint, setup_logging
+from deltastream.errors import DeltastreamError, error_text
+from deltastream.kafka_config import secret_values, tls_probe
 
-__all__ = ["main", "bench_names"]
+__all__ = ["main", "build_parser", "bench_names"]
 
 log = logging.getLogger(__name__)
 
+PROG = "deltastream"
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -42,7 +62,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     names = bench_names()
     if args.name == "list":
         print("\n".join(names))
-        return 0
+        return EXIT_OK
     common = _import_bench("_common")
     if args.name == "all":
         runner = _import_bench("run_all")
@@ -52,22 +72,40 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.name not in names:
         print(f"deltastream bench: unknown benchmark {args.name!r}; expected one of "
               f"{', '.join(names + ['all', 'list'])}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     # argparse.REMAINDER swallows flags after the name; --json belongs to us, not the bench.
     bench_args = [a for a in args.bench_args if a != "--json"]
     as_json = args.json or len(bench_args) != len(args.bench_args)
     results = _import_bench(args.name).main(bench_args)
     common.emit(results, as_json)
-    return 0
+    return EXIT_OK
+
+
+def _unavailable(what: str, e: BaseException) -> int:
+    """One line for a broker/topic problem (with kafka-python's last complaint), exit 3."""
+    text = str(e) if isinstance(e, DeltastreamError) else error_text(e)
+    print(f"{what}: {text}{kafka_hint(text)}", file=sys.stderr)
+    return EXIT_UNAVAILABLE
 
 
 def _cmd_topic(args: argparse.Namespace) -> int:
     from deltastream.publishing.topics import ensure_topic
 
     topic = args.topic or f"deltas.{args.model}"
-    partitions = ensure_topic(args.bootstrap_servers, topic, args.partitions)
+    problem = tls_probe(args.bootstrap_servers, args.kafka, min(args.timeout, 10.0))
+    if problem:
+        print(f"deltastream topic: error: {problem}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        partitions = ensure_topic(args.bootstrap_servers, topic, args.partitions,
+                                  timeout=args.timeout, **args.kafka)
+    except ValueError as e:
+        print(f"deltastream topic: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except DeltastreamError as e:
+        return _unavailable("deltastream topic: error", e)
     print(f"{topic}: {partitions} partitions on {args.bootstrap_servers}")
-    return 0
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -76,31 +114,60 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo_cli(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = EnvArgumentParser(prog="deltastream", description=__doc__.splitlines()[0])
-    p.add_argument("--log-level", default="INFO",
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
-    sub = p.add_subparsers(dest="command", required=True)
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from deltastream.broker import serve_foreground
 
-    b = sub.add_parser("bench", help="run a benchmark (figure vs a same-run baseline)")
+    return serve_foreground(args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``deltastream``."""
+    p = EnvArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EXIT_CODES)
+    add_logging_arguments(p)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("bench", env_prefix="DELTASTREAM_BENCH_", epilog=EXIT_CODES,
+                       help="run a benchmark (figure vs a same-run baseline)")
+    add_logging_arguments(b, again=p)
     b.add_argument("name", help="benchmark name, 'list' or 'all'")
     b.add_argument("--json", action="store_true", help="print one JSON object per figure")
-    b.add_argument("--write", default=None,
+    b.add_argument("--write", default=None, metavar="FILE",
                    help="with 'all': regenerate this markdown file (e.g. BENCHMARKS.md)")
     b.add_argument("bench_args", nargs=argparse.REMAINDER,
                    help="options passed to the benchmark itself (see its --help)")
     b.set_defaults(func=_cmd_bench)
 
-    t = sub.add_parser("topic", help="create the deltas topic if missing (idempotent)")
-    t.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers host:port")
-    t.add_argument("--model", default="model", help="model name; the topic defaults to deltas.<model>")
+    t = sub.add_parser("topic", env_prefix="DELTASTREAM_TOPIC_", epilog=EXIT_CODES,
+                       help="create the deltas topic if missing (idempotent)",
+                       description="Create the deltas topic with --partitions partitions "
+                                   "unless it exists; print its partition count.")
+    add_logging_arguments(t, again=p)
+    add_kafka_arguments(t)
+    t.add_argument("--model", default="model",
+                   help="model name; the topic defaults to deltas.<model>")
     t.add_argument("--topic", default=None, help="topic name (default deltas.<model>)")
-    t.add_argument("--partitions", type=int, default=1,
+    t.add_argument("--partitions", type=positive_int, default=1,
                    help="partitions to create; use at least the number of trainer shards")
-    t.set_defaults(func=_cmd_topic)
+    t.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
+                   help="seconds to reach the broker and see the topic")
+    t.set_defaults(func=_cmd_topic, kafka_prefix="DELTASTREAM_TOPIC_", sub_parser=t)
 
-    d = sub.add_parser("demo", help="train a small CTR model and stream its deltas to a "
-                                    "predictor end to end; writes a report")
+    k = sub.add_parser("broker", env_prefix="DELTASTREAM_BROKER_", epilog=EXIT_CODES,
+                       help="run the embedded broker (in memory) in the foreground",
+                       description="Start the embedded Kafka-compatible broker (Tansu, in "
+                                   "memory, 127.0.0.1 only) for trying the tools; print its "
+                                   "bootstrap address on stdout once it answers; SIGTERM or "
+                                   "Ctrl-C stops it (exit 0). Its data is gone when it stops.")
+    add_logging_arguments(k, again=p)
+    from deltastream.broker import add_broker_arguments
+
+    add_broker_arguments(k)
+    k.set_defaults(func=_cmd_broker)
+
+    d = sub.add_parser("demo", env_prefix="DELTASTREAM_DEMO_", epilog=EXIT_CODES,
+                       help="train a small CTR model and stream its deltas to a "
+                            "predictor end to end; writes a report")
+    add_logging_arguments(d, again=p)
     from demo.run import add_demo_arguments
 
     add_demo_arguments(d)
@@ -109,10 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``deltastream``; returns the process exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    # the demo reads its Kafka settings itself (demo.run); topic here, before any logging
+    args.kafka = (kafka_settings(args, args.sub_parser, args.kafka_prefix)
+                  if args.command == "topic" else {})
+    setup_logging(args.log_level, verbose=args.verbose, secrets=secret_values(args.kafka))
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

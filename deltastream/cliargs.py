@@ -1,51 +1,143 @@
-"""argparse helpers: every flag also reads a ``DELTASTREAM_*`` environment variable.
+"""argparse conventions shared by every deltastream CLI (torch-free).
 
-Torch-free, shared by the trainer-side ``deltastream`` CLI and the predictor CLIs.
-A flag ``--state-dir`` defaults from ``DELTASTREAM_STATE_DIR``; the command line wins.
+* **Environment variables.** Every flag also reads an environment variable named after the
+  tool: ``--state-dir`` of ``deltastream-sync`` reads ``DELTASTREAM_SYNC_STATE_DIR``; a
+  subcommand adds its name (``deltastream-replay dump --limit`` reads
+  ``DELTASTREAM_REPLAY_DUMP_LIMIT``, then the tool-wide ``DELTASTREAM_REPLAY_LIMIT``). Only
+  truly shared settings also read a shared name, last: ``DELTASTREAM_BOOTSTRAP_SERVERS``,
+  ``DELTASTREAM_KAFKA_CONFIG`` (and the ``DELTASTREAM_KAFKA_*`` security variables of
+  :mod:`deltastream.kafka_config`), ``DELTASTREAM_LOG_LEVEL``. The command line wins, then
+  the most specific variable. ``--help`` names each flag's variables.
+* **Errors.** A bad flag or variable value is one line on stderr naming it and what was
+  expected, exit code 2 (:data:`EXIT_USAGE`). The exit codes of all tools are in
+  :data:`EXIT_CODES`.
+* **Value types** for flags (:func:`positive_int`, :func:`bootstrap_servers`, …) raise
+  ``ArgumentTypeError``, so a bad value is a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn, Optional
 
-__all__ = ["EnvArgumentParser", "env_name", "positive_float", "non_negative_float",
-           "positive_int", "port"]
+from deltastream.kafka_config import check_bootstrap_servers, security_config
+
+__all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
+           "non_negative_float", "positive_int", "port", "bootstrap_servers", "comma_list",
+           "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
+           "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
+           "SHARED_FLAGS"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
+#: flags that every tool shares; they also read ``DELTASTREAM_<FLAG>`` (after the tool's own)
+SHARED_FLAGS = frozenset({"bootstrap-servers", "kafka-config", "log-level"})
 
-def env_name(dest: str) -> str:
-    """Environment variable for a flag name or dest: ``state-dir`` -> ``DELTASTREAM_STATE_DIR``."""
-    return ENV_PREFIX + dest.upper().replace("-", "_")
+# The exit codes of every deltastream tool (README "Exit codes").
+EXIT_OK = 0           #: success (diff: no differences; services: stopped by SIGTERM/SIGINT)
+EXIT_FAILED = 1       #: ran, and found a problem: a diff, a broken invariant, a failed run
+EXIT_USAGE = 2        #: usage or input error: flags, variables, files, snapshots, state
+EXIT_UNAVAILABLE = 3  #: the broker or the topic is unavailable (unreachable, TLS/SASL, missing)
+EXIT_INTERRUPTED = 130  #: interrupted (Ctrl-C) before finishing; one-shot tools only
+
+#: one line for ``--help`` epilogs
+EXIT_CODES = ("exit codes: 0 ok, 1 a problem found (diff, broken invariant, failed run), "
+              "2 usage or input error, 3 broker or topic unavailable, 130 interrupted")
+
+
+def env_name(dest: str, prefix: str = ENV_PREFIX) -> str:
+    """Environment variable of a flag: ``state-dir`` -> ``<prefix>STATE_DIR``."""
+    return prefix + dest.upper().replace("-", "_")
+
+
+_RST = [(re.compile(r":[a-z]+:`~?([^`]+)`"), r"\1"), (re.compile(r"``([^`]+)``"), r"\1")]
+
+
+def _plain(text: str) -> str:
+    """Docstring markup (``x``, :mod:`x`) as plain text for a terminal."""
+    for pattern, repl in _RST:
+        text = pattern.sub(repl, text)
+    return text
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown only where they say something (not on required flags, not None or
+    False), and no reStructuredText markup in descriptions."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.required or default is None or default is argparse.SUPPRESS
+                or isinstance(default, bool) or default == [] or "%(default)" in text
+                or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(_plain(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return _plain(super()._expand_help(action))
 
 
 class EnvArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser whose optional flags default from ``DELTASTREAM_<FLAG>``.
+    """An ArgumentParser whose optional flags default from environment variables.
 
-    The variable is named in each flag's help. Values from the environment go through
-    the flag's ``type`` and ``choices`` like command-line values; ``store_true`` flags
-    accept 1/true/yes/on and 0/false/no/off.
+    Args:
+        env_prefix: this parser's prefix, e.g. ``"DELTASTREAM_SYNC_"``.
+        env_parent: a second prefix read after ``env_prefix`` (a subcommand's tool-wide
+            prefix, e.g. ``"DELTASTREAM_REPLAY_"``).
+
+    ``add_argument`` takes two extra keywords: ``env_local=True`` reads only
+    ``env_prefix`` (a flag whose meaning differs between subcommands, like ``--out``);
+    ``env=False`` reads no variable. Values from the environment go through the flag's
+    ``type`` and ``choices``; ``store_true`` flags accept 1/true/yes/on and 0/false/no/off.
+    Subparsers (``add_subparsers().add_parser(name, env_prefix=…)``) are of this class too.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+    def __init__(self, *args: Any, env_prefix: str = ENV_PREFIX,
+                 env_parent: Optional[str] = None, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.env_prefix = env_prefix
+        self.env_parent = env_parent
+
+    def error(self, message: str) -> NoReturn:
+        """A usage error: one line on stderr, exit code 2."""
+        missing = "the following arguments are required: "
+        flags = message[len(missing):].split(", ")
+        if message.startswith(missing) and all(f.startswith("--") for f in flags):
+            # say where else the values may come from
+            message += " (or set " + ", ".join(self.env_vars(f[2:])[-1] for f in flags) + ")"
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def env_vars(self, flag: str, *, local: bool = False) -> list[str]:
+        """The variables of ``flag`` (``"state-dir"``), most specific first."""
+        out = [env_name(flag, self.env_prefix)]
+        if self.env_parent and not local:
+            out.append(env_name(flag, self.env_parent))
+        if flag in SHARED_FLAGS:
+            out.append(env_name(flag))
+        return list(dict.fromkeys(out))
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        local = kwargs.pop("env_local", False)
+        use_env = kwargs.pop("env", True)
         action = super().add_argument(*args, **kwargs)
-        if not action.option_strings or action.dest in ("help", "version"):
+        if not use_env or not action.option_strings or action.dest in ("help", "version"):
             return action
         # Named after the long flag, not the dest: `--model` (dest model_name) reads
-        # DELTASTREAM_MODEL, which is what a user reading --help expects.
+        # ..._MODEL, which is what a user reading --help expects.
         longs = [o for o in action.option_strings if o.startswith("--")]
-        var = env_name(longs[0][2:] if longs else action.dest)
-        action.help = (action.help or "") + f" [env {var}]"
-        raw = os.environ.get(var)
-        if raw is None:
+        names = self.env_vars(longs[0][2:] if longs else action.dest, local=local)
+        action.help = (action.help or "") + " [env " + ", else ".join(names) + "]"
+        var = next((n for n in names if n in os.environ), None)
+        if var is None:
             return action
+        raw = os.environ[var]
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             truth = raw.strip().lower()
             if truth not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -71,14 +163,30 @@ class EnvArgumentParser(argparse.ArgumentParser):
         return out if action.nargs in ("+", "*") else out[0]
 
 
-# Value types for flags. They raise ArgumentTypeError, so a bad value on the command line or
-# in a DELTASTREAM_* variable is a usage error (exit 2) naming the flag or the variable.
+class ListAction(argparse.Action):
+    """A flag that takes a comma-separated list and may be repeated: the values add up.
+
+    ``type`` turns one flag value into a list. A default (e.g. from the environment) is
+    replaced, not extended, by the first use on the command line.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        current = getattr(namespace, self.dest, None)
+        if current is self.default or current is None:
+            current = []
+        setattr(namespace, self.dest, list(current) + list(values))
+
+
+# --------------------------------------------------------------------------- value types
+# They raise ArgumentTypeError, so a bad value on the command line or in a variable is a
+# usage error (exit 2) naming the flag or the variable.
 
 
 def positive_float(text: str) -> float:
     """A number > 0 (seconds, fractions of a size, ...)."""
     v = _number(text, float)
-    if not v > 0:
+    if not 0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
 
@@ -107,9 +215,76 @@ def port(text: str) -> int:
     return v
 
 
+def bootstrap_servers(text: str) -> str:
+    """``host:port[,host:port…]``, port 1..65535, IPv6 in brackets (see
+    :func:`deltastream.kafka_config.check_bootstrap_servers`)."""
+    try:
+        return str(check_bootstrap_servers(text.strip()))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def comma_list(text: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]`` (empty items dropped; at least one)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated values, got "
+                                         f"{text!r}")
+    return items
+
+
 def _number(text: str, kind: type) -> Any:
     try:
         return kind(text)
     except ValueError:
         what = "an integer" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+# --------------------------------------------------------------------------- shared flags
+
+
+def add_kafka_arguments(parser: EnvArgumentParser, *, required: bool = True,
+                        help_suffix: str = "") -> None:
+    """``--bootstrap-servers`` (validated) and ``--kafka-config FILE`` (TLS/SASL)."""
+    parser.add_argument("--bootstrap-servers", type=bootstrap_servers, required=required,
+                        default=None, metavar="HOST:PORT[,...]",
+                        help="Kafka bootstrap servers." + help_suffix)
+    parser.add_argument("--kafka-config", default=None, metavar="FILE",
+                        help="Kafka client security settings (TLS, SASL) as key=value lines, "
+                             "e.g. security.protocol=SASL_SSL, sasl.mechanism=SCRAM-SHA-512, "
+                             "sasl.username=…, ssl.cafile=…; each also from a "
+                             "DELTASTREAM_KAFKA_<NAME> variable (e.g. "
+                             "DELTASTREAM_KAFKA_SASL_PASSWORD), which wins over the file. "
+                             "Secrets never need the command line.")
+
+
+def kafka_settings(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                   tool_prefix: str) -> dict[str, Any]:
+    """The validated security settings of ``--kafka-config`` and the environment
+    (``<tool_prefix>KAFKA_*`` before ``DELTASTREAM_KAFKA_*``); a bad one is a usage error."""
+    try:
+        return security_config(getattr(args, "kafka_config", None),
+                               prefixes=tuple(dict.fromkeys((tool_prefix, ENV_PREFIX))))
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def add_logging_arguments(parser: EnvArgumentParser, *, default: str = "INFO",
+                          again: Optional[EnvArgumentParser] = None) -> None:
+    """``--log-level`` and ``-v/--verbose``. ``again``: the parent parser, whose same flags
+    these repeat on a subcommand (they override the ones given before it; the variables
+    are the parent's)."""
+    kw: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again
+                          else {"default": default})
+    where = (" Also accepted before the subcommand [env "
+             + ", else ".join(again.env_vars("log-level")) + "]." if again else "")
+    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="Logging level (logs go to stderr)." + where, **kw)
+    kw_v: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again else {})
+    where_v = (" Also accepted before the subcommand [env "
+               + ", else ".join(again.env_vars("verbose")) + "]." if again else "")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="Also show the Kafka client library's (kafka-python) own log "
+                             "lines; they are hidden otherwise, and failures are reported "
+                             "in one line." + where_v, **kw_v)

@@ -13,7 +13,8 @@ Hierarchy::
     │   ├── BrokerUnavailable           no broker answered in time
     │   ├── TopicNotFound               the topic does not exist
     │   └── OffsetError                 an offset range cannot be read as asked
-    └── BrokerError (RuntimeError)      the embedded broker cannot be found or started
+    ├── BrokerError (RuntimeError)      the embedded broker cannot be found or started
+    └── KafkaConfigError (ValueError)   bad Kafka client settings (bootstrap, TLS, SASL)
 
 ``consumers.errors.ConsumerError`` (the predictor package's root) derives from
 :class:`DeltastreamError` too, so ``except DeltastreamError`` catches everything.
@@ -32,6 +33,8 @@ __all__ = [
     "TopicNotFound",
     "OffsetError",
     "BrokerError",
+    "KafkaConfigError",
+    "error_text",
 ]
 
 
@@ -80,3 +83,17 @@ class OffsetError(TopicError):
 
 class BrokerError(DeltastreamError, RuntimeError):
     """The embedded broker could not be found or started."""
+
+
+class KafkaConfigError(DeltastreamError, ValueError):
+    """Bad Kafka client settings (a security setting, a properties file); names the key."""
+
+
+def error_text(e: BaseException) -> str:
+    """``"<ErrorType>: <message>"`` for a one-line report, without the doubled type name
+    kafka-python's errors would give (their ``str()`` already starts with it)."""
+    name = type(e).__name__
+    text = str(e)
+    if text == name or text.startswith(name + ":"):
+        return text
+    return f"{name}: {text}" if text else name

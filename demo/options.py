@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from deltastream.cliargs import EnvArgumentParser, add_kafka_arguments
+from deltastream.kafka_config import check_bootstrap_servers
 from demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
@@ -28,6 +30,8 @@ class DemoOptions:
     """Everything ``deltastream demo`` is configured with (see ``--help`` for each)."""
 
     bootstrap_servers: Optional[str] = None
+    kafka_config: Optional[str] = None  # --kafka-config FILE
+    kafka: dict = field(default_factory=dict)  # resolved security settings (validated)
     topic: Optional[str] = None
     model_name: str = "demo"
     workers: int = 2
@@ -51,6 +55,7 @@ class DemoOptions:
     progress: str = "auto"
     timeout: float = 900.0
     log_level: str = "WARNING"
+    verbose: bool = False
     hidden: tuple = field(default=(64, 32))
 
     @property
@@ -114,8 +119,11 @@ class DemoOptions:
         if not self.model_name or "/" in self.model_name:
             raise ValueError(f"--model must be non-empty without '/', got "
                              f"{self.model_name!r}")
-        if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
-            raise ValueError("--bootstrap-servers must be host:port[,host:port] when given")
+        if self.bootstrap_servers is not None:
+            check_bootstrap_servers(self.bootstrap_servers)
+        elif self.kafka:
+            raise ValueError("Kafka security settings (--kafka-config, DELTASTREAM_KAFKA_*) "
+                             "need --bootstrap-servers: the embedded broker is plaintext")
         out = Path(self.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {self.out!r} exists and is not a directory")
@@ -140,12 +148,13 @@ def _check_cuda(workers: int) -> None:
                          f"> {n} GPUs; lower --workers")
 
 
-def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the demo's flags to ``parser`` (an ``EnvArgumentParser``: DELTASTREAM_* defaults)."""
+def add_demo_arguments(parser: EnvArgumentParser) -> None:
+    """Add the demo's flags to ``parser`` (an ``EnvArgumentParser`` with the prefix
+    ``DELTASTREAM_DEMO_``: each flag also reads ``DELTASTREAM_DEMO_<FLAG>``)."""
     d = DemoOptions()
     a = parser.add_argument
-    a("--bootstrap-servers", default=None,
-      help="Kafka bootstrap servers host:port[,host:port]; none = start an embedded broker")
+    add_kafka_arguments(parser, required=False,
+                        help_suffix=" Without it the demo starts an embedded broker.")
     a("--topic", default=None, help="deltas topic (default deltas.<model>)")
     a("--model", dest="model_name", default=d.model_name,
       help="model name carried in every message")
@@ -188,7 +197,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
     """:class:`DemoOptions` from the flags of :func:`add_demo_arguments` (not validated)."""
     return DemoOptions(
-        bootstrap_servers=args.bootstrap_servers, topic=args.topic,
+        bootstrap_servers=args.bootstrap_servers, kafka_config=args.kafka_config,
+        topic=args.topic,
         model_name=args.model_name, workers=args.workers, device=args.device,
         steps=args.steps, duration=args.duration, batch_size=args.batch_size,
         publish_every=args.publish_every, snapshot_every=args.snapshot_every,
@@ -196,4 +206,5 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         max_message_bytes=args.max_message_bytes, users=args.users, items=args.items,
         lr_sparse=args.lr_sparse, lr_dense=args.lr_dense, held_out=args.held_out,
         out=args.out, seed=args.seed, progress=args.progress, timeout=args.timeout,
-        log_level=getattr(args, "log_level", "WARNING") or "WARNING")
+        log_level=getattr(args, "log_level", "WARNING") or "WARNING",
+        verbose=bool(getattr(args, "verbose", False)))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import signal
 import sys
 import threading
 import time
@@ -36,13 +37,14 @@ import numpy as np
 from consumers.serving_table import ServingTable
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.sync import SyncDaemon
+from deltastream.clilog import setup_logging
+from deltastream.kafka_config import secret_values
 from demo.data import ClickStream, StreamConfig
 from demo.scoring import RowTable, auc, logloss, score
 
 __all__ = [
     "ApplyLog",
     "write_start_base",
-    "merge_snapshots",
     "row_tolerance",
     "compare_rows",
     "predictor_main",
@@ -98,50 +100,16 @@ class ApplyLog:
             return len(self._t)
 
 
-def write_start_base(path: Path, bootstrap_servers: str, topic: str) -> dict[int, int]:
+def write_start_base(path: Path, bootstrap_servers: str, topic: str,
+                     kafka_config: Optional[dict] = None) -> dict[int, int]:
     """Write an empty base snapshot at the topic's current end offsets; return them."""
     from consumers.topic import TopicReader
 
-    with TopicReader(bootstrap_servers, topic, timeout=15.0) as reader:
+    with TopicReader(bootstrap_servers, topic, timeout=15.0, **(kafka_config or {})) as reader:
         ends = reader.end_offsets()
     write_snapshot(path, tables={}, offsets=ends, seqs={},
                    meta={"kind": "deltastream-demo-start", "topic": topic})
     return ends
-
-
-def merge_snapshots(paths: list[Path], out: Path) -> dict:
-    """Merge per-shard base snapshots (disjoint ids and partitions) into one at ``out``.
-
-    Returns ``{"ids": rows in all tables, "offsets": {...}, "steps": [...]}``.
-    """
-    tables: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    dims: dict[str, int] = {}
-    offsets: dict[int, int] = {}
-    streams: list[dict] = []
-    steps = []
-    for p in paths:
-        snap = read_snapshot(p)
-        for name, t in snap.tables.items():
-            tables.setdefault(name, []).append(t.items())
-            dims[name] = t.dim
-        for part, off in snap.offsets.items():
-            if part in offsets and offsets[part] != off:
-                raise ValueError(f"snapshots disagree on partition {part}: {offsets[part]} vs "
-                                 f"{off} ({p})")
-            offsets[part] = off
-        streams += list(snap.seqs.get("streams", [])) if snap.seqs else []
-        steps.append(snap.meta.get("step"))
-    merged = {}
-    for name, parts in tables.items():
-        ids = np.concatenate([a for a, _ in parts])
-        rows = np.concatenate([b for _, b in parts]).reshape(-1, dims[name])
-        merged[name] = ServingTable.from_arrays(name, ids, rows) if ids.size \
-            else ServingTable(name, dims[name])
-    write_snapshot(out, tables=merged, offsets=offsets,
-                   seqs={"version": 1, "streams": streams} if streams else {},
-                   meta={"kind": "deltastream-demo-merged-base", "steps": steps})
-    return {"ids": int(sum(len(t) for t in merged.values())), "offsets": offsets,
-            "steps": steps}
 
 
 def row_tolerance(trainer_rows: np.ndarray, wire_dtype: str) -> np.ndarray:
@@ -289,19 +257,20 @@ def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict)
     if not snaps:
         return {"skipped": "no snapshot was written (--snapshot-every larger than the run?)"}
     work = Path(cfg["work_dir"])
-    merged = work / "bootstrap-base"
-    info = merge_snapshots(snaps, merged)
+    steps = [read_snapshot(p).meta.get("step") for p in snaps]
     t0 = time.monotonic()
+    # one base per trainer shard: the daemon merges them (disjoint ids and partitions)
     d = SyncDaemon(cfg["bootstrap_servers"], cfg["topic"], model=cfg["model_name"],
-                   state_dir=work / "bootstrap-state", base=merged, summary_interval=0,
-                   checkpoint_interval=60.0)
+                   state_dir=work / "bootstrap-state", base=snaps, summary_interval=0,
+                   checkpoint_interval=60.0, **(cfg.get("kafka_config") or {}))
+    base_ids = sum(len(t) for t in d.tables().values())  # before it read anything
     try:
         ok = d.catch_up(timeout=60.0)
         st = d.stats()
     finally:
         d.stop()
     tables = d.tables()
-    out = {"snapshot_steps": info["steps"], "base_ids": info["ids"], "caught_up": bool(ok),
+    out = {"snapshot_steps": steps, "base_ids": base_ids, "caught_up": bool(ok),
            "seconds": time.monotonic() - t0, "messages": st["messages"],
            "gaps": st["gaps"], "duplicates": st["duplicates"]}
     # every trainer row must be there; values within the wire tolerance (rows published after
@@ -331,10 +300,14 @@ def predictor_main(cfg: dict, events: Any, control: Any) -> None:
 
     ``cfg`` keys: bootstrap_servers, topic, model_name, state_dir, work_dir, snapshot_dir,
     dim, wire_dtype, stream (StreamConfig kwargs), heldout, progress_interval, t0 (wall
-    start), log_level. ``events``: queue to the parent; ``control``: queue from it.
+    start), log_level, verbose, kafka_config (kafka-python security settings). ``events``:
+    queue to the parent; ``control``: queue from it.
     """
-    logging.basicConfig(level=cfg.get("log_level", "WARNING"),
-                        format="%(asctime)s %(levelname)s predictor %(name)s: %(message)s")
+    # Ctrl-C reaches the whole process group: the parent stops this process, quietly
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(cfg.get("log_level", "WARNING"), verbose=bool(cfg.get("verbose")),
+                  fmt="%(asctime)s %(levelname)s predictor %(name)s: %(message)s",
+                  secrets=secret_values(cfg.get("kafka_config") or {}))
     try:
         _predictor(cfg, events, control)
     except BaseException as e:  # the parent must learn why, not just see an exit code
@@ -347,13 +320,15 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
     torch_at_start = "torch" in sys.modules
     state = Path(cfg["state_dir"])
     work = Path(cfg["work_dir"])
+    kafka_config = cfg.get("kafka_config") or {}
     start_offsets = write_start_base(work / "predictor-base", cfg["bootstrap_servers"],
-                                     cfg["topic"])
+                                     cfg["topic"], kafka_config)
     alog = ApplyLog()
     daemon = SyncDaemon(cfg["bootstrap_servers"], cfg["topic"], model=cfg["model_name"],
                         state_dir=state, base=work / "predictor-base", on_apply=alog,
                         checkpoint_interval=cfg.get("checkpoint_interval", 5.0),
-                        summary_interval=0, freshness_window=30.0, poll_timeout_ms=100)
+                        summary_interval=0, freshness_window=30.0, poll_timeout_ms=100,
+                        **kafka_config)
     runner = threading.Thread(target=daemon.run, name="sync-daemon", daemon=True)
     runner.start()
     events.put({"kind": "ready", "who": "predictor", "start_offsets": start_offsets})

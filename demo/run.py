@@ -15,7 +15,9 @@ report dict and plots in :mod:`demo.summary` (written and checked by :mod:`demo.
 The parent starts the processes, shows live progress on a terminal (step, loss, examples/s,
 rows published/s, lag, freshness p99), and at the end writes ``report.json`` and PNG plots to
 ``--out`` and prints the report table. It exits 0 when every invariant of the report holds
-(:func:`demo.report.check_report`), 1 when one is broken, 2 on bad flags.
+(:func:`demo.report.check_report`), 1 when one is broken or a process failed, 2 on bad flags,
+3 when the broker or the topic is unavailable, 130 on Ctrl-C (the children are stopped first;
+they ignore SIGINT themselves, so one Ctrl-C gives one "interrupted" line).
 
 Defaults finish in about a minute on a 2-core machine; ``--steps`` / ``--duration`` scale
 the run up. Everything is seeded (``--seed``): the stream, the model's initialization and
@@ -29,13 +31,24 @@ import logging
 import multiprocessing as mp
 import queue
 import shutil
+import signal
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from deltastream.broker import BrokerError, EmbeddedBroker, free_port
+from deltastream.cliargs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+)
+from deltastream.clilog import hide_secrets, kafka_hint
+from deltastream.kafka_config import secret_values, security_config, tls_probe
 from demo import report as rpt
 from demo.options import DEFAULT_STEPS, DemoOptions, add_demo_arguments, options_from_args
 from demo.progress import ProgressLine, status_line
@@ -43,8 +56,8 @@ from demo.summary import build_report, make_plots
 
 # DemoOptions, add_demo_arguments and DEFAULT_STEPS live in demo.options; they are
 # re-exported here, where ``deltastream demo`` has always found them.
-__all__ = ["DemoOptions", "DemoError", "add_demo_arguments", "run_demo_cli", "run_demo",
-           "DEFAULT_STEPS"]
+__all__ = ["DemoOptions", "DemoError", "DemoUnavailable", "add_demo_arguments",
+           "run_demo_cli", "run_demo", "DEFAULT_STEPS"]
 
 log = logging.getLogger(__name__)
 
@@ -53,34 +66,68 @@ class DemoError(RuntimeError):
     """The demo could not run to the end (a process failed, a timeout); the text says why."""
 
 
+class DemoUnavailable(DemoError):
+    """The broker (embedded or given) or the topic cannot be used; the text says why."""
+
+
 # --------------------------------------------------------------------------- CLI
 
 
 def run_demo_cli(args: argparse.Namespace) -> int:
-    """Run the demo from parsed CLI ``args``; print the report. Exit code (0/1/2)."""
+    """Run the demo from parsed CLI ``args``; print the report. Exit code (see the module
+    docstring)."""
     try:
         opts = options_from_args(args)
+        opts.kafka = security_config(opts.kafka_config,
+                                     prefixes=("DELTASTREAM_DEMO_", "DELTASTREAM_"))
         opts.validate()
     except ValueError as e:
         print(f"deltastream demo: error: {e}", file=sys.stderr)
-        return 2
-    if opts.log_level != "DEBUG":
-        # kafka-python logs every connection at INFO; the demo's own progress says enough
-        logging.getLogger("kafka").setLevel(logging.WARNING)
+        return EXIT_USAGE
+    hide_secrets(secret_values(opts.kafka))
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.getsignal(signal.SIGINT)
+    if main_thread:
+        signal.signal(signal.SIGINT, _first_interrupt)
     try:
         report = run_demo(opts)
+    except DemoUnavailable as e:
+        print(f"deltastream demo: error: {e}{kafka_hint(str(e))}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except DemoError as e:
         print(f"deltastream demo: failed: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("deltastream demo: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, old)
     print(rpt.format_report(report))
     print(f"\nreport: {Path(opts.out) / 'report.json'}")
-    return 0 if not report["invariants"]["problems"] else 1
+    return EXIT_OK if not report["invariants"]["problems"] else EXIT_FAILED
+
+
+def _first_interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C: stop the demo; a second Ctrl-C must not cut the children's cleanup short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 # --------------------------------------------------------------------------- orchestration
+
+
+def _terminate_all(procs: list[mp.process.BaseProcess]) -> None:
+    """SIGTERM to every child at once (none lives to report the others' death), then wait."""
+    for p in procs:
+        if p.pid is not None and p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
 
 
 def _stop_process(p: mp.process.BaseProcess, grace: float = 5.0) -> None:
@@ -214,18 +261,22 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
             try:
                 broker = stack.enter_context(EmbeddedBroker())
             except BrokerError as e:
-                raise DemoError(str(e)) from None
+                raise DemoUnavailable(str(e)) from None
             servers = broker.bootstrap_servers
             log.info("embedded broker at %s", servers)
         else:
             servers = opts.bootstrap_servers
-        from deltastream.publishing.publisher import PublishError, ensure_topic
+        from deltastream.errors import PublishError, TopicError
+        from deltastream.publishing.topics import ensure_topic
 
+        problem = tls_probe(servers, opts.kafka, 15.0)
+        if problem:
+            raise DemoUnavailable(f"cannot use {servers}: {problem}")
         try:
             parts = ensure_topic(servers, topic, partitions=opts.workers,
-                                 max_message_bytes=opts.max_message_bytes)
-        except PublishError as e:  # TopicError is one too
-            raise DemoError(f"cannot use topic {topic!r} on {servers}: {e}") from None
+                                 max_message_bytes=opts.max_message_bytes, **opts.kafka)
+        except (PublishError, TopicError) as e:
+            raise DemoUnavailable(f"cannot use topic {topic!r} on {servers}: {e}") from None
         if parts < opts.workers:
             log.warning("topic %s has %d partitions for %d trainer shards", topic, parts,
                         opts.workers)
@@ -234,7 +285,7 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
                       dim=opts.dim, wire_dtype=opts.wire_dtype, stream=stream_cfg,
                       heldout=opts.held_out, work_dir=str(paths["work"]),
                       snapshot_dir=str(paths["snapshots"]), t0=t0_wall,
-                      log_level=child_level)
+                      log_level=child_level, verbose=opts.verbose, kafka_config=opts.kafka)
         pcfg = dict(common, state_dir=str(paths["state"]), progress_interval=0.5)
         predictor = run.ctx.Process(target=_predictor_entry, args=(pcfg, run.events,
                                                                    run.control),
@@ -271,8 +322,10 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
                              "timeout": max(10.0, min(120.0, deadline - time.monotonic()))})
             run.pump(lambda: run.result is not None, max(1.0, deadline - time.monotonic()),
                      "the predictor's scores")
-        except BaseException:
+        except BaseException as e:
             progress.close()
+            if isinstance(e, KeyboardInterrupt):  # stop now, all at once, quietly
+                _terminate_all(list(run.procs.values()))
             try:
                 run.control.put({"kind": "abort"})
             except (OSError, ValueError):
@@ -309,15 +362,15 @@ def _trainer_entry(rank: int, cfg: dict, events: Any) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m demo.run [flags]``: the same as ``deltastream demo [flags]``."""
-    from deltastream.cliargs import EnvArgumentParser
+    from deltastream.cliargs import EXIT_CODES, EnvArgumentParser, add_logging_arguments
+    from deltastream.clilog import setup_logging
 
-    p = EnvArgumentParser(prog="deltastream demo", description=__doc__.splitlines()[0])
-    p.add_argument("--log-level", default="INFO",
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level")
+    p = EnvArgumentParser(prog="deltastream demo", env_prefix="DELTASTREAM_DEMO_",
+                          description=__doc__.splitlines()[0], epilog=EXIT_CODES)
+    add_logging_arguments(p)
     add_demo_arguments(p)
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, verbose=args.verbose)
     return run_demo_cli(args)
 
 

@@ -30,11 +30,15 @@ import datetime
 import logging
 import math
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from deltastream.clilog import setup_logging
+from deltastream.kafka_config import secret_values
 
 __all__ = ["trainer_main", "SNAPSHOT_PREFIX"]
 
@@ -51,10 +55,14 @@ def trainer_main(rank: int, cfg: dict, events: Any) -> None:
     hidden, batch_size, steps (or None), duration (s or None), publish_every,
     snapshot_every, topk_fraction, wire_dtype, max_message_bytes, lr_sparse, lr_dense,
     seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
-    threads. ``events``: queue to the parent.
+    verbose, threads, kafka_config (kafka-python security settings). ``events``: queue to
+    the parent.
     """
-    logging.basicConfig(level=cfg.get("log_level", "WARNING"),
-                        format=f"%(asctime)s %(levelname)s trainer{rank} %(name)s: %(message)s")
+    # Ctrl-C reaches the whole process group: the parent stops this process, quietly
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(cfg.get("log_level", "WARNING"), verbose=bool(cfg.get("verbose")),
+                  fmt=f"%(asctime)s %(levelname)s trainer{rank} %(name)s: %(message)s",
+                  secrets=secret_values(cfg.get("kafka_config") or {}))
     try:
         _Trainer(rank, cfg, events).run()
     except BaseException as e:
@@ -107,7 +115,8 @@ class _Trainer:
         self.publisher = DeltaPublisher(cfg["bootstrap_servers"], cfg["topic"],
                                         model=cfg["model_name"], shard=rank,
                                         dtype=cfg["wire_dtype"],
-                                        max_message_bytes=int(cfg["max_message_bytes"]))
+                                        max_message_bytes=int(cfg["max_message_bytes"]),
+                                        **(cfg.get("kafka_config") or {}))
         self.partition = self.publisher.partition
         frac = float(cfg["topk_fraction"])
         self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
@@ -135,8 +144,8 @@ class _Trainer:
         """Next offset of this shard's partition now (messages before it are not ours)."""
         from consumers.topic import TopicReader
 
-        with TopicReader(self.cfg["bootstrap_servers"], self.cfg["topic"],
-                         timeout=15.0) as reader:
+        with TopicReader(self.cfg["bootstrap_servers"], self.cfg["topic"], timeout=15.0,
+                         **(self.cfg.get("kafka_config") or {})) as reader:
             return int(reader.end_offsets([self.partition])[self.partition])
 
     def _settle(self) -> None:

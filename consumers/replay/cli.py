@@ -10,14 +10,18 @@ Subcommands::
     deltastream-replay diff    A B [--tolerance 1e-6] [--json]
     deltastream-replay diff    A --rebuild --bootstrap-servers kafka:9092
 
-Every flag also reads a ``DELTASTREAM_*`` environment variable (named in ``--help``); the
+A subcommand's flag also reads ``DELTASTREAM_REPLAY_<SUBCOMMAND>_<FLAG>``, then the
+tool-wide ``DELTASTREAM_REPLAY_<FLAG>`` (``--out`` only the former: it means a directory to
+``rebuild`` and a file to ``dump``); the shared settings (``DELTASTREAM_BOOTSTRAP_SERVERS``,
+``DELTASTREAM_KAFKA_*``, ``DELTASTREAM_LOG_LEVEL``) come last. Names are in ``--help``; the
 command line wins. A progress bar is drawn on stderr when it is a terminal.
 
-Exit codes: 0 success (for ``diff``: no differences), 1 ``diff`` found differences,
-2 usage or input error (bad arguments, unreachable broker, missing topic, bad offsets, a
-damaged snapshot, an ``--out`` that holds anything but a deltastream snapshot — never
-replaced —, a topic range holding records of other models only — the message names
-them) with a one-line message on stderr.
+Exit codes (one table for all tools): 0 success (for ``diff``: no differences), 1 ``diff``
+found differences, 2 usage or input error (bad arguments, bad offsets, a damaged snapshot,
+an ``--out`` that holds anything but a deltastream snapshot — never replaced —, a topic
+range holding records of other models only — the message names them), 3 broker or topic
+unavailable (unreachable, TLS/SASL refused, no such topic), 130 interrupted; errors are one
+line on stderr.
 """
 
 from __future__ import annotations
@@ -27,29 +31,46 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn, Optional
+from typing import Any, Optional
 
-from consumers.errors import ReplayError, SnapshotError, TopicError
+from consumers.errors import (
+    BrokerUnavailable,
+    ReplayError,
+    SnapshotError,
+    TopicError,
+    TopicNotFound,
+)
 from consumers.replay.diff import diff_snapshots, diff_with_rebuild
 from consumers.replay.inspect import dump, dumps_line, stats
 from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
 from consumers.replay.rebuild import rebuild
 from consumers.sync.cli import parse_shards, parse_tables
-from deltastream.cliargs import EnvArgumentParser, non_negative_float, positive_float, positive_int
+from deltastream.cliargs import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EnvArgumentParser,
+    add_kafka_arguments,
+    add_logging_arguments,
+    kafka_settings,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
+from deltastream.clilog import kafka_hint, setup_logging
+from deltastream.errors import error_text
+from deltastream.kafka_config import secret_values
 
 __all__ = ["main", "build_parser"]
 
 log = logging.getLogger(__name__)
 
 PROG = "deltastream-replay"
-EXIT_OK, EXIT_DIFF, EXIT_USAGE = 0, 1, 2
-
-
-class _Parser(EnvArgumentParser):
-    """Usage errors as one line on stderr, exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+ENV_PREFIX = "DELTASTREAM_REPLAY_"
+EXIT_DIFF = EXIT_FAILED
 
 
 class _BadValue(argparse.ArgumentTypeError, ValueError):
@@ -87,9 +108,8 @@ def _name_list(text: str) -> list[str]:
 
 def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
     extra = " (only with --rebuild; default: the snapshot's meta)" if for_diff else ""
-    p.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
-                   help="Kafka bootstrap servers to read the topic from."
-                   + (" (only with --rebuild)" if for_diff else ""))
+    add_kafka_arguments(p, required=False, help_suffix=" (only with --rebuild)" if for_diff
+                        else "")
     p.add_argument("--topic", default=None,
                    help="Deltas topic (default: deltas.<model>)." + extra)
     p.add_argument("--model", default=None,
@@ -135,18 +155,22 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``deltastream-replay``."""
-    p = _Parser(prog=PROG, description="Replay a deltastream topic: rebuild serving tables "
-                "at an offset or a point in time, dump decoded messages, count per-stream "
-                "stats, diff snapshots.",
-                epilog="Exit codes: 0 ok (diff: no differences), 1 diff found differences, "
-                       "2 usage or input error.")
-    p.add_argument("--log-level", default="WARNING",
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="Logging level (logs go to stderr).")
+    p = EnvArgumentParser(prog=PROG, env_prefix=ENV_PREFIX,
+                          description="Replay a deltastream topic: rebuild serving tables at "
+                          "an offset or a point in time, dump decoded messages, count "
+                          "per-stream stats, diff snapshots.",
+                          epilog=EXIT_CODES + " (diff: 1 when the snapshots differ).")
+    add_logging_arguments(p, default="WARNING")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    r = sub.add_parser("rebuild", help="apply a range of the topic into tables and write a "
+    def command(name: str, **kw: Any) -> EnvArgumentParser:
+        sp = sub.add_parser(name, env_prefix=f"{ENV_PREFIX}{name.upper()}_",
+                            env_parent=ENV_PREFIX, epilog=EXIT_CODES, **kw)
+        add_logging_arguments(sp, again=p)
+        return sp
+
+    r = command("rebuild", help="apply a range of the topic into tables and write a "
                        "snapshot", description="Read the topic from the earliest offsets "
                        "(or --from-offsets / --base) up to the end (or --to-offsets), apply "
                        "the messages through the same Applier as deltastream-sync, and write "
@@ -155,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "applied.")
     _add_source(r)
     _add_range(r)
-    r.add_argument("--out", required=True, metavar="DIR",
+    r.add_argument("--out", required=True, metavar="DIR", env_local=True,
                    help="Snapshot directory to write (replaced atomically).")
     r.add_argument("--base", default=None, metavar="DIR",
                    help="Start from this snapshot (tables, seq state) at its offsets instead "
@@ -172,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true",
                    help="Print a JSON summary (offsets, counters, tables) on stdout.")
 
-    d = sub.add_parser("dump", help="print decoded messages as JSON lines",
+    d = command("dump", help="print decoded messages as JSON lines",
                        description="Print one JSON object per message: partition, offset, "
                        "model, table, shard, epoch, seq, step, ts, n, dim, dtype, tombstones "
                        "(count), bytes; with --rows also ids, rows and deleted ids. A record "
@@ -188,10 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Include ids, row values (float32) and tombstone ids.")
     d.add_argument("--limit", type=_typed(positive_int, "count"), default=None,
                    metavar="N", help="Stop after N lines.")
-    d.add_argument("--out", default="-", metavar="FILE",
+    d.add_argument("--out", default="-", metavar="FILE", env_local=True,
                    help="Write the lines to FILE instead of stdout ('-').")
 
-    s = sub.add_parser("stats", help="per table and shard: messages, rows, ids, bytes, "
+    s = command("stats", help="per table and shard: messages, rows, ids, bytes, "
                        "epochs, seq gaps, duplicates, time span",
                        description="Count, per (table, shard) stream of the range: messages, "
                        "rows, unique ids, tombstones, bytes, epochs, seq gaps (count and "
@@ -202,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filters(s)
     s.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
-    f = sub.add_parser("diff", help="compare two snapshots, or a snapshot with a rebuild",
+    f = command("diff", help="compare two snapshots, or a snapshot with a rebuild",
                        description="Compare the tables of snapshot A with snapshot B (or, "
                        "with --rebuild, with a fresh rebuild of the topic from the earliest "
                        "offsets up to A's offsets): per table, ids only in A, only in B, rows "
@@ -221,18 +245,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _setup_logging(level: str) -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(getattr(logging, level))
-    # kafka-python logs every failed connection attempt; errors here are reported once.
-    logging.getLogger("kafka").setLevel(logging.WARNING if level == "DEBUG"
-                                        else logging.CRITICAL)
-
-
 class _Usage(Exception):
     """A usage error found after parsing (missing combination of flags)."""
 
@@ -240,7 +252,7 @@ class _Usage(Exception):
 def _topic_model(args: argparse.Namespace, *, need_model: bool) -> tuple[str, Optional[str]]:
     if not args.bootstrap_servers:
         raise _Usage("no broker given: pass --bootstrap-servers HOST:PORT or set "
-                     "DELTASTREAM_BOOTSTRAP_SERVERS")
+                     f"{ENV_PREFIX}BOOTSTRAP_SERVERS or DELTASTREAM_BOOTSTRAP_SERVERS")
     topic, model = args.topic, args.model
     if not topic:
         if not model:
@@ -268,7 +280,8 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     topic, model = _topic_model(args, need_model=True)
     res = rebuild(args.bootstrap_servers, topic, model=model, out=args.out, base=args.base,
                   table_dims=args.tables, shards=args.shards, dtype=args.dtype,
-                  progress=_progress(args), timeout=args.timeout, **_range_kwargs(args))
+                  progress=_progress(args), timeout=args.timeout, kafka_config=args.kafka,
+                  **_range_kwargs(args))
     c = res.counters
     rows = {name: len(t) for name, t in sorted(res.tables.items())}
     if args.json:
@@ -290,7 +303,8 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     topic, model = _topic_model(args, need_model=False)
     lines = dump(args.bootstrap_servers, topic, model=model, tables=args.table,
                  shards=args.shard, seq_range=args.seq_range, rows=args.rows,
-                 progress=_progress(args), timeout=args.timeout, **_range_kwargs(args))
+                 progress=_progress(args), timeout=args.timeout, kafka_config=args.kafka,
+                 **_range_kwargs(args))
     out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
     n = 0
     try:
@@ -318,7 +332,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     topic, model = _topic_model(args, need_model=False)
     st = stats(args.bootstrap_servers, topic, model=model, tables=args.table,
                shards=args.shard, progress=_progress(args), timeout=args.timeout,
-               **_range_kwargs(args))
+               kafka_config=args.kafka, **_range_kwargs(args))
     if args.json:
         print(json.dumps(st.to_json(), indent=1))
     else:
@@ -332,10 +346,12 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             raise _Usage("diff: give either two snapshots or one snapshot with --rebuild")
         if not args.bootstrap_servers:
             raise _Usage("diff --rebuild: no broker given: pass --bootstrap-servers "
-                         "HOST:PORT or set DELTASTREAM_BOOTSTRAP_SERVERS")
+                         f"HOST:PORT or set {ENV_PREFIX}BOOTSTRAP_SERVERS or "
+                         "DELTASTREAM_BOOTSTRAP_SERVERS")
         rep = diff_with_rebuild(args.a, bootstrap_servers=args.bootstrap_servers,
                                 topic=args.topic, model=args.model, tolerance=args.tolerance,
-                                progress=_progress(args), timeout=args.timeout)
+                                progress=_progress(args), timeout=args.timeout,
+                                kafka_config=args.kafka)
     else:
         if args.b is None:
             raise _Usage("diff: give two snapshots A B, or one snapshot with --rebuild")
@@ -351,22 +367,28 @@ _COMMANDS = {"rebuild": _cmd_rebuild, "dump": _cmd_dump, "stats": _cmd_stats,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``deltastream-replay``; returns the process exit code."""
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.kafka = kafka_settings(args, parser, ENV_PREFIX)
     except SystemExit as e:  # --help (0) or a usage error (2, message already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, verbose=args.verbose,
+                  fmt=f"{PROG}: %(levelname)s: %(message)s", secrets=secret_values(args.kafka))
+    where = f"{PROG} {args.command}: error"
     try:
         return _COMMANDS[args.command](args)
     except _Usage as e:
-        print(f"{PROG} {args.command}: error: {e} (see {PROG} {args.command} --help)",
-              file=sys.stderr)
+        print(f"{where}: {e} (see {PROG} {args.command} --help)", file=sys.stderr)
+    except (BrokerUnavailable, TopicNotFound) as e:
+        print(f"{where}: {e}{kafka_hint(str(e))}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except (TopicError, ReplayError, SnapshotError) as e:
-        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        print(f"{where}: {e}", file=sys.stderr)
     except (OSError, ValueError) as e:
-        print(f"{PROG} {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"{where}: {error_text(e)}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return EXIT_USAGE
 
 

@@ -11,7 +11,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -199,7 +199,8 @@ def diff_snapshots(a: Union[PathLike, Snapshot], b: Union[PathLike, Snapshot], *
 def diff_with_rebuild(snapshot: Union[PathLike, Snapshot], *,
                       bootstrap_servers: str, topic: Optional[str] = None,
                       model: Optional[str] = None, tolerance: float = 0.0,
-                      progress: bool = False, timeout: float = 10.0) -> DiffReport:
+                      progress: bool = False, timeout: float = 10.0,
+                      kafka_config: Optional[Mapping[str, Any]] = None) -> DiffReport:
     """Compare a snapshot with a fresh rebuild of the topic from the earliest offsets up to
     the snapshot's offsets (same partitions, shards, storage dtype).
 
@@ -221,7 +222,7 @@ def diff_with_rebuild(snapshot: Union[PathLike, Snapshot], *,
     shards = snap.meta.get("shards")
     res = rebuild(bootstrap_servers, topic, model=model, partitions=sorted(snap.offsets),
                   to_offsets=snap.offsets, shards=shards, dtype=dtype, progress=progress,
-                  timeout=timeout)
+                  timeout=timeout, kafka_config=kafka_config)
     if res.plan.stop != {p: snap.offsets[p] for p in res.plan.partitions}:
         log.warning("the topic ends before the snapshot's offsets: rebuilt up to %s, "
                     "snapshot at %s", res.plan.stop, snap.offsets)

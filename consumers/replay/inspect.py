@@ -57,7 +57,8 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
          shards: Optional[Iterable[int]] = None,
          seq_range: Optional[tuple[Optional[int], Optional[int]]] = None,
          rows: bool = False, progress: bool = False,
-         timeout: float = 10.0) -> Iterator[dict]:
+         timeout: float = 10.0,
+         kafka_config: Optional[Mapping[str, Any]] = None) -> Iterator[dict]:
     """Decoded messages of a topic range as JSON-able dicts, in read order.
 
     Each message gives ``partition, offset, timestamp_ms, key, bytes, model, table, shard,
@@ -71,7 +72,7 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
     (inclusive, on ``ts``). An undecodable record is shown unless its headers place it
     outside the filters (it has no ``ts``, so time bounds do not hide it). Raises
     ``ReplayError`` at the end when ``model`` is given and the range holds records of other
-    models only.
+    models only. ``kafka_config``: kafka-python client settings (TLS, SASL).
     """
     check_time_range(from_time, to_time)
     table_set = None if tables is None else set(tables)
@@ -85,7 +86,7 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
                 and (q is None or ((lo is None or q >= lo) and (hi is None or q <= hi))))
 
     models: dict[str, int] = {}
-    with open_reader(bootstrap_servers, topic, timeout) as reader:
+    with open_reader(bootstrap_servers, topic, timeout, kafka_config) as reader:
         plan = plan_read(reader, partitions=partitions, from_offsets=from_offsets,
                          to_offsets=to_offsets)
         for rec in read_records(reader, plan, progress, "dump"):
@@ -278,7 +279,8 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
           from_time: Optional[int] = None, to_time: Optional[int] = None,
           model: Optional[str] = None, tables: Optional[Iterable[str]] = None,
           shards: Optional[Iterable[int]] = None, progress: bool = False,
-          timeout: float = 10.0) -> TopicStats:
+          timeout: float = 10.0,
+          kafka_config: Optional[Mapping[str, Any]] = None) -> TopicStats:
     """Per (model, table, shard): messages, rows, unique ids, bytes, epochs, seq gaps,
     duplicates, time span — over a topic range, optionally filtered (see :func:`dump`).
 
@@ -292,7 +294,7 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
     shard_set = None if shards is None else {int(s) for s in shards}
     accs: dict[tuple[str, str, int], _Acc] = {}
     models: dict[str, int] = {}
-    with open_reader(bootstrap_servers, topic, timeout) as reader:
+    with open_reader(bootstrap_servers, topic, timeout, kafka_config) as reader:
         plan = plan_read(reader, partitions=partitions, from_offsets=from_offsets,
                          to_offsets=to_offsets)
         result = TopicStats(plan=plan, streams=[])

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -239,6 +239,8 @@ def read_records(reader: TopicReader, plan: ReadPlan, progress: bool,
             yield rec
 
 
-def open_reader(bootstrap_servers: str, topic: str, timeout: float) -> TopicReader:
-    """A :class:`TopicReader` of ``topic`` (``timeout``: seconds for broker answers)."""
-    return TopicReader(bootstrap_servers, topic, timeout=timeout)
+def open_reader(bootstrap_servers: str, topic: str, timeout: float,
+                kafka_config: Optional[Mapping[str, Any]] = None) -> TopicReader:
+    """A :class:`TopicReader` of ``topic`` (``timeout``: seconds for broker answers;
+    ``kafka_config``: kafka-python client settings such as TLS/SASL)."""
+    return TopicReader(bootstrap_servers, topic, timeout=timeout, **dict(kafka_config or {}))

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from consumers.applier import Applier
 from consumers.errors import ReplayError
@@ -84,7 +84,8 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
             from_time: Optional[int] = None, to_time: Optional[int] = None,
             table_dims: Optional[Mapping[str, int]] = None,
             shards: Optional[Iterable[int]] = None, dtype: str = "f32",
-            progress: bool = False, timeout: float = 10.0) -> RebuildResult:
+            progress: bool = False, timeout: float = 10.0,
+            kafka_config: Optional[Mapping[str, Any]] = None) -> RebuildResult:
     """Apply a range of the topic into fresh tables (or onto ``base``); write ``out``.
 
     Args:
@@ -103,6 +104,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         shards: trainer shards to apply (others skipped); also picks the partitions.
         dtype: storage dtype of created tables (``"f32"`` or ``"f16"``).
         progress: tqdm bar on stderr. timeout: seconds for broker answers.
+        kafka_config: kafka-python client settings (TLS, SASL).
 
     Raises:
         ReplayError: bad arguments; records in the range but none of ``model``.
@@ -148,7 +150,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
                           shards=None if shards is None else set(shards), dtype=dtype)
     except (TypeError, ValueError) as e:
         raise ReplayError(str(e)) from None
-    with open_reader(bootstrap_servers, topic, timeout) as reader:
+    with open_reader(bootstrap_servers, topic, timeout, kafka_config) as reader:
         plan = plan_read(reader, partitions=partitions, shards=shards,
                          from_offsets=from_offsets, to_offsets=to_offsets)
         resume = dict(plan.stop)

@@ -1,11 +1,13 @@
 """``deltastream-sync``: run a :class:`~consumers.sync.daemon.SyncDaemon` as a process.
 
-Every flag also reads a ``DELTASTREAM_*`` environment variable (named in ``--help``); the
-command line wins. SIGTERM and SIGINT stop the daemon, which writes its final checkpoint;
-the process then exits 0. Exit codes: 0 stopped cleanly, 1 the state could not be loaded
-(damaged checkpoint: the message names the path; ``--reset-state`` starts over), 2 bad
-arguments. A full or read-only state disk is not fatal: write failures are counted and
-logged and the daemon keeps serving.
+Every flag also reads a ``DELTASTREAM_SYNC_*`` environment variable (named in ``--help``;
+the shared ``DELTASTREAM_BOOTSTRAP_SERVERS``, ``DELTASTREAM_KAFKA_*`` and
+``DELTASTREAM_LOG_LEVEL`` come after the tool's own); the command line wins. SIGTERM and
+SIGINT stop the daemon, which writes its final checkpoint; the process then exits 0.
+Exit codes (all tools): 0 stopped cleanly, 2 bad arguments or unusable state/base (a
+damaged checkpoint — the message names the path; ``--reset-state`` starts over —, another
+model or topic), 3 the broker refuses the TLS/SASL settings. A full or read-only state disk
+is not fatal: write failures are counted and logged and the daemon keeps serving.
 
 Example::
 
@@ -26,17 +28,30 @@ from typing import Any, Optional
 from consumers.errors import SnapshotError
 from consumers.sync.daemon import SyncDaemon
 from deltastream.cliargs import (
+    EXIT_CODES,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     EnvArgumentParser,
+    ListAction,
+    add_kafka_arguments,
+    add_logging_arguments,
+    comma_list,
+    kafka_settings,
     non_negative_float,
     port,
     positive_float,
     positive_int,
 )
+from deltastream.clilog import setup_logging
+from deltastream.kafka_config import redacted, secret_values, tls_probe
 
 __all__ = ["main", "build_parser", "parse_shards", "parse_tables"]
 
 log = logging.getLogger(__name__)
 
+#: prefix of this tool's environment variables
+ENV_PREFIX = "DELTASTREAM_SYNC_"
 #: Test hook: seconds to sleep after each record, so kill -9 tests land mid-stream.
 DEBUG_DELAY_ENV = "DELTASTREAM_SYNC_DEBUG_APPLY_DELAY"
 
@@ -74,15 +89,13 @@ def parse_tables(text: str) -> dict[str, int]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``deltastream-sync``."""
     p = EnvArgumentParser(
-        prog="deltastream-sync",
+        prog="deltastream-sync", env_prefix=ENV_PREFIX,
         description="Keep a predictor's serving tables in sync with a deltastream topic: "
                     "read the deltas a trainer publishes, apply them in partition order, and "
                     "checkpoint tables + offsets atomically so a restart resumes exactly "
                     "where it stopped. SIGTERM/SIGINT write a final checkpoint and exit 0.",
-        epilog="Exit codes: 0 stopped cleanly, 1 the state directory could not be loaded, "
-               "2 bad arguments.")
-    p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,...]",
-                   help="Kafka bootstrap servers.")
+        epilog=EXIT_CODES + "; deltastream-sync exits 0 when stopped by SIGTERM/SIGINT.")
+    add_kafka_arguments(p)
     p.add_argument("--model", required=True,
                    help="Model name; messages of other models are skipped and counted "
                         "(logged once per model).")
@@ -111,10 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="X",
                    help="Also rewrite the full tables when the segments add up to this "
                         "fraction of the full tables' size.")
-    p.add_argument("--base", default=None, metavar="DIR",
+    p.add_argument("--base", action=ListAction, type=comma_list, default=None,
+                   metavar="DIR[,DIR...]",
                    help="Snapshot to start from when --state-dir holds no checkpoint (a "
-                        "checkpoint, a `deltastream-replay rebuild` output, or a "
-                        "ServingTable.save directory): its tables, offsets and seq state.")
+                        "checkpoint, a `deltastream-replay rebuild` output, a trainer's "
+                        "snapshot or a ServingTable.save directory): its tables, offsets and "
+                        "seq state. Several (repeat the flag or separate with commas, e.g. "
+                        "one per trainer shard) are merged; they must not overlap. A snapshot "
+                        "of another topic than --topic is refused.")
+    p.add_argument("--base-any-topic", action="store_true",
+                   help="Start from a --base snapshot that records another topic anyway.")
     p.add_argument("--reset-state", action="store_true",
                    help="Remove the checkpoint in --state-dir (e.g. a damaged one, which "
                         "otherwise stops the daemon from starting) and start over from "
@@ -139,18 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Seconds a broker request may take before the broker counts as down.")
     p.add_argument("--backoff-max", type=positive_float, default=5.0, metavar="S",
                    help="Cap of the exponential reconnect backoff.")
-    p.add_argument("--log-level", default="INFO",
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="Logging level (logs go to stderr).")
+    add_logging_arguments(p)
     return p
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # kafka-python logs every failed reconnect; the daemon logs each state change once.
-    logging.getLogger("kafka").setLevel(logging.WARNING if level == "DEBUG"
-                                        else logging.CRITICAL)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -170,40 +179,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
+    kafka = kafka_settings(args, parser, ENV_PREFIX)
+    # kafka-python logs every failed reconnect; the daemon logs each state change once
+    setup_logging(args.log_level, verbose=args.verbose, secrets=secret_values(kafka))
     topic = args.topic or f"deltas.{args.model}"
+    problem = tls_probe(args.bootstrap_servers, kafka, args.request_timeout)
+    if problem:  # a broker that is down is waited for; one that refuses TLS is not
+        print(f"deltastream-sync: error: {problem}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     try:
         daemon = SyncDaemon(
             args.bootstrap_servers, topic, model=args.model, state_dir=args.state_dir,
             tables=args.tables, shards=args.shards, dtype=args.dtype,
             checkpoint_interval=args.checkpoint_interval,
             checkpoint_messages=args.checkpoint_messages, base=args.base,
+            base_any_topic=args.base_any_topic,
             checkpoint_max_segments=args.checkpoint_max_segments,
             checkpoint_segment_fraction=args.checkpoint_segment_fraction,
             quarantine_max_bytes=max(1024, args.quarantine_max_bytes),
             request_timeout=args.request_timeout, backoff_max=args.backoff_max,
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr, reset_state=args.reset_state,
-            group_id=args.group_id)
+            group_id=args.group_id, **kafka)
     except SnapshotError as e:
         hint = "" if args.reset_state else " (--reset-state starts over, removing only what " \
             "deltastream wrote)"
-        print(f"deltastream-sync: cannot load the state: {e}{hint}", file=sys.stderr)
-        return 1
+        print(f"deltastream-sync: error: cannot load the state: {e}{hint}", file=sys.stderr)
+        return EXIT_USAGE
     except (ValueError, TypeError, OSError) as e:
         print(f"deltastream-sync: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if signalled:
         daemon.request_stop()
     delay = os.environ.get(DEBUG_DELAY_ENV)
     if delay:
         daemon.debug_apply_delay = float(delay)
-    log.info("deltastream-sync: model %s, topic %s on %s, state %s (%s)%s", args.model, topic,
-             args.bootstrap_servers, args.state_dir, daemon.source,
+    log.info("deltastream-sync: model %s, topic %s on %s%s, state %s (%s)%s", args.model,
+             topic, args.bootstrap_servers,
+             f" ({redacted(kafka)})" if kafka else "", args.state_dir, daemon.source,
              f", metrics on port {daemon.metrics_port}" if daemon.metrics_port is not None
              else "")
     daemon.run()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

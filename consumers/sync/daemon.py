@@ -48,6 +48,7 @@ from consumers.quarantine import Quarantine
 from consumers.serving_table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.storage.files import PathLike
+from consumers.sync.base import BaseArg
 from consumers.sync.checkpointer import Checkpointer
 from consumers.sync.failures import FailureLog
 from consumers.sync.group_offsets import GroupCommitter, default_group_id
@@ -94,8 +95,11 @@ class SyncDaemon:
             rewrites the base in full.
         checkpoint_segment_fraction: rewrite the base when the segments' bytes exceed this
             fraction of the base's bytes.
-        base: snapshot directory (a checkpoint or one ``ServingTable.save`` dir) to start
-            from when ``state_dir`` holds no checkpoint: its tables, offsets and seq state.
+        base: snapshot directory (a checkpoint, a replay rebuild, a trainer's snapshot or
+            one ``ServingTable.save`` dir), or a list of disjoint ones (one per trainer shard;
+            merged), to start from when ``state_dir`` holds no checkpoint: its tables,
+            offsets and seq state. A base of another topic than ``topic`` is refused.
+        base_any_topic: start from a base that records another topic anyway.
         poll_timeout_ms: longest wait of one poll for new records (ms).
         max_poll_records: most records handed over per poll.
         quarantine_max_bytes: size bound of the quarantine file (rotated once to ``.1``).
@@ -133,7 +137,8 @@ class SyncDaemon:
                  shards: Optional[Iterable[int]] = None, dtype: str = "f32",
                  checkpoint_interval: float = 5.0, checkpoint_messages: int = 1000,
                  checkpoint_max_segments: int = 128, checkpoint_segment_fraction: float = 0.5,
-                 base: Optional[PathLike] = None, poll_timeout_ms: int = 200,
+                 base: Optional[BaseArg] = None, base_any_topic: bool = False,
+                 poll_timeout_ms: int = 200,
                  max_poll_records: int = 500, quarantine_max_bytes: int = 64 << 20,
                  request_timeout: float = 5.0, backoff_max: float = 5.0,
                  probe_interval: float = 1.0, summary_interval: float = 30.0,
@@ -148,6 +153,7 @@ class SyncDaemon:
             checkpoint_messages=checkpoint_messages,
             checkpoint_max_segments=checkpoint_max_segments,
             checkpoint_segment_fraction=checkpoint_segment_fraction, base=base,
+            base_any_topic=bool(base_any_topic),
             poll_timeout_ms=poll_timeout_ms, max_poll_records=max_poll_records,
             quarantine_max_bytes=quarantine_max_bytes, request_timeout=request_timeout,
             backoff_max=backoff_max, probe_interval=probe_interval,
@@ -181,7 +187,7 @@ class SyncDaemon:
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
                         self._store.reset() or "(nothing there)")
         start = load_start_state(self._store, o.base, model=o.model, topic=o.topic,
-                                 table_dims=o.tables)
+                                 table_dims=o.tables, base_any_topic=o.base_any_topic)
         self.source = start.source  #: where the state came from: checkpoint | base | empty
         self._tables: dict[str, ServingTable] = start.tables
         self._checkpoints_total = start.checkpoints  # across restarts (in the checkpoint meta)

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from consumers.sync.options import SyncOptions
 from deltastream.kafka_compat import forbid_auto_create
+from deltastream.kafka_config import bootstrap_list
 
 __all__ = ["GroupCommitter", "default_group_id"]
 
@@ -66,7 +67,7 @@ class GroupCommitter:
             o = self.options
             ms = int(o.request_timeout * 1000)
             cfg = dict(o.consumer_config)
-            cfg.update(bootstrap_servers=o.bootstrap_servers.split(","),
+            cfg.update(bootstrap_servers=bootstrap_list(o.bootstrap_servers),
                        group_id=self.group_id, enable_auto_commit=False,
                        allow_auto_create_topics=False, bootstrap_timeout_ms=ms,
                        request_timeout_ms=max(ms, 1000), reconnect_backoff_ms=50,

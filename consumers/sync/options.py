@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from consumers.serving_table import STORAGE_DTYPES
-from consumers.storage.files import PathLike
+from consumers.sync.base import BaseArg, base_paths
+from deltastream.kafka_config import check_bootstrap_servers
 
 __all__ = ["SyncOptions", "check_positive"]
 
@@ -79,7 +80,8 @@ class SyncOptions:
     checkpoint_messages: int = 1000
     checkpoint_max_segments: int = 128
     checkpoint_segment_fraction: float = 0.5
-    base: Optional[PathLike] = None
+    base: Optional[BaseArg] = None  # a snapshot directory or a list (consumers.sync.base)
+    base_any_topic: bool = False
     poll_timeout_ms: int = 200
     max_poll_records: int = 500
     quarantine_max_bytes: int = 64 << 20
@@ -96,15 +98,15 @@ class SyncOptions:
     consumer_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
-            raise ValueError("bootstrap_servers: expected 'host:port[,host:port]', got "
-                             f"{self.bootstrap_servers!r}")
+        check_bootstrap_servers(self.bootstrap_servers)
         for name, v in (("topic", self.topic), ("model", self.model)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"{name}: expected a non-empty str, got {v!r}")
         if self.dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got "
                              f"{self.dtype!r}")
+        if self.base is not None:
+            base_paths(self.base)  # a path or a non-empty list of paths
         self._set("tables", _table_dims(self.tables))
         self._set("shards", _shard_set(self.shards))
         check_positive("checkpoint_interval", self.checkpoint_interval)

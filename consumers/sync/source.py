@@ -37,7 +37,9 @@ from typing import Any, Optional
 
 from consumers.errors import TopicError
 from consumers.sync.options import SyncOptions
+from deltastream.errors import error_text
 from deltastream.kafka_compat import forbid_auto_create
+from deltastream.kafka_config import bootstrap_list, tls_probe
 
 __all__ = ["KafkaSource", "BROKER_STATES"]
 
@@ -144,7 +146,8 @@ class KafkaSource:
         from consumers.topic import TopicReader
 
         o = self.options
-        with TopicReader(o.bootstrap_servers, self.topic, timeout=o.request_timeout) as reader:
+        with TopicReader(o.bootstrap_servers, self.topic, timeout=o.request_timeout,
+                         **o.consumer_config) as reader:
             parts = reader.partitions
             if o.shards is not None:
                 parts = sorted({s % len(parts) for s in o.shards})
@@ -174,7 +177,7 @@ class KafkaSource:
             self._out_of_range(e)
             return None
         except (errors.KafkaError, OSError) as e:
-            self._disconnect(f"poll: {type(e).__name__}: {e}")
+            self._disconnect(f"poll: {error_text(e)}")
             return None
         return [(tp.partition, batches[tp]) for tp in sorted(batches, key=lambda t: t.partition)]
 
@@ -225,7 +228,7 @@ class KafkaSource:
         o = self.options
         ms = int(o.request_timeout * 1000)
         cfg = dict(
-            bootstrap_servers=o.bootstrap_servers.split(","), group_id=None,
+            bootstrap_servers=bootstrap_list(o.bootstrap_servers), group_id=None,
             enable_auto_commit=False,
             # Out-of-range offsets must surface (OffsetOutOfRangeError) so they are
             # counted as lost, never silently jumped over.
@@ -268,13 +271,22 @@ class KafkaSource:
         from kafka import KafkaConsumer, TopicPartition
 
         errors = _kafka_errors()
+        settings = self._consumer_settings()
+        # kafka-python would wait forever (unstoppable) on a TLS handshake with a
+        # plaintext listener: try one handshake with a deadline first
+        problem = tls_probe(self.options.bootstrap_servers, settings,
+                            self.options.request_timeout)
+        if problem:
+            self._set_state("disconnected", problem)
+            self._schedule_reconnect()
+            return False
         try:
-            consumer = KafkaConsumer(**self._consumer_settings())
+            consumer = KafkaConsumer(**settings)
             # kafka-python ignores allow_auto_create_topics: without this, the metadata
             # request below re-creates a vanished topic with the broker's default partitions
             forbid_auto_create(consumer)
         except (errors.KafkaError, OSError, TopicError) as e:
-            self._set_state("disconnected", f"{type(e).__name__}: {e}")
+            self._set_state("disconnected", error_text(e))
             self._schedule_reconnect()
             return False
         ms = int(self.options.request_timeout * 1000)
@@ -304,7 +316,7 @@ class KafkaSource:
                 consumer.close(autocommit=False, timeout_ms=1000)
             except Exception:
                 log.debug("closing the consumer failed", exc_info=True)
-            self._set_state("disconnected", f"{type(e).__name__}: {e}")
+            self._set_state("disconnected", f"{error_text(e)}")
             self._schedule_reconnect()
             return False
         recreated = self.topic_id is not None and tid is not None and tid != self.topic_id
@@ -357,7 +369,7 @@ class KafkaSource:
             listed = self._consumer.end_offsets(
                 self._tps, timeout_ms=int(self.options.request_timeout * 1000))
         except (errors.KafkaError, OSError) as e:
-            self._disconnect(f"end offsets: {type(e).__name__}: {e}")
+            self._disconnect(f"end offsets: {error_text(e)}")
             return
         with self._lock:
             for tp in self._tps:
@@ -390,7 +402,7 @@ class KafkaSource:
             first = int(self._consumer.beginning_offsets(
                 [tp], timeout_ms=int(self.options.request_timeout * 1000))[tp])
         except (errors.KafkaError, OSError) as e:
-            self._disconnect(f"beginning offsets: {type(e).__name__}: {e}")
+            self._disconnect(f"beginning offsets: {error_text(e)}")
             return
         if first > pos:  # retention deleted [pos, first)
             self._lost_range(tp.partition, pos, first, first,

@@ -3,7 +3,7 @@
 :func:`load_start_state` reads (and verifies) the checkpoint in the daemon's state directory
 through its :class:`~consumers.storage.checkpoint.CheckpointStore`, or, when there is none,
 the ``base`` snapshot (a checkpoint, a ``deltastream-replay rebuild`` output or a
-``ServingTable.save`` directory). A checkpoint written for another model or topic, or with
+``ServingTable.save`` directory), or the union of several (:mod:`consumers.sync.base`). A checkpoint written for another model or topic, or with
 tables of other dims than configured, is refused with ``ValueError``; a damaged one raises
 :class:`~consumers.errors.SnapshotError` — also when its manifest is missing or a file
 stands where its directory should be: only an absent or empty checkpoint directory is a
@@ -19,8 +19,7 @@ from typing import Optional
 from consumers.sequencing import SeqTracker
 from consumers.serving_table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
-from consumers.storage.files import PathLike
-from consumers.storage.snapshot import read_snapshot, snapshot_exists
+from consumers.sync.base import BaseArg, read_base
 
 __all__ = ["CHECKPOINT_KIND", "StartState", "load_start_state"]
 
@@ -54,8 +53,9 @@ class StartState:
     written_at: Optional[float] = None
 
 
-def load_start_state(store: CheckpointStore, base: Optional[PathLike], *, model: str,
-                     topic: str, table_dims: Optional[dict[str, int]]) -> StartState:
+def load_start_state(store: CheckpointStore, base: Optional[BaseArg], *, model: str,
+                     topic: str, table_dims: Optional[dict[str, int]],
+                     base_any_topic: bool = False) -> StartState:
     """Load the checkpoint of ``store`` (else ``base``); see the module docstring."""
     out = StartState()
     snap = store.load()  # None for a fresh start; SnapshotError for damaged state
@@ -76,11 +76,7 @@ def load_start_state(store: CheckpointStore, base: Optional[PathLike], *, model:
         if isinstance(written, (int, float)):
             out.written_at = float(written)
     elif base is not None:
-        if not snapshot_exists(base):
-            raise ValueError(f"base: {base} holds no snapshot (expected a directory "
-                             "written by a checkpoint, the replay tool or "
-                             "ServingTable.save)")
-        snap = read_snapshot(base)
+        snap = read_base(base, model=model, topic=topic, any_topic=base_any_topic)
         out.source = "base"
         # a base from another broker/topic incarnation: offsets are trusted, ids are not
         out.topic_id = None
@@ -89,12 +85,12 @@ def load_start_state(store: CheckpointStore, base: Optional[PathLike], *, model:
     for name, t in snap.tables.items():
         want = (table_dims or {}).get(name)
         if want is not None and t.dim != want:
-            raise ValueError(f"table {name!r} has dim {t.dim} in {snap.path}, but "
+            raise ValueError(f"table {name!r} has dim {t.dim} in {snap.path or base}, but "
                              f"tables= says dim {want}")
     out.tables = dict(snap.tables)
     out.offsets = dict(snap.offsets)
     out.seqs = SeqTracker.from_state(snap.seqs)
     log.info("state from %s %s: %d tables (%s rows), offsets %s, %d seq streams",
-             out.source, snap.path, len(out.tables),
+             out.source, snap.path or base, len(out.tables),
              sum(len(t) for t in out.tables.values()), out.offsets, len(out.seqs))
     return out

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from deltastream.errors import PublishError, TopicError
+from deltastream.errors import PublishError, TopicError, error_text
 from deltastream.publishing.topics import (
     admin_client,
     forbid_auto_create,
@@ -91,7 +91,7 @@ class ProducerLink:
             if producer is not None:
                 producer.close(timeout=0)
             raise PublishError(f"cannot start a Kafka producer for {self.bootstrap_servers!r}: "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{error_text(e)}") from e
         except TopicError:  # from forbid_auto_create: never use such a producer
             producer.close(timeout=0)
             raise

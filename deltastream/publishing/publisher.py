@@ -41,7 +41,8 @@ from typing import Any, Optional
 import numpy as np
 
 from deltastream import wire
-from deltastream.errors import PublishError, TopicError
+from deltastream.errors import PublishError, TopicError, error_text
+from deltastream.kafka_config import check_bootstrap_servers
 from deltastream.publishing.producer_link import ProducerLink
 from deltastream.publishing.results import (
     PublishResult,
@@ -152,7 +153,7 @@ class DeltaPublisher:
         if reserved:
             raise ValueError(f"producer_config: {reserved} are set by DeltaPublisher "
                              "(use its arguments: compression, max_message_bytes)")
-        self.bootstrap_servers = bootstrap_servers
+        self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
         self.topic = topic
         self.model = model
         self.dtype = dtype
@@ -438,7 +439,7 @@ class DeltaPublisher:
                                                        headers=wire.kafka_headers(piece),
                                                        partition=self.partition)
                     except (kafka.errors.KafkaError, ValueError, TypeError) as e:
-                        reason = f"{type(e).__name__}: {e}"
+                        reason = f"{error_text(e)}"
                 if reason is not None:
                     rest = pieces[i:]
                     unsent = Undelivered(

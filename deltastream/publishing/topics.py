@@ -15,8 +15,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from deltastream.errors import PublishError, TopicError
+from deltastream.errors import PublishError, TopicError, error_text
 from deltastream.kafka_compat import forbid_auto_create
+from deltastream.kafka_config import check_bootstrap_servers, tls_probe
 
 __all__ = ["ensure_topic", "partition_count", "admin_client", "load_kafka",
            "forbid_auto_create"]
@@ -46,13 +47,17 @@ def admin_client(bootstrap_servers: Any, timeout: float, client_config: dict) ->
     common = {k: v for k, v in client_config.items()
               if k in kafka.KafkaAdminClient.DEFAULT_CONFIG and k != "client_id"}
     ms = int(timeout * 1000)
+    # kafka-python would wait forever on a TLS handshake with a plaintext listener
+    problem = tls_probe(bootstrap_servers, common, timeout)
+    if problem:
+        raise PublishError(f"cannot reach Kafka at {bootstrap_servers!r}: {problem}")
     try:
         return kafka.KafkaAdminClient(bootstrap_servers=bootstrap_servers,
                                       bootstrap_timeout_ms=ms,
                                       request_timeout_ms=max(1000, ms), **common)
     except (kafka.errors.KafkaError, OSError) as e:
         raise PublishError(f"cannot reach Kafka at {bootstrap_servers!r} within "
-                           f"{timeout:g} s: {type(e).__name__}: {e}") from e
+                           f"{timeout:g} s: {error_text(e)}") from e
 
 
 def partition_count(admin: Any, topic: str) -> Optional[int]:
@@ -71,7 +76,8 @@ def partition_count(admin: Any, topic: str) -> Optional[int]:
     return len(desc["partitions"])
 
 
-def _check_args(topic: Any, partitions: Any, timeout: Any) -> None:
+def _check_args(bootstrap_servers: Any, topic: Any, partitions: Any, timeout: Any) -> None:
+    check_bootstrap_servers(bootstrap_servers)
     if isinstance(partitions, (bool, np.bool_)) or not isinstance(partitions, (int, np.integer)):
         raise TypeError(f"partitions: expected an int, got {type(partitions).__name__}")
     if not 1 <= int(partitions) <= 1 << 20:
@@ -105,7 +111,7 @@ def ensure_topic(bootstrap_servers: Any, topic: str, partitions: int, *, timeout
     Returns:
         The topic's partition count (may differ from ``partitions`` for an existing topic).
     """
-    _check_args(topic, partitions, timeout)
+    _check_args(bootstrap_servers, topic, partitions, timeout)
     kafka = load_kafka()
     admin = admin_client(bootstrap_servers, timeout, client_config)
     try:
@@ -128,7 +134,7 @@ def ensure_topic(bootstrap_servers: Any, topic: str, partitions: int, *, timeout
                                      "visible in metadata") from None
             except kafka.errors.KafkaError as e:
                 raise TopicError(f"cannot create topic {topic!r} with {partitions} "
-                                 f"partitions: {type(e).__name__}: {e}") from e
+                                 f"partitions: {error_text(e)}") from e
         if existing < partitions:
             text = (f"topic {topic!r} exists with {existing} partitions, fewer than the "
                     f"{partitions} asked for: shards s and s+{existing} share a partition. "

@@ -56,3 +56,91 @@ def test_help_names_the_variables(capsys):
     out = capsys.readouterr().out
     for var in ("DELTASTREAM_STATE_DIR", "DELTASTREAM_WORKERS", "DELTASTREAM_VERBOSE"):
         assert var in out
+
+
+# ----------------------------------------------------------------------------- tool prefixes
+
+
+def tool_parser() -> EnvArgumentParser:
+    from deltastream.cliargs import ListAction, add_kafka_arguments, comma_list
+
+    p = EnvArgumentParser(prog="tool", env_prefix="DELTASTREAM_TOOL_")
+    add_kafka_arguments(p)
+    p.add_argument("--model", required=True)
+    p.add_argument("--base", action=ListAction, type=comma_list, default=None)
+    sub = p.add_subparsers(dest="cmd")
+    s = sub.add_parser("dump", env_prefix="DELTASTREAM_TOOL_DUMP_", env_parent="DELTASTREAM_TOOL_")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--out", default="-", env_local=True)
+    return p
+
+
+def test_tool_variable_wins_over_the_shared_one(monkeypatch):
+    monkeypatch.setenv("DELTASTREAM_BOOTSTRAP_SERVERS", "shared:1")
+    monkeypatch.setenv("DELTASTREAM_MODEL", "flat")  # not a shared setting: never read
+    monkeypatch.setenv("DELTASTREAM_TOOL_MODEL", "mine")
+    a = tool_parser().parse_args([])
+    assert (a.bootstrap_servers, a.model) == ("shared:1", "mine")
+    monkeypatch.setenv("DELTASTREAM_TOOL_BOOTSTRAP_SERVERS", "tool:2")
+    assert tool_parser().parse_args([]).bootstrap_servers == "tool:2"
+    assert tool_parser().parse_args(["--bootstrap-servers", "cli:3"]).bootstrap_servers \
+        == "cli:3"
+
+
+def test_subcommand_variables_then_tool_wide_and_local_flags(monkeypatch):
+    monkeypatch.setenv("DELTASTREAM_TOOL_MODEL", "m")
+    monkeypatch.setenv("DELTASTREAM_TOOL_BOOTSTRAP_SERVERS", "h:1")
+    monkeypatch.setenv("DELTASTREAM_TOOL_LIMIT", "5")
+    monkeypatch.setenv("DELTASTREAM_TOOL_OUT", "x.txt")  # --out reads only its own name
+    a = tool_parser().parse_args(["dump"])
+    assert (a.limit, a.out) == (5, "-")
+    monkeypatch.setenv("DELTASTREAM_TOOL_DUMP_LIMIT", "7")
+    monkeypatch.setenv("DELTASTREAM_TOOL_DUMP_OUT", "y.txt")
+    a = tool_parser().parse_args(["dump"])
+    assert (a.limit, a.out) == (7, "y.txt")
+
+
+def test_list_flag_repeats_and_replaces_the_environment(monkeypatch):
+    monkeypatch.setenv("DELTASTREAM_TOOL_MODEL", "m")
+    monkeypatch.setenv("DELTASTREAM_BOOTSTRAP_SERVERS", "h:1")
+    monkeypatch.setenv("DELTASTREAM_TOOL_BASE", "e1,e2")
+    assert tool_parser().parse_args([]).base == ["e1", "e2"]
+    a = tool_parser().parse_args(["--base", "a,b", "--base", "c"])
+    assert a.base == ["a", "b", "c"]
+
+
+def test_missing_required_flag_names_its_variable(monkeypatch, capsys):
+    monkeypatch.delenv("DELTASTREAM_BOOTSTRAP_SERVERS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        tool_parser().parse_args([])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "--bootstrap-servers, --model" in err
+    assert "(or set DELTASTREAM_BOOTSTRAP_SERVERS, DELTASTREAM_TOOL_MODEL)" in err
+
+
+def test_help_shows_defaults_only_where_they_say_something(capsys):
+    from deltastream.cliargs import HelpFormatter
+
+    p = EnvArgumentParser(prog="t", description="The ``deltastream`` tool, see :mod:`x.y`.",
+                          formatter_class=HelpFormatter)
+    p.add_argument("--need", required=True, help="needed")
+    p.add_argument("--maybe", default=None, help="optional")
+    p.add_argument("--flag", action="store_true", help="a switch")
+    p.add_argument("--n", type=int, default=3, help="a number")
+    text = p.format_help()
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(default: 3)" in text
+    assert "``" not in text and ":mod:" not in text and "The deltastream tool, see x.y." in text
+
+
+def test_error_text_does_not_double_the_type():
+    import kafka.errors
+
+    from deltastream.errors import error_text
+
+    assert error_text(kafka.errors.KafkaTimeoutError("Unable to bootstrap")) == \
+        "KafkaTimeoutError: Unable to bootstrap"
+    assert error_text(OSError("disk full")) == "OSError: disk full"
+    assert error_text(ValueError()) == "ValueError"

@@ -1,7 +1,10 @@
-"""docker/docker-compose.yml cannot rot: every deltastream command it runs exists and
-accepts its flags, and every DELTASTREAM_* variable it sets is read by that command.
+"""docker/ cannot rot: every deltastream command docker-compose.yml runs exists and accepts
+its flags, every DELTASTREAM_* variable it sets is read by that command (and is the tool's
+own or a shared one), Kafka keeps its data on the volume, and the Dockerfile builds on a
+base with Python 3.11+ and installs every package.
 
-Docker cannot run here, so the check runs the real entry points with ``--help``.
+Docker cannot run here, so the check parses the files and runs the real entry points with
+``--help``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker" / "docker-compose.yml"
+DOCKERFILE = REPO / "docker" / "Dockerfile"
 OUR_IMAGE = "deltastream:latest"
+SHARED_VARS = {"DELTASTREAM_BOOTSTRAP_SERVERS", "DELTASTREAM_KAFKA_CONFIG",
+               "DELTASTREAM_LOG_LEVEL"}
 
 
 def _scripts() -> dict[str, str]:
@@ -71,3 +77,59 @@ def test_every_command_exists_and_accepts_its_flags(service):
     for var in svc.get("environment", {}):
         if var.startswith("DELTASTREAM_"):
             assert var in text, f"{service}: {entry} {' '.join(sub)} ignores {var}"
+
+
+def _tool_prefix(cmd: list[str]) -> str:
+    if cmd[0] == "deltastream":
+        return f"DELTASTREAM_{cmd[1].upper()}_"
+    return "DELTASTREAM_" + cmd[0][len("deltastream-"):].upper() + "_"
+
+
+@pytest.mark.parametrize("service", sorted(_services()))
+def test_variables_are_the_tools_own_or_shared(service):
+    """A flat DELTASTREAM_MODEL would be read by every tool; each service sets its tool's
+    variables (DELTASTREAM_SYNC_MODEL) and only the truly shared ones without a tool name."""
+    svc = _services()[service]
+    prefix = _tool_prefix(svc["command"])
+    for var in svc.get("environment", {}):
+        assert (var in SHARED_VARS or var.startswith(prefix)
+                or var.startswith("DELTASTREAM_KAFKA_")), f"{service}: {var}"
+
+
+def test_kafka_keeps_its_log_on_the_volume():
+    with open(COMPOSE) as f:
+        kafka = yaml.safe_load(f)["services"]["kafka"]
+    mounts = {v.split(":", 1)[1] for v in kafka["volumes"] if ":" in v}
+    log_dirs = kafka["environment"].get("KAFKA_LOG_DIRS")
+    assert log_dirs, "KAFKA_LOG_DIRS is not set: Kafka would write to /tmp, not the volume"
+    assert set(str(log_dirs).split(",")) <= mounts, (log_dirs, mounts)
+
+
+def _dockerfile() -> tuple[str, dict[str, str]]:
+    text = DOCKERFILE.read_text()
+    args = {k: v for k, _, v in re.findall(r'^ARG (\w+)=("?)([^"\n]*)\2$', text, re.M)}
+    return text, args
+
+
+def test_dockerfile_base_has_python_311_and_pip():
+    text, args = _dockerfile()
+    # the default and every base the comments suggest (a CUDA runtime base such as
+    # nvidia/cuda has neither Python 3.11 nor pip: CUDA comes with the torch wheel)
+    bases = [args["BASE_IMAGE"]] + re.findall(r"BASE_IMAGE=(\S+)", text)
+    for base in bases:
+        m = re.fullmatch(r"python:3\.(\d+)(-[\w.-]+)?", base)
+        assert m and int(m.group(1)) >= 11, f"base image {base!r} is not a Python >= 3.11 image"
+    assert "TORCH_INDEX_URL" in args and args["TORCH_INDEX_URL"].startswith("https://")
+    assert re.search(r'pip install --index-url "\$TORCH_INDEX_URL" "\$TORCH_SPEC"', text)
+    # the build stops early, with a message, on a base without Python 3.11+ and pip
+    assert "sys.version_info >= (3, 11)" in text and "pip --version" in text
+
+
+def test_dockerfile_copies_every_package():
+    text, _ = _dockerfile()
+    with open(REPO / "pyproject.toml", "rb") as f:
+        include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY (\S+) ", text, re.M))
+    for pattern in include:
+        package = pattern.rstrip("*")
+        assert package in copied, f"Dockerfile does not COPY the {package}/ package"

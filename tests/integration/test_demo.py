@@ -32,12 +32,12 @@ def _env() -> dict:
     return env
 
 
-def _demo(out: Path, *extra: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess,
-                                                                  dict]:
+def _demo(out: Path, *extra: str, timeout: float = 240,
+          env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     proc = subprocess.run([sys.executable, "-m", "deltastream.cli", "--log-level", "WARNING",
                            "demo", "--out", str(out), *SHORT, *extra],
-                          cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+                          cwd=REPO, env={**_env(), **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
     report_path = out / "report.json"
     assert report_path.is_file(), f"no report (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     return proc, json.loads(report_path.read_text())
@@ -126,10 +126,18 @@ def test_short_demo_two_workers_f16(tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_short_demo_one_worker_f32_is_exact(tmp_path):
+def test_short_demo_one_worker_f32_is_exact(tmp_path, broker, topic_name):
+    """Against a given broker (--bootstrap-servers), with Kafka client settings from a
+    --kafka-config file and a variable: every process of the demo gets them."""
     out = tmp_path / "demo"
-    proc, r = _demo(out, "--workers", "1", "--wire-dtype", "f32", "--topk-fraction", "1")
+    cfg = tmp_path / "client.properties"
+    cfg.write_text("security.protocol=PLAINTEXT\n")
+    proc, r = _demo(out, "--workers", "1", "--wire-dtype", "f32", "--topk-fraction", "1",
+                    "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic_name,
+                    "--kafka-config", str(cfg),
+                    env={"DELTASTREAM_DEMO_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"})
     _check_common(proc, r, out, workers=1)
+    assert r["config"]["embedded_broker"] is False
     assert r["drift"]["max_abs"] == 0.0 and r["drift"]["rmse"] == 0.0
     assert r["auc"]["serving"] == r["auc"]["trainer"]
     # fraction 1: every changed row goes out each round; nothing is left for the final flush
@@ -155,7 +163,7 @@ def test_bad_flags_are_refused_with_a_clear_error(tmp_path, args, words):
 
 def test_flags_default_from_the_environment(tmp_path):
     env = _env()
-    env["DELTASTREAM_TOPK_FRACTION"] = "1.5"
+    env["DELTASTREAM_DEMO_TOPK_FRACTION"] = "1.5"
     proc = subprocess.run([sys.executable, "-m", "deltastream.cli", "demo", "--out",
                            str(tmp_path / "o")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
@@ -165,7 +173,7 @@ def test_flags_default_from_the_environment(tmp_path):
                                timeout=60).stdout
     for flag in ("--bootstrap-servers", "--workers", "--device", "--steps", "--duration",
                  "--batch-size", "--publish-every", "--snapshot-every", "--topk-fraction",
-                 "--dim", "--out", "--seed", "--model", "DELTASTREAM_WORKERS"):
+                 "--dim", "--out", "--seed", "--model", "DELTASTREAM_DEMO_WORKERS"):
         assert flag in help_text
 
 
@@ -177,3 +185,54 @@ def test_demo_parent_and_predictor_modules_import_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def _session_members(sid: int) -> list[str]:
+    """Processes still alive in session ``sid`` (pid and command), from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields[3]: session id
+            out.append(f"{stat.parent.name} {text[text.index('('):text.rindex(')') + 1]}")
+    return out
+
+
+def test_ctrl_c_stops_every_process_with_one_line(tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to the whole process group: the demo, its broker,
+    trainers and predictor. One "interrupted" line, no tracebacks, nothing left, exit 130."""
+    import signal
+    import time
+
+    out = tmp_path / "o"
+    # SHORT without its --steps and --snapshot-every: a run that lasts until interrupted
+    long_run = ["--steps", "100000", "--snapshot-every", "5", "--duration", "300", *SHORT[6:]]
+    proc = subprocess.Popen([sys.executable, "-m", "deltastream.cli", "--log-level",
+                             "WARNING", "demo", "--out", str(out), *long_run], cwd=REPO,
+                            env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "snapshots" / "shard-1" / "manifest.json").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the trainers never wrote a snapshot"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "deltastream demo: interrupted", stderr
+    left = []
+    for _ in range(50):  # children are reaped right after the parent exits
+        left = _session_members(proc.pid)
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == [], left

@@ -412,19 +412,22 @@ def test_cli_exit_codes_and_messages(stream, tmp_path):
     assert r.returncode == 1 and "DIFFERENT" in r.stdout, r.stdout + r.stderr
     r = _cli("diff", str(tmp_path / "b"), "--rebuild", "--bootstrap-servers", stream.bootstrap)
     assert r.returncode == 0 and "no differences" in r.stdout, r.stdout + r.stderr
-    # 2: unreachable broker, missing topic, bad offsets argument, out-of-range offsets
-    for args, needle in [
+    # 3: unreachable broker, missing topic; 2: bad offsets argument, out-of-range offsets,
+    # no broker given, a bad bootstrap address
+    for args, code, needle in [
         (["stats", "--bootstrap-servers", "127.0.0.1:1", "--topic", "x", "--timeout", "1"],
-         "no Kafka broker answered"),
+         3, "no Kafka broker answered"),
         (["stats", "--bootstrap-servers", stream.bootstrap, "--topic", "deltas.nope"],
-         "does not exist"),
+         3, "does not exist"),
         (["rebuild", *src, "--out", str(tmp_path / "c"), "--from-offsets", "0:5"],
-         "PARTITION=OFFSET"),
-        (["dump", *src, "--from-offsets", "0=100000"], "beyond the end"),
-        (["stats", "--topic", stream.topic], "--bootstrap-servers"),
+         2, "PARTITION=OFFSET"),
+        (["dump", *src, "--from-offsets", "0=100000"], 2, "beyond the end"),
+        (["stats", "--topic", stream.topic], 2, "--bootstrap-servers"),
+        (["stats", "--bootstrap-servers", "127.0.0.1:99999", "--topic", "x"], 2,
+         "port 99999 is outside 1..65535"),
     ]:
         r = _cli(*args)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.returncode == code, (args, r.stdout, r.stderr)
         assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "Traceback" not in r.stderr
     assert not (tmp_path / "c").exists()
@@ -439,9 +442,10 @@ def test_cli_help_names_every_flag_and_env(cmd, capsys):
              "dump": ["--rows", "--table", "--shard", "--seq-range", "--partitions"],
              "stats": ["--json", "--from-time"],
              "diff": ["--rebuild", "--tolerance"]}.get(cmd, ["--log-level"])
+    prefix = "DELTASTREAM_REPLAY_" + (f"{cmd.upper()}_" if cmd else "")
     for f in flags:
         assert f in out
-        env = "DELTASTREAM_" + f.lstrip("-").upper().replace("-", "_")
+        env = prefix + f.lstrip("-").upper().replace("-", "_")
         assert env in out
 
 

@@ -580,8 +580,8 @@ def test_cli_help_lists_every_flag():
         assert flag in flags
     for flag in flags:
         assert flag in out.stdout, flag
-        if flag != "--help":
-            env = "DELTASTREAM_" + flag[2:].upper().replace("-", "_")
+        if flag != "--help":  # each flag's own variable, named after the tool
+            env = "DELTASTREAM_SYNC_" + flag[2:].upper().replace("-", "_")
             assert env in out.stdout, env
 
 
@@ -604,7 +604,7 @@ def test_cli_env_defaults_and_sigterm_leaves_checkpoint(broker, feed, tmp_path):
     n = feed.fill(4)
     port = free_port()
     env = dict(os.environ, DELTASTREAM_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
-               DELTASTREAM_MODEL=MODEL, DELTASTREAM_METRICS_PORT=str(port),
+               DELTASTREAM_SYNC_MODEL=MODEL, DELTASTREAM_SYNC_METRICS_PORT=str(port),
                PYTHONPATH=str(REPO))
     log = open(tmp_path / "sync.log", "w")
     proc = subprocess.Popen(

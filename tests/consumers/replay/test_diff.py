@@ -140,8 +140,9 @@ def test_cli_diff_exit_codes(pair, tmp_path, capsys):
 
 def test_cli_diff_tolerance_from_environment(pair, capsys, monkeypatch):
     a, b, _ = pair
-    monkeypatch.setenv("DELTASTREAM_TOLERANCE", "10")
-    monkeypatch.setenv("DELTASTREAM_JSON", "1")
+    monkeypatch.setenv("DELTASTREAM_REPLAY_DIFF_TOLERANCE", "10")  # this subcommand's
+    monkeypatch.setenv("DELTASTREAM_REPLAY_JSON", "1")  # the tool-wide name
+    monkeypatch.setenv("DELTASTREAM_TOLERANCE", "0")  # another tool's: ignored
     assert main(["diff", str(a), str(b)]) == 1  # still: ids only in one, dims differ
     doc = json.loads(capsys.readouterr().out)
     assert doc["tolerance"] == 10.0
@@ -185,9 +186,9 @@ def test_cli_diff_input_errors_exit_2(pair, tmp_path, capsys):
 
 
 def test_cli_bad_environment_value_is_a_usage_error(capsys, monkeypatch):
-    monkeypatch.setenv("DELTASTREAM_FROM_OFFSETS", "zero=1")
+    monkeypatch.setenv("DELTASTREAM_REPLAY_STATS_FROM_OFFSETS", "zero=1")
     assert main(["stats", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t"]) == 2
-    _one_line_error(capsys, "DELTASTREAM_FROM_OFFSETS")
+    _one_line_error(capsys, "DELTASTREAM_REPLAY_STATS_FROM_OFFSETS")
 
 
 # ----------------------------------------------------------------------------- parsing
