@@ -114,7 +114,7 @@ def test_damaged_checkpoint_is_refused_and_reset_state_starts_over(broker, feed,
 
     r = subprocess.run(_args(broker, feed.topic, state), cwd=REPO, env=_env(),
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr  # the exit-code table: unusable state is an input error
     lines = [ln for ln in r.stderr.splitlines() if "cannot load the state" in ln]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert str(ckpt) in lines[0] and "manifest.json is missing" in lines[0]
