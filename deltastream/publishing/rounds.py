@@ -221,11 +221,32 @@ def table_name(fqn: str, module: torch.nn.Module) -> str:
 
     A table that carries its own name (:class:`~deltastream.HashTable`, a
     :class:`~deltastream.ShardedEmbedding` shard: ``module.name``) is published under it, so
-    every shard of a table agrees whatever its module path; any other module (e.g. a
-    ``torch.nn.Embedding``) under its fqn.
+    every shard of a table agrees whatever its module path; any other module (a
+    ``torch.nn.Embedding`` or ``EmbeddingBag``) under its fqn — the tracker's key, the same
+    whether the model is wrapped in DDP, DataParallel or ``torch.compile`` or not.
     """
     name = getattr(module, "name", None)
     return name if isinstance(name, str) and name else fqn
+
+
+def _table_names(modules: Mapping[str, torch.nn.Module]) -> dict[str, str]:
+    """``{fqn: published name}``; raises ``ValueError`` when two tables share a name (their
+    rows would overwrite each other on the predictors)."""
+    names = {fqn: table_name(fqn, m) for fqn, m in modules.items()}
+    by_name: dict[str, list[str]] = {}
+    for fqn, name in names.items():
+        by_name.setdefault(name, []).append(fqn)
+    clash = {n: f for n, f in by_name.items() if len(f) > 1}
+    if clash:
+        raise ValueError(f"publish_delta: tables publish under the same name: {clash}; give "
+                         f"each HashTable a unique name (nn.Embedding tables publish under "
+                         f"their fqn)")
+    return names
+
+
+def _as_float(rows: torch.Tensor) -> torch.Tensor:
+    """Rows as a float dtype every publisher reads (bfloat16 and float64 as float32)."""
+    return rows if rows.dtype in (torch.float32, torch.float16) else rows.float()
 
 
 def _rows_at(delta: DeltaRows, ids: torch.Tensor) -> DeltaRows:
@@ -246,9 +267,11 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
     """Run one publish round of ``consumer``: select, retain the leftover, publish.
 
     For every table in ``tracker.get_delta(consumer)`` with changed rows or tombstones:
-    ``policy.select`` picks the rows (current values read from the table), the leftover is
+    ``policy.select`` picks the rows (current values read from the table: a HashTable, a
+    ShardedEmbedding shard, an ``nn.Embedding`` or ``nn.EmbeddingBag``), the leftover is
     handed back with ``tracker.retain`` (it comes back next round, older FIRST state, ``age
-    + 1``), and the selected rows and the delta's tombstones are published under
+    + 1``), and the selected rows (``[n, dim]`` in the table's width, float32/float16; other
+    float dtypes as float32) and the delta's tombstones are published under
     :func:`table_name`.
 
     Args:
@@ -267,6 +290,7 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
         A :class:`PublishRound` with per-table counts, published ids and publisher results.
 
     Raises:
+        ValueError: two tables would publish under the same name (before anything is read).
         PublishError: from the publisher. Before it propagates, the rows that were not
             handed to the publisher (the failing table's selection and every later table's
             candidates) are retained, so the next round publishes them again; the failing
@@ -282,6 +306,7 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                         f"{type(policy).__name__}")
     wire_dtype = publisher.dtype
     modules = tracker.get_tracked_modules() if tables is None else tables
+    names = _table_names(modules)  # checked before the delta is read: nothing is consumed
     t0 = time.monotonic()
     ts = time.time_ns() if ts is None else ts
     # (fqn, delta, ids of the delta still at stake: None = all of them); what is left here
@@ -300,7 +325,7 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             if fqn not in modules:
                 raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(modules)}")
             module = modules[fqn]
-            name = table_name(fqn, module)
+            name = names[fqn]
             sel = (select_changed(delta, module, wire_dtype=wire_dtype) if final
                    else policy.select(delta, module, fqn=fqn, wire_dtype=wire_dtype))
             if len(sel.leftover):
@@ -308,7 +333,7 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             # from here on only the selection is at stake: the leftover is back in the tracker
             pending[0] = (fqn, delta, sel.ids)
             if len(sel) or n_tomb:
-                res = publisher.publish(name, sel.ids, sel.rows, step=step, ts=ts,
+                res = publisher.publish(name, sel.ids, _as_float(sel.rows), step=step, ts=ts,
                                         tombstones=sel.tombstones if n_tomb else None)
         except BaseException as e:
             _hand_back(tracker, consumer, pending, e)

@@ -67,8 +67,9 @@ have nothing to act on), and ``k`` / ``fraction`` / ``max_bytes`` still cap the 
 tiers 1 and 2 and then age (oldest first).
 
 The table can be a :class:`deltastream.HashTable` (anything with ``lookup(ids) -> [n, dim]``),
-a ``torch.nn.Embedding`` (ids are row indices) or a :class:`deltastream.ShardedEmbedding`
-(its local shard, ``.table``, is read: delta ids of a shard's tracker are that shard's ids).
+a ``torch.nn.Embedding`` or ``torch.nn.EmbeddingBag`` (ids are row indices) or a
+:class:`deltastream.ShardedEmbedding` (its local shard, ``.table``, is read: delta ids of a
+shard's tracker are that shard's ids).
 The same code runs on CPU and CUDA; candidate rows are read in chunks so the drift is
 computed while the chunk is in cache.
 """
@@ -275,7 +276,8 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         delta: candidate rows of one table (``ids`` ascending global ids ``[n]``; ``states``
             FIRST values ``[n, dim]`` or ``None`` for ID_ONLY; optional ``new`` ``[n]`` bool,
             ``age`` ``[n]`` int, ``tombstones``).
-        table: where current values are read (HashTable, ShardedEmbedding, nn.Embedding).
+        table: where current values are read (HashTable, ShardedEmbedding, nn.Embedding,
+            nn.EmbeddingBag).
         k: publish at most ``k`` rows.
         fraction: publish at most ``ceil(fraction × m)`` rows, ``m`` = finite candidates,
             ``0 < fraction <= 1``.

@@ -60,7 +60,8 @@ class PendingLookups:
         """The pending lookups as one sorted run, then forget them (:meth:`reset`).
 
         ``table`` maps positions to ids (``ids_at``; still valid: no position was reused
-        since the lookups). Returns ``(ids, states)``: the distinct ids touched, int64
+        since the lookups; with a true ``ids_ascending`` attribute, ascending positions map
+        to ascending ids and no sort is needed). Returns ``(ids, states)``: the distinct ids touched, int64
         ascending, and with ``with_states`` each one's FIRST state ``[k, dim]`` (else None).
         Call only with lookups pending (``n > 0``).
         """
@@ -72,7 +73,10 @@ class PendingLookups:
         else:
             touched = mark_positions(self.marks, self.pos)  # ascending positions, each once
         ids = table.ids_at(touched.to(getattr(table, "device", dev))).to(dev)
-        if not with_states:
+        if getattr(table, "ids_ascending", False):  # positions are the ids: sorted already
+            if with_states:
+                states = rows.index_select(0, src)
+        elif not with_states:
             ids = sort_ids(ids)
         else:
             ids, order = sort_ids_with_perm(ids)

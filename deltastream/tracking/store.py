@@ -290,7 +290,7 @@ class DeltaStore:
         """Record that table ``fqn`` saw ``ids`` (any shape, flattened) at ``batch_idx``.
 
         ``states`` is ``[N, dim]`` (or ``[*ids.shape, dim]``) aligned with the flattened ids
-        (required in FIRST/LAST mode, ignored in NONE mode). Records may be appended at any
+        (required in FIRST/LAST mode; in NONE mode passing states is a ``ValueError``). Records may be appended at any
         index; records with equal index keep their append order.
 
         ``copy_states=False`` lets a small append keep a reference to ``states`` instead of a
@@ -307,6 +307,13 @@ class DeltaStore:
         t = self._tables.get(fqn)
         if t is None:
             t = self._tables[fqn] = _Table(runs=[], device=ids.device)
+        if self._mode is UpdateMode.NONE and states is not None:
+            # TorchRec's store refuses them too: an ids-only store that took states would
+            # let a caller believe FIRST/LAST states are kept.
+            raise ValueError(
+                f"DeltaStore(UpdateMode.NONE) keeps ids only; append got states "
+                f"{tuple(getattr(states, 'shape', ()))} for table {fqn!r}: pass states=None, "
+                f"or use DeltaStore(UpdateMode.FIRST) / UpdateMode.LAST to keep them")
         if self._mode is not UpdateMode.NONE:
             if states is None:
                 if not t.degraded:
@@ -357,7 +364,8 @@ class DeltaStore:
         For callers that deduplicated themselves (the tracker's per-row touch marks): the
         record is kept as one sorted run, with no sort, no check (that would need a device
         sync) and no copy: the store takes ownership of ``ids`` and ``states`` (``[N, dim]``,
-        required when the store keeps states for ``fqn``, dropped when it does not).
+        required when the store keeps states for ``fqn``, dropped while ``fqn`` is degraded,
+        refused by an ids-only store).
         """
         if not isinstance(batch_idx, int) or isinstance(batch_idx, bool):
             raise TypeError(f"batch_idx must be an int, got {batch_idx!r}")
@@ -367,6 +375,9 @@ class DeltaStore:
         if t is None:
             t = self._tables[fqn] = _Table(runs=[], device=ids.device)
         keep = self._with_states(t)
+        if self._mode is UpdateMode.NONE and states is not None:
+            raise ValueError(f"DeltaStore(UpdateMode.NONE) keeps ids only; append_unique got "
+                             f"states for table {fqn!r}: pass states=None")
         if not keep:
             states = None
         elif states is None:

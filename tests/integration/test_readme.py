@@ -1,6 +1,8 @@
-"""The README's snippets run as written: the trainer example (its own embedded broker) and
-the predictor snippet (against the session broker, on a topic with data); its metrics table
-lists every metric the daemon exports."""
+"""The README's snippets run as written: the trainer examples (their own embedded broker) —
+one with HashTables and deltastream's sparse optimizer, one with nn.Embedding /
+nn.EmbeddingBag trained by torch.optim.Adam behind a wrapper — and the predictor snippet
+(against the session broker, on a topic with data); its metrics table lists every metric the
+daemon exports."""
 
 from __future__ import annotations
 
@@ -18,17 +20,34 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 pytestmark = pytest.mark.integration
 
 
-def test_trainer_example_runs_and_publishes(tmp_path):
+def _examples() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    example = next(b for b in blocks if "DeltaTracker(" in b and "EmbeddedBroker" in b)
+    return [b for b in blocks if "DeltaTracker(" in b and "EmbeddedBroker" in b]
+
+
+def test_readme_has_a_hashtable_and_an_nn_embedding_example():
+    examples = _examples()
+    assert len(examples) == 2
+    assert "HashTable(" in examples[0] and "torch.nn.Embedding(" in examples[1]
+    assert all("publish_delta(" in e and "get_submodule" not in e for e in examples)
+
+
+@pytest.mark.parametrize("which,paths", [
+    (0, {"user": "lookups", "item": "lookups"}),
+    (1, {"user": "scan", "history": "scan"}),
+])
+def test_trainer_example_runs_and_publishes(tmp_path, which, paths):
     script = tmp_path / "example.py"
-    script.write_text(example)
+    script.write_text(_examples()[which])
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
-    stats = ast.literal_eval(out.stdout.strip().splitlines()[-1])  # the example prints stats()
-    assert stats["publishes"] == 20 and stats["rows"] > 0
+    *_, path_line, stats_line = out.stdout.strip().splitlines()
+    assert ast.literal_eval(path_line) == paths  # the example prints the tracker's paths
+    stats = ast.literal_eval(stats_line)  # and the publisher's stats()
+    assert stats["publishes"] >= 20 and stats["rows"] > 0
     assert stats["failed_messages"] == 0 and stats["acked_messages"] == stats["messages"]
+    assert set(stats["next_seq"]) == set(paths)  # published under the tables' names
 
 
 def test_daemon_example_runs_against_a_topic_with_data(broker, topic_name, tmp_path):

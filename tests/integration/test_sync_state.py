@@ -144,7 +144,7 @@ def test_damaged_checkpoint_is_refused_and_reset_state_starts_over(broker, feed,
     for extra in ([], ["--reset-state"]):
         r = subprocess.run(_args(broker, feed.topic, state, *extra), cwd=REPO, env=_env(),
                            capture_output=True, text=True, timeout=60)
-        assert r.returncode == 1, (extra, r.stderr)
+        assert r.returncode == 2, (extra, r.stderr)  # unusable state: input error
         assert f"{ckpt}: is a file" in r.stderr and "Traceback" not in r.stderr
         assert ckpt.read_text() == THESIS
 

@@ -50,8 +50,8 @@ def rec(idx, ids, gen=None):
 
 def fill(mode, records):
     s = DeltaStore(mode)
-    for idx, ids, states in records:
-        s.append(idx, "t", ids, states)
+    for idx, ids, states in records:  # an ids-only store refuses states
+        s.append(idx, "t", ids, None if mode is UpdateMode.NONE else states)
     return s
 
 
@@ -269,7 +269,7 @@ def test_cuda_matches_cpu(mode):
     cpu = fill(mode, records)
     gpu = DeltaStore(mode)
     for idx, ids, states in records:
-        gpu.append(idx, "t", ids.cuda(), states.cuda())
+        gpu.append(idx, "t", ids.cuda(), None if mode is UpdateMode.NONE else states.cuda())
     gpu.compact(1, 4)
     cpu.compact(1, 4)
     for frm in (0, 1, 4):
@@ -294,3 +294,15 @@ def test_borrowed_states_modified_in_place_degrade_the_table(dedupe_path):
         out = s.get_unique()
         assert s.states_modified == 0 and bool((out["t"].states == 1).all())
     assert out["u"].states.tolist() == [[1.0] * DIM]
+
+
+def test_ids_only_store_refuses_states():
+    """TorchRec's store refuses states in NONE mode; so does this one, naming what to do."""
+    s = DeltaStore(UpdateMode.NONE)
+    with pytest.raises(ValueError, match=r"UpdateMode.NONE.*ids only.*states=None"):
+        s.append(0, "t", torch.tensor([1, 2]), torch.ones(2, DIM))
+    with pytest.raises(ValueError, match="ids only"):
+        s.append_unique(0, "t", torch.tensor([1, 2]), torch.ones(2, DIM))
+    assert s.num_rows() == 0  # nothing half-recorded
+    s.append(0, "t", torch.tensor([2, 1]))
+    assert s.get_unique()["t"].ids.tolist() == [1, 2]

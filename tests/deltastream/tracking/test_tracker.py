@@ -563,7 +563,9 @@ def test_lookup_output_modified_in_place_degrades_instead_of_lying(caplog):
 def test_bound_compaction_never_changes_what_consumers_read(delete_on_read):
     """Compaction at the bound merges only between read cursors: results are unchanged."""
     tr = Trainer()
-    kw = dict(consumers=["A", "B"], mode=EMB, delete_on_read=delete_on_read)
+    # item (plain SGD) on the lookups path, as every lookup is then a record on its own
+    kw = dict(consumers=["A", "B"], mode=EMB, delete_on_read=delete_on_read,
+              sparse_updates_only=True)
     bounded = DeltaTracker(tr.net, max_tracked_rows=150, **kw)
     free = DeltaTracker(tr.net, **kw)
     g = torch.Generator().manual_seed(9)

@@ -1,0 +1,381 @@
+"""What a :class:`~deltastream.DeltaTracker` has recorded, and how a change gets recorded.
+
+:class:`Recorder` holds the tracker's three stores (touched rows with FIRST states, evicted
+ids, inserted ids), the lookups of positional tables not yet turned into ids
+(:class:`~deltastream.tracking.positions.PendingLookups`), the shadows of scan-path tables
+(:class:`~deltastream.tracking.scan.DriftScan`) and the memory bound. The tracker calls it
+under its lock from its hooks (``record_*``) and at read boundaries (:meth:`Recorder.flush_all`,
+:meth:`Recorder.scan_all`); per-consumer cursors and retained rows stay in the tracker.
+
+How each table's changes are recorded (its ``path``):
+
+* ``lookups``: every training lookup is recorded. A positional table (HashTable) keeps the
+  positions its forward resolved and, in EMBEDDING mode, borrows the forward's output rows;
+  an ``nn.Embedding``/``EmbeddingBag`` is handled the same way (:class:`DenseRows`: a row's
+  position is its id), its rows being the forward's output (``nn.Embedding``) or the
+  table's own rows gathered at the lookup (``nn.EmbeddingBag``, whose output is pooled);
+  other (duck-typed) tables append ids and output rows to the store at once.
+* ``scan``: lookups only mark rows; at each read boundary the table's weight is compared
+  with its shadow and every changed or marked row is recorded with its shadow value (the
+  exact FIRST state), whatever moved it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+
+import torch
+
+from deltastream.tracking.discovery import LOOKUPS, SCAN, TrackedTable
+from deltastream.tracking.positions import PendingLookups
+from deltastream.tracking.scan import DriftScan
+from deltastream.tracking.sorted_ids import member
+from deltastream.tracking.store import DeltaStore
+from deltastream.types import TrackingMode, UpdateMode
+
+__all__ = ["Recorder", "DenseRows", "COUNTERS"]
+
+log = logging.getLogger(__name__)
+
+_UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: UpdateMode.FIRST}
+
+#: counters the recorder keeps (the tracker adds them to ``stats()``)
+COUNTERS = ("lookups_recorded", "ids_recorded", "lookups_paused", "lookups_eval_skipped",
+            "bound_compactions", "degradations", "over_bound_events", "tombstones",
+            "inserted", "retained_total", "reads", "reloads", "path_switches")
+
+
+class DenseRows:
+    """An ``nn.Embedding``/``EmbeddingBag`` seen as a positional table: position = id."""
+
+    ids_ascending = True  # ascending positions are ascending ids: no sort at the flush
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    @property
+    def capacity(self) -> int:
+        return int(self.module.weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.module.weight.device
+
+    def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions
+
+
+class Recorder:
+    """The record-keeping of one tracker (see the module docstring).
+
+    Args:
+        mode: the tracking mode (EMBEDDING keeps FIRST states).
+        tables: the tracked tables by FQN (their ``path`` is read at every record).
+        max_rows: bound on the rows held (see ``DeltaTracker``), or None.
+        cursors: returns the consumers' read cursors (records before all of them are
+            never read again; the memory bound drops them first).
+    """
+
+    def __init__(self, mode: TrackingMode, tables: dict[str, TrackedTable],
+                 max_rows: Optional[int], cursors: Callable[[], Iterable[int]]) -> None:
+        self.mode = mode
+        self._cursors = cursors
+        self.tables = tables
+        self.max_rows = max_rows
+        self.touched = DeltaStore(_UPDATE_MODE[mode])  # touched ids (+ FIRST states)
+        self.tombs = DeltaStore(UpdateMode.NONE)  # evicted ids
+        self.news = DeltaStore(UpdateMode.NONE)  # inserted ids
+        #: store index new records go to (advanced by the tracker's steps and reads)
+        self.idx = 0
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        self.pending: dict[str, PendingLookups] = {}  # positional tables' unflushed lookups
+        self.row_maps: dict[str, Any] = {}  # position -> id map of each pending table
+        self.scans: dict[str, DriftScan] = {}  # scan-path tables' shadows
+        self._next_bound_check = 0
+        self._warned_degraded: set[str] = set()
+        self._warned_over = False
+        for fqn, info in tables.items():
+            for store in self.stores():
+                store.add_table(fqn, info.dim, dtype=info.dtype, device=info.device)
+            if info.positional:
+                self._add_pending(fqn, info.module)
+            elif info.path == SCAN:
+                self.scans[fqn] = DriftScan(info.weight)
+            elif not info.dynamic:
+                self._add_pending(fqn, DenseRows(info.module))
+
+    def _add_pending(self, fqn: str, row_map: Any) -> None:
+        self.row_maps[fqn] = row_map
+        self.pending[fqn] = PendingLookups(int(row_map.capacity), row_map.device)
+
+    @property
+    def with_states(self) -> bool:
+        """Whether FIRST states are kept (EMBEDDING mode)."""
+        return self.mode is TrackingMode.EMBEDDING
+
+    def stores(self) -> tuple[DeltaStore, DeltaStore, DeltaStore]:
+        """The touched, tombstone and insert stores (advanced together)."""
+        return self.touched, self.tombs, self.news
+
+    # ------------------------------------------------------------------ recording
+
+    def record_lookup(self, fqn: str, ids: torch.Tensor, output: Any) -> None:
+        """A lookup of a non-positional table: ``ids`` (flattened int tensor) and the
+        forward's ``output``."""
+        info = self.tables[fqn]
+        if fqn in self.pending:  # a dense table on the lookups path: positions = ids
+            self._record_dense(fqn, info, ids, output)
+            return
+        n = int(ids.numel())
+        self.counts["lookups_recorded"] += 1
+        self.counts["ids_recorded"] += n
+        if info.path == SCAN:
+            self.scans[fqn].note(ids)  # FIRST comes from the shadow at the next read
+            return
+        states = None
+        why = None
+        if self.with_states and not self.touched.is_degraded(fqn):
+            if info.kind == "embedding_bag":
+                # the output is pooled: FIRST is the table's own rows, before the update
+                states = info.module.weight.detach().index_select(0, ids)
+            elif isinstance(output, torch.Tensor) and output.numel() == n * info.dim:
+                states = output.detach().reshape(n, info.dim)
+            else:
+                why = "forward output is not [*ids.shape, dim]"
+        if why is not None:
+            self.degrade(fqn, why)  # cannot pair rows with ids: keep the ids, say so
+        # A lookup's output is fresh memory nobody else keeps: borrow it instead of copying
+        # (the store detects an in-place change through its version counter).
+        self.touched.append(self.idx, fqn, ids, states, copy_states=False)
+        self.enforce_bound_if_set()
+
+    def _record_dense(self, fqn: str, info: TrackedTable, ids: torch.Tensor,
+                      output: Any) -> None:
+        # a copy: the caller may reuse its id buffer before the flush
+        pos = ids.to(torch.int64, copy=True)
+        rows = None
+        if self.with_states and not self.touched.is_degraded(fqn):
+            if info.kind == "embedding_bag":
+                # the output is pooled: FIRST is the table's own rows, before the update
+                rows = info.module.weight.detach().index_select(0, pos)
+            elif isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
+                rows = output.detach().reshape(pos.numel(), info.dim)
+            else:
+                self.degrade(fqn, "forward output is not [*ids.shape, dim]")
+        self.record_positions(fqn, pos, rows)
+
+    def record_positions(self, fqn: str, positions: torch.Tensor,
+                         rows: Optional[torch.Tensor]) -> None:
+        """A training lookup of a positional table: keep its positions (no copy, sort or
+        sync) and, in EMBEDDING mode, borrow its output rows."""
+        n = positions.numel()
+        p = self.pending[fqn]
+        p.pos.append(positions)
+        p.n += n
+        if self.with_states:
+            if self.touched.is_degraded(fqn) or p.stateless or rows is None:
+                p.stateless = True
+            else:
+                # Borrowed: the forward's own output, checked for in-place changes at the
+                # flush through its version counter.
+                states = rows.detach()
+                p.states.append(states)
+                p.versions.append(states._version)
+                p.n_states += n
+        self.counts["lookups_recorded"] += 1
+        self.counts["ids_recorded"] += n
+        self.enforce_bound_if_set()
+
+    def record_insert(self, fqn: str, ids: torch.Tensor) -> None:
+        """Ids inserted into a dynamic table (they are ``new`` until each consumer reads)."""
+        self.news.append(self.idx, fqn, ids)
+        self.counts["inserted"] += int(ids.numel())
+
+    def record_evict(self, fqn: str, ids: torch.Tensor) -> None:
+        """Ids evicted from a dynamic table: their touches are void, they become tombstones.
+        (The tracker drops them from retained rows.)"""
+        self.flush(fqn)  # touches before the eviction are in the store
+        # A later re-insert + lookup records the id afresh (after this point).
+        self.touched.discard(fqn, ids)
+        self.news.discard(fqn, ids)
+        self.tombs.append(self.idx, fqn, ids)
+        self.counts["tombstones"] += int(ids.numel())
+
+    def record_reload(self, fqn: str, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        """A dynamic table was reloaded (``load_state_dict``): it held ids ``before`` and
+        holds ``after``. Every row held is reported, without FIRST states (the table is
+        degraded: selection publishes them all); ids gone are tombstones (returned)."""
+        self.flush(fqn)
+        before, after = torch.unique(before), torch.unique(after)
+        gone = before[~member(after, before)[0]] if before.numel() else before
+        new = after[~member(before, after)[0]] if after.numel() else after
+        if self.with_states and not self.touched.is_degraded(fqn):
+            self.degrade(fqn, "load_state_dict replaced its rows")
+        if gone.numel():
+            self.record_evict(fqn, gone)
+        if new.numel():
+            self.record_insert(fqn, new)
+        self.touched.append_unique(self.idx, fqn, after)
+        self.counts["reloads"] += 1
+        return gone
+
+    def flush(self, fqn: str) -> None:
+        """Move a positional table's pending lookups into the store as one sorted run.
+
+        Recorded at the current index: every pending lookup came after the last read
+        boundary, and nothing reads the records at or after it separately.
+        """
+        p = self.pending.get(fqn)
+        if p is None or p.n == 0:
+            return
+        want_states = False
+        if self.with_states:
+            if not p.stateless and any(s._version != v for s, v in
+                                       zip(p.states, p.versions, strict=True)):
+                self.touched.note_states_modified(fqn)
+                p.drop_states()
+            if p.stateless:
+                if not self.touched.is_degraded(fqn):
+                    self.touched.degrade(fqn)  # the ids-only lookups keep it degraded
+            else:
+                want_states = not self.touched.is_degraded(fqn)
+        ids, states = p.drain(self.row_maps[fqn], want_states)
+        self.touched.append_unique(self.idx, fqn, ids, states)
+
+    def flush_all(self) -> None:
+        """Flush every positional table's pending lookups."""
+        for fqn in self.pending:
+            self.flush(fqn)
+
+    def scan(self, fqn: str) -> None:
+        """Record the rows of scan-path table ``fqn`` changed or looked up since its last
+        scan, with their shadow values as FIRST states."""
+        info = self.tables[fqn]
+        keep = self.with_states and not self.touched.is_degraded(fqn)
+        res = self.scans[fqn].scan(info.module.weight, keep)
+        if res.reset and keep:
+            self.degrade(fqn, "its weight changed shape or dtype")
+        if res.ids.numel():
+            self.touched.append_unique(self.idx, fqn, res.ids, res.states if keep else None)
+
+    def scan_all(self) -> None:
+        """Scan every scan-path table (at a read boundary)."""
+        for fqn in self.scans:
+            self.scan(fqn)
+
+    def resync(self) -> None:
+        """Every consumer has read everything: shadows equal the weights again."""
+        for fqn, sc in self.scans.items():
+            sc.resync(self.tables[fqn].module.weight)
+        for p in self.pending.values():
+            p.reset()
+
+    # ------------------------------------------------------------------ paths
+
+    def use_scan(self, fqn: str) -> None:
+        """Find ``fqn``'s changes by scanning from now on. Exact at any instant at which
+        every change so far followed a recorded lookup: rows not looked up since the last
+        read still hold their value of that read, which the new shadow copies."""
+        info = self.tables[fqn]
+        if info.path == SCAN:
+            return
+        self.flush(fqn)  # its lookups so far, with their FIRST states
+        self.pending.pop(fqn, None)
+        self.row_maps.pop(fqn, None)
+        self.scans[fqn] = DriftScan(info.module.weight)
+        info.path = SCAN
+        self.counts["path_switches"] += 1
+
+    def use_lookups(self, fqn: str) -> None:
+        """Find ``fqn``'s changes from its lookups from now on (after one last scan)."""
+        info = self.tables[fqn]
+        if info.path == LOOKUPS:
+            return
+        self.scan(fqn)
+        del self.scans[fqn]
+        self._add_pending(fqn, DenseRows(info.module))
+        info.path = LOOKUPS
+        self.counts["path_switches"] += 1
+
+    # ------------------------------------------------------------------ bounded memory
+
+    def pending_rows(self) -> int:
+        """Ids recorded by positional tables and not flushed yet (repeats counted)."""
+        return sum(p.n for p in self.pending.values())
+
+    def pending_state_rows(self) -> int:
+        """Of :meth:`pending_rows`, those held with a borrowed state."""
+        return sum(p.n_states for p in self.pending.values())
+
+    def compact(self, start: int, end: int) -> None:
+        """Compact ``[start, end)`` in every store."""
+        for store in self.stores():
+            store.compact(start, end)
+
+    def delete(self, upto: Optional[int] = None) -> None:
+        """Drop records before ``upto`` (all with None) in every store."""
+        for store in self.stores():
+            store.delete(upto)
+        self._next_bound_check = 0
+
+    def compact_all(self, cursors: list[int]) -> None:
+        """Compact every interval that no read boundary (``cursors``) splits."""
+        self.flush_all()
+        bounds = sorted(set(cursors) | {self.idx + 1})
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            self.compact(start, end)
+
+    def degrade(self, fqn: str, why: str) -> None:
+        """Drop ``fqn``'s FIRST states (ids kept), count and log it."""
+        freed = self.touched.degrade(fqn)
+        p = self.pending.get(fqn)
+        if p is not None and self.with_states:
+            freed += p.n_states
+            p.drop_states()
+        self.counts["degradations"] += 1
+        emit = log.warning if fqn not in self._warned_degraded else log.info
+        self._warned_degraded.add(fqn)
+        emit("DeltaTracker: table %s degraded to ID_ONLY (%s); %d FIRST states dropped, ids "
+             "kept", fqn, why, freed)
+
+    def enforce_bound_if_set(self) -> None:
+        """Keep the rows held under ``max_rows`` (no-op without a bound)."""
+        if self.max_rows is not None:
+            self.enforce_bound(list(self._cursors()))
+
+    def enforce_bound(self, cursors: list[int]) -> None:
+        """Compact, then degrade tables (largest first) until the state rows held fit the
+        bound with a quarter of it free; count ids held past the bound."""
+        limit = self.max_rows
+        states_over = self.touched.num_state_rows() + self.pending_state_rows() > limit
+        rows = self.touched.num_rows() + self.pending_rows()
+        if not states_over and rows <= max(limit, self._next_bound_check):
+            return
+        self.flush_all()
+        # Records before every cursor can never be read again (kept only because
+        # delete_on_read=False): under pressure they go first.
+        for store in self.stores():
+            store.delete(min(cursors))
+        self.compact_all(cursors)
+        self.counts["bound_compactions"] += 1
+        # Compaction must leave a quarter of the bound free, else tables are degraded
+        # (largest first) until it does: the bound holds at every append and the next
+        # compaction is at least limit/4 recorded rows away (amortized O(1) per row).
+        target = limit - limit // 4
+        while self.touched.num_state_rows() > target:
+            fqn = max(self.tables, key=self.touched.num_state_rows)
+            self.degrade(fqn, f"over max_tracked_rows={limit} after compaction")
+        rows = self.touched.num_rows()
+        if rows > limit:
+            # Ids alone exceed the bound: they are never dropped. Compacting again only pays
+            # once the store has grown by half.
+            self.counts["over_bound_events"] += 1
+            if not self._warned_over:
+                self._warned_over = True
+                log.warning("DeltaTracker: %d unique ids held exceed max_tracked_rows=%d; "
+                            "ids are kept (never dropped), states are not", rows, limit)
+            self._next_bound_check = rows + rows // 2
+        else:
+            self._next_bound_check = 0
