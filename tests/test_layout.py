@@ -102,7 +102,7 @@ def test_graph_sees_the_imports():
     assert "consumers.serving_table" in g["consumers.storage.full_snapshot"]
     assert "consumers.sync.daemon" in g["consumers.sync"]
     assert "deltastream.wire" in g["consumers.applier"]
-    assert "deltastream.tracking.store" in g["deltastream.tracking.tracker"]
+    assert "deltastream.tracking.recorder" in g["deltastream.tracking.tracker"]
 
 
 def test_no_import_cycle_between_modules():
