@@ -160,7 +160,9 @@ def load_ratings(log_path: Optional[str], wheel: Optional[str],
     st = Path(path).stat()
     key = hashlib.sha1(f"{kind}:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
     cache = Path(cache_dir) / f"ratings-{key.hexdigest()[:16]}.npz"
-    label = f"{kind} {path}" + (f" ({RECBOLE_INTER})" if kind == "wheel" else "")
+    label = {"wheel": f"MovieLens-100K from the wheel {Path(path).name} ({RECBOLE_INTER})",
+             "package": f"MovieLens-100K from the installed recbole package ({path})",
+             "log": f"log {Path(path).name}"}[kind]
     if cache.is_file():
         with np.load(cache) as z:
             meta = json.loads(bytes(z["meta"]).decode())

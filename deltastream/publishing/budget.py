@@ -279,7 +279,7 @@ class BudgetPublisher:
                 continue
             e = t.errs
             live = e.finite & (e.error > 0)
-            left = live & ~sel
+            left = live & ~sel.to(live.device)  # the masks are on the CPU, rows may not be
             exact += int((e.finite & (e.error == 0)).sum())
             rejected += int((~e.finite).sum())
             if bool(left.any()):

@@ -24,5 +24,7 @@ def test_trainer_example_runs_and_publishes(tmp_path):
                          timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     stats = ast.literal_eval(out.stdout.strip().splitlines()[-1])  # the example prints stats()
-    assert stats["publishes"] == 20 and stats["rows"] > 0
+    # 100 budget ticks of 8 KB (each pays for rows of at least one of the two tables) and
+    # the final flush, each at most one publish per table
+    assert 101 <= stats["publishes"] <= 2 * 101 and stats["rows"] > 0
     assert stats["failed_messages"] == 0 and stats["acked_messages"] == stats["messages"]

@@ -38,11 +38,13 @@ class Loopback:
     def publish(self, table, ids, rows, *, step, tombstones=None, ts=None):
         if table == self.fail_on:
             raise PublishError(f"broker down for {table}")
+        ids, rows = ids.cpu(), rows.cpu()
         self.calls.append((table, ids.tolist()))
         batch = wire.DeltaBatch(model="m", table=table, shard=0, epoch=1, seq=self.seq,
                                 step=step, ts=ts or time.time_ns(), ids=ids.numpy(),
                                 rows=rows.numpy(), dtype=self.dtype,
-                                tombstones=None if tombstones is None else tombstones.numpy())
+                                tombstones=None if tombstones is None else
+                                tombstones.cpu().numpy())
         msgs = wire.encode(batch)
         for m in msgs:
             self.seq += 1
@@ -330,3 +332,25 @@ def test_id_only_tracking_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="EMBEDDING"):
         bp.tick(1)
     assert tracker.get_delta("p")["a"].ids.tolist() == [1]  # handed back, not lost
+
+
+@pytest.mark.gpu
+def test_cuda_tables_publish_within_the_budget_and_flush_exactly():
+    dev = torch.device("cuda")
+    model = torch.nn.ModuleDict({"emb": HashTable(16, name="emb", device=dev),
+                                 "bias": HashTable(1, name="bias", device=dev)})
+    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+    serving = {"emb": ServingTable("emb", 16), "bias": ServingTable("bias", 1)}
+    bp = BudgetPublisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=800))
+    g = torch.Generator(device=dev).manual_seed(0)
+    for step in range(1, 30):
+        ids = torch.randint(0, 200, (32,), device=dev, generator=g).unique()
+        _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, device=dev, generator=g))
+        _move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, device=dev, generator=g))
+        tracker.step()
+        tick = bp.tick(step)
+        assert tick.bytes <= tick.tokens
+    bp.flush(30)
+    for name, t in model.items():
+        ids = t.ids()
+        assert np.array_equal(serving[name].lookup(ids.cpu().numpy()), t.lookup(ids).cpu().numpy())
