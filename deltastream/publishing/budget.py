@@ -70,7 +70,7 @@ from deltastream import wire
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
 from deltastream.publishing.rounds import PublishRound, RowPublisher, TableRound, table_name
 from deltastream.publishing.serving_error import RowErrors, TableScale, serving_errors
-from deltastream.publishing.table_rows import row_reader
+from deltastream.publishing.table_rows import read_rows, row_reader
 from deltastream.publishing.token_bucket import TokenBucket
 from deltastream.types import DeltaRows
 
@@ -379,8 +379,9 @@ class BudgetPublisher:
                 got, spent = self._prefix(pos, cost, tidx, overhead, paid, cap)
                 pick[got] = True
                 n_overdue = int(got.numel())
-                # the oldest overdue row does not fit: save the tokens for it
-                blocked = n_overdue == 0
+                # the oldest overdue row does not fit: save the tokens for it (unless it
+                # never can: a full bucket is smaller than it, warned about below)
+                blocked = n_overdue == 0 and head <= self._bucket.burst
         if not blocked:
             rest = (eligible & ~pick).nonzero().squeeze(1)
             if rest.numel():
@@ -436,7 +437,10 @@ class BudgetPublisher:
             try:
                 if pos.numel() or n_tomb:
                     ids = t.delta.ids.index_select(0, pos)
-                    rows = t.errs.rows.index_select(0, pos) if t.errs is not None \
+                    # read now, right after scoring, in the same thread: the values scored
+                    read, _, dtype, _ = row_reader(t.module)
+                    rows = read_rows(read, ids, t.dim, dtype or t.delta.states.dtype,
+                                     ids.device) if t.errs is not None \
                         else torch.empty(0, t.dim)
                     res = self.publisher.publish(t.name, ids, rows, step=step, ts=ts,
                                                  tombstones=t.delta.tombstones if n_tomb

@@ -7,9 +7,8 @@ zeros). So the serving error of a row is::
 
     error = ‖current − served‖₂,   served = zeros if new (new_rows="drift") else FIRST
 
-in embedding units. :func:`serving_errors` reads the current rows once (they are what gets
-published, so the same read serves both) and returns the errors, the rows and which rows
-are finite.
+in embedding units. :func:`serving_errors` reads the current rows chunk by chunk and
+returns the errors, the row norms and which rows are finite.
 
 :class:`TableScale` makes the error comparable across tables: ``error / scale``, ``scale``
 the table's RMS row norm (an exponential average over the rows read). Widening a table or
@@ -33,12 +32,11 @@ __all__ = ["RowErrors", "serving_errors", "TableScale"]
 
 @dataclass
 class RowErrors:
-    """One table's candidates with their current values and serving errors.
+    """One table's candidates with their serving errors.
 
     Attributes:
         delta: the candidates (``ids`` ``[n]`` ascending, FIRST ``states`` ``[n, dim]``,
             ``new``, ``age``, ``tombstones``) as the tracker handed them over.
-        rows: ``[n, dim]`` current values (the table's dtype; non-finite rows included).
         error: float64 ``[n]`` ``‖current − served‖₂`` (NaN where ``finite`` is False;
             ``+inf`` where the current row is finite but the served one was not).
         finite: bool ``[n]``: the current row holds no NaN/Inf.
@@ -46,7 +44,6 @@ class RowErrors:
     """
 
     delta: DeltaRows
-    rows: torch.Tensor
     error: torch.Tensor
     finite: torch.Tensor
     norm: torch.Tensor
@@ -55,8 +52,10 @@ class RowErrors:
         return int(self.error.numel())
 
 
-def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift") -> RowErrors:
-    """Read the current rows of ``delta.ids`` from ``table`` and their serving errors.
+def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift",
+                   chunk_rows: int = 16384) -> RowErrors:
+    """Read the current rows of ``delta.ids`` from ``table`` (``chunk_rows`` at a time, so
+    memory stays bounded however many rows are pending) and their serving errors.
 
     Args:
         delta: an EMBEDDING-mode delta (``states`` not None) of ``table``.
@@ -64,6 +63,7 @@ def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift") -> 
             ``torch.nn.Embedding``.
         new_rows: ``"drift"`` — a new row's error is ``‖current‖`` (predictors serve zeros);
             ``"first"`` — new rows get error ``+inf`` (they go out before any other row).
+        chunk_rows: rows read per chunk (``>= 1``).
 
     Raises:
         ValueError: an ID_ONLY delta (no FIRST states: the error cannot be known), a state
@@ -71,6 +71,8 @@ def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift") -> 
     """
     if new_rows not in ("drift", "first"):
         raise ValueError(f"new_rows must be 'drift' or 'first', got {new_rows!r}")
+    if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
     read, dim, dtype, _ = row_reader(table)
     if delta.states is None:
         raise ValueError("serving errors need an EMBEDDING-mode delta (FIRST states); this "
@@ -80,24 +82,29 @@ def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift") -> 
         raise ValueError(f"delta states have shape {tuple(delta.states.shape)}, expected "
                          f"({delta.ids.numel()}, {dim}) for this table")
     ids = delta.ids
-    dev = ids.device
-    rows = read_rows(read, ids, dim, dtype or delta.states.dtype, dev)
-    cur = rows.to(torch.float64)
-    served = delta.states.to(device=dev, dtype=torch.float64)
+    n, dev = ids.numel(), ids.device
     new = delta.new.to(device=dev, dtype=torch.bool) if delta.new is not None else None
-    if new is not None and new_rows == "drift" and bool(new.any()):
-        served = served.masked_fill(new[:, None], 0.0)
-    finite = torch.isfinite(cur).all(dim=1) if cur.numel() else \
-        torch.ones(ids.numel(), dtype=torch.bool, device=dev)
-    error = torch.linalg.vector_norm(cur - served, dim=1)
-    norm = torch.linalg.vector_norm(cur, dim=1)
+    zero_new = new if new is not None and new_rows == "drift" else None
+    error = torch.empty(n, dtype=torch.float64, device=dev)
+    norm = torch.empty(n, dtype=torch.float64, device=dev)
+    finite = torch.ones(n, dtype=torch.bool, device=dev)
+    for start in range(0, n, chunk_rows):
+        stop = min(n, start + chunk_rows)
+        cur = read_rows(read, ids[start:stop], dim, dtype or delta.states.dtype,
+                        dev).to(torch.float64)
+        served = delta.states[start:stop].to(device=dev, dtype=torch.float64)
+        if zero_new is not None:
+            served = served.masked_fill(zero_new[start:stop, None], 0.0)
+        finite[start:stop] = torch.isfinite(cur).all(dim=1)
+        error[start:stop] = torch.linalg.vector_norm(cur - served, dim=1)
+        norm[start:stop] = torch.linalg.vector_norm(cur, dim=1)
     # a finite row whose served value was not finite (it recovered): it must go out
     error = torch.where(finite & ~torch.isfinite(error), math.inf, error)
     error = torch.where(finite, error, math.nan)
     norm = torch.where(finite, norm, math.nan)
     if new is not None and new_rows == "first":
         error = torch.where(new & finite, math.inf, error)
-    return RowErrors(delta=delta, rows=rows, error=error, finite=finite, norm=norm)
+    return RowErrors(delta=delta, error=error, finite=finite, norm=norm)
 
 
 class TableScale:

@@ -51,6 +51,9 @@ def test_the_log_is_read_from_a_wheel_and_cached_once(tmp_path):
     assert len(list(cache.glob("ratings-*.npz"))) == 1
     b = _ratings.load_ratings(None, str(wheel), cache)  # from the cache
     assert np.array_equal(a.users, b.users) and b.source == a.source
+    # a wheel downloaded into the cache directory is found without --wheel
+    (cache / wheel.name).write_bytes(wheel.read_bytes())
+    assert _ratings.find_source(None, None, cache) == ("wheel", str(cache / wheel.name))
 
 
 def test_bench_runs_on_a_synthetic_log_and_reports_every_policy(tmp_path):
