@@ -48,6 +48,8 @@ _EXPORTS = {
     "Undelivered": "publishing.results",
     "publish_delta": "publishing.rounds",
     "SelectionPolicy": "publishing.rounds",
+    "BudgetPolicy": "publishing.budget_policy",
+    "BudgetPublisher": "publishing.budget",
     "EmbeddedBroker": "broker",
     "DeltastreamError": "errors",
     "BrokerError": "errors",

@@ -19,9 +19,12 @@ from deltastream.kafka_config import check_bootstrap_servers
 from demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
-           "WIRE_DTYPES"]
+           "DEFAULT_BUDGET", "WIRE_DTYPES"]
 
 DEFAULT_STEPS = 2400
+#: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
+#: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``)
+DEFAULT_BUDGET = 50_000.0
 WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
 
 
@@ -42,6 +45,7 @@ class DemoOptions:
     publish_every: int = 10
     snapshot_every: int = 500
     topk_fraction: float = 0.25
+    publish_budget: float = DEFAULT_BUDGET
     dim: int = 32
     wire_dtype: str = "f16"
     max_message_bytes: int = 1 << 20
@@ -89,6 +93,11 @@ class DemoOptions:
         pos_int("snapshot_every")
         if not (isinstance(self.topk_fraction, (int, float)) and 0 < self.topk_fraction <= 1):
             raise ValueError(f"--topk-fraction must be in (0, 1], got {self.topk_fraction!r}")
+        b = self.publish_budget
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (math.isfinite(b)
+                                                                          and b >= 0):
+            raise ValueError(f"--publish-budget must be a finite number of bytes/s >= 0 "
+                             f"(0 = rounds of --topk-fraction), got {b!r}")
         pos_int("dim", 1, 4096)
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"--wire-dtype must be one of {WIRE_DTYPES}, got "
@@ -175,6 +184,10 @@ def add_demo_arguments(parser: EnvArgumentParser) -> None:
     a("--topk-fraction", type=float, default=d.topk_fraction,
       help="fraction of the changed rows published per round (top by drift, new rows first; "
            "the rest is carried to the next round); 1 = all")
+    a("--publish-budget", type=float, default=d.publish_budget,
+      help="bytes/s per trainer: publish every step the rows with the most serving error per "
+           "byte within this budget (deltastream.BudgetPublisher); 0 = rounds of "
+           "--topk-fraction every --publish-every steps")
     a("--dim", type=int, default=d.dim, help="embedding width")
     a("--wire-dtype", choices=list(WIRE_DTYPES), default=d.wire_dtype,
       help="row dtype on the wire")
@@ -202,7 +215,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         model_name=args.model_name, workers=args.workers, device=args.device,
         steps=args.steps, duration=args.duration, batch_size=args.batch_size,
         publish_every=args.publish_every, snapshot_every=args.snapshot_every,
-        topk_fraction=args.topk_fraction, dim=args.dim, wire_dtype=args.wire_dtype,
+        topk_fraction=args.topk_fraction, publish_budget=args.publish_budget, dim=args.dim, wire_dtype=args.wire_dtype,
         max_message_bytes=args.max_message_bytes, users=args.users, items=args.items,
         lr_sparse=args.lr_sparse, lr_dense=args.lr_dense, held_out=args.held_out,
         out=args.out, seed=args.seed, progress=args.progress, timeout=args.timeout,

@@ -149,8 +149,22 @@ def format_report(r: Mapping[str, Any]) -> str:
         ("rows rejected (non-finite)", _num(g("rows", "rejected"))),
         ("distinct ids published", _num(g("rows", "unique_published"))),
         ("publish rounds", _num(g("rows", "rounds"))),
-        ("top-k fraction", _num(g("config", "topk_fraction"))),
     ]
+    if isinstance(g("budget"), Mapping):
+        rows += [
+            ("publish budget", f"{_bytes(g('budget', 'bytes_per_s'))}/s per trainer "
+                               f"(byte-budgeted, every step)"),
+            ("sent (excl. final flush)", f"{_bytes(g('budget', 'sent_bytes_per_s'))}/s per "
+                                         f"trainer"),
+            ("error bound p50 / p99 / max",
+             " / ".join(_num(g("budget", "bound", q), ".3g") for q in ("p50", "p99", "max"))
+             + "  (largest pending row error ÷ table RMS row norm)"),
+        ]
+        for name, b in sorted((g("budget", "table_bounds") or {}).items()):
+            rows.append((f"  {name} (L2) p50 / p99 / max",
+                         " / ".join(_num(b.get(q), ".3g") for q in ("p50", "p99", "max"))))
+    else:
+        rows.append(("top-k fraction", _num(g("config", "topk_fraction"))))
     section("wire")
     rows += [
         ("messages", _num(g("wire", "messages"))),
@@ -250,9 +264,11 @@ def check_report(r: Mapping[str, Any], *, auc_tolerance: float = 0.002) -> list[
     else:
         if published > tracked:
             p.append(f"published ({published}) > tracked ({tracked})")
-        if published + carried + rejected != tracked:
-            p.append(f"published + carried + rejected = {published + carried + rejected} "
-                     f"!= tracked ({tracked})")
+        # exact: candidates a budget publisher dropped because predictors held them already
+        exact = rows.get("exact") or 0
+        if published + carried + rejected + exact != tracked:
+            p.append(f"published + carried + rejected + exact = "
+                     f"{published + carried + rejected + exact} != tracked ({tracked})")
         if published <= 0:
             p.append("no rows were published")
     if rows.get("left_after_flush", 0):

@@ -300,6 +300,7 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
                     steps=opts.resolved_steps, duration=opts.duration,
                     publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
                     topk_fraction=float(opts.topk_fraction),
+                    publish_budget=float(opts.publish_budget),
                     max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
                     lr_dense=opts.lr_dense, seed=opts.seed, threads=1)
         for r in range(opts.workers):

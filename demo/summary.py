@@ -15,7 +15,7 @@ from pathlib import Path
 from demo import report as rpt
 from demo.options import DemoOptions
 
-__all__ = ["build_report", "merge_rounds", "make_plots"]
+__all__ = ["build_report", "merge_rounds", "make_plots", "budget_summary"]
 
 
 def merge_rounds(finals: dict[int, dict]) -> list[dict]:
@@ -35,6 +35,32 @@ def merge_rounds(finals: dict[int, dict]) -> list[dict]:
     return [by[k] for k in sorted(by, key=lambda k: (k[1], k[0]))]
 
 
+def budget_summary(budget: float, stats: list, train_s: float) -> dict | None:
+    """The byte budget's report section from each trainer's ``BudgetPublisher.stats()``:
+    budget and bytes/s per trainer, and the serving-error bound (normalized, and per table
+    in embedding units) — p50 / p99 of the worst trainer, max over all. ``None`` when the
+    demo ran fixed rounds."""
+    stats = [s for s in stats if s]
+    if not budget or not stats:
+        return None
+
+    def worst(get, key):
+        vals = [get(s).get(key) for s in stats if get(s) and get(s).get(key) is not None]
+        return max(vals) if vals else None
+
+    tables = sorted({t for s in stats for t in s.get("table_bounds", {})})
+    sent = sum(int(s["bytes"]) for s in stats)
+    return {
+        "bytes_per_s": float(budget), "trainers": len(stats),
+        "sent_bytes": sent, "final_bytes": sum(int(s["final_bytes"]) for s in stats),
+        "sent_bytes_per_s": sent / len(stats) / train_s if train_s > 0 else None,
+        "overdue_rows": sum(int(s["overdue_rows"]) for s in stats),
+        "bound": {q: worst(lambda s: s.get("bound"), q) for q in ("p50", "p99", "max")},
+        "table_bounds": {t: {q: worst(lambda s, t=t: s.get("table_bounds", {}).get(t), q)
+                             for q in ("p50", "p99", "max")} for t in tables},
+    }
+
+
 def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, topic: str,
                  servers: str, embedded: bool, wall_s: float) -> dict:
     """The report dict (``report.json``) from the trainers' final messages and the
@@ -43,7 +69,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
 
     ranks = sorted(finals)
     f0 = finals[ranks[0]]
-    totals = {k: sum(int(finals[r]["totals"][k]) for r in ranks)
+    totals = {k: sum(int(finals[r]["totals"].get(k, 0)) for r in ranks)
               for k in f0["totals"]}
     train_s = max(float(finals[r]["train_seconds"]) for r in ranks)
     examples = int(f0["examples"])
@@ -74,6 +100,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "rows": {
             "tracked": totals["tracked"], "published": published,
             "carried": totals["carried"], "rejected": totals["rejected"],
+            "exact": totals.get("exact", 0),
             "tombstones": totals["tombstones"], "final_flush": totals["final_flush"],
             "rounds": int(f0["totals"]["rounds"]), "unique_published": uniq,
             "left_after_flush": sum(int(finals[r]["left_after_flush"]) for r in ranks),
@@ -85,6 +112,8 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
             "rows_per_s": published / train_s if train_s > 0 else None,
             "full_rows_bytes": row_bytes(opts.dim, "f32") * published,
         },
+        "budget": budget_summary(opts.publish_budget, [finals[r].get("budget") for r in ranks],
+                                 train_s),
         "freshness_s": result["freshness"],
         "drift": {k: v for k, v in result["drift"].items()},
         "auc": auc,

@@ -10,9 +10,12 @@ stops at the same step when ``--duration`` runs out).
 A :class:`~deltastream.DeltaTracker` in EMBEDDING mode watches the local shards with two
 consumers:
 
-* ``publish`` — every ``publish_every`` steps, one :func:`deltastream.publish_delta` round:
-  ``select_changed`` (top ``topk_fraction`` by drift, new rows first), ``retain`` the
-  leftover, ``DeltaPublisher.publish`` per table (shard = rank, so the rows go to partition
+* ``publish`` — with ``publish_budget`` > 0 (bytes/s), a
+  :class:`~deltastream.BudgetPublisher` ticked after every step: the rows with the most
+  serving error per byte, across tables, within the budget; the rest is retained. Otherwise
+  every ``publish_every`` steps one :func:`deltastream.publish_delta` round: ``select_changed``
+  (top ``topk_fraction`` by drift, new rows first), ``retain`` the leftover. Either way
+  ``DeltaPublisher.publish`` per table (shard = rank, so the rows go to partition
   ``rank % partitions``);
 * ``snapshot`` — every ``snapshot_every`` steps: the rows changed since the last snapshot are
   copied into a mirror of this shard (:class:`~consumers.ServingTable` s) and written as a
@@ -53,7 +56,7 @@ def trainer_main(rank: int, cfg: dict, events: Any) -> None:
 
     ``cfg`` keys: world, master_port, device, bootstrap_servers, topic, model_name, dim,
     hidden, batch_size, steps (or None), duration (s or None), publish_every,
-    snapshot_every, topk_fraction, wire_dtype, max_message_bytes, lr_sparse, lr_dense,
+    snapshot_every, topk_fraction, publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
     seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
     verbose, threads, kafka_config (kafka-python security settings). ``events``: queue to
     the parent.
@@ -78,7 +81,14 @@ class _Trainer:
         import torch.distributed as dist
 
         from consumers import ServingTable
-        from deltastream import DeltaPublisher, DeltaTracker, RowWiseAdagrad, TrackingMode
+        from deltastream import (
+            BudgetPolicy,
+            BudgetPublisher,
+            DeltaPublisher,
+            DeltaTracker,
+            RowWiseAdagrad,
+            TrackingMode,
+        )
         from deltastream.publishing.rounds import SelectionPolicy
         from demo.data import ClickStream, StreamConfig
         from demo.model import CTRModel, local_tables
@@ -120,12 +130,16 @@ class _Trainer:
         self.partition = self.publisher.partition
         frac = float(cfg["topk_fraction"])
         self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
+        budget = float(cfg.get("publish_budget") or 0.0)
+        self.budget = BudgetPublisher(self.tracker, self.publisher, "publish",
+                                      BudgetPolicy(bytes_per_s=budget),
+                                      tables=self.fqn_table) if budget > 0 else None
         self.next_offset = self._end_offset()
         self.pending: list[Any] = []  # PublishResults not yet flushed
         self.mirror = {name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
         self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.tables}
         self.rounds: list[dict] = []
-        self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected",
+        self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected", "exact",
                                      "tombstones", "messages", "bytes", "rounds",
                                      "final_flush"), 0)
         self.snapshots = {"count": 0, "last_step": None, "seconds": 0.0}
@@ -160,26 +174,36 @@ class _Trainer:
     # ------------------------------------------------------------------ publish / snapshot
 
     def publish_round(self, step: int, *, final: bool = False) -> dict:
-        """One ``publish`` consumer round (:func:`deltastream.publish_delta`); its counters."""
+        """One ``publish`` consumer round (:func:`deltastream.publish_delta`, or a budget
+        tick / final flush); its counters (``None`` for a budget tick that sent nothing)."""
         from deltastream import publish_delta
 
-        rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy, step=step,
-                            final=final, tables=self.fqn_table)
+        exact = 0
+        if self.budget is not None:
+            tick = self.budget.flush(step) if final else self.budget.tick(step)
+            if tick is None:
+                return None
+            rnd, exact = tick.round, tick.exact
+        else:
+            rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy,
+                                step=step, final=final, tables=self.fqn_table)
         for t in rnd.tables:
             if t.result is not None:
                 self.pending.append(t.result)
             if len(t.ids):
                 self.published_ids[t.table].append(t.ids.detach().cpu().numpy())
         rec = dict(step=step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
-                   **rnd.totals(), seconds=rnd.seconds)
-        for k in ("tracked", "published", "carried", "rejected", "tombstones", "messages",
-                  "bytes"):
+                   **rnd.totals(), exact=exact, seconds=rnd.seconds)
+        for k in ("tracked", "published", "carried", "rejected", "exact", "tombstones",
+                  "messages", "bytes"):
             self.totals[k] += rec[k]
         self.totals["rounds"] += 1
         if final:
             self.totals["final_flush"] = rec["published"]
-        self.rounds.append(rec)
-        self.events.put(dict(rec, kind="publish", rank=self.rank))
+        if final or rec["published"] or rec["tombstones"] or self.budget is None:
+            # a budget ticks every step: only the ticks that sent something are recorded
+            self.rounds.append(rec)
+            self.events.put(dict(rec, kind="publish", rank=self.rank))
         return rec
 
     def snapshot_round(self, step: int) -> None:
@@ -303,7 +327,7 @@ class _Trainer:
             want_stop = duration is not None and time.monotonic() - t0 >= float(duration)
             loss, stop = self._train_step(step, want_stop)
             step += 1
-            if step % pub_every == 0:
+            if self.budget is not None or step % pub_every == 0:
                 self.publish_round(step)
             if step % snap_every == 0:
                 self.snapshot_round(step)
@@ -337,6 +361,7 @@ class _Trainer:
             "rows_held": {n: len(t) for n, t in self.tables.items()},
             "tracker": _plain(tstats), "publisher": _plain(pstats),
             "epoch": self.publisher.epoch,
+            "budget": None if self.budget is None else _plain(self.budget.stats()),
         })
         self.dist.barrier()
         self.dist.destroy_process_group()

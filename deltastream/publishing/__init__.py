@@ -1,2 +1,3 @@
-"""From a delta to the topic: ``select_changed`` picks the rows to send, ``DeltaPublisher``
+"""From a delta to the topic: ``select_changed`` picks the rows to send (or a
+``BudgetPublisher`` spends a byte budget on the largest serving errors), ``DeltaPublisher``
 sends them as wire-format messages, and topic admin creates the topic."""

@@ -6,7 +6,13 @@ import argparse
 
 import pytest
 
-from demo.options import DEFAULT_STEPS, DemoOptions, add_demo_arguments, options_from_args
+from demo.options import (
+    DEFAULT_BUDGET,
+    DEFAULT_STEPS,
+    DemoOptions,
+    add_demo_arguments,
+    options_from_args,
+)
 
 
 def _parse(*argv: str) -> DemoOptions:
@@ -24,6 +30,8 @@ def test_flags_become_options_with_the_defaults():
     assert (o.workers, o.topk_fraction, o.resolved_topic) == (3, 0.5, "deltas.m")
     assert o.resolved_steps is None  # only --duration: unbounded steps
     assert o.stream_config().n_users == o.users
+    assert _parse().publish_budget == DEFAULT_BUDGET > 0  # the budget mode is the default
+    assert _parse("--publish-budget", "0").publish_budget == 0.0  # fixed rounds
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -34,6 +42,7 @@ def test_flags_become_options_with_the_defaults():
     ("lr_dense", 0.0, "--lr-dense must be a positive number"),
     ("model_name", "a/b", "--model must be non-empty without '/'"),
     ("duration", -1.0, "--duration must be a positive number of seconds"),
+    ("publish_budget", -5.0, "--publish-budget must be a finite number of bytes/s >= 0"),
 ])
 def test_validate_names_the_bad_option(field, value, words):
     kwargs = {field: value}

@@ -57,7 +57,7 @@ def test_build_report_adds_up_the_ranks_and_passes_the_checks():
     r = build_report(opts, FINALS, _result(), topic="deltas.demo", servers="h:1",
                      embedded=True, wall_s=5.0)
     assert r["rows"] == {"tracked": 35, "published": 27, "carried": 8, "rejected": 0,
-                         "tombstones": 0, "final_flush": 9, "rounds": 3,
+                         "exact": 0, "tombstones": 0, "final_flush": 9, "rounds": 3,
                          "unique_published": 30, "left_after_flush": 0}
     assert r["train"]["seconds"] == 3.0 and r["train"]["examples_per_s"] == pytest.approx(
         320 / 3.0)
@@ -78,3 +78,30 @@ def test_make_plots_draws_both_pngs(tmp_path):
     assert sorted(p.rsplit("/", 1)[1] for p in made) == ["freshness.png", "published.png"]
     for p in made:
         assert open(p, "rb").read(8) == PNG_MAGIC
+
+
+def test_budget_section_reports_the_budget_bytes_per_s_and_the_error_bound():
+    from demo.report import format_report
+    from demo.summary import budget_summary
+
+    def stats(sent, p99, tmax):
+        return {"bytes": sent, "final_bytes": 10, "overdue_rows": 1,
+                "bound": {"p50": 0.1, "p99": p99, "max": p99 * 2},
+                "table_bounds": {"user": {"p50": 0.01, "p99": 0.02, "max": tmax}}}
+
+    b = budget_summary(1000.0, [stats(4000, 0.3, 0.5), stats(2000, 0.4, 0.2)], 2.0)
+    assert b["bytes_per_s"] == 1000.0 and b["sent_bytes_per_s"] == 1500.0  # per trainer
+    assert b["bound"] == {"p50": 0.1, "p99": 0.4, "max": 0.8}  # the worst trainer
+    assert b["table_bounds"]["user"]["max"] == 0.5 and b["final_bytes"] == 20
+    assert budget_summary(0.0, [stats(1, 1, 1)], 1.0) is None  # fixed rounds
+    opts = DemoOptions(workers=2, batch_size=8, steps=20)
+    r = build_report(opts, FINALS, _result(), topic="deltas.demo", servers="h:1",
+                     embedded=True, wall_s=5.0)
+    r["budget"] = b
+    text = format_report(r)
+    assert "publish budget" in text and "1000 B/s per trainer" in text
+    assert "error bound p50 / p99 / max" in text and "0.1 / 0.4 / 0.8" in text
+    assert "user (L2) p50 / p99 / max" in text
+    r["rows"]["exact"] = 2  # dropped by the budget publisher: accounted for
+    r["rows"]["tracked"] += 2
+    assert check_report(r) == []

@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 SHORT = ["--steps", "60", "--batch-size", "256", "--publish-every", "5", "--snapshot-every",
          "25", "--users", "4000", "--items", "800", "--held-out", "4000", "--dim", "16",
          "--topk-fraction", "0.3", "--progress", "off", "--timeout", "240"]
+# the tests below run fixed rounds (--topk-fraction every --publish-every steps); the
+# byte-budgeted default has its own test
+ROUNDS = ["--publish-budget", "0"]
 
 
 def _env() -> dict:
@@ -33,9 +36,11 @@ def _env() -> dict:
 
 
 def _demo(out: Path, *extra: str, timeout: float = 240,
-          env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+          env: dict | None = None, rounds: bool = True
+          ) -> tuple[subprocess.CompletedProcess, dict]:
     proc = subprocess.run([sys.executable, "-m", "deltastream.cli", "--log-level", "WARNING",
-                           "demo", "--out", str(out), *SHORT, *extra],
+                           "demo", "--out", str(out), *SHORT, *(ROUNDS if rounds else []),
+                           *extra],
                           cwd=REPO, env={**_env(), **(env or {})}, capture_output=True,
                           text=True, timeout=timeout)
     report_path = out / "report.json"
@@ -43,7 +48,8 @@ def _demo(out: Path, *extra: str, timeout: float = 240,
     return proc, json.loads(report_path.read_text())
 
 
-def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers: int) -> None:
+def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers: int,
+                  budget: bool = False) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert r["invariants"]["problems"] == [] and check_report(r) == []
     # the printed table is the report
@@ -57,9 +63,12 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     # every candidate row is accounted for; nothing is left after the final flush
     rows = r["rows"]
     assert 0 < rows["published"] <= rows["tracked"]
-    assert rows["published"] + rows["carried"] + rows["rejected"] == rows["tracked"]
+    assert rows["published"] + rows["carried"] + rows["rejected"] + rows["exact"] \
+        == rows["tracked"]
+    assert rows["exact"] == 0 or budget  # only a budget drops rows predictors already hold
     assert rows["left_after_flush"] == 0
-    assert rows["rounds"] == 60 // 5 + 1
+    # fixed rounds every 5 steps, or a budget tick every step; and the final flush
+    assert rows["rounds"] == (60 if budget else 60 // 5) + 1
 
     # what the wire carried is what the predictor applied
     wire, pred = r["wire"], r["predictor"]
@@ -142,6 +151,26 @@ def test_short_demo_one_worker_f32_is_exact(tmp_path, broker, topic_name):
     assert r["auc"]["serving"] == r["auc"]["trainer"]
     # fraction 1: every changed row goes out each round; nothing is left for the final flush
     assert r["rows"]["carried"] == 0 and r["rows"]["final_flush"] == 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_short_demo_byte_budget_default(tmp_path):
+    """The default: a BudgetPublisher per trainer, ticked every step within --publish-budget
+    bytes/s; the report shows the budget, the bytes/s sent and the serving-error bound."""
+    out = tmp_path / "demo"
+    proc, r = _demo(out, "--publish-budget", "20000", rounds=False)
+    _check_common(proc, r, out, workers=2, budget=True)
+    b = r["budget"]
+    assert b["bytes_per_s"] == 20000 and b["trainers"] == 2
+    # within the rate over the training time, plus a burst (1 s) for each trainer's start
+    assert b["sent_bytes"] <= 2 * (20000 * r["train"]["seconds"] + 2 * 20000 + 4096)
+    assert b["sent_bytes"] + b["final_bytes"] == r["wire"]["bytes"]
+    assert 0 <= b["bound"]["p50"] <= b["bound"]["p99"] <= b["bound"]["max"]
+    assert set(b["table_bounds"]) == {"user", "item"}
+    for label in ("publish budget", "sent (excl. final flush)", "error bound p50 / p99 / max"):
+        assert label in proc.stdout
 
 
 @pytest.mark.parametrize("args, words", [

@@ -1,0 +1,187 @@
+"""A real interaction log for benchmarks: MovieLens-100K as the ``recbole`` package ships it.
+
+``recbole`` (MIT licence) ships ``recbole/dataset_example/ml-100k/ml-100k.inter`` — the
+100,000 ratings of MovieLens-100K (943 users, 1,682 movies, GroupLens) — as package data in
+its wheel. :func:`load_ratings` finds it, in order:
+
+1. ``--log PATH``: any user-supplied log, one interaction per line: ``user, item, rating,
+   timestamp`` separated by tabs, commas or ``::`` (MovieLens ``u.data`` / ``ratings.dat``,
+   RecBole ``.inter``; a header line is skipped);
+2. ``--wheel PATH``: a downloaded recbole wheel (``pip download --no-deps recbole==1.2.1``),
+   read as a zip — no install, none of recbole's dependencies;
+3. a recbole wheel in the cache directory (``pip download --no-deps recbole==1.2.1 -d
+   bench-out/cache``: then ``make bench`` finds it);
+4. an installed ``recbole`` package (located, not imported).
+
+Nothing is downloaded at run time. The log is converted once (sorted by time, ids mapped to
+``0..n-1``) and cached as ``.npz`` under ``bench-out/cache/``. Without any source the
+benchmark explains how to get one (:data:`HOW_TO_GET`) and exits cleanly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["Ratings", "load_ratings", "find_source", "parse_log", "HOW_TO_GET",
+           "RECBOLE_INTER"]
+
+log = logging.getLogger(__name__)
+
+#: where the recbole wheel keeps MovieLens-100K
+RECBOLE_INTER = "recbole/dataset_example/ml-100k/ml-100k.inter"
+
+HOW_TO_GET = (
+    "no interaction log found. This benchmark runs on MovieLens-100K as shipped by the "
+    "recbole package (MIT); either\n"
+    "  pip download --no-deps recbole==1.2.1 -d bench-out/cache   # one 2 MB wheel, no deps\n"
+    "(found there by default; elsewhere pass --wheel PATH/recbole-1.2.1-py3-none-any.whl)\n"
+    "or `pip install recbole` (pulls its dependencies), or give your own log with --log PATH "
+    "(user, item, rating, timestamp per line).")
+
+
+@dataclass
+class Ratings:
+    """An interaction log in time order.
+
+    Attributes:
+        users, items: int64 ``[n]`` dense ids (``0..n_users-1``, ``0..n_items-1``).
+        ratings: float32 ``[n]``. ts: int64 ``[n]`` timestamps, ascending.
+        source: where it came from (for reports).
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    ts: np.ndarray
+    source: str
+
+    def __len__(self) -> int:
+        return int(self.users.size)
+
+    @property
+    def n_users(self) -> int:
+        return int(self.users.max()) + 1 if len(self) else 0
+
+    @property
+    def n_items(self) -> int:
+        return int(self.items.max()) + 1 if len(self) else 0
+
+
+def parse_log(data: bytes, source: str) -> Ratings:
+    """Parse ``user item rating timestamp`` lines (tab, comma or ``::`` separated, an
+    optional header) into a time-ordered :class:`Ratings` with dense ids.
+
+    Raises ``ValueError`` naming the first line that does not parse.
+    """
+    text = data.decode("utf-8", errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"{source}: the log is empty")
+    sep = "::" if "::" in lines[0] else ("\t" if "\t" in lines[0] else ",")
+    first = lines[0].split(sep)
+    try:
+        float(first[2])
+        start = 0
+    except (ValueError, IndexError):
+        start = 1  # a header line
+    users, items, ratings, ts = [], [], [], []
+    for no, ln in enumerate(lines[start:], start=start + 1):
+        f = ln.split(sep)
+        if len(f) < 4:
+            raise ValueError(f"{source}: line {no} has {len(f)} fields, expected user, item, "
+                             f"rating, timestamp: {ln[:80]!r}")
+        try:
+            ratings.append(float(f[2]))
+            ts.append(int(float(f[3])))
+        except ValueError:
+            raise ValueError(f"{source}: line {no}: rating and timestamp must be numbers, "
+                             f"got {f[2]!r}, {f[3]!r}") from None
+        users.append(f[0].strip())
+        items.append(f[1].strip())
+    if not users:
+        raise ValueError(f"{source}: the log has a header but no interactions")
+    t = np.asarray(ts, dtype=np.int64)
+    order = np.argsort(t, kind="stable")  # time order; ties keep the file's order
+    _, u = np.unique(np.asarray(users, dtype=object).astype(str), return_inverse=True)
+    _, i = np.unique(np.asarray(items, dtype=object).astype(str), return_inverse=True)
+    return Ratings(users=u.astype(np.int64)[order], items=i.astype(np.int64)[order],
+                   ratings=np.asarray(ratings, dtype=np.float32)[order], ts=t[order],
+                   source=source)
+
+
+def find_source(log_path: Optional[str], wheel: Optional[str],
+                cache_dir: str | os.PathLike = "bench-out/cache") -> Optional[tuple[str, str]]:
+    """``(kind, path)`` of the log to use — ``("log", path)``, ``("wheel", path)`` or
+    ``("package", path)`` — or ``None`` when there is none."""
+    if log_path:
+        if not Path(log_path).is_file():
+            raise FileNotFoundError(f"--log {log_path!r} is not a file")
+        return "log", str(log_path)
+    if wheel:
+        if not Path(wheel).is_file():
+            raise FileNotFoundError(f"--wheel {wheel!r} is not a file")
+        return "wheel", str(wheel)
+    cached = sorted(Path(cache_dir).glob("recbole-*.whl")) if Path(cache_dir).is_dir() else []
+    if cached:
+        return "wheel", str(cached[-1])
+    spec = importlib.util.find_spec("recbole")  # locates the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        for base in spec.submodule_search_locations:
+            p = Path(base) / RECBOLE_INTER.split("/", 1)[1]
+            if p.is_file():
+                return "package", str(p)
+    return None
+
+
+def _read(kind: str, path: str) -> bytes:
+    if kind == "wheel":
+        with zipfile.ZipFile(path) as z:
+            try:
+                return z.read(RECBOLE_INTER)
+            except KeyError:
+                raise ValueError(f"--wheel {path!r} has no {RECBOLE_INTER}; is it a recbole "
+                                 "wheel?") from None
+    return Path(path).read_bytes()
+
+
+def load_ratings(log_path: Optional[str], wheel: Optional[str],
+                 cache_dir: str | os.PathLike = "bench-out/cache") -> Optional[Ratings]:
+    """The log (see the module docstring), converted once and cached; ``None`` if there is
+    no source."""
+    src = find_source(log_path, wheel, cache_dir)
+    if src is None:
+        return None
+    kind, path = src
+    st = Path(path).stat()
+    key = hashlib.sha1(f"{kind}:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    cache = Path(cache_dir) / f"ratings-{key.hexdigest()[:16]}.npz"
+    label = {"wheel": f"MovieLens-100K from the wheel {Path(path).name} ({RECBOLE_INTER})",
+             "package": f"MovieLens-100K from the installed recbole package ({path})",
+             "log": f"log {Path(path).name}"}[kind]
+    if cache.is_file():  # a cache written for another label is converted again
+        with np.load(cache) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("source") == label:
+                return Ratings(users=z["users"], items=z["items"], ratings=z["ratings"],
+                               ts=z["ts"], source=label)
+    r = parse_log(_read(kind, path), label)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, users=r.users, items=r.items, ratings=r.ratings, ts=r.ts,
+             meta=np.frombuffer(json.dumps({"source": label}).encode(), dtype=np.uint8))
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, cache)
+    log.info("converted %s: %d interactions -> %s", label, len(r), cache)
+    return r

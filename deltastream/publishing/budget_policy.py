@@ -1,0 +1,134 @@
+"""The budget and the ranking of a :class:`~deltastream.publishing.budget.BudgetPublisher`.
+
+:class:`BudgetPolicy` is checked when it is built, so a bad budget fails at start-up rather
+than at the first tick. See :mod:`deltastream.publishing.budget` for what a tick does.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = ["BudgetPolicy", "SCALES"]
+
+#: how errors of different tables are made comparable: ``"table"`` — divided by the table's
+#: RMS row norm; ``"none"`` — raw L2 in embedding units.
+SCALES = ("table", "none")
+
+def _real(name: str, v: Any, lo: float, *, lo_open: bool = False,
+          hi: float = math.inf) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)) \
+            or float(v) < lo or (lo_open and float(v) == lo) or float(v) > hi:
+        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise ValueError(f"BudgetPolicy.{name} must be a finite number in {rng}, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """What a :class:`BudgetPublisher` may send, and how it ranks rows.
+
+    Exactly one of ``bytes_per_s`` (wall clock, per trainer) and ``bytes_per_step``.
+
+    Attributes:
+        bytes_per_s / bytes_per_step: the refill rate of the byte budget (``> 0``).
+        burst_bytes: most bytes one tick may send after idling (the bucket's size);
+            default one second's (``bytes_per_s``) or four steps' (``bytes_per_step``)
+            budget. Must hold the largest row plus a message header or that row never fits.
+        scale: ``"table"`` (default: errors divided by the table's RMS row norm) or
+            ``"none"`` (raw L2), see :data:`SCALES`.
+        weights: ``{table name: weight >= 0}`` multiplying that table's normalized errors
+            (default 1): a table's share of the budget, set by name.
+        min_error: normalized error below which a row is not worth bytes (it stays pending
+            and tracked, and counts in the bound); 0 = spend the budget on any error.
+        max_age: ticks a row may stay pending before it is overdue (``None``: never).
+        overdue_share: share of each tick's tokens overdue rows may take, in ``(0, 1]``.
+        new_rows: ``"drift"`` (a row predictors never received scores ``‖current‖``) or
+            ``"first"`` (such rows go out before every other row).
+        min_interval_s: a tick sooner than this after the last round only refills.
+        window: ticks the bound quantiles of :meth:`BudgetPublisher.stats` cover.
+        per_byte: rank rows by score per wire byte of the row (default: the budget buys
+            the most error removed per byte, so a dim-1 bias row that is off by as much
+            of its scale as a dim-32 row goes first: it costs 10 bytes, not 72); False:
+            by score alone.
+
+    Raises:
+        ValueError / TypeError: naming the bad field and what was expected.
+    """
+
+    bytes_per_s: Optional[float] = None
+    bytes_per_step: Optional[float] = None
+    burst_bytes: Optional[float] = None
+    scale: str = "table"
+    weights: Mapping[str, float] = field(default_factory=dict)
+    min_error: float = 0.0
+    max_age: Optional[int] = 64
+    overdue_share: float = 0.25
+    new_rows: str = "drift"
+    min_interval_s: float = 0.0
+    window: int = 1024
+    per_byte: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.bytes_per_s is None) == (self.bytes_per_step is None):
+            raise ValueError("BudgetPolicy: give exactly one of bytes_per_s and bytes_per_step, "
+                             f"got bytes_per_s={self.bytes_per_s!r}, "
+                             f"bytes_per_step={self.bytes_per_step!r}")
+        for name in ("bytes_per_s", "bytes_per_step", "burst_bytes"):
+            if getattr(self, name) is not None:
+                _real(name, getattr(self, name), 0.0, lo_open=True)
+        if self.scale not in SCALES:
+            raise ValueError(f"BudgetPolicy.scale must be one of {list(SCALES)}, got "
+                             f"{self.scale!r}")
+        if not isinstance(self.weights, Mapping):
+            raise TypeError(f"BudgetPolicy.weights must be a mapping of table name to weight, "
+                            f"got {type(self.weights).__name__}")
+        for k, w in self.weights.items():
+            if not isinstance(k, str):
+                raise TypeError(f"BudgetPolicy.weights keys must be table names (str), got {k!r}")
+            _real(f"weights[{k!r}]", w, 0.0)
+        object.__setattr__(self, "weights", dict(self.weights))
+        _real("min_error", self.min_error, 0.0)
+        if self.max_age is not None and (isinstance(self.max_age, bool)
+                                         or not isinstance(self.max_age, numbers.Integral)
+                                         or self.max_age < 0):
+            raise ValueError(f"BudgetPolicy.max_age must be an int >= 0 or None, got "
+                             f"{self.max_age!r}")
+        _real("overdue_share", self.overdue_share, 0.0, lo_open=True, hi=1.0)
+        if self.new_rows not in ("drift", "first"):
+            raise ValueError(f"BudgetPolicy.new_rows must be 'drift' or 'first', got "
+                             f"{self.new_rows!r}")
+        _real("min_interval_s", self.min_interval_s, 0.0)
+        if not isinstance(self.per_byte, bool):
+            raise TypeError(f"BudgetPolicy.per_byte must be a bool, got {self.per_byte!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, numbers.Integral) \
+                or self.window < 1:
+            raise ValueError(f"BudgetPolicy.window must be an int >= 1, got {self.window!r}")
+
+    @property
+    def per_step(self) -> bool:
+        """True when the budget is per step, False when per second."""
+        return self.bytes_per_step is not None
+
+    @property
+    def rate(self) -> float:
+        """Bytes per step or per second."""
+        return float(self.bytes_per_step if self.per_step else self.bytes_per_s)
+
+    @property
+    def burst(self) -> float:
+        """The bucket's size in bytes (``burst_bytes`` or its default)."""
+        if self.burst_bytes is not None:
+            return float(self.burst_bytes)
+        return self.rate * (4.0 if self.per_step else 1.0)
+
+    def describe(self) -> dict:
+        """The policy as plain values (for reports)."""
+        return {"bytes_per_s": self.bytes_per_s, "bytes_per_step": self.bytes_per_step,
+                "burst_bytes": self.burst, "scale": self.scale, "weights": dict(self.weights),
+                "min_error": self.min_error, "max_age": self.max_age,
+                "overdue_share": self.overdue_share, "new_rows": self.new_rows,
+                "per_byte": self.per_byte}

@@ -1,0 +1,139 @@
+"""How far the predictors' copy of each changed row is from the trainer's: the serving error.
+
+For a tracker delta in EMBEDDING mode every candidate row carries its FIRST state, the value
+the predictors hold (``retain`` keeps it while the row is carried). A row predictors never
+received (``delta.new``) is served as zeros there (``ServingTable`` reads a missing id as
+zeros). So the serving error of a row is::
+
+    error = ‖current − served‖₂,   served = zeros if new (new_rows="drift") else FIRST
+
+in embedding units. :func:`serving_errors` reads the current rows chunk by chunk and
+returns the errors, the row norms and which rows are finite.
+
+:class:`TableScale` makes the error comparable across tables: ``error / scale``, ``scale``
+the table's RMS row norm (an exponential average over the rows read). Widening a table or
+multiplying its values by ``c`` multiplies its errors and its scale alike, so a dim-1 bias
+table and a dim-64 embedding table compete on the *relative* size of their errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from deltastream.publishing.table_rows import read_rows, row_reader
+from deltastream.types import DeltaRows
+
+__all__ = ["RowErrors", "serving_errors", "TableScale"]
+
+
+@dataclass
+class RowErrors:
+    """One table's candidates with their serving errors.
+
+    Attributes:
+        delta: the candidates (``ids`` ``[n]`` ascending, FIRST ``states`` ``[n, dim]``,
+            ``new``, ``age``, ``tombstones``) as the tracker handed them over.
+        error: float64 ``[n]`` ``‖current − served‖₂`` (NaN where ``finite`` is False;
+            ``+inf`` where the current row is finite but the served one was not).
+        finite: bool ``[n]``: the current row holds no NaN/Inf.
+        norm: float64 ``[n]`` ``‖current‖₂`` (NaN where not finite).
+    """
+
+    delta: DeltaRows
+    error: torch.Tensor
+    finite: torch.Tensor
+    norm: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.error.numel())
+
+
+def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift",
+                   chunk_rows: int = 16384) -> RowErrors:
+    """Read the current rows of ``delta.ids`` from ``table`` (``chunk_rows`` at a time, so
+    memory stays bounded however many rows are pending) and their serving errors.
+
+    Args:
+        delta: an EMBEDDING-mode delta (``states`` not None) of ``table``.
+        table: a :class:`~deltastream.HashTable`, ``ShardedEmbedding`` or
+            ``torch.nn.Embedding``.
+        new_rows: ``"drift"`` — a new row's error is ``‖current‖`` (predictors serve zeros);
+            ``"first"`` — new rows get error ``+inf`` (they go out before any other row).
+        chunk_rows: rows read per chunk (``>= 1``).
+
+    Raises:
+        ValueError: an ID_ONLY delta (no FIRST states: the error cannot be known), a state
+            width that is not the table's, or an unknown ``new_rows``.
+    """
+    if new_rows not in ("drift", "first"):
+        raise ValueError(f"new_rows must be 'drift' or 'first', got {new_rows!r}")
+    if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
+    read, dim, dtype, _ = row_reader(table)
+    if delta.states is None:
+        raise ValueError("serving errors need an EMBEDDING-mode delta (FIRST states); this "
+                         "delta has states=None (use DeltaTracker(mode=TrackingMode.EMBEDDING))")
+    if delta.states.dim() != 2 or delta.states.shape[1] != dim \
+            or delta.states.shape[0] != delta.ids.numel():
+        raise ValueError(f"delta states have shape {tuple(delta.states.shape)}, expected "
+                         f"({delta.ids.numel()}, {dim}) for this table")
+    ids = delta.ids
+    n, dev = ids.numel(), ids.device
+    new = delta.new.to(device=dev, dtype=torch.bool) if delta.new is not None else None
+    zero_new = new if new is not None and new_rows == "drift" else None
+    error = torch.empty(n, dtype=torch.float64, device=dev)
+    norm = torch.empty(n, dtype=torch.float64, device=dev)
+    finite = torch.ones(n, dtype=torch.bool, device=dev)
+    for start in range(0, n, chunk_rows):
+        stop = min(n, start + chunk_rows)
+        cur = read_rows(read, ids[start:stop], dim, dtype or delta.states.dtype,
+                        dev).to(torch.float64)
+        served = delta.states[start:stop].to(device=dev, dtype=torch.float64)
+        if zero_new is not None:
+            served = served.masked_fill(zero_new[start:stop, None], 0.0)
+        finite[start:stop] = torch.isfinite(cur).all(dim=1)
+        error[start:stop] = torch.linalg.vector_norm(cur - served, dim=1)
+        norm[start:stop] = torch.linalg.vector_norm(cur, dim=1)
+    # a finite row whose served value was not finite (it recovered): it must go out
+    error = torch.where(finite & ~torch.isfinite(error), math.inf, error)
+    error = torch.where(finite, error, math.nan)
+    norm = torch.where(finite, norm, math.nan)
+    if new is not None and new_rows == "first":
+        error = torch.where(new & finite, math.inf, error)
+    return RowErrors(delta=delta, error=error, finite=finite, norm=norm)
+
+
+class TableScale:
+    """A table's typical row norm: the RMS of ``‖row‖`` over the rows read, averaged.
+
+    ``update(norms)`` folds in the norms of one round's finite rows (exponential average
+    with weight ``alpha`` for the new round; the first round sets it). ``value`` is ``None``
+    until a round with a non-zero RMS was seen.
+    """
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = float(alpha)
+        self.value: Optional[float] = None
+
+    def update(self, norms: torch.Tensor) -> Optional[float]:
+        """Fold in ``norms`` (float ``[n]``, NaN entries ignored); return the new value."""
+        ok = norms[torch.isfinite(norms)]
+        if ok.numel():
+            rms = float(torch.sqrt(torch.mean(ok.to(torch.float64) ** 2)))
+            if rms > 0.0 and math.isfinite(rms):
+                self.value = rms if self.value is None \
+                    else (1.0 - self.alpha) * self.value + self.alpha * rms
+        return self.value
+
+    def normalize(self, error: torch.Tensor) -> torch.Tensor:
+        """``error / value`` (``error`` itself while no scale is known: a table whose rows
+        are all zero so far)."""
+        if self.value is None:
+            return error
+        return error / self.value

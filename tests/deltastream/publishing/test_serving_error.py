@@ -1,0 +1,96 @@
+"""serving_errors and TableScale: the error predictors serve, comparable across tables."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from deltastream import HashTable
+from deltastream.publishing.serving_error import TableScale, serving_errors
+from deltastream.types import DeltaRows
+
+
+def _table(rows: torch.Tensor) -> HashTable:
+    t = HashTable(rows.shape[1], name="t")
+    t.insert(torch.arange(len(rows)), rows)
+    return t
+
+
+def test_errors_are_against_first_or_zeros_for_new_rows_and_chunking_does_not_matter():
+    cur = torch.tensor([[3.0, 4.0], [1.0, 1.0], [0.0, 2.0], [5.0, 0.0]])
+    first = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    new = torch.tensor([False, False, False, True])
+    d = DeltaRows(ids=torch.arange(4), states=first, new=new, age=torch.zeros(4, dtype=torch.int64))
+    t = _table(cur)
+    e = serving_errors(d, t)
+    assert e.error.tolist() == [5.0, 0.0, 1.0, 5.0]  # the new row: served as zeros
+    assert e.norm.tolist() == pytest.approx([5.0, math.sqrt(2), 2.0, 5.0])
+    assert e.finite.all()
+    e3 = serving_errors(d, t, chunk_rows=3)
+    assert torch.equal(e3.error, e.error) and torch.equal(e3.norm, e.norm)
+    assert serving_errors(d, t, new_rows="first").error[3] == math.inf
+
+
+def test_non_finite_rows_and_recovered_rows():
+    cur = torch.tensor([[math.nan, 0.0], [1.0, 0.0]])
+    first = torch.tensor([[0.0, 0.0], [math.inf, 0.0]])
+    e = serving_errors(DeltaRows(ids=torch.arange(2), states=first), _table(cur))
+    assert e.finite.tolist() == [False, True]
+    assert math.isnan(e.error[0]) and e.error[1] == math.inf
+
+
+def test_id_only_and_wrong_width_are_refused():
+    t = _table(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="EMBEDDING"):
+        serving_errors(DeltaRows(ids=torch.arange(2)), t)
+    with pytest.raises(ValueError, match=r"expected \(2, 3\)"):
+        serving_errors(DeltaRows(ids=torch.arange(2), states=torch.zeros(2, 4)), t)
+    with pytest.raises(ValueError, match="new_rows"):
+        serving_errors(DeltaRows(ids=torch.arange(2), states=torch.zeros(2, 3)), t,
+                       new_rows="zero")
+
+
+def _scaled(rows: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
+    n = len(rows)
+    e = serving_errors(DeltaRows(ids=torch.arange(n), states=rows), _table(moved))
+    s = TableScale()
+    s.update(e.norm)
+    return s.normalize(e.error)
+
+
+@pytest.mark.parametrize("dim", [1, 64])
+@pytest.mark.parametrize("c", [0.01, 100.0])
+def test_scaled_errors_do_not_depend_on_value_scale(c, dim):
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(500, dim, generator=g)
+    moved = base + 0.1 * torch.randn(500, dim, generator=g)
+    # equal up to float32 rounding of c × rows (unscaled they would differ c-fold)
+    assert torch.allclose(_scaled(base * c, moved * c), _scaled(base, moved), rtol=1e-3,
+                          atol=1e-6)
+
+
+def test_scaled_errors_do_not_depend_on_width():
+    """Rows of a dim-1 and a dim-64 table at their table's typical norm, each moved by
+    10 % of it, score 0.1 in both (raw L2 would differ by the norms, here 0.01 vs 8)."""
+    g = torch.Generator().manual_seed(1)
+    for dim, norm in ((1, 0.01), (64, 8.0)):
+        unit = torch.randn(300, dim, generator=g)
+        unit /= torch.linalg.vector_norm(unit, dim=1, keepdim=True)
+        step = torch.randn(300, dim, generator=g)
+        step /= torch.linalg.vector_norm(step, dim=1, keepdim=True)
+        rows = unit * norm
+        moved = rows + 0.1 * norm * step
+        assert _scaled(rows, moved).mean().item() == pytest.approx(0.1, rel=0.05)
+
+
+def test_table_scale_averages_and_ignores_nan():
+    s = TableScale(alpha=0.5)
+    assert s.value is None and s.normalize(torch.tensor([2.0])).item() == 2.0
+    s.update(torch.tensor([3.0, 4.0, math.nan]))
+    assert s.value == pytest.approx(math.sqrt(12.5))
+    s.update(torch.tensor([0.0]))  # an all-zero round does not reset the scale
+    assert s.value == pytest.approx(math.sqrt(12.5))
+    with pytest.raises(ValueError, match="alpha"):
+        TableScale(0.0)
