@@ -29,7 +29,9 @@ def test_readme_has_a_hashtable_and_an_nn_embedding_example():
     examples = _examples()
     assert len(examples) == 2
     assert "HashTable(" in examples[0] and "torch.nn.Embedding(" in examples[1]
-    assert all("publish_delta(" in e and "get_submodule" not in e for e in examples)
+    # one publishes through the byte budget, one in fixed rounds; neither resolves tables by hand
+    assert "BudgetPublisher(" in examples[0] and "publish_delta(" in examples[1]
+    assert all("get_submodule" not in e for e in examples)
 
 
 @pytest.mark.parametrize("which,paths,publishes", [
