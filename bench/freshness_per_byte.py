@@ -68,8 +68,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import pyplot, result
+from bench._common import result
 from bench._ratings import HOW_TO_GET, Ratings, load_ratings
+from demo.report import pyplot
 
 __all__ = ["main", "run"]
 
