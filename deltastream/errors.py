@@ -13,7 +13,8 @@ Hierarchy::
     │   ├── BrokerUnavailable           no broker answered in time
     │   ├── TopicNotFound               the topic does not exist
     │   └── OffsetError                 an offset range cannot be read as asked
-    └── BrokerError (RuntimeError)      the embedded broker cannot be found or started
+    ├── BrokerError (RuntimeError)      the embedded broker cannot be found or started
+    └── PlanError (ValueError)          a sharding plan has gaps, overlaps or bad ranks
 
 ``consumers.errors.ConsumerError`` (the predictor package's root) derives from
 :class:`DeltastreamError` too, so ``except DeltastreamError`` catches everything.
@@ -32,6 +33,7 @@ __all__ = [
     "TopicNotFound",
     "OffsetError",
     "BrokerError",
+    "PlanError",
 ]
 
 
@@ -80,3 +82,7 @@ class OffsetError(TopicError):
 
 class BrokerError(DeltastreamError, RuntimeError):
     """The embedded broker could not be found or started."""
+
+
+class PlanError(DeltastreamError, ValueError):
+    """A sharding plan that cannot be executed; the text names the table and the range."""
