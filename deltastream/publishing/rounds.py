@@ -18,6 +18,31 @@ The publisher is anything with a ``dtype`` (wire dtype name) and
 ``publish(table, ids, rows, *, step, tombstones, ts)`` returning counters like
 :class:`~deltastream.PublishResult` (``rows``, ``tombstones``, ``messages``, ``bytes``):
 usually a :class:`~deltastream.DeltaPublisher`.
+
+Column shards: a table module with ``full_width`` (and ``column_offset``, ``shard_id``), as
+the shards of :class:`~deltastream.ShardedEmbeddingCollection` have, holds columns
+``[column_offset, column_offset + embedding_dim)`` of rows ``full_width`` wide; its rows
+go out with ``publish(..., col=, width=, shard=)`` (:func:`shard_publish_kwargs`), one seq
+stream per column shard.
+
+Selection on a column shard scores the drift of **its own columns** (the shard's rows are
+those columns): the column shards of one row are selected independently, so they may go out
+at different rounds, and a predictor may briefly serve a row whose columns come from
+different rounds (each column shard's part is a value the trainer really held). How long at
+most, per policy, in rounds after the round in which the first part went out:
+
+* no budget (every changed row) or ``final=True``: 0 — every shard publishes its changed
+  rows in the same round, so the row is whole again when that round's messages apply;
+* ``k`` / ``fraction`` (count budgets): about ``max_age + ceil(R / k)`` rounds (``R``
+  candidates per shard), the bound of :func:`~deltastream.select_changed` for a carried
+  row, applied per column shard;
+* ``threshold``: unbounded in rounds, bounded in error — a shard's columns are held back
+  only while they are within ``threshold`` of what the predictor serves, so every column
+  shard of the row is within the threshold (the row within ``threshold × √shards``);
+* ``max_bytes`` on top of a threshold: as the threshold, plus the count-budget delay for
+  eligible rows over the byte cap.
+
+A final flush ends every mix: after it, predictors hold the trainer's full rows.
 """
 
 from __future__ import annotations
@@ -39,7 +64,7 @@ if TYPE_CHECKING:
     from deltastream.tracking.tracker import DeltaTracker
 
 __all__ = ["SelectionPolicy", "TableRound", "PublishRound", "RowPublisher", "publish_delta",
-           "table_name"]
+           "table_name", "shard_publish_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +253,19 @@ def table_name(fqn: str, module: torch.nn.Module) -> str:
     return name if isinstance(name, str) and name else fqn
 
 
+def shard_publish_kwargs(module: torch.nn.Module) -> dict[str, int]:
+    """``{"col", "width", "shard"}`` for a column shard (a module with ``full_width``,
+    ``column_offset`` and ``shard_id``), else ``{}`` (whole rows, the publisher's shard)."""
+    width = getattr(module, "full_width", None)
+    if width is None:
+        return {}
+    kw = {"col": int(getattr(module, "column_offset", 0)), "width": int(width)}
+    shard = getattr(module, "shard_id", None)
+    if shard is not None:
+        kw["shard"] = int(shard)
+    return kw
+
+
 def _rows_at(delta: DeltaRows, ids: torch.Tensor) -> DeltaRows:
     """The rows of ``delta`` for ``ids`` (a subset of ``delta.ids``, ascending), every column."""
     pos = torch.searchsorted(delta.ids, ids.to(delta.ids.device))
@@ -309,7 +347,8 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             pending[0] = (fqn, delta, sel.ids)
             if len(sel) or n_tomb:
                 res = publisher.publish(name, sel.ids, sel.rows, step=step, ts=ts,
-                                        tombstones=sel.tombstones if n_tomb else None)
+                                        tombstones=sel.tombstones if n_tomb else None,
+                                        **shard_publish_kwargs(module))
         except BaseException as e:
             _hand_back(tracker, consumer, pending, e)
             raise
