@@ -31,6 +31,7 @@ _EXPORTS = {
     "RowWiseAdagrad": "embedding.optim",
     "SparseAdam": "embedding.optim",
     "ShardedEmbedding": "embedding.sharded",
+    "ShardedEmbeddingCollection": "embedding.collection",
     "ShardingPlan": "embedding.plan",
     "TablePlan": "embedding.plan",
     "ShardSpec": "embedding.plan",

@@ -247,9 +247,10 @@ def table_name(fqn: str, module: torch.nn.Module) -> str:
     A table that carries its own name (:class:`~deltastream.HashTable`, a
     :class:`~deltastream.ShardedEmbedding` shard: ``module.name``) is published under it, so
     every shard of a table agrees whatever its module path; any other module (e.g. a
-    ``torch.nn.Embedding``) under its fqn.
+    ``torch.nn.Embedding``) under its fqn. A column shard of a
+    :class:`~deltastream.ShardedEmbeddingCollection` is published under its ``plan_table``.
     """
-    name = getattr(module, "name", None)
+    name = getattr(module, "plan_table", None) or getattr(module, "name", None)
     return name if isinstance(name, str) and name else fqn
 
 

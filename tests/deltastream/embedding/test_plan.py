@@ -67,3 +67,12 @@ def test_bad_world_and_names():
         ShardingPlan(1, {"a": table_wise("b", 2, 0)})
     with pytest.raises(PlanError, match="table name"):
         ShardingPlan.of(1, [table_wise("a/b", 2, 0)])
+
+
+def test_output_permute_is_the_seed_example():
+    """Shards on ranks [0, 1, 0] arrive as [s0, s2, s1]; permute [0, 2, 1] restores order."""
+    from deltastream.embedding.collection import output_permute
+
+    assert output_permute(column_wise("f", 9, [0, 1, 0])) == [0, 2, 1]
+    assert output_permute(column_wise("f", 9, [1, 0])) == [1, 0]
+    assert output_permute(table_wise("f", 9, 1)) == [0]
