@@ -250,7 +250,8 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
                     publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
                     topk_fraction=float(opts.topk_fraction),
                     max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
-                    lr_dense=opts.lr_dense, seed=opts.seed, threads=1)
+                    lr_dense=opts.lr_dense, seed=opts.seed, threads=1,
+                    sharding=opts.sharding)
         for r in range(opts.workers):
             p = run.ctx.Process(target=_trainer_entry, args=(r, tcfg, run.events),
                                 name=f"deltastream-trainer-{r}", daemon=False)
