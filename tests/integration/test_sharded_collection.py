@@ -219,6 +219,27 @@ def test_plans_match_whole_tables_and_predictor_gets_full_rows(tmp_path, broker,
             ids, rows = _by_id(t.ids(), t.embeddings())
             assert len(served[n]) == len(ids), (kind, n)
             np.testing.assert_array_equal(served[n].lookup(ids.numpy()), rows.numpy())
+    _check_replay(servers, topics["twcw"], tables)
     # the seed's case: two shards of table a on rank 0 (shards 0 and 2), shard 1 on rank 1
     got0 = torch.load(tmp_path / "twcw-rank0.pt")["final"]
     assert {k for k in got0 if k.startswith("a#")} == {"a#0", "a#2"}
+
+
+def _check_replay(servers: str, topic: str, tables: dict) -> None:
+    """deltastream-replay over the twcw topic: rebuild gives the full rows, dump shows each
+    column slice's col/width, stats a stream per column shard with its columns."""
+    from consumers.replay.inspect import dump, stats
+    from consumers.replay.rebuild import rebuild
+
+    res = rebuild(servers, topic, model="m")
+    for n, t in tables.items():
+        ids, rows = _by_id(t.ids(), t.embeddings())
+        np.testing.assert_array_equal(res.tables[n].lookup(ids.numpy()), rows.numpy())
+    cols = {(d["table"], d["shard"], d["col"], d["dim"], d["width"])
+            for d in dump(servers, topic, model="m")}
+    assert {c for c in cols if c[0] == "a"} == {("a", 0, 0, 2, 6), ("a", 1, 2, 1, 6),
+                                                ("a", 2, 3, 3, 6)}
+    st = stats(servers, topic, model="m")
+    a_cols = {s.shard: s.columns for s in st.streams if s.table == "a"}
+    assert a_cols == {0: [[0, 2, 6]], 1: [[2, 3, 6]], 2: [[3, 6, 6]]}
+    assert "cols" in st.format_table() and "3-6/6" in st.format_table()
