@@ -7,8 +7,9 @@ raises on bad data and never applies part of a message:
 1. headers (optional, untrusted) let a record of a shard we do not serve be skipped without
    decoding;
 2. :func:`deltastream.wire.decode` validates the message (``WireError`` -> quarantined);
-3. model, headers-vs-body agreement, shard filter, whole rows (a wire-v2 column slice is
-   quarantined: column-wise shards are not applied yet), known table and dim are checked; a
+3. model, headers-vs-body agreement, shard filter, a valid column range (a wire-v2 column
+   slice from a column-wise shard is applied to those columns of its rows,
+   :mod:`consumers.columns`), known table and dim (a slice's ``width``) are checked; a
    message of another model is not corrupt — it is skipped and counted by model name
    (``foreign_model``, :attr:`Applier.models`; ``Outcome.model`` names it), never
    quarantined;
@@ -28,8 +29,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from consumers.columns import batch_columns
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable, check_whole_rows
+from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable
 from deltastream.wire import WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
@@ -182,8 +184,8 @@ class Applier:
             self.counters["skipped"] += 1
             return Outcome("skipped", reason=f"shard {b.shard} not served", bytes=size,
                            **fields)
-        try:  # before the dim check: a slice's dim is not the table's
-            check_whole_rows(b)
+        try:  # a column slice's rows are `width` wide: that is the table's dim
+            width = batch_columns(b).width
         except ApplyError as e:
             return self._quarantine(f"apply: {e}", size, **fields)
         if self.table_dims is not None:
@@ -191,9 +193,9 @@ class Applier:
             if want is None:
                 return self._quarantine(f"unknown table {b.table!r} (known: "
                                         f"{sorted(self.table_dims)})", size, **fields)
-            if b.dim != want:
+            if width != want:
                 return self._quarantine(f"dim: table {b.table!r} has dim {want}, message "
-                                        f"has dim {b.dim}", size, **fields)
+                                        f"has dim {width}", size, **fields)
         verdict = self.seqs.check(b.table, b.shard, b.epoch, b.seq)
         if verdict.kind == "duplicate":
             self.counters["duplicates"] += 1
@@ -212,7 +214,7 @@ class Applier:
         created = table is None
         try:
             if created:
-                dim = b.dim if self.table_dims is None else self.table_dims[b.table]
+                dim = width if self.table_dims is None else self.table_dims[b.table]
                 table = ServingTable(b.table, dim, dtype=self.dtype,
                                      capacity=max(1024, b.n))
             res = table.apply(b)

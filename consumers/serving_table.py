@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from consumers.columns import Columns, batch_columns, scatter_columns
 from consumers.errors import ApplyError, SnapshotError
 from consumers.id_index import IdIndex
 from consumers.storage.files import (
@@ -55,8 +56,7 @@ from consumers.storage.files import (
 )
 from deltastream.wire import MAX_DIM, DeltaBatch
 
-__all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES",
-           "check_whole_rows"]
+__all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +89,6 @@ def _as_ids(ids: Any, what: str = "ids") -> np.ndarray:
     if arr.dtype == np.uint64 and bool(np.any(arr > np.iinfo(np.int64).max)):
         raise ValueError(f"{what}: ids must fit in int64")
     return np.ascontiguousarray(arr, dtype=np.int64)
-
-
-def check_whole_rows(batch: DeltaBatch) -> None:
-    """Raise :class:`ApplyError` for a column slice (wire v2 ``col``/``width``: a batch
-    carrying columns ``[col, col + dim)`` of wider rows, from column-wise trainer shards).
-    Serving tables hold whole rows; applying a slice as rows would corrupt them."""
-    col, width = getattr(batch, "col", 0), getattr(batch, "width", None)
-    rows = np.asarray(batch.rows)
-    dim = rows.shape[1] if rows.ndim == 2 else None
-    if col != 0 or (width is not None and width != dim):
-        raise ApplyError(f"columns: batch of table {batch.table!r} carries columns "
-                         f"[{col}, {col + (dim or 0)}) of rows {width} wide (a column-wise "
-                         "shard); only whole rows (col 0, width = dim) can be applied")
 
 
 def _all_finite(x: np.ndarray) -> bool:
@@ -214,16 +201,24 @@ class ServingTable:
         self._live -= slots.size
         return int(slots.size)
 
-    def _upsert_locked(self, ids: np.ndarray, rows: np.ndarray) -> None:
+    def _upsert_locked(self, ids: np.ndarray, rows: np.ndarray,
+                       cols: Optional[Columns] = None) -> None:
+        """Write ``rows`` of ``ids``: whole rows, or only ``cols`` of each row (a column
+        slice; rows first seen here read zeros in the other columns, see
+        :mod:`consumers.columns`)."""
         slots = self._index.slots(ids)
         new = slots == 0
+        fresh = np.zeros(0, np.int32)
         if new.any():
             fresh = self._alloc(int(np.count_nonzero(new)))
             slots[new] = fresh
             self._index.insert(ids[new], fresh)
             self._slot_ids[fresh] = ids[new]
             self._live += fresh.size
-        _scatter_rows(self._rows, slots, rows)
+        if cols is None or cols.whole:
+            _scatter_rows(self._rows, slots, rows)
+        else:
+            scatter_columns(self._rows, slots, rows, cols, fresh)
         if self._tracking:
             self._dirty[slots] = True
 
@@ -233,11 +228,14 @@ class ServingTable:
 
     # ------------------------------------------------------------------ validation
 
-    def _prepare_rows(self, rows: Any, n: int, what: str, finite: bool = False) -> np.ndarray:
-        """Float rows ``[n, dim]`` checked finite (unless known ``finite``) and in range."""
+    def _prepare_rows(self, rows: Any, n: int, what: str, finite: bool = False,
+                      width: Optional[int] = None) -> np.ndarray:
+        """Float rows ``[n, width]`` (default ``dim``) checked finite (unless known
+        ``finite``) and in range."""
         rows = np.asarray(rows)
-        if rows.ndim != 2 or rows.shape != (n, self.dim):
-            raise ApplyError(f"{what}: expected shape [{n}, {self.dim}] for table "
+        width = self.dim if width is None else width
+        if rows.ndim != 2 or rows.shape != (n, width):
+            raise ApplyError(f"{what}: expected shape [{n}, {width}] for table "
                              f"{self.name!r}, got {tuple(rows.shape)}")
         if rows.dtype.kind not in "fiu":
             raise ApplyError(f"{what}: expected float rows, got dtype {rows.dtype}")
@@ -271,21 +269,24 @@ class ServingTable:
         """Apply one decoded wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
         ``batch.rows_f32()`` — atomically for readers.
 
-        Raises :class:`ApplyError` (table untouched) on a table-name or dim mismatch, a
-        column slice (:func:`check_whole_rows`), an unknown wire dtype, bad shapes,
-        duplicate ids, or non-finite rows.
+        A column slice (wire v2 ``col``/``width``, from a column-wise trainer shard) writes
+        only columns ``[col, col + batch.dim)`` of each row; its ``width`` must be this
+        table's ``dim`` (:mod:`consumers.columns`).
+
+        Raises :class:`ApplyError` (table untouched) on a table-name or dim mismatch, an
+        unknown wire dtype, bad shapes, duplicate ids, or non-finite rows.
         """
         if not isinstance(batch, DeltaBatch):
             raise ApplyError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
         if batch.table != self.name:
             raise ApplyError(f"table: batch is for table {batch.table!r}, this table is "
                              f"{self.name!r}")
-        check_whole_rows(batch)
+        cols = batch_columns(batch)
         rows_raw = np.asarray(batch.rows)
-        if rows_raw.ndim != 2 or rows_raw.shape[1] != self.dim:
-            got = rows_raw.shape[1] if rows_raw.ndim == 2 else f"shape {rows_raw.shape}"
-            raise ApplyError(f"dim: batch for table {self.name!r} has dim {got}, the table "
-                             f"has dim {self.dim}")
+        if cols.width != self.dim:
+            what = "dim" if cols.whole else f"width (columns [{cols.col}, {cols.col + cols.n}))"
+            raise ApplyError(f"dim: batch for table {self.name!r} has {what} {cols.width}, "
+                             f"the table has dim {self.dim}")
         if batch.dtype not in ("f32", "f16", "bf16", "i8"):
             raise ApplyError(f"dtype: unknown wire dtype {batch.dtype!r}")
         try:
@@ -299,15 +300,16 @@ class ServingTable:
             order = np.argsort(ids, kind="stable")
             if bool((ids[order][1:] == ids[order][:-1]).any()):
                 raise ApplyError("ids: duplicate ids in one batch")
-        vals = self._batch_rows(batch, rows_raw, n)
+        vals = self._batch_rows(batch, rows_raw, n, cols.n)
         with self._lock:
             self._reserve(n)
             deleted = self._delete_locked(tomb) if tomb is not None else 0
             if n:
-                self._upsert_locked(ids, vals)
+                self._upsert_locked(ids, vals, cols)
         return ApplyResult(upserted=n, deleted=deleted)
 
-    def _batch_rows(self, batch: DeltaBatch, wire: np.ndarray, n: int) -> np.ndarray:
+    def _batch_rows(self, batch: DeltaBatch, wire: np.ndarray, n: int,
+                    width: int) -> np.ndarray:
         """Dequantized, validated rows of ``batch`` in the storage dtype.
 
         For decoded f16/bf16/i8 batches finiteness is checked on the wire representation
@@ -336,7 +338,7 @@ class ServingTable:
             vals = batch.rows_f32()
         except (TypeError, ValueError) as e:
             raise ApplyError(f"rows: cannot dequantize ({e})") from None
-        vals = self._prepare_rows(vals, n, "rows", finite=finite)
+        vals = self._prepare_rows(vals, n, "rows", finite=finite, width=width)
         return vals if vals.dtype == self._np_dtype else vals.astype(self._np_dtype)
 
     def upsert(self, ids: Any, rows: Any) -> None:

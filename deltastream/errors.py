@@ -14,7 +14,8 @@ Hierarchy::
     │   ├── TopicNotFound               the topic does not exist
     │   └── OffsetError                 an offset range cannot be read as asked
     ├── BrokerError (RuntimeError)      the embedded broker cannot be found or started
-    └── KafkaConfigError (ValueError)   bad Kafka client settings (bootstrap, TLS, SASL)
+    ├── KafkaConfigError (ValueError)   bad Kafka client settings (bootstrap, TLS, SASL)
+    └── PlanError (ValueError)          a sharding plan has gaps, overlaps or bad ranks
 
 ``consumers.errors.ConsumerError`` (the predictor package's root) derives from
 :class:`DeltastreamError` too, so ``except DeltastreamError`` catches everything.
@@ -35,6 +36,7 @@ __all__ = [
     "BrokerError",
     "KafkaConfigError",
     "error_text",
+    "PlanError",
 ]
 
 
@@ -97,3 +99,7 @@ def error_text(e: BaseException) -> str:
     if text == name or text.startswith(name + ":"):
         return text
     return f"{name}: {text}" if text else name
+
+
+class PlanError(DeltastreamError, ValueError):
+    """A sharding plan that cannot be executed; the text names the table and the range."""

@@ -3,8 +3,10 @@
 ``logit = MLP(concat[u, v, u*v, dense])`` with ``u = user(user_id)``, ``v = item(item_id)``.
 The tables are :class:`~deltastream.HashTable` (one process) or
 :class:`~deltastream.ShardedEmbedding` (``sharded=True``: each rank owns the rows of its
-slice range; lookups and gradients are routed by ``torch.distributed``). Table names are
-``"user"`` and ``"item"`` either way; those are the names rows are published under.
+slice range; lookups and gradients are routed by ``torch.distributed``), or with
+``sharding="table"`` / ``"column"`` a :class:`~deltastream.ShardedEmbeddingCollection`
+executing :func:`demo_plan`. Table names are ``"user"`` and ``"item"`` either way; those are
+the names rows are published under.
 
 The dense part is exported to plain numpy arrays with :func:`export_dense` so that a
 torch-free predictor can run the same forward pass (:mod:`demo.scoring`).
@@ -20,7 +22,7 @@ import torch
 
 from deltastream.embedding.hashtable import HashTable, normal_initializer
 
-__all__ = ["CTRModel", "export_dense", "local_tables", "TABLE_NAMES"]
+__all__ = ["CTRModel", "export_dense", "local_tables", "demo_plan", "TABLE_NAMES"]
 
 TABLE_NAMES = ("user", "item")
 
@@ -38,12 +40,14 @@ class CTRModel(torch.nn.Module):
             zeros in eval mode — the same as a serving table's missing rows).
         seed: seeds the row initializers (dense weights follow ``torch.manual_seed``).
         process_group: for ``sharded=True``; ``None`` = the default group.
+        sharding: with ``sharded=True``: ``"row"`` (:class:`~deltastream.ShardedEmbedding`
+            per table), ``"table"`` or ``"column"`` (:func:`demo_plan`).
     """
 
     def __init__(self, dim: int, n_dense: int, hidden: Sequence[int] = (64, 32), *,
                  sharded: bool = False, device: torch.device | str = "cpu",
                  init_std: float = 0.05, seed: Optional[int] = None,
-                 process_group=None) -> None:
+                 process_group=None, sharding: str = "row") -> None:
         super().__init__()
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
@@ -54,9 +58,21 @@ class CTRModel(torch.nn.Module):
         self.dim = dim
         self.n_dense = n_dense
         self.sharded = sharded
+        self.plan = None
         tables = []
-        for i, name in enumerate(TABLE_NAMES):
-            init = normal_initializer(init_std, seed=None if seed is None else seed * 7919 + i)
+        inits = {name: normal_initializer(init_std, seed=None if seed is None else seed * 7919 + i)
+                 for i, name in enumerate(TABLE_NAMES)}
+        if sharded and sharding != "row":
+            import torch.distributed as dist
+
+            from deltastream.embedding.collection import ShardedEmbeddingCollection
+
+            self.plan = demo_plan(sharding, dim, dist.get_world_size(process_group))
+            self.emb = ShardedEmbeddingCollection(self.plan, process_group=process_group,
+                                                  device=device, initializer=inits,
+                                                  capacity=16384)
+        for name in TABLE_NAMES if self.plan is None else ():
+            init = inits[name]
             if sharded:
                 from deltastream.embedding.sharded import ShardedEmbedding
 
@@ -66,7 +82,8 @@ class CTRModel(torch.nn.Module):
             else:
                 tables.append(HashTable(dim, name=name, device=device, initializer=init,
                                         capacity=16384))
-        self.user, self.item = tables
+        if self.plan is None:
+            self.user, self.item = tables
         layers: list[torch.nn.Module] = []
         width = 3 * dim + n_dense
         for h in hidden:
@@ -78,14 +95,33 @@ class CTRModel(torch.nn.Module):
     def forward(self, user_ids: torch.Tensor, item_ids: torch.Tensor,
                 dense: torch.Tensor) -> torch.Tensor:
         """Click logits ``[B]`` for int64 ``user_ids [B]``, ``item_ids [B]``, ``dense [B, n_dense]``."""
-        u = self.user(user_ids)
-        v = self.item(item_ids)
+        if self.plan is not None:
+            out = self.emb({"user": user_ids, "item": item_ids})
+            u, v = out["user"], out["item"]
+        else:
+            u = self.user(user_ids)
+            v = self.item(item_ids)
         x = torch.cat([u, v, u * v, dense.to(u.dtype)], dim=1)
         return self.mlp(x).squeeze(1)
 
     def dense_parameters(self) -> list[torch.nn.Parameter]:
         """The MLP's parameters (the only ``Parameter`` s: table rows are not parameters)."""
         return list(self.mlp.parameters())
+
+
+def demo_plan(sharding: str, dim: int, world: int):
+    """The demo's :class:`~deltastream.ShardingPlan` for ``sharding`` ``"table"`` (user on
+    rank 0, item on rank 1 mod ``world``) or ``"column"`` (each table's columns split evenly
+    over every rank, shard ``i`` on rank ``i``)."""
+    from deltastream.embedding.plan import ShardingPlan, column_wise, table_wise
+
+    if sharding == "table":
+        return ShardingPlan.of(world, [table_wise(n, dim, i % world)
+                                       for i, n in enumerate(TABLE_NAMES)])
+    if sharding == "column":
+        return ShardingPlan.of(world, [column_wise(n, dim, list(range(world)))
+                                       for n in TABLE_NAMES])
+    raise ValueError(f"sharding: expected 'table' or 'column', got {sharding!r}")
 
 
 def local_tables(model: torch.nn.Module) -> dict[str, HashTable]:

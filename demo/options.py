@@ -19,13 +19,14 @@ from deltastream.kafka_config import check_bootstrap_servers
 from demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
-           "DEFAULT_BUDGET", "WIRE_DTYPES"]
+           "DEFAULT_BUDGET", "WIRE_DTYPES", "SHARDINGS"]
 
 DEFAULT_STEPS = 2400
 #: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
 #: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``)
 DEFAULT_BUDGET = 50_000.0
 WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
+SHARDINGS = ("row", "table", "column")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class DemoOptions:
     log_level: str = "WARNING"
     verbose: bool = False
     hidden: tuple = field(default=(64, 32))
+    sharding: str = "row"
 
     @property
     def resolved_topic(self) -> str:
@@ -119,6 +121,11 @@ class DemoOptions:
                                  f"got {v!r}")
         pos_int("held_out", 100, 1 << 26)
         pos_int("seed", 0, (1 << 63) - 1)
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"--sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding == "column" and self.dim < self.workers:
+            raise ValueError(f"--sharding column splits --dim {self.dim} over --workers "
+                             f"{self.workers}: needs dim >= workers")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.progress not in ("auto", "on", "off"):
@@ -203,6 +210,10 @@ def add_demo_arguments(parser: EnvArgumentParser) -> None:
     a("--seed", type=int, default=d.seed, help="seed of the stream and the model")
     a("--progress", choices=["auto", "on", "off"], default=d.progress,
       help="live progress line: auto = only when stderr is a terminal")
+    a("--sharding", choices=list(SHARDINGS), default=d.sharding,
+      help="how the user/item tables are split over the workers: row = by id slice (each "
+           "worker owns some rows), table = each table whole on one worker, column = each "
+           "worker holds a column range of every row")
     a("--timeout", type=float, default=d.timeout,
       help="abort the demo when it runs longer than this many seconds")
 
@@ -220,4 +231,5 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         lr_sparse=args.lr_sparse, lr_dense=args.lr_dense, held_out=args.held_out,
         out=args.out, seed=args.seed, progress=args.progress, timeout=args.timeout,
         log_level=getattr(args, "log_level", "WARNING") or "WARNING",
-        verbose=bool(getattr(args, "verbose", False)))
+        verbose=bool(getattr(args, "verbose", False)),
+        sharding=getattr(args, "sharding", "row") or "row")

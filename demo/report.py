@@ -140,6 +140,10 @@ def format_report(r: Mapping[str, Any]) -> str:
         ("examples/s", _num(g("train", "examples_per_s"), ",.0f")),
         ("final loss", _num(g("train", "final_loss"), ".4f")),
     ]
+    plan = g("sharding", "plan")
+    if plan:  # --sharding table|column (row sharding: the table is unchanged)
+        rows.append(("sharding", str(g("sharding", "kind"))))
+        rows += [("  plan", str(line)) for line in plan]
     section("deltas")
     rows += [
         ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))),

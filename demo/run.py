@@ -302,7 +302,8 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
                     topk_fraction=float(opts.topk_fraction),
                     publish_budget=float(opts.publish_budget),
                     max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
-                    lr_dense=opts.lr_dense, seed=opts.seed, threads=1)
+                    lr_dense=opts.lr_dense, seed=opts.seed, threads=1,
+                    sharding=opts.sharding)
         for r in range(opts.workers):
             p = run.ctx.Process(target=_trainer_entry, args=(r, tcfg, run.events),
                                 name=f"deltastream-trainer-{r}", daemon=False)

@@ -82,6 +82,10 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
     cfg.update(topic=topic, bootstrap_servers=servers, embedded_broker=embedded,
                steps=opts.resolved_steps)
     boot = result.get("bootstrap") or {}
+    if f0.get("plan"):  # a column shard holds part of every row: no per-rank base snapshots
+        boot = {"skipped": f"base snapshots need --sharding row (this run: {opts.sharding})"}
+    # a column shard's message carries its columns: the narrowest shard bounds bytes per row
+    payload_dim = opts.dim // opts.workers if opts.sharding == "column" else opts.dim
     return {
         "version": rpt.REPORT_VERSION,
         "kind": "deltastream-demo",
@@ -108,7 +112,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "wire": {
             "dtype": opts.wire_dtype, "messages": totals["messages"], "bytes": totals["bytes"],
             "bytes_per_row": totals["bytes"] / published if published else None,
-            "row_payload_bytes": row_bytes(opts.dim, opts.wire_dtype),
+            "row_payload_bytes": row_bytes(payload_dim, opts.wire_dtype),
             "rows_per_s": published / train_s if train_s > 0 else None,
             "full_rows_bytes": row_bytes(opts.dim, "f32") * published,
         },
@@ -118,6 +122,9 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "drift": {k: v for k, v in result["drift"].items()},
         "auc": auc,
         "predictor": dict(result["stats"], torch_imported=result["torch_imported"]),
+        # --sharding table|column: the plan, one line per table (row sharding: no key)
+        **({"sharding": {"kind": opts.sharding, "plan": list(f0["plan"])}}
+           if f0.get("plan") else {}),
         "snapshot": {"count": int(f0["snapshots"]["count"]),
                      "last_step": f0["snapshots"]["last_step"],
                      "seconds": max(float(finals[r]["snapshots"]["seconds"]) for r in ranks),

@@ -91,7 +91,7 @@ class _Trainer:
         )
         from deltastream.publishing.rounds import SelectionPolicy
         from demo.data import ClickStream, StreamConfig
-        from demo.model import CTRModel, local_tables
+        from demo.model import TABLE_NAMES, CTRModel, local_tables
 
         self.torch, self.dist = torch, dist
         self.rank, self.cfg, self.events = rank, cfg, events
@@ -113,8 +113,13 @@ class _Trainer:
         self.stream = ClickStream(StreamConfig(**cfg["stream"]))
         self.model = CTRModel(int(cfg["dim"]), self.stream.config.n_dense,
                               tuple(cfg.get("hidden", (64, 32))), sharded=True,
-                              device=self.device, seed=seed * 1000 + rank)
+                              device=self.device, seed=seed * 1000 + rank,
+                              sharding=cfg.get("sharding", "row"))
         self.tables = local_tables(self.model)  # name -> local HashTable shard
+        # --sharding table|column: shards are named "<table>#<j>"; rows are reported (dump,
+        # rows_held) per table by the rank holding shard 0, read whole through the plan
+        self.plan = self.model.plan
+        self.table_names = tuple(TABLE_NAMES) if self.plan is not None else tuple(self.tables)
         self.sparse_opt = RowWiseAdagrad(self.model, lr=float(cfg["lr_sparse"]))
         self.dense = self.model.dense_parameters()
         self.dense_opt = torch.optim.Adam(self.dense, lr=float(cfg["lr_dense"]))
@@ -135,9 +140,15 @@ class _Trainer:
                                       BudgetPolicy(bytes_per_s=budget),
                                       tables=self.fqn_table) if budget > 0 else None
         self.next_offset = self._end_offset()
+        # next offsets of other partitions: a plan's shards publish under their own shard
+        # ids (partition shard % partitions), e.g. a whole table on rank 1 is shard 0
+        self.other_offsets: dict[int, int] = {}
         self.pending: list[Any] = []  # PublishResults not yet flushed
-        self.mirror = {name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
-        self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.tables}
+        # base snapshots hold each rank's full rows: row sharding only (a column shard holds
+        # part of every row)
+        self.mirror = {} if self.plan is not None else {
+            name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
+        self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.table_names}
         self.rounds: list[dict] = []
         self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected", "exact",
                                      "tombstones", "messages", "bytes", "rounds",
@@ -168,7 +179,11 @@ class _Trainer:
         for res in self.pending:
             offs = res.offsets
             if offs:
-                self.next_offset = max(self.next_offset, max(offs) + 1)
+                if res.partition == self.partition:
+                    self.next_offset = max(self.next_offset, max(offs) + 1)
+                else:
+                    self.other_offsets[res.partition] = max(
+                        self.other_offsets.get(res.partition, 0), max(offs) + 1)
         self.pending.clear()
 
     # ------------------------------------------------------------------ publish / snapshot
@@ -291,13 +306,35 @@ class _Trainer:
             self.model.train()
         return mine.astype(np.int64), (np.concatenate(out) if out else np.empty(0, np.float32))
 
-    def _dump(self, pos: np.ndarray, logits: np.ndarray) -> str:
+    def _held_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (ids, full rows)}`` this rank reports. Row sharding: its shards. A plan:
+        the ids of the tables whose shard 0 is here, rows read whole through the plan
+        (collective: every rank calls it)."""
+        if self.plan is None:
+            return {name: (tbl.ids().cpu().numpy(), tbl.embeddings().float().cpu().numpy())
+                    for name, tbl in self.tables.items()}
+        torch = self.torch
+        feats = {}
+        for name in self.table_names:
+            first = self.tables.get(f"{name}#0")
+            feats[name] = first.ids() if first is not None else torch.zeros(
+                0, dtype=torch.int64, device=self.device)
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.tracker.pause():
+                rows = self.model.emb(feats)
+        finally:
+            self.model.train()
+        return {n: (feats[n].cpu().numpy(), rows[n].float().cpu().numpy()) for n in feats}
+
+    def _dump(self, pos: np.ndarray, logits: np.ndarray,
+              held: dict[str, tuple[np.ndarray, np.ndarray]]) -> str:
         from demo.model import export_dense
 
         arrays: dict[str, np.ndarray] = {}
-        for name, tbl in self.tables.items():
-            arrays[f"ids/{name}"] = tbl.ids().cpu().numpy()
-            arrays[f"rows/{name}"] = tbl.embeddings().float().cpu().numpy()
+        for name, (ids, rows) in held.items():
+            arrays[f"ids/{name}"] = ids
+            arrays[f"rows/{name}"] = rows
             pub = self.published_ids[name]
             arrays[f"published/{name}"] = (np.unique(np.concatenate(pub)) if pub
                                            else np.empty(0, np.int64))
@@ -329,7 +366,7 @@ class _Trainer:
             step += 1
             if self.budget is not None or step % pub_every == 0:
                 self.publish_round(step)
-            if step % snap_every == 0:
+            if step % snap_every == 0 and self.plan is None:
                 self.snapshot_round(step)
             now = time.monotonic()
             if self.rank == 0 and (now - last_report >= 0.25 or step == steps):
@@ -347,7 +384,8 @@ class _Trainer:
         left = sum(len(d) for d in self.tracker.get_delta("publish").values())
         heldout_start = step * self.world * int(cfg["batch_size"])
         pos, logits = self._heldout_scores(heldout_start)
-        dump = self._dump(pos, logits)
+        held = self._held_rows()
+        dump = self._dump(pos, logits, held)
         pstats = self.publisher.stats()
         self.publisher.close()
         tstats = self.tracker.stats() if hasattr(self.tracker, "stats") else {}
@@ -356,12 +394,14 @@ class _Trainer:
             "examples": step * self.world * int(cfg["batch_size"]),
             "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
             "losses": losses, "rounds": self.rounds, "totals": self.totals,
-            "left_after_flush": int(left), "offsets": {self.partition: int(self.next_offset)},
+            "left_after_flush": int(left),
+            "offsets": {**self.other_offsets, self.partition: int(self.next_offset)},
             "dump": dump, "heldout_start": heldout_start, "snapshots": self.snapshots,
-            "rows_held": {n: len(t) for n, t in self.tables.items()},
+            "rows_held": {n: len(ids) for n, (ids, _) in held.items()},
             "tracker": _plain(tstats), "publisher": _plain(pstats),
             "epoch": self.publisher.epoch,
             "budget": None if self.budget is None else _plain(self.budget.stats()),
+            **({} if self.plan is None else {"plan": self.plan.describe()}),
         })
         self.dist.barrier()
         self.dist.destroy_process_group()

@@ -62,8 +62,10 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
     """Decoded messages of a topic range as JSON-able dicts, in read order.
 
     Each message gives ``partition, offset, timestamp_ms, key, bytes, model, table, shard,
-    epoch, seq, step, ts, n, dim, dtype, tombstones`` (count); with ``rows`` also ``ids``,
-    ``rows`` (float32 values, dequantized) and ``deleted`` (tombstone ids). A record that
+    epoch, seq, step, ts, n, dim, col, width, dtype, tombstones`` (count; ``col``/``width``:
+    the rows are columns ``[col, col + dim)`` of rows ``width`` wide, a column-wise shard);
+    with ``rows`` also ``ids``, ``rows`` (float32 values of those columns, dequantized) and
+    ``deleted`` (tombstone ids). A record that
     does not decode gives ``partition, offset, bytes, error, head`` (first bytes in hex) and
     whatever its headers say (``model, table, shard, epoch, seq``).
 
@@ -113,7 +115,7 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
                 continue
             line = {**base, "model": b.model, "table": b.table, "shard": b.shard,
                     "epoch": b.epoch, "seq": b.seq, "step": b.step, "ts": b.ts,
-                    "n": b.n, "dim": b.dim, "dtype": b.dtype,
+                    "n": b.n, "dim": b.dim, "col": b.col, "width": b.width, "dtype": b.dtype,
                     "tombstones": 0 if b.tombstones is None else int(b.tombstones.shape[0])}
             if rows:
                 line["ids"] = b.ids.tolist()
@@ -163,6 +165,8 @@ class ShardStats:
     step_min: Optional[int] = None
     step_max: Optional[int] = None
     dims: list = field(default_factory=list)
+    #: column ranges ``[col, col + dim, width]`` seen (one ``[0, dim, dim]`` for whole rows)
+    columns: list = field(default_factory=list)
     dtypes: list = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -202,20 +206,23 @@ class TopicStats:
     def format_table(self) -> str:
         """A human-readable table (one line per stream) plus a summary."""
         multi = len({s.model for s in self.streams}) > 1
-        head = (["model"] if multi else []) + [
-            "table", "shard", "part", "msgs", "rows", "unique", "del", "bytes", "epochs",
+        # a "cols" column only when some stream carries column slices (column-wise shards)
+        sliced = any(c[0] != 0 or c[1] != c[2] for s in self.streams for c in s.columns)
+        head = (["model"] if multi else []) + ["table", "shard"] + (["cols"] if sliced else []) + [
+            "part", "msgs", "rows", "unique", "del", "bytes", "epochs",
             "gaps", "missing", "dups", "stale", "first ts", "last ts"]
         lines = []
         for s in self.streams:
-            lines.append(([s.model] if multi else []) + [
-                s.table, str(s.shard), str(s.partition), str(s.messages), str(s.rows),
+            cols = [",".join(f"{c[0]}-{c[1]}/{c[2]}" for c in s.columns)] if sliced else []
+            lines.append(([s.model] if multi else []) + [s.table, str(s.shard)] + cols + [
+                str(s.partition), str(s.messages), str(s.rows),
                 str(s.unique_ids), str(s.tombstones), _human_bytes(s.bytes),
                 ",".join(map(str, s.epochs)), str(s.gaps), str(s.missing_seqs),
                 str(s.duplicates), str(s.stale), format_time(s.ts_min),
                 format_time(s.ts_max)])
         widths = [max(len(r[i]) for r in [head] + lines) for i in range(len(head))]
         num = set(range(len(head))) - {0, len(head) - 1, len(head) - 2} - (
-            {1} if multi else set())
+            {1} if multi else set()) - ({head.index("cols")} if sliced else set())
         out = []
         for r in [head] + lines:
             out.append("  ".join(c.rjust(w) if i in num else c.ljust(w)
@@ -347,6 +354,9 @@ def _account(acc: _Acc, b: Any, size: int) -> None:
     st.step_max = b.step if st.step_max is None else max(st.step_max, b.step)
     if b.dim not in st.dims:
         st.dims.append(b.dim)
+    cols = [b.col, b.col + b.dim, b.dim if b.width is None else b.width]
+    if cols not in st.columns:
+        st.columns.append(cols)
     if b.dtype not in st.dtypes:
         st.dtypes.append(b.dtype)
     if acc.cur_epoch is not None and b.epoch < acc.cur_epoch:

@@ -68,7 +68,13 @@ import torch
 
 from deltastream import wire
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
-from deltastream.publishing.rounds import PublishRound, RowPublisher, TableRound, table_name
+from deltastream.publishing.rounds import (
+    PublishRound,
+    RowPublisher,
+    TableRound,
+    shard_publish_kwargs,
+    table_name,
+)
 from deltastream.publishing.serving_error import RowErrors, TableScale, serving_errors
 from deltastream.publishing.table_rows import read_rows, row_reader
 from deltastream.publishing.token_bucket import TokenBucket
@@ -444,7 +450,7 @@ class BudgetPublisher:
                         else torch.empty(0, t.dim)
                     res = self.publisher.publish(t.name, ids, rows, step=step, ts=ts,
                                                  tombstones=t.delta.tombstones if n_tomb
-                                                 else None)
+                                                 else None, **shard_publish_kwargs(t.module))
             except BaseException as e:
                 self._hand_back(tables[k:], chosen[k:], e)
                 raise

@@ -375,7 +375,8 @@ class DeltaPublisher:
     # ------------------------------------------------------------------ public
 
     def publish(self, table: str, ids: Any, rows: Any, *, step: int,
-                tombstones: Any = None, ts: Optional[int] = None) -> PublishResult:
+                tombstones: Any = None, ts: Optional[int] = None, col: int = 0,
+                width: Optional[int] = None, shard: Optional[int] = None) -> PublishResult:
         """Send ``rows`` of ``ids`` (and evicted ``tombstones``) of ``table``.
 
         Args:
@@ -385,6 +386,12 @@ class DeltaPublisher:
             step: trainer global step (≥ 0).
             tombstones: int64 ``[m]`` ids the trainer evicted, or ``None``.
             ts: wall clock in ns when the rows were read; default now.
+            col, width: ``rows`` are columns ``[col, col + dim)`` of rows ``width`` wide (a
+                column-wise shard; wire v2 ``col``/``width``). Default: whole rows.
+            shard: the shard these rows belong to, default this publisher's ``shard``. A
+                rank holding several shards of one table (column shards) publishes each
+                under its own shard id: every ``(table, shard)`` is its own seq stream,
+                Kafka key and partition (``shard % partitions``).
 
         Returns:
             A :class:`PublishResult`; its ``offsets`` are known after :meth:`flush` or
@@ -402,20 +409,27 @@ class DeltaPublisher:
         ts = time.time_ns() if ts is None else _check_int("ts", ts)
         ids_np = self._host_ids(ids, "ids")
         tomb_np = None if tombstones is None else self._host_ids(tombstones, "tombstones")
-        rows_np = self._host_rows(rows, ids_np.shape[0], table)
+        shard = self.shard if shard is None else _check_int("shard", shard, 0, (1 << 31) - 1)
+        # one seq stream per (table, shard); '/' never occurs in a table name
+        stream = table if shard == self.shard else f"{table}/{shard}"
+        partition = self.partition if shard == self.shard else shard % self.partitions
+        rows_np = self._host_rows(rows, ids_np.shape[0], stream)
+        col = _check_int("col", col, 0, wire.MAX_DIM - 1)
+        if width is not None:
+            width = _check_int("width", width, 1, wire.MAX_DIM)
         with self._lock:
             self._check_open()
             self._reap()
             self._raise_failures()
-            first = self._next_seq.get(table, 0)
-            batch = wire.DeltaBatch(model=self.model, table=table, shard=self.shard,
+            first = self._next_seq.get(stream, 0)
+            batch = wire.DeltaBatch(model=self.model, table=table, shard=shard,
                                     epoch=self.epoch, seq=first, step=step, ts=ts,
                                     ids=ids_np, rows=rows_np, dtype=self.dtype,
-                                    tombstones=tomb_np)
+                                    tombstones=tomb_np, col=col, width=width)
             limit = self.max_value_bytes(table)
             pieces = wire.split(batch, limit)  # validates; views, no copies
-            key = self._keys.setdefault(table, wire.message_key(self.model, table, self.shard))
-            result = PublishResult(table=table, partition=self.partition, epoch=self.epoch,
+            key = self._keys.setdefault(stream, wire.message_key(self.model, table, shard))
+            result = PublishResult(table=table, partition=partition, epoch=self.epoch,
                                    first_seq=first, last_seq=first - 1, messages=0, rows=0,
                                    tombstones=0, bytes=0)
             deadline = time.monotonic() + self.send_timeout
@@ -437,7 +451,7 @@ class DeltaPublisher:
                     try:
                         fut = self._link.producer.send(self.topic, value=value, key=key,
                                                        headers=wire.kafka_headers(piece),
-                                                       partition=self.partition)
+                                                       partition=partition)
                     except (kafka.errors.KafkaError, ValueError, TypeError) as e:
                         reason = f"{error_text(e)}"
                 if reason is not None:
@@ -458,8 +472,8 @@ class DeltaPublisher:
                 self._pending.append(record)
                 self._pending_bytes += len(value)
                 result.add(record)
-                self._next_seq[table] = piece.seq + 1
-                self._dims[table] = rows_np.shape[1]
+                self._next_seq[stream] = piece.seq + 1
+                self._dims[stream] = rows_np.shape[1]
                 st = self._stats
                 st["messages"] += 1
                 st["rows"] += piece.n
@@ -520,7 +534,8 @@ class DeltaPublisher:
         """Counters: publishes, messages, rows, tombstones, bytes (wire values), acked and
         failed messages, pending messages/bytes (awaiting acknowledgement), blocked_s
         (seconds publish waited on a full buffer), reconnects (failed producers replaced),
-        epoch, partition, next seq per table."""
+        epoch, partition, next seq per table (``"<table>/<shard>"`` for rows published with
+        another ``shard``)."""
         with self._lock:
             self._reap()
             return dict(self._stats, pending_messages=len(self._pending),

@@ -18,6 +18,31 @@ The publisher is anything with a ``dtype`` (wire dtype name) and
 ``publish(table, ids, rows, *, step, tombstones, ts)`` returning counters like
 :class:`~deltastream.PublishResult` (``rows``, ``tombstones``, ``messages``, ``bytes``):
 usually a :class:`~deltastream.DeltaPublisher`.
+
+Column shards: a table module with ``full_width`` (and ``column_offset``, ``shard_id``), as
+the shards of :class:`~deltastream.ShardedEmbeddingCollection` have, holds columns
+``[column_offset, column_offset + embedding_dim)`` of rows ``full_width`` wide; its rows
+go out with ``publish(..., col=, width=, shard=)`` (:func:`shard_publish_kwargs`), one seq
+stream per column shard.
+
+Selection on a column shard scores the drift of **its own columns** (the shard's rows are
+those columns): the column shards of one row are selected independently, so they may go out
+at different rounds, and a predictor may briefly serve a row whose columns come from
+different rounds (each column shard's part is a value the trainer really held). How long at
+most, per policy, in rounds after the round in which the first part went out:
+
+* no budget (every changed row) or ``final=True``: 0 — every shard publishes its changed
+  rows in the same round, so the row is whole again when that round's messages apply;
+* ``k`` / ``fraction`` (count budgets): about ``max_age + ceil(R / k)`` rounds (``R``
+  candidates per shard), the bound of :func:`~deltastream.select_changed` for a carried
+  row, applied per column shard;
+* ``threshold``: unbounded in rounds, bounded in error — a shard's columns are held back
+  only while they are within ``threshold`` of what the predictor serves, so every column
+  shard of the row is within the threshold (the row within ``threshold × √shards``);
+* ``max_bytes`` on top of a threshold: as the threshold, plus the count-budget delay for
+  eligible rows over the byte cap.
+
+A final flush ends every mix: after it, predictors hold the trainer's full rows.
 """
 
 from __future__ import annotations
@@ -39,7 +64,7 @@ if TYPE_CHECKING:
     from deltastream.tracking.tracker import DeltaTracker
 
 __all__ = ["SelectionPolicy", "TableRound", "PublishRound", "RowPublisher", "publish_delta",
-           "table_name"]
+           "table_name", "shard_publish_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -223,20 +248,37 @@ def table_name(fqn: str, module: torch.nn.Module) -> str:
     :class:`~deltastream.ShardedEmbedding` shard: ``module.name``) is published under it, so
     every shard of a table agrees whatever its module path; any other module (a
     ``torch.nn.Embedding`` or ``EmbeddingBag``) under its fqn — the tracker's key, the same
-    whether the model is wrapped in DDP, DataParallel or ``torch.compile`` or not.
+    whether the model is wrapped in DDP, DataParallel or ``torch.compile`` or not. A column
+    shard of a :class:`~deltastream.ShardedEmbeddingCollection` is published under its
+    ``plan_table``.
     """
-    name = getattr(module, "name", None)
+    name = getattr(module, "plan_table", None) or getattr(module, "name", None)
     return name if isinstance(name, str) and name else fqn
 
 
+def shard_publish_kwargs(module: torch.nn.Module) -> dict[str, int]:
+    """``{"col", "width", "shard"}`` for a column shard (a module with ``full_width``,
+    ``column_offset`` and ``shard_id``), else ``{}`` (whole rows, the publisher's shard)."""
+    width = getattr(module, "full_width", None)
+    if width is None:
+        return {}
+    kw = {"col": int(getattr(module, "column_offset", 0)), "width": int(width)}
+    shard = getattr(module, "shard_id", None)
+    if shard is not None:
+        kw["shard"] = int(shard)
+    return kw
+
+
 def _table_names(modules: Mapping[str, torch.nn.Module]) -> dict[str, str]:
-    """``{fqn: published name}``; raises ``ValueError`` when two tables share a name (their
-    rows would overwrite each other on the predictors)."""
+    """``{fqn: published name}``; raises ``ValueError`` when two tables share a name and a
+    shard (their rows would overwrite each other on the predictors). Column shards of one
+    table share its name with distinct shard ids: each is its own sequence stream."""
     names = {fqn: table_name(fqn, m) for fqn, m in modules.items()}
-    by_name: dict[str, list[str]] = {}
+    by_name: dict[tuple, list[str]] = {}
     for fqn, name in names.items():
-        by_name.setdefault(name, []).append(fqn)
-    clash = {n: f for n, f in by_name.items() if len(f) > 1}
+        by_name.setdefault((name, shard_publish_kwargs(modules[fqn]).get("shard")),
+                           []).append(fqn)
+    clash = {n: f for (n, _), f in by_name.items() if len(f) > 1}
     if clash:
         raise ValueError(f"publish_delta: tables publish under the same name: {clash}; give "
                          f"each HashTable a unique name (nn.Embedding tables publish under "
@@ -334,7 +376,8 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             pending[0] = (fqn, delta, sel.ids)
             if len(sel) or n_tomb:
                 res = publisher.publish(name, sel.ids, _as_float(sel.rows), step=step, ts=ts,
-                                        tombstones=sel.tombstones if n_tomb else None)
+                                        tombstones=sel.tombstones if n_tomb else None,
+                                        **shard_publish_kwargs(module))
         except BaseException as e:
             _hand_back(tracker, consumer, pending, e)
             raise

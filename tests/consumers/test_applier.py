@@ -85,18 +85,22 @@ def test_v1_messages_still_apply():
     assert tables["emb"].lookup([1, 3]).tolist() == [[1, 2], [5, 6]]
 
 
-@pytest.mark.parametrize("table_dims", [None, {"emb": 2}, {"emb": 4}])
-def test_column_slices_quarantined_until_supported(table_dims):
+@pytest.mark.parametrize("table_dims", [None, {"emb": 4}])
+def test_column_slices_apply_to_their_columns(table_dims):
+    """Column shards of one table are separate (table, shard) streams: each applies its
+    columns; a slice whose width is not the table's dim is quarantined, table untouched."""
     ap, tables = fresh(table_dims=table_dims)
-    if table_dims is None or table_dims["emb"] == 2:
-        ap.process(msg([1], [[1, 1]]))
-    before = {k: t.digest() for k, t in tables.items()}
-    out = ap.process(msg([1], [[7, 7]], seq=1, col=2, width=4))
-    assert out.kind == "quarantined" and out.reason.startswith("apply: columns:")
-    assert "columns [2, 4) of rows 4 wide" in out.reason
-    assert {k: t.digest() for k, t in tables.items()} == before
-    out = ap.process(msg([1], [[7, 7]], seq=2, col=0, width=4))  # the first half is a slice too
-    assert out.kind == "quarantined" and "columns [0, 2) of rows 4 wide" in out.reason
+    out = ap.process(msg([1, 2], [[7, 7], [8, 8]], shard=1, col=2, width=4))
+    assert out.kind == "applied" and out.rows == 2 and tables["emb"].dim == 4
+    assert tables["emb"].lookup([1, 2]).tolist() == [[0, 0, 7, 7], [0, 0, 8, 8]]
+    out = ap.process(msg([1], [[5, 6]], shard=0, col=0, width=4))
+    assert out.kind == "applied" and out.gap is None
+    assert tables["emb"].lookup([1, 2]).tolist() == [[5, 6, 7, 7], [0, 0, 8, 8]]
+    assert ap.seqs.get("emb", 0) is not None and ap.seqs.get("emb", 1) is not None
+    before = tables["emb"].digest()
+    out = ap.process(msg([1], [[7, 7]], shard=2, col=0, width=2))
+    assert out.kind == "quarantined" and "dim 4" in out.reason
+    assert tables["emb"].digest() == before
 
 
 def test_other_models_are_skipped_and_counted_by_name_not_quarantined():

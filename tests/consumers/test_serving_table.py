@@ -201,10 +201,12 @@ def _refusals():
                                  rows=np.ones((3, 2))), "shape"),
         "unknown dtype": (DeltaBatch("m", "emb", 0, 0, 0, 0, 0, ids=np.array([3]),
                                      rows=np.ones((1, 2)), dtype="f64"), "dtype"),
-        # wire v2 column slices (column-wise shards) are refused until they are supported
+        # wire v2 column slices of rows wider than the table
         "column slice": (wire_batch(ids, np.ones((2, 2)), col=2, width=4),
-                         r"columns: .*columns \[2, 4\) of rows 4 wide"),
+                         r"width \(columns \[2, 4\)\) 4, the table has dim 2"),
         "left columns": (wire_batch(ids, np.ones((2, 2)), width=4), r"columns \[0, 2\)"),
+        "slice past width": (DeltaBatch("m", "emb", 0, 0, 0, 0, 0, ids=ids, rows=np.ones((2, 1)),
+                                        col=2, width=2), r"columns \[2, 3\) of rows 2 wide"),
     }
 
 
@@ -488,3 +490,31 @@ def test_object_npy_refused(saved):
     (path / "manifest.json").write_text(json.dumps(seal(body)))
     with pytest.raises(SnapshotError, match="expected"):
         ServingTable.load(path)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("wire_dtype", ["f32", "f16", "i8"])
+def test_column_slices_write_only_their_columns(dtype, wire_dtype):
+    """A column shard's batch writes its columns; a row first seen through one shard reads
+    zeros in the other columns until they arrive; a reused slot shows no old row."""
+    t = ServingTable("emb", 5, dtype=dtype, capacity=2)
+    t.upsert([9], [[9, 9, 9, 9, 9]])
+    t.delete([9])  # its slot goes on the free stack and is reused by a fresh row below
+    right = np.array([[1, 2], [3, 4]], np.float32)
+    res = t.apply(wire_batch([1, 2], right, col=3, width=5, dtype=wire_dtype))
+    assert (res.upserted, len(t)) == (2, 2)
+    tol = 0.05 if wire_dtype == "i8" else 0
+    got = t.lookup([1, 2])
+    assert np.allclose(got[:, :3], 0) and np.allclose(got[:, 3:], right, atol=tol)
+    left = np.array([[5, 6, 7], [8, 9, 10]], np.float32)
+    t.apply(wire_batch([2, 3], left, col=0, width=5, dtype=wire_dtype))
+    got = t.lookup([1, 2, 3])
+    assert np.allclose(got[1], [5, 6, 7, 3, 4], atol=tol * 10)
+    assert np.allclose(got[2], [8, 9, 10, 0, 0], atol=tol * 10)
+    assert np.allclose(got[0, :3], 0)
+    # whole rows still overwrite every column; tombstones on a slice delete whole rows
+    t.apply(wire_batch([1], [[1, 1, 1, 1, 1]], dim=5))
+    assert np.array_equal(t.lookup([1]), [[1, 1, 1, 1, 1]])
+    t.apply(wire_batch([1], [[4]], col=4, width=5, tombstones=np.array([3], np.int64)))
+    assert np.array_equal(t.lookup([1, 3]), [[1, 1, 1, 1, 4], [0, 0, 0, 0, 0]])
+    assert len(t) == 2

@@ -51,3 +51,16 @@ def test_validate_names_the_bad_option(field, value, words):
     with pytest.raises(ValueError) as info:
         DemoOptions(**kwargs).validate()
     assert words in str(info.value)
+
+
+def test_sharding_flag():
+    assert _parse().sharding == "row"
+    o = _parse("--sharding", "column", "--dim", "8", "--workers", "2")
+    assert o.sharding == "column"
+    o.validate()
+    with pytest.raises(ValueError, match="--sharding must be one of"):
+        DemoOptions(sharding="diagonal").validate()
+    with pytest.raises(ValueError, match="--dim 2 over --workers 3: needs dim >= workers"):
+        DemoOptions(sharding="column", dim=2, workers=3).validate()
+    with pytest.raises(SystemExit):
+        _parse("--sharding", "diagonal")

@@ -82,3 +82,13 @@ def test_freshness_series_bins():
     assert s[0][4] == 3.0 and s[0][2] == pytest.approx(2.0)
     with pytest.raises(ValueError):
         freshness_series(np.zeros(2), np.zeros(3))
+
+
+def test_report_shows_the_plan_only_for_table_and_column_sharding():
+    r = _good_report()
+    assert "sharding" not in format_report(r) and "plan" not in format_report(r)
+    r["sharding"] = {"kind": "column", "plan": [
+        "user (dim 16, column): s0 r0 cols 0-8 | s1 r1 cols 8-16"]}
+    text = format_report(r)
+    assert "sharding" in text and "column" in text
+    assert "user (dim 16, column): s0 r0 cols 0-8 | s1 r1 cols 8-16" in text

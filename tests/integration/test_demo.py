@@ -173,6 +173,27 @@ def test_short_demo_byte_budget_default(tmp_path):
         assert label in proc.stdout
 
 
+def test_short_demo_column_sharding_f32_is_exact(tmp_path):
+    """--sharding column: each worker holds half the columns of every row; the predictor
+    rebuilds full rows from the column slices; the report shows the plan."""
+    out = tmp_path / "demo"
+    proc, r = _demo(out, "--sharding", "column", "--wire-dtype", "f32", "--steps", "30")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert r["invariants"]["problems"] == [] and check_report(r) == []
+    assert r["sharding"] == {"kind": "column", "plan": [
+        "user (dim 16, column): s0 r0 cols 0-8 | s1 r1 cols 8-16",
+        "item (dim 16, column): s0 r0 cols 0-8 | s1 r1 cols 8-16"]}
+    assert "s0 r0 cols 0-8 | s1 r1 cols 8-16" in proc.stdout
+    rows, d, pred = r["rows"], r["drift"], r["predictor"]
+    assert rows["left_after_flush"] == 0 and pred["rows"] == rows["published"]
+    assert pred["gaps"] == pred["duplicates"] == pred["quarantined"] == 0
+    assert d["ids_compared"] == rows["unique_published"] > 0
+    assert d["missing_in_serving"] == d["extra_in_serving"] == 0
+    assert d["trainer_ids_unpublished"] == 0
+    assert d["max_abs"] == 0.0 and r["auc"]["serving"] == r["auc"]["trainer"]
+    assert sum(r["train"]["rows_held"].values()) == d["ids_compared"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--topk-fraction", "0"], "--topk-fraction"),
     (["--workers", "0"], "--workers"),

@@ -205,3 +205,37 @@ def test_selection_policy_is_checked_when_built(kwargs, words):
     with pytest.raises((TypeError, ValueError)) as info:
         SelectionPolicy(**kwargs)
     assert words in str(info.value)
+
+
+def test_column_shards_publish_their_columns_as_separate_streams(broker, topic_name):
+    """Two column shards of one table on one rank (columns [2, 4) as shard 0, [0, 2) as
+    shard 1: out of order) go out with col/width under their own shard ids and seqs; an
+    Applier rebuilds the full rows."""
+    from consumers import Applier, SeqTracker
+
+    servers = broker.bootstrap_servers
+    ensure_topic(servers, topic_name, 2)
+    full = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+    model = torch.nn.ModuleDict()
+    for fqn, shard_id, (c0, c1) in (("right", 0, (2, 4)), ("left", 1, (0, 2))):
+        t = HashTable(c1 - c0, name="w", capacity=64)
+        t.column_offset, t.full_width, t.shard_id = c0, 4, shard_id
+        model[fqn] = t
+    tracker = DeltaTracker(model, consumers=["pub"], mode=TrackingMode.EMBEDDING)
+    ids = torch.arange(10)
+    for fqn, c0 in (("right", 2), ("left", 0)):
+        model[fqn].insert(ids, full[:, c0:c0 + 2])
+        _touch(model[fqn], ids, torch.ones(10))
+    with _publisher(servers, topic_name) as pub:
+        rnd = publish_delta(tracker, pub, "pub", step=3, final=True)
+        pub.flush()
+        assert pub.stats()["next_seq"] == {"w": 1, "w/1": 1}
+    assert sorted(t.published for t in rnd.tables) == [10, 10]
+    got = _read(servers, topic_name)
+    assert sorted((b.shard, b.seq, b.col, b.width, b.dim) for b in got) == [
+        (0, 0, 2, 4, 2), (1, 0, 0, 4, 2)]
+    tables: dict = {}
+    ap = Applier("m", tables, SeqTracker())
+    for v in _raw(servers, topic_name):
+        assert ap.process(v).kind == "applied"
+    assert np.array_equal(tables["w"].lookup(ids.numpy()), (full + 1).numpy())
