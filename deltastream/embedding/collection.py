@@ -53,7 +53,7 @@ import torch.distributed as dist
 from deltastream.embedding.hashtable import HashTable
 from deltastream.embedding.initializers import accepted_kwargs, init_rows
 from deltastream.embedding.plan import ShardingPlan, TablePlan
-from deltastream.embedding.sharded import ShardedEmbedding
+from deltastream.embedding.sharded import ExchangeRows, ShardedEmbedding
 from deltastream.errors import PlanError
 
 __all__ = ["ShardedEmbeddingCollection", "output_permute", "ColumnInitializer"]
@@ -90,31 +90,6 @@ class ColumnInitializer:
         rows = init_rows(self.base, self._accepted, ids, self.width, device=device,
                          dtype=dtype, table=f"columns {self.begin}-{self.end}")
         return rows[:, self.begin:self.end].contiguous()
-
-
-class _ExchangeFlat(torch.autograd.Function):
-    """Send flat ``values`` split by ``send_splits`` (elements); receive ``recv_splits``.
-
-    Backward sends the gradients back along the reverse route.
-    """
-
-    @staticmethod
-    def forward(ctx, values: torch.Tensor, holder: torch.Tensor,  # noqa: ARG004 - holder: grad
-                send_splits: list[int], recv_splits: list[int], group) -> torch.Tensor:
-        ctx.send_splits, ctx.recv_splits, ctx.group = send_splits, recv_splits, group
-        ctx.values_dtype = values.dtype
-        out = values.new_empty(sum(recv_splits))
-        dist.all_to_all_single(out, values.contiguous(), output_split_sizes=recv_splits,
-                               input_split_sizes=send_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().to(ctx.values_dtype)
-        back = grad.new_empty(sum(ctx.send_splits))
-        dist.all_to_all_single(back, grad, output_split_sizes=ctx.send_splits,
-                               input_split_sizes=ctx.recv_splits, group=ctx.group)
-        return back, None, None, None, None
 
 
 class ShardedEmbeddingCollection(torch.nn.Module):
@@ -239,7 +214,7 @@ class ShardedEmbeddingCollection(torch.nn.Module):
         got_splits = [sum(uniq[n].numel() * w for n, _, w in self._on_rank[r])
                       for r in range(W)]
         values = torch.cat(back) if back else torch.zeros(0, dtype=self.dtype, device=dev)
-        got = _ExchangeFlat.apply(values, self._holder, back_splits, got_splits, group)
+        got = ExchangeRows.apply(values, self._holder, back_splits, got_splits, group)
         # 5. pieces arrive by rank; stitch each table's in shard order (permute indices)
         arrived: dict[str, list[torch.Tensor]] = {n: [] for n in self._col_tables}
         pieces = torch.split(got, [uniq[n].numel() * w for r in range(W)

@@ -10,7 +10,7 @@ Rank ``r`` of ``W`` holds the local shard ``self.table`` (a ``HashTable`` restri
    ``dist.all_to_all`` is not supported by gloo for uneven splits, so it is not used);
 3. every owner looks its received ids up in its shard (``table(ids)``: inserting unseen
    ids in training mode, exactly like a single table);
-4. the rows travel back through :class:`_ExchangeRows`, an autograd function whose backward
+4. the rows travel back through :class:`ExchangeRows`, an autograd function whose backward
    is the reverse ``all_to_all_single``: the gradient of each row lands on its owner, in the
    owner's ``table`` sparse gradient, so the owner's sparse optimizer (``SparseSGD(emb)``
    etc.) updates exactly its rows;
@@ -39,25 +39,26 @@ import torch.distributed as dist
 from deltastream.embedding.hashtable import HashTable
 from deltastream.sharding import DEFAULT_SLICE_SIZE, gen_slice, owner_of
 
-__all__ = ["ShardedEmbedding"]
+__all__ = ["ShardedEmbedding", "ExchangeRows"]
 
 log = logging.getLogger(__name__)
 
 
-class _ExchangeRows(torch.autograd.Function):
-    """Send ``rows`` split by ``send_splits`` to the ranks; receive ``recv_splits`` rows.
+class ExchangeRows(torch.autograd.Function):
+    """Send ``rows`` (``[n, ...]``, split along dim 0 by ``send_splits``) to the ranks of
+    ``group``; receive ``recv_splits`` of them. Backward sends the gradients back along the
+    reverse route. ``holder`` is a parameter that requires grad, so autograd calls backward
+    on ranks that sent nothing.
 
-    Backward sends the gradients back along the reverse route.
+    Use: ``ExchangeRows.apply(rows, holder, send_splits, recv_splits, group)``.
     """
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, holder: torch.Tensor,  # noqa: ARG004 - holder: grad
                 send_splits: list[int], recv_splits: list[int], group) -> torch.Tensor:
-        ctx.send_splits = send_splits
-        ctx.recv_splits = recv_splits
-        ctx.group = group
+        ctx.send_splits, ctx.recv_splits, ctx.group = send_splits, recv_splits, group
         ctx.rows_dtype = rows.dtype
-        out = rows.new_empty((sum(recv_splits), rows.shape[1]))
+        out = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
         dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=recv_splits,
                                input_split_sizes=send_splits, group=group)
         return out
@@ -65,7 +66,7 @@ class _ExchangeRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous().to(ctx.rows_dtype)
-        back = grad.new_empty((sum(ctx.send_splits), grad.shape[1]))
+        back = grad.new_empty((sum(ctx.send_splits), *grad.shape[1:]))
         dist.all_to_all_single(back, grad, output_split_sizes=ctx.send_splits,
                                input_split_sizes=ctx.recv_splits, group=ctx.group)
         return back, None, None, None, None
@@ -162,7 +163,7 @@ class ShardedEmbedding(torch.nn.Module):
         if rows.dtype != self.table.dtype:
             rows = rows.to(self.table.dtype)
         # 4. rows back to the requesters; gradients come back the reverse way
-        got = _ExchangeRows.apply(rows, self._holder, recv_splits, send_splits,
+        got = ExchangeRows.apply(rows, self._holder, recv_splits, send_splits,
                                   self.process_group)
         # 5. input order: got[j] is the row of uniq[order[j]], so uniq[u] is got[rank_of[u]]
         rank_of = torch.empty_like(order)
