@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 EMPTY = 0
 DELETED = -1
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio, odd
+_FOLD = np.uint64(32)
 _SMALL = 4096  # requests up to this many ids probe an 8-bucket window at once
 _W = 8
 _W_OFFSETS = np.arange(_W, dtype=np.int64)[:, None]  # [W, 1]: window-major gathers
@@ -52,6 +53,9 @@ _SLACK = 3  # a new index has buckets ≥ 3 × ids (power of 2: load in [0.17, 1
 def as_ids(ids: Any, what: str = "ids") -> np.ndarray:
     """``ids`` as a contiguous 1-D int64 array (the same array when it already is one), or
     ``TypeError``/``ValueError`` naming ``what``."""
+    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1 \
+            and ids.flags.c_contiguous:
+        return ids  # the common case, checked in well under a microsecond
     arr = np.asarray(ids)
     if arr.ndim == 0 and arr.size == 1:
         arr = arr.reshape(1)
@@ -72,10 +76,15 @@ def buckets_for(expected: int) -> int:
 
 
 def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
-    """Home bucket of each int64 key: the top bits of key × golden-ratio constant."""
+    """Home bucket of each int64 key: the top bits of (key ^ key >> 32) × golden-ratio
+    constant. The fold first: ids that are themselves multiples of that constant (a common
+    way to hash feature ids) would otherwise land in long runs."""
     shift = np.uint64(64 - (buckets.bit_length() - 1))
-    # the result is < 2^(64-shift), so viewing it as int64 is exact and free
-    return ((keys.view(np.uint64) * _MULT) >> shift).view(np.int64)
+    x = keys.view(np.uint64)
+    x = x ^ (x >> _FOLD)
+    x *= _MULT
+    x >>= shift
+    return x.view(np.int64)  # < 2^(64-shift): viewing it as int64 is exact and free
 
 
 def _probe(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray
@@ -122,9 +131,8 @@ def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
     home = bucket_of(keys, buckets)
     if n > _SMALL:
         return _probe(tab, col, keys, home)[1]
-    idx = home + _W_OFFSETS  # [W, n]: reductions run over the outer axis (fast in numpy)
-    idx &= buckets - 1
-    g = np.take(tab, idx, axis=0)  # [W, n, 2]
+    # [W, n] positions, wrapped by take: reductions then run over the outer axis (fast)
+    g = np.take(tab, home + _W_OFFSETS, axis=0, mode="wrap")  # [W, n, 2]
     v = g.view(np.int32)[..., 2 + col]
     # a key is live in at most one bucket: the max of its matches is its slot (> 0)
     slot = np.where(g[..., 0] == keys, v, 0).max(axis=0)
@@ -227,7 +235,41 @@ class IdIndex:
             if not keep.any():
                 break
             active, pos, k = active[keep], (pos[keep] + 1) & mask, k[keep]
+            if active.size <= _FEW:  # the last keys sit in long runs: a window per round
+                pos = self._insert_tail(k, slots[active], active, pos, c, other, col, out)
+                break
         return out
+
+    def _insert_tail(self, keys: np.ndarray, slots: np.ndarray, which: np.ndarray,
+                     pos: np.ndarray, c: int, other: int | None, col: int | None,
+                     out: np.ndarray) -> np.ndarray:
+        """:meth:`insert` for a few keys: each claims the first free bucket of a window
+        from its position (same claim protocol; losers go on from the bucket they lost)."""
+        tab, hk, mask, vc = self.tab, self._k, self._mask, self._c[c]
+        r = np.arange(keys.shape[0])
+        while keys.size:
+            idx = (pos[:, None] + _WIN_OFFSETS) & mask
+            g = np.take(tab, idx, axis=0).view(np.int32)
+            free = g[..., 2 + c] <= 0
+            if other is not None:
+                free &= g[..., 2 + other] <= 0
+            first = free.argmax(axis=1)
+            r = r[: keys.size]
+            has = free[r, first]
+            fp = idx[r, first]
+            hk[fp[has]] = keys[has]
+            won = has & (hk[fp] == keys)
+            wp, ws = fp[won], slots[won]
+            self.used += int(np.count_nonzero(g[r, first, 2 + c][won] == EMPTY))
+            vc[wp] = ws
+            if col is None:
+                self._c[1][wp] = ws
+            out[which[won]] = wp
+            more = ~won
+            # no free bucket in the window: the next window; lost a claim: the next bucket
+            pos = np.where(has, fp + 1, pos + _WINDOW)[more] & mask
+            keys, slots, which = keys[more], slots[more], which[more]
+        return pos
 
     def set(self, pos: np.ndarray, values: np.ndarray | int, col: int | None) -> None:
         """Value of buckets ``pos`` in copy ``col`` (None: both copies)."""

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from consumers.errors import SnapshotError
+from consumers.errors import ConsumerError, SnapshotError
 from consumers.sync.daemon import SyncDaemon
 from deltastream.cliargs import (
     EnvArgumentParser,
@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Snapshot to start from when --state-dir holds no checkpoint (a "
                         "checkpoint, a `deltastream-replay rebuild` output, or a "
                         "ServingTable.save directory): its tables, offsets and seq state.")
+    p.add_argument("--share-tables", action="store_true",
+                   help="Share the tables with model-server processes of this host: they "
+                        "read them from shared memory (/dev/shm) with "
+                        "consumers.serving.TableReader.open(STATE_DIR, TABLE).")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
                         "port, logged; default: no endpoint).")
@@ -170,11 +174,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             quarantine_max_bytes=max(1024, args.quarantine_max_bytes),
             request_timeout=args.request_timeout, backoff_max=args.backoff_max,
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,
-            metrics_addr=args.metrics_addr)
+            metrics_addr=args.metrics_addr, share_tables=args.share_tables)
     except SnapshotError as e:
         print(f"deltastream-sync: cannot load the state: {e}", file=sys.stderr)
         return 1
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, ConsumerError) as e:
         print(f"deltastream-sync: error: {e}", file=sys.stderr)
         return 2
     if signalled:

@@ -93,6 +93,10 @@ class SyncDaemon:
             every record (any ``outcome.kind``; ``outcome.ts`` is the trainer's ns timestamp),
             e.g. to record freshness over a whole run. Keep it quick: it delays applying.
             An exception from it is logged (once per kind of error) and ignored.
+        share_tables: share every table with reader processes of this host
+            (:meth:`ServingTable.share`; they read with
+            ``consumers.serving.TableReader.open(state_dir, name)``); tables created later
+            are shared within one poll round; :meth:`stop` unshares them.
         **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
 
     Raises:
@@ -116,7 +120,7 @@ class SyncDaemon:
                  freshness_window: float = 60.0, metrics_port: Optional[int] = None,
                  metrics_addr: str = "0.0.0.0",
                  on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
-                 **consumer_config: Any) -> None:
+                 share_tables: bool = False, **consumer_config: Any) -> None:
         o = SyncOptions(
             bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
             dtype=dtype, checkpoint_interval=checkpoint_interval,
@@ -128,7 +132,7 @@ class SyncDaemon:
             backoff_max=backoff_max, probe_interval=probe_interval,
             summary_interval=summary_interval, freshness_window=freshness_window,
             metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
-            consumer_config=consumer_config)
+            share_tables=share_tables, consumer_config=consumer_config)
         self.options = o  #: the validated settings
         self.bootstrap_servers = o.bootstrap_servers
         self.topic = o.topic
@@ -164,6 +168,8 @@ class SyncDaemon:
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
+        if o.share_tables:
+            self._share_tables()
         self._seqs = start.seqs
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
                                 shards=o.shards, dtype=o.dtype)
@@ -194,6 +200,12 @@ class SyncDaemon:
         if o.metrics_port is not None:
             self._metrics = MetricsServer(self.stats, o.metrics_port, o.metrics_addr)
             self.metrics_port = self._metrics.port
+
+    def _share_tables(self) -> None:
+        """Share the tables not shared yet (new ones) with reader processes."""
+        for t in list(self._tables.values()):
+            if t.shared is None:
+                t.share(self.state_dir)
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""
@@ -324,6 +336,11 @@ class SyncDaemon:
         return n
 
     def _housekeeping(self) -> None:
+        if self.options.share_tables:
+            try:
+                self._share_tables()
+            except Exception as e:  # /dev/shm full: serving in-process goes on
+                log.error("sharing tables failed (retried next round): %s", e)
         now = time.monotonic()
         if self._dirty and (self._pending >= self.checkpoint_messages
                             or now - self._last_ckpt_mono >= self.checkpoint_interval):
@@ -358,6 +375,8 @@ class SyncDaemon:
         if self._dirty or not self._store.exists():
             self._checkpoint_locked()
         self._closed = True
+        for t in self._tables.values():
+            t.unshare()  # readers keep what they mapped; a restart shares anew
         self._kafka.mark_stopped()
         if self._metrics is not None:
             self._metrics.close()

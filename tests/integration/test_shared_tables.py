@@ -158,3 +158,52 @@ def test_readers_never_see_torn_rows_or_half_batches_across_kill_9(tmp_path):
         assert res["lookups"] > 100 and res["incarnations"] >= 3, res
     d = table_dir(state, "emb")  # the clean stop removed its files, and the killed ones'
     assert not d.exists() or not any(p.suffix == ".rows" for p in d.iterdir())
+
+
+_SYNC_READER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from consumers.serving import TableReader
+
+    r = TableReader.open(sys.argv[1], sys.argv[2], timeout=30)
+    ids = np.arange(0, 400, dtype=np.int64)
+    rows, info = r.read(ids)
+    print(json.dumps({"rows": rows.tolist(), "n": info.rows, "writer": info.writer}))
+""")
+
+
+def test_sync_daemon_shares_its_tables_with_reader_processes(broker, tmp_path):
+    """``SyncDaemon(share_tables=True)``: a reader process sees what the daemon applied,
+    tables created by a message are shared too, and a stop removes the files."""
+    import numpy as np
+
+    from deltastream.publishing.publisher import ensure_topic
+
+    from .test_sync import Feed, assert_tables_equal, daemon_for
+
+    topic = f"deltas.share-{os.getpid()}-{time.monotonic_ns()}"
+    ensure_topic(broker.bootstrap_servers, topic, 2)
+    feed = Feed(broker.bootstrap_servers, topic, 2)
+    try:
+        feed.fill(6)
+        d = daemon_for(broker, topic, tmp_path / "state", share_tables=True)
+        try:
+            assert d.catch_up(timeout=60)
+            assert_tables_equal(d.tables(), feed.expected)
+            for name in ("user", "item"):
+                proc = subprocess.run(
+                    [sys.executable, "-c", _SYNC_READER, str(tmp_path / "state"), name],
+                    capture_output=True, text=True, timeout=60,
+                    env=dict(os.environ, PYTHONPATH=str(REPO)))
+                assert proc.returncode == 0, proc.stderr[-2000:]
+                got = json.loads(proc.stdout)
+                want = d.table(name).lookup(np.arange(0, 400))
+                assert got["writer"] == "live" and got["n"] == len(d.table(name))
+                assert np.array_equal(np.array(got["rows"], np.float32), want)
+            dirs = [d.table(n).shared for n in ("user", "item")]
+            assert all(p is not None and p.exists() for p in dirs)
+        finally:
+            d.stop()
+        assert all(not p.exists() for p in dirs)  # a clean stop removes its files
+    finally:
+        feed.close()
