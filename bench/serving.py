@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="seconds of the idle baseline (5)")
     ap.add_argument("--state-dir", default=None,
                     help="state directory (default: a temp dir, removed after)")
+    ap.add_argument("--switch-interval", type=float, default=None, metavar="S",
+                    help="sys.setswitchinterval of the daemon process (default: Python's, "
+                         "5 ms): how long a reader thread may wait for the GIL")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--_reader", nargs=4, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -151,9 +154,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.rows < args.batch:
         ap.error("--rows must be at least --batch")
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="ds-bench-serving-"))
+    old = sys.getswitchinterval()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     try:
         return _run(args, state)
     finally:
+        sys.setswitchinterval(old)
         if args.state_dir is None:
             shutil.rmtree(state, ignore_errors=True)
 
@@ -282,7 +289,8 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     payload = 8 + args.dim * 4
     med = float(np.median(windows)) if windows else float("nan")
     low = float(min(windows)) if windows else float("nan")
-    common = {"rows": args.rows, "dim": args.dim, "batch": args.batch}
+    common = {"rows": args.rows, "dim": args.dim, "batch": args.batch,
+              "switch_interval_s": sys.getswitchinterval()}
     out_records = []
     for who, q, count in (("threads", thr, args.threads), ("procs", prc, args.procs)):
         note = (f"{count} readers × {args.rate:g} req/s of {args.lookup} ids; loaded "

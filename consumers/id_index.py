@@ -14,9 +14,10 @@ costs one cache line whatever the copy.
 
 Probing: linear, Fibonacci hashing of the id. A key sits before the first EMPTY bucket of
 its probe path, so the first bucket holding the key live, or EMPTY, decides.
-:func:`lookup_slots` gathers a window of 8 buckets per key for small requests (one pass
-resolves almost every key) and probes one bucket per round for bulk requests (cheapest per
-key); the few keys in long runs continue with 16-bucket windows. The owner keeps the load
+:func:`lookup_slots` reads 8 buckets from a key's home for small requests (home buckets
+are line-aligned: two adjacent cache lines resolve almost every key) and probes one bucket
+per round for bulk requests (cheapest per key); the few keys in long runs continue with
+32-bucket windows. The owner keeps the load
 (live + DELETED markers) below ~0.4 by migrating to a bigger index
 (:mod:`consumers.serving.growth`), so ~80% of keys resolve in their home bucket.
 
@@ -41,11 +42,12 @@ EMPTY = 0
 DELETED = -1
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio, odd
 _FOLD = np.uint64(32)
-_SMALL = 4096  # requests up to this many ids probe an 8-bucket window at once
+_LINE = np.uint64(~3 & 0xFFFFFFFFFFFFFFFF)  # home buckets start a 64-byte line (4 buckets)
+_SMALL = 1024  # requests up to this many ids probe 8 buckets (2 lines) at once
 _W = 8
 _W_OFFSETS = np.arange(_W, dtype=np.int64)[:, None]  # [W, 1]: window-major gathers
 _FEW = 64  # bulk rounds switch from 1 bucket to a window when fewer keys remain
-_WINDOW = 16
+_WINDOW = 32
 _WIN_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
 _SLACK = 3  # a new index has buckets ≥ 3 × ids (power of 2: load in [0.17, 1/3])
 
@@ -77,13 +79,16 @@ def buckets_for(expected: int) -> int:
 
 def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
     """Home bucket of each int64 key: the top bits of (key ^ key >> 32) × golden-ratio
-    constant. The fold first: ids that are themselves multiples of that constant (a common
-    way to hash feature ids) would otherwise land in long runs."""
+    constant, rounded down to a multiple of 4 — the first bucket of a 64-byte cache line,
+    so the first window a lookup reads is one line. The fold first: ids that are
+    themselves multiples of that constant (a common way to hash feature ids) would
+    otherwise land in long runs."""
     shift = np.uint64(64 - (buckets.bit_length() - 1))
     x = keys.view(np.uint64)
     x = x ^ (x >> _FOLD)
     x *= _MULT
     x >>= shift
+    x &= _LINE
     return x.view(np.int64)  # < 2^(64-shift): viewing it as int64 is exact and free
 
 
@@ -136,14 +141,28 @@ def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
     v = g.view(np.int32)[..., 2 + col]
     # a key is live in at most one bucket: the max of its matches is its slot (> 0)
     slot = np.where(g[..., 0] == keys, v, 0).max(axis=0)
-    miss = np.flatnonzero(slot <= 0)
-    if miss.size:
-        slot[miss] = 0
-        open_run = ~(v[:, miss] == EMPTY).any(axis=0)  # no EMPTY in the window: undecided
-        if open_run.any():
-            rest = miss[open_run]
-            slot[rest] = _probe(tab, col, keys[rest], (home[rest] + _W) & (buckets - 1))[1]
+    np.maximum(slot, 0, out=slot)  # (a window of nothing but DELETED copies of the key)
+    undecided = (slot == 0) & np.all(v, axis=0)  # not found, and no EMPTY bucket seen
+    if undecided.any():  # a few keys in long runs: wider windows from where we stopped
+        rest = np.flatnonzero(undecided)
+        slot[rest] = _windows(tab, col, keys[rest], home[rest] + _W)
     return slot
+
+
+def _windows(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Slots of a few ``keys`` probing windows of :data:`_WINDOW` buckets from ``pos``."""
+    out = np.zeros(keys.shape[0], np.int32)
+    active = np.arange(keys.shape[0])
+    while active.size:
+        g = np.take(tab, pos + _WIN_OFFSETS.T, axis=0, mode="wrap")  # [WINDOW, k, 2]
+        v = g.view(np.int32)[..., 2 + col]
+        found = np.maximum(np.where(g[..., 0] == keys, v, 0).max(axis=0), 0)
+        out[active] = found
+        more = (found == 0) & np.all(v, axis=0)
+        if not more.any():
+            break
+        active, keys, pos = active[more], keys[more], pos[more] + _WINDOW
+    return out
 
 
 class IdIndex:
