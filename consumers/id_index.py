@@ -141,11 +141,14 @@ def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
     v = g.view(np.int32)[..., 2 + col]
     # a key is live in at most one bucket: the max of its matches is its slot (> 0)
     slot = np.where(g[..., 0] == keys, v, 0).max(axis=0)
-    np.maximum(slot, 0, out=slot)  # (a window of nothing but DELETED copies of the key)
-    undecided = (slot == 0) & np.all(v, axis=0)  # not found, and no EMPTY bucket seen
-    if undecided.any():  # a few keys in long runs: wider windows from where we stopped
-        rest = np.flatnonzero(undecided)
-        slot[rest] = _windows(tab, col, keys[rest], home[rest] + _W)
+    miss = slot <= 0
+    if miss.any():  # unknown ids, or keys whose run goes past the window
+        miss = np.flatnonzero(miss)
+        slot[miss] = 0  # (a window of nothing but DELETED copies of a key gives -1)
+        open_run = np.all(v[:, miss], axis=0)  # no EMPTY bucket seen: undecided
+        if open_run.any():
+            rest = miss[open_run]
+            slot[rest] = _windows(tab, col, keys[rest], home[rest] + _W)
     return slot
 
 
