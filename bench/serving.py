@@ -48,14 +48,16 @@ from bench._common import result
 
 __all__ = ["main"]
 
-_MULT = 0x9E3779B97F4A7C15
-_MASK = (1 << 63) - 1
 _REPO = Path(__file__).resolve().parent.parent
 
 
 def _ids(i: np.ndarray) -> np.ndarray:
-    """Id of the table's i-th row: hash-like, distinct (an odd multiplier is a bijection)."""
-    return ((i.astype(np.uint64) * np.uint64(_MULT)) & np.uint64(_MASK)).view(np.int64)
+    """Id of the table's i-th row: splitmix64 of i — hash-like, as trainers' ids are, and
+    distinct (every step is a bijection of 64-bit integers)."""
+    z = i.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))).view(np.int64)
 
 
 def _quantiles(lat: list[float]) -> dict:
@@ -134,8 +136,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--threads", type=int, default=4, help="reader threads in-process (4)")
     ap.add_argument("--procs", type=int, default=2, help="reader processes (2)")
     ap.add_argument("--lookup", type=int, default=256, help="ids per request (256)")
-    ap.add_argument("--rate", type=float, default=1000.0,
-                    help="requests per second of each reader (1000)")
+    ap.add_argument("--rate", type=float, default=250.0,
+                    help="requests per second of each reader (250: six readers ask for "
+                         "384K rows/s, a model server's worth on two cores)")
     ap.add_argument("--checkpoint-interval", type=float, default=1.0,
                     help="seconds between checkpoint submits (1)")
     ap.add_argument("--idle-seconds", type=float, default=5.0,

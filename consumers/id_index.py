@@ -14,10 +14,9 @@ costs one cache line whatever the copy.
 
 Probing: linear, Fibonacci hashing of the id. A key sits before the first EMPTY bucket of
 its probe path, so the first bucket holding the key live, or EMPTY, decides.
-:func:`lookup_slots` reads 8 buckets from a key's home for small requests (home buckets
-are line-aligned: two adjacent cache lines resolve almost every key) and probes one bucket
-per round for bulk requests (cheapest per key); the few keys in long runs continue with
-32-bucket windows. The owner keeps the load
+:func:`lookup_slots` looks at every key's home bucket first (one gather decides most
+keys); the others continue with 8- then 32-bucket windows, or for bulk requests one bucket
+per round while many remain. The owner keeps the load
 (live + DELETED markers) below ~0.4 by migrating to a bigger index
 (:mod:`consumers.serving.growth`), so ~80% of keys resolve in their home bucket.
 
@@ -42,10 +41,8 @@ EMPTY = 0
 DELETED = -1
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio, odd
 _FOLD = np.uint64(32)
-_LINE = np.uint64(~3 & 0xFFFFFFFFFFFFFFFF)  # home buckets start a 64-byte line (4 buckets)
-_SMALL = 1024  # requests up to this many ids probe 8 buckets (2 lines) at once
-_W = 8
-_W_OFFSETS = np.arange(_W, dtype=np.int64)[:, None]  # [W, 1]: window-major gathers
+_SMALL = 1024  # ... ids a lookup resolves past their home bucket with windows at once
+_W = 8  # first window of those
 _FEW = 64  # bulk rounds switch from 1 bucket to a window when fewer keys remain
 _WINDOW = 32
 _WIN_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
@@ -79,16 +76,13 @@ def buckets_for(expected: int) -> int:
 
 def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
     """Home bucket of each int64 key: the top bits of (key ^ key >> 32) × golden-ratio
-    constant, rounded down to a multiple of 4 — the first bucket of a 64-byte cache line,
-    so the first window a lookup reads is one line. The fold first: ids that are
-    themselves multiples of that constant (a common way to hash feature ids) would
-    otherwise land in long runs."""
+    constant. The fold first: ids that are themselves multiples of that constant (a common
+    way to hash feature ids) would otherwise land in long runs."""
     shift = np.uint64(64 - (buckets.bit_length() - 1))
     x = keys.view(np.uint64)
     x = x ^ (x >> _FOLD)
     x *= _MULT
     x >>= shift
-    x &= _LINE
     return x.view(np.int64)  # < 2^(64-shift): viewing it as int64 is exact and free
 
 
@@ -130,42 +124,43 @@ def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
     """Row slot of each int64 key (contiguous ``[n]``) in value copy ``col``, 0 when absent.
 
     Reads only: safe while the writer changes the *other* copy. ``tab``: ``int64 [B, 2]``.
+    Every key first looks at its home bucket (one 16-byte gather: ~80% are decided there);
+    the rest go on in windows, or for bulk requests in rounds (:func:`_probe`).
     """
     n = keys.shape[0]
-    buckets = tab.shape[0]
-    home = bucket_of(keys, buckets)
-    if n > _SMALL:
-        return _probe(tab, col, keys, home)[1]
-    # [W, n] positions, wrapped by take: reductions then run over the outer axis (fast)
-    g = np.take(tab, home + _W_OFFSETS, axis=0, mode="wrap")  # [W, n, 2]
-    v = g.view(np.int32)[..., 2 + col]
-    # a key is live in at most one bucket: the max of its matches is its slot (> 0)
-    slot = np.where(g[..., 0] == keys, v, 0).max(axis=0)
-    miss = slot <= 0
-    if miss.any():  # unknown ids, or keys whose run goes past the window
-        miss = np.flatnonzero(miss)
-        slot[miss] = 0  # (a window of nothing but DELETED copies of a key gives -1)
-        open_run = np.all(v[:, miss], axis=0)  # no EMPTY bucket seen: undecided
-        if open_run.any():
-            rest = miss[open_run]
-            slot[rest] = _windows(tab, col, keys[rest], home[rest] + _W)
+    if n == 0:
+        return np.zeros(0, np.int32)
+    home = bucket_of(keys, tab.shape[0])
+    g = np.take(tab, home, axis=0)
+    v = g.view(np.int32)[:, 2 + col]
+    slot = np.where(g[:, 0] == keys, v, 0)  # the key, live (> 0), or DELETED (-1)
+    rest = np.flatnonzero((slot <= 0) & (v != EMPTY))  # neither found nor an EMPTY bucket
+    if rest.size:
+        start = (home[rest] + 1) & (tab.shape[0] - 1)
+        if rest.size <= _SMALL:
+            slot[rest] = _windows(tab, col, keys[rest], start, _W)
+        else:
+            slot[rest] = _probe(tab, col, keys[rest], start)[1]
     return slot
 
 
-def _windows(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Slots of a few ``keys`` probing windows of :data:`_WINDOW` buckets from ``pos``."""
+def _windows(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray, w: int
+             ) -> np.ndarray:
+    """Slots of a few ``keys`` probing windows of ``w``, then :data:`_WINDOW` buckets
+    from ``pos`` (window-major arrays: numpy reduces over their outer axis fast)."""
     out = np.zeros(keys.shape[0], np.int32)
     active = np.arange(keys.shape[0])
-    while active.size:
-        g = np.take(tab, pos + _WIN_OFFSETS.T, axis=0, mode="wrap")  # [WINDOW, k, 2]
+    while True:
+        g = np.take(tab, pos + np.arange(w)[:, None], axis=0, mode="wrap")  # [w, k, 2]
         v = g.view(np.int32)[..., 2 + col]
-        found = np.maximum(np.where(g[..., 0] == keys, v, 0).max(axis=0), 0)
+        found = np.where(g[..., 0] == keys, v, 0).max(axis=0)  # a key is live once at most
+        np.maximum(found, 0, out=found)  # (a window of nothing but DELETED copies of a key)
         out[active] = found
-        more = (found == 0) & np.all(v, axis=0)
+        more = (found == 0) & np.all(v, axis=0)  # not found, no EMPTY bucket: undecided
         if not more.any():
-            break
-        active, keys, pos = active[more], keys[more], pos[more] + _WINDOW
-    return out
+            return out
+        active, keys, pos = active[more], keys[more], pos[more] + w
+        w = _WINDOW
 
 
 class IdIndex:

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from consumers.id_index import DELETED, IdIndex, buckets_for, lookup_slots
-from consumers.serving.growth import HARD_LOAD, MIN_STEP, START_LOAD, STEP_PER_ROW, Growth
+from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
 from consumers.serving.memory import (
     DTYPE_CODES,
     H_DIM,
@@ -296,14 +296,13 @@ class TableCore:
             self._start_growth(self.live)
         g = self.growth
         assert g is not None
-        if g.step(max(MIN_STEP, STEP_PER_ROW * rows), self.seq & 1):
+        if g.step(rows, self.seq & 1):
             self._swap_index()
 
     def _finish_growth(self) -> None:
         g = self.growth
         assert g is not None
-        while not g.step(g.old.buckets, self.seq & 1, back=g.new.nbytes):
-            pass
+        g.finish(self.seq & 1)
         self._swap_index()
 
     def _swap_index(self) -> None:

@@ -10,12 +10,13 @@ When the cursor reaches the end the table swaps indexes in one publish
 (:meth:`consumers.serving.core.TableCore`). The new index keeps both value copies equal
 (it has no readers until the swap).
 
-Pacing: a migration starts when the old index is 40% used. Its first applies only back
-the new index's memory (:data:`BACK_STEP` bytes each: page faults or tmpfs allocation,
-which would otherwise hit one apply all at once, as the copy writes everywhere); then each
-apply copies at least 4 buckets per new id it brings (and :data:`MIN_STEP`), so the copy
-ends before the old index is 65% used; at 70% the table finishes it at once (a stall,
-logged — only a batch larger than about a tenth of the table gets there).
+Pacing: a migration starts when the old index is 35% used and is paced to end by 55%
+(lookups stay cheap: runs are short below that): each apply does its share of the work
+left — backing the new index's memory first (page faults or tmpfs allocation, which would
+otherwise hit one apply all at once, as the copy writes everywhere), then copying — in
+proportion to the new ids it brings against the headroom left. At 70% the table finishes
+a migration at once (a stall, logged: only a batch larger than about a tenth of the table
+gets there).
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ import numpy as np
 
 from consumers.id_index import DELETED, IdIndex
 
-__all__ = ["Growth", "START_LOAD", "HARD_LOAD", "MIN_STEP", "STEP_PER_ROW", "BACK_STEP"]
+__all__ = ["Growth", "START_LOAD", "END_LOAD", "HARD_LOAD", "MIN_STEP"]
 
 log = logging.getLogger(__name__)
 
-START_LOAD = 0.4  # used buckets / buckets that start a migration
+START_LOAD = 0.35  # used buckets / buckets that start a migration
+END_LOAD = 0.55  # ... by which it is paced to end
 HARD_LOAD = 0.7  # ... that force it to finish at once
-MIN_STEP = 4096  # buckets copied per apply at least
-STEP_PER_ROW = 4  # ... and per row of the apply
-BACK_STEP = 16 << 20  # bytes of the new index backed with memory per apply, before copying
+MIN_STEP = 4096  # work units per apply at least (1 unit: a bucket copied or 64 bytes backed)
+_BYTES_PER_UNIT = 64  # backing 64 bytes costs about as much as copying one bucket
 
 
 class Growth:
@@ -86,18 +87,32 @@ class Growth:
         if m.any():
             self.new.insert(keys[m], slots[m], None)
 
-    def step(self, buckets: int, col: int, back: int = BACK_STEP) -> bool:
-        """Back up to ``back`` more bytes of the new index, or once it is backed, copy the
-        next ``buckets`` old buckets (live in value copy ``col``, the published one); True
-        when the migration is complete."""
+    def step(self, rows: int, col: int) -> bool:
+        """One apply's share of the work left, for an apply that brought ``rows`` new ids:
+        back memory of the new index, then copy old buckets (live in value copy ``col``,
+        the published one). True when the migration is complete."""
+        headroom = END_LOAD * self.old.buckets - self.old.used
+        left = (self.new.nbytes - self.backed) / _BYTES_PER_UNIT + \
+            (self.old.buckets - self.cursor)
+        budget = left if headroom <= rows else max(MIN_STEP, left * rows / headroom)
+        return self._work(budget, col)
+
+    def finish(self, col: int) -> None:
+        """Do all the work left now."""
+        self._work(float("inf"), col)
+
+    def _work(self, budget: float, col: int) -> bool:
         if self.backed < self.new.nbytes:
-            stop = min(self.new.nbytes, self.backed + back)
+            stop = int(min(self.new.nbytes, self.backed + budget * _BYTES_PER_UNIT))
             self._back(self.backed, stop)
+            budget -= (stop - self.backed) / _BYTES_PER_UNIT
             self.backed = stop
-            return False
-        stop = min(self.cursor + max(1, int(buckets)), self.old.buckets)
-        keys, slots = self.old.live(col, self.cursor, stop)
-        if keys.size:
-            self.new.insert(keys, slots, None)
-        self.cursor = stop
+            if self.backed < self.new.nbytes:
+                return False
+        if budget >= 1:
+            stop = int(min(self.cursor + budget, self.old.buckets))
+            keys, slots = self.old.live(col, self.cursor, stop)
+            if keys.size:
+                self.new.insert(keys, slots, None)
+            self.cursor = stop
         return self.done

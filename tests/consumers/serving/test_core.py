@@ -72,7 +72,9 @@ def test_changes_view_holds_only_rows_changed_since_the_last_take():
 
 
 def test_index_grows_a_slice_per_apply_and_stays_correct(monkeypatch):
-    monkeypatch.setattr(core_mod, "MIN_STEP", 64)  # long migrations: many applies inside one
+    import consumers.serving.growth as growth_mod
+
+    monkeypatch.setattr(growth_mod, "MIN_STEP", 64)  # long migrations: many applies inside
     t = ServingTable("e", 3, capacity=16)
     ref: dict[int, float] = {}
     rng = np.random.default_rng(3)
