@@ -25,13 +25,16 @@ Figures (goals of issue 12, for this machine):
   goal ≤ 1.3.
 
 ``--rows 1000000`` gives a quick run. Everything runs on this machine's cores together —
-the daemon thread, the checkpoint thread, the readers — so figures include CPU contention
-(and the GIL for reader threads of the daemon's process).
+the daemon thread, the checkpoint thread (at nice +10, CheckpointWriter's default), the
+readers — so figures include CPU contention (and the GIL for reader threads of the
+daemon's process). Both processes ``gc.freeze()`` after setting up, as latency-minded model
+servers do (a full collection of numpy's import-time objects costs milliseconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -105,6 +108,7 @@ def _reader_process(argv: list[str]) -> None:
     state, k, rate, seed = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
     r = TableReader.open(state, "emb", timeout=120)
     rd = _Reader(r.lookup, lambda: r.info().rows, k, rate, seed)
+    gc.freeze()
 
     def commands() -> None:
         for line in sys.stdin:
@@ -145,6 +149,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="seconds of the idle baseline (5)")
     ap.add_argument("--state-dir", default=None,
                     help="state directory (default: a temp dir, removed after)")
+    ap.add_argument("--daemon-nice", type=int, default=0, metavar="N",
+                    help="CPU niceness of the daemon's apply and checkpoint threads (0); "
+                         "readers stay at the default priority, as a model server would "
+                         "run next to a niced sync daemon")
     ap.add_argument("--switch-interval", type=float, default=None, metavar="S",
                     help="sys.setswitchinterval of the daemon process (default: Python's, "
                          "5 ms): how long a reader thread may wait for the GIL")
@@ -191,8 +199,11 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        gc.freeze()
         for t in threads:
             t.start()
+        if args.daemon_nice:  # this thread applies; the checkpoint threads it starts inherit
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.daemon_nice)
 
         def phase(name: str) -> None:
             for r in readers:
@@ -293,7 +304,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     med = float(np.median(windows)) if windows else float("nan")
     low = float(min(windows)) if windows else float("nan")
     common = {"rows": args.rows, "dim": args.dim, "batch": args.batch,
-              "switch_interval_s": sys.getswitchinterval()}
+              "switch_interval_s": sys.getswitchinterval(), "daemon_nice": args.daemon_nice}
     out_records = []
     for who, q, count in (("threads", thr, args.threads), ("procs", prc, args.procs)):
         note = (f"{count} readers × {args.rate:g} req/s of {args.lookup} ids; loaded "

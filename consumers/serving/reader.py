@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -65,6 +67,7 @@ from consumers.serving.memory import (
     M_SOURCE_NS,
     MAGIC,
     NAME_OFFSET,
+    PAGE,
     STATE_CLOSED,
     STATE_LIVE,
     STATE_SUPERSEDED,
@@ -80,6 +83,11 @@ log = logging.getLogger(__name__)
 
 #: seconds between checks of the ``current`` pointer while the writer looks alive
 RECHECK_S = 0.2
+#: seconds between looks of the warmer thread for pages to map (see :class:`_Warmer`)
+WARM_S = 0.005
+_WARM_BYTES = 8 << 20  # warmed per look at most
+#: niceness the warmer thread adds to itself: lookups preempt it
+WARM_NICE = 10
 _DTYPES = {code: np.dtype({"f32": "<f4", "f16": "<f2"}[name])
            for name, code in DTYPE_CODES.items()}
 _STATES = {STATE_LIVE: "live", STATE_CLOSED: "closed", STATE_SUPERSEDED: "superseded"}
@@ -121,7 +129,7 @@ class ReadInfo:
 
 
 class _Mapped:
-    """One incarnation's mappings: header, rows, and the index of one generation."""
+    """One incarnation's mappings: header, rows, and the index generations in use."""
 
     def __init__(self, dir: Path, inc: str, name: str) -> None:
         buf = map_file(rows_file(dir, inc), writable=False)
@@ -134,37 +142,106 @@ class _Mapped:
             errors="replace")
         if got != name:
             raise ConsumerError(f"{rows_file(dir, inc)}: holds table {got!r}, not {name!r}")
-        self.dir, self.inc, self.hdr = dir, inc, hdr
+        self.dir, self.inc, self.hdr, self.buf = dir, inc, hdr, buf
         self.dim, self.dtype = int(hdr[H_DIM]), _DTYPES[int(hdr[H_DTYPE])]
         cap = int(hdr[H_ROWCAP])
         self.rows = buf[HEADER_BYTES: HEADER_BYTES + cap * self.dim * self.dtype.itemsize
                         ].view(self.dtype).reshape(cap, self.dim)
-        self.gen = -1
-        self.tab = np.zeros((16, 2), np.int64)
+        self.tabs: dict[int, np.ndarray] = {}  # index generation -> buckets (mapped)
         for _ in range(100):  # map the current index now: a reader always holds one
-            if self.index(int(hdr[H_IDX_GEN])):
+            if self.tab_of(int(hdr[H_IDX_GEN])) is not None:
                 break
         else:
             raise FileNotFoundError(f"{dir}: the index of incarnation {inc} is gone")
 
-    def index(self, gen: int) -> bool:
-        """Map index generation ``gen``; False when its file is gone (the writer moved on:
-        read the header again)."""
-        if gen == self.gen:
-            return True
+    def tab_of(self, gen: int) -> Optional[np.ndarray]:
+        """The buckets of index generation ``gen`` (mapped on first use); None when its
+        file is gone (the writer moved on: read the header again). Safe from the reader's
+        warmer thread too (dict operations are atomic)."""
+        tab = self.tabs.get(gen)
+        if tab is not None:
+            return tab
         path = index_file(self.dir, self.inc, gen)
         try:
             buf = map_file(path, writable=False)
         except FileNotFoundError:
-            return False
+            return None
         h = header_array(buf)
         if int(h[0]) != INDEX_MAGIC or int(h[1]) != gen:
             raise ConsumerError(f"{path}: not index generation {gen} of a deltastream table")
         buckets = int(h[2])
-        self.tab = buf[HEADER_BYTES: HEADER_BYTES + buckets * 16].view(np.int64).reshape(
-            buckets, 2)
-        self.gen = gen
-        return True
+        tab = buf[HEADER_BYTES: HEADER_BYTES + buckets * 16].view(np.int64).reshape(buckets, 2)
+        self.tabs[gen] = tab
+        return tab
+
+    def prune(self, gen: int) -> None:
+        """Unmap index generations before ``gen`` (from the warmer thread: an unmap of a
+        big mapping takes milliseconds, which no lookup should wait for)."""
+        for old in [g for g in list(self.tabs) if g < gen]:
+            self.tabs.pop(old, None)
+
+
+class _Warmer(threading.Thread):
+    """Maps the pages a reader will need before a lookup needs them.
+
+    A lookup that touches a page of the shared table for the first time takes a page
+    fault (tens of microseconds each on some hosts, hundreds per lookup right after the
+    table grew or its index migrated). This thread reads one byte per page, without the
+    GIL, of what the writer has allocated: rows as the table grows, and the next index
+    generation as soon as its file is complete — before the writer switches to it. It also
+    unmaps retired index generations (milliseconds for a big one: not in a lookup).
+    """
+
+    def __init__(self, reader: TableReader) -> None:
+        super().__init__(name=f"warm {reader.name}", daemon=True)
+        self._reader = weakref.ref(reader)
+        self._done: dict[tuple[str, str], int] = {}  # (incarnation, what) -> bytes warmed
+
+    def run(self) -> None:
+        _lower_priority(WARM_NICE)
+        while True:
+            r = self._reader()
+            if r is None or r._m is None:
+                return
+            m = r._m
+            del r
+            try:
+                busy = self._warm(m)
+            except (OSError, ValueError, ConsumerError) as e:
+                log.debug("warming %s: %s", m.dir, e)
+                busy = False
+            time.sleep(0.001 if busy else WARM_S)
+
+    def _warm(self, m: _Mapped) -> bool:
+        """Warm up to :data:`_WARM_BYTES` more; True when there is more to do now."""
+        budget = _WARM_BYTES
+        st = os.stat(rows_file(m.dir, m.inc))  # the writer allocates rows from the front
+        allocated = min(st.st_blocks * 512, st.st_size)
+        budget -= self._touch(m.inc, "rows", m.buf, allocated, budget)
+        gen = int(m.hdr[H_IDX_GEN])
+        m.prune(gen - 1)
+        for g in (gen, gen + 1):
+            path = index_file(m.dir, m.inc, g)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_blocks * 512 < st.st_size:
+                continue  # still being allocated by the writer: not yet
+            tab = m.tab_of(g)
+            if tab is not None and budget > 0:
+                budget -= self._touch(m.inc, f"idx-{g}", tab.reshape(-1).view(np.uint8),
+                                      tab.nbytes, budget)
+        return budget <= 0
+
+    def _touch(self, inc: str, what: str, buf: np.ndarray, upto: int, budget: int) -> int:
+        key = (inc, what)
+        start = self._done.get(key, 0)
+        stop = min(upto, start + max(0, budget))
+        if stop > start:
+            buf[start:stop:PAGE].max()  # one read per page; numpy drops the GIL meanwhile
+            self._done[key] = stop
+        return stop - start
 
 
 class TableReader:
@@ -177,6 +254,7 @@ class TableReader:
         self.state_dir, self.name, self._dir, self._m = state_dir, name, dir, m
         self._checked = time.monotonic()
         self._pointer = _stat_key(dir / "current")
+        _Warmer(self).start()
 
     @classmethod
     def open(cls, state_dir: os.PathLike | str, table: str, *,
@@ -302,7 +380,8 @@ class TableReader:
             hdr = m.hdr
             s = int(hdr[H_SEQ])
             gen = int(hdr[H_IDX_GEN])  # read after H_SEQ: the index of state s or newer
-            if not m.index(gen):  # its file is gone: the writer moved on or went away
+            tab = m.tab_of(gen)
+            if tab is None:  # its file is gone: the writer moved on or went away
                 if int(hdr[H_STATE]) != STATE_LIVE or tries > 1000:
                     if self.refresh():
                         m = self._m
@@ -310,7 +389,7 @@ class TableReader:
                     raise ConsumerError(
                         f"table {self.name!r}: index generation {gen} of incarnation "
                         f"{m.inc} is gone and no writer shares the table now")
-            elif read_rows(hdr, m.tab, m.rows, s, keys, out):
+            elif read_rows(hdr, tab, m.rows, s, keys, out):
                 return out, m, s
             tries += 1  # overtaken by the writer (or its index moved on): again
             if tries > 32:
@@ -335,6 +414,15 @@ def _info(m: _Mapped, s: int, writer: str) -> Optional[ReadInfo]:
     return ReadInfo(version=s, incarnation=m.inc, rows=live,
                     applied_at=applied / 1e9 if applied else None,
                     source_ts=src / 1e9 if src else None, writer=writer)
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower the CPU priority of the calling thread only (Linux: a thread is a task)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the default priority
+        pass
 
 
 def _stat_key(path: Path) -> Optional[tuple[int, int]]:

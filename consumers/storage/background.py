@@ -10,11 +10,17 @@ milliseconds, not the seconds the I/O takes.
 One checkpoint in flight at a time: :meth:`submit` returns False (and freezes nothing)
 while the previous one is still being written — call it again later; the next one then
 covers everything since. A checkpoint is durable once it appears in :meth:`results`.
+
+The writing thread lowers its own CPU priority (``nice``, 10 by default): it mostly hashes
+and writes without the GIL, and readers of the tables should win the CPU when they want
+it. (The applying thread is left alone: lowering the priority of a thread that holds the
+GIL would make in-process readers wait for it.)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Optional, Union
 
@@ -27,10 +33,18 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointWriter:
-    """Background writer of the checkpoints of ``store`` (its only user meanwhile)."""
+    """Background writer of the checkpoints of ``store`` (its only user meanwhile).
 
-    def __init__(self, store: CheckpointStore) -> None:
+    Args:
+        store: the checkpoint directory's store.
+        nice: niceness the writing thread adds to itself (0: none).
+    """
+
+    def __init__(self, store: CheckpointStore, *, nice: int = 10) -> None:
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise ValueError(f"nice: expected an int in [0, 19], got {nice!r}")
         self.store = store
+        self.nice = nice
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._done: list[Union[CheckpointResult, BaseException]] = []
@@ -57,6 +71,13 @@ class CheckpointWriter:
             return True
 
     def _run(self, prep: PreparedCheckpoint) -> None:
+        if self.nice:
+            try:  # this thread only (Linux: a thread is a task)
+                tid = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, tid,
+                               os.getpriority(os.PRIO_PROCESS, tid) + self.nice)
+            except (AttributeError, OSError):
+                pass
         try:
             out: Union[CheckpointResult, BaseException] = self.store.finish(prep)
         except BaseException as e:  # reported through results(); the next one is a base
