@@ -398,12 +398,11 @@ class TableCore:
             return None
         s = self.seq
         written, gone = self.slots.take_changes()
-        if gone.size:
-            gone = np.unique(gone)
-            gone = gone[self.index.find(gone, s & 1)[1] == 0]  # absent now
+        non_live = self.slots.non_live()
         self.slots.pin(s)
         return FrozenChanges(self.name, self.dim, _dtype_name(self.dtype), self.storage.rows,
-                             self.slots.slot_ids, written, gone, partial(self.slots.unpin, s))
+                             self.slots.slot_ids, self.slots.hwm, non_live, written, gone,
+                             partial(self.slots.unpin, s))
 
     def stats(self) -> dict:
         """Sizes: slots, buckets, bytes held (rows and arrays as far as written)."""
@@ -413,7 +412,7 @@ class TableCore:
                 "buckets": self.index.buckets, "index_gen": self.idx_gen,
                 "migrating": self.growth is not None, "forced": self.forced,
                 "version": self.seq,
-                "bytes": int(hwm * (self.dim * self.dtype.itemsize + 8 + 4 + 1) + idx_bytes)}
+                "bytes": int(hwm * (self.dim * self.dtype.itemsize + 8 + 4) + idx_bytes)}
 
 
 def _dtype_name(dt: np.dtype) -> str:

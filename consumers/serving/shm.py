@@ -101,6 +101,13 @@ def read_current(dir: Path) -> Optional[str]:
     return text if re.fullmatch(r"[0-9a-f]{16}", text) else None
 
 
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Allocate the file's pages in ``[offset, offset + length)`` now, so a full /dev/shm
+    raises OSError here rather than SIGBUS on a later write (where the OS can)."""
+    if length > 0 and hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, offset, length)
+
+
 def _own_dir(path: Path) -> None:
     """Create ``path`` (and parents) or accept it only when it is a real directory of ours
     (in a world-writable place like /dev/shm, never follow someone else's symlink)."""
@@ -263,7 +270,7 @@ class SharedStorage:
         self._f.gens.add(gen)
         fd = os.open(path, os.O_RDWR)
         try:
-            os.posix_fallocate(fd, 0, nbytes if back else HEADER_BYTES)
+            _allocate(fd, 0, nbytes if back else HEADER_BYTES)
         finally:
             os.close(fd)
         h = header_array(buf)
@@ -275,7 +282,7 @@ class SharedStorage:
         """Allocate the pages of bytes ``[start, stop)`` of the buckets of index ``gen``."""
         fd = os.open(index_file(self.location, self._f.inc, gen), os.O_RDWR)
         try:
-            os.posix_fallocate(fd, HEADER_BYTES + start, stop - start)
+            _allocate(fd, HEADER_BYTES + start, stop - start)
         finally:
             os.close(fd)
 
@@ -293,7 +300,7 @@ class SharedStorage:
         step = max(1, _BACK_CHUNK // self._row_bytes)
         upto = min(self.cap, max(slots, self._backed + step))
         assert self._f.rows_fd is not None
-        os.posix_fallocate(self._f.rows_fd, HEADER_BYTES + self._backed * self._row_bytes,
+        _allocate(self._f.rows_fd, HEADER_BYTES + self._backed * self._row_bytes,
                            (upto - self._backed) * self._row_bytes)
         self._backed = upto
 
@@ -375,3 +382,6 @@ def _remove_stale(location: Path) -> None:
     if stale:
         log.info("%s: removing %d files of earlier writers", location, len(stale))
     _remove_ours(stale)
+    for p in location.glob("current.tmp-*"):  # a pointer a crashed writer never renamed
+        if re.fullmatch(r"current\.tmp-\d+", p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)

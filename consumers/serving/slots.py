@@ -9,9 +9,10 @@ reused only
   reader of the state that still referenced the slot retry), and
 * once no frozen view pinned at an earlier state is alive (:meth:`SlotPool.pin`).
 
-Change tracking (for incremental checkpoints): a dirty mark per slot plus the list of slots
-written since the last take (so a take costs O(changes), not O(table)), and the ids deleted
-since the last take.
+Change tracking (for incremental checkpoints): the slots written and the ids deleted since
+the last take, as the list of arrays the applies produced — a take only hands the lists
+over (O(1) for the applying thread); the frozen view sorts them out in the thread that
+writes the checkpoint (:class:`~consumers.serving.views.FrozenChanges`).
 
 Writer side only (its owner's lock held), except :meth:`SlotPool.unpin`, which any thread
 may call (a view released by a checkpoint thread, or by the garbage collector): it only
@@ -45,7 +46,6 @@ class SlotPool:
         self.cap = int(cap)
         self.slot_ids = reserve_array(self.cap, np.int64)  # id held by each live slot
         self._free = reserve_array(self.cap, np.int32)  # stack of reusable slots
-        self._dirty = reserve_array(self.cap, np.bool_)
         self.nfree = 0
         self.hwm = 1  # first never-used slot
         self._retired: deque[tuple[int, np.ndarray]] = deque()  # (publish, slots)
@@ -91,15 +91,11 @@ class SlotPool:
         """Give back slots of an apply that failed before its publish (never visible)."""
         self._free[self.nfree: self.nfree + slots.size] = slots
         self.nfree += slots.size
-        if self.tracking:
-            self._dirty[slots] = False
 
     def retire(self, slots: np.ndarray, publish: int) -> None:
         """Slots that publish ``publish`` stopped referencing (replaced or deleted rows)."""
         if slots.size == 0:
             return
-        if self.tracking:
-            self._dirty[slots] = False  # a retired slot holds no row to checkpoint
         self._retired.append((publish, np.array(slots, np.int32)))
         self.nretired += slots.size
 
@@ -142,7 +138,6 @@ class SlotPool:
     def written(self, slots: np.ndarray) -> None:
         """Slots that now hold rows written since the last take."""
         if self.tracking and slots.size:
-            self._dirty[slots] = True
             self._written.append(slots)
 
     def deleted(self, keys: np.ndarray) -> None:
@@ -158,35 +153,25 @@ class SlotPool:
             self._deleted_floor = max(_DELETED_COMPACT_MIN, 2 * int(uniq.size))
 
     def reset_changes(self) -> None:
-        """Start tracking afresh (O(changes since the last take))."""
-        for s in self._written:
-            self._dirty[s] = False
+        """Start tracking afresh."""
         self._written = []
         self._deleted, self._deleted_n = [], 0
         self._deleted_floor = _DELETED_COMPACT_MIN
         self.tracking = True
 
-    def take_changes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(slots written since the last take that still hold live rows — int64, unsorted,
-        may repeat —, ids deleted meanwhile — unsorted, may repeat), and start afresh."""
-        if self._written:
-            s = np.concatenate(self._written).astype(np.int64)
-            s = s[self._dirty[s]]
-            self._dirty[s] = False
-        else:
-            s = np.zeros(0, np.int64)
-        gone = np.concatenate(self._deleted) if self._deleted else np.zeros(0, np.int64)
-        self._written = []
-        self._deleted, self._deleted_n = [], 0
-        self._deleted_floor = _DELETED_COMPACT_MIN
-        return s, gone
+    def take_changes(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(the slot arrays written since the last take — some of those slots may hold no
+        live row any more, or repeat —, the id arrays deleted meanwhile), and start afresh.
+        O(1): nothing is copied."""
+        out = (self._written, self._deleted)
+        self.reset_changes()
+        return out
 
     def resized(self, cap: int) -> SlotPool:
         """A pool of ``cap`` slots with this pool's state (a table regrowing its rows)."""
         out = SlotPool(cap)
         out.slot_ids[: self.hwm] = self.slot_ids[: self.hwm]
         out._free[: self.nfree] = self._free[: self.nfree]
-        out._dirty[: self.hwm] = self._dirty[: self.hwm]
         out.nfree, out.hwm = self.nfree, self.hwm
         out._retired, out.nretired = self._retired, self.nretired
         out._pins, out._unpinned = self._pins, self._unpinned

@@ -43,12 +43,14 @@ class _Frozen:
         raise NotImplementedError
 
     def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        # big arrays go through take/argsort/flatnonzero, which run without the GIL
+        # (np.unique and boolean indexing of millions of items would hold it for long)
         if self._ids is None:
             self._check()
             slots = self._live_slots()
-            ids = self._slot_ids[slots]
-            order = np.argsort(ids, kind="stable")
-            self._ids, self._slots = ids[order], slots[order]
+            ids = np.take(self._slot_ids, slots)
+            order = np.argsort(ids)  # ids are unique: no need for a stable sort
+            self._ids, self._slots = np.take(ids, order), np.take(slots, order)
         assert self._slots is not None
         return self._ids, self._slots
 
@@ -99,7 +101,8 @@ class _Frozen:
 
 
 class FrozenTable(_Frozen):
-    """Every row of a table at one published state."""
+    """Every row of a table at one published state: the slots below ``hwm`` but those in
+    ``non_live`` (free or retired at that state)."""
 
     def __init__(self, name: str, dim: int, dtype: str, rows: np.ndarray,
                  slot_ids: np.ndarray, hwm: int, non_live: np.ndarray, live: int,
@@ -119,14 +122,34 @@ class FrozenTable(_Frozen):
 
 
 class FrozenChanges(_Frozen):
-    """Rows written and ids deleted since the previous take of a table."""
+    """Rows written and ids deleted since the previous take of a table: of the slots
+    ``written`` since (arrays), those live at the frozen state (below ``hwm``, not in
+    ``non_live``); of the ids ``deleted`` since (arrays), those absent at that state."""
 
     def __init__(self, name: str, dim: int, dtype: str, rows: np.ndarray,
-                 slot_ids: np.ndarray, written: np.ndarray, deleted: np.ndarray,
+                 slot_ids: np.ndarray, hwm: int, non_live: np.ndarray,
+                 written: list[np.ndarray], deleted: list[np.ndarray],
                  release: Callable[[], None]) -> None:
         super().__init__(name, dim, dtype, rows, slot_ids, release)
-        self._written = written
-        self.deleted = deleted  #: ids deleted (absent at this state), int64 ascending
+        self._hwm, self._non_live = hwm, non_live
+        self._written, self._gone = written, deleted
+        self._deleted: Optional[np.ndarray] = None
 
     def _live_slots(self) -> np.ndarray:
-        return np.unique(self._written)
+        mask = np.zeros(self._hwm, np.bool_)  # dedup and sort by marking: no np.unique
+        for s in self._written:
+            mask[s] = True
+        mask[self._non_live] = False
+        mask[0] = False
+        return np.flatnonzero(mask)
+
+    @property
+    def deleted(self) -> np.ndarray:
+        """Ids deleted since the previous take and absent at this state, int64 ascending
+        (an id deleted then written again is an upsert)."""
+        if self._deleted is None:
+            ids = self.ids
+            gone = np.unique(np.concatenate(self._gone)) if self._gone else \
+                np.zeros(0, np.int64)
+            self._deleted = np.setdiff1d(gone, ids, assume_unique=True)
+        return self._deleted

@@ -207,3 +207,22 @@ def test_sync_daemon_shares_its_tables_with_reader_processes(broker, tmp_path):
         assert all(not p.exists() for p in dirs)  # a clean stop removes its files
     finally:
         feed.close()
+
+
+def test_serving_benchmark_runs_and_reports_every_figure(capsys):
+    """``deltastream bench serving`` at a tiny size: every figure comes out, sane."""
+    from deltastream.cli import main
+
+    args = ["bench", "serving", "--json", "--rows", "400000", "--batch", "4096",
+            "--threads", "1", "--procs", "1", "--rate", "200", "--idle-seconds", "0.3",
+            "--checkpoint-interval", "0.2", "--window", "0.1"]
+    assert main(args) == 0
+    records = {r["name"]: r for r in (json.loads(line) for line in
+                                      capsys.readouterr().out.splitlines()
+                                      if line.startswith("{"))}
+    for who in ("threads", "procs"):
+        for fig in ("p999_ms", "max_ms", "p999_loaded_vs_idle"):
+            assert records[f"serving.{who}.{fig}"]["value"] > 0
+    for name in ("serving.apply.min_window", "serving.lookup256_idle_us",
+                 "serving.bulk_lookup", "serving.memory_per_row"):
+        assert records[name]["value"] > 0 and records[name]["baseline"] > 0

@@ -185,6 +185,23 @@ def test_a_read_is_valid_until_the_writer_starts_to_rebuild_its_copy():
     assert core_mod.read_rows(v.hdr, v.tab, v.rows, s, ids, out) and (out == 3.0).all()
 
 
+def test_rows_regrow_when_the_reserved_region_is_full(monkeypatch, caplog):
+    """A host that limits address space: the rows outgrow their reservation and move to a
+    bigger region once (logged); nothing is lost and lookups keep working."""
+    import consumers.serving.memory as memory
+
+    monkeypatch.setattr(memory, "RESERVE_BYTES", 64 * 4 * 4)  # 64 rows of dim 4
+    t = ServingTable("e", 4, capacity=8)
+    with t.frozen() as view_before:
+        ids = np.arange(500, dtype=np.int64)
+        t.upsert(ids, np.repeat(ids[:, None], 4, axis=1).astype(np.float32))
+        assert view_before.n == 0  # a view of the old region stays valid
+    assert "not enough" in caplog.text
+    assert len(t) == 500 and np.array_equal(t.lookup(ids)[:, 2], ids.astype(np.float32))
+    t.delete(ids[:100])
+    assert set(t.ids().tolist()) == set(range(100, 500))
+
+
 def _slice(ids: np.ndarray, v: float, col: int, width: int, n: int):
     from deltastream.wire import DeltaBatch, decode, encode
     rows = np.full((ids.size, n), v, np.float32)

@@ -146,3 +146,23 @@ def test_unshare_removes_every_file(state):
     assert any(n.endswith(".rows") for n in names) and "current" in names
     t.unshare()
     assert not loc.exists()
+
+
+def test_a_shared_table_outgrowing_its_reservation_moves_and_readers_follow(state,
+                                                                             monkeypatch):
+    import consumers.serving.memory as memory
+
+    monkeypatch.setattr(memory, "RESERVE_BYTES", 64 * 4 * 4)  # 64 rows of dim 4
+    t = ServingTable("emb", 4, capacity=8)
+    t.upsert([1, 2], [[1, 1, 1, 1], [2, 2, 2, 2]])
+    loc = t.share(state)
+    try:
+        r = TableReader.open(state, "emb")
+        inc = r.incarnation
+        ids = np.arange(10, 400, dtype=np.int64)
+        t.upsert(ids, np.repeat(ids[:, None], 4, axis=1).astype(np.float32))
+        assert r.lookup([2, 399]).tolist() == [[2, 2, 2, 2], [399, 399, 399, 399]]
+        assert r.incarnation != inc and r.info().rows == 392
+        assert len([p for p in loc.iterdir() if p.suffix == ".rows"]) == 1  # old one gone
+    finally:
+        t.unshare()
