@@ -22,7 +22,7 @@ __all__ = ["main", "run_one", "render"]
 REPO = Path(__file__).resolve().parent.parent
 
 # Order: cheap micro-benchmarks first, end-to-end last.
-ORDER = ["codec", "hashtable", "compaction", "selection", "apply", "publish",
+ORDER = ["codec", "hashtable", "compaction", "selection", "apply", "serving", "publish",
          "tracker-overhead", "e2e", "topk-tradeoff", "freshness-per-byte"]
 
 

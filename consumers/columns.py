@@ -10,7 +10,7 @@ uses the same value an unknown id reads as (``lookup`` of a missing id returns a
 a fresh row starts all zero, then each column shard fills its own columns. Once every
 column shard of a row has published, the row equals the trainer's full row.
 
-Kept apart from :class:`~consumers.serving_table.ServingTable`'s internals so the table's
+Kept apart from the table's internals (:class:`~consumers.serving.core.TableCore`) so its
 storage can change without touching this logic: the table calls :func:`batch_columns` to
 validate the batch against its width and :func:`scatter_columns` to write the rows.
 """

@@ -1,72 +1,193 @@
 """IdIndex: the serving table's int64 id -> row slot index (numpy open addressing).
 
-An open-addressing hash table with linear probing (Fibonacci hashing of the int64 id) held
-in two numpy arrays (``int64`` keys, ``int32`` slot or EMPTY/DELETED marker), probed
-vectorized: each round handles every id still unresolved (one bucket per round, then windows
-of 16 buckets for the last few ids in long runs), until every id hit its key or an EMPTY
-bucket. The load factor (live + deleted markers) is kept in [0.2, 0.4] by rebuilding, so
-~80-90% of ids resolve in the first round. At 1M ids the index costs 48 MB (4M buckets × 12
-bytes).
+Layout: one ``int64 [B, 2]`` bucket array (B a power of 2). Column 0 holds the key; column
+1 holds two ``int32`` slot values, **copy 0 and copy 1** (viewed as ``int32 [B, 4]``,
+columns 2 and 3). A value is a row slot (≥ 1) for a live key, ``EMPTY`` (0) for a bucket
+never used, ``DELETED`` (-1) for a removed key. Fresh zeroed memory is an empty index, so a
+new index costs no fill pass and its pages are committed only when touched.
 
-Why a hash and not sorted keys + ``searchsorted``: a sorted index answers lookups in
-O(log n) but every batch that brings new ids must merge them in, an O(resident) copy (16 MB
-of keys and slots at 1M ids) per batch; a trainer that keeps discovering ids would make
-every apply cost milliseconds regardless of batch size. The hash costs O(batch) per apply
-and lookup, with an amortized O(resident) rebuild only when it grows (or when delete markers
-pile up).
+Why two copies: readers never lock. The single writer publishes state ``S`` in copy
+``S & 1`` and builds state ``S + 1`` in the other copy; a reader reads the copy of the
+state it started in and retries when the writer began to rebuild that very copy (see
+:mod:`consumers.serving.core`). Both copies sit in the same 16-byte bucket, so a probe
+costs one cache line whatever the copy.
 
-Not thread-safe: its owner (:class:`~consumers.serving_table.ServingTable`) holds a lock
-around every call.
+Probing: linear, Fibonacci hashing of the id. A key sits before the first EMPTY bucket of
+its probe path, so the first bucket holding the key live, or EMPTY, decides.
+:func:`lookup_slots` looks at every key's home bucket first (one gather decides most
+keys); the others continue with 8- then 32-bucket windows, or for bulk requests one bucket
+per round while many remain. The owner keeps the load
+(live + DELETED markers) below ~0.4 by migrating to a bigger index
+(:mod:`consumers.serving.growth`), so ~80% of keys resolve in their home bucket.
+
+Why a hash and not sorted keys + ``searchsorted``: a sorted index costs an O(resident)
+merge for every batch that brings new ids; the hash costs O(batch).
+
+Not thread-safe for writes: one writer (its owner holds a lock); reads need no lock.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
-__all__ = ["IdIndex"]
+__all__ = ["IdIndex", "lookup_slots", "as_ids", "EMPTY", "DELETED", "buckets_for", "bucket_of"]
 
 log = logging.getLogger(__name__)
 
-_EMPTY = np.int32(-1)
-_DELETED = np.int32(-2)
+EMPTY = 0
+DELETED = -1
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio, odd
-_FEW = 64  # probe rounds switch from 1 bucket to a window when fewer keys remain
-_WINDOW = 16
+_FOLD = np.uint64(32)
+_SMALL = 1024  # ... ids a lookup resolves past their home bucket with windows at once
+_W = 8  # first window of those
+_FEW = 64  # bulk rounds switch from 1 bucket to a window when fewer keys remain
+_WINDOW = 32
 _WIN_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
-_MAX_LOAD = 0.4  # rebuild when (live + deleted markers) would exceed this fraction
-_REBUILD_SLACK = 3  # after a rebuild: buckets ≥ 3 × ids (power of 2: load in [0.19, 1/3])
+_SLACK = 3  # a new index has buckets ≥ 3 × ids (power of 2: load in [0.17, 1/3])
 
 
-def _hash(keys: np.ndarray, shift: np.uint64) -> np.ndarray:
-    """Bucket of each int64 key: the top bits of key × golden-ratio constant (mod 2^64)."""
-    # the result is < 2^(64-shift), so viewing it as int64 is exact and free
-    return ((keys.view(np.uint64) * _MULT) >> shift).view(np.int64)
+def as_ids(ids: Any, what: str = "ids") -> np.ndarray:
+    """``ids`` as a contiguous 1-D int64 array (the same array when it already is one), or
+    ``TypeError``/``ValueError`` naming ``what``."""
+    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1 \
+            and ids.flags.c_contiguous:
+        return ids  # the common case, checked in well under a microsecond
+    arr = np.asarray(ids)
+    if arr.ndim == 0 and arr.size == 1:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-D array of int64 ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{what}: expected integer ids, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and bool(np.any(arr > np.iinfo(np.int64).max)):
+        raise ValueError(f"{what}: ids must fit in int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def _pow2_at_least(n: int) -> int:
-    return max(16, 1 << (max(1, int(n)) - 1).bit_length())
+def buckets_for(expected: int) -> int:
+    """Buckets (a power of 2, ≥ 16) of an index sized for ``expected`` ids."""
+    return max(16, 1 << (max(1, _SLACK * int(expected)) - 1).bit_length())
+
+
+def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
+    """Home bucket of each int64 key: the top bits of (key ^ key >> 32) × golden-ratio
+    constant. The fold first: ids that are themselves multiples of that constant (a common
+    way to hash feature ids) would otherwise land in long runs."""
+    shift = np.uint64(64 - (buckets.bit_length() - 1))
+    x = keys.view(np.uint64)
+    x = x ^ (x >> _FOLD)
+    x *= _MULT
+    x >>= shift
+    return x.view(np.int64)  # < 2^(64-shift): viewing it as int64 is exact and free
+
+
+def _probe(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(bucket holding each key live or -1, its slot or 0), probing from buckets ``pos``."""
+    mask = tab.shape[0] - 1
+    n = keys.shape[0]
+    out_pos = np.full(n, -1, np.int64)
+    out_slot = np.zeros(n, np.int32)
+    active = np.arange(n)
+    p, k = pos, keys
+    while active.size > _FEW:  # one bucket per round: one 16-byte gather per key
+        g = np.take(tab, p, axis=0)
+        v = g.view(np.int32)[:, 2 + col]
+        hit = (g[:, 0] == k) & (v > 0)
+        if hit.any():
+            out_pos[active[hit]] = p[hit]
+            out_slot[active[hit]] = v[hit]
+        keep = ~hit & (v != EMPTY)
+        active, p, k = active[keep], (p[keep] + 1) & mask, k[keep]
+    while active.size:  # the last keys sit in long runs: a window per round
+        idx = (p[:, None] + _WIN_OFFSETS) & mask
+        g = np.take(tab, idx, axis=0)
+        v = g.view(np.int32)[..., 2 + col]
+        hit = (g[..., 0] == k[:, None]) & (v > 0)
+        stop = hit | (v == EMPTY)
+        first = stop.argmax(axis=1)
+        r = np.arange(active.shape[0])
+        found = hit[r, first]
+        out_pos[active[found]] = idx[r, first][found]
+        out_slot[active[found]] = v[r, first][found]
+        more = ~stop[r, first]  # nothing decisive in this window: the next one
+        active, p, k = active[more], (p[more] + _WINDOW) & mask, k[more]
+    return out_pos, out_slot
+
+
+def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
+    """Row slot of each int64 key (contiguous ``[n]``) in value copy ``col``, 0 when absent.
+
+    Reads only: safe while the writer changes the *other* copy. ``tab``: ``int64 [B, 2]``.
+    Every key first looks at its home bucket (one 16-byte gather: ~80% are decided there);
+    the rest go on in windows, or for bulk requests in rounds (:func:`_probe`).
+    """
+    n = keys.shape[0]
+    if n == 0:
+        return np.zeros(0, np.int32)
+    home = bucket_of(keys, tab.shape[0])
+    g = np.take(tab, home, axis=0)
+    v = g.view(np.int32)[:, 2 + col]
+    slot = np.where(g[:, 0] == keys, v, 0)  # the key, live (> 0), or DELETED (-1)
+    rest = np.flatnonzero((slot <= 0) & (v != EMPTY))  # neither found nor an EMPTY bucket
+    if rest.size:
+        start = (home[rest] + 1) & (tab.shape[0] - 1)
+        if rest.size <= _SMALL:
+            slot[rest] = _windows(tab, col, keys[rest], start, _W)
+        else:
+            slot[rest] = _probe(tab, col, keys[rest], start)[1]
+    return slot
+
+
+def _windows(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray, w: int
+             ) -> np.ndarray:
+    """Slots of a few ``keys`` probing windows of ``w``, then :data:`_WINDOW` buckets
+    from ``pos`` (window-major arrays: numpy reduces over their outer axis fast)."""
+    out = np.zeros(keys.shape[0], np.int32)
+    active = np.arange(keys.shape[0])
+    while True:
+        g = np.take(tab, pos + np.arange(w)[:, None], axis=0, mode="wrap")  # [w, k, 2]
+        v = g.view(np.int32)[..., 2 + col]
+        found = np.where(g[..., 0] == keys, v, 0).max(axis=0)  # a key is live once at most
+        np.maximum(found, 0, out=found)  # (a window of nothing but DELETED copies of a key)
+        out[active] = found
+        more = (found == 0) & np.all(v, axis=0)  # not found, no EMPTY bucket: undecided
+        if not more.any():
+            return out
+        active, keys, pos = active[more], keys[more], pos[more] + w
+        w = _WINDOW
 
 
 class IdIndex:
-    """Map unique int64 ids to positive int32 row slots (0 means "absent").
+    """Map unique int64 ids to positive int32 row slots, in two value copies.
 
     Args:
-        expected: ids to size the buckets for (grows by rebuilding).
+        tab: ``int64 [B, 2]`` bucket memory (B a power of 2 ≥ 16), private or shared:
+            zeroed for a new index.
         name: shown in log lines (the owning table's name).
+        used: buckets of ``tab`` that are not EMPTY (0 for zeroed memory; counting them
+            here would touch every page of a fresh index).
     """
 
-    def __init__(self, expected: int, name: str = "") -> None:
+    def __init__(self, tab: np.ndarray, name: str = "", used: int = 0) -> None:
+        b = tab.shape[0]
+        if tab.dtype != np.int64 or tab.ndim != 2 or tab.shape[1] != 2 or b < 16 \
+                or b & (b - 1):
+            raise ValueError(f"tab: expected int64 [B, 2] with B a power of 2 ≥ 16, got "
+                             f"{tab.dtype} {tab.shape}")
         self.name = name
-        self._init(_pow2_at_least(_REBUILD_SLACK * max(int(expected), 1)))
-
-    def _init(self, buckets: int) -> None:
-        self._hkeys = np.zeros(buckets, np.int64)
-        self._hvals = np.full(buckets, _EMPTY, np.int32)
-        self._mask = buckets - 1
-        self._shift = np.uint64(64 - (buckets.bit_length() - 1))
-        self._used = 0  # buckets not EMPTY (live + DELETED markers)
+        self.tab = tab
+        self._v = tab.view(np.int32).reshape(b, 4)
+        # 1-D strided views: numpy's fast path for fancy indexing (2-D [array, int] is not)
+        self._k = tab[:, 0]
+        self._c = (self._v[:, 2], self._v[:, 3])
+        self._mask = b - 1
+        self.used = int(used)  # buckets not EMPTY (live + DELETED markers)
 
     @property
     def buckets(self) -> int:
@@ -75,134 +196,118 @@ class IdIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the bucket arrays."""
-        return int(self._hkeys.nbytes + self._hvals.nbytes)
+        """Bytes of the bucket array."""
+        return int(self.tab.nbytes)
 
-    def probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket holding each key or -1, its row slot or 0) for int64 contiguous ``keys``.
+    def find(self, keys: np.ndarray, col: int) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket of each key live in copy ``col`` or -1, its slot or 0)."""
+        if keys.shape[0] == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        return _probe(self.tab, col, keys, bucket_of(keys, self.buckets))
 
-        Round 1 checks every key's home bucket with 1-D gathers (resolves most keys); the
-        rest go on in :meth:`_probe_rest`. A key is always placed
-        before the first EMPTY bucket of its probe path, so the first bucket that holds
-        the key or is EMPTY decides.
+    def insert(self, keys: np.ndarray, slots: np.ndarray, col: int | None,
+               other: int | None = None) -> np.ndarray:
+        """Insert ``keys`` (unique, absent) with ``slots`` into copy ``col`` (None: both
+        copies); returns their buckets. A bucket is free when its value is ≤ 0 in ``col``
+        (and in copy ``other``, when given: a bucket live in the published copy is not
+        reused even if this batch deleted it there).
+
+        Each round, every unplaced key claims its bucket if free, else moves one bucket
+        on. Several keys may claim one bucket: all write their key, the one whose key reads
+        back won (keys are unique, so exactly one did) and only winners write their slot —
+        never relying on the order of a fancy assignment. The key column of a free bucket
+        is invisible to readers (they match only buckets live in their copy).
         """
-        n = keys.shape[0]
-        if n == 0:
-            return np.full(0, -1, np.int64), np.zeros(0, np.int32)
-        hk, hv = self._hkeys, self._hvals
-        pos = _hash(keys, self._shift)
-        v = hv[pos]
-        hit = (hk[pos] == keys) & (v >= 0)
-        out_pos = np.where(hit, pos, -1)
-        out_slot = np.where(hit, v, np.int32(0))
-        rest = np.flatnonzero(~(hit | (v == _EMPTY)))
-        if rest.size:
-            p, s = self._probe_rest(keys[rest], (pos[rest] + 1) & self._mask)
-            out_pos[rest] = p
-            out_slot[rest] = s
-        return out_pos, out_slot
-
-    def slots(self, keys: np.ndarray) -> np.ndarray:
-        """Row slot of each key, 0 for absent keys."""
-        return self.probe(keys)[1]
-
-    def _probe_rest(self, keys: np.ndarray, start: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
-        """Continue probing ``keys`` from buckets ``start``.
-
-        While many keys remain, one bucket per round (1-D gathers, cheapest per key). The
-        last few keys sit in the longest runs of occupied buckets, and a round costs a
-        dozen numpy calls whatever its size, so they go ``_WINDOW`` buckets per round.
-        """
-        hk, hv, mask = self._hkeys, self._hvals, self._mask
-        out_pos = np.full(keys.shape[0], -1, np.int64)
-        out_slot = np.zeros(keys.shape[0], np.int32)
+        tab, hk, mask = self.tab, self._k, self._mask
+        c = 0 if col is None else col
+        vc = self._c[c]
+        out = np.empty(keys.shape[0], np.int64)
+        pos = bucket_of(keys, self.buckets)
         active = np.arange(keys.shape[0])
-        pos, k = start, keys
-        while active.size > _FEW:
-            v = hv[pos]
-            hit = (hk[pos] == k) & (v >= 0)
-            if hit.any():
-                out_pos[active[hit]] = pos[hit]
-                out_slot[active[hit]] = v[hit]
-            keep = ~(hit | (v == _EMPTY))
-            active, pos, k = active[keep], (pos[keep] + 1) & mask, k[keep]
+        k = keys
         while active.size:
-            idx = (pos[:, None] + _WIN_OFFSETS) & mask
-            v = hv[idx]
-            hit = (hk[idx] == k[:, None]) & (v >= 0)
-            stop = hit | (v == _EMPTY)
-            first = stop.argmax(axis=1)
-            rows = np.arange(active.shape[0])
-            found = hit[rows, first]
-            out_pos[active[found]] = idx[rows, first][found]
-            out_slot[active[found]] = v[rows, first][found]
-            more = ~stop[rows, first]  # nothing decisive in this window: the next one
-            active, pos, k = active[more], (pos[more] + _WINDOW) & mask, k[more]
-        return out_pos, out_slot
-
-    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        """Insert ``keys`` (unique, all absent) pointing at row ``slots``; room reserved
-        with :meth:`reserve`.
-
-        Each round, every unplaced key claims its current bucket if free (EMPTY, or DELETED:
-        safe to reuse since the keys are known absent), else moves one bucket on. Several
-        keys may claim one bucket: all write their key, the one whose key reads back won
-        (keys are unique, so exactly one did), and only winners write their slot — this
-        never relies on the order of a fancy assignment. Losers move on.
-        """
-        hk, hv, mask = self._hkeys, self._hvals, self._mask
-        pos = _hash(keys, self._shift)
-        active = np.arange(keys.shape[0])
-        while active.size:
-            free = hv[pos] < 0
-            fa, fp = active[free], pos[free]
+            g = np.take(tab, pos, axis=0).view(np.int32)
+            free = g[:, 2 + c] <= 0
+            if other is not None:
+                free &= g[:, 2 + other] <= 0
+            if free.all():
+                fa, fp, fk, fs = active, pos, k, g[:, 2 + c]
+            else:
+                fa, fp, fk, fs = active[free], pos[free], k[free], g[:, 2 + c][free]
+            hk[fp] = fk
+            won = hk[fp] == fk
+            if won.all():
+                wa, wp, ws = fa, fp, fs
+            else:
+                wa, wp, ws = fa[won], fp[won], fs[won]
+            self.used += int(np.count_nonzero(ws == EMPTY))
+            vals = slots[wa]
+            vc[wp] = vals
+            if col is None:
+                self._c[1][wp] = vals
+            out[wa] = wp
             keep = ~free
-            if fa.size:
-                hk[fp] = keys[fa]
-                won = hk[fp] == keys[fa]
-                wa, wp = fa[won], fp[won]
-                self._used += int(np.count_nonzero(hv[wp] == _EMPTY))
-                hv[wp] = slots[wa]
+            if not won.all():
                 keep[np.flatnonzero(free)[~won]] = True  # losers go on probing
-            active, pos = active[keep], (pos[keep] + 1) & mask
+            if not keep.any():
+                break
+            active, pos, k = active[keep], (pos[keep] + 1) & mask, k[keep]
+            if active.size <= _FEW:  # the last keys sit in long runs: a window per round
+                pos = self._insert_tail(k, slots[active], active, pos, c, other, col, out)
+                break
+        return out
 
-    def delete(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Remove the present ones of ``keys`` (repeats allowed); returns (their row slots,
-        the removed keys), both ``[m]`` for the m distinct keys that were present."""
-        pos, _ = self.probe(keys)
-        pos = pos[pos >= 0]
-        if pos.size == 0:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        pos = np.unique(pos)  # a tombstone list may repeat an id
-        slots = self._hvals[pos]
-        self._hvals[pos] = _DELETED
-        return slots, self._hkeys[pos]
+    def _insert_tail(self, keys: np.ndarray, slots: np.ndarray, which: np.ndarray,
+                     pos: np.ndarray, c: int, other: int | None, col: int | None,
+                     out: np.ndarray) -> np.ndarray:
+        """:meth:`insert` for a few keys: each claims the first free bucket of a window
+        from its position (same claim protocol; losers go on from the bucket they lost)."""
+        tab, hk, mask, vc = self.tab, self._k, self._mask, self._c[c]
+        r = np.arange(keys.shape[0])
+        while keys.size:
+            idx = (pos[:, None] + _WIN_OFFSETS) & mask
+            g = np.take(tab, idx, axis=0).view(np.int32)
+            free = g[..., 2 + c] <= 0
+            if other is not None:
+                free &= g[..., 2 + other] <= 0
+            first = free.argmax(axis=1)
+            r = r[: keys.size]
+            has = free[r, first]
+            fp = idx[r, first]
+            hk[fp[has]] = keys[has]
+            won = has & (hk[fp] == keys)
+            wp, ws = fp[won], slots[won]
+            self.used += int(np.count_nonzero(g[r, first, 2 + c][won] == EMPTY))
+            vc[wp] = ws
+            if col is None:
+                self._c[1][wp] = ws
+            out[which[won]] = wp
+            more = ~won
+            # no free bucket in the window: the next window; lost a claim: the next bucket
+            pos = np.where(has, fp + 1, pos + _WINDOW)[more] & mask
+            keys, slots, which = keys[more], slots[more], which[more]
+        return pos
 
-    def reserve(self, new_keys: int, live: int) -> None:
-        """Make room for ``new_keys`` more keys next to ``live`` present ones (rebuilds
-        the buckets when the load factor would pass its bound)."""
-        if self._used + new_keys > _MAX_LOAD * (self._mask + 1):
-            self._rebuild(live + new_keys)
+    def set(self, pos: np.ndarray, values: np.ndarray | int, col: int | None) -> None:
+        """Value of buckets ``pos`` in copy ``col`` (None: both copies)."""
+        if col is None:
+            self._c[0][pos] = values
+            self._c[1][pos] = values
+        else:
+            self._c[col][pos] = values
 
-    def _rebuild(self, expected: int) -> None:
-        """Rehash live ids into fresh buckets sized for ``expected`` ids (drops markers)."""
-        keys, slots = self.items()
-        old = (self._hkeys, self._hvals, self._mask, self._shift, self._used)
-        try:
-            self._init(_pow2_at_least(_REBUILD_SLACK * max(expected, 1)))
-            self.insert(keys, slots)
-        except BaseException:
-            self._hkeys, self._hvals, self._mask, self._shift, self._used = old
-            raise
-        log.debug("table %s: index rebuilt with %d buckets for %d ids", self.name,
-                  self._mask + 1, keys.shape[0])
+    def copy_values(self, pos: np.ndarray, src: int, dst: int) -> None:
+        """Copy the values of buckets ``pos`` from copy ``src`` to copy ``dst``."""
+        if pos.size:
+            self._c[dst][pos] = self._c[src][pos]
 
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """(present keys, their row slots), in bucket order (not sorted); copies."""
-        live = self._hvals >= 0
-        return self._hkeys[live], self._hvals[live]
+    def sync_copies(self, src: int) -> None:
+        """Make the other copy equal to copy ``src`` everywhere (O(buckets))."""
+        self._c[1 - src][...] = self._c[src]
 
-    def keys(self) -> np.ndarray:
-        """Present keys in bucket order (not sorted); a copy."""
-        return self._hkeys[self._hvals >= 0]
+    def live(self, col: int, start: int = 0, stop: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, slots) live in copy ``col`` among buckets ``[start, stop)``; copies."""
+        v = self._c[col][start:stop]
+        hit = np.flatnonzero(v > 0)
+        return self._k[start:stop][hit], v[hit]

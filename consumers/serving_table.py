@@ -1,22 +1,26 @@
 """ServingTable: the predictor's in-memory id -> embedding row table (numpy, no torch).
 
-Layout
-------
-* Rows live in one numpy array ``[row_capacity, dim]`` (float32 or float16). Row slot 0 is
-  reserved and always zero: a lookup maps unknown ids to slot 0, so ``lookup`` is one probe
-  plus one gather with no masking. Slots of deleted ids go on a free stack and are reused.
-* The id -> slot index is a :class:`~consumers.id_index.IdIndex`: a numpy open-addressing
-  hash of the int64 ids, O(batch) per apply and lookup (see that module for why not sorted
-  keys). At 1M ids it costs 48 MB next to 256 MB of dim-64 rows.
+Layout and concurrency (see :mod:`consumers.serving.core`)
+---------------------------------------------------------
+* Rows live in one region reserved up front (virtual address space; pages are committed as
+  rows are written), so growth never copies rows. Row slot 0 is the shared zero row: an
+  unknown id maps to it, so ``lookup`` is one probe plus one gather with no masking.
+* Rows are copy-on-write: an apply writes new rows into fresh slots and publishes them in
+  one store; replaced slots are reused only once no reader can still read them.
+* The id -> slot index (:class:`~consumers.id_index.IdIndex`) holds two value copies per
+  bucket: readers read the published one while the writer builds the next. When it fills
+  up it migrates to a bigger index a slice per apply.
 
-Thread safety
--------------
-One lock guards the index and the rows. ``apply`` validates, dequantizes and checks the
-batch *outside* the lock, then holds it only for the index update and the row scatter
-(deletes and upserts of one batch together); ``lookup`` holds it for the probe and the
-gather. A reader in another thread therefore sees every batch either entirely or not at
-all, and never a half-written row. Capacity is reserved before anything changes, so a
-batch that fails (e.g. ``MemoryError`` while growing) leaves the table as it was.
+Readers (:meth:`ServingTable.lookup`, :meth:`~ServingTable.contains`) take no lock: they
+read one published state and retry in the rare case the writer overtook them. A reader
+never sees a torn row or half a batch, and never waits for an apply, a checkpoint (which
+reads frozen views off any lock, :meth:`~ServingTable.frozen`) or growth. Writers
+(``apply``, ``upsert``, ``delete``, ...) serialize on a lock. A batch that fails leaves the
+table as it was.
+
+Sharing: :meth:`ServingTable.share` moves the table into shared memory (``/dev/shm``) where
+model-server processes read it without a copy
+(:class:`~consumers.serving.reader.TableReader`).
 
 Snapshots
 ---------
@@ -26,6 +30,7 @@ of the manifest itself) into a temporary directory next to ``dir``, fsyncs files
 directories, then swaps it in with renames (see :mod:`consumers.storage.files`). ``load``
 verifies everything and raises :class:`SnapshotError` naming the file and the problem.
 Snapshots and checkpoints (:mod:`consumers.storage`) use the public persistence surface:
+frozen views (:meth:`ServingTable.frozen`, :meth:`ServingTable.frozen_changes`),
 :meth:`ServingTable.export`, :meth:`ServingTable.restore`, the change tracking methods
 (:meth:`~ServingTable.start_tracking`, :meth:`~ServingTable.export_tracked`,
 :meth:`~ServingTable.take_changes`) and :meth:`ServingTable.apply_changes`.
@@ -35,25 +40,26 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from consumers.columns import Columns, batch_columns, scatter_columns
+from consumers.columns import batch_columns
 from consumers.errors import ApplyError, SnapshotError
-from consumers.id_index import IdIndex
+from consumers.id_index import as_ids
+from consumers.serving.core import TableCore
+from consumers.serving.shm import SharedStorage
+from consumers.serving.views import FrozenChanges, FrozenTable
 from consumers.storage.files import (
     STORAGE_DTYPES,
     PathLike,
-    TableData,
     read_table_dir,
     resolve_dir,
     write_dir_atomic,
-    write_table_dir,
 )
+from consumers.storage.table_stream import write_table_stream
 from deltastream.wire import MAX_DIM, DeltaBatch
 
 __all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
@@ -61,7 +67,6 @@ __all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAG
 log = logging.getLogger(__name__)
 
 _F16_MAX = 65504.0
-_DELETED_COMPACT_MIN = 1 << 16  # deleted-id list entries before the first dedup
 
 
 @dataclass
@@ -73,22 +78,6 @@ class ApplyResult:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _as_ids(ids: Any, what: str = "ids") -> np.ndarray:
-    """``ids`` as a contiguous 1-D int64 array, or ``TypeError``/``ValueError``."""
-    arr = np.asarray(ids)
-    if arr.ndim == 0 and arr.size == 1:
-        arr = arr.reshape(1)
-    if arr.ndim != 1:
-        raise ValueError(f"{what}: expected a 1-D array of int64 ids, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, np.int64)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{what}: expected integer ids, got dtype {arr.dtype}")
-    if arr.dtype == np.uint64 and bool(np.any(arr > np.iinfo(np.int64).max)):
-        raise ValueError(f"{what}: ids must fit in int64")
-    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 def _all_finite(x: np.ndarray) -> bool:
@@ -109,14 +98,15 @@ def _all_finite(x: np.ndarray) -> bool:
 
 
 class ServingTable:
-    """An id -> row table for serving: vectorized lookups, atomic batch applies.
+    """An id -> row table for serving: lock-free vectorized lookups, atomic batch applies.
 
     Args:
         name: table name (matches ``DeltaBatch.table``).
         dim: row width, 1 ≤ dim ≤ 65536.
         dtype: storage dtype, ``"f32"`` (exact) or ``"f16"`` (half the memory; values are
             rounded to nearest and rows with |x| > 65504 are refused).
-        capacity: initial number of rows to reserve (grows by doubling).
+        capacity: ids to size the first index for (it grows incrementally; the rows
+            region is reserved for far more and grows without copying).
     """
 
     def __init__(self, name: str, dim: int, *, dtype: str = "f32", capacity: int = 1024):
@@ -134,97 +124,8 @@ class ServingTable:
         self.dim = int(dim)
         self.dtype = dtype
         self._np_dtype = STORAGE_DTYPES[dtype]
-        self._lock = threading.Lock()
-        # rows: slot 0 is the shared zero row for unknown ids
-        self._rows = np.zeros((int(capacity) + 1, self.dim), self._np_dtype)
-        self._hwm = 1  # first never-used slot
-        self._free = np.zeros(int(capacity) + 1, np.int32)  # stack of reusable slots
-        self._nfree = 0
-        self._live = 0
-        # id held by each row slot (valid for live slots): lets change tracking name the
-        # ids of dirty slots without scanning the hash index
-        self._slot_ids = np.zeros(int(capacity) + 1, np.int64)
-        # change tracking for incremental checkpoints (off until a checkpoint store starts
-        # it): a dirty mark per row slot, plus the ids deleted since the last take
-        self._tracking = False
-        self._dirty = np.zeros(0, np.bool_)
-        self._deleted: list[np.ndarray] = []
-        self._deleted_n = 0
-        self._deleted_floor = _DELETED_COMPACT_MIN
-        self._index = IdIndex(int(capacity), name)
-
-    # ------------------------------------------------------------------ internals (lock held)
-
-    def _reserve(self, new_keys: int) -> None:
-        """Make room for ``new_keys`` more ids (buckets and rows) before anything changes."""
-        need_rows = self._hwm + max(0, new_keys - self._nfree)
-        if need_rows > self._rows.shape[0]:
-            cap = max(need_rows, 2 * self._rows.shape[0])
-            rows = np.zeros((cap, self.dim), self._np_dtype)
-            rows[: self._hwm] = self._rows[: self._hwm]
-            self._rows = rows
-        if self._free.shape[0] < self._rows.shape[0]:
-            free = np.zeros(self._rows.shape[0], np.int32)
-            free[: self._nfree] = self._free[: self._nfree]
-            self._free = free
-        if self._slot_ids.shape[0] < self._rows.shape[0]:
-            slot_ids = np.zeros(self._rows.shape[0], np.int64)
-            slot_ids[: self._hwm] = self._slot_ids[: self._hwm]
-            self._slot_ids = slot_ids
-        if self._tracking and self._dirty.shape[0] < self._rows.shape[0]:
-            dirty = np.zeros(self._rows.shape[0], np.bool_)
-            dirty[: self._hwm] = self._dirty[: self._hwm]
-            self._dirty = dirty
-        self._index.reserve(new_keys, self._live)
-
-    def _alloc(self, m: int) -> np.ndarray:
-        """``m`` row slots (reused ones first). Capacity reserved by :meth:`_reserve`."""
-        k = min(m, self._nfree)
-        out = np.empty(m, np.int32)
-        out[:k] = self._free[self._nfree - k: self._nfree]
-        self._nfree -= k
-        out[k:] = np.arange(self._hwm, self._hwm + (m - k), dtype=np.int32)
-        self._hwm += m - k
-        return out
-
-    def _delete_locked(self, ids: np.ndarray) -> int:
-        if ids.size == 0:
-            return 0
-        slots, keys = self._index.delete(ids)
-        if slots.size == 0:
-            return 0
-        if self._tracking:
-            self._dirty[slots] = False  # a freed slot holds no row to checkpoint
-            self._note_deleted(keys)
-        self._free[self._nfree: self._nfree + slots.size] = slots
-        self._nfree += slots.size
-        self._live -= slots.size
-        return int(slots.size)
-
-    def _upsert_locked(self, ids: np.ndarray, rows: np.ndarray,
-                       cols: Optional[Columns] = None) -> None:
-        """Write ``rows`` of ``ids``: whole rows, or only ``cols`` of each row (a column
-        slice; rows first seen here read zeros in the other columns, see
-        :mod:`consumers.columns`)."""
-        slots = self._index.slots(ids)
-        new = slots == 0
-        fresh = np.zeros(0, np.int32)
-        if new.any():
-            fresh = self._alloc(int(np.count_nonzero(new)))
-            slots[new] = fresh
-            self._index.insert(ids[new], fresh)
-            self._slot_ids[fresh] = ids[new]
-            self._live += fresh.size
-        if cols is None or cols.whole:
-            _scatter_rows(self._rows, slots, rows)
-        else:
-            scatter_columns(self._rows, slots, rows, cols, fresh)
-        if self._tracking:
-            self._dirty[slots] = True
-
-    def _slots(self, ids: np.ndarray) -> np.ndarray:
-        """Row slot of each id, 0 (the zero row) for unknown ids. Caller holds the lock."""
-        return self._index.slots(ids)
+        self._capacity = int(capacity)  # notional: doubles as rows are added (stats)
+        self._core = TableCore(name, self.dim, self._np_dtype, int(capacity))
 
     # ------------------------------------------------------------------ validation
 
@@ -252,18 +153,28 @@ class ServingTable:
     # ------------------------------------------------------------------ public API
 
     def __len__(self) -> int:
-        return self._live
+        return self._core.live
 
     def __repr__(self) -> str:
         return f"ServingTable(name={self.name!r}, dim={self.dim}, dtype={self.dtype!r}, " \
-               f"len={self._live})"
+               f"len={self._core.live})"
 
-    def lookup(self, ids: Any) -> np.ndarray:
-        """Rows of ``ids`` (int64 ``[N]``) as float32 ``[N, dim]``; zeros for unknown ids."""
-        keys = _as_ids(ids)
-        with self._lock:
-            out = np.take(self._rows, self._slots(keys), axis=0)
-        return out if out.dtype == np.float32 else out.astype(np.float32)
+    def lookup(self, ids: Any, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows of ``ids`` (int64 ``[N]``) as float32 ``[N, dim]``; zeros for unknown ids.
+
+        ``out``: a C-contiguous float32 ``[N, dim]`` array to fill (saves allocating and
+        page-faulting a fresh one for bulk lookups). Lock-free: never waits for an apply, a
+        checkpoint or growth; every row comes from one published state.
+        """
+        keys = as_ids(ids)
+        out = _out_array(out, keys.shape[0], self.dim)
+        self._core.read(keys, out)
+        return out
+
+    @property
+    def version(self) -> int:
+        """Number of states published so far (each apply publishes one)."""
+        return self._core.seq
 
     def apply(self, batch: DeltaBatch) -> ApplyResult:
         """Apply one decoded wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
@@ -290,8 +201,8 @@ class ServingTable:
         if batch.dtype not in ("f32", "f16", "bf16", "i8"):
             raise ApplyError(f"dtype: unknown wire dtype {batch.dtype!r}")
         try:
-            ids = _as_ids(batch.ids)
-            tomb = None if batch.tombstones is None else _as_ids(batch.tombstones, "tombstones")
+            ids = as_ids(batch.ids)
+            tomb = None if batch.tombstones is None else as_ids(batch.tombstones, "tombstones")
         except (TypeError, ValueError) as e:
             raise ApplyError(str(e)) from None
         n = ids.shape[0]
@@ -300,12 +211,14 @@ class ServingTable:
             order = np.argsort(ids, kind="stable")
             if bool((ids[order][1:] == ids[order][:-1]).any()):
                 raise ApplyError("ids: duplicate ids in one batch")
-        vals = self._batch_rows(batch, rows_raw, n, cols.n)
-        with self._lock:
-            self._reserve(n)
-            deleted = self._delete_locked(tomb) if tomb is not None else 0
-            if n:
-                self._upsert_locked(ids, vals, cols)
+        vals = np.ascontiguousarray(self._batch_rows(batch, rows_raw, n, cols.n),
+                                    self._np_dtype)
+        try:
+            ts = max(0, int(batch.ts))
+        except (TypeError, ValueError):
+            ts = 0
+        with self._core.lock:
+            deleted = self._core.apply(ids, vals, tomb, ts, None if cols.whole else cols)
         return ApplyResult(upserted=n, deleted=deleted)
 
     def _batch_rows(self, batch: DeltaBatch, wire: np.ndarray, n: int,
@@ -348,7 +261,7 @@ class ServingTable:
         non-finite values (table untouched).
         """
         try:
-            keys = _as_ids(ids)
+            keys = as_ids(ids)
         except (TypeError, ValueError) as e:
             raise ApplyError(str(e)) from None
         vals = self._prepare_rows(rows, keys.shape[0], "rows")
@@ -358,79 +271,65 @@ class ServingTable:
             keep = keys.shape[0] - 1 - rev_idx
             keys, vals = rev_uniq, vals[keep]
         vals = np.ascontiguousarray(vals, dtype=self._np_dtype)
-        with self._lock:
-            self._reserve(keys.shape[0])
-            if keys.size:
-                self._upsert_locked(keys, vals)
+        with self._core.lock:
+            self._core.apply(keys, vals, None)
 
     def delete(self, ids: Any) -> int:
         """Remove ``ids``; returns how many were present. Their slots are reused."""
-        keys = _as_ids(ids)
-        with self._lock:
-            return self._delete_locked(keys)
+        keys = as_ids(ids)
+        with self._core.lock:
+            return self._core.apply(np.zeros(0, np.int64),
+                                    np.zeros((0, self.dim), self._np_dtype), keys)
 
     def contains(self, ids: Any) -> np.ndarray:
-        """Bool ``[N]``: which ``ids`` are present."""
-        keys = _as_ids(ids)
-        with self._lock:
-            return self._index.slots(keys) > 0
+        """Bool ``[N]``: which ``ids`` are present (lock-free, one published state)."""
+        return self._core.contains(as_ids(ids))
 
     @property
     def storage_dtype(self) -> np.dtype:
         """The numpy dtype rows are stored in (``STORAGE_DTYPES[self.dtype]``)."""
         return self._np_dtype
 
+    # ------------------------------------------------------------------ frozen views
+
+    def frozen(self, *, track: bool = False) -> FrozenTable:
+        """A consistent view of every row now, read without blocking anyone: its ids
+        (ascending) and rows in id order (``row_chunks()`` or ``rows()``). Rows it needs
+        are kept until :meth:`~consumers.serving.views.FrozenTable.release` (use ``with``).
+        ``track``: also restart change tracking at exactly this state (a checkpoint base).
+        """
+        with self._core.lock:
+            return self._core.freeze(track=track)
+
+    def frozen_changes(self) -> Optional[FrozenChanges]:
+        """A view of the rows written and ids deleted since the last take or tracked view,
+        and start afresh (a checkpoint segment); None when changes are not tracked."""
+        with self._core.lock:
+            return self._core.freeze_changes()
+
     def export(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids ascending int64 ``[n]``, rows ``[n, dim]`` in the storage dtype) — a
         consistent copy (what :meth:`save` and snapshots write)."""
-        with self._lock:
-            return self._export_locked()
-
-    def _export_locked(self) -> tuple[np.ndarray, np.ndarray]:
-        keys, slots = self._index.items()
-        order = np.argsort(keys, kind="stable")
-        keys, slots = keys[order], slots[order]
-        rows = np.take(self._rows, slots, axis=0)
-        return keys, rows
+        with self.frozen() as v:
+            return v.ids, v.rows()
 
     # ------------------------------------------------------------------ change tracking
 
-    def _note_deleted(self, keys: np.ndarray) -> None:
-        """Remember deleted ``keys`` (lock held). Deduplicated when the list doubles, so
-        it stays bounded by the distinct ids deleted since the last take."""
-        self._deleted.append(keys.copy())
-        self._deleted_n += keys.size
-        if self._deleted_n > self._deleted_floor:
-            uniq = np.unique(np.concatenate(self._deleted))
-            self._deleted, self._deleted_n = [uniq], int(uniq.size)
-            self._deleted_floor = max(_DELETED_COMPACT_MIN, 2 * int(uniq.size))
-
-    def _reset_changes_locked(self) -> None:
-        if self._dirty.shape[0] < self._rows.shape[0]:
-            self._dirty = np.zeros(self._rows.shape[0], np.bool_)
-        else:
-            self._dirty[:] = False
-        self._deleted, self._deleted_n = [], 0
-        self._deleted_floor = _DELETED_COMPACT_MIN
-        self._tracking = True
-
     def export_tracked(self) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`export`, and (in the same critical section) start change tracking
-        afresh: later changes are relative to exactly the state returned."""
-        with self._lock:
-            out = self._export_locked()
-            self._reset_changes_locked()
-        return out
+        """Like :meth:`export`, and (at the same state) start change tracking afresh:
+        later changes are relative to exactly the state returned."""
+        with self.frozen(track=True) as v:
+            return v.ids, v.rows()
 
     def start_tracking(self) -> None:
         """Start change tracking relative to the current contents (e.g. just loaded)."""
-        with self._lock:
-            self._reset_changes_locked()
+        with self._core.lock:
+            self._core.slots.reset_changes()
 
     @property
     def tracking(self) -> bool:
         """True when changes are tracked for an incremental checkpoint."""
-        return self._tracking
+        return self._core.slots.tracking
 
     def take_changes(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Changes since the last take / tracked export, and clear them, atomically.
@@ -440,27 +339,16 @@ class ServingTable:
         and ids absent now that were deleted (an id deleted then re-inserted is an
         upsert). None when the table does not track changes.
         """
-        with self._lock:
-            if not self._tracking:
-                return None
-            slots = np.flatnonzero(self._dirty[: self._hwm])
-            up = self._slot_ids[slots]
-            rows = np.take(self._rows, slots, axis=0)
-            if self._deleted_n:
-                gone = np.unique(np.concatenate(self._deleted))
-                gone = gone[self._index.slots(gone) == 0]
-            else:
-                gone = np.zeros(0, np.int64)
-            self._reset_changes_locked()
-        order = np.argsort(up, kind="stable")
-        return up[order], rows[order], gone
+        v = self.frozen_changes()
+        if v is None:
+            return None
+        with v:
+            return v.ids, v.rows(), v.deleted
 
     def ids(self) -> np.ndarray:
         """Present ids, int64 ascending."""
-        with self._lock:
-            keys = self._index.keys()
-        keys.sort()
-        return keys
+        with self.frozen() as v:
+            return v.ids
 
     def rows(self, ids: Any = None) -> np.ndarray:
         """Float32 rows: of ``ids()`` in that order (``ids=None``), else ``lookup(ids)``."""
@@ -479,19 +367,29 @@ class ServingTable:
 
         Equal digests mean bit-identical contents (the name is not included).
         """
-        keys, rows = self.export()
         h = hashlib.sha256()
         h.update(f"deltastream-table-digest-v1 dim={self.dim} dtype={self.dtype}\n".encode())
-        h.update(keys.astype("<i8", copy=False).tobytes())
-        h.update(np.ascontiguousarray(rows, dtype=self._np_dtype.newbyteorder("<")).data)
+        with self.frozen() as v:
+            h.update(v.ids.astype("<i8", copy=False).tobytes())
+            for chunk in v.row_chunks():
+                h.update(np.ascontiguousarray(chunk,
+                                              dtype=self._np_dtype.newbyteorder("<")).data)
         return h.hexdigest()
 
     def stats(self) -> dict:
-        """Sizes for monitoring: ids, row slots, free slots, buckets, bytes held."""
-        with self._lock:
-            return {"ids": self._live, "row_capacity": int(self._rows.shape[0]) - 1,
-                    "free_slots": self._nfree, "buckets": self._index.buckets,
-                    "bytes": int(self._rows.nbytes + self._index.nbytes + self._free.nbytes)}
+        """Sizes for monitoring: ids, row capacity, row slots used so far and free ones,
+        index buckets, bytes held, version (states published), index generation, whether
+        an index migration runs and how many an apply had to finish at once, and where the
+        table is shared (None when private)."""
+        c = self._core.stats()
+        while c["hwm"] - 1 > self._capacity:
+            self._capacity *= 2
+        return {"ids": self._core.live, "row_capacity": self._capacity,
+                "slots_used": c["hwm"] - 1, "free_slots": c["free_slots"],
+                "buckets": c["buckets"], "bytes": c["bytes"], "version": c["version"],
+                "index_gen": c["index_gen"], "index_migrating": c["migrating"],
+                "index_forced": c["forced"],
+                "shared": None if self.shared is None else str(self.shared)}
 
     @classmethod
     def from_arrays(cls, name: str, ids: Any, rows: Any, *, dtype: str = "f32") -> ServingTable:
@@ -502,6 +400,50 @@ class ServingTable:
         t = cls(name, rows.shape[1], dtype=dtype, capacity=max(1, rows.shape[0]))
         t.upsert(ids, rows)
         return t
+
+    # ------------------------------------------------------------------ sharing
+
+    def share(self, state_dir: PathLike) -> Path:
+        """Make this table readable by other processes of this host: move it into shared
+        memory (``/dev/shm``, else ``<state_dir>/shm``) where
+        :class:`~consumers.serving.reader.TableReader` ``.open(state_dir, name)`` maps it
+        without copying. This process stays its one writer. Returns the directory of its
+        files. O(table) once; lookups go on meanwhile. Idempotent for one ``state_dir``.
+
+        Raises :class:`~consumers.errors.ConsumerError` when another live process shares a
+        table of this name for ``state_dir``.
+        """
+        with self._core.lock:
+            cur = self._core.storage
+            if cur.shared:
+                if cur.matches(state_dir):
+                    return cur.location
+                raise ValueError(f"share: table {self.name!r} is shared for "
+                                 f"{cur.state_dir}, not {state_dir}")
+            storage = SharedStorage.create(state_dir, self.name, self.dim, self.dtype,
+                                           cur.cap, self._core.slots.hwm)
+            try:
+                self._core.restorage(storage)
+            except BaseException:
+                storage.close()
+                raise
+            storage.publish()
+            log.info("table %s shared at %s (%d rows)", self.name, storage.location,
+                     self._core.live)
+            return storage.location
+
+    def unshare(self) -> None:
+        """Stop sharing: mark the shared table closed for its readers (they keep what they
+        mapped) and remove its files. This process keeps using the memory. Idempotent."""
+        with self._core.lock:
+            if self._core.storage.shared:
+                self._core.storage.close()
+
+    @property
+    def shared(self) -> Optional[Path]:
+        """Directory of the shared table's files, or None when the table is private."""
+        st = self._core.storage
+        return st.location if st.shared and not st.closed else None
 
     # ------------------------------------------------------------------ persistence
 
@@ -519,13 +461,9 @@ class ServingTable:
         if rows.ndim != 2 or rows.shape[0] != n:
             raise ValueError(f"rows: expected shape [{n}, dim], got {rows.shape}")
         table = cls(name, rows.shape[1], dtype=dtype, capacity=max(1, n))
-        with table._lock:
-            table._reserve(n)
-            slots = table._alloc(n)
-            _scatter_rows(table._rows, slots, rows)
-            table._index.insert(np.asarray(ids, dtype=np.int64), slots)
-            table._slot_ids[slots] = ids
-            table._live = n
+        with table._core.lock:
+            table._core.load(np.ascontiguousarray(ids, np.int64),
+                             np.ascontiguousarray(rows, table._np_dtype))
         return table
 
     def apply_changes(self, ids: np.ndarray, rows: np.ndarray, deleted: np.ndarray) -> None:
@@ -540,18 +478,13 @@ class ServingTable:
         if rows.shape != (ids.shape[0], self.dim):
             raise ValueError(f"rows: expected shape [{ids.shape[0]}, {self.dim}] for table "
                              f"{self.name!r}, got {rows.shape}")
-        with self._lock:
-            self._reserve(ids.shape[0])
-            if deleted.size:
-                self._delete_locked(np.ascontiguousarray(deleted, np.int64))
-            if ids.size:
-                self._upsert_locked(ids, rows)
+        with self._core.lock:
+            self._core.apply(ids, rows, np.ascontiguousarray(deleted, np.int64))
 
     def save(self, dir: PathLike) -> None:
         """Write this table to directory ``dir`` atomically (replacing what is there)."""
-        keys, rows = self.export()
-        write_dir_atomic(Path(dir), lambda tmp: write_table_dir(
-            tmp, TableData(self.name, self.dtype, keys, rows)))
+        with self.frozen() as v:
+            write_dir_atomic(Path(dir), lambda tmp: write_table_stream(tmp, v))
 
     @classmethod
     def load(cls, dir: PathLike) -> ServingTable:
@@ -561,10 +494,13 @@ class ServingTable:
         return cls.restore(data.name, data.ids, data.rows, dtype=data.dtype)
 
 
-def _scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
-    """``dst[slots] = rows`` for C-contiguous ``dst`` [R, dim] and ``rows`` [n, dim] of the
-    same dtype, moving each row as one opaque item (numpy's 1-D path for a void dtype is
-    about twice as fast as its 2-D fancy assignment)."""
-    rows = np.ascontiguousarray(rows, dtype=dst.dtype)
-    item = np.dtype((np.void, dst.dtype.itemsize * dst.shape[1]))
-    dst.view(item).reshape(-1)[slots] = rows.view(item).reshape(-1)
+def _out_array(out: Optional[np.ndarray], n: int, dim: int) -> np.ndarray:
+    """``out`` checked as a writable C-contiguous float32 ``[n, dim]`` array, or a new one."""
+    if out is None:
+        return np.empty((n, dim), np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (n, dim) \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"out: expected a writable C-contiguous float32 array of shape "
+                         f"[{n}, {dim}], got {got}")
+    return out

@@ -43,6 +43,7 @@ is something deltastream writes; it never deletes or moves anything else.
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import logging
@@ -52,13 +53,15 @@ import shutil
 import struct
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from consumers.errors import SnapshotError
+from consumers.serving.views import FrozenChanges
 from consumers.serving_table import ServingTable
 from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
 from consumers.storage.files import (
@@ -86,8 +89,8 @@ from consumers.storage.full_snapshot import (
 )
 from deltastream.wire import MAX_DIM
 
-__all__ = ["CheckpointStore", "CheckpointResult", "read_checkpoint", "CHECKPOINT_FORMAT",
-           "CHECKPOINT_FORMAT_VERSION"]
+__all__ = ["CheckpointStore", "CheckpointResult", "PreparedCheckpoint", "read_checkpoint",
+           "CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION"]
 
 log = logging.getLogger(__name__)
 
@@ -118,25 +121,45 @@ class CheckpointResult:
     seconds: float
 
 
+@dataclass
+class PreparedCheckpoint:
+    """A checkpoint frozen by :meth:`CheckpointStore.prepare`, to be written by
+    :meth:`CheckpointStore.finish`: the plan, the tables, their frozen views (base: every
+    row; segment: the changes) and the offsets/seqs/meta of the same instant."""
+
+    kind: str
+    tables: dict[str, ServingTable]
+    views: dict[str, Any]
+    offsets: dict[str, int]
+    seqs: dict
+    meta: dict
+    prepared_at: float = field(default_factory=time.perf_counter)
+
+    def release(self) -> None:
+        """Let the tables reuse the rows the views pinned (idempotent)."""
+        for v in self.views.values():
+            if v is not None:
+                v.release()
+
+
 # ----------------------------------------------------------------------------- segments
 
 
-def _encode_segment(gen: int, index: int,
-                    changes: dict[str, tuple[ServingTable, np.ndarray, np.ndarray, np.ndarray]]
-                    ) -> list[Any]:
-    """Chunks (bytes / arrays) of a segment file for ``changes``: name -> (table, ids,
-    rows, deleted)."""
+def _encode_segment(gen: int, index: int, changes: dict[str, FrozenChanges]) -> Iterator[Any]:
+    """Chunks (bytes / arrays) of a segment file for ``changes``: name -> frozen changes
+    of that table (rows gathered chunk by chunk as the file is written)."""
     head = {"base": gen, "index": index, "tables": [
-        {"name": name, "dim": t.dim, "dtype": t.dtype, "n": int(ids.shape[0]),
-         "m": int(gone.shape[0])} for name, (t, ids, _, gone) in changes.items()]}
+        {"name": name, "dim": v.dim, "dtype": v.dtype, "n": v.n, "m": int(v.deleted.shape[0])}
+        for name, v in changes.items()]}
     raw = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
     pad = (-(len(_SEG_MAGIC) + 4 + len(raw))) % 8
-    chunks: list[Any] = [_SEG_MAGIC, struct.pack("<I", len(raw) + pad), raw, b" " * pad]
-    for t, ids, rows, gone in changes.values():
-        chunks.append(np.ascontiguousarray(ids, dtype="<i8"))
-        chunks.append(np.ascontiguousarray(rows, dtype=t.storage_dtype.newbyteorder("<")))
-        chunks.append(np.ascontiguousarray(gone, dtype="<i8"))
-    return chunks
+    yield from (_SEG_MAGIC, struct.pack("<I", len(raw) + pad), raw, b" " * pad)
+    for v in changes.values():
+        dt = STORAGE_DTYPES[v.dtype].newbyteorder("<")
+        yield np.ascontiguousarray(v.ids, dtype="<i8")
+        for rows in v.row_chunks():
+            yield np.ascontiguousarray(rows, dtype=dt)
+        yield np.ascontiguousarray(v.deleted, dtype="<i8")
 
 
 def _parse_segment(data: bytearray, path: Path, gen: int, index: int
@@ -420,23 +443,54 @@ class CheckpointStore:
         :meth:`plan`). After a crash at any instant, :meth:`load` / ``read_snapshot``
         return either the previous or this checkpoint, complete. On an exception nothing
         was committed (or the commit is not known durable): the next write is a base.
-        Call from the one thread that applies to ``tables``.
+        Call from the one thread that applies to ``tables``. Lookups of the tables never
+        wait for it (it reads frozen views); = :meth:`finish` of :meth:`prepare`.
+        """
+        return self.finish(self.prepare(tables=tables, offsets=offsets, seqs=seqs, meta=meta))
+
+    def prepare(self, *, tables: dict[str, ServingTable], offsets: dict[int, int],
+                seqs: dict, meta: dict) -> PreparedCheckpoint:
+        """Freeze what :meth:`write` would write, now: decide base or segment and take
+        frozen views of the tables (O(changes), no row copied) — in the thread that
+        applies, between two applies. :meth:`finish` then writes it from any thread while
+        the tables keep applying and serving. Prepare the next one only after that finish.
         """
         offs = check_contents(tables, offsets, seqs, meta)
         self._recover()
-        t0 = time.perf_counter()
         kind = self.plan(tables)
+        views: dict[str, Any] = {}
         try:
-            if kind == "base" and not os.path.lexists(self.path):
-                res = self._write_first(tables, offs, seqs, meta)
-            elif kind == "base":
-                res = self._write_base(tables, offs, seqs, meta)
+            for n in sorted(tables):
+                if kind == "base":  # restart tracking at exactly the frozen state
+                    views[n] = tables[n].frozen(track=True)
+                else:
+                    views[n] = tables[n].frozen_changes()
+                    if views[n] is None:  # plan() said segment: tracking stopped, a bug
+                        raise RuntimeError(f"table {n!r} does not track changes")
+        except BaseException:
+            for v in views.values():
+                if v is not None:
+                    v.release()
+            self._need_base = True  # changes may have been taken: rewrite all
+            raise
+        return PreparedCheckpoint(kind, dict(tables), views, offs, copy.deepcopy(seqs),
+                                  copy.deepcopy(meta))
+
+    def finish(self, prep: PreparedCheckpoint) -> CheckpointResult:
+        """Write and commit the prepared checkpoint ``prep`` (see :meth:`write`), then
+        release its views. One at a time, in the order prepared."""
+        try:
+            if prep.kind == "base":  # the very first one at path is built aside, renamed in
+                write = self._write_base if os.path.lexists(self.path) else self._write_first
+                res = write(prep)
             else:
-                res = self._write_segment(tables, offs, seqs, meta)
+                res = self._write_segment(prep)
         except BaseException:
             self._need_base = True  # changes taken from the tables may be lost: rewrite all
             raise
-        res.seconds = time.perf_counter() - t0
+        finally:
+            prep.release()
+        res.seconds = time.perf_counter() - prep.prepared_at
         return res
 
     def _commit(self, base: dict, segs: list[dict], offs: dict, seqs: dict, meta: dict) -> int:
@@ -456,8 +510,7 @@ class CheckpointStore:
         fsync_dir(self.path)  # the rename is durable: the commit point
         return len(data)
 
-    def _write_first(self, tables: dict[str, ServingTable], offs: dict, seqs: dict,
-                     meta: dict) -> CheckpointResult:
+    def _write_first(self, prep: PreparedCheckpoint) -> CheckpointResult:
         """The first checkpoint at ``path``: a base written into a temp directory next to
         it, renamed into place once committed — so a checkpoint directory without a
         manifest is never left by a crash of ours (:meth:`load` refuses one as damaged)."""
@@ -465,7 +518,7 @@ class CheckpointStore:
         tmp = new_tmp(final)
         self.path = tmp
         try:
-            res = self._write_base(tables, offs, seqs, meta)
+            res = self._write_base(prep)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -489,18 +542,17 @@ class CheckpointStore:
         if listed != name:
             shutil.rmtree(self.path / name, ignore_errors=True)
 
-    def _write_base(self, tables: dict[str, ServingTable], offs: dict, seqs: dict,
-                    meta: dict) -> CheckpointResult:
+    def _write_base(self, prep: PreparedCheckpoint) -> CheckpointResult:
+        tables, offs, seqs, meta = prep.tables, prep.offsets, prep.seqs, prep.meta
         self.path.mkdir(parents=True, exist_ok=True)
         legacy = (self.path / MANIFEST).is_file() and self._base is None
         gen = self._next_gen
         self._next_gen += 1
         name = f"base-{gen:06d}"
         tmp = self.path / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        # export + restart tracking per table under its lock: later changes go in segments
-        exports = {n: t.export_tracked() for n, t in tables.items()}
+        # views frozen by prepare() with tracking restarted: later changes go in segments
         try:
-            info = write_full(tmp, tables, offs, seqs, meta, exports)
+            info = write_full(tmp, tables, offs, seqs, meta, prep.views)
             os.rename(tmp, self.path / name)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -517,21 +569,15 @@ class CheckpointStore:
         self._need_base = False
         self._next_seg = 1
         self._clean(legacy=legacy)  # old base and segments: only now that this is durable
-        rows = sum(int(e[0].shape[0]) for e in exports.values())
+        rows = sum(v.n for v in prep.views.values())
         log.debug("checkpoint %s: base %s written (%d rows, %d bytes)", self.path, name, rows,
                   info["bytes"])
         return CheckpointResult("base", info["bytes"] + mbytes, rows, 0, 0.0)
 
-    def _write_segment(self, tables: dict[str, ServingTable], offs: dict, seqs: dict,
-                       meta: dict) -> CheckpointResult:
+    def _write_segment(self, prep: PreparedCheckpoint) -> CheckpointResult:
         assert self._base is not None
-        changes = {}
-        for n in sorted(tables):
-            got = tables[n].take_changes()
-            if got is None:  # tracking stopped under us: plan() said segment, so a bug
-                raise RuntimeError(f"table {n!r} does not track changes")
-            if got[0].size or got[2].size:
-                changes[n] = (tables[n], *got)
+        changes: dict[str, FrozenChanges] = {
+            n: v for n, v in prep.views.items() if v.n or v.deleted.size}
         segs = list(self._segs)
         nbytes = 0
         if changes:
@@ -547,8 +593,8 @@ class CheckpointStore:
             fsync_dir(self.path)  # the new name is durable before a manifest lists it
             segs.append({"file": fname, **entry})
             nbytes = entry["bytes"]
-        nbytes += self._commit(self._base, segs, offs, seqs, meta)
+        nbytes += self._commit(self._base, segs, prep.offsets, prep.seqs, prep.meta)
         self._segs = segs
-        ups = sum(int(c[1].shape[0]) for c in changes.values())
-        dels = sum(int(c[3].shape[0]) for c in changes.values())
+        ups = sum(v.n for v in changes.values())
+        dels = sum(int(v.deleted.shape[0]) for v in changes.values())
         return CheckpointResult("segment", nbytes, ups, dels, 0.0)

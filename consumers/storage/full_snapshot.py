@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from consumers.errors import SnapshotError
 from consumers.serving_table import ServingTable
 from consumers.storage.files import (
@@ -38,6 +36,7 @@ from consumers.storage.files import (
     write_manifest,
     write_table_dir,
 )
+from consumers.storage.table_stream import write_table_stream
 
 __all__ = ["Snapshot", "SNAPSHOT_FORMAT", "SNAPSHOT_FORMAT_VERSION", "check_contents",
            "write_full", "read_full", "read_saved", "load_table"]
@@ -123,14 +122,15 @@ def check_contents(tables: Any, offsets: Any, seqs: Any, meta: Any) -> dict[str,
 
 
 def write_full(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
-               seqs: dict, meta: dict,
-               exports: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None) -> dict:
+               seqs: dict, meta: dict, exports: Optional[dict[str, Any]] = None) -> dict:
     """Write a full snapshot into the new directory ``dir`` (files and directories fsynced).
 
-    ``offs``: as :func:`check_contents` returns them. ``exports``: name -> (ids, rows)
-    already exported (e.g. with change tracking reset); tables missing there are exported
-    now. Returns the entry (size, sha256) of its manifest and the total bytes of its files
-    as ``{"manifest": ..., "bytes": ...}``.
+    ``offs``: as :func:`check_contents` returns them. ``exports``: name -> a frozen view
+    (:meth:`ServingTable.frozen`, e.g. with change tracking restarted) or (ids, rows)
+    already exported; tables missing there are frozen now. Rows are written chunk by chunk
+    from the views (no second copy of a table in memory; the tables keep serving and
+    applying meanwhile). Returns the entry (size, sha256) of its manifest and the total
+    bytes of its files as ``{"manifest": ..., "bytes": ...}``.
     """
     dir.mkdir()
     (dir / "tables").mkdir()
@@ -140,8 +140,13 @@ def write_full(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
         sub = f"tables/{i:04d}"
         t = tables[name]
         got = (exports or {}).get(name)
-        ids, rows = got if got is not None else t.export()
-        entry = write_table_dir(dir / sub, TableData(t.name, t.dtype, ids, rows))
+        if got is None:
+            with t.frozen() as view:
+                entry = write_table_stream(dir / sub, view)
+        elif isinstance(got, tuple):
+            entry = write_table_dir(dir / sub, TableData(t.name, t.dtype, *got))
+        else:
+            entry = write_table_stream(dir / sub, got)
         total += entry["bytes"] + sum(
             f["bytes"] for f in read_manifest(dir / sub, entry)["files"].values())
         entries.append({"name": name, "dir": sub, "manifest": entry})

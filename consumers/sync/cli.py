@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from consumers.errors import SnapshotError
+from consumers.errors import ConsumerError, SnapshotError
 from consumers.sync.daemon import SyncDaemon
 from deltastream.cliargs import (
     EXIT_CODES,
@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoint, without joining it, so Kafka lag tools see this "
                         "predictor (default: deltastream-sync.<model>; '' disables). Give "
                         "replicas that serve the same shards distinct groups.")
+    p.add_argument("--share-tables", action="store_true",
+                   help="Share the tables with model-server processes of this host: they "
+                        "read them from shared memory (/dev/shm) with "
+                        "consumers.serving.TableReader.open(STATE_DIR, TABLE).")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
                         "port, logged; default: no endpoint).")
@@ -200,13 +204,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             request_timeout=args.request_timeout, backoff_max=args.backoff_max,
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr, reset_state=args.reset_state,
-            group_id=args.group_id, **kafka)
+            group_id=args.group_id, share_tables=args.share_tables, **kafka)
     except SnapshotError as e:
         hint = "" if args.reset_state else " (--reset-state starts over, removing only what " \
             "deltastream wrote)"
         print(f"deltastream-sync: error: cannot load the state: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, ConsumerError) as e:
         print(f"deltastream-sync: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if signalled:

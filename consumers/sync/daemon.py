@@ -119,6 +119,9 @@ class SyncDaemon:
             checkpoint makes the constructor raise.
         group_id: consumer group the next offsets are committed to after each checkpoint,
             without joining it (None: ``deltastream-sync.<model>``; ``""``: no commits).
+        share_tables: share every table with reader processes of this host (they read with
+            ``consumers.serving.TableReader.open(state_dir, name)``); tables created later
+            are shared within one poll round; :meth:`stop` unshares them.
         **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
 
     Raises:
@@ -146,20 +149,20 @@ class SyncDaemon:
                  metrics_addr: str = "0.0.0.0",
                  on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
                  reset_state: bool = False, group_id: Optional[str] = None,
-                 **consumer_config: Any) -> None:
+                 share_tables: bool = False, **consumer_config: Any) -> None:
         o = SyncOptions(
             bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
             dtype=dtype, checkpoint_interval=checkpoint_interval,
             checkpoint_messages=checkpoint_messages,
             checkpoint_max_segments=checkpoint_max_segments,
             checkpoint_segment_fraction=checkpoint_segment_fraction, base=base,
-            base_any_topic=bool(base_any_topic),
-            poll_timeout_ms=poll_timeout_ms, max_poll_records=max_poll_records,
-            quarantine_max_bytes=quarantine_max_bytes, request_timeout=request_timeout,
-            backoff_max=backoff_max, probe_interval=probe_interval,
+            base_any_topic=bool(base_any_topic), poll_timeout_ms=poll_timeout_ms,
+            max_poll_records=max_poll_records, quarantine_max_bytes=quarantine_max_bytes,
+            request_timeout=request_timeout, backoff_max=backoff_max, probe_interval=probe_interval,
             summary_interval=summary_interval, freshness_window=freshness_window,
             metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
-            reset_state=reset_state, group_id=group_id, consumer_config=consumer_config)
+            reset_state=reset_state, group_id=group_id,
+            share_tables=share_tables, consumer_config=consumer_config)
         self.options = o  #: the validated settings
         self.bootstrap_servers = o.bootstrap_servers
         self.topic = o.topic
@@ -195,6 +198,8 @@ class SyncDaemon:
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
+        if o.share_tables:
+            self._share_tables()
         self._seqs = start.seqs
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
                                 shards=o.shards, dtype=o.dtype)
@@ -233,6 +238,11 @@ class SyncDaemon:
         if o.metrics_port is not None:
             self._metrics = MetricsServer(self.stats, o.metrics_port, o.metrics_addr)
             self.metrics_port = self._metrics.port
+
+    def _share_tables(self) -> None:
+        """Share the tables not shared yet (new ones) with reader processes."""
+        for t in [t for t in self._tables.values() if t.shared is None]:
+            t.share(self.state_dir)
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""
@@ -339,6 +349,11 @@ class SyncDaemon:
         return n
 
     def _housekeeping(self) -> None:
+        if self.options.share_tables:
+            try:
+                self._share_tables()
+            except Exception as e:  # /dev/shm full: serving in-process goes on
+                log.error("sharing tables failed (retried next round): %s", e)
         now = time.monotonic()
         if self._ckpt.due(self._pending, self._dirty, now):
             self._checkpoint_locked()
@@ -373,6 +388,8 @@ class SyncDaemon:
             self._checkpoint_locked()  # a failing disk: counted and logged, restart re-reads
         self._ckpt.close()
         self._closed = True
+        for t in self._tables.values():
+            t.unshare()  # readers keep what they mapped; a restart shares anew
         self._kafka.mark_stopped()
         if self._metrics is not None:
             self._metrics.close()

@@ -95,6 +95,7 @@ class SyncOptions:
     on_apply: Optional[Callable[..., None]] = None
     reset_state: bool = False
     group_id: Optional[str] = None
+    share_tables: bool = False
     consumer_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,6 +121,8 @@ class SyncOptions:
         s = self.summary_interval
         if isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0:
             raise ValueError(f"summary_interval: expected seconds ≥ 0, got {s!r}")
+        if not isinstance(self.share_tables, bool):
+            raise TypeError(f"share_tables: expected a bool, got {self.share_tables!r}")
         if self.on_apply is not None and not callable(self.on_apply):
             raise TypeError(f"on_apply: expected a callable(outcome, partition, offset) or "
                             f"None, got {type(self.on_apply).__name__}")

@@ -1,0 +1,387 @@
+"""The files of a shared serving table, and who may create, replace or remove them.
+
+Where: ``/dev/shm/deltastream-<h>/<table>-<t>/`` with ``<h>`` a hash of the state dir's
+real path and ``<t>`` a hash of the table name (the readable part of the name is kept in
+front); without ``/dev/shm`` (not Linux), ``<state_dir>/shm/<table>-<t>/``. Readers compute
+the same place from the state dir and the table name (:func:`table_dir`).
+
+In a table directory::
+
+    lock                 flock'ed by the one writing process while it lives
+    current              "<incarnation>": the incarnation readers should map
+    <inc>.rows           header page + rows (sparse; see consumers.serving.memory)
+    <inc>.idx-<gen>      header page + the id index buckets of generation <gen>
+
+An *incarnation* is one writer's table (a daemon run). A restarted daemon writes a new
+one, points ``current`` at it, marks the previous one superseded (readers reopen) and
+removes its files. A daemon killed with SIGKILL leaves its files, consistent (every
+publish is one store): readers keep reading the last state; the next writer of that table
+removes them. A writer removes only files named as above whose header carries
+deltastream's magic — never anything else.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import time
+import weakref
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from consumers.errors import ConsumerError
+from consumers.serving.memory import (
+    DTYPE_CODES,
+    H_CREATED_NS,
+    H_INCARNATION,
+    H_LAYOUT,
+    H_MAGIC,
+    H_NAME_LEN,
+    H_PID,
+    H_STATE,
+    HEADER_BYTES,
+    INDEX_MAGIC,
+    LAYOUT,
+    MAGIC,
+    MAX_NAME_BYTES,
+    NAME_OFFSET,
+    STATE_CLOSED,
+    STATE_LIVE,
+    STATE_SUPERSEDED,
+    header_array,
+    map_file,
+)
+
+__all__ = ["SharedStorage", "table_dir", "shm_root", "read_current", "rows_file",
+           "index_file", "SHM_BASE"]
+
+log = logging.getLogger(__name__)
+
+SHM_BASE = "/dev/shm"
+_FILE_RE = re.compile(r"^([0-9a-f]{16})\.(rows|idx-\d{6,})$")
+_BACK_CHUNK = 16 << 20  # bytes of rows backed (fallocate) ahead of the writer at a time
+
+
+def shm_root(state_dir: os.PathLike | str, base: str = SHM_BASE) -> Path:
+    """Directory of the shared tables of ``state_dir``."""
+    real = os.path.realpath(os.fspath(state_dir))
+    if os.path.isdir(base):
+        return Path(base) / f"deltastream-{hashlib.sha256(real.encode()).hexdigest()[:16]}"
+    return Path(real) / "shm"
+
+
+def table_dir(state_dir: os.PathLike | str, name: str, base: str = SHM_BASE) -> Path:
+    """Directory of the files of shared table ``name`` of ``state_dir``."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:48]
+    return shm_root(state_dir, base) / f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def rows_file(dir: Path, inc: str) -> Path:
+    """The header + rows file of incarnation ``inc``."""
+    return dir / f"{inc}.rows"
+
+
+def index_file(dir: Path, inc: str, gen: int) -> Path:
+    """The index file of generation ``gen`` of incarnation ``inc``."""
+    return dir / f"{inc}.idx-{gen:06d}"
+
+
+def read_current(dir: Path) -> Optional[str]:
+    """The incarnation ``dir/current`` names, or None."""
+    try:
+        text = (dir / "current").read_text().strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9a-f]{16}", text) else None
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Allocate the file's pages in ``[offset, offset + length)`` now, so a full /dev/shm
+    raises OSError here rather than SIGBUS on a later write (where the OS can)."""
+    if length > 0 and hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, offset, length)
+
+
+def _own_dir(path: Path) -> None:
+    """Create ``path`` (and parents) or accept it only when it is a real directory of ours
+    (in a world-writable place like /dev/shm, never follow someone else's symlink)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o755)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        raise ConsumerError(f"{path}: expected a directory owned by uid {os.getuid()} for "
+                            f"shared tables, found something else (a link, or uid "
+                            f"{st.st_uid}); remove it or use another state dir")
+
+
+def _is_ours(path: Path) -> bool:
+    """True when ``path`` is a table file deltastream wrote (name and magic)."""
+    if not _FILE_RE.match(path.name) or path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            word = int.from_bytes(f.read(8), "little")
+    except OSError:
+        return False
+    return word in (MAGIC, INDEX_MAGIC)
+
+
+def _remove_ours(paths: list[Path]) -> None:
+    for p in paths:
+        if _is_ours(p):
+            try:
+                p.unlink()
+            except OSError as e:
+                log.warning("cannot remove %s: %s", p, e)
+        elif p.exists():
+            log.warning("%s does not look like a deltastream table file; left alone", p)
+
+
+class _Files:
+    """What a finalizer needs to clean up (no reference to the storage object)."""
+
+    def __init__(self, dir: Path, inc: str) -> None:
+        self.dir, self.inc = dir, inc
+        self.lock_fd: Optional[int] = None
+        self.rows_fd: Optional[int] = None
+        self.gens: set[int] = set()
+        self.closed = False
+
+    def paths(self) -> list[Path]:
+        return [rows_file(self.dir, self.inc)] + [index_file(self.dir, self.inc, g)
+                                                  for g in sorted(self.gens)]
+
+    def cleanup(self) -> None:
+        """Remove our files (and ``current`` when it names us); release the lock."""
+        if self.closed:
+            return
+        self.closed = True
+        if read_current(self.dir) == self.inc:
+            try:
+                (self.dir / "current").unlink()
+            except OSError:
+                pass
+        _remove_ours(self.paths())
+        if self.rows_fd is not None:
+            os.close(self.rows_fd)
+        if self.lock_fd is not None:
+            # unlink while holding the lock: a writer that opened the old file notices
+            # (its inode is no longer the path's) and takes a fresh one
+            try:
+                (self.dir / "lock").unlink()
+            except OSError:
+                pass
+            os.close(self.lock_fd)
+            for d in (self.dir, self.dir.parent):  # only when nothing else is left there
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+        self.rows_fd = self.lock_fd = None
+
+
+class SharedStorage:
+    """Memory of a table shared with reader processes: one incarnation's files."""
+
+    shared = True
+
+    def __init__(self, state_dir: Path, location: Path, files: _Files, buf: np.ndarray,
+                 dim: int, dtype: np.dtype, slots: int) -> None:
+        self.state_dir, self.location, self._f = state_dir, location, files
+        self.hdr = header_array(buf)
+        self.cap = slots
+        self.rows = buf[HEADER_BYTES: HEADER_BYTES + slots * dim * dtype.itemsize].view(
+            dtype).reshape(slots, dim)
+        self._row_bytes = dim * dtype.itemsize
+        self._backed = 0  # rows backed by allocated tmpfs pages
+        self._final = weakref.finalize(self, files.cleanup)
+
+    @property
+    def incarnation(self) -> str:
+        """This writer's incarnation id (16 hex digits)."""
+        return self._f.inc
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._f.closed
+
+    @classmethod
+    def create(cls, state_dir: os.PathLike | str, name: str, dim: int, dtype: str,
+               slots: int, need: int, *, lock_fd: Optional[int] = None) -> SharedStorage:
+        """A new incarnation of shared table ``name`` of ``state_dir`` with ``slots`` row
+        slots reserved (at least ``need``). Takes the table's writer lock (``lock_fd``:
+        already held, for a regrow). Readers see it after :meth:`publish`."""
+        raw = name.encode()
+        if len(raw) > MAX_NAME_BYTES:
+            raise ValueError(f"name: shared table names are at most {MAX_NAME_BYTES} bytes "
+                             f"of utf-8, got {len(raw)}")
+        location = table_dir(state_dir, name)
+        _own_dir(location.parent)
+        _own_dir(location)
+        files = _Files(location, f"{secrets.randbits(63):016x}")
+        files.lock_fd = lock_fd if lock_fd is not None else _lock(location)
+        try:
+            if lock_fd is None:
+                _remove_stale(location)
+            np_dtype = np.dtype({"f32": "<f4", "f16": "<f2"}[dtype])
+            path = rows_file(location, files.inc)
+            while True:
+                try:
+                    buf = map_file(path, HEADER_BYTES + slots * dim * np_dtype.itemsize,
+                                   create=True)
+                    break
+                except (OSError, OverflowError, ValueError):
+                    path.unlink(missing_ok=True)
+                    if slots // 2 < need:
+                        raise
+                    slots //= 2
+            files.rows_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            out = cls(Path(os.path.realpath(os.fspath(state_dir))), location, files, buf, dim,
+                      np_dtype, slots)
+        except BaseException:
+            files.cleanup()
+            raise
+        h = out.hdr
+        h[H_LAYOUT], h[H_INCARNATION] = LAYOUT, int(files.inc, 16)
+        h[H_PID], h[H_CREATED_NS], h[H_STATE] = os.getpid(), time.time_ns(), STATE_LIVE
+        buf[NAME_OFFSET: NAME_OFFSET + len(raw)] = np.frombuffer(raw, np.uint8)
+        h[H_NAME_LEN] = len(raw)
+        h[3] = DTYPE_CODES[dtype]
+        h[H_MAGIC] = MAGIC  # last: a file without it is not (yet) a table
+        return out
+
+    def matches(self, state_dir: os.PathLike | str) -> bool:
+        """True when this storage is the shared table of ``state_dir``."""
+        return Path(os.path.realpath(os.fspath(state_dir))) == self.state_dir
+
+    def new_index(self, gen: int, buckets: int, *, back: bool = False) -> np.ndarray:
+        """Zeroed ``int64 [buckets, 2]`` in the new file ``<inc>.idx-<gen>``, sparse; its
+        pages must be allocated (:meth:`back_index`, or ``back``) before it is written —
+        a full /dev/shm then fails with OSError, not with SIGBUS on a write."""
+        path = index_file(self.location, self._f.inc, gen)
+        nbytes = HEADER_BYTES + buckets * 16
+        buf = map_file(path, nbytes, create=True)
+        self._f.gens.add(gen)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            _allocate(fd, 0, nbytes if back else HEADER_BYTES)
+        finally:
+            os.close(fd)
+        h = header_array(buf)
+        h[1], h[2], h[3] = gen, buckets, int(self._f.inc, 16)
+        h[0] = INDEX_MAGIC
+        return buf[HEADER_BYTES:].view(np.int64).reshape(buckets, 2)
+
+    def back_index(self, gen: int, start: int, stop: int) -> None:
+        """Allocate the pages of bytes ``[start, stop)`` of the buckets of index ``gen``."""
+        fd = os.open(index_file(self.location, self._f.inc, gen), os.O_RDWR)
+        try:
+            _allocate(fd, HEADER_BYTES + start, stop - start)
+        finally:
+            os.close(fd)
+
+    def drop_index(self, gen: int) -> None:
+        """Remove the index file of generation ``gen`` (readers that mapped it keep it)."""
+        if gen in self._f.gens:
+            self._f.gens.discard(gen)
+            _remove_ours([index_file(self.location, self._f.inc, gen)])
+
+    def ensure_rows(self, slots: int) -> None:
+        """Back rows ``[0, slots)`` with allocated pages (ahead, in 16 MiB steps): a full
+        /dev/shm raises OSError here instead of SIGBUS on the write."""
+        if slots <= self._backed:
+            return
+        step = max(1, _BACK_CHUNK // self._row_bytes)
+        upto = min(self.cap, max(slots, self._backed + step))
+        assert self._f.rows_fd is not None
+        _allocate(self._f.rows_fd, HEADER_BYTES + self._backed * self._row_bytes,
+                           (upto - self._backed) * self._row_bytes)
+        self._backed = upto
+
+    def resized(self, slots: int) -> SharedStorage:
+        """A new incarnation with ``slots`` row slots (a regrow), holding this one's lock."""
+        name = bytes(self.hdr.view(np.uint8)[NAME_OFFSET: NAME_OFFSET + int(
+            self.hdr[H_NAME_LEN])]).decode()
+        dtype = "f16" if self.rows.dtype == np.float16 else "f32"
+        out = SharedStorage.create(self.state_dir, name, self.rows.shape[1], dtype, slots,
+                                   slots, lock_fd=self._f.lock_fd)
+        self._f.lock_fd = None
+        out.publish()  # the caller copies the contents first: see TableCore.restorage
+        return out
+
+    def publish(self) -> None:
+        """Point readers at this incarnation; retire the previous one (mark superseded so
+        its readers reopen, remove its files)."""
+        prev = read_current(self.location)
+        tmp = self.location / f"current.tmp-{os.getpid()}"
+        tmp.write_text(self._f.inc + "\n")
+        os.replace(tmp, self.location / "current")
+        if prev is not None and prev != self._f.inc:
+            _supersede(self.location, prev)
+
+    def close(self) -> None:
+        """Mark closed for readers, remove this incarnation's files, release the lock."""
+        if not self._f.closed:
+            self.hdr[H_STATE] = STATE_CLOSED
+            self._final()  # runs files.cleanup once
+
+
+def _lock(location: Path) -> int:
+    """flock ``location/lock`` (the one writer of this table); ConsumerError if held."""
+    path = location / "lock"
+    for _ in range(100):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            break
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # its holder removed it on close: lock the new one
+    else:
+        raise ConsumerError(f"{path}: cannot take the table's writer lock")
+    inc = read_current(location)
+    pid = None
+    if inc is not None:
+        try:
+            pid = int(header_array(map_file(rows_file(location, inc), writable=False))[H_PID])
+        except (OSError, ValueError):
+            pass
+    raise ConsumerError(f"{location}: this table is already shared by another live process "
+                        f"(pid {pid}); one writer per table and state dir")
+
+
+def _supersede(location: Path, inc: str) -> None:
+    """Tell readers of incarnation ``inc`` to reopen, then remove its files."""
+    path = rows_file(location, inc)
+    if _is_ours(path):
+        try:
+            header_array(map_file(path))[H_STATE] = STATE_SUPERSEDED
+        except OSError as e:
+            log.warning("cannot mark %s superseded: %s", path, e)
+    _remove_ours([p for p in location.iterdir() if p.name.startswith(inc + ".")])
+
+
+def _remove_stale(location: Path) -> None:
+    """Files of incarnations whose writer is gone (we hold the lock), except the one
+    ``current`` names: readers keep reading it until the new one is published."""
+    keep = read_current(location)
+    stale = [p for p in location.iterdir()
+             if _FILE_RE.match(p.name) and p.name[:16] != keep]
+    if stale:
+        log.info("%s: removing %d files of earlier writers", location, len(stale))
+    _remove_ours(stale)
+    for p in location.glob("current.tmp-*"):  # a pointer a crashed writer never renamed
+        if re.fullmatch(r"current\.tmp-\d+", p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)

@@ -1,0 +1,108 @@
+"""CheckpointWriter (consumers.storage.background): checkpoints written in a background
+thread hold exactly the state frozen at submit, while the tables keep changing."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import consumers.storage.checkpoint as ck
+from consumers.serving_table import ServingTable
+from consumers.storage import table_stream
+from consumers.storage.background import CheckpointWriter
+from consumers.storage.checkpoint import CheckpointResult, CheckpointStore
+from consumers.storage.snapshot import read_snapshot
+
+
+def _tables() -> dict[str, ServingTable]:
+    a = ServingTable("a", 8)
+    a.upsert(np.arange(5000), np.ones((5000, 8), np.float32))
+    b = ServingTable("b", 4, dtype="f16")
+    b.upsert(np.arange(10), np.ones((10, 4), np.float32))
+    return {"a": a, "b": b}
+
+
+def _churn(tables: dict[str, ServingTable], v: float) -> None:
+    a = tables["a"]
+    a.upsert(np.arange(0, 5000, 2), np.full((2500, 8), v, np.float32))
+    a.delete(np.arange(1, 200, 2))
+    a.upsert(np.arange(10_000, 10_050), np.full((50, 8), v, np.float32))
+
+
+@pytest.mark.parametrize("kind", ["base", "segment"])
+def test_the_checkpoint_holds_the_state_at_submit(tmp_path, monkeypatch, kind):
+    tables = _tables()
+    store = CheckpointStore(tmp_path / "ck")
+    w = CheckpointWriter(store)
+    if kind == "segment":
+        assert w.submit(tables=tables, offsets={0: 1}, seqs={}, meta={})
+        assert w.wait(30) and isinstance(w.results()[0], CheckpointResult)
+        _churn(tables, 2.0)
+    want = {n: t.digest() for n, t in tables.items()}
+    gate, inside = threading.Event(), threading.Event()
+    real_base, real_seg = table_stream.HashingWriter.write, ck.write_chunks
+
+    def slow_base(self, b):
+        inside.set()
+        gate.wait(30)
+        return real_base(self, b)
+
+    def slow_seg(path, chunks):
+        inside.set()
+        gate.wait(30)
+        return real_seg(path, chunks)
+
+    monkeypatch.setattr(table_stream.HashingWriter, "write", slow_base)
+    monkeypatch.setattr(ck, "write_chunks", slow_seg)
+    meta = {"m": [1]}
+    assert w.submit(tables=tables, offsets={0: 2}, seqs={}, meta=meta)
+    assert store.plan(tables) == "segment" or kind == "base"
+    assert inside.wait(30) and w.busy
+    assert not w.submit(tables=tables, offsets={0: 3}, seqs={}, meta={})  # one in flight
+    for v in (3.0, 4.0, 5.0):  # the tables change while the checkpoint is written
+        _churn(tables, v)
+    meta["m"].append(2)
+    gate.set()
+    assert w.wait(30)
+    (res,) = w.results()
+    assert isinstance(res, CheckpointResult) and res.kind == kind
+    snap = read_snapshot(tmp_path / "ck")
+    assert snap.offsets == {0: 2} and snap.meta == {"m": [1]}
+    assert {n: t.digest() for n, t in snap.tables.items()} == want
+    # the next checkpoint holds everything since
+    monkeypatch.undo()
+    assert w.submit(tables=tables, offsets={0: 4}, seqs={}, meta={})
+    w.close(30)
+    snap = read_snapshot(tmp_path / "ck")
+    assert {n: t.digest() for n, t in snap.tables.items()} == \
+        {n: t.digest() for n, t in tables.items()}
+
+
+def test_a_failed_background_write_is_reported_and_the_next_is_a_base(tmp_path, monkeypatch):
+    tables = _tables()
+    store = CheckpointStore(tmp_path / "ck")
+    w = CheckpointWriter(store)
+    assert w.submit(tables=tables, offsets={0: 1}, seqs={}, meta={})
+    w.wait(30)
+    w.results()
+    _churn(tables, 2.0)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "write_chunks", boom)
+    assert w.submit(tables=tables, offsets={0: 2}, seqs={}, meta={})
+    w.wait(30)
+    (err,) = w.results()
+    assert isinstance(err, OSError)
+    monkeypatch.undo()
+    assert store.plan(tables) == "base"
+    assert w.submit(tables=tables, offsets={0: 3}, seqs={}, meta={})
+    w.wait(30)
+    (res,) = w.results()
+    assert res.kind == "base"
+    snap = read_snapshot(tmp_path / "ck")
+    assert {n: t.digest() for n, t in snap.tables.items()} == \
+        {n: t.digest() for n, t in tables.items()}
