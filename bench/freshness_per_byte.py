@@ -70,7 +70,7 @@ import numpy as np
 
 from bench._common import result
 from bench._ratings import HOW_TO_GET, Ratings, load_ratings
-from demo.report import pyplot
+from demo.report import pyplot, save_png
 
 __all__ = ["main", "run"]
 
@@ -399,9 +399,7 @@ def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy])
         ax.set_title(f"freshness per byte, prequential MF on {r['dataset']}")
         ax.grid(True, alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
+        save_png(fig, path)
     finally:
         plt.close(fig)
     return path

@@ -76,7 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import result
-from demo.report import pyplot
+from demo.report import pyplot, save_png
 
 __all__ = ["main"]
 
@@ -411,9 +411,7 @@ def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy],
         ax.grid(True, alpha=0.3)
         # outside the axes: the points can sit anywhere in the plot area
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
+        save_png(fig, path)
     finally:
         plt.close(fig)
     return path

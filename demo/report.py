@@ -32,6 +32,7 @@ __all__ = [
     "plot_published",
     "freshness_series",
     "pyplot",
+    "save_png",
     "PNG_MAGIC",
 ]
 
@@ -355,9 +356,11 @@ def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
     return out
 
 
-def _save_png(fig, path: str | os.PathLike) -> Path:
+def save_png(fig, path: str | os.PathLike) -> Path:
+    """Lay out ``fig`` and write it to ``path`` as PNG (parent directories made)."""
     fig.tight_layout()
     out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
 
@@ -399,7 +402,7 @@ def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[
         ax.set_ylabel("freshness (ms)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        return _save_png(fig, path)
+        return save_png(fig, path)
     finally:
         plt.close(fig)
 
@@ -451,6 +454,6 @@ def plot_published(path: str | os.PathLike, steps: Sequence[int], rows: Sequence
         ax.set_ylabel("rows published", color="tab:blue")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        return _save_png(fig, path)
+        return save_png(fig, path)
     finally:
         plt.close(fig)
