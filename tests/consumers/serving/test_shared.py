@@ -21,6 +21,10 @@ def state(tmp_path):
     yield tmp_path / "state"
     root = shm_root(tmp_path / "state")
     assert not root.exists() or not any(root.rglob("*.rows")), "a test left table files"
+    for d in sorted(root.rglob("*"), reverse=True) if root.exists() else ():
+        d.rmdir()  # only empty directories are left here (rmdir refuses anything else)
+    if root.exists():
+        root.rmdir()
 
 
 def _table(n: int = 100, dim: int = 4, name: str = "emb", dtype: str = "f32") -> ServingTable:
