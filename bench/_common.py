@@ -21,6 +21,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: importing torch/numpy here would load them for every bench
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # annotations only: importing torch/numpy here would load the
     import torch
 
 __all__ = ["result", "best_time", "emit", "zipf_ids", "torch_threads", "add_threads_flag",
-           "THREADS_HELP"]
+           "THREADS_HELP", "Loopback", "LoopbackSent"]
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +183,41 @@ def torch_threads(n: int) -> Iterator[int]:
     finally:
         if n:
             torch.set_num_threads(prev)  # later benches in this process keep their setting
+
+
+@dataclass
+class LoopbackSent:
+    """Counters of one :meth:`Loopback.publish` call (those of a ``PublishResult``)."""
+
+    rows: int
+    tombstones: int
+    messages: int
+    bytes: int
+
+
+class Loopback:
+    """In-process stand-in for ``DeltaPublisher``: each batch is encoded in the wire format
+    (``dtype``; the encoded bytes are counted), decoded and applied to ``serving`` (table
+    name -> ``consumers.ServingTable``). One seq counter over all tables (shard 0, epoch 1).
+    ``ids``/``rows``/``tombstones`` may be numpy arrays or CPU tensors."""
+
+    def __init__(self, serving: dict, dtype: str, *, model: str = "bench") -> None:
+        self.serving, self.dtype, self.model, self.seq = serving, dtype, model, 0
+
+    def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
+                ts: int | None = None) -> LoopbackSent:
+        import numpy as np
+
+        from deltastream import wire
+
+        batch = wire.DeltaBatch(model=self.model, table=table, shard=0, epoch=1, seq=self.seq,
+                                step=step, ts=time.time_ns() if ts is None else ts,
+                                ids=np.asarray(ids), rows=np.asarray(rows), dtype=self.dtype,
+                                tombstones=None if tombstones is None else np.asarray(tombstones))
+        msgs = wire.encode(batch)
+        for msg in msgs:
+            self.seq += 1
+            self.serving[table].apply(wire.decode(msg))
+        return LoopbackSent(rows=len(ids),
+                            tombstones=0 if tombstones is None else len(tombstones),
+                            messages=len(msgs), bytes=sum(len(m) for m in msgs))

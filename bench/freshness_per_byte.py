@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import result
+from bench._common import Loopback, result
 from bench._ratings import HOW_TO_GET, Ratings, load_ratings
 from demo.report import pyplot, save_png
 
@@ -107,37 +107,6 @@ class Policy:
                                                 "rounds": 0})
     table_rows: dict = field(default_factory=dict)  #: rows published per table
     logits: list = field(default_factory=list)
-
-
-@dataclass
-class _Sent:
-    rows: int
-    tombstones: int
-    messages: int
-    bytes: int
-
-
-class Loopback:
-    """In-process publisher: every batch is encoded with ``deltastream.wire`` (``dtype``),
-    decoded and applied to one policy's serving tables; counts the encoded bytes."""
-
-    def __init__(self, serving: dict, dtype: str) -> None:
-        self.serving, self.dtype, self.seq = serving, dtype, 0
-
-    def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
-                ts: int | None = None) -> _Sent:
-        from deltastream import wire
-
-        batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1, seq=self.seq,
-                                step=step, ts=time.time_ns() if ts is None else ts,
-                                ids=np.asarray(ids), rows=np.asarray(rows), dtype=self.dtype,
-                                tombstones=None if tombstones is None else np.asarray(tombstones))
-        msgs = wire.encode(batch)
-        for msg in msgs:
-            self.seq += 1
-            self.serving[table].apply(wire.decode(msg))
-        return _Sent(rows=len(ids), tombstones=0 if tombstones is None else len(tombstones),
-                     messages=len(msgs), bytes=sum(len(m) for m in msgs))
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -238,7 +207,7 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
                            mode=TrackingMode.EMBEDDING)
     tables = dict(model.items())
     serving = {p.label: {n: ServingTable(n, dims[n]) for n in dims} for p in policies}
-    sinks = {p.label: Loopback(serving[p.label], args.dtype) for p in policies}
+    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf") for p in policies}
     budgets = {p.label: BudgetPublisher(tracker, sinks[p.label], p.label, p.budget,
                                         tables=tables) for p in policies if p.budget}
     labels: list[np.ndarray] = []

@@ -75,7 +75,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import result
+from bench._common import Loopback, result
 from demo.report import pyplot, save_png
 
 __all__ = ["main"]
@@ -120,42 +120,6 @@ class Policy:
     value: float
     kwargs: dict = field(default_factory=dict)  #: SelectionPolicy budget arguments
     weighted: bool = False  #: pass weights = read rate ** --rate-power
-
-
-@dataclass
-class _Sent:
-    """Counters of one :meth:`_Loopback.publish` call (those of a ``PublishResult``)."""
-
-    rows: int
-    tombstones: int
-    messages: int
-    bytes: int
-
-
-class _Loopback:
-    """In-process stand-in for ``DeltaPublisher``: each batch is encoded in the wire format
-    (``dtype``; the encoded bytes are counted), decoded and applied to this policy's own
-    serving tables. One seq counter over all tables (shard 0, epoch 1)."""
-
-    def __init__(self, serving: dict, dtype: str) -> None:
-        self.serving = serving  # table name -> consumers.ServingTable
-        self.dtype = dtype
-        self.seq = 0
-
-    def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
-                ts: int | None = None) -> _Sent:
-        from deltastream import wire
-
-        batch = wire.DeltaBatch(model="topk", table=table, shard=0, epoch=1, seq=self.seq,
-                                step=step, ts=time.time_ns() if ts is None else ts,
-                                ids=ids.numpy(), rows=rows.numpy(), dtype=self.dtype,
-                                tombstones=None if tombstones is None else tombstones.numpy())
-        msgs = wire.encode(batch)
-        for msg in msgs:
-            self.seq += 1
-            self.serving[table].apply(wire.decode(msg))
-        return _Sent(rows=len(ids), tombstones=0 if tombstones is None else len(tombstones),
-                     messages=len(msgs), bytes=sum(len(m) for m in msgs))
 
 
 def _policies(args: argparse.Namespace) -> list[Policy]:
@@ -289,7 +253,7 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
         rates[fqn].watch(t)
     serving = {n: {t.name: ServingTable(t.name, args.dim) for t in tables.values()}
                for n in names}
-    sinks = {n: _Loopback(serving[n], args.dtype) for n in names}
+    sinks = {n: Loopback(serving[n], args.dtype, model="topk") for n in names}
 
     def read_rate(fqn: str, ids: torch.Tensor) -> torch.Tensor:
         return rates[fqn].rate(ids) ** args.rate_power
