@@ -11,9 +11,14 @@ import os
 import uuid
 from dataclasses import dataclass
 
-import pytest
+# No GPU here: Triton kernels run in Triton's interpreter on CPU tensors, which must be chosen
+# before anything imports triton (deltastream.kernels.runtime).
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from deltastream.broker import EmbeddedBroker
+import pytest  # noqa: E402
+
+from deltastream.broker import EmbeddedBroker  # noqa: E402
 
 
 @dataclass
@@ -36,6 +41,26 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture
+def kernel_device():
+    """The device Triton kernel tests run on, with kernel mode ``on``: CUDA when there is
+    one, else CPU under Triton's interpreter; skipped when triton does not import."""
+    import torch
+
+    from deltastream.kernels.runtime import interpreted, kernels_mode, triton_available
+
+    if not triton_available():
+        pytest.skip("triton does not import")
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+    elif interpreted():
+        device = torch.device("cpu")
+    else:
+        pytest.skip("no CUDA device and TRITON_INTERPRET is not 1")
+    with kernels_mode("on"):
+        yield device
 
 
 @pytest.fixture(scope="session")
