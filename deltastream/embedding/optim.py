@@ -6,6 +6,13 @@ its per-row state in tensors indexed by the table's row positions, grows that st
 table's storage, and resets the state of rows the table evicts (a reused position never
 inherits an old row's state). Math is done in float32 whatever the table dtype.
 
+Where the update runs (:func:`~deltastream.kernels.runtime.use_kernels`): on CUDA, one fused
+Triton kernel per table per step over the touched rows
+(:mod:`deltastream.kernels.sparse_optim`: 1 launch, no host sync); on CPU, the torch
+reference below (``_update``), which the kernels match to float32 rounding. The step reads
+the table's coalesced gradient first (:meth:`~deltastream.HashTable.sparse_grad`: on CUDA
+one device->host read per table, the number of touched rows, which sizes the update).
+
 Dense parameters (MLP weights, ``torch.nn.Embedding``) are not handled here: give them to a
 normal ``torch.optim`` optimizer. ``HashTable`` storage is not a ``Parameter``, so
 ``model.parameters()`` already lists only the dense part::
@@ -36,6 +43,7 @@ from typing import Optional, Union
 import torch
 
 from deltastream.embedding.hashtable import HashTable
+from deltastream.kernels.runtime import use_kernels
 
 __all__ = ["SparseOptimizer", "SparseSGD", "RowWiseAdagrad", "SparseAdam"]
 
@@ -133,13 +141,15 @@ class SparseOptimizer:
         st = self.state.get(table.name)
         if not st or self._find(table.name) is not table:
             return
+        if positions is not None:
+            # grown to the table's capacity first, so every freed position is in range: no
+            # filtering by a data-dependent mask (a device sync on CUDA)
+            st = self._ensure_state(table)
         for tensor in st.values():
             if positions is None:
                 tensor.zero_()
             else:
-                p = positions.to(tensor.device)
-                p = p[p < tensor.shape[0]]  # rows past the state's size are zero already
-                tensor[p] = 0
+                tensor.index_fill_(0, positions.to(tensor.device), 0)
 
     def _find(self, name: str) -> Optional[HashTable]:
         for t in self.tables:
@@ -168,6 +178,12 @@ class SparseOptimizer:
                 continue
             st = self._ensure_state(t)
             pos = g.positions
+            if use_kernels(t.storage):
+                from deltastream.kernels import sparse_optim  # imports triton: only here
+
+                if sparse_optim.supports(t.storage):
+                    self._fused(sparse_optim, st, pos, t.storage, g.values, group)
+                    continue
             w = t.storage.index_select(0, pos).float()
             new_w = self._update(st, pos, w, g.values.float(), group)
             t.storage.index_copy_(0, pos, new_w.to(t.dtype))
@@ -176,6 +192,12 @@ class SparseOptimizer:
     def _update(self, st: dict[str, torch.Tensor], pos: torch.Tensor, w: torch.Tensor,
                 g: torch.Tensor, group: dict) -> torch.Tensor:
         """New float32 rows ``[u, dim]`` for unique positions ``pos``; updates ``st`` rows."""
+        raise NotImplementedError
+
+    def _fused(self, kernels, st: dict[str, torch.Tensor], pos: torch.Tensor,
+               storage: torch.Tensor, g: torch.Tensor, group: dict) -> None:
+        """:meth:`_update` fused: ``storage`` rows at ``pos`` and ``st`` updated in place by
+        one kernel of ``kernels`` (:mod:`deltastream.kernels.sparse_optim`)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -255,6 +277,9 @@ class SparseSGD(SparseOptimizer):
             g = g + group["weight_decay"] * w
         return w - group["lr"] * g
 
+    def _fused(self, kernels, st, pos, storage, g, group):
+        kernels.sgd_update(storage, pos, g, lr=group["lr"], weight_decay=group["weight_decay"])
+
 
 class RowWiseAdagrad(SparseOptimizer):
     """Row-wise Adagrad (one accumulator per row, as FBGEMM's ``EXACT_ROWWISE_ADAGRAD``).
@@ -283,6 +308,12 @@ class RowWiseAdagrad(SparseOptimizer):
         acc = acc + g.square().mean(dim=1)
         st["sum"].index_copy_(0, pos, acc)
         return w - group["lr"] * g / (acc.sqrt() + group["eps"]).unsqueeze(1)
+
+    def _fused(self, kernels, st, pos, storage, g, group):
+        kernels.rowwise_adagrad_update(
+            storage, st["sum"], pos, g, lr=group["lr"], eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            initial_accumulator_value=group["initial_accumulator_value"])
 
 
 class SparseAdam(SparseOptimizer):
@@ -323,3 +354,8 @@ class SparseAdam(SparseOptimizer):
             w = w * (1 - lr * wd)
         denom = v.sqrt() / bc2.sqrt() + eps
         return w - (lr / bc1) * m / denom
+
+    def _fused(self, kernels, st, pos, storage, g, group):
+        kernels.adam_update(storage, st["exp_avg"], st["exp_avg_sq"], st["step"], pos, g,
+                            lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                            weight_decay=group["weight_decay"])

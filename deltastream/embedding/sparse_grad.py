@@ -14,7 +14,9 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-__all__ = ["SparseGrad", "GradStash", "gather_rows"]
+from deltastream.kernels.runtime import use_kernels
+
+__all__ = ["SparseGrad", "GradStash", "gather_rows", "coalesce_rows"]
 
 
 class SparseGrad(NamedTuple):
@@ -56,24 +58,31 @@ class GradStash:
         id and liveness per position now: entries whose row was evicted (or reused by
         another id) since the backward are dropped. The result is cached (and kept as the
         stash) until the next :meth:`add` or :meth:`clear`.
+
+        Host syncs: on the kernel path (CUDA, :func:`~deltastream.kernels.runtime.use_kernels`)
+        exactly one, the number of touched rows (:func:`coalesce_rows`); on the reference
+        path one more when stale entries must be dropped.
         """
         if self._cache is not None:
             return self._cache
         if not self._entries:
             return None
         device, capacity = pos_ids.device, pos_ids.shape[0]
-        pos = torch.cat([p for p, _, _ in self._entries]).to(device)
-        ids = torch.cat([i for _, i, _ in self._entries]).to(device)
-        grad = torch.cat([g.reshape(-1, self.dim) for _, _, g in self._entries]).to(device)
+        pos = _cat([p for p, _, _ in self._entries]).to(device)
+        ids = _cat([i for _, i, _ in self._entries]).to(device)
+        grad = _cat([g.reshape(-1, self.dim) for _, _, g in self._entries]).to(device)
         valid = (pos < capacity)
         valid &= occupied[pos.clamp(max=capacity - 1)]
         valid &= pos_ids[pos.clamp(max=capacity - 1)] == ids
-        if not bool(valid.all()):
-            keep = valid.nonzero().squeeze(1)
-            pos, grad = pos.index_select(0, keep), grad.index_select(0, keep)
-        uniq, inv = torch.unique(pos, return_inverse=True)
-        summed = torch.zeros(uniq.numel(), self.dim, dtype=grad.dtype, device=device)
-        summed.index_add_(0, inv, grad)
+        if use_kernels(pos_ids):
+            uniq, summed = coalesce_rows(pos, grad, valid, capacity)
+        else:
+            if not bool(valid.all()):
+                keep = valid.nonzero().squeeze(1)
+                pos, grad = pos.index_select(0, keep), grad.index_select(0, keep)
+            uniq, inv = torch.unique(pos, return_inverse=True)
+            summed = torch.zeros(uniq.numel(), self.dim, dtype=grad.dtype, device=device)
+            summed.index_add_(0, inv, grad)
         self._cache = SparseGrad(uniq, pos_ids.index_select(0, uniq), summed)
         self._entries = [(uniq, self._cache.ids, summed)]
         return self._cache
@@ -90,6 +99,42 @@ class GradStash:
                           g.to(device=device, dtype=dtype)) for p, i, g in self._entries]
         self._cache = None
         return self
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def coalesce_rows(pos: torch.Tensor, grad: torch.Tensor, valid: torch.Tensor,
+                  capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique valid positions (ascending, int64 ``[u]``) and their summed gradient rows
+    ``[u, dim]``, from ``pos`` int64 ``[n]`` (``< capacity`` where ``valid``), ``grad``
+    ``[n, dim]`` and the bool mask ``valid`` ``[n]``.
+
+    One sort and **one** device->host read (``u``, which sizes the result); invalid
+    entries are sorted past every valid position and summed into a scratch row that is
+    cut off, so dropping them costs no sync of its own (``torch.unique`` plus a validity
+    check costs two).
+    """
+    n, device = pos.numel(), pos.device
+    key = torch.where(valid, pos, torch.full_like(pos, capacity))  # invalid: sorted last
+    skey, order = torch.sort(key)
+    start = torch.ones(n, dtype=torch.bool, device=device)
+    if n > 1:
+        torch.ne(skey[1:], skey[:-1], out=start[1:])
+    live = skey < capacity
+    start &= live
+    seg = torch.cumsum(start, 0).sub_(1)  # row of each sorted entry in the result
+    u = int(seg[-1]) + 1 if n else 0  # the one sync
+    dump = torch.full_like(seg, u)
+    dst_sorted = torch.where(live, seg, dump)
+    dst = torch.empty_like(dst_sorted).scatter_(0, order, dst_sorted)  # back to input order
+    summed = torch.zeros(u + 1, grad.shape[1], dtype=grad.dtype, device=device)
+    summed.index_add_(0, dst, grad)
+    uniq = torch.empty(u + 1, dtype=torch.int64, device=device)
+    # every entry of a segment carries the same key: repeated writes agree
+    uniq.index_copy_(0, dst_sorted, skey)
+    return uniq[:u], summed[:u]
 
 
 class _GatherRows(torch.autograd.Function):

@@ -1,4 +1,8 @@
-"""Unit tests for the sparse optimizers in deltastream.embedding.optim against dense references."""
+"""Unit tests for the sparse optimizers in deltastream.embedding.optim against dense references.
+
+The update tests run over both paths (``dev``): the torch reference (kernel mode off, CPU)
+and the fused Triton kernels (``kernel_device``: CUDA, or CPU under Triton's interpreter).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,20 @@ import deltastream.embedding.optim as optim_mod
 from deltastream.embedding.hashtable import HashTable
 from deltastream.embedding.initializers import constant_initializer
 from deltastream.embedding.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+from deltastream.embedding.sparse_grad import coalesce_rows
+from deltastream.kernels.runtime import kernels_mode
 
 VOCAB, DIM = 30, 6
+
+
+@pytest.fixture(params=["reference", "kernels"])
+def dev(request):
+    """The device tables live on, with the path under test in force."""
+    if request.param == "kernels":
+        yield request.getfixturevalue("kernel_device")
+        return
+    with kernels_mode("off"):
+        yield torch.device("cpu")
 
 
 def _id(rows: torch.Tensor) -> torch.Tensor:
@@ -20,10 +36,10 @@ def _id(rows: torch.Tensor) -> torch.Tensor:
     return rows * 7919 - 50_000
 
 
-def _pair(seed: int = 0, capacity: int = 4):
-    """A HashTable and a dense weight holding the same VOCAB rows."""
+def _pair(seed: int = 0, capacity: int = 4, device: torch.device | str = "cpu"):
+    """A HashTable (on ``device``) and a dense CPU weight holding the same VOCAB rows."""
     w = torch.randn(VOCAB, DIM, generator=torch.Generator().manual_seed(seed))
-    t = HashTable(DIM, name="t", capacity=capacity)
+    t = HashTable(DIM, name="t", capacity=capacity, device=device)
     t.insert(_id(torch.arange(VOCAB)), w)
     return t, w.clone()
 
@@ -38,7 +54,7 @@ def _batches(n: int, seed: int = 1, size: int = 12, fixed: torch.Tensor | None =
 
 
 def _table_rows(t: HashTable) -> torch.Tensor:
-    return t.lookup(_id(torch.arange(VOCAB)))
+    return t.lookup(_id(torch.arange(VOCAB))).cpu()
 
 
 def _dense_grad(w: torch.Tensor, rows: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -48,7 +64,8 @@ def _dense_grad(w: torch.Tensor, rows: torch.Tensor, coef: torch.Tensor) -> torc
 
 
 def _sparse_step(t: HashTable, opt, rows, coef) -> None:
-    out = t(_id(rows))
+    coef = coef.to(t.device)
+    out = t(_id(rows).to(t.device))
     (out * coef * coef.sum(1, keepdim=True)).sum().backward()
     opt.step()
     opt.zero_grad()
@@ -57,8 +74,8 @@ def _sparse_step(t: HashTable, opt, rows, coef) -> None:
 # ----------------------------------------------------------------------------- SGD
 
 
-def test_sgd_equals_torch_sgd_on_sparse_embedding():
-    t, w = _pair()
+def test_sgd_equals_torch_sgd_on_sparse_embedding(dev):
+    t, w = _pair(device=dev)
     emb = torch.nn.Embedding.from_pretrained(w.clone(), freeze=False, sparse=True)
     ref = torch.optim.SGD(emb.parameters(), lr=0.1)
     opt = SparseSGD(t, lr=0.1)
@@ -70,8 +87,8 @@ def test_sgd_equals_torch_sgd_on_sparse_embedding():
     torch.testing.assert_close(_table_rows(t), emb.weight.detach())
 
 
-def test_sgd_weight_decay_and_untouched_rows_unchanged():
-    t, w = _pair()
+def test_sgd_weight_decay_and_untouched_rows_unchanged(dev):
+    t, w = _pair(device=dev)
     opt = SparseSGD([t], lr=0.05, weight_decay=0.1)
     rows, coef = _batches(1)[0]
     g = _dense_grad(w, rows, coef)
@@ -98,8 +115,8 @@ def _rowwise_adagrad_ref(w, batches, lr, eps, wd=0.0):
     return w
 
 
-def test_rowwise_adagrad_equals_dense_reference():
-    t, w = _pair()
+def test_rowwise_adagrad_equals_dense_reference(dev):
+    t, w = _pair(device=dev)
     batches = _batches(8)
     opt = RowWiseAdagrad(t, lr=0.2, eps=1e-8, weight_decay=0.01)
     for rows, coef in batches:
@@ -130,8 +147,8 @@ def _lazy_adam_ref(w, batches, lr, betas=(0.9, 0.999), eps=1e-8):
     return w
 
 
-def test_adam_equals_lazy_dense_reference_on_random_batches():
-    t, w = _pair()
+def test_adam_equals_lazy_dense_reference_on_random_batches(dev):
+    t, w = _pair(device=dev)
     batches = _batches(10)
     opt = SparseAdam(t, lr=0.05)
     for rows, coef in batches:
@@ -141,8 +158,8 @@ def test_adam_equals_lazy_dense_reference_on_random_batches():
 
 
 @pytest.mark.parametrize("wd", [0.0, 0.1])
-def test_adam_equals_torch_adam_when_same_rows_touched(wd):
-    t, w = _pair()
+def test_adam_equals_torch_adam_when_same_rows_touched(wd, dev):
+    t, w = _pair(device=dev)
     fixed = torch.tensor([0, 3, 3, 8, 21, 29])
     batches = _batches(7, fixed=fixed)
     emb = torch.nn.Embedding.from_pretrained(w.clone(), freeze=False)
@@ -165,10 +182,10 @@ def test_adam_equals_torch_adam_when_same_rows_touched(wd):
 
 
 @pytest.mark.parametrize("cls", [SparseSGD, RowWiseAdagrad, SparseAdam])
-def test_state_grows_with_table_inserted_by_forward(cls):
+def test_state_grows_with_table_inserted_by_forward(cls, dev):
     """Rows enter the table through training forward across steps (storage grows from 1)."""
     w = torch.zeros(VOCAB, DIM)
-    t = HashTable(DIM, name="t", capacity=1, initializer=constant_initializer(0.0))
+    t = HashTable(DIM, name="t", capacity=1, initializer=constant_initializer(0.0), device=dev)
     opt = cls(t, lr=0.1)
     batches = []
     gen = torch.Generator().manual_seed(3)
@@ -181,7 +198,7 @@ def test_state_grows_with_table_inserted_by_forward(cls):
         caps.add(t.capacity)
         # unrelated rows grow the storage (and rebuild the index) between steps
         filler = torch.arange(1500) + 10**9 + 1500 * k
-        t.insert(filler, torch.zeros(1500, DIM))
+        t.insert(filler.to(dev), torch.zeros(1500, DIM, device=dev))
     assert len(caps) > 3
     if cls is SparseAdam:
         ref = _lazy_adam_ref(w, batches, 0.1)
@@ -198,32 +215,35 @@ def test_state_grows_with_table_inserted_by_forward(cls):
 
 
 @pytest.mark.parametrize("cls", [RowWiseAdagrad, SparseAdam])
-def test_evicted_row_state_is_reset_for_reused_slot(cls):
-    t = HashTable(DIM, name="t", capacity=4)
-    t.insert(torch.tensor([1, 2]), torch.zeros(2, DIM))
+def test_evicted_row_state_is_reset_for_reused_slot(cls, dev):
+    def ids(*v):
+        return torch.tensor(v, device=dev)
+
+    t = HashTable(DIM, name="t", capacity=4, device=dev)
+    t.insert(ids(1, 2), torch.zeros(2, DIM, device=dev))
     opt = cls(t, lr=0.1)
-    coef = torch.randn(1, DIM, generator=torch.Generator().manual_seed(0))
+    coef = torch.randn(1, DIM, generator=torch.Generator().manual_seed(0)).to(dev)
     for _ in range(5):  # build up state for id 1
-        (t(torch.tensor([1])) * coef).sum().backward()
+        (t(ids(1)) * coef).sum().backward()
         opt.step()
         opt.zero_grad()
-    pos1 = int(t.positions(torch.tensor([1])))
-    t.evict(torch.tensor([1]))
-    t.insert(torch.tensor([99]), torch.zeros(1, DIM))
-    assert int(t.positions(torch.tensor([99]))) == pos1  # same storage row reused
-    (t(torch.tensor([99])) * coef).sum().backward()
+    pos1 = int(t.positions(ids(1)))
+    t.evict(ids(1))
+    t.insert(ids(99), torch.zeros(1, DIM, device=dev))
+    assert int(t.positions(ids(99))) == pos1  # same storage row reused
+    (t(ids(99)) * coef).sum().backward()
     opt.step()
     # a fresh row's first step, computed independently
-    fresh = HashTable(DIM, name="t", capacity=4)
-    fresh.insert(torch.tensor([99]), torch.zeros(1, DIM))
+    fresh = HashTable(DIM, name="t", capacity=4, device=dev)
+    fresh.insert(ids(99), torch.zeros(1, DIM, device=dev))
     opt2 = cls(fresh, lr=0.1)
-    (fresh(torch.tensor([99])) * coef).sum().backward()
+    (fresh(ids(99)) * coef).sum().backward()
     opt2.step()
-    torch.testing.assert_close(t.lookup(torch.tensor([99])), fresh.lookup(torch.tensor([99])))
+    torch.testing.assert_close(t.lookup(ids(99)), fresh.lookup(ids(99)))
 
 
-def test_clear_resets_all_state():
-    t, _ = _pair()
+def test_clear_resets_all_state(dev):
+    t, _ = _pair(device=dev)
     opt = RowWiseAdagrad(t, lr=0.1)
     rows, coef = _batches(1)[0]
     _sparse_step(t, opt, rows, coef)
@@ -236,19 +256,19 @@ def test_clear_resets_all_state():
 
 
 @pytest.mark.parametrize("cls", [SparseSGD, RowWiseAdagrad, SparseAdam])
-def test_state_dict_round_trip_continues_identically(cls):
+def test_state_dict_round_trip_continues_identically(cls, dev):
     batches = _batches(6, seed=9)
-    model = torch.nn.ModuleDict({"emb": _pair(seed=2)[0]})
+    model = torch.nn.ModuleDict({"emb": _pair(seed=2, device=dev)[0]})
     opt = cls(model, lr=0.05)
     for rows, coef in batches[:3]:
         _sparse_step(model["emb"], opt, rows, coef)
-    model["emb"].evict(_id(torch.tensor([4, 5])))
+    model["emb"].evict(_id(torch.tensor([4, 5])).to(dev))
     msd, osd = model.state_dict(), opt.state_dict()
     assert set(osd["state"].get("t", {})) == ({"ids"} | set(cls._row_state) if cls._row_state
                                               else set())
     # a fresh model and optimizer, different capacity, restored: table first, then optimizer
-    clone = torch.nn.ModuleDict({"emb": HashTable(DIM, name="t", capacity=1000)})
-    clone["emb"].insert(torch.tensor([123456]), torch.ones(1, DIM))
+    clone = torch.nn.ModuleDict({"emb": HashTable(DIM, name="t", capacity=1000, device=dev)})
+    clone["emb"].insert(torch.tensor([123456], device=dev), torch.ones(1, DIM, device=dev))
     opt2 = cls(clone, lr=0.9)
     clone.load_state_dict(msd)
     opt2.load_state_dict(osd)
@@ -258,7 +278,8 @@ def test_state_dict_round_trip_continues_identically(cls):
         _sparse_step(clone["emb"], opt2, rows, coef)
     # same contents (storage order may differ: the original reuses evicted positions)
     assert sorted(clone["emb"].ids().tolist()) == sorted(model["emb"].ids().tolist())
-    assert len(clone["emb"]) == VOCAB and not bool(clone["emb"].contains(torch.tensor([123456])))
+    assert len(clone["emb"]) == VOCAB \
+        and not bool(clone["emb"].contains(torch.tensor([123456], device=dev)))
     torch.testing.assert_close(_table_rows(clone["emb"]), _table_rows(model["emb"]))
 
 
@@ -297,33 +318,34 @@ def test_construction_finds_tables_and_validates():
         RowWiseAdagrad(a, eps=float("nan"))
 
 
-def test_grads_accumulate_until_zero_grad_and_lr_is_adjustable():
-    t = HashTable(2, name="t")
-    t.insert(torch.tensor([1]), torch.zeros(1, 2))
+def test_grads_accumulate_until_zero_grad_and_lr_is_adjustable(dev):
+    one = torch.tensor([1], device=dev)
+    t = HashTable(2, name="t", device=dev)
+    t.insert(one, torch.zeros(1, 2, device=dev))
     opt = SparseSGD(t, lr=1.0)
-    t(torch.tensor([1])).sum().backward()
-    t(torch.tensor([1])).sum().backward()
+    t(one).sum().backward()
+    t(one).sum().backward()
     opt.step()
-    assert t.lookup(torch.tensor([1])).tolist() == [[-2.0, -2.0]]
+    assert t.lookup(one).tolist() == [[-2.0, -2.0]]
     opt.zero_grad()
     opt.step()  # nothing touched: no change
-    assert t.lookup(torch.tensor([1])).tolist() == [[-2.0, -2.0]]
+    assert t.lookup(one).tolist() == [[-2.0, -2.0]]
     opt.param_groups[0]["lr"] = 0.5
-    t(torch.tensor([1])).sum().backward()
+    t(one).sum().backward()
     opt.step()
-    assert t.lookup(torch.tensor([1])).tolist() == [[-2.5, -2.5]]
+    assert t.lookup(one).tolist() == [[-2.5, -2.5]]
     assert opt.step(closure=lambda: torch.tensor(3.0)) == torch.tensor(3.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_low_precision_tables_update_in_float32(dtype):
-    t = HashTable(4, name="t", dtype=dtype)
+def test_low_precision_tables_update_in_float32(dtype, dev):
+    t = HashTable(4, name="t", dtype=dtype, device=dev)
     opt = SparseAdam(t, lr=0.01)
     for _ in range(3):
-        t(torch.tensor([5, 6])).sum().backward()
+        t(torch.tensor([5, 6], device=dev)).sum().backward()
         opt.step()
         opt.zero_grad()
-    got = t.lookup(torch.tensor([5])).float()
+    got = t.lookup(torch.tensor([5], device=dev)).float().cpu()
     torch.testing.assert_close(got, torch.full((1, 4), -0.03), atol=1e-3, rtol=1e-2)
     assert opt.state["t"]["exp_avg"].dtype == torch.float32
 
@@ -347,3 +369,92 @@ def test_cuda_matches_cpu(cls):
         _sparse_step(gpu_t, o_gpu, rows.cuda(), coef.cuda())
     torch.testing.assert_close(_table_rows(cpu), _table_rows(gpu_t).cpu(), rtol=1e-5,
                                atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- kernel path
+
+_ALL_OPTIONS = [
+    (SparseSGD, {"lr": 0.1, "weight_decay": 0.05}),
+    (RowWiseAdagrad, {"lr": 0.2, "eps": 1e-6, "weight_decay": 0.01,
+                      "initial_accumulator_value": 0.1}),
+    (SparseAdam, {"lr": 0.05, "betas": (0.8, 0.99), "eps": 1e-7, "weight_decay": 0.1}),
+    (SparseAdam, {"lr": 0.05, "betas": (0.0, 0.999)}),  # beta1 = 0: no first moment
+]
+
+
+def _run_with_evictions(device, cls, kw, dtype, steps=5):
+    """Train on random batches (duplicates, new ids, an eviction midway); returns the rows
+    of every id seen (CPU, float32) and the optimizer's state_dict."""
+    gen = torch.Generator().manual_seed(5)
+    t = HashTable(DIM, name="t", dtype=dtype, device=device,
+                  initializer=constant_initializer(0.25))
+    opt = cls(t, lr=kw["lr"], **{k: v for k, v in kw.items() if k != "lr"})
+    for step in range(steps):
+        rows = torch.randint(0, 3 * VOCAB, (40,), generator=gen)
+        coef = torch.randn(40, DIM, generator=gen)
+        _sparse_step(t, opt, rows, coef)
+        if step == 2:  # freed rows: their state resets and the positions are reused
+            t.evict(_id(torch.arange(0, 3 * VOCAB, 4)).to(device))
+    every = _id(torch.arange(3 * VOCAB)).to(device)
+    return t.lookup(every).float().cpu(), opt.state_dict()
+
+
+@pytest.mark.parametrize("cls,kw", _ALL_OPTIONS, ids=["sgd", "adagrad", "adam", "adam-b1=0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernels_equal_reference_with_every_option(kernel_device, cls, kw, dtype):
+    got_rows, got_sd = _run_with_evictions(kernel_device, cls, kw, dtype)
+    with kernels_mode("off"):
+        ref_rows, ref_sd = _run_with_evictions("cpu", cls, kw, dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else \
+        {"rtol": 1e-3, "atol": 1e-3}
+    torch.testing.assert_close(got_rows, ref_rows, **tol)
+    assert got_sd["param_groups"] == ref_sd["param_groups"]
+    for name, ref in ref_sd["state"].get("t", {}).items():
+        got = got_sd["state"]["t"][name].cpu()
+        if name in ("ids", "step"):
+            assert torch.equal(got, ref)
+        else:
+            torch.testing.assert_close(got, ref, **tol)
+
+
+@pytest.mark.parametrize("cls,fn", [(SparseSGD, "sgd_update"),
+                                    (RowWiseAdagrad, "rowwise_adagrad_update"),
+                                    (SparseAdam, "adam_update")])
+def test_one_kernel_launch_per_table_per_step(dev, monkeypatch, cls, fn):
+    """The kernel path updates each touched table with one call (one launch); the
+    reference path never calls the kernels."""
+    calls = []
+    kernel = _kernel_path(dev)
+    if kernel:
+        from deltastream.kernels import sparse_optim
+
+        real = getattr(sparse_optim, fn)
+        monkeypatch.setattr(sparse_optim, fn, lambda *a, **k: (calls.append(1), real(*a, **k)))
+    a, b = (HashTable(DIM, name=n, device=dev) for n in "ab")
+    opt = cls([a, b], lr=0.1)
+    for _ in range(3):
+        (a(torch.tensor([1, 2, 1], device=dev)).sum()
+         + b(torch.tensor([7], device=dev)).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+    assert len(calls) == (6 if kernel else 0)
+
+
+def _kernel_path(device) -> bool:
+    from deltastream.kernels.runtime import use_kernels
+
+    return use_kernels(torch.zeros(1, device=device))
+
+
+def test_coalesce_rows_sums_duplicates_and_drops_invalid():
+    pos = torch.tensor([5, 2, 5, 9, 2, 7, 5])
+    valid = torch.tensor([True, True, True, False, True, True, False])
+    grad = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3)
+    uniq, summed = coalesce_rows(pos, grad, valid, capacity=10)
+    assert uniq.tolist() == [2, 5, 7]
+    torch.testing.assert_close(summed, torch.stack([grad[1] + grad[4], grad[0] + grad[2],
+                                                    grad[5]]))
+    none = coalesce_rows(pos, grad, torch.zeros(7, dtype=torch.bool), capacity=10)
+    assert none[0].numel() == 0 and none[1].shape == (0, 3)
+    empty = coalesce_rows(pos[:0], grad[:0], valid[:0], capacity=10)
+    assert empty[0].numel() == 0 and empty[1].shape == (0, 3)
