@@ -195,7 +195,8 @@ class Recorder:
 
     def record_evict(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids evicted from a dynamic table: their touches are void, they become tombstones.
-        (The tracker drops them from retained rows.)"""
+        (The tracker drops them from retained rows.) On CUDA this syncs (the flush and the
+        discard have data-dependent sizes), as the eviction itself does."""
         self.flush(fqn)  # touches before the eviction are in the store
         # A later re-insert + lookup records the id afresh (after this point).
         self.touched.discard(fqn, ids)
@@ -341,7 +342,11 @@ class Recorder:
              "kept", fqn, why, freed)
 
     def enforce_bound_if_set(self) -> None:
-        """Keep the rows held under ``max_rows`` (no-op without a bound)."""
+        """Keep the rows held under ``max_rows`` (no-op without a bound).
+
+        Called from the hooks: below the bound it compares host-side counters only; the
+        compaction that reaching the bound triggers syncs on CUDA (unavoidable: it sorts and
+        deduplicates), at most once per ``max_rows / 4`` recorded rows."""
         if self.max_rows is not None:
             self.enforce_bound(list(self._cursors()))
 

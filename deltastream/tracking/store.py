@@ -8,11 +8,12 @@ indices ``< up_to_idx``.
 
 What differs, and why:
 
-* Every record is a *run*. A large append (``EAGER_DEDUPE_MIN`` ids or more) is sorted and
-  deduplicated at once (FIRST keeps the earliest state of a duplicated id, LAST the latest),
-  so duplicates of hot ids (Zipf traffic) never take memory; a small append (a training
-  step's lookup) is kept as recorded, with no sort and no device sync on the training path,
-  and deduplicated together with its neighbours when merged. Once compacted, a run stays
+* Every record is a *run*. A large append of CPU ids (``EAGER_DEDUPE_MIN`` ids or more) is
+  sorted and deduplicated at once (FIRST keeps the earliest state of a duplicated id, LAST
+  the latest), so duplicates of hot ids (Zipf traffic) never take memory; a small append (a
+  training step's lookup), and any append on an accelerator (where deduplicating would need
+  a device->host sync for the result's size), is kept as recorded, with no sort and no sync
+  on the training path, and deduplicated together with its neighbours when merged. Once compacted, a run stays
   sorted and unique, so a later compaction merges it instead of re-sorting the history:
   merging two runs (the incremental case: one compacted run plus the newest record) is a
   ``searchsorted`` merge that copies nothing when the newer run adds no id (FIRST); merging
@@ -58,9 +59,10 @@ class _Run:
     version: Optional[int] = None  # borrowed states: their ``_version`` when appended
 
 
-#: Appends of at least this many ids are deduplicated at once; smaller ones are kept as
-#: recorded and deduplicated together when merged (one large sort is about twice as cheap
-#: per id as many small ones, and the append itself does no sort and no device sync).
+#: Appends of at least this many CPU ids are deduplicated at once; smaller ones (and those
+#: on an accelerator) are kept as recorded and deduplicated together when merged (one large
+#: sort is about twice as cheap per id as many small ones, and the append itself does no
+#: sort and no device sync).
 EAGER_DEDUPE_MIN = 16384
 
 
@@ -336,8 +338,9 @@ class DeltaStore:
                         f"table {fqn!r} has dim {t.dim}, got states of dim {states.shape[1]}")
         if ids.numel() == 0:
             return
+        t.device = ids.device  # empty results follow the table (moved to another device)
         keep = self._with_states(t)
-        if ids.numel() >= EAGER_DEDUPE_MIN:
+        if ids.numel() >= EAGER_DEDUPE_MIN and ids.device.type == "cpu":
             u_ids, u_states = _dedupe(ids, states if keep else None, self._mode)
             run = _Run(batch_idx, u_ids, u_states)
         else:  # kept as recorded (own copies), deduplicated when merged
@@ -389,6 +392,7 @@ class DeltaStore:
         n = int(ids.numel())
         if n == 0:
             return
+        t.device = ids.device
         t.n_rows += n
         if states is not None:
             t.n_state_rows += n
