@@ -85,15 +85,17 @@ class Model(torch.nn.Module):
         tracker.step()
 
 
-def _hooks_run(device: str, mode: TrackingMode, bound) -> None:
+def _hooks_run(device: str, mode: TrackingMode, bound, hot=contextlib.nullcontext) -> None:
+    """Build a tracked model, then train it inside ``hot`` (what must not sync)."""
     model = Model(device)
     tracker = DeltaTracker(model, mode=mode, sparse_updates_only=["lookups"],
                            max_tracked_rows=bound)
     assert tracker.paths == {"fake": "lookups", "scan": "scan", "lookups": "lookups"}
-    for n in (3, 100, EAGER_DEDUPE_MIN + 5):  # a large insert is not deduplicated eagerly
-        model.train_step(tracker, n)
-    with tracker.pause():
-        model.fake(7)
+    with hot():
+        for n in (3, 100, EAGER_DEDUPE_MIN + 5):  # a large insert: no eager dedupe
+            model.train_step(tracker, n)
+        with tracker.pause():
+            model.fake(7)
     assert tracker.stats()["lookups_paused"] == 1
 
 
@@ -116,12 +118,16 @@ def test_training_hooks_need_no_value_from_the_device(mode, bound):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", MODES)
 def test_training_hooks_do_not_sync_on_cuda(mode):
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        _hooks_run("cuda", mode, None)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    @contextlib.contextmanager
+    def sync_is_an_error():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    _hooks_run("cuda", mode, None, sync_is_an_error)
 
 
 def _devices():
