@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Order: cheap micro-benchmarks first, end-to-end last.
 ORDER = ["codec", "hashtable", "compaction", "selection", "apply", "serving", "publish",
-         "tracker-overhead", "e2e", "topk-tradeoff", "freshness-per-byte"]
+         "tracker-overhead", "train-step", "e2e", "topk-tradeoff", "freshness-per-byte"]
 
 
 def _names() -> list[str]:

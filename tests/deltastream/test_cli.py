@@ -18,7 +18,7 @@ def test_bench_list_names_every_benchmark(capsys):
     listed = capsys.readouterr().out.split()
     assert listed == bench_names()
     assert {"codec", "publish", "hashtable", "compaction", "tracker-overhead", "selection",
-            "apply", "e2e", "topk-tradeoff"} <= set(listed)
+            "apply", "e2e", "topk-tradeoff", "train-step"} <= set(listed)
 
 
 def test_unknown_benchmark_is_a_usage_error(capsys):
@@ -35,6 +35,25 @@ def test_json_flag_after_the_name_and_bench_options(capsys):
     for r in records:
         assert {"name", "value", "baseline", "ratio", "goal", "unit"} <= set(r)
         assert r["value"] > 0 and r["baseline"] > 0
+
+
+def test_train_step_bench_runs_small_on_cpu_and_refuses_cuda_without_it(capsys):
+    import pytest
+    import torch
+
+    args = ["bench", "train-step", "--json", "--batch", "64", "--users", "300", "--items",
+            "60", "--rounds", "2", "--read-every", "2", "--dim", "8"]
+    assert main(args) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]
+    assert [r["name"] for r in records] == ["train_step.hashtable", "train_step.id_only",
+                                            "train_step.embedding"]
+    assert all(r["value"] > 0 and r["baseline"] > 0 for r in records)
+    assert records[0]["examples_per_s"] > 0 and "overhead_pct" in records[1]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["bench", "train-step", "--device", "cuda"])
+        assert "torch.cuda.is_available() is False" in capsys.readouterr().err
 
 
 def test_render_marks_pass_short_info_and_failures():
