@@ -135,6 +135,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     section("training")
     rows += [
         ("workers × batch", f"{g('config', 'workers')} × {g('config', 'batch_size')}"),
+        ("device", f"{g('train', 'device') or g('config', 'device') or 'n/a'}"
+                   f" (Triton kernels: {_num(g('train', 'kernels'))})"),
         ("steps", _num(g("train", "steps"))),
         ("examples", _num(g("train", "examples"))),
         ("wall time", _num(g("train", "seconds"), ".1f", " s")),

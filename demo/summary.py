@@ -94,6 +94,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "stream": opts.stream_config().to_dict(),
         "train": {
             "steps": int(f0["steps"]), "examples": examples, "seconds": train_s,
+            "device": f0.get("device"), "kernels": f0.get("kernels"),
             "examples_per_s": examples / train_s if train_s > 0 else None,
             "final_loss": f0["final_loss"], "flush_seconds": max(
                 float(finals[r]["flush_seconds"]) for r in ranks),

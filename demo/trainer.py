@@ -261,6 +261,12 @@ class _Trainer:
         return (torch.from_numpy(b.user_ids).to(dev), torch.from_numpy(b.item_ids).to(dev),
                 torch.from_numpy(b.dense).to(dev), torch.from_numpy(b.labels).to(dev))
 
+    def _kernels(self) -> bool:
+        """Whether deltastream's Triton kernels ran the tables' updates (CUDA fast path)."""
+        from deltastream.kernels.runtime import use_kernels
+
+        return any(use_kernels(t.storage) for t in self.tables.values())
+
     def _train_step(self, step: int, stop: bool) -> tuple[float, bool]:
         torch, dist = self.torch, self.dist
         u, i, x, y = self._batch(step)
@@ -391,6 +397,7 @@ class _Trainer:
         tstats = self.tracker.stats() if hasattr(self.tracker, "stats") else {}
         self.events.put({
             "kind": "final", "rank": self.rank, "steps": step,
+            "device": str(self.device), "kernels": self._kernels(),
             "examples": step * self.world * int(cfg["batch_size"]),
             "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
             "losses": losses, "rounds": self.rounds, "totals": self.totals,
