@@ -109,13 +109,54 @@ def first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torc
     return first_states_torch(marks, pos, states)
 
 
+#: first_states_torch concatenates runs in groups of at most this many state elements (one
+#: device sync per group instead of one per run; the concatenation is bounded memory)
+_GROUP_ELEMS = 1 << 24
+
+
+def _groups(pos: list[torch.Tensor], states: list[torch.Tensor]) -> list[list[int]]:
+    """Consecutive run indices, grouped so each group's states hold <= _GROUP_ELEMS values
+    (a run larger than that is a group of its own)."""
+    out: list[list[int]] = []
+    size = 0
+    for i, st in enumerate(states):
+        n = st.numel()
+        if not out or size + n > _GROUP_ELEMS:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += n
+    return out
+
+
 def first_states_torch(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`first_states` in torch ops (any device)."""
+    """:func:`first_states` in torch ops (any device).
+
+    Runs are handled in groups (:data:`_GROUP_ELEMS`): a group's positions and states are
+    concatenated, the earliest occurrence of each position in the group is found with one
+    ``scatter_reduce`` (``amin`` of the occurrence index), and occurrences of positions an
+    earlier group had are dropped by ``marks``. On CUDA that is one device sync per group
+    (the ``nonzero`` sizing the fresh occurrences) plus one for the touched positions, not
+    one per lookup.
+    """
+    dev = marks.device
     pieces_pos, pieces_states = [], []
-    for q, st in zip(pos, states, strict=True):
-        q = q.to(marks.device)
-        fresh = marks.index_select(0, q).logical_not_().nonzero().squeeze(1)
+    first = None
+    for group in _groups(pos, states):
+        q = torch.cat([pos[i].to(dev) for i in group]) if len(group) > 1 else pos[group[0]].to(dev)
+        n = q.numel()
+        if n == 0:
+            continue
+        st = torch.cat([states[i] for i in group]) if len(group) > 1 else states[group[0]]
+        order = torch.arange(n, device=dev)
+        if first is None:
+            first = torch.empty(marks.numel(), dtype=torch.int64, device=dev)
+        first.fill_(n)
+        first.scatter_reduce_(0, q, order, "amin")
+        is_first = first.index_select(0, q) == order  # the earliest occurrence in the group
+        is_first &= marks.index_select(0, q).logical_not_()  # and no earlier group had it
+        fresh = is_first.nonzero().squeeze(1)
         if fresh.numel():
             qf = q.index_select(0, fresh)
             marks.index_fill_(0, qf, True)
@@ -127,8 +168,8 @@ def first_states_torch(marks: torch.Tensor, pos: list[torch.Tensor], states: lis
         return touched, states[0][:0].clone(), touched
     allpos = pieces_pos[0] if len(pieces_pos) == 1 else torch.cat(pieces_pos)
     rows = pieces_states[0] if len(pieces_states) == 1 else torch.cat(pieces_states)
-    slot = torch.empty(marks.numel(), dtype=torch.int64, device=marks.device)
-    slot.index_copy_(0, allpos, torch.arange(allpos.numel(), device=marks.device))
+    slot = torch.empty(marks.numel(), dtype=torch.int64, device=dev)
+    slot.index_copy_(0, allpos, torch.arange(allpos.numel(), device=dev))
     return touched, rows, slot.index_select(0, touched).to(rows.device)
 
 

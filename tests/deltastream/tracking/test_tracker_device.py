@@ -191,3 +191,21 @@ def test_get_delta_returns_tensors_on_the_table_device(device, mode):
     assert delta["user"].ids.tolist() == [1, 2] and delta["user"].tombstones.tolist() == [9]
     assert len(delta["quiet"]) == 0
     assert (delta["user"].states is not None) == (mode is TrackingMode.EMBEDDING)
+
+
+@pytest.mark.parametrize("group_elems", [1, 7 * 3, 1 << 24])
+def test_first_states_torch_in_groups_matches_cpu_path(monkeypatch, group_elems):
+    """The device path concatenates runs in groups; any grouping gives the CPU result."""
+    from deltastream.tracking import positions
+
+    monkeypatch.setattr(positions, "_GROUP_ELEMS", group_elems)
+    g = torch.Generator().manual_seed(3)
+    cap = 50
+    pos = [torch.randint(0, cap, (n,), generator=g) for n in (9, 0, 4, 12, 1, 7)]
+    states = [torch.arange(cap, dtype=torch.float32)[q].unsqueeze(1) * torch.ones(3) + 100 * k
+              for k, q in enumerate(pos)]  # a lookup's rows: one value per position and run
+    marks = torch.zeros(cap, dtype=torch.bool)
+    want_t, want_rows, want_src = positions.first_states_cpu(marks, pos, states)
+    got_t, got_rows, got_src = positions.first_states_torch(marks, pos, states)
+    assert torch.equal(got_t, want_t) and not bool(marks.any())
+    assert torch.equal(got_rows.index_select(0, got_src), want_rows.index_select(0, want_src))
