@@ -18,6 +18,12 @@ How each table's changes are recorded (its ``path``):
 * ``scan``: lookups only mark rows; at each read boundary the table's weight is compared
   with its shadow and every changed or marked row is recorded with its shadow value (the
   exact FIRST state), whatever moved it.
+
+**On CUDA** the training hooks (``record_lookup``, ``record_positions``, ``record_insert``)
+never read a value back to the host (no ``.item()``, no ``nonzero``/``unique`` sized by the
+data, no ``.cpu()``). Syncs remain only where a size depends on the data, off a plain step's
+hooks: an eviction (pending positions become ids), a ``max_tracked_rows`` compaction, and
+reads, which return device tensors (no host copy).
 """
 
 from __future__ import annotations

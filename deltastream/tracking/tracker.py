@@ -45,17 +45,8 @@ train it). Embedding-like modules it cannot track are named in a ``UserWarning``
 Names: ``get_delta``'s keys are FQNs inside the unwrapped model; :meth:`DeltaTracker.table`
 returns the module of a key whatever wrapper the caller holds, and
 :func:`~deltastream.publish_delta` publishes a whole delta under the right table names.
-Thread safety: hooks, reads, ``retain`` and ``clear`` take one lock.
-
-**On CUDA** the training hooks are sync-free: a lookup keeps its positions (and, in
-EMBEDDING mode, borrows its output rows), an insert or a scan-path lookup appends or marks
-on the device, and none of them reads a value back to the host (no ``.item()``, no
-``nonzero``/``unique`` whose size depends on the data, no ``.cpu()``). The syncs that
-remain are where a result's size depends on the data and are not on the hook path of a
-plain training step: an :meth:`~deltastream.HashTable.evict` (the row listener turns pending
-positions into ids before a position is reused), a ``max_tracked_rows`` bound being
-reached (its compaction), and reads (:meth:`DeltaTracker.get_delta`, ``clear``, ``step``
-with ``auto_compact``). Reads return device tensors: nothing is copied to the host.
+Thread safety: hooks, reads, ``retain`` and ``clear`` take one lock. On CUDA the training
+hooks never sync and reads make no host copy (:mod:`.recorder`).
 
 Its parts: :mod:`.discovery` finds the tables, :mod:`.recorder` records changes into the
 :mod:`.store` (with :mod:`.positions` for HashTable lookups and :mod:`.scan` for shadows),
@@ -449,10 +440,7 @@ class DeltaTracker:
         degraded table), ``new`` (bool ``[n]``; ``None`` for ``nn.Embedding``/``Bag``),
         ``tombstones`` (int64 ``[m]`` evicted ids, disjoint from ``ids``) and ``age`` (int64
         ``[n]``: retains in a row). Every tracked table is a key, possibly with empty rows.
-
-        Tensors are on the table's device (CUDA tables: CUDA tensors, nothing is copied to
-        the host). On CUDA the read syncs where sizes depend on the data (distinct touched
-        rows, merges); the training hooks never do.
+        Tensors stay on the table's device (no host copy).
         """
         with self._lock:
             c = self._resolve(consumer)
