@@ -215,6 +215,8 @@ class SyncDaemon:
             GroupCommitter(o, self.group_id) if self.group_id else None,
             interval=o.checkpoint_interval, messages=o.checkpoint_messages,
             total=start.checkpoints, written_at=start.written_at, dirty=self.source == "base")
+        #: test hook: clear it and checkpoints stay in flight (``CheckpointWriter.hold``)
+        self.checkpoint_hold = self._ckpt.writer.hold
         self._kafka = KafkaSource(o, offsets=start.offsets, topic_id=start.topic_id,
                                   partitions=start.partitions, on_moved=self._moved,
                                   on_reset=self._quarantine.forget)
@@ -535,7 +537,8 @@ class SyncDaemon:
         count, sum since start), ``checkpoints``, ``checkpoints_total`` (across restarts),
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
-        before the first), ``checkpoint_pending``, ``write_errors`` (failed writes:
+        before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in
+        flight), ``write_errors`` (failed writes:
         ``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors`` (its checkpoint
         count), ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
         :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table), ``source``,
@@ -573,7 +576,7 @@ class SyncDaemon:
                 "checkpoints_total": ck.total,
                 "checkpoint_age_s": None if ck.written_at is None
                 else max(0.0, time.time() - ck.written_at),
-                "checkpoint_pending": ck.pending,
+                "checkpoint_pending": ck.pending, "checkpoint_writing": ck.busy,
                 "checkpoint_last": None if ck.last is None else dict(ck.last),
                 "write_errors": errors,
                 "checkpoint_errors": errors.get("checkpoint", 0),
