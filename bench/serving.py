@@ -24,6 +24,14 @@ Figures (goals of issue 12, for this machine):
   shared rows and index it mapped, its private arrays) over the payload (8-byte id + row);
   goal ≤ 1.3.
 
+``--explain MS`` also says where the time went, from the kernel's per-thread accounting
+(printed to stderr and added to the records as ``explain``): for the lookups slower than
+``MS`` and for all of them, the mean CPU time, run-queue wait (runnable, no CPU free) and
+other time off the CPU (asleep — the GIL, a lock — when the thread made voluntary switches;
+the virtual CPU stolen by the hypervisor when it made none), the share with page faults /
+voluntary / involuntary switches, and the slowest five; the same for the daemon's applies;
+and per phase how many of the machine's cores were busy, by this benchmark and by others.
+
 ``--rows 1000000`` gives a quick run. Everything runs on this machine's cores together —
 the daemon thread, the checkpoint thread (at nice +10, CheckpointWriter's default), the
 readers — so figures include CPU contention (and the GIL for reader threads of the
@@ -37,6 +45,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -73,41 +82,128 @@ def _quantiles(lat: list[float]) -> dict:
             "max": float(a.max())}
 
 
+class _Where:
+    """Where one thread's time went across a call (``--explain``), from the kernel's own
+    per-thread accounting: CPU time (``time.thread_time_ns``: exact; schedstat's CPU
+    field lags by up to a tick for a running thread), run-queue wait
+    (``/proc/thread-self/schedstat``, ns: complete while the thread runs), minor page faults and voluntary / involuntary context switches
+    (``getrusage(RUSAGE_THREAD)``). Wall time minus CPU minus run-queue wait is time the
+    thread was off the CPU otherwise: asleep (the GIL, a lock, I/O: then it made voluntary
+    switches) or its virtual CPU stolen by the hypervisor (no switch at all)."""
+
+    FIELDS = ("wall", "cpu", "runq", "off", "minflt", "vcsw", "ivcsw")
+
+    def __init__(self) -> None:
+        self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # this thread's
+
+    def sample(self) -> tuple[float, int, int, int, int, int]:
+        runq = os.pread(self._fd, 128, 0).split()[1]
+        ru = resource.getrusage(resource.RUSAGE_THREAD)
+        return (time.perf_counter(), time.thread_time_ns(), int(runq), ru.ru_minflt,
+                ru.ru_nvcsw, ru.ru_nivcsw)
+
+    @staticmethod
+    def delta(a: tuple, b: tuple) -> tuple[float, ...]:
+        wall = b[0] - a[0]
+        cpu, runq = (b[1] - a[1]) * 1e-9, (b[2] - a[2]) * 1e-9
+        return (wall, cpu, runq, max(0.0, wall - cpu - runq), b[3] - a[3], b[4] - a[4],
+                b[5] - a[5])
+
+
+class _Box:
+    """CPU seconds of the whole machine (``/proc/stat``: busy, steal, total) and of this
+    benchmark's processes (``/proc/<pid>/stat``), to say how much of the box others used
+    during a phase (``--explain``)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids, self.tick = pids, os.sysconf("SC_CLK_TCK")
+
+    def sample(self) -> tuple[float, float, float, float]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        ours = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ours += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
+            except OSError:
+                pass
+        busy = sum(v) - v[3] - v[4] - v[7]  # minus idle, iowait, steal
+        return busy / self.tick, v[7] / self.tick, sum(v) / self.tick, ours / self.tick
+
+    @staticmethod
+    def delta(a: tuple, b: tuple) -> dict:
+        busy, steal, total, ours = (y - x for x, y in zip(a, b, strict=True))
+        cpus = os.cpu_count() or 1
+        return {"cores": cpus, "busy_cores": round(busy / total * cpus, 2),
+                "ours_cores": round(ours / total * cpus, 2),
+                "others_cores": round((busy - ours) / total * cpus, 2),
+                "steal_share": round(steal / total, 3)}
+
+
+def _explain(rows: list[tuple[float, ...]], slow_ms: float) -> dict:
+    """Breakdown of the lookups slower than ``slow_ms``: count, mean ms of wall / cpu /
+    run-queue wait / otherwise off the CPU, share with a page fault / a voluntary / an
+    involuntary context switch, the slowest five, and the same over all lookups."""
+    a = np.asarray(rows, np.float64).reshape(-1, len(_Where.FIELDS))
+    out: dict = {"n": int(a.shape[0])}
+    for name, sel in (("all", a), ("slow", a[a[:, 0] * 1e3 > slow_ms])):
+        d: dict = {"n": int(sel.shape[0])}
+        if sel.shape[0]:
+            for i, f in enumerate(_Where.FIELDS[:4]):
+                d[f + "_ms"] = round(float(sel[:, i].mean()) * 1e3, 3)
+            for i, f in enumerate(_Where.FIELDS[4:], 4):
+                d[f + "_share"] = round(float((sel[:, i] > 0).mean()), 3)
+            d["top"] = [[round(x * 1e3, 2) for x in r[:4]] + [int(x) for x in r[4:]]
+                        for r in sel[np.argsort(-sel[:, 0])[:5]]]
+        out[name] = d
+    return out
+
+
 class _Reader:
     """Open-loop lookup load: ``rate`` requests/s of ``k`` ids present in the table."""
 
-    def __init__(self, lookup, live, k: int, rate: float, seed: int) -> None:
+    def __init__(self, lookup, live, k: int, rate: float, seed: int,
+                 explain: bool = False) -> None:
         self.lookup, self.live, self.k, self.period = lookup, live, k, 1.0 / rate
         self.rng = np.random.default_rng(seed)
         self.phase = "wait"
         self.lat: dict[str, list[float]] = {"loaded": [], "idle": []}
+        self.explain = explain
+        self.where: dict[str, list[tuple[float, ...]]] = {"loaded": [], "idle": []}
 
     def run(self) -> None:
         out = np.empty((self.k, 0), np.float32)
         n_live, refreshed = 0, 0.0
+        where = _Where() if self.explain else None
         nxt = time.monotonic()
         while self.phase != "stop":
             now = time.monotonic()
             if now - refreshed > 0.05:
                 n_live, refreshed = self.live(), now
-            lat = self.lat.get(self.phase)
+            ph = self.phase  # once: the phase may change during the lookup
+            lat = self.lat.get(ph)
             if lat is not None and n_live > 0:
                 q = _ids(self.rng.integers(0, n_live, self.k))
+                w0 = where.sample() if where is not None else None
                 t0 = time.perf_counter()
                 rows = self.lookup(q, out if out.shape[1] else None)
                 lat.append(time.perf_counter() - t0)
+                if where is not None:
+                    self.where[ph].append(_Where.delta(w0, where.sample()))
                 out = rows
             nxt = max(nxt + self.period, time.monotonic())
             time.sleep(max(0.0, nxt - time.monotonic()))
 
 
 def _reader_process(argv: list[str]) -> None:
-    """``--_reader STATE K RATE SEED``: a reader process driven by phase lines on stdin."""
+    """``--_reader STATE K RATE SEED EXPLAIN``: a reader process driven by phase lines on
+    stdin."""
     from consumers.serving import TableReader
 
     state, k, rate, seed = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
     r = TableReader.open(state, "emb", timeout=120)
-    rd = _Reader(r.lookup, lambda: r.info().rows, k, rate, seed)
+    rd = _Reader(r.lookup, lambda: r.info().rows, k, rate, seed, explain=argv[4] == "1")
     gc.freeze()
 
     def commands() -> None:
@@ -118,7 +214,10 @@ def _reader_process(argv: list[str]) -> None:
     threading.Thread(target=commands, daemon=True).start()
     print("ready", flush=True)
     rd.run()
-    print(json.dumps({p: _quantiles(v) for p, v in rd.lat.items()}), flush=True)
+    res = {p: _quantiles(v) for p, v in rd.lat.items()}
+    if rd.explain:
+        res["where"] = {p: v for p, v in rd.where.items()}
+    print(json.dumps(res), flush=True)
 
 
 def _rss() -> int:
@@ -159,7 +258,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="sys.setswitchinterval of the daemon process (default: Python's, "
                          "5 ms): how long a reader thread may wait for the GIL")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--_reader", nargs=4, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--explain", type=float, default=None, metavar="MS",
+                    help="also say where the time of lookups slower than MS went (CPU, "
+                         "run-queue wait, blocked; page faults, context switches: the "
+                         "kernel's per-thread accounting), and of the daemon's applies")
+    ap.add_argument("--_reader", nargs=5, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._reader:
         _reader_process(args._reader)
@@ -192,11 +295,12 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         np.float32)
     procs = [subprocess.Popen(
         [sys.executable, "-m", "bench.serving", "--_reader", str(state), str(args.lookup),
-         str(args.rate), str(args.seed + 100 + i)], cwd=_REPO, stdin=subprocess.PIPE,
+         str(args.rate), str(args.seed + 100 + i), "1" if args.explain else "0"], cwd=_REPO, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(_REPO)))
         for i in range(args.procs)]
     readers = [_Reader(lambda q, o: table.lookup(q, out=o), table.__len__, args.lookup,
-                       args.rate, args.seed + i) for i in range(args.threads)]
+                       args.rate, args.seed + i, explain=args.explain is not None)
+               for i in range(args.threads)]
     threads = [threading.Thread(target=r.run, daemon=True) for r in readers]
     try:
         for p in procs:
@@ -207,7 +311,11 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         if args.daemon_nice:  # this thread applies; the checkpoint threads it starts inherit
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.daemon_nice)
 
+        box = _Box([os.getpid()] + [p.pid for p in procs])
+        marks: dict[str, tuple] = {}
+
         def phase(name: str) -> None:
+            marks[name] = box.sample()
             for r in readers:
                 r.phase = name
             for p in procs:
@@ -223,22 +331,31 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         kinds: dict[str, int] = {}
         t_start = win_start = last_ckpt = time.monotonic()
         win_rows = 0
+        where = _Where() if args.explain is not None else None
+        applies: list[tuple[float, ...]] = []
+        submits: list[float] = []
         while done < args.rows:
             n = min(args.batch, args.rows - done)
             ids = np.sort(_ids(np.arange(done, done + n)))
             batch = DeltaBatch("bench", "emb", 0, 0, seq, seq, time.time_ns(), ids=ids,
                                rows=pool[:n], dtype="f32")
+            w0 = where.sample() if where is not None else None
             t0 = time.perf_counter()
             table.apply(batch)
             apply_max = max(apply_max, time.perf_counter() - t0)
+            if where is not None:
+                applies.append(_Where.delta(w0, where.sample()))
             done, seq, win_rows = done + n, seq + 1, win_rows + n
             now = time.monotonic()
             if now - win_start >= args.window:
                 windows.append(win_rows / (now - win_start))
                 win_start, win_rows = now, 0
-            if now - last_ckpt >= args.checkpoint_interval and writer.submit(
-                    tables={"emb": table}, offsets={0: seq}, seqs={}, meta={"bench": 1}):
-                last_ckpt = now
+            if now - last_ckpt >= args.checkpoint_interval:
+                t0 = time.perf_counter()
+                if writer.submit(tables={"emb": table}, offsets={0: seq}, seqs={},
+                                 meta={"bench": 1}):
+                    last_ckpt = now
+                    submits.append(time.perf_counter() - t0)
             for res in writer.results():
                 kinds[getattr(res, "kind", "error")] = kinds.get(getattr(res, "kind", "error"),
                                                                  0) + 1
@@ -302,6 +419,20 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
 
     thr = {ph: _quantiles([x for r in readers for x in r.lat[ph]]) for ph in ("loaded", "idle")}
     prc = {ph: merge(proc_lat, ph) for ph in ("loaded", "idle")} if proc_lat else thr
+    explained: dict = {}
+    if args.explain is not None:
+        explained["box.loaded"] = _Box.delta(marks["loaded"], marks["settle"])
+        explained["box.idle"] = _Box.delta(marks["idle"], marks["stop"])
+        for ph in ("loaded", "idle"):
+            explained[f"threads.{ph}"] = _explain(
+                [x for r in readers for x in r.where[ph]], args.explain)
+            explained[f"procs.{ph}"] = _explain(
+                [tuple(x) for p in proc_lat for x in p.get("where", {}).get(ph, [])],
+                args.explain)
+        explained["daemon.apply"] = _explain(applies, args.explain)
+        explained["daemon.submit_ms"] = _quantiles(submits)
+        print(json.dumps({"explain_slow_ms": args.explain, **explained}, indent=1),
+              file=sys.stderr)
     payload = 8 + args.dim * 4
     med = float(np.median(windows)) if windows else float("nan")
     low = float(min(windows)) if windows else float("nan")
@@ -317,7 +448,9 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         out_records += [
             result(f"serving.{who}.p999_ms", q["loaded"]["p999"], 1.0, 1.0, "ms",
                    ratio=q["loaded"]["p999"] / 1.0, higher_is_better=False,
-                   baseline_desc="the issue's budget (1 ms)", note=note, **common),
+                   baseline_desc="the issue's budget (1 ms)", note=note,
+                   **({"explain": {k: v for k, v in explained.items() if k.startswith(who)}}
+                      if explained else {}), **common),
             result(f"serving.{who}.max_ms", q["loaded"]["max"], 5.0, 1.0, "ms",
                    ratio=q["loaded"]["max"] / 5.0, higher_is_better=False,
                    baseline_desc="the issue's budget (5 ms)", **common),
@@ -332,7 +465,10 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
                note=f"{len(windows)} windows growing 0 -> {args.rows:,} rows in {grow_s:.1f} s "
                     f"({args.rows / grow_s:,.0f} rows/s); slowest apply {apply_max * 1e3:.1f} "
                     f"ms; checkpoints written {kinds}; last one finished {ckpt_tail_s:.1f} s "
-                    f"after the growth", windows=[round(w) for w in windows], **common),
+                    f"after the growth", windows=[round(w) for w in windows],
+               **({"explain": {k: v for k, v in explained.items()
+                               if k.startswith(("daemon", "box"))}} if explained else {}),
+               **common),
         result("serving.lookup256_idle_us", single["p50"] * 1e3, 30.0, 1.0, "µs",
                ratio=single["p50"] * 1e3 / 30.0, higher_is_better=False,
                baseline_desc="the issue's budget (30 µs)",

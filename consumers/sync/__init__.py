@@ -9,8 +9,9 @@ One module per job, the public names re-exported here:
 * :mod:`~consumers.sync.options` — the daemon's settings, validated once;
 * :mod:`~consumers.sync.state` — where a daemon starts from (checkpoint, base, empty;
   damaged state refused);
-* :mod:`~consumers.sync.checkpointer` — when to checkpoint, never past an unwritten
-  quarantine line; write failures counted and retried, never fatal;
+* :mod:`~consumers.sync.checkpointer` — when to checkpoint (written in the background),
+  never past an unwritten quarantine line; write failures counted and retried, never
+  fatal; the loop's checkpoint bookkeeping;
 * :mod:`~consumers.sync.failures` — failure counts by kind, logged rate-limited;
 * :mod:`~consumers.sync.group_offsets` — next offsets committed to a consumer group
   (without joining it) for Kafka lag tools;

@@ -14,8 +14,10 @@ One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
    ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`,
    with a :class:`~consumers.storage.checkpoint.CheckpointStore`: each checkpoint writes only
    the rows changed since the previous one (a delta segment), plus a new full base when the
-   segments grow large next to it; a small manifest replaced atomically commits it. Then the
-   offsets are committed to a consumer group (without joining it) for lag tools. See
+   segments grow large next to it; a small manifest replaced atomically commits it. The
+   loop only freezes a checkpoint between two records (O(changes)); a background thread
+   writes it while the loop keeps applying (one in flight at a time). Once it is durable
+   the offsets are committed to a consumer group (without joining it) for lag tools. See
    :class:`~consumers.sync.checkpointer.Checkpointer`.
 
 State is never destroyed or silently replaced: a damaged checkpoint (unreadable, a file
@@ -25,8 +27,8 @@ where its directory should be, files without a manifest) makes the constructor r
 ``base`` or empty). A write failure of the state disk (full, read-only) is counted
 (``write_errors``), logged rate-limited and retried; it never stops serving.
 
-Exactly once in effect: offsets, tables and seq state are written together, between two
-records, by the only thread that applies. After a crash at any instant the daemon reloads
+Exactly once in effect: offsets, tables and seq state are frozen together, between two
+records, by the only thread that applies (and written as one checkpoint). After a crash at any instant the daemon reloads
 the last complete checkpoint and re-reads from its offsets, so it ends in the same state as
 a run without the crash (re-applying a message is deterministic, and the seq state in the
 checkpoint matches the tables in it).
@@ -193,8 +195,6 @@ class SyncDaemon:
                                  table_dims=o.tables, base_any_topic=o.base_any_topic)
         self.source = start.source  #: where the state came from: checkpoint | base | empty
         self._tables: dict[str, ServingTable] = start.tables
-        self._checkpoints_total = start.checkpoints  # across restarts (in the checkpoint meta)
-        self._last_ckpt_wall = start.written_at  # wall time of the last checkpoint
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
@@ -213,14 +213,15 @@ class SyncDaemon:
         self._ckpt = Checkpointer(
             self._store, self._quarantine, self._failures,
             GroupCommitter(o, self.group_id) if self.group_id else None,
-            interval=o.checkpoint_interval, messages=o.checkpoint_messages)
+            interval=o.checkpoint_interval, messages=o.checkpoint_messages,
+            total=start.checkpoints, written_at=start.written_at, dirty=self.source == "base")
+        #: test hook: clear it and checkpoints stay in flight (``CheckpointWriter.hold``)
+        self.checkpoint_hold = self._ckpt.writer.hold
         self._kafka = KafkaSource(o, offsets=start.offsets, topic_id=start.topic_id,
                                   partitions=start.partitions, on_moved=self._moved,
                                   on_reset=self._quarantine.forget)
 
         # loop state (owned by the loop thread)
-        self._pending = 0  # records read since the last checkpoint
-        self._dirty = self.source == "base"
         self._next_summary = time.monotonic() + self.summary_interval
         self._prev_summary: Optional[tuple[float, dict]] = None
 
@@ -246,36 +247,25 @@ class SyncDaemon:
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""
-        self._dirty = True
+        self._ckpt.note(0)
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint_locked(self) -> bool:
-        """Write the checkpoint now (loop thread, between records). True when written;
-        a failure is counted and logged by the :class:`Checkpointer`, never raised."""
-        n = self._checkpoints_total + 1
+    def _checkpoint_locked(self, wait: bool = True) -> bool:
+        """Start a checkpoint (loop thread, between records): frozen now, written in the
+        background; see :meth:`Checkpointer.checkpoint` (``wait``: until written)."""
+        if not self._ckpt.ready(wait):
+            return False  # one still in flight: the next try covers these records too
         offsets = self._kafka.resume_offsets()
         meta = {"kind": CHECKPOINT_KIND, "model": self.model, "topic": self.topic,
                 "topic_id": self._kafka.topic_id, "partitions": self._kafka.partitions_total,
                 "shards": None if self.shards is None else sorted(self.shards),
-                "checkpoints": n, "written_at": time.time()}
-        t0 = time.monotonic()
-        tables = dict(self._tables)
-        log.debug("checkpoint %d begin (%s): offsets %s", n, self._store.plan(tables), offsets)
+                "checkpoints": self._ckpt.total + 1, "written_at": time.time()}
         # only the partitions this daemon reads: others' group offsets are not its own
         commit = {p: offsets[p] for p in self._kafka.positions() if p in offsets} \
             if self._kafka.state == "connected" else None
-        res = self._ckpt.write(tables, offsets, self._seqs.state(), meta, commit=commit)
-        if res is None:
-            return False
-        self._checkpoints_total = n
-        self._pending = 0
-        self._dirty = False
-        self._last_ckpt_wall = time.time()
-        log.debug("checkpoint %d written in %.1f ms (%s: %d rows, %d deleted, %d bytes)", n,
-                  (time.monotonic() - t0) * 1e3, res.kind, res.upserts, res.deletes,
-                  res.bytes)
-        return True
+        return self._ckpt.checkpoint(dict(self._tables), offsets, self._seqs.state(), meta,
+                                     commit=commit, wait=wait)
 
     def checkpoint(self) -> bool:
         """Write a checkpoint now. True when written.
@@ -309,8 +299,8 @@ class SyncDaemon:
                                       "epoch": out.epoch, "missing": list(out.gap),
                                       "partition": partition, "offset": rec.offset}
         self._kafka.advance(partition, rec.offset + 1)
-        self._pending += 1
-        self._dirty = True
+        self._ckpt.note()
+        self._ckpt.settle()  # one the writer finished is counted (and logged) at once
         self._report.report(out, partition, rec.offset, rec.value)
         if self.debug_apply_delay > 0:
             time.sleep(self.debug_apply_delay)
@@ -335,9 +325,8 @@ class SyncDaemon:
                 if debug:
                     log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
                               out.kind, out.table, out.shard, out.epoch, out.seq)
-                if self._pending >= self.checkpoint_messages \
-                        and self._ckpt.due(self._pending, self._dirty):
-                    self._checkpoint_locked()
+                if self._ckpt.pending >= self.checkpoint_messages and self._ckpt.due_now():
+                    self._checkpoint_locked(wait=False)
                 if self._stop_event.is_set():
                     break
             if self._stop_event.is_set():
@@ -355,8 +344,9 @@ class SyncDaemon:
             except Exception as e:  # /dev/shm full: serving in-process goes on
                 log.error("sharing tables failed (retried next round): %s", e)
         now = time.monotonic()
-        if self._ckpt.due(self._pending, self._dirty, now):
-            self._checkpoint_locked()
+        self._ckpt.settle()
+        if self._ckpt.due_now(now):
+            self._checkpoint_locked(wait=False)
         if self.summary_interval and now >= self._next_summary:
             s = self.stats()
             prev = self._prev_summary
@@ -376,6 +366,8 @@ class SyncDaemon:
         try:
             if self._stop_event.is_set():
                 self._shutdown_locked()
+            else:  # between runs nothing is in flight: the checkpoint's outcome is counted
+                self._ckpt.ready()
         finally:
             self._loop_thread = None
             self._loop_lock.release()
@@ -384,7 +376,9 @@ class SyncDaemon:
         if self._closed:
             return
         self._kafka.close()
-        if self._dirty or not self._store.exists():
+        self._ckpt.wait()  # the one in flight first: a failed one leaves dirty set
+        self._ckpt.settle()
+        if self._ckpt.dirty or not self._store.exists():
             self._checkpoint_locked()  # a failing disk: counted and logged, restart re-reads
         self._ckpt.close()
         self._closed = True
@@ -543,7 +537,8 @@ class SyncDaemon:
         count, sum since start), ``checkpoints``, ``checkpoints_total`` (across restarts),
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
-        before the first), ``checkpoint_pending``, ``write_errors`` (failed writes:
+        before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in
+        flight), ``write_errors`` (failed writes:
         ``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors`` (its checkpoint
         count), ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
         :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table), ``source``,
@@ -578,10 +573,10 @@ class SyncDaemon:
                 "freshness_p50_s": p50, "freshness_p99_s": p99,
                 "freshness_histogram": self._fresh_hist.snapshot(),
                 "checkpoints": ck.written,
-                "checkpoints_total": self._checkpoints_total,
-                "checkpoint_age_s": None if self._last_ckpt_wall is None
-                else max(0.0, time.time() - self._last_ckpt_wall),
-                "checkpoint_pending": self._pending,
+                "checkpoints_total": ck.total,
+                "checkpoint_age_s": None if ck.written_at is None
+                else max(0.0, time.time() - ck.written_at),
+                "checkpoint_pending": ck.pending, "checkpoint_writing": ck.busy,
                 "checkpoint_last": None if ck.last is None else dict(ck.last),
                 "write_errors": errors,
                 "checkpoint_errors": errors.get("checkpoint", 0),

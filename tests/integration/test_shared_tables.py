@@ -226,3 +226,30 @@ def test_serving_benchmark_runs_and_reports_every_figure(capsys):
     for name in ("serving.apply.min_window", "serving.lookup256_idle_us",
                  "serving.bulk_lookup", "serving.memory_per_row"):
         assert records[name]["value"] > 0 and records[name]["baseline"] > 0
+
+
+def test_serving_benchmark_explains_where_the_time_went(capsys):
+    """``--explain``: per-lookup CPU / run-queue / off-CPU split from the kernel's
+    accounting, for readers (threads and processes), the daemon's applies and the box."""
+    from deltastream.cli import main
+
+    args = ["bench", "serving", "--json", "--rows", "200000", "--batch", "4096",
+            "--threads", "1", "--procs", "1", "--rate", "200", "--idle-seconds", "0.3",
+            "--checkpoint-interval", "0.2", "--window", "0.1", "--explain", "0.5"]
+    assert main(args) == 0
+    records = {r["name"]: r for r in (json.loads(line) for line in
+                                      capsys.readouterr().out.splitlines()
+                                      if line.startswith("{"))}
+    for who in ("threads", "procs"):
+        ex = records[f"serving.{who}.p999_ms"]["explain"]
+        for phase in ("loaded", "idle"):
+            a = ex[f"{who}.{phase}"]["all"]
+            assert a["n"] > 0 and a["wall_ms"] > 0 and a["cpu_ms"] > 0
+            # per-thread accounting: a lookup's CPU time and run-queue wait fit in its
+            # wall time (a per-process clock would count the other threads too)
+            assert a["cpu_ms"] + a["runq_ms"] <= 1.05 * a["wall_ms"] + 0.01
+    ex = records["serving.apply.min_window"]["explain"]
+    assert ex["daemon.apply"]["all"]["n"] > 0
+    for phase in ("loaded", "idle"):
+        box = ex[f"box.{phase}"]
+        assert 0 < box["ours_cores"] <= box["cores"] and 0 <= box["steal_share"] <= 1

@@ -3,7 +3,13 @@ thread hold exactly the state frozen at submit, while the tables keep changing."
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,3 +112,70 @@ def test_a_failed_background_write_is_reported_and_the_next_is_a_base(tmp_path, 
     snap = read_snapshot(tmp_path / "ck")
     assert {n: t.digest() for n, t in snap.tables.items()} == \
         {n: t.digest() for n, t in tables.items()}
+
+
+_KILLED_WRITER = r"""
+import sys, time
+import numpy as np
+from consumers.serving_table import ServingTable
+from consumers.storage.background import CheckpointWriter
+from consumers.storage.checkpoint import CheckpointStore
+
+path, rows = sys.argv[1], int(sys.argv[2])
+t = ServingTable("a", 64)
+rng = np.random.default_rng(0)
+t.upsert(np.arange(rows), rng.standard_normal((rows, 64)).astype(np.float32))
+# every checkpoint is a full base: the longest write there is
+w = CheckpointWriter(CheckpointStore(path, max_segments=0))
+k = 0
+while True:
+    if not w.busy:
+        w.results()
+        k += 1
+        print("freeze", k, t.digest(), flush=True)
+        assert w.submit(tables={"a": t}, offsets={0: k}, seqs={}, meta={"k": k})
+    # applying goes on while the base is written
+    ids = rng.integers(0, rows + 1000, 512)
+    t.upsert(ids, np.full((512, 64), float(k), np.float32))
+    time.sleep(0.0005)
+"""
+
+
+def test_sigkill_mid_background_write_leaves_the_previous_checkpoint(tmp_path):
+    """A real process writes full bases in the background while it keeps applying; it is
+    SIGKILLed while a base is half-written on disk: the checkpoint loads, as exactly the
+    state frozen for the checkpoint its manifest names, and the leftovers go."""
+    repo = Path(__file__).resolve().parents[3]
+    path = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path), "200000"],
+                            cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)),
+                            stdout=subprocess.PIPE, text=True)
+    frozen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        half = False
+        while time.monotonic() < deadline and not half:
+            # a base directory being written (not yet renamed into place), after at
+            # least one checkpoint was committed
+            half = path.is_dir() and (path / "manifest.json").is_file() and any(
+                ".tmp-" in p.name and p.name.startswith("base-") for p in path.iterdir())
+            if not half:
+                time.sleep(0.0005)
+        assert half, "never saw a base being written"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+        out = proc.stdout.read() if proc.stdout else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for line in out.splitlines():
+        _, k, digest = line.split()
+        frozen[int(k)] = digest
+    store = CheckpointStore(path)
+    snap = store.load()
+    assert snap is not None
+    k = snap.offsets[0]
+    assert snap.meta == {"k": k} and k in frozen
+    assert snap.tables["a"].digest() == frozen[k]
+    assert not [p.name for p in path.iterdir() if ".tmp-" in p.name]  # cleaned at load

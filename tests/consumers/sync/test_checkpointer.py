@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 import time
 
 import numpy as np
@@ -101,3 +102,125 @@ def test_group_commits_pause_after_a_failure(tmp_path):
     gc.close()
     with pytest.raises(ValueError, match="group_id"):
         GroupCommitter(o, "")
+
+
+# ----------------------------------------------------------------------------- background
+
+
+class _RecordingCommitter:
+    """Stands in for the consumer group (not under test): records, at each commit, the
+    offsets the checkpoint on disk holds at that moment."""
+
+    group_id, errors, commits, last_error = "g", 0, 0, None
+
+    def __init__(self, ckpt_dir) -> None:
+        self.ckpt_dir, self.seen = ckpt_dir, []
+
+    def commit(self, offsets) -> bool:
+        self.seen.append((dict(offsets), read_snapshot(self.ckpt_dir).offsets))
+        self.commits += 1
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def _disk_offsets(tmp_path) -> dict:
+    return read_snapshot(tmp_path / "state" / "checkpoint").offsets
+
+
+def _digests(tables) -> dict:
+    return {n: t.digest() for n, t in tables.items()}
+
+
+def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path):
+    store = CheckpointStore(tmp_path / "state" / "checkpoint")
+    committer = _RecordingCommitter(store.path)
+    ck = Checkpointer(store, Quarantine(tmp_path / "state" / "q.jsonl"),
+                      FailureLog(("quarantine", "checkpoint")), committer,  # type: ignore
+                      interval=0.01, messages=1000)
+    t = ServingTable("user", 4)
+    t.upsert(np.arange(5), np.ones((5, 4)))
+    tables = {"user": t}
+    assert ck.ready() and ck.checkpoint(tables, {0: 5}, {}, {"n": 1}) and ck.total == 1
+    t.upsert(np.arange(5, 10), np.full((5, 4), 2.0))
+    ck.note(5)
+    frozen = _digests(tables)
+    ck.writer.hold.clear()  # the next write stays in flight until released
+    assert ck.ready(wait=False)
+    assert ck.checkpoint(tables, {0: 10}, {}, {"n": 2}, commit={0: 10}, wait=False)
+    assert ck.busy and ck.pending == 0 and not ck.dirty
+    for i in range(20):  # applying goes on meanwhile: records, rows, deletes
+        t.upsert(np.arange(100 + i * 10, 110 + i * 10), np.full((10, 4), 3.0 + i))
+        t.delete(np.array([i % 10]))
+        ck.note()
+        assert ck.settle() is None and not ck.due_now() and not ck.ready(wait=False)
+    assert ck.busy and ck.total == 1 and ck.written == 1 and committer.seen == []
+    assert read_snapshot(store.path).offsets == {0: 5}  # the previous one, untouched
+    ck.writer.hold.set()
+    assert ck.ready()  # waits for it, then counts it
+    assert ck.total == 2 and ck.written == 2 and ck.pending == 20 and ck.dirty
+    snap = read_snapshot(store.path)
+    assert snap.offsets == {0: 10} and snap.meta == {"n": 2}
+    assert _digests(snap.tables) == frozen  # the state of the freeze, not of now
+    # the group saw the offsets only once they were on disk
+    assert committer.seen == [({0: 10}, {0: 10})]
+    assert ck.due_now() and ck.checkpoint(tables, {0: 30}, {}, {"n": 3})
+    assert _digests(read_snapshot(store.path).tables) == _digests(tables)
+    ck.close()
+
+
+def test_records_past_checkpoint_messages_wait_for_the_one_in_flight(tmp_path):
+    ck, _, _, tables = _setup(tmp_path)  # messages=10
+    ck.writer.hold.clear()
+    assert ck.checkpoint(tables, {0: 1}, {}, {}, wait=False)
+    ck.note(9)
+    assert not ck.due_now(time.monotonic() + 60)  # interval passed, but one in flight
+    ck.note()
+    assert ck.due_now()  # 10 pending: due although one is in flight
+    timer = threading.Timer(0.3, ck.writer.hold.set)
+    timer.start()
+    t0 = time.monotonic()
+    assert ck.ready(wait=False)  # backpressure: waits for the held write
+    assert time.monotonic() - t0 >= 0.25 and not ck.busy and ck.total == 1
+    assert ck.checkpoint(tables, {0: 11}, {}, {}) and ck.total == 2 and ck.pending == 0
+    timer.join()
+    ck.close()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_failed_background_checkpoint_gives_its_records_back(tmp_path, monkeypatch, code):
+    ck, _, flog, tables = _setup(tmp_path)
+    assert ck.checkpoint(tables, {0: 1}, {}, {}) and ck.total == 1
+    ck.note(3)
+    disk = DiskFault(tmp_path / "state", code).install(monkeypatch)
+    disk.active = True
+    ck.writer.hold.clear()
+    assert ck.checkpoint(tables, {0: 4}, {}, {}, wait=False) and ck.pending == 0
+    ck.note(2)
+    ck.writer.hold.set()
+    assert ck.ready() and ck.total == 1  # failed: counted, nothing committed
+    assert ck.pending == 5 and ck.dirty and flog.counts()["checkpoint"] == 1
+    assert ck.retry_at is not None and not ck.due_now()  # backing off
+    assert read_snapshot(tmp_path / "state" / "checkpoint").offsets == {0: 1}
+    disk.active = False
+    time.sleep(max(0.0, ck.retry_at - time.monotonic()))
+    assert ck.due_now() and ck.checkpoint(tables, {0: 6}, {}, {})
+    assert ck.total == 2 and ck.pending == 0 and ck.retry_at is None
+    assert _disk_offsets(tmp_path) == {0: 6}
+    assert ck.last is not None and ck.last["kind"] == "base"  # changes taken were lost
+    ck.close()
+
+
+def test_no_checkpoint_starts_past_an_unwritten_quarantine_line(tmp_path, monkeypatch):
+    ck, quarantine, flog, tables = _setup(tmp_path)
+    assert ck.checkpoint(tables, {0: 1}, {}, {})
+    disk = DiskFault(tmp_path / "state" / "quarantine.jsonl", errno.ENOSPC).install(
+        monkeypatch)
+    disk.active = True
+    assert not quarantine.add(0, 3, "bad", b"x")
+    ck.note(4)
+    assert not ck.checkpoint(tables, {0: 5}, {}, {}, wait=False)
+    assert not ck.busy and ck.pending == 4 and ck.dirty  # nothing frozen, nothing lost
+    assert flog.counts()["quarantine"] == 1 and _disk_offsets(tmp_path) == {0: 1}
+    ck.close()
