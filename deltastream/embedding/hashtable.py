@@ -238,17 +238,20 @@ class HashTable(torch.nn.Module):
         self._hw += fresh
         return torch.cat([reuse, new]) if k else new
 
-    def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Insert absent, unique ``ids`` with ``rows``; returns their positions."""
+    def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Insert absent, unique ``ids`` with ``rows``."""
         n = ids.numel()
         self._index.reserve(n, self._live_entries)  # before the new positions are marked live
         pos = self._alloc(n)
+        self._index.insert(ids, pos)
+        self._store_new(ids, pos, rows)
+
+    def _store_new(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> None:
+        """Fill the rows of ids just added to the index at positions ``pos``."""
         self._weight.index_copy_(0, pos, rows)
         self._pos_ids.index_copy_(0, pos, ids)
         self._occupied[pos] = True
-        self._index.insert(ids, pos)
-        self._live += n
-        return pos
+        self._live += ids.numel()
 
     def _init_rows(self, ids: torch.Tensor) -> torch.Tensor:
         return init_rows(self.initializer, self._init_kwargs, ids, self.embedding_dim,
@@ -256,13 +259,10 @@ class HashTable(torch.nn.Module):
 
     def _find_or_insert(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of ``flat`` (inserting unseen ids) and the newly inserted ids."""
-        pos, _ = self._index.probe(flat)
-        miss = (pos < 0).nonzero().squeeze(1)
-        if miss.numel() == 0:
-            return pos, flat[:0]
-        new_ids, inv = torch.unique(flat.index_select(0, miss), return_inverse=True)
-        new_pos = self._insert_new(new_ids, self._init_rows(new_ids))
-        pos.index_copy_(0, miss, new_pos.index_select(0, inv))
+        pos, new_ids, new_pos = self._index.find_or_insert(flat, self._alloc,
+                                                           self._live_entries)
+        if new_ids.numel():
+            self._store_new(new_ids, new_pos, self._init_rows(new_ids))
         return pos, new_ids
 
     # ------------------------------------------------------------------ public API
@@ -380,14 +380,11 @@ class HashTable(torch.nn.Module):
         if ids.numel() == 0 or self._live == 0:
             return 0
         uniq = torch.unique(ids)
-        pos, slots = self._index.probe(uniq, need_slots=True)
-        found = (pos >= 0).nonzero().squeeze(1)
+        found, pos = self._index.remove(uniq)
         k = found.numel()
         if k == 0:
             return 0
-        pos = pos.index_select(0, found)
         gone = uniq.index_select(0, found)
-        self._index.delete(slots.index_select(0, found))
         self._occupied[pos] = False
         self._weight[pos] = 0
         self._free = torch.cat([self._free, pos])
