@@ -94,8 +94,9 @@ class HashIndex:
 
     def probe(self, keys: torch.Tensor, need_slots: bool = False
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Row position per key of int64 ``keys`` ``[N]`` (-1 if absent) and, with
-        ``need_slots``, the slot holding it (-1 if absent; for :meth:`delete`)."""
+        """Row position per key of int64 ``keys`` ``[N]`` (negative if absent) and, with
+        ``need_slots``, the slot holding it (for :meth:`delete`; valid where the position
+        is >= 0)."""
         n = keys.numel()
         if n == 0 or self.live == 0:
             pos = torch.full((n,), -1, dtype=torch.int64, device=self.device)
