@@ -39,6 +39,7 @@ Cost on CUDA (what one call launches; syncs are device->host reads):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import triton
@@ -195,6 +196,8 @@ def _block(n: int) -> int:
 
 
 def _launch(kernel, n: int, *args, **constexprs) -> None:
+    if n == 0:
+        return
     block = _block(n)
     kernel[(triton.cdiv(n, block),)](*args, BLOCK=block, **constexprs)
 
@@ -207,7 +210,7 @@ def find(keys: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, shift: int,
          need_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Row position of each id of int64 ``ids`` ``[N]`` (-1 if absent) and, with
     ``need_slots``, its slot (-1 if absent). One kernel launch, no sync."""
-    n = ids.numel()
+    n, ids = ids.numel(), ids.contiguous()
     pos = torch.empty(n, dtype=torch.int64, device=ids.device)
     slots = torch.empty(n, dtype=torch.int64, device=ids.device) if need_slots else pos
     _launch(_find_kernel, n, keys, vals, ids, pos, slots, n, *_geometry(keys, shift),
@@ -225,8 +228,7 @@ def find_or_claim(keys: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, shi
     ``reused`` how many claimed slots were tombstones. One memset, one kernel, one sync (the
     counts). Pass the result to :func:`settle` once the positions are allocated.
     """
-    n = ids.numel()
-    dev = ids.device
+    n, ids, dev = ids.numel(), ids.contiguous(), ids.device
     pos = torch.empty(n, dtype=torch.int64, device=dev)
     new_ids = torch.empty(n, dtype=torch.int64, device=dev)
     new_slots = torch.empty(n, dtype=torch.int64, device=dev)
@@ -238,7 +240,8 @@ def find_or_claim(keys: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, shi
 
 
 def settle(vals: torch.Tensor, pos: torch.Tensor, new_ids: torch.Tensor,
-           new_slots: torch.Tensor, alloc) -> tuple[torch.Tensor, torch.Tensor]:
+           new_slots: torch.Tensor, alloc: Callable[[int], torch.Tensor]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Give the claimed ids of :func:`find_or_claim` their row positions.
 
     ``alloc(k)`` returns ``k`` positions for the new ids in ascending id order. Writes them
@@ -260,7 +263,7 @@ def insert(keys: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, positions:
            shift: int) -> int:
     """Add absent, unique ``ids`` -> ``positions``; returns how many tombstones were reused.
     One memset, one kernel, one sync (that count)."""
-    n = ids.numel()
+    n, ids, positions = ids.numel(), ids.contiguous(), positions.contiguous()
     counts = torch.zeros(1, dtype=torch.int64, device=ids.device)
     _launch(_insert_kernel, n, keys, vals, ids, positions, counts, n, *_geometry(keys, shift))
     return int(counts.item())
@@ -270,7 +273,7 @@ def remove(keys: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, shift: int
            ) -> torch.Tensor:
     """Mark the slots of ``ids`` deleted; returns the row position each id had (-1 if
     absent, or for a repeat of an id in the batch). One kernel launch, no sync."""
-    n = ids.numel()
+    n, ids = ids.numel(), ids.contiguous()
     pos = torch.empty(n, dtype=torch.int64, device=ids.device)
     _launch(_remove_kernel, n, keys, vals, ids, pos, n, *_geometry(keys, shift))
     return pos

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from deltastream.embedding.hash_index import GOLDEN, HashIndex
@@ -167,3 +168,23 @@ def test_growth_rebuilds_keep_every_key(kernel_device):
         return obs
 
     _both(kernel_device, scenario)
+
+
+@pytest.mark.gpu
+def test_cuda_many_blocks_racing_for_the_same_ids_match_the_reference():
+    # ids repeated across thousands of programs: lanes of different blocks race for one
+    # slot (LOCKED / PENDING states); positions must still equal the torch path's
+    rng = random.Random(8)
+    cpu, gpu = _Table(1000, torch.device("cpu")), _Table(1000, torch.device("cuda"))
+    for _ in range(6):
+        batch = [rng.randrange(-40_000, 40_000) for _i in range(300_000)]
+        with kernels_mode("off"):
+            ref = cpu.find_or_insert(batch)
+        with kernels_mode("on"):
+            assert gpu.find_or_insert(batch) == ref
+        gone = rng.sample(list(cpu.held), len(cpu.held) // 3)
+        with kernels_mode("off"):
+            ref = cpu.remove(gone)
+        with kernels_mode("on"):
+            assert gpu.remove(gone) == ref
+    assert gpu.held == cpu.held
