@@ -37,20 +37,16 @@ from typing import Optional
 
 import torch
 
+from deltastream.embedding.hash_layout import DELETED, EMPTY, GOLDEN
 from deltastream.kernels.runtime import use_kernels
 
-__all__ = ["HashIndex", "EMPTY", "DELETED", "GOLDEN"]
+__all__ = ["HashIndex"]
 
 log = logging.getLogger(__name__)
 
-# The layout, shared with the kernels (deltastream.kernels.hash_probe):
-EMPTY = -1  # vals[] marker: slot never used (ends a probe chain)
-DELETED = -2  # vals[] marker: slot held an evicted id (probe chains pass over it)
 _MAX_LOAD = 0.5  # (live + deleted) / slots above which the index is rebuilt
 _REBUILD_LOAD = 0.3  # live / slots right after a rebuild
 _MIN_SLOTS = 64
-# Golden-ratio multiplier 0x9E3779B97F4A7C15 as a signed int64 (torch multiplies with wrap).
-GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
 def _next_pow2(n: int) -> int:

@@ -12,7 +12,8 @@ import random
 import pytest
 import torch
 
-from deltastream.embedding.hash_index import GOLDEN, HashIndex
+from deltastream.embedding.hash_index import HashIndex
+from deltastream.embedding.hash_layout import GOLDEN
 from deltastream.kernels.runtime import kernels_mode
 
 _INV_GOLDEN = pow(GOLDEN % (1 << 64), -1, 1 << 64)  # GOLDEN is odd: invertible mod 2^64
