@@ -21,6 +21,11 @@ Design (why this shape):
   winner writes, losers advance. Free slots include ``DELETED`` ones (evicted ids), which
   are therefore reused; the index is rebuilt (O(live)) when live + deleted slots exceed the
   load bound, so insert is amortized O(1).
+* **CUDA**: where :func:`~deltastream.kernels.runtime.use_kernels` says so, :meth:`probe`,
+  :meth:`insert`, :meth:`find_or_insert` and :meth:`remove` run as Triton kernels with the
+  probe loop inside the kernel (:mod:`deltastream.kernels.hash_probe`), on the same
+  tensors: a find is one launch and no host sync, a find-or-insert one launch and one
+  small device->host read (the count of new ids). Growth and rehash stay here.
 """
 
 from __future__ import annotations
@@ -32,17 +37,16 @@ from typing import Optional
 
 import torch
 
+from deltastream.embedding.hash_layout import DELETED, EMPTY, GOLDEN
+from deltastream.kernels.runtime import use_kernels
+
 __all__ = ["HashIndex"]
 
 log = logging.getLogger(__name__)
 
-_EMPTY = -1  # vals[] marker: slot never used (ends a probe chain)
-_DELETED = -2  # vals[] marker: slot held an evicted id (probe chains pass over it)
 _MAX_LOAD = 0.5  # (live + deleted) / slots above which the index is rebuilt
 _REBUILD_LOAD = 0.3  # live / slots right after a rebuild
 _MIN_SLOTS = 64
-# Golden-ratio multiplier 0x9E3779B97F4A7C15 as a signed int64 (torch multiplies with wrap).
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
 def _next_pow2(n: int) -> int:
@@ -73,7 +77,7 @@ class HashIndex:
         self.slots = slots  #: slot count (a power of two)
         self._shift = 64 - (slots.bit_length() - 1)
         self._keys = torch.zeros(slots, dtype=torch.int64, device=dev)
-        self._vals = torch.full((slots,), _EMPTY, dtype=torch.int64, device=dev)
+        self._vals = torch.full((slots,), EMPTY, dtype=torch.int64, device=dev)
         self._claim = torch.empty(slots, dtype=torch.int64, device=dev)
         self._used = 0  # live + deleted slots
         self.live = 0  #: keys held
@@ -82,16 +86,19 @@ class HashIndex:
         # Fibonacci hashing: the top log2(slots) bits of key * golden ratio (mod 2^64). Bit i
         # of the key reaches every product bit >= i, so all key bits reach the top bits;
         # the mask undoes the sign extension of the arithmetic shift.
-        return ((keys * _GOLDEN) >> self._shift) & (self.slots - 1)
+        return ((keys * GOLDEN) >> self._shift) & (self.slots - 1)
 
     def probe(self, keys: torch.Tensor, need_slots: bool = False
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Row position per key of int64 ``keys`` ``[N]`` (-1 if absent) and, with
-        ``need_slots``, the slot holding it (-1 if absent; for :meth:`delete`)."""
+        """Row position per key of int64 ``keys`` ``[N]`` (negative if absent) and, with
+        ``need_slots``, the slot holding it (for :meth:`delete`; valid where the position
+        is >= 0)."""
         n = keys.numel()
         if n == 0 or self.live == 0:
             pos = torch.full((n,), -1, dtype=torch.int64, device=self.device)
             return pos, (pos.clone() if need_slots else None)
+        if use_kernels(keys):
+            return self._kernels().find(self._keys, self._vals, keys, self._shift, need_slots)
         slots = None
         mask = self.slots - 1
         slot = self._hash(keys)
@@ -105,7 +112,7 @@ class HashIndex:
         pos = v.masked_fill(other, -1)
         if need_slots:
             slots = slot.masked_fill(other, -1)
-        rest = (other & (v != _EMPTY)).nonzero().squeeze(1)
+        rest = (other & (v != EMPTY)).nonzero().squeeze(1)
         if rest.numel() == 0:
             return pos, slots
         cur, ckeys, cslot = rest, keys.index_select(0, rest), (slot.index_select(0, rest) + 1) & mask
@@ -118,7 +125,7 @@ class HashIndex:
                 pos.index_copy_(0, where, v.index_select(0, hi))
                 if need_slots:
                     slots.index_copy_(0, where, cslot.index_select(0, hi))
-            keep = (other & (v != _EMPTY)).nonzero().squeeze(1)
+            keep = (other & (v != EMPTY)).nonzero().squeeze(1)
             cur = cur.index_select(0, keep)
             ckeys = ckeys.index_select(0, keep)
             cslot = (cslot.index_select(0, keep) + 1) & mask
@@ -128,6 +135,11 @@ class HashIndex:
         """Add absent, unique ``keys`` -> ``positions`` (room ensured by :meth:`reserve`)."""
         n = keys.numel()
         if n == 0:
+            return
+        if use_kernels(keys):
+            reused = self._kernels().insert(self._keys, self._vals, keys, positions, self._shift)
+            self._used += n - reused
+            self.live += n
             return
         mask = self.slots - 1
         slot = self._hash(keys)
@@ -145,7 +157,7 @@ class HashIndex:
                 won = won_mask.nonzero().squeeze(1)
                 wslot = cslot.index_select(0, won)
                 widx = cand.index_select(0, won)
-                reused += int((v.index_select(0, free.index_select(0, won)) == _DELETED).sum())
+                reused += int((v.index_select(0, free.index_select(0, won)) == DELETED).sum())
                 self._keys.index_copy_(0, wslot, keys.index_select(0, widx))
                 self._vals.index_copy_(0, wslot, positions.index_select(0, widx))
                 settled = torch.zeros(cur.numel(), dtype=torch.bool, device=self.device)
@@ -157,6 +169,63 @@ class HashIndex:
             slot = (slot.index_select(0, keep) + 1) & mask
         self._used += n - reused
         self.live += n
+
+    def find_or_insert(self, keys: torch.Tensor, alloc: Callable[[int], torch.Tensor],
+                       entries: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Row position of every id of int64 ``keys`` ``[N]``, inserting the absent ones.
+
+        ``alloc(k)`` hands out ``k`` row positions for the new ids in ascending order;
+        ``entries`` is as for :meth:`reserve`. Returns ``(pos [N], new_keys [k] ascending,
+        new_positions [k])``. The kernel path makes room for all ``N`` ids being new
+        before its one launch (it learns how many are new only after it), then reads the
+        count of new ids: one device->host read per call.
+        """
+        if keys.numel() and use_kernels(keys):
+            kernels = self._kernels()
+            self.reserve(keys.numel(), entries)
+            pos, new_keys, new_slots, reused = kernels.find_or_claim(self._keys, self._vals,
+                                                                     keys, self._shift)
+            k = new_keys.numel()
+            if k == 0:
+                return pos, new_keys, new_keys
+            self._used += k - reused
+            self.live += k
+            new_keys, new_pos = kernels.settle(self._vals, pos, new_keys, new_slots, alloc)
+            return pos, new_keys, new_pos
+        pos, _ = self.probe(keys)
+        miss = (pos < 0).nonzero().squeeze(1)
+        if miss.numel() == 0:
+            return pos, keys[:0], keys[:0]
+        new_keys, inv = torch.unique(keys.index_select(0, miss), return_inverse=True)
+        self.reserve(new_keys.numel(), entries)
+        new_pos = alloc(new_keys.numel())
+        self.insert(new_keys, new_pos)
+        pos.index_copy_(0, miss, new_pos.index_select(0, inv))
+        return pos, new_keys, new_pos
+
+    def remove(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Remove the held ones of unique int64 ``keys`` ``[N]``; returns ``(which [k],
+        positions [k])``: their indices in ``keys`` and the row positions they had."""
+        if keys.numel() == 0 or self.live == 0:
+            none = keys.new_empty(0)
+            return none, none
+        if use_kernels(keys):
+            pos = self._kernels().remove(self._keys, self._vals, keys, self._shift)
+            found = (pos >= 0).nonzero().squeeze(1)
+            self._forget(found.numel())
+            return found, pos.index_select(0, found)
+        pos, slots = self.probe(keys, need_slots=True)
+        found = (pos >= 0).nonzero().squeeze(1)
+        self.delete(slots.index_select(0, found))
+        return found, pos.index_select(0, found)
+
+    @staticmethod
+    def _kernels():
+        # imported on first use: it imports triton, which use_kernels() has found to import
+        from deltastream.kernels import hash_probe
+
+        return hash_probe
 
     def reserve(self, n: int,
                 entries: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -173,14 +242,18 @@ class HashIndex:
 
     def delete(self, slots: torch.Tensor) -> None:
         """Remove the keys in ``slots`` (from :meth:`probe` with ``need_slots``; all held)."""
-        self._vals[slots] = _DELETED
-        self.live -= slots.numel()
+        self._vals[slots] = DELETED
+        self._forget(slots.numel())
+
+    def _forget(self, k: int) -> None:
+        # k keys were marked DELETED (their slots stay used until a rebuild)
+        self.live -= k
         if self.live == 0:  # nothing left: start from a clean index, no tombstones
             self.clear()
 
     def clear(self) -> None:
         """Remove every key (the slot count stays)."""
-        self._vals.fill_(_EMPTY)
+        self._vals.fill_(EMPTY)
         self._used = 0
         self.live = 0
 

@@ -18,7 +18,11 @@ included) of its :class:`~deltastream.sharding.Slice` range to rows of width
 Design (why this shape):
 
 * **Index**: an open-addressing hash index over flat tensors that resolves a whole batch
-  of ids per probing round, on CPU and CUDA alike (:mod:`deltastream.embedding.hash_index`).
+  of ids per probing round (:mod:`deltastream.embedding.hash_index`); on CUDA its
+  operations are Triton kernels with the probe loop inside (:mod:`deltastream.kernels.hash_probe`).
+  What a call costs there: :meth:`HashTable.positions` 2 launches, ``lookup`` (and eval
+  forward) 5, no host sync; a training forward 1 find-or-insert kernel and one
+  device->host read (the count of new ids), plus the row gather.
 * **Rows** live in one contiguous ``[capacity, dim]`` tensor that grows geometrically
   (x1.5, rounded up to whole blocks of 1024 rows) so that a lookup is a single
   ``index_select`` kernel. A list of separate blocks would avoid the copy at growth but turn
@@ -75,6 +79,14 @@ log = logging.getLogger(__name__)
 _BLOCK_ROWS = 1024  # row storage grows in whole blocks of this many rows
 _GROWTH = 1.5
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _add_hook(hooks: OrderedDict, fn: Callable) -> RemovableHandle:
+    if not callable(fn):
+        raise TypeError(f"hook must be callable, got {fn!r}")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = fn
+    return handle
 
 
 # --------------------------------------------------------------------------- the table
@@ -238,17 +250,20 @@ class HashTable(torch.nn.Module):
         self._hw += fresh
         return torch.cat([reuse, new]) if k else new
 
-    def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Insert absent, unique ``ids`` with ``rows``; returns their positions."""
+    def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Insert absent, unique ``ids`` with ``rows``."""
         n = ids.numel()
         self._index.reserve(n, self._live_entries)  # before the new positions are marked live
         pos = self._alloc(n)
+        self._index.insert(ids, pos)
+        self._store_new(ids, pos, rows)
+
+    def _store_new(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> None:
+        """Fill the rows of ids just added to the index at positions ``pos``."""
         self._weight.index_copy_(0, pos, rows)
         self._pos_ids.index_copy_(0, pos, ids)
         self._occupied[pos] = True
-        self._index.insert(ids, pos)
-        self._live += n
-        return pos
+        self._live += ids.numel()
 
     def _init_rows(self, ids: torch.Tensor) -> torch.Tensor:
         return init_rows(self.initializer, self._init_kwargs, ids, self.embedding_dim,
@@ -256,13 +271,10 @@ class HashTable(torch.nn.Module):
 
     def _find_or_insert(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of ``flat`` (inserting unseen ids) and the newly inserted ids."""
-        pos, _ = self._index.probe(flat)
-        miss = (pos < 0).nonzero().squeeze(1)
-        if miss.numel() == 0:
-            return pos, flat[:0]
-        new_ids, inv = torch.unique(flat.index_select(0, miss), return_inverse=True)
-        new_pos = self._insert_new(new_ids, self._init_rows(new_ids))
-        pos.index_copy_(0, miss, new_pos.index_select(0, inv))
+        pos, new_ids, new_pos = self._index.find_or_insert(flat, self._alloc,
+                                                           self._live_entries)
+        if new_ids.numel():
+            self._store_new(new_ids, new_pos, self._init_rows(new_ids))
         return pos, new_ids
 
     # ------------------------------------------------------------------ public API
@@ -301,6 +313,9 @@ class HashTable(torch.nn.Module):
 
     def _read(self, flat: torch.Tensor) -> torch.Tensor:
         pos, _ = self._index.probe(flat)
+        if flat.is_cuda:  # no host sync: gather a row for every id, then fill the misses
+            out = self._weight.index_select(0, pos.clamp(min=0))
+            return out.masked_fill_((pos < 0).unsqueeze(1), self._eval_value)
         if flat.numel() == 0 or int(pos.min()) >= 0:  # common case: every id present
             return self._weight.index_select(0, pos)
         miss = pos < 0
@@ -380,14 +395,11 @@ class HashTable(torch.nn.Module):
         if ids.numel() == 0 or self._live == 0:
             return 0
         uniq = torch.unique(ids)
-        pos, slots = self._index.probe(uniq, need_slots=True)
-        found = (pos >= 0).nonzero().squeeze(1)
+        found, pos = self._index.remove(uniq)
         k = found.numel()
         if k == 0:
             return 0
-        pos = pos.index_select(0, found)
         gone = uniq.index_select(0, found)
-        self._index.delete(slots.index_select(0, found))
         self._occupied[pos] = False
         self._weight[pos] = 0
         self._free = torch.cat([self._free, pos])
@@ -454,11 +466,7 @@ class HashTable(torch.nn.Module):
 
         ``new_ids`` is int64 ``[k]``, ascending, k > 0. Returns a handle with ``.remove()``.
         """
-        if not callable(fn):
-            raise TypeError(f"hook must be callable, got {fn!r}")
-        handle = RemovableHandle(self._insert_hooks)
-        self._insert_hooks[handle.id] = fn
-        return handle
+        return _add_hook(self._insert_hooks, fn)
 
     def register_evict_hook(self, fn: Callable[[HashTable, torch.Tensor], None]
                             ) -> RemovableHandle:
@@ -466,11 +474,7 @@ class HashTable(torch.nn.Module):
 
         ``evicted_ids`` is int64 ``[k]``, ascending, k > 0. Returns a handle with ``.remove()``.
         """
-        if not callable(fn):
-            raise TypeError(f"hook must be callable, got {fn!r}")
-        handle = RemovableHandle(self._evict_hooks)
-        self._evict_hooks[handle.id] = fn
-        return handle
+        return _add_hook(self._evict_hooks, fn)
 
     def register_lookup_hook(
             self, fn: Callable[[HashTable, Optional[torch.Tensor], torch.Tensor], None]
@@ -485,12 +489,7 @@ class HashTable(torch.nn.Module):
         forward hook it also fires when ``forward`` is called directly. Returns a handle
         with ``.remove()``.
         """
-        if not callable(fn):
-            raise TypeError(f"hook must be callable, got {fn!r}")
-        hooks = self.__dict__.setdefault("_lookup_hooks", OrderedDict())
-        handle = RemovableHandle(hooks)
-        hooks[handle.id] = fn
-        return handle
+        return _add_hook(self.__dict__.setdefault("_lookup_hooks", OrderedDict()), fn)
 
     def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
         """The id stored at each row position (int64 ``positions``, any shape -> same shape).

@@ -1,0 +1,191 @@
+"""HashIndex on the Triton kernel path (deltastream.kernels.hash_probe) against the torch
+reference path: the same operations on both, the same answers.
+
+The kernel path runs on CUDA when there is one, else on CPU under Triton's interpreter
+(the ``kernel_device`` fixture); sizes stay small because the interpreter is slow.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from deltastream.embedding.hash_index import HashIndex
+from deltastream.embedding.hash_layout import GOLDEN
+from deltastream.kernels.runtime import kernels_mode
+
+_INV_GOLDEN = pow(GOLDEN % (1 << 64), -1, 1 << 64)  # GOLDEN is odd: invertible mod 2^64
+
+
+def _with_home(home: int, slots: int, n: int, seed: int) -> list[int]:
+    """``n`` distinct int64 keys whose home slot in a ``slots``-slot index is ``home``."""
+    bits = slots.bit_length() - 1
+    rng = random.Random(seed)
+    low = rng.sample(range(1 << 40), n)  # the bits under the top ``bits`` of key * GOLDEN
+    out = []
+    for r in low:
+        k = (((home << (64 - bits)) | r) * _INV_GOLDEN) % (1 << 64)
+        out.append(k - (1 << 64) if k >= 1 << 63 else k)
+    return out
+
+
+class _Table:
+    """A HashIndex with the bookkeeping its owner does: row positions and held entries."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.index = HashIndex(capacity, device, "t")
+        self.device = device
+        self.next = 0
+        self.held: dict[int, int] = {}
+
+    def _alloc(self, k: int) -> torch.Tensor:
+        self.next += k
+        return torch.arange(self.next - k, self.next, device=self.device)
+
+    def _entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = torch.tensor(list(self.held), dtype=torch.int64, device=self.device)
+        pos = torch.tensor(list(self.held.values()), dtype=torch.int64, device=self.device)
+        return keys, pos
+
+    def find_or_insert(self, keys: list[int]) -> tuple[list[int], list[int]]:
+        t = torch.tensor(keys, dtype=torch.int64, device=self.device)
+        pos, new_keys, new_pos = self.index.find_or_insert(t, self._alloc, self._entries)
+        self.held.update(zip(new_keys.tolist(), new_pos.tolist(), strict=True))
+        return pos.tolist(), new_keys.tolist()
+
+    def find(self, keys: list[int]) -> list[int]:
+        t = torch.tensor(keys, dtype=torch.int64, device=self.device)
+        pos, slots = self.index.probe(t, need_slots=True)
+        assert (slots[pos >= 0] >= 0).all()
+        return pos.clamp(min=-1).tolist()
+
+    def remove(self, keys: list[int]) -> list[int]:
+        t = torch.tensor(keys, dtype=torch.int64, device=self.device)
+        which, pos = self.index.remove(t)
+        for k in t.index_select(0, which).tolist():
+            del self.held[k]
+        return sorted(zip(which.tolist(), pos.tolist(), strict=True))
+
+    def insert(self, keys: list[int]) -> None:
+        t = torch.tensor(keys, dtype=torch.int64, device=self.device)
+        self.index.reserve(len(keys), self._entries)
+        pos = self._alloc(len(keys))
+        self.index.insert(t, pos)
+        self.held.update(zip(keys, pos.tolist(), strict=True))
+
+
+def _both(kernel_device, scenario) -> list:
+    """Run ``scenario(make_table)`` on the torch path and on the kernel path; the
+    observations must agree. Returns them."""
+    with kernels_mode("off"):
+        ref = scenario(lambda cap: _Table(cap, torch.device("cpu")))
+    got = scenario(lambda cap: _Table(cap, kernel_device))  # kernel mode "on" here
+    assert got == ref
+    return got
+
+
+def _check_held(t: _Table) -> None:
+    keys = list(t.held)
+    assert t.find(keys) == [t.held[k] for k in keys]
+    assert t.index.live == len(keys)
+
+
+def test_collisions_and_wrap_around(kernel_device):
+    def scenario(make):
+        t = make(60)
+        slots = t.index.slots
+        assert slots == 256
+        # 40 keys with the last slot as home: the chain wraps to slot 0 and on
+        wrap = _with_home(slots - 1, slots, 40, seed=1)
+        same = _with_home(7, slots, 30, seed=2)  # another crowded chain
+        obs = [t.find_or_insert(wrap[:25] + same[:10])]
+        assert t.index.slots == slots  # no rebuild: the chains really collide
+        obs.append(t.find_or_insert(wrap + same))  # 25 + 10 hits, 35 new
+        _check_held(t)
+        obs.append(t.find(wrap[::-1] + _with_home(slots - 1, slots, 5, seed=9)))
+        return obs
+
+    obs = _both(kernel_device, scenario)
+    assert obs[-1][-5:] == [-1] * 5  # absent keys at the end of the crowded chain
+
+
+def test_duplicates_in_a_batch_get_one_slot_and_one_position(kernel_device):
+    def scenario(make):
+        t = make(64)
+        home = _with_home(3, t.index.slots, 6, seed=3)
+        batch = [5, 5, -1, home[0], 5, home[1], home[0], -1, 0, 0, home[2]] * 3
+        pos, new = t.find_or_insert(batch)
+        assert new == sorted(set(batch))  # each new key once, ascending
+        for k, p in zip(batch, pos, strict=True):
+            assert p == t.held[k]
+        _check_held(t)
+        return [pos, new, t.find_or_insert(batch + [7, 7])]
+
+    _both(kernel_device, scenario)
+
+
+def test_insert_after_delete_reuses_tombstones(kernel_device):
+    def scenario(make):
+        t = make(60)
+        slots = t.index.slots
+        chain = _with_home(slots - 2, slots, 30, seed=4)
+        obs = [t.find_or_insert(chain)]
+        obs.append(t.remove(chain[::3] + [12345]))  # one absent id
+        assert t.index.live == 20
+        obs.append(t.find(chain))  # deleted ones absent, later ones still found
+        obs.append(t.find_or_insert(chain[::6] + [777]))  # half the deleted come back
+        obs.append(t.find(chain))
+        t.insert(_with_home(slots - 2, slots, 3, seed=5))  # plain insert reuses tombstones
+        _check_held(t)
+        obs.append(t.remove(list(t.held)))
+        assert t.index.live == 0
+        obs.append(t.find_or_insert(chain[:4]))  # after everything left: a clean index
+        return obs
+
+    _both(kernel_device, scenario)
+
+
+def test_growth_rebuilds_keep_every_key(kernel_device):
+    def scenario(make):
+        t = make(1)
+        rng = random.Random(6)
+        obs, sizes = [], set()
+        for step in range(8):
+            fresh = [rng.randrange(-(1 << 62), 1 << 62) for _ in range(90 * (step + 1))]
+            old = rng.sample(list(t.held), min(len(t.held), 200))
+            pos, new = t.find_or_insert(fresh + old)
+            obs.append((pos, new))
+            assert t.index.live <= t.index.slots * 0.5  # the load bound holds
+            sizes.add(t.index.slots)
+            if step % 3 == 2:
+                obs.append(t.remove(rng.sample(list(t.held), 100)))
+        # one batch over several kernel programs
+        big = [rng.randrange(-(1 << 62), 1 << 62) for _ in range(4500)] + list(t.held)[:600]
+        obs.append(t.find_or_insert(big))
+        assert len(sizes) >= 3
+        _check_held(t)
+        return obs
+
+    _both(kernel_device, scenario)
+
+
+@pytest.mark.gpu
+def test_cuda_many_blocks_racing_for_the_same_ids_match_the_reference():
+    # ids repeated across thousands of programs: lanes of different blocks race for one
+    # slot (LOCKED / PENDING states); positions must still equal the torch path's
+    rng = random.Random(8)
+    cpu, gpu = _Table(1000, torch.device("cpu")), _Table(1000, torch.device("cuda"))
+    for _ in range(6):
+        batch = [rng.randrange(-40_000, 40_000) for _i in range(300_000)]
+        with kernels_mode("off"):
+            ref = cpu.find_or_insert(batch)
+        with kernels_mode("on"):
+            assert gpu.find_or_insert(batch) == ref
+        gone = rng.sample(list(cpu.held), len(cpu.held) // 3)
+        with kernels_mode("off"):
+            ref = cpu.remove(gone)
+        with kernels_mode("on"):
+            assert gpu.remove(gone) == ref
+    assert gpu.held == cpu.held
