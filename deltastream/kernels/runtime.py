@@ -13,8 +13,9 @@ mode               CUDA tensor                 CPU tensor
 ``off``            torch reference             torch reference
 =================  ==========================  ====================================
 
-The mode comes from ``DELTASTREAM_KERNELS`` (``auto``/``on``/``off``, also ``1``/``0``),
-or :func:`kernels_mode` (a context manager, for tests and benchmarks). Triton's
+The mode comes from ``DELTASTREAM_KERNELS`` (``auto``/``on``/``off``, also ``1``/``0``; read
+once, at first use, or again by :func:`reload_env`), or :func:`kernels_mode` (a context
+manager, for tests and benchmarks). Triton's
 interpreter must be chosen before ``triton`` is first imported: that is how CI, which has
 no GPU, runs every kernel on CPU tensors against the reference (small sizes: it is slow).
 """
@@ -30,27 +31,32 @@ from collections.abc import Iterator
 import torch
 
 __all__ = ["triton_available", "interpreted", "use_kernels", "kernels_mode", "current_mode",
-           "MODES"]
+           "reload_env", "MODES"]
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
 _ALIASES = {"1": "on", "0": "off", "true": "on", "false": "off", "": "auto"}
 _override: list[str] = []  # innermost kernels_mode() last
+_env: list[str] = []  # DELTASTREAM_KERNELS, parsed once: use_kernels runs on every table op
 
 
-def _env_mode() -> str:
+def reload_env() -> str:
+    """Read ``DELTASTREAM_KERNELS`` again; returns the mode it names, or ``ValueError``."""
     raw = os.environ.get("DELTASTREAM_KERNELS", "auto").strip().lower()
     mode = _ALIASES.get(raw, raw)
     if mode not in MODES:
         raise ValueError(f"DELTASTREAM_KERNELS: expected one of auto, on, off (or 1, 0), "
                          f"got {raw!r}")
+    _env[:] = [mode]
     return mode
 
 
 def current_mode() -> str:
     """The mode in force: the innermost :func:`kernels_mode`, else ``DELTASTREAM_KERNELS``."""
-    return _override[-1] if _override else _env_mode()
+    if _override:
+        return _override[-1]
+    return _env[0] if _env else reload_env()
 
 
 @functools.cache

@@ -42,15 +42,23 @@ def test_bad_mode_is_named():
 
 def test_bad_env_mode_is_named(monkeypatch):
     monkeypatch.setenv("DELTASTREAM_KERNELS", "maybe")
-    with pytest.raises(ValueError, match="DELTASTREAM_KERNELS.*'maybe'"):
-        current_mode()
+    try:
+        with pytest.raises(ValueError, match="DELTASTREAM_KERNELS.*'maybe'"):
+            runtime.reload_env()
+    finally:
+        monkeypatch.delenv("DELTASTREAM_KERNELS")
+        runtime.reload_env()
 
 
 def test_env_aliases(monkeypatch):
-    monkeypatch.setenv("DELTASTREAM_KERNELS", "0")
-    assert current_mode() == "off"
-    monkeypatch.setenv("DELTASTREAM_KERNELS", "1")
-    assert current_mode() == "on"
+    try:
+        monkeypatch.setenv("DELTASTREAM_KERNELS", "0")
+        assert runtime.reload_env() == "off" == current_mode()
+        monkeypatch.setenv("DELTASTREAM_KERNELS", "1")
+        assert runtime.reload_env() == "on" == current_mode()
+    finally:
+        monkeypatch.delenv("DELTASTREAM_KERNELS")
+        runtime.reload_env()
 
 
 def test_kernel_device_fixture_runs_kernels(kernel_device):
