@@ -68,15 +68,17 @@ def select_on_device(delta: DeltaRows, table, read: Reader, dim: int,
     (``checks``: the value checks still to read back). See the module docstring."""
     ids, states = delta.ids, delta.states
     n, dev = ids.numel(), ids.device
-    new = delta.new.to(dev) if delta.new is not None else None
+    # the kernels index every [n] input densely: make them contiguous (no-ops as a rule)
+    new = delta.new.to(dev).contiguous() if delta.new is not None else None
     # new_rows="drift": a never-published row is served as zeros, its error is ‖current‖
     zero_new = new if new_rows == "drift" and states is not None else None
     cdtype = torch.float64 if states is not None and states.dtype == torch.float64 \
         else torch.float32
     first = states if states is None or states.stride(1) == 1 else states.contiguous()
-    age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
+    age = delta.age.to(device=dev, dtype=torch.int64).contiguous() \
+        if delta.age is not None else None
     tier_new = new if new_rows == "first" else None
-    w = weights.to(dev) if weights is not None else None
+    w = weights.to(dev).contiguous() if weights is not None else None
 
     def score(storage: torch.Tensor, pos: Optional[torch.Tensor]):
         drift = row_drift(storage, pos, first, zero_new, compute_dtype=cdtype,
@@ -142,7 +144,7 @@ def _in_place(table, ids: torch.Tensor, dim: int
     if storage.device != ids.device or storage.dim() != 2 or storage.shape[1] != dim \
             or storage.stride(1) != 1 or not storage.is_floating_point():
         return None, None
-    return storage, positions(ids)
+    return storage, positions(ids).contiguous()
 
 
 def _read_all(read: Reader, ids: torch.Tensor, dim: int, dev: torch.device) -> torch.Tensor:

@@ -138,6 +138,25 @@ def test_float64_states_and_strided_states(path):
     torch.testing.assert_close(sel.scores, ref[ref >= 5.0].float())
 
 
+def test_strided_ids_flags_ages_and_weights(path):
+    """Every [n] input may be a strided view (the kernels index them densely)."""
+    ids2 = global_ids("embedding", 80)
+    g = torch.Generator().manual_seed(6)
+    first2 = torch.randn(80, DIM, generator=g)
+    cur2 = first2 + torch.randn(80, DIM, generator=g) * torch.rand(80, 1, generator=g)
+    new2, age2 = torch.arange(80) % 9 == 0, torch.arange(80) % 6
+    w2 = torch.rand(80, generator=g)
+    table = path.table("embedding", ids2, cur2)
+    view = DeltaRows(ids=ids2[::2], states=first2[::2], new=new2[::2], age=age2[::2])
+    dense = DeltaRows(ids=ids2[::2].clone(), states=first2[::2].clone(),
+                      new=new2[::2].clone(), age=age2[::2].clone())
+    for kw in (dict(k=9), dict(threshold=0.3, new_rows="drift")):
+        a = path(view, table, weights=w2[::2], max_age=3, **kw)
+        b = path(dense, table, weights=w2[::2].clone(), max_age=3, **kw)
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.leftover.ids, b.leftover.ids)
+        torch.testing.assert_close(a.scores, b.scores)
+
+
 class DictTable:
     """A duck-typed table: ``lookup`` and ``embedding_dim`` only (no storage to gather)."""
 
