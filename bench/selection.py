@@ -6,7 +6,13 @@ read and one write of each byte). Selection has to read the same bytes (through 
 id lookup), score them, choose the top fraction, gather the chosen rows and copy the
 leftover FIRST states for ``retain``. ratio = floor_time / selection_time, goal >= 0.4.
 
-Run: ``deltastream bench selection [--rows N] [--dim D] [--fraction F] [--table KIND]``.
+On CUDA ``select_changed`` takes its Triton kernel path (``--kernels auto``, the default;
+``off`` times the chunked torch path instead); the record then also carries
+``torch_path_ms``, the same selection with kernels off, for comparison. On CPU the torch
+path runs (``--kernels on`` needs ``TRITON_INTERPRET=1`` there, and is only for debugging).
+
+Run: ``deltastream bench selection [--rows N] [--dim D] [--fraction F] [--table KIND]
+[--device cpu|cuda] [--kernels auto|on|off]``.
 """
 
 from __future__ import annotations
@@ -47,18 +53,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--fraction", type=float, default=0.1, help="fraction selected (0.1)")
     p.add_argument("--table", choices=["hashtable", "embedding"], default="hashtable",
                    help="table the current rows are read from (default hashtable)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda (default cuda when available)")
+    p.add_argument("--kernels", choices=["auto", "on", "off"], default="auto",
+                   help="select_changed's Triton kernel path (default auto: on for CUDA)")
     p.add_argument("--repeat", type=int, default=5, help="timed runs (median is reported)")
     p.add_argument("--seed", type=int, default=0)
     add_threads_flag(p, default=0)  # 0: torch's own setting, as before the shared flag
     args = p.parse_args(argv)
     if args.rows <= 0 or args.dim <= 0 or not 0 < args.fraction <= 1 or args.repeat <= 0:
         p.error("--rows, --dim, --repeat must be positive and --fraction in (0, 1]")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device: expected cpu or cuda, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device} requested but CUDA is not available here "
+                "(torch.cuda.is_available() is False); run with --device cpu")
     with torch_threads(args.threads):
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> list[dict]:
+    from deltastream.kernels.runtime import kernels_mode, use_kernels
     from deltastream.publishing.selection import select_changed
     from deltastream.types import DeltaRows
 
@@ -94,14 +111,24 @@ def _run(args: argparse.Namespace) -> list[dict]:
         out["sel"] = select_changed(delta, table, fraction=args.fraction)
         sync()
 
+    def torch_path():
+        with kernels_mode("off"):
+            select_changed(delta, table, fraction=args.fraction)
+        sync()
+
     # Warm up both, then alternate them so that each pair sees the same machine load (the
     # machines are shared and noisy); the figure is the median over pairs.
-    best_time(floor, repeat=1, warmup=0)
-    best_time(ours, repeat=1, warmup=0)
-    t_floor, t_ours = [], []
-    for _ in range(args.repeat):
-        t_floor.append(best_time(floor, repeat=1, warmup=0))
-        t_ours.append(best_time(ours, repeat=1, warmup=0))
+    with kernels_mode(args.kernels):
+        kernels = use_kernels(ids)
+        best_time(floor, repeat=1, warmup=0)
+        best_time(ours, repeat=1, warmup=0)  # on the kernel path: compiles the kernels
+        t_floor, t_ours = [], []
+        for _ in range(args.repeat):
+            t_floor.append(best_time(floor, repeat=1, warmup=0))
+            t_ours.append(best_time(ours, repeat=1, warmup=0))
+        extra = {}
+        if kernels and dev.type == "cuda":
+            extra["torch_path_ms"] = best_time(torch_path, repeat=3, warmup=1) * 1e3
     ratio = statistics.median(f / o for f, o in zip(t_floor, t_ours, strict=True))
     t_floor, t_ours = statistics.median(t_floor), statistics.median(t_ours)
     sel = out["sel"]
@@ -110,9 +137,12 @@ def _run(args: argparse.Namespace) -> list[dict]:
         raise RuntimeError("selection picked no rows; benchmark setup is broken")
     read_bytes = 2 * n * dim * cur.element_size()
     name = f"selection top{args.fraction:g} {n}x{dim} {args.table} {dev.type}"
+    if kernels:
+        name += " kernels"
     return [
         result(name, t_ours * 1e3, t_floor * 1e3, 0.4, "ms", ratio=ratio,
                higher_is_better=True, threads=torch.get_num_threads(), selected=k, leftover=len(sel.leftover),
                floor="torch.cat(current rows, FIRST states)",
-               ours_GBps=read_bytes / t_ours / 1e9, floor_GBps=read_bytes / t_floor / 1e9),
+               ours_GBps=read_bytes / t_ours / 1e9, floor_GBps=read_bytes / t_floor / 1e9,
+               path="kernels" if kernels else "torch", **extra),
     ]

@@ -70,23 +70,49 @@ The table can be a :class:`deltastream.HashTable` (anything with ``lookup(ids) -
 a ``torch.nn.Embedding`` or ``torch.nn.EmbeddingBag`` (ids are row indices) or a
 :class:`deltastream.ShardedEmbedding` (its local shard, ``.table``, is read: delta ids of a
 shard's tracker are that shard's ids).
-The same code runs on CPU and CUDA; candidate rows are read in chunks so the drift is
-computed while the chunk is in cache.
+Two paths, one contract (one test suite runs both):
+
+* **CPU** (the torch reference, here): candidate rows are read in chunks of ``chunk_rows``
+  so the drift is computed while the chunk is in cache and memory stays bounded;
+* **CUDA** (:mod:`~deltastream.publishing.selection_device`, chosen by
+  :func:`deltastream.kernels.runtime.use_kernels`): no chunks; one Triton kernel reads every
+  candidate row straight from the table's storage and scores it, a second builds the
+  priority key, ``torch.topk`` picks; one host sync per call (the counts that size the
+  outputs). ``chunk_rows`` is ignored there. Which of two rows with exactly equal priority
+  is picked at the budget boundary is unspecified on both paths.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from deltastream import wire
+from deltastream.kernels.runtime import use_kernels
 from deltastream.publishing.lookup_rate import LookupRate
+from deltastream.publishing.selection_checks import (
+    NEW_ROW_POLICIES,
+    check_budget,
+    check_delta,
+    check_policy,
+    check_weights,
+    raise_failed,
+)
+from deltastream.publishing.selection_rules import (
+    AGE_CAP,
+    TIER_NEW,
+    TIER_OVERDUE,
+    WIRE_ITEMSIZE,
+    Selection,
+    leftover_rows,
+    row_cap,
+    row_wire_bytes,
+    warn_rejected,
+)
 from deltastream.publishing.table_rows import read_rows, row_reader
 from deltastream.types import DeltaRows
 
@@ -95,169 +121,8 @@ __all__ = ["Selection", "select_changed", "LookupRate", "WIRE_ITEMSIZE", "NEW_RO
 
 log = logging.getLogger(__name__)
 
-#: bytes per row element on the wire, per wire dtype (:data:`deltastream.wire.DTYPES`)
-WIRE_ITEMSIZE = wire.DTYPES
-
-#: how ``select_changed`` treats rows the predictors have never received (``delta.new``):
-#: ``"first"`` — they outrank every other row and pass any threshold; ``"drift"`` — they are
-#: scored by ``‖current‖`` (a predictor serves zeros for a row it does not hold) and compete
-#: like any other row.
-NEW_ROW_POLICIES = ("first", "drift")
-
-# Tier offsets of the priority key. Ages are clamped below _AGE_CAP so tiers never overlap
-# and float64 still resolves the fractional score part (2**40 leaves ~12 fractional bits).
-_TIER_NEW = float(2**40)
-_TIER_OVERDUE = 2.0
-_AGE_CAP = 2**30
-
 # Rows per chunk when reading current values: 16K x 128 fp32 = 8 MiB, stays in a large cache.
 _DEFAULT_CHUNK_ROWS = 16384
-
-
-@dataclass
-class Selection:
-    """The rows chosen for publishing, and what happens to the others.
-
-    Attributes:
-        ids: int64 ``[s]`` selected global ids, ascending.
-        rows: ``[s, dim]`` their *current* values (table dtype, delta's device).
-        scores: float ``[s]`` drift ``‖current − FIRST‖₂`` of each selected row
-            (``‖current‖`` for new rows with ``new_rows="drift"``; unweighted); NaN for an
-            ID_ONLY delta; ``+inf`` where FIRST was non-finite or the norm overflowed.
-        leftover: rows not selected (finite, not rejected), with their original FIRST
-            states, ``new`` flags and ages: hand to ``DeltaTracker.retain``.
-        rejected: int64 ``[r]`` ascending ids whose current value holds NaN/Inf; never
-            published, not part of ``leftover`` (see the module docstring).
-        tombstones: the delta's evicted ids, passed through for the publisher (or ``None``).
-    """
-
-    ids: torch.Tensor
-    rows: torch.Tensor
-    scores: torch.Tensor
-    leftover: DeltaRows
-    rejected: torch.Tensor
-    tombstones: Optional[torch.Tensor] = None
-
-    def __len__(self) -> int:
-        return int(self.ids.numel())
-
-    @property
-    def n_rejected(self) -> int:
-        """How many candidate rows were rejected as non-finite."""
-        return int(self.rejected.numel())
-
-
-def row_wire_bytes(dim: int, wire_dtype: str = "f16") -> int:
-    """Bytes one row costs on the wire: 8 (id) + ``dim`` × itemsize (+4 scale for ``i8``)."""
-    if wire_dtype not in wire.DTYPES:
-        raise ValueError(f"wire_dtype must be one of {sorted(wire.DTYPES)}, got {wire_dtype!r}")
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
-        raise ValueError(f"dim must be a positive int, got {dim!r}")
-    return wire.row_bytes(dim, wire_dtype)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows) -> None:
-    given = [name for name, v in (("k", k), ("fraction", fraction), ("threshold", threshold))
-             if v is not None]
-    if len(given) > 1:
-        raise ValueError(f"give at most one of k, fraction, threshold; got {', '.join(given)}")
-    if k is not None:
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-            raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-    if fraction is not None:
-        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
-            raise TypeError(f"fraction must be a float, got {type(fraction).__name__} {fraction!r}")
-        if not 0.0 < float(fraction) <= 1.0:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    if threshold is not None:
-        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
-            raise TypeError(
-                f"threshold must be a float, got {type(threshold).__name__} {threshold!r}")
-        if not (math.isfinite(float(threshold)) and float(threshold) >= 0.0):
-            raise ValueError(f"threshold must be a finite number >= 0, got {threshold}")
-    if max_bytes is not None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral):
-            raise TypeError(
-                f"max_bytes must be an int, got {type(max_bytes).__name__} {max_bytes!r}")
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-    if wire_dtype not in wire.DTYPES:
-        raise ValueError(f"wire_dtype must be one of {sorted(wire.DTYPES)}, got {wire_dtype!r}")
-    if max_age is not None:
-        if isinstance(max_age, bool) or not isinstance(max_age, numbers.Integral) or max_age < 1:
-            raise ValueError(f"max_age must be None or an int >= 1, got {max_age!r}")
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, numbers.Integral) \
-            or chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be an int >= 1, got {chunk_rows!r}")
-
-
-def _check_policy(threshold, relative, new_rows) -> None:
-    if not isinstance(relative, bool):
-        raise TypeError(f"relative must be a bool, got {type(relative).__name__} {relative!r}")
-    if relative and threshold is None:
-        raise ValueError("relative=True needs a threshold (it makes the threshold relative "
-                         "to the row norm)")
-    if new_rows not in NEW_ROW_POLICIES:
-        raise ValueError(f"new_rows must be one of {list(NEW_ROW_POLICIES)}, got {new_rows!r}")
-
-
-def _check_weights(weights, n: int) -> None:
-    if not isinstance(weights, torch.Tensor) or weights.shape != (n,) \
-            or not weights.is_floating_point():
-        raise ValueError(f"weights must be a float tensor [n={n}] aligned with delta.ids, got "
-                         f"{getattr(weights, 'dtype', type(weights).__name__)} "
-                         f"{tuple(getattr(weights, 'shape', ()))}")
-    if n and not bool(((weights >= 0) & torch.isfinite(weights)).all()):
-        raise ValueError("weights must be finite and >= 0")
-
-
-def _check_delta(delta: DeltaRows, dim: int) -> None:
-    if not isinstance(delta, DeltaRows):
-        raise TypeError(f"delta must be a DeltaRows, got {type(delta).__name__}")
-    ids = delta.ids
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
-        raise ValueError(
-            f"delta.ids must be a 1-D int64 tensor, got "
-            f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
-    n = ids.numel()
-    if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise ValueError("delta.ids must be unique and ascending (as DeltaStore/DeltaTracker "
-                         "return them)")
-    if delta.states is not None:
-        st = delta.states
-        if not isinstance(st, torch.Tensor) or st.dim() != 2 or st.shape[0] != n:
-            raise ValueError(f"delta.states must be [n={n}, dim] aligned with ids, got "
-                             f"{tuple(getattr(st, 'shape', ()))}")
-        if not st.is_floating_point():
-            raise ValueError(f"delta.states must be floating point, got {st.dtype}")
-        if st.shape[1] != dim:
-            raise ValueError(f"delta.states has dim {st.shape[1]} but the table has dim {dim}")
-        if st.device != ids.device:
-            raise ValueError(f"delta.states is on {st.device} but delta.ids on {ids.device}")
-    if delta.new is not None:
-        nw = delta.new
-        if not isinstance(nw, torch.Tensor) or nw.dtype != torch.bool or nw.shape != (n,):
-            raise ValueError(f"delta.new must be a bool tensor [n={n}], got "
-                             f"{getattr(nw, 'dtype', type(nw).__name__)} "
-                             f"{tuple(getattr(nw, 'shape', ()))}")
-    if delta.age is not None:
-        ag = delta.age
-        if not isinstance(ag, torch.Tensor) or ag.shape != (n,) or ag.is_floating_point() \
-                or ag.dtype == torch.bool:
-            raise ValueError(f"delta.age must be an integer tensor [n={n}], got "
-                             f"{getattr(ag, 'dtype', type(ag).__name__)} "
-                             f"{tuple(getattr(ag, 'shape', ()))}")
-        if n and bool((ag < 0).any()):
-            raise ValueError("delta.age must be >= 0")
-    if delta.tombstones is not None:
-        tb = delta.tombstones
-        if not isinstance(tb, torch.Tensor) or tb.dim() != 1 or tb.dtype != torch.int64:
-            raise ValueError("delta.tombstones must be None or a 1-D int64 tensor")
 
 
 # ---------------------------------------------------------------------------- selection
@@ -302,18 +167,28 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
             ``delta.ids``: threshold and ranking use ``weight × drift`` (e.g.
             ``LookupRate.rate(ids).sqrt()``, see the module docstring). ``scores`` stay the
             unweighted drift.
-        chunk_rows: rows read from the table per chunk (memory/cache trade-off).
+        chunk_rows: rows read from the table per chunk on the CPU path (memory/cache
+            trade-off); the CUDA kernel path reads all candidates in one pass.
 
     Returns:
         A :class:`Selection`. Every candidate id ends up in exactly one of ``ids``,
         ``leftover.ids`` and ``rejected``.
     """
-    _check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows)
-    _check_policy(threshold, relative, new_rows)
+    check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows)
+    check_policy(threshold, relative, new_rows)
     read, dim, table_dtype, fresh = row_reader(table)
-    _check_delta(delta, dim)
+    checks = check_delta(delta, dim)
     if weights is not None:
-        _check_weights(weights, delta.ids.numel())
+        checks += check_weights(weights, delta.ids.numel())
+    if use_kernels(delta.ids):
+        # imported here: it imports triton, which only the kernel path needs
+        from deltastream.publishing.selection_device import select_on_device
+
+        return select_on_device(delta, table, read, dim, table_dtype, checks, k=k,
+                                fraction=fraction, threshold=threshold, max_bytes=max_bytes,
+                                wire_dtype=wire_dtype, max_age=max_age, relative=relative,
+                                new_rows=new_rows, weights=weights)
+    raise_failed(checks)
     ids, states = delta.ids, delta.states
     n, dev = ids.numel(), ids.device
     new = delta.new.to(dev) if delta.new is not None else None
@@ -324,10 +199,11 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     # ---- 1. read current rows chunk-wise: drift score and finiteness per row
     drift = _drift(read, fresh, table_dtype, dim, ids, states, zero_new,
                    relative and states is not None, chunk_rows)
-    rejected = _rejected(ids, drift.finite)
+    rejected = ids[~drift.finite] if n and not bool(drift.finite.all()) else ids.new_empty(0)
+    warn_rejected(rejected.numel(), n, log)
 
     # ---- 2. the budget, and which rows it may pick
-    cap = _row_cap(n - rejected.numel(), k, fraction, max_bytes, dim, wire_dtype)
+    cap = row_cap(n - rejected.numel(), k, fraction, max_bytes, dim, wire_dtype)
     age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
     # "drift": new rows compete on their drift from zeros like any other row (no tier of
     # their own); "first": they outrank everything and pass any threshold
@@ -351,7 +227,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         scores = drift.score.index_select(0, sel).to(torch.float32)
     else:
         scores = torch.full((sel.numel(),), math.nan, dtype=torch.float32, device=dev)
-    leftover = _leftover(delta, drift.finite & ~chosen, dim)
+    leftover = leftover_rows(delta, (drift.finite & ~chosen).nonzero().squeeze(1), dim)
     log.debug("select_changed: %d candidates -> %d selected, %d leftover, %d rejected",
               n, sel_ids.numel(), leftover.ids.numel(), rejected.numel())
     return Selection(ids=sel_ids, rows=rows, scores=scores, leftover=leftover,
@@ -451,31 +327,6 @@ def _settle_nonfinite(read, ids: torch.Tensor, sc: torch.Tensor, finite: torch.T
                               torch.tensor(math.nan, dtype=sc.dtype, device=sc.device))
 
 
-def _rejected(ids: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
-    """Ids whose current value holds NaN/Inf (logged: they are neither sent nor kept)."""
-    n = ids.numel()
-    if not n or bool(finite.all()):
-        return ids.new_empty(0)
-    rejected = ids[~finite]
-    log.warning("select_changed: %d of %d candidate rows have NaN/Inf current values; "
-                "they are rejected (not published, not retained)", rejected.numel(), n)
-    return rejected
-
-
-def _row_cap(n_fin: int, k: Optional[int], fraction: Optional[float],
-             max_bytes: Optional[int], dim: int, wire_dtype: str) -> int:
-    """Most rows the budget lets out of ``n_fin`` finite candidates."""
-    cap = n_fin
-    if k is not None:
-        cap = min(cap, int(k))
-    elif fraction is not None:
-        # tolerance so that 0.1 * 1_000_000 gives 100000, not 100001
-        cap = min(cap, math.ceil(float(fraction) * n_fin - 1e-9))
-    if max_bytes is not None:
-        cap = min(cap, int(max_bytes) // row_wire_bytes(dim, wire_dtype))
-    return cap
-
-
 def _weighted(score: torch.Tensor, weights: Optional[torch.Tensor],
               finite: torch.Tensor) -> torch.Tensor:
     """``weight × drift`` (the drift itself without weights)."""
@@ -526,30 +377,11 @@ def _choose(eligible: torch.Tensor, cap: int,
     return torch.sort(sel).values  # ids are ascending, so sorted positions = ascending ids
 
 
-def _leftover(delta: DeltaRows, left: torch.Tensor, dim: int) -> DeltaRows:
-    """The rows of ``delta`` at mask ``left``, with their FIRST states, ``new`` and ages."""
-    ids, states = delta.ids, delta.states
-    if bool(left.any()):
-        lpos = left.nonzero().squeeze(1)
-        return DeltaRows(
-            ids=ids.index_select(0, lpos),
-            states=None if states is None else states.index_select(0, lpos),
-            new=None if delta.new is None else delta.new.index_select(0, lpos.to(delta.new.device)),
-            age=None if delta.age is None else delta.age.index_select(0, lpos.to(delta.age.device)),
-        )
-    return DeltaRows(
-        ids=ids.new_empty(0),
-        states=None if states is None else states.new_empty(0, dim),
-        new=None if delta.new is None else delta.new.new_empty(0),
-        age=None if delta.age is None else delta.age.new_empty(0),
-    )
-
-
 def _priority(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
               age: Optional[torch.Tensor], max_age: Optional[int], n: int,
               dev: torch.device) -> torch.Tensor:
     """float64 ``[n]`` key: higher publishes first (tiers: new > overdue > drift x (1+age))."""
-    agef = age.clamp(max=_AGE_CAP).to(torch.float64) if age is not None else None
+    agef = age.clamp(max=AGE_CAP).to(torch.float64) if age is not None else None
     if score is not None:
         s = score.to(torch.float64)
         # 1 - 1/(1+x) maps [0, inf] monotonically onto [0, 1] (inf -> 1, no NaN)
@@ -566,9 +398,9 @@ def _priority(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
     if agef is not None:
         if max_age is not None:
             overdue = age >= max_age
-            key = torch.where(overdue, _TIER_OVERDUE + agef + frac, key)
+            key = torch.where(overdue, TIER_OVERDUE + agef + frac, key)
         if new is not None:
-            key = torch.where(new, _TIER_NEW + agef + frac, key)
+            key = torch.where(new, TIER_NEW + agef + frac, key)
     elif new is not None:
-        key = torch.where(new, _TIER_NEW + frac, key)
+        key = torch.where(new, TIER_NEW + frac, key)
     return key

@@ -1,5 +1,8 @@
 """select_changed: drift scores, budgets, new-first, non-finite rows, leftover, anti-starvation;
-error thresholds (absolute, relative, read-weighted) and LookupRate."""
+error thresholds (absolute, relative, read-weighted) and LookupRate.
+
+The selection contract tests take the ``path`` fixture (tests/deltastream/publishing/
+conftest.py) and run twice: on the torch reference path and on the Triton kernel path."""
 
 from __future__ import annotations
 
@@ -10,60 +13,21 @@ import pytest
 import torch
 
 from deltastream.publishing.lookup_rate import LookupRate
-from deltastream.publishing.selection import Selection, row_wire_bytes, select_changed
+from deltastream.publishing.selection import row_wire_bytes, select_changed
 from deltastream.types import DeltaRows
-
-DIM = 8
-TABLE_KINDS = ["embedding", "hashtable"]
-
-
-def make_table(kind: str, ids: torch.Tensor, rows: torch.Tensor, device="cpu"):
-    """A real table holding ``rows`` at ``ids`` (nn.Embedding: ids must be 0..n-1)."""
-    if kind == "embedding":
-        emb = torch.nn.Embedding(int(ids.max()) + 1, rows.shape[1], device=device,
-                                 dtype=rows.dtype)
-        with torch.no_grad():
-            emb.weight[ids.to(device)] = rows.to(device)
-        return emb
-    hashtable = pytest.importorskip("deltastream.embedding.hashtable")
-    table = hashtable.HashTable(rows.shape[1], name="t", device=device, dtype=rows.dtype,
-                                capacity=max(16, 2 * ids.numel()))
-    table.insert(ids.to(device), rows.to(device))
-    return table
-
-
-def global_ids(kind: str, n: int) -> torch.Tensor:
-    # HashTable ids are arbitrary (sparse, some negative); nn.Embedding ids are row indices.
-    if kind == "embedding":
-        return torch.arange(n, dtype=torch.int64)
-    return torch.arange(n, dtype=torch.int64) * 7919 - 50_000
-
-
-def scenario(kind: str, n: int = 64, seed: int = 0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    ids = global_ids(kind, n)
-    first = torch.randn(n, DIM, generator=g)
-    # drift of row i grows with a random per-row scale: distinct scores
-    scale = torch.rand(n, generator=g) * 3
-    cur = first + torch.randn(n, DIM, generator=g) * scale[:, None]
-    table = make_table(kind, ids, cur, device)
-    return ids.to(device), first.to(device), cur.to(device), table
-
-
-def partition_ok(delta: DeltaRows, sel: Selection) -> None:
-    """Every candidate ends in exactly one of selected / leftover / rejected."""
-    all_ids = torch.cat([sel.ids.cpu(), sel.leftover.ids.cpu(), sel.rejected.cpu()])
-    assert all_ids.numel() == delta.ids.numel()
-    assert torch.equal(torch.sort(all_ids).values, delta.ids.cpu())
-    for t in (sel.ids, sel.leftover.ids, sel.rejected):
-        assert torch.all(t[1:] > t[:-1]), "ids must be ascending"
+from tests.deltastream.publishing.selection_cases import (
+    DIM,
+    TABLE_KINDS,
+    partition_ok,
+    scenario,
+)
 
 
 @pytest.mark.parametrize("kind", TABLE_KINDS)
-def test_scores_are_drift_norms_and_rows_current(kind):
-    ids, first, cur, table = scenario(kind)
+def test_scores_are_drift_norms_and_rows_current(kind, path):
+    ids, first, cur, table = path.scenario(kind)
     delta = DeltaRows(ids=ids, states=first.clone())
-    sel = select_changed(delta, table)
+    sel = path(delta, table)
     assert torch.equal(sel.ids, ids)  # no budget: every finite row
     torch.testing.assert_close(sel.rows, cur)
     torch.testing.assert_close(sel.scores, torch.linalg.vector_norm(cur - first, dim=1))
@@ -72,13 +36,13 @@ def test_scores_are_drift_norms_and_rows_current(kind):
 
 
 @pytest.mark.parametrize("kind", TABLE_KINDS)
-def test_k_picks_largest_drift_and_leftover_keeps_first(kind):
-    ids, first, cur, table = scenario(kind)
+def test_k_picks_largest_drift_and_leftover_keeps_first(kind, path):
+    ids, first, cur, table = path.scenario(kind)
     n = ids.numel()
     new = torch.zeros(n, dtype=torch.bool)
     age = torch.zeros(n, dtype=torch.int64)
     delta = DeltaRows(ids=ids, states=first.clone(), new=new, age=age)
-    sel = select_changed(delta, table, k=10)
+    sel = path(delta, table, k=10)
     scores = torch.linalg.vector_norm(cur - first, dim=1)
     expect = torch.sort(ids[torch.topk(scores, 10).indices]).values
     assert torch.equal(sel.ids, expect)
@@ -94,65 +58,65 @@ def test_k_picks_largest_drift_and_leftover_keeps_first(kind):
     partition_ok(delta, sel)
 
 
-def test_fraction_and_threshold():
-    ids, first, cur, table = scenario("embedding", n=100)
+def test_fraction_and_threshold(path):
+    ids, first, cur, table = path.scenario("embedding", n=100)
     scores = torch.linalg.vector_norm(cur - first, dim=1)
     delta = DeltaRows(ids=ids, states=first)
-    sel = select_changed(delta, table, fraction=0.1)
+    sel = path(delta, table, fraction=0.1)
     assert len(sel) == 10
     assert torch.equal(sel.ids, torch.sort(torch.topk(scores, 10).indices).values)
-    assert len(select_changed(delta, table, fraction=0.123)) == 13  # ceil
-    assert len(select_changed(delta, table, fraction=1.0)) == 100
+    assert len(path(delta, table, fraction=0.123)) == 13  # ceil
+    assert len(path(delta, table, fraction=1.0)) == 100
 
     t = float(scores.median())
-    sel = select_changed(delta, table, threshold=t)
+    sel = path(delta, table, threshold=t)
     assert torch.equal(sel.ids, ids[scores >= t])
     assert torch.equal(sel.leftover.ids, ids[scores < t])
     # new rows pass any threshold: predictors do not have them at all
     new = torch.zeros(100, dtype=torch.bool)
     new[scores.argmin()] = True
-    sel = select_changed(DeltaRows(ids=ids, states=first, new=new), table, threshold=t)
+    sel = path(DeltaRows(ids=ids, states=first, new=new), table, threshold=t)
     assert torch.equal(sel.ids, ids[(scores >= t) | new])
 
 
 @pytest.mark.parametrize("wire_dtype,per_row", [("f32", 8 + 4 * DIM), ("f16", 8 + 2 * DIM),
                                                 ("bf16", 8 + 2 * DIM), ("i8", 8 + DIM + 4)])
-def test_max_bytes_caps_the_count(wire_dtype, per_row):
+def test_max_bytes_caps_the_count(wire_dtype, per_row, path):
     assert row_wire_bytes(DIM, wire_dtype) == per_row
-    ids, first, cur, table = scenario("embedding", n=100)
+    ids, first, cur, table = path.scenario("embedding", n=100)
     scores = torch.linalg.vector_norm(cur - first, dim=1)
     delta = DeltaRows(ids=ids, states=first)
-    sel = select_changed(delta, table, max_bytes=7 * per_row + per_row - 1, wire_dtype=wire_dtype)
+    sel = path(delta, table, max_bytes=7 * per_row + per_row - 1, wire_dtype=wire_dtype)
     assert len(sel) == 7
     assert torch.equal(sel.ids, torch.sort(torch.topk(scores, 7).indices).values)
     # combined with k: the smaller bound wins
-    assert len(select_changed(delta, table, k=3, max_bytes=10 * per_row,
+    assert len(path(delta, table, k=3, max_bytes=10 * per_row,
                               wire_dtype=wire_dtype)) == 3
-    assert len(select_changed(delta, table, k=30, max_bytes=10 * per_row,
+    assert len(path(delta, table, k=30, max_bytes=10 * per_row,
                               wire_dtype=wire_dtype)) == 10
-    assert len(select_changed(delta, table, threshold=0.0, max_bytes=5 * per_row,
+    assert len(path(delta, table, threshold=0.0, max_bytes=5 * per_row,
                               wire_dtype=wire_dtype)) == 5
-    assert len(select_changed(delta, table, max_bytes=per_row - 1, wire_dtype=wire_dtype)) == 0
+    assert len(path(delta, table, max_bytes=per_row - 1, wire_dtype=wire_dtype)) == 0
 
 
-def test_new_rows_come_first_then_by_score():
-    ids, first, cur, table = scenario("embedding", n=50)
+def test_new_rows_come_first_then_by_score(path):
+    ids, first, cur, table = path.scenario("embedding", n=50)
     scores = torch.linalg.vector_norm(cur - first, dim=1)
     order = torch.argsort(scores)
     new = torch.zeros(50, dtype=torch.bool)
     new[order[:5]] = True  # the five SMALLEST drifts are new rows
     delta = DeltaRows(ids=ids, states=first, new=new, age=torch.zeros(50, dtype=torch.int64))
-    sel = select_changed(delta, table, k=8)
+    sel = path(delta, table, k=8)
     expect = torch.cat([order[:5], order[-3:]])  # all new rows, then the 3 largest drifts
     assert torch.equal(sel.ids, torch.sort(ids[expect]).values)
     # budget smaller than the new rows: only new rows, the largest-drift ones
-    sel = select_changed(delta, table, k=2)
+    sel = path(delta, table, k=2)
     assert torch.equal(sel.ids, torch.sort(ids[order[3:5]]).values)
     assert bool(sel.leftover.new.sum() == 3)
 
 
-def test_non_finite_rows_rejected_never_selected_or_retained(caplog):
-    ids, first, cur, table = scenario("embedding", n=40)
+def test_non_finite_rows_rejected_never_selected_or_retained(caplog, path):
+    ids, first, cur, table = path.scenario("embedding", n=40)
     with torch.no_grad():
         table.weight[3, 1] = math.nan
         table.weight[7, 0] = math.inf
@@ -165,7 +129,7 @@ def test_non_finite_rows_rejected_never_selected_or_retained(caplog):
     new[3] = True  # even a new row is rejected when its value is non-finite
     delta = DeltaRows(ids=ids, states=first, new=new, age=torch.zeros(40, dtype=torch.int64))
     with caplog.at_level(logging.WARNING, logger="deltastream.publishing.selection"):
-        sel = select_changed(delta, table, k=4)
+        sel = path(delta, table, k=4)
     assert sel.rejected.tolist() == [3, 7, 9] and sel.n_rejected == 3
     assert "3 of 40" in caplog.text
     assert not torch.isin(sel.rejected, sel.ids).any()
@@ -175,60 +139,60 @@ def test_non_finite_rows_rejected_never_selected_or_retained(caplog):
     assert torch.isfinite(sel.rows).all()
     partition_ok(delta, sel)
     # fraction counts finite candidates only: ceil(0.5 * 37) = 19
-    assert len(select_changed(delta, table, fraction=0.5)) == 19
+    assert len(path(delta, table, fraction=0.5)) == 19
     # ID_ONLY deltas are checked too
-    sel = select_changed(DeltaRows(ids=ids), table)
+    sel = path(DeltaRows(ids=ids), table)
     assert sel.rejected.tolist() == [3, 7, 9]
     assert len(sel) == 37 and 13 in sel.ids.tolist()
 
 
-def test_id_only_selects_every_row_with_nan_scores():
-    ids, first, cur, table = scenario("embedding", n=30)
-    sel = select_changed(DeltaRows(ids=ids), table)
+def test_id_only_selects_every_row_with_nan_scores(path):
+    ids, first, cur, table = path.scenario("embedding", n=30)
+    sel = path(DeltaRows(ids=ids), table)
     assert torch.equal(sel.ids, ids)
     assert torch.isnan(sel.scores).all()
     torch.testing.assert_close(sel.rows, cur)
     assert sel.leftover.states is None and len(sel.leftover) == 0
     # threshold cannot be evaluated without FIRST: every row passes
-    assert len(select_changed(DeltaRows(ids=ids), table, threshold=100.0)) == 30
+    assert len(path(DeltaRows(ids=ids), table, threshold=100.0)) == 30
     # a count budget is still honoured: new rows, then the oldest
     new = torch.zeros(30, dtype=torch.bool)
     new[[4, 20]] = True
     age = torch.zeros(30, dtype=torch.int64)
     age[[1, 2, 25]] = torch.tensor([3, 9, 5])
-    sel = select_changed(DeltaRows(ids=ids, new=new, age=age), table, k=4)
+    sel = path(DeltaRows(ids=ids, new=new, age=age), table, k=4)
     assert sel.ids.tolist() == [2, 4, 20, 25]
     assert sorted(sel.leftover.ids.tolist()) == sorted(set(range(30)) - {2, 4, 20, 25})
 
 
-def test_empty_delta_and_zero_budget():
-    ids, first, cur, table = scenario("embedding", n=10)
-    sel = select_changed(DeltaRows.empty(DIM), table, k=5)
+def test_empty_delta_and_zero_budget(path):
+    ids, first, cur, table = path.scenario("embedding", n=10)
+    sel = path(DeltaRows.empty(DIM), table, k=5)
     assert len(sel) == 0 and sel.rows.shape == (0, DIM) and len(sel.leftover) == 0
     assert sel.leftover.states.shape == (0, DIM)
     tomb = torch.tensor([100, 200])
     delta = DeltaRows(ids=ids, states=first, tombstones=tomb)
-    sel = select_changed(delta, table, k=0)
+    sel = path(delta, table, k=0)
     assert len(sel) == 0 and torch.equal(sel.leftover.ids, ids)
     assert torch.equal(sel.leftover.states, first)
     assert torch.equal(sel.tombstones, tomb)  # passed through for the publisher
 
 
-def test_half_precision_table_and_states():
-    ids, first, cur, _ = scenario("embedding", n=20)
-    table = make_table("embedding", ids, cur.half())
-    sel = select_changed(DeltaRows(ids=ids, states=first.half()), table, k=5)
+def test_half_precision_table_and_states(path):
+    ids, first, cur, _ = path.scenario("embedding", n=20)
+    table = path.table("embedding", ids, cur.half())
+    sel = path(DeltaRows(ids=ids, states=first.half()), table, k=5)
     ref = torch.linalg.vector_norm(cur.half().float() - first.half().float(), dim=1)
     assert torch.equal(sel.ids, torch.sort(torch.topk(ref, 5).indices).values)
     assert sel.rows.dtype == torch.float16 and sel.scores.dtype == torch.float32
     torch.testing.assert_close(sel.scores, ref[sel.ids])
 
 
-def test_chunking_gives_identical_results():
-    ids, first, cur, table = scenario("embedding", n=257)
+def test_chunking_gives_identical_results(path):
+    ids, first, cur, table = path.scenario("embedding", n=257)
     delta = DeltaRows(ids=ids, states=first, age=torch.arange(257) % 5)
-    a = select_changed(delta, table, fraction=0.3)
-    b = select_changed(delta, table, fraction=0.3, chunk_rows=16)
+    a = path(delta, table, fraction=0.3)
+    b = path(delta, table, fraction=0.3, chunk_rows=16)
     assert torch.equal(a.ids, b.ids) and torch.equal(a.scores, b.scores)
     assert torch.equal(a.leftover.ids, b.leftover.ids)
 
@@ -250,51 +214,54 @@ def test_chunking_gives_identical_results():
     (dict(max_age=0), ValueError, "max_age must be None or an int >= 1"),
     (dict(chunk_rows=0), ValueError, "chunk_rows"),
 ])
-def test_argument_validation(kwargs, exc, match):
-    ids, first, cur, table = scenario("embedding", n=5)
+def test_argument_validation(kwargs, exc, match, path):
+    ids, first, cur, table = path.scenario("embedding", n=5)
     with pytest.raises(exc, match=match):
-        select_changed(DeltaRows(ids=ids, states=first), table, **kwargs)
+        path(DeltaRows(ids=ids, states=first), table, **kwargs)
 
 
-def test_delta_validation():
-    ids, first, cur, table = scenario("embedding", n=5)
+def test_delta_validation(path):
+    ids, first, cur, table = path.scenario("embedding", n=5)
     with pytest.raises(TypeError, match="delta must be a DeltaRows"):
-        select_changed({"ids": ids}, table)
+        path({"ids": ids}, table)
     with pytest.raises(ValueError, match="unique and ascending"):
-        select_changed(DeltaRows(ids=torch.tensor([0, 2, 1])), table)
+        path(DeltaRows(ids=torch.tensor([0, 2, 1])), table)
     with pytest.raises(ValueError, match="unique and ascending"):
-        select_changed(DeltaRows(ids=torch.tensor([0, 1, 1])), table)
+        path(DeltaRows(ids=torch.tensor([0, 1, 1])), table)
     with pytest.raises(ValueError, match="1-D int64"):
-        select_changed(DeltaRows(ids=ids.int()), table)
+        path(DeltaRows(ids=ids.int()), table)
     with pytest.raises(ValueError, match=r"states must be \[n=5, dim\]"):
-        select_changed(DeltaRows(ids=ids, states=first[:4]), table)
+        path(DeltaRows(ids=ids, states=first[:4]), table)
     with pytest.raises(ValueError, match="states has dim 3 but the table has dim 8"):
-        select_changed(DeltaRows(ids=ids, states=first[:, :3]), table)
+        path(DeltaRows(ids=ids, states=first[:, :3]), table)
     with pytest.raises(ValueError, match="states must be floating point"):
-        select_changed(DeltaRows(ids=ids, states=first.long()), table)
+        path(DeltaRows(ids=ids, states=first.long()), table)
     with pytest.raises(ValueError, match="new must be a bool tensor"):
-        select_changed(DeltaRows(ids=ids, new=torch.zeros(5)), table)
+        path(DeltaRows(ids=ids, new=torch.zeros(5)), table)
     with pytest.raises(ValueError, match="age must be an integer tensor"):
-        select_changed(DeltaRows(ids=ids, age=torch.zeros(4, dtype=torch.int64)), table)
+        path(DeltaRows(ids=ids, age=torch.zeros(4, dtype=torch.int64)), table)
     with pytest.raises(ValueError, match="age must be >= 0"):
-        select_changed(DeltaRows(ids=ids, age=-torch.ones(5, dtype=torch.int64)), table)
+        path(DeltaRows(ids=ids, age=-torch.ones(5, dtype=torch.int64)), table)
     with pytest.raises(TypeError, match="table must be a HashTable"):
-        select_changed(DeltaRows(ids=ids), object())
+        path(DeltaRows(ids=ids), object())
     with pytest.raises(ValueError, match=r"row indices in \[0, 5\)"):
-        select_changed(DeltaRows(ids=torch.tensor([1, 9])), table)
+        path(DeltaRows(ids=torch.tensor([1, 9])), table)
 
 
-def run_rounds(rounds: int, k: int, max_age, use_age: bool, R: int = 200, hot: int = 20):
+def run_rounds(rounds: int, k: int, max_age, use_age: bool, R: int = 200, hot: int = 20,
+               select=select_changed, device="cpu"):
     """Simulate publish rounds under a fixed budget; return max rounds any row waited.
 
     Hot rows drift by 1.0 every round, cold rows by 0.001: pure top-k by drift would
     publish only hot rows. The fake retain does what DeltaTracker.retain does: leftover rows
     keep their FIRST state (the value last published) and their age grows by one.
+    ``select`` is select_changed or a ``path`` (the table then lives on ``device``).
     """
     g = torch.Generator().manual_seed(1)
     ids = torch.arange(R)
     table = torch.nn.Embedding(R, DIM)
     published = table.weight.detach().clone()  # FIRST: what predictors hold
+    table = table.to(device)
     age = torch.zeros(R, dtype=torch.int64)
     new = torch.ones(R, dtype=torch.bool)
     last_pub = torch.zeros(R, dtype=torch.int64)
@@ -305,10 +272,10 @@ def run_rounds(rounds: int, k: int, max_age, use_age: bool, R: int = 200, hot: i
         step = torch.randn(R, DIM, generator=g)
         step = step / step.norm(dim=1, keepdim=True) * speed[:, None]
         with torch.no_grad():
-            table.weight += step
+            table.weight += step.to(device)
         delta = DeltaRows(ids=ids, states=published.clone(), new=new.clone(),
                           age=age.clone() if use_age else None)
-        sel = select_changed(delta, table, k=k, max_age=max_age)
+        sel = select(delta, table, k=k, max_age=max_age)
         assert len(sel) == k and sel.n_rejected == 0
         published[sel.ids] = sel.rows
         new[sel.ids] = False
@@ -327,6 +294,17 @@ def test_no_row_starves_under_fixed_budget():
         assert worst <= bound, f"max_age={max_age}: a row waited {worst} rounds, bound {bound}"
     # without ages (pure top-k by drift) cold rows starve: the test above is meaningful
     assert run_rounds(rounds=120, k=k, max_age=max_age, use_age=False, R=R) > 100
+
+
+def test_no_row_starves_on_the_kernel_path(kernel_device):
+    """The bound above, with the priority key built by the kernel (fewer rounds: the
+    interpreter is slow)."""
+    from tests.deltastream.publishing.selection_cases import SelectPath
+
+    R, k, max_age = 200, 20, 4
+    worst = run_rounds(rounds=40, k=k, max_age=max_age, use_age=True, R=R,
+                       select=SelectPath("kernels", kernel_device), device=kernel_device)
+    assert worst <= max_age + math.ceil(R / k)
 
 
 @pytest.mark.gpu
@@ -418,28 +396,28 @@ def test_no_row_starves_with_real_tracker_and_training():
 # ------------------------------------------------------------------ error thresholds
 
 
-def test_threshold_does_not_force_overdue_rows():
+def test_threshold_does_not_force_overdue_rows(path):
     """Under a threshold a row below it stays leftover however long it was carried."""
-    ids, first, cur, table = scenario("embedding", n=60)
+    ids, first, cur, table = path.scenario("embedding", n=60)
     scores = torch.linalg.vector_norm(cur - first, dim=1)
     age = torch.full((60,), 1000, dtype=torch.int64)  # far past max_age
     t = float(scores.median())
-    sel = select_changed(DeltaRows(ids=ids, states=first, age=age), table, threshold=t,
+    sel = path(DeltaRows(ids=ids, states=first, age=age), table, threshold=t,
                          max_age=4)
     assert torch.equal(sel.ids, ids[scores >= t])
     assert torch.equal(sel.leftover.ids, ids[scores < t])
     assert torch.equal(sel.leftover.age, age[scores < t])  # the tracker adds 1 on retain
     # a count budget still forces them (the anti-starvation bound is kept there)
-    sel = select_changed(DeltaRows(ids=ids, states=first, age=age.clone()), table, k=60,
+    sel = path(DeltaRows(ids=ids, states=first, age=age.clone()), table, k=60,
                          max_age=4)
     assert len(sel) == 60
     partition_ok(DeltaRows(ids=ids), sel)
 
 
 @pytest.mark.parametrize("kind", TABLE_KINDS)
-def test_new_rows_drift_policy(kind):
+def test_new_rows_drift_policy(kind, path):
     """new_rows="drift": a never-published row's error is ‖current‖ (predictors serve zeros)."""
-    ids, first, cur, table = scenario(kind, n=80)
+    ids, first, cur, table = path.scenario(kind, n=80)
     new = torch.zeros(80, dtype=torch.bool)
     new[::3] = True
     eff = torch.where(new, torch.linalg.vector_norm(cur, dim=1),
@@ -447,7 +425,7 @@ def test_new_rows_drift_policy(kind):
     t = float(eff.median())
     delta = DeltaRows(ids=ids, states=first.clone(), new=new.clone(),
                       age=torch.zeros(80, dtype=torch.int64))
-    sel = select_changed(delta, table, threshold=t, new_rows="drift")
+    sel = path(delta, table, threshold=t, new_rows="drift")
     assert torch.equal(sel.ids, ids[eff >= t])
     torch.testing.assert_close(sel.scores, eff[eff >= t])
     # some new rows are held back; they keep their ORIGINAL FIRST state and new flag
@@ -458,15 +436,15 @@ def test_new_rows_drift_policy(kind):
     assert torch.equal(sel.leftover.new, new[lmask])
     partition_ok(delta, sel)
     # the default ("first") sends every new row whatever its drift
-    sel = select_changed(delta, table, threshold=t)
+    sel = path(delta, table, threshold=t)
     assert torch.equal(sel.ids, ids[(eff >= t) | new])
     # under a count budget "drift" has no new-row tier: plain top-k of the effective drift
-    sel = select_changed(delta, table, k=10, new_rows="drift")
+    sel = path(delta, table, k=10, new_rows="drift")
     assert torch.equal(sel.ids, torch.sort(ids[torch.topk(eff, 10).indices]).values)
 
 
-def test_relative_threshold():
-    ids, first, cur, table = scenario("embedding", n=40)
+def test_relative_threshold(path):
+    ids, first, cur, table = path.scenario("embedding", n=40)
     first, cur = first.clone(), cur.clone()
     first[5] = 0.0   # unchanged all-zero row: relative drift 0
     cur[5] = 0.0
@@ -478,17 +456,17 @@ def test_relative_threshold():
     rel = drift / torch.linalg.vector_norm(cur, dim=1)
     rel[5], rel[6] = 0.0, math.inf
     rho = float(rel[torch.isfinite(rel)].median())
-    sel = select_changed(DeltaRows(ids=ids, states=first), table, threshold=rho, relative=True)
+    sel = path(DeltaRows(ids=ids, states=first), table, threshold=rho, relative=True)
     assert torch.equal(sel.ids, ids[rel >= rho])
     assert 6 in sel.ids.tolist() and 5 in sel.leftover.ids.tolist()
     torch.testing.assert_close(sel.scores, drift[rel >= rho])  # scores stay absolute
     # relative=0 publishes everything (>= 0), including the unchanged zero row
-    assert len(select_changed(DeltaRows(ids=ids, states=first), table, threshold=0.0,
+    assert len(path(DeltaRows(ids=ids, states=first), table, threshold=0.0,
                               relative=True)) == 40
 
 
-def test_weights_scale_the_drift():
-    ids, first, cur, table = scenario("embedding", n=100)
+def test_weights_scale_the_drift(path):
+    ids, first, cur, table = path.scenario("embedding", n=100)
     g = torch.Generator().manual_seed(5)
     w = torch.rand(100, generator=g) * 2
     w[:10] = 0.0
@@ -499,16 +477,16 @@ def test_weights_scale_the_drift():
     weighted = torch.where(torch.isinf(drift), math.inf, drift * w)
     t = float(weighted[torch.isfinite(weighted)].median())
     delta = DeltaRows(ids=ids, states=first)
-    sel = select_changed(delta, table, threshold=t, weights=w)
+    sel = path(delta, table, threshold=t, weights=w)
     assert torch.equal(sel.ids, ids[weighted >= t])
     assert 3 in sel.ids.tolist()
     assert set(range(10)) - {3} <= set(sel.leftover.ids.tolist())
     torch.testing.assert_close(sel.scores, drift[weighted >= t])  # unweighted drift
     # a count budget ranks by the weighted drift too
-    sel = select_changed(delta, table, k=7, weights=w.double())
+    sel = path(delta, table, k=7, weights=w.double())
     assert torch.equal(sel.ids, torch.sort(ids[torch.topk(weighted, 7).indices]).values)
     # ID_ONLY: nothing to weight, every row (weights still validated)
-    assert len(select_changed(DeltaRows(ids=ids), table, threshold=t, weights=w)) == 100
+    assert len(path(DeltaRows(ids=ids), table, threshold=t, weights=w)) == 100
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
@@ -521,70 +499,10 @@ def test_weights_scale_the_drift():
     (dict(weights=torch.full((5,), math.nan)), ValueError, "finite and >= 0"),
     (dict(weights=[1.0] * 5), ValueError, "weights must be a float tensor"),
 ])
-def test_policy_argument_validation(kwargs, exc, match):
-    ids, first, cur, table = scenario("embedding", n=5)
+def test_policy_argument_validation(kwargs, exc, match, path):
+    ids, first, cur, table = path.scenario("embedding", n=5)
     with pytest.raises(exc, match=match):
-        select_changed(DeltaRows(ids=ids, states=first), table, **kwargs)
-
-
-# ------------------------------------------------------------------------- LookupRate
-
-
-def test_lookup_rate_counts_decays_and_forgets():
-    r = LookupRate(decay=0.5, min_count=0.1)
-    assert len(r) == 0 and r.rate(torch.tensor([1, 2])).tolist() == [0.0, 0.0]
-    # id 7: 4 lookups per round (repeats count, any shape); id 9: 1 lookup in round 1 only
-    r.observe(torch.tensor([[7, 7], [7, 9]]))
-    r.observe(torch.tensor([7]))
-    r.end_round()
-    assert r.rate(torch.tensor([7, 9, 8])).tolist() == [2.0, 0.5, 0.0]  # (1 - 0.5) × count
-    for _ in range(30):
-        r.observe(torch.tensor([7, 7, 7, 7]))
-        r.end_round()
-    assert r.rate(torch.tensor([7])).item() == pytest.approx(4.0, rel=1e-6)  # → λ
-    assert r.rate(torch.tensor([9])).item() == 0.0  # decayed below min_count: forgotten
-    assert len(r) == 1 and r.rounds == 31
-    # lookups count only once the round is closed
-    r.observe(torch.tensor([11]))
-    assert r.rate(torch.tensor([11])).item() == 0.0
-    r.end_round()
-    assert r.rate(torch.tensor([11])).item() == 0.5
-    out = r.rate(torch.tensor([[7, 11]]))
-    assert out.shape == (1, 2) and out.dtype == torch.float32
-
-
-def test_lookup_rate_watch_counts_training_lookups_only():
-    from deltastream.embedding.hashtable import HashTable
-
-    table = HashTable(DIM, name="t")
-    r = LookupRate(decay=0.5)
-    handle = r.watch(table)
-    table(torch.tensor([3, 3, 4]))
-    table.eval()
-    table(torch.tensor([3, 5]))  # scoring traffic: not counted
-    table.train()
-    r.end_round()
-    assert r.rate(torch.tensor([3, 4, 5])).tolist() == [1.0, 0.5, 0.0]
-    handle.remove()
-    table(torch.tensor([4]))
-    r.end_round()
-    assert r.rate(torch.tensor([4])).item() == 0.25  # only decayed
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(decay=0.0), r"decay must be a number in \(0, 1\)"),
-    (dict(decay=1.0), r"decay must be a number in \(0, 1\)"),
-    (dict(decay=True), r"decay must be a number in \(0, 1\)"),
-    (dict(min_count=-1.0), "min_count must be a finite number >= 0"),
-    (dict(min_count=math.inf), "min_count must be a finite number >= 0"),
-])
-def test_lookup_rate_validation(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        LookupRate(**kwargs)
-    with pytest.raises(ValueError, match="ids must be an int64 tensor"):
-        LookupRate().observe(torch.tensor([1, 2], dtype=torch.int32))
-    with pytest.raises(ValueError, match="ids must be an int64 tensor"):
-        LookupRate().rate([1, 2])
+        path(DeltaRows(ids=ids, states=first), table, **kwargs)
 
 
 def test_read_weighted_threshold_bounds_every_served_row():
