@@ -44,8 +44,9 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from consumers.columns import Columns, scatter_columns
-from consumers.id_index import DELETED, IdIndex, buckets_for, lookup_slots
+from consumers.id_index import DELETED, IdIndex, buckets_for
 from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
+from consumers.serving.lookup import lookup_slots, read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
     H_DIM,
@@ -66,7 +67,7 @@ from consumers.serving.memory import (
 from consumers.serving.slots import SlotPool
 from consumers.serving.views import FrozenChanges, FrozenTable
 
-__all__ = ["TableCore", "read_rows"]
+__all__ = ["TableCore"]
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +81,6 @@ class View(NamedTuple):
     hdr: np.ndarray
     tab: np.ndarray
     rows: np.ndarray
-
-
-def read_rows(hdr: np.ndarray, tab: np.ndarray, rows: np.ndarray, s: int, keys: np.ndarray,
-              out: np.ndarray) -> bool:
-    """Gather the rows of ``keys`` in published state ``s`` into float32 ``out`` [n, dim].
-
-    ``s`` was read from ``hdr[H_SEQ]`` *before* ``tab`` (the index buckets) and ``rows``
-    were chosen. True when the read is valid; False when the writer overtook it (retry).
-    """
-    slots = lookup_slots(tab, keys, s & 1)
-    if rows.dtype == np.float32:
-        np.take(rows, slots, axis=0, out=out)
-    else:
-        out[...] = np.take(rows, slots, axis=0)
-    return int(hdr[H_PREP]) <= s + 1
 
 
 def _scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
