@@ -12,6 +12,8 @@ import consumers.serving.core as core_mod
 from consumers.serving import lookup
 from consumers.serving_table import ServingTable
 
+pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
+
 
 def _rows(n: int, dim: int, v: float) -> np.ndarray:
     return np.full((n, dim), v, np.float32)
