@@ -30,6 +30,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#define HAVE_MMAN 1
+#else
+#include <stdlib.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define HAVE_X86 1
@@ -38,9 +45,11 @@
 #if defined(__GNUC__)
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, 3)
 #define ACQUIRE_FENCE() __atomic_thread_fence(__ATOMIC_ACQUIRE)
 #else
 #define PREFETCH(p) ((void)0)
+#define PREFETCH_W(p) ((void)0)
 #define LOAD(p) (*(volatile __typeof__(*(p)) *)(p))
 #define ACQUIRE_FENCE() ((void)0)
 #endif
@@ -51,11 +60,13 @@
 #define ROW_AHEAD 16       /* rows between the prefetch of a row and its copy */
 #define CHUNK 1024         /* ids probed before their rows are copied (a stack array) */
 #define ROW_PREFETCH_MAX 1024  /* bytes of a row prefetched at most (the rest streams) */
+#define BULK_MIN 65536     /* requests of this many ids take the sorted path */
+#define GROUP_BITS 10      /* ... sorted into 2^GROUP_BITS groups of row slots */
 
 typedef struct {
     const int64_t *b;   /* buckets: 2 words each */
     uint64_t mask;
-    int shift;
+    int shift;          /* 64 - log2(B) */
 } Index;
 
 static inline uint64_t home_of(int64_t key, int shift) {
@@ -136,20 +147,27 @@ typedef struct {
     int half;            /* f16 storage */
 } Rows;
 
+/* Prefetch the cache lines of bytes [p, p + n) (at most ROW_PREFETCH_MAX of them). */
+static inline void prefetch_lines(const char *p, Py_ssize_t n, int write) {
+    const char *end = p + (n < ROW_PREFETCH_MAX ? n : ROW_PREFETCH_MAX);
+    for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < end; p += 64) {
+        if (write)
+            PREFETCH_W(p);
+        else
+            PREFETCH(p);
+    }
+}
+
 static inline void prefetch_row(const Rows *r, int32_t slot) {
-    const char *p = r->base + (Py_ssize_t)slot * r->row_bytes;
-    Py_ssize_t n = r->row_bytes < ROW_PREFETCH_MAX ? r->row_bytes : ROW_PREFETCH_MAX;
-    const char *end = p + n;
-    for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < end; p += 64)
-        PREFETCH(p);
+    prefetch_lines(r->base + (Py_ssize_t)slot * r->row_bytes, r->row_bytes, 0);
 }
 
 /* Rows of n keys into out [n, dim]; returns 1 when some slot lay outside the rows.
- * A chunk at a time: probe its ids (home buckets prefetched PROBE_AHEAD ids ahead), then
+ * For requests up to BULK_MIN ids. A chunk at a time: probe its ids (home buckets prefetched PROBE_AHEAD ids ahead), then
  * copy its rows (each prefetched ROW_AHEAD rows ahead). Measured against one fused loop
  * (probe id i, prefetch its row, copy row i - lag): as fast for 256 ids, faster in bulk. */
-static int gather(const Index *ix, int col, const Rows *r, const int64_t *keys,
-                  Py_ssize_t n, float *out) {
+static int gather_chunks(const Index *ix, int col, const Rows *r, const int64_t *keys,
+                         Py_ssize_t n, float *out) {
     int32_t slots[CHUNK];
     int bad = 0;
     for (Py_ssize_t c = 0; c < n; c += CHUNK) {
@@ -196,6 +214,123 @@ static void slots_of(const Index *ix, int col, const int64_t *keys, Py_ssize_t n
             PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
         out[i] = probe(ix, col, keys[i]);
     }
+}
+
+/* ---------------------------------------------------------------- bulk requests
+ *
+ * Where a table lives in 4 KiB pages (shared memory here: no huge pages for shmem), a
+ * random row costs a page walk as well as a cache miss, and prefetching overlaps only as
+ * many walks as the core has walkers. A bulk request therefore copies its rows in address
+ * order: its ids are probed in request order (as above), their (slot, position) pairs
+ * counting-sorted into 2^GROUP_BITS groups of slots (each group a slice of the rows whose
+ * pages the TLB holds), and each row copied to its place in out, prefetched ahead together
+ * with that place (out is written at random). Measured at 4M rows x 64 f32, 1M ids: 1.5x
+ * the throughput of the request-order path on a shared table, the same on a private one
+ * (huge pages). Sorting by home bucket before probing was tried too: no faster. */
+
+typedef struct {
+    int32_t slot;
+    uint32_t pos;
+} Fetch;
+
+static void *scratch(size_t bytes) {
+#ifdef HAVE_MMAN
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);  /* scattered writes into n/1024 streams: few pages */
+#endif
+    return p;
+#else
+    return malloc(bytes);
+#endif
+}
+
+static void unscratch(void *p, size_t bytes) {
+#ifdef HAVE_MMAN
+    munmap(p, bytes);
+#else
+    (void)bytes;
+    free(p);
+#endif
+}
+
+/* gather() for a bulk request; -1 when out of memory (nothing written). */
+static int gather_sorted(const Index *ix, int col, const Rows *r, const int64_t *keys,
+                         Py_ssize_t n, float *out) {
+    size_t bytes = (size_t)n * sizeof(Fetch);
+    Fetch *probed = scratch(bytes);
+    if (probed == NULL)
+        return -1;
+    Fetch *f = scratch(bytes);
+    if (f == NULL) {
+        unscratch(probed, bytes);
+        return -1;
+    }
+    int64_t max_slot = 0;
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
+        PREFETCH(ix->b + 2 * home_of(keys[i], ix->shift));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PROBE_AHEAD < n)
+            PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
+        int32_t s = probe(ix, col, keys[i]);
+        if (s >= r->nrows) {  /* only a racing writer or corrupt memory */
+            bad = 1;
+            s = 0;
+        }
+        probed[i].slot = s;
+        probed[i].pos = (uint32_t)i;
+        if (s > max_slot)
+            max_slot = s;
+    }
+    int sshift = 0;
+    while ((max_slot >> sshift) >= (1 << GROUP_BITS))
+        sshift++;
+    size_t start[(1 << GROUP_BITS) + 1];
+    memset(start, 0, sizeof start);
+    for (Py_ssize_t i = 0; i < n; i++)
+        start[(probed[i].slot >> sshift) + 1]++;
+    for (int g = 1; g <= (1 << GROUP_BITS); g++)
+        start[g] += start[g - 1];
+    for (Py_ssize_t i = 0; i < n; i++)
+        f[start[probed[i].slot >> sshift]++] = probed[i];
+    unscratch(probed, bytes);
+    for (Py_ssize_t k = 0; k < n && k < ROW_AHEAD; k++)
+        if (f[k].slot > 0)
+            prefetch_row(r, f[k].slot);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (k + ROW_AHEAD < n) {  /* the row, and the place in out (random writes) */
+            const Fetch *a = f + k + ROW_AHEAD;
+            if (a->slot > 0)
+                prefetch_row(r, a->slot);
+            prefetch_lines((const char *)(out + (Py_ssize_t)a->pos * r->dim),
+                           r->dim * (Py_ssize_t)sizeof(float), 1);
+        }
+        int32_t s = f[k].slot;
+        const char *src = r->base + (Py_ssize_t)s * r->row_bytes;
+        float *dst = out + (Py_ssize_t)f[k].pos * r->dim;
+        if (s <= 0)
+            memset(dst, 0, (size_t)r->dim * sizeof(float));
+        else if (r->half)
+            f16_row(dst, (const uint16_t *)src, r->dim);
+        else
+            memcpy(dst, src, (size_t)r->row_bytes);
+    }
+    unscratch(f, bytes);
+    return bad;
+}
+
+/* Rows of n keys into out [n, dim]; returns 1 when some slot lay outside the rows. */
+static int gather(const Index *ix, int col, const Rows *r, const int64_t *keys,
+                  Py_ssize_t n, float *out) {
+    if (n >= BULK_MIN && (uint64_t)n <= UINT32_MAX) {
+        int bad = gather_sorted(ix, col, r, keys, n, out);
+        if (bad >= 0)
+            return bad;
+    }  /* else, or out of memory for the scratch arrays: the chunked path */
+    return gather_chunks(ix, col, r, keys, n, out);
 }
 
 /* ---------------------------------------------------------------- arguments */

@@ -49,7 +49,7 @@ def _both(tab, rows, keys, col=0):
 
 
 @native
-@pytest.mark.parametrize("n_query", [0, 1, 37, 256, 5000])
+@pytest.mark.parametrize("n_query", [0, 1, 37, 256, 5000, 70000])  # 70000: bulk path
 def test_native_matches_numpy_with_deletes_absent_ids_and_both_copies(n_query):
     rng = np.random.default_rng(n_query)
     idx = _index(1 << 12)
@@ -98,10 +98,11 @@ def test_f16_rows_convert_exactly_like_numpy(dim):
     idx = _index(1 << (3 * n).bit_length())
     keys = np.arange(100, 100 + n, dtype=np.int64)
     idx.insert(keys, np.arange(1, n + 1, dtype=np.int32), None)
-    nat, ref = _both(idx.tab, rows, keys[::-1].copy())
-    nan = np.isnan(ref)
-    assert np.array_equal(np.isnan(nat), nan)
-    assert np.array_equal(nat[~nan].view(np.uint32), ref[~nan].view(np.uint32))  # bitwise
+    q = np.resize(keys[::-1], 70000)  # > 65536 ids: the bulk path; the first 999 alone
+    for nat, ref in (_both(idx.tab, rows, q), _both(idx.tab, rows, q[:999])):
+        nan = np.isnan(ref)
+        assert np.array_equal(np.isnan(nat), nan)
+        assert np.array_equal(nat[~nan].view(np.uint32), ref[~nan].view(np.uint32))
 
 
 @native
@@ -110,12 +111,13 @@ def test_a_slot_beyond_the_rows_is_never_read_and_raises():
     idx.insert(np.array([5], np.int64), np.array([1000], np.int32), None)
     rows = np.ones((10, 4), np.float32)
     lookup.use_native(True)
-    out = np.empty((1, 4), np.float32)
-    with pytest.raises(ConsumerError, match="beyond the 10 slots"):
-        lookup.read_rows(_hdr(), idx.tab, rows, 0, np.array([5], np.int64), out)
+    for n in (1, 70000):  # the chunked and the bulk path
+        out = np.empty((n, 4), np.float32)
+        with pytest.raises(ConsumerError, match="beyond the 10 slots"):
+            lookup.read_rows(_hdr(), idx.tab, rows, 0, np.full(n, 5, np.int64), out)
     hdr = _hdr()
     hdr[H_PREP] = 2  # overtaken: retry, whatever it read
-    assert not lookup.read_rows(hdr, idx.tab, rows, 0, np.array([5], np.int64), out)
+    assert not lookup.read_rows(hdr, idx.tab, rows, 0, np.full(n, 5, np.int64), out)
 
 
 @native
@@ -172,12 +174,13 @@ def test_table_lookups_out_arrays_odd_ids_and_empty_requests(dtype):
 
 
 @native
-def test_readers_racing_a_writer_without_the_gil_never_see_torn_rows(monkeypatch):
+@pytest.mark.parametrize("n, rounds", [(4096, 150), (70000, 40)])  # chunked, bulk path
+def test_readers_racing_a_writer_without_the_gil_never_see_torn_rows(monkeypatch, n, rounds):
     """Every native call releases the GIL here (NOGIL_IDS = 0), so the C loop itself runs
     while the writer applies: each row constant, all rows of a lookup from one batch."""
     monkeypatch.setattr(lookup, "NOGIL_IDS", 0)
     lookup.use_native(True)
-    dim, n = 64, 4096
+    dim = 64
     ids = np.arange(n, dtype=np.int64) * 7
     t = ServingTable("e", dim, dtype="f32")
     t.upsert(ids, np.zeros((n, dim), np.float32))
@@ -197,7 +200,7 @@ def test_readers_racing_a_writer_without_the_gil_never_see_torn_rows(monkeypatch
     for r in readers:
         r.start()
     try:
-        for v in range(1, 150):
+        for v in range(1, rounds):
             t.upsert(ids, np.full((n, dim), float(v), np.float32))
             if v % 10 == 0:  # new ids too: slots reused, the index grows and migrates
                 more = np.arange(n * v, n * (v + 1), dtype=np.int64) * 7 + 1
