@@ -31,4 +31,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache build consumers/serving/native*.so

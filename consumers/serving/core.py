@@ -16,7 +16,8 @@ An apply that will publish ``S + 1``:
 4. publishes: ``H_SEQ = S + 1`` — one aligned 8-byte store; then retires the slots it
    replaced (reusable from the next apply on, see :mod:`consumers.serving.slots`).
 
-A reader takes ``s = H_SEQ``, probes copy ``s & 1``, gathers the rows, and accepts the
+A reader takes ``s = H_SEQ``, probes copy ``s & 1``, gathers the rows
+(:func:`consumers.serving.lookup.read_rows`: C with prefetching, or numpy), and accepts the
 result iff ``H_PREP <= s + 1`` afterwards: the writer has not started to rebuild copy
 ``s & 1`` or reuse a slot state ``s`` referenced. Otherwise it retries (rare: only a read
 that spans a whole apply). A reader therefore never sees a torn row or half a batch, and
