@@ -50,11 +50,11 @@
 #else
 #define PREFETCH(p) ((void)0)
 #define PREFETCH_W(p) ((void)0)
-#define LOAD(p) (*(volatile __typeof__(*(p)) *)(p))
+#define LOAD(p) (*(p))
 #define ACQUIRE_FENCE() ((void)0)
 #endif
 
-#define H_PREP 17          /* consumers/serving/memory.py */
+#define H_PREP 17          /* consumers/serving/memory.py (a test compares) */
 #define MULT 0x9E3779B97F4A7C15ULL
 #define PROBE_AHEAD 32     /* ids between the prefetch of a home bucket and its probe */
 #define ROW_AHEAD 16       /* rows between the prefetch of a row and its copy */
@@ -531,7 +531,8 @@ PyMODINIT_FUNC PyInit_native(void) {
         f16 = "f16c";
     }
 #endif
-    if (PyModule_AddStringConstant(m, "F16", f16) < 0) {
+    if (PyModule_AddStringConstant(m, "F16", f16) < 0 ||
+            PyModule_AddIntConstant(m, "H_PREP", H_PREP) < 0) {
         Py_DECREF(m);
         return NULL;
     }

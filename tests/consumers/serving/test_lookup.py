@@ -121,6 +121,12 @@ def test_a_slot_beyond_the_rows_is_never_read_and_raises():
 
 
 @native
+def test_native_agrees_on_the_header_layout():
+    assert lookup.native.H_PREP == H_PREP
+    assert lookup.native.F16 in ("f16c", "portable")
+
+
+@native
 def test_native_rejects_bad_buffers():
     idx = _index(16)
     rows = np.zeros((4, 4), np.float32)
