@@ -163,9 +163,10 @@ static inline void prefetch_row(const Rows *r, int32_t slot) {
 }
 
 /* Rows of n keys into out [n, dim]; returns 1 when some slot lay outside the rows.
- * For requests up to BULK_MIN ids. A chunk at a time: probe its ids (home buckets prefetched PROBE_AHEAD ids ahead), then
- * copy its rows (each prefetched ROW_AHEAD rows ahead). Measured against one fused loop
- * (probe id i, prefetch its row, copy row i - lag): as fast for 256 ids, faster in bulk. */
+ * Requests below BULK_MIN ids. A chunk at a time: probe its ids (home buckets prefetched
+ * PROBE_AHEAD ids ahead), then copy its rows (each prefetched ROW_AHEAD rows ahead).
+ * Measured against one fused loop (probe id i, prefetch its row, copy row i - lag): as
+ * fast or a little faster, for 256 ids and in bulk. */
 static int gather_chunks(const Index *ix, int col, const Rows *r, const int64_t *keys,
                          Py_ssize_t n, float *out) {
     int32_t slots[CHUNK];
@@ -418,7 +419,8 @@ static PyObject *read_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (index_of(&tab, &ix) < 0 || keys_of(&keys) < 0)
         goto done;
     char rc = code_of(&rows);
-    if (rows.ndim != 2 || !((rc == 'f' && rows.itemsize == 4) || (rc == 'e' && rows.itemsize == 2))) {
+    if (rows.ndim != 2 ||
+            !((rc == 'f' && rows.itemsize == 4) || (rc == 'e' && rows.itemsize == 2))) {
         PyErr_Format(PyExc_ValueError, "rows: expected a 2-D float32 or float16 array, got "
                      "format %s with %d dimensions", rows.format ? rows.format : "B", rows.ndim);
         goto done;
