@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
