@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
@@ -31,4 +31,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache build consumers/serving/native*.so

@@ -16,7 +16,8 @@ An apply that will publish ``S + 1``:
 4. publishes: ``H_SEQ = S + 1`` — one aligned 8-byte store; then retires the slots it
    replaced (reusable from the next apply on, see :mod:`consumers.serving.slots`).
 
-A reader takes ``s = H_SEQ``, probes copy ``s & 1``, gathers the rows, and accepts the
+A reader takes ``s = H_SEQ``, probes copy ``s & 1``, gathers the rows
+(:func:`consumers.serving.lookup.read_rows`: C with prefetching, or numpy), and accepts the
 result iff ``H_PREP <= s + 1`` afterwards: the writer has not started to rebuild copy
 ``s & 1`` or reuse a slot state ``s`` referenced. Otherwise it retries (rare: only a read
 that spans a whole apply). A reader therefore never sees a torn row or half a batch, and
@@ -44,8 +45,9 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from consumers.columns import Columns, scatter_columns
-from consumers.id_index import DELETED, IdIndex, buckets_for, lookup_slots
+from consumers.id_index import DELETED, IdIndex, buckets_for
 from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
+from consumers.serving.lookup import lookup_slots, read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
     H_DIM,
@@ -66,7 +68,7 @@ from consumers.serving.memory import (
 from consumers.serving.slots import SlotPool
 from consumers.serving.views import FrozenChanges, FrozenTable
 
-__all__ = ["TableCore", "read_rows"]
+__all__ = ["TableCore"]
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +82,6 @@ class View(NamedTuple):
     hdr: np.ndarray
     tab: np.ndarray
     rows: np.ndarray
-
-
-def read_rows(hdr: np.ndarray, tab: np.ndarray, rows: np.ndarray, s: int, keys: np.ndarray,
-              out: np.ndarray) -> bool:
-    """Gather the rows of ``keys`` in published state ``s`` into float32 ``out`` [n, dim].
-
-    ``s`` was read from ``hdr[H_SEQ]`` *before* ``tab`` (the index buckets) and ``rows``
-    were chosen. True when the read is valid; False when the writer overtook it (retry).
-    """
-    slots = lookup_slots(tab, keys, s & 1)
-    if rows.dtype == np.float32:
-        np.take(rows, slots, axis=0, out=out)
-    else:
-        out[...] = np.take(rows, slots, axis=0)
-    return int(hdr[H_PREP]) <= s + 1
 
 
 def _scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.id_index import as_ids
-from consumers.serving.core import read_rows
+from consumers.serving.lookup import read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
     H_DIM,

@@ -1,4 +1,5 @@
-"""IdIndex (consumers.id_index): lookups in both probe paths, two value copies, inserts."""
+"""IdIndex (consumers.id_index): lookups in both probe paths (and natively), two value
+copies, inserts."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from consumers.id_index import (
     as_ids,
     bucket_of,
     buckets_for,
-    lookup_slots,
 )
+from consumers.serving.lookup import lookup_slots  # native or numpy (lookup_path)
+
+pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
 
 
 def _index(buckets: int) -> IdIndex:

@@ -15,6 +15,8 @@ import pytest
 from consumers.serving_table import ApplyError, ApplyResult, ServingTable, SnapshotError
 from deltastream.wire import DeltaBatch, decode, encode
 
+pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
+
 
 def wire_batch(ids, rows, *, table="emb", dtype="f32", tombstones=None, seq=0, dim=None,
                **columns):

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +27,15 @@ _CHILD = textwrap.dedent("""
 
 
 def _module_files() -> set[str]:
-    """Dotted names of the .py files under consumers/ (packages by their __init__)."""
+    """Dotted names of the .py files under consumers/ (packages by their __init__) and of
+    the C extensions built there."""
     out = set()
-    for path in (REPO / "consumers").rglob("*.py"):
-        parts = list(path.relative_to(REPO).with_suffix("").parts)
+    for path in (REPO / "consumers").rglob("*"):
+        suffix = next((s for s in (".py", *EXTENSION_SUFFIXES) if path.name.endswith(s)), None)
+        if suffix is None:
+            continue
+        parts = list(path.relative_to(REPO).parts)
+        parts[-1] = parts[-1][: -len(suffix)]
         if parts[-1] == "__init__":
             parts.pop()
         out.add(".".join(parts))

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 import consumers.serving.core as core_mod
+from consumers.serving import lookup
 from consumers.serving_table import ServingTable
+
+pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
 
 
 def _rows(n: int, dim: int, v: float) -> np.ndarray:
@@ -178,11 +181,11 @@ def test_a_read_is_valid_until_the_writer_starts_to_rebuild_its_copy():
     s = int(v.hdr[core_mod.H_SEQ])
     out = np.empty((100, 4), np.float32)
     apply(2.0)  # publishes s + 1
-    assert core_mod.read_rows(v.hdr, v.tab, v.rows, s, ids, out) and (out == 1.0).all()
+    assert lookup.read_rows(v.hdr, v.tab, v.rows, s, ids, out) and (out == 1.0).all()
     apply(3.0)  # rebuilt copy s & 1 and reused the slots of state s
-    assert not core_mod.read_rows(v.hdr, v.tab, v.rows, s, ids, out)
+    assert not lookup.read_rows(v.hdr, v.tab, v.rows, s, ids, out)
     s = int(core.view.hdr[core_mod.H_SEQ])
-    assert core_mod.read_rows(v.hdr, v.tab, v.rows, s, ids, out) and (out == 3.0).all()
+    assert lookup.read_rows(v.hdr, v.tab, v.rows, s, ids, out) and (out == 3.0).all()
 
 
 def test_rows_regrow_when_the_reserved_region_is_full(monkeypatch, caplog):

@@ -15,6 +15,8 @@ from consumers.serving.shm import shm_root, table_dir
 from consumers.serving_table import ServingTable
 from deltastream.wire import DeltaBatch
 
+pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
+
 
 @pytest.fixture
 def state(tmp_path):
