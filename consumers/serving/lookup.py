@@ -13,13 +13,18 @@ whether the read is valid, and the caller retries when it is not.
 Big requests (≥ :data:`NOGIL_IDS` ids) release the GIL while the C loop runs, so reader
 threads and the daemon's thread overlap. Small ones keep it: a 256-id lookup takes
 microseconds, while taking the GIL back after releasing it can wait for another thread's
-whole switch interval (5 ms by default).
+whole switch interval (5 ms by default). Bulk requests (≥ :data:`SPLIT_IDS` ids) are split
+into :func:`bulk_threads` parts gathered at once by a small pool of threads: one core's
+gather is bound by memory latency, not bandwidth. Each part checks the seqlock after its own
+copy, so the read is valid only when every part is.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -35,8 +40,8 @@ except ImportError as e:  # not built (no compiler at install): numpy it is
 else:
     _WHY = ""
 
-__all__ = ["NATIVE_AVAILABLE", "NOGIL_IDS", "lookup_slots", "native_enabled", "read_rows",
-           "use_native"]
+__all__ = ["NATIVE_AVAILABLE", "NOGIL_IDS", "SPLIT_IDS", "bulk_threads", "lookup_slots",
+           "native_enabled", "read_rows", "use_native"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,14 @@ log = logging.getLogger(__name__)
 NATIVE_AVAILABLE = native is not None
 #: requests of at least this many ids release the GIL in the native path
 NOGIL_IDS = 4096
+#: native requests of at least this many ids are gathered by several threads at once
+SPLIT_IDS = 1 << 18
+_MAX_THREADS = 4
+
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+_threads = min(_MAX_THREADS, len(os.sched_getaffinity(0)))
 
 _use = NATIVE_AVAILABLE and os.environ.get("DELTASTREAM_NATIVE", "1") != "0"
 if not NATIVE_AVAILABLE:
@@ -64,6 +77,39 @@ def use_native(on: bool) -> None:
     if on and not NATIVE_AVAILABLE:
         raise RuntimeError(f"the native lookup probe is not built ({_WHY})")
     _use = bool(on)
+
+
+def bulk_threads(n: int | None = None) -> int:
+    """Threads a bulk request (≥ :data:`SPLIT_IDS` ids) is gathered by: the CPUs this
+    process may run on, at most 4, unless set with ``n`` (1 turns splitting off; meant for
+    hosts where the model server wants its other cores). Returns the value in force."""
+    global _threads
+    if n is not None:
+        if not 1 <= int(n) <= 64:
+            raise ValueError(f"n: expected 1..64 threads, got {n}")
+        _threads = int(n)
+    return _threads
+
+
+def _split_read(hdr: np.ndarray, tab: np.ndarray, rows: np.ndarray, s: int,
+                keys: np.ndarray, out: np.ndarray, parts: int) -> int:
+    """:func:`native.read_rows` over ``parts`` contiguous slices, the first in this thread;
+    the worst code of the parts (0 overtaken, 2 corrupt, else 1)."""
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool_size < parts - 1:  # (a pool it replaces ends once its threads are idle)
+            old, _pool = _pool, ThreadPoolExecutor(parts - 1,
+                                                   thread_name_prefix="deltastream-lookup")
+            _pool_size = parts - 1
+            if old is not None:
+                old.shutdown(wait=False)
+        pool = _pool
+    cut = np.linspace(0, keys.shape[0], parts + 1).astype(np.int64)
+    futs = [pool.submit(native.read_rows, hdr, tab, rows, s, keys[a:b], out[a:b], True)
+            for a, b in zip(cut[1:-1], cut[2:], strict=True)]
+    codes = [native.read_rows(hdr, tab, rows, s, keys[: cut[1]], out[: cut[1]], True)]
+    codes += [f.result() for f in futs]
+    return 2 if 2 in codes else min(codes)
 
 
 def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
@@ -92,7 +138,11 @@ def read_rows(hdr: np.ndarray, tab: np.ndarray, rows: np.ndarray, s: int, keys: 
         else:
             out[...] = np.take(rows, slots, axis=0)
         return int(hdr[H_PREP]) <= s + 1
-    r = native.read_rows(hdr, tab, rows, s, keys, out, keys.shape[0] >= NOGIL_IDS)
+    n = keys.shape[0]
+    if n >= SPLIT_IDS and _threads > 1:
+        r = _split_read(hdr, tab, rows, s, keys, out, _threads)
+    else:
+        r = native.read_rows(hdr, tab, rows, s, keys, out, n >= NOGIL_IDS)
     if r == 2:
         raise ConsumerError(f"index of state {s} names a row slot beyond the {rows.shape[0]} "
                             "slots of the table (corrupt memory)")

@@ -179,12 +179,55 @@ def test_table_lookups_out_arrays_odd_ids_and_empty_requests(dtype):
     assert t.contains([0, 1, 2997, 3000]).tolist() == [True, False, True, False]
 
 
+@pytest.fixture
+def split_into_three(monkeypatch):
+    """Native requests of 1,000+ ids gathered by 3 threads."""
+    monkeypatch.setattr(lookup, "SPLIT_IDS", 1000)
+    before = lookup.bulk_threads()
+    lookup.bulk_threads(3)
+    yield
+    lookup.bulk_threads(before)
+
+
 @native
-@pytest.mark.parametrize("n, rounds", [(4096, 150), (70000, 40)])  # chunked, bulk path
-def test_readers_racing_a_writer_without_the_gil_never_see_torn_rows(monkeypatch, n, rounds):
+@pytest.mark.parametrize("n", [1000, 5000, 70000])  # split in parts of the chunked/bulk path
+def test_split_bulk_requests_match_numpy_and_say_overtaken_or_corrupt(split_into_three, n):
+    rng = np.random.default_rng(n)
+    idx = _index(1 << 12)
+    keys = rng.choice(1 << 40, 1300, replace=False).astype(np.int64)
+    pos = idx.insert(keys, np.arange(1, keys.size + 1, dtype=np.int32), None)
+    idx.set(pos[:100], DELETED, None)
+    rows = rng.standard_normal((1400, 8)).astype(np.float32)
+    rows[0] = 0  # slot 0: the zero row unknown ids map to
+    query = np.concatenate([keys, keys + 1])[rng.integers(0, 2600, n)]
+    nat, ref = _both(idx.tab, rows, query)
+    assert np.array_equal(nat, ref)
+    lookup.use_native(True)
+    hdr = _hdr()
+    hdr[H_PREP] = 2  # overtaken: every part says retry
+    assert not lookup.read_rows(hdr, idx.tab, rows, 0, query, nat)
+    idx.set(pos[-1:], 5000, None)  # one part meets a slot beyond the rows
+    query[-1] = keys[-1]
+    with pytest.raises(ConsumerError, match="beyond the 1400 slots"):
+        lookup.read_rows(_hdr(), idx.tab, rows, 0, query, nat)
+
+
+def test_bulk_threads_are_validated():
+    with pytest.raises(ValueError, match="1..64 threads, got 0"):
+        lookup.bulk_threads(0)
+
+
+@native
+@pytest.mark.parametrize("n, rounds, split", [(4096, 150, False), (70000, 40, False),
+                                              (4096, 100, True)])  # chunked, bulk, split
+def test_readers_racing_a_writer_without_the_gil_never_see_torn_rows(monkeypatch, n, rounds,
+                                                                     split, request):
     """Every native call releases the GIL here (NOGIL_IDS = 0), so the C loop itself runs
-    while the writer applies: each row constant, all rows of a lookup from one batch."""
+    while the writer applies: each row constant, all rows of a lookup from one batch (also
+    when several threads gather parts of one lookup)."""
     monkeypatch.setattr(lookup, "NOGIL_IDS", 0)
+    if split:
+        request.getfixturevalue("split_into_three")
     lookup.use_native(True)
     dim = 64
     ids = np.arange(n, dtype=np.int64) * 7
