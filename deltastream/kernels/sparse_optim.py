@@ -83,14 +83,22 @@ def _tile(pid, n, dim, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _sgd_kernel(w_ptr, pos_ptr, g_ptr, n, dim, w_stride, g_stride, lr, wd,
-                HAS_WD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    r, c, rmask, mask = _tile(tl.program_id(0), n, dim, BLOCK_R, BLOCK_D)
+def _load_rows(w_ptr, pos_ptr, g_ptr, r, c, rmask, mask, w_stride, g_stride):
+    """(table positions, their element offsets, their weights and gradients in fp32) of
+    tile rows ``r`` x columns ``c``: the loads every optimizer kernel starts with."""
     pos = tl.load(pos_ptr + r, mask=rmask, other=0).to(tl.int64)
     w_off = pos[:, None] * w_stride + c[None, :]
     w = tl.load(w_ptr + w_off, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + r[:, None].to(tl.int64) * g_stride + c[None, :], mask=mask,
                 other=0.0).to(tl.float32)
+    return pos, w_off, w, g
+
+
+@triton.jit
+def _sgd_kernel(w_ptr, pos_ptr, g_ptr, n, dim, w_stride, g_stride, lr, wd,
+                HAS_WD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    r, c, rmask, mask = _tile(tl.program_id(0), n, dim, BLOCK_R, BLOCK_D)
+    pos, w_off, w, g = _load_rows(w_ptr, pos_ptr, g_ptr, r, c, rmask, mask, w_stride, g_stride)
     if HAS_WD:
         g = g + wd * w
     w = w - lr * g
@@ -102,11 +110,7 @@ def _adagrad_kernel(w_ptr, sum_ptr, pos_ptr, g_ptr, n, dim, w_stride, g_stride, 
                     init, HAS_WD: tl.constexpr, HAS_INIT: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     r, c, rmask, mask = _tile(tl.program_id(0), n, dim, BLOCK_R, BLOCK_D)
-    pos = tl.load(pos_ptr + r, mask=rmask, other=0).to(tl.int64)
-    w_off = pos[:, None] * w_stride + c[None, :]
-    w = tl.load(w_ptr + w_off, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + r[:, None].to(tl.int64) * g_stride + c[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    pos, w_off, w, g = _load_rows(w_ptr, pos_ptr, g_ptr, r, c, rmask, mask, w_stride, g_stride)
     if HAS_WD:
         g = g + wd * w
     acc = tl.load(sum_ptr + pos, mask=rmask, other=0.0)
@@ -123,12 +127,8 @@ def _adam_kernel(w_ptr, m_ptr, v_ptr, step_ptr, pos_ptr, g_ptr, n, dim, w_stride
                  s_stride, lr, b1, b2, ln_b1, ln_b2, eps, wd, HAS_WD: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     r, c, rmask, mask = _tile(tl.program_id(0), n, dim, BLOCK_R, BLOCK_D)
-    pos = tl.load(pos_ptr + r, mask=rmask, other=0).to(tl.int64)
-    w_off = pos[:, None] * w_stride + c[None, :]
+    pos, w_off, w, g = _load_rows(w_ptr, pos_ptr, g_ptr, r, c, rmask, mask, w_stride, g_stride)
     s_off = pos[:, None] * s_stride + c[None, :]
-    w = tl.load(w_ptr + w_off, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + r[:, None].to(tl.int64) * g_stride + c[None, :], mask=mask,
-                other=0.0).to(tl.float32)
     step = tl.load(step_ptr + pos, mask=rmask, other=0) + 1
     tl.store(step_ptr + pos, step, mask=rmask)
     m = tl.load(m_ptr + s_off, mask=mask, other=0.0) * b1 + g * (1.0 - b1)
