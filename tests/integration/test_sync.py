@@ -159,14 +159,6 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.05):
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-@pytest.fixture
-def feed(broker, topic_name):
-    ensure_topic(broker.bootstrap_servers, topic_name, 2)
-    f = Feed(broker.bootstrap_servers, topic_name, 2)
-    yield f
-    f.close()
-
-
 def daemon_for(broker, topic, state_dir, **kw) -> SyncDaemon:
     kw.setdefault("summary_interval", 0)
     return SyncDaemon(broker.bootstrap_servers, topic, model=MODEL, state_dir=state_dir, **kw)

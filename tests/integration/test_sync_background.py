@@ -18,19 +18,9 @@ from kafka import KafkaConsumer, TopicPartition
 
 from consumers.storage.snapshot import read_snapshot
 
-from .test_sync import MODEL, Feed, assert_tables_equal, daemon_for, wait_for
+from .test_sync import MODEL, assert_tables_equal, daemon_for, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def feed(broker, topic_name):
-    from deltastream.publishing.publisher import ensure_topic
-
-    ensure_topic(broker.bootstrap_servers, topic_name, 2)
-    f = Feed(broker.bootstrap_servers, topic_name, 2)
-    yield f
-    f.close()
 
 
 def _committed(broker, topic: str) -> dict:

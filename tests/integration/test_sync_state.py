@@ -38,18 +38,6 @@ THESIS = "four years of my life\n"
 GARBAGE = b"\x00garbage that is no msgpack map"
 
 
-@pytest.fixture
-def feed(broker, topic_name):
-    from deltastream.publishing.publisher import ensure_topic
-
-    from .test_sync import Feed
-
-    ensure_topic(broker.bootstrap_servers, topic_name, 2)
-    f = Feed(broker.bootstrap_servers, topic_name, 2)
-    yield f
-    f.close()
-
-
 def _args(broker, topic: str, state: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "consumers.sync.cli", "--bootstrap-servers",
             broker.bootstrap_servers, "--model", MODEL, "--topic", topic, "--state-dir",
