@@ -379,8 +379,9 @@ class ServingTable:
     def stats(self) -> dict:
         """Sizes for monitoring: ids, row capacity, row slots used so far and free ones,
         index buckets, bytes held, version (states published), index generation, whether
-        an index migration runs and how many an apply had to finish at once, and where the
-        table is shared (None when private)."""
+        an index migration runs and how many an apply had to finish at once, where the
+        table is shared (None when private) and whether there in huge pages (None when
+        private or unknown; see :mod:`consumers.serving.hugemap`)."""
         c = self._core.stats()
         while c["hwm"] - 1 > self._capacity:
             self._capacity *= 2
@@ -389,7 +390,9 @@ class ServingTable:
                 "buckets": c["buckets"], "bytes": c["bytes"], "version": c["version"],
                 "index_gen": c["index_gen"], "index_migrating": c["migrating"],
                 "index_forced": c["forced"],
-                "shared": None if self.shared is None else str(self.shared)}
+                "shared": None if self.shared is None else str(self.shared),
+                "shared_huge_pages": None if self.shared is None else
+                self._core.storage.huge_pages()}
 
     @classmethod
     def from_arrays(cls, name: str, ids: Any, rows: Any, *, dtype: str = "f32") -> ServingTable:
@@ -403,12 +406,14 @@ class ServingTable:
 
     # ------------------------------------------------------------------ sharing
 
-    def share(self, state_dir: PathLike) -> Path:
+    def share(self, state_dir: PathLike, *, shm_dir: Optional[PathLike] = None) -> Path:
         """Make this table readable by other processes of this host: move it into shared
-        memory (``/dev/shm``, else ``<state_dir>/shm``) where
-        :class:`~consumers.serving.reader.TableReader` ``.open(state_dir, name)`` maps it
-        without copying. This process stays its one writer. Returns the directory of its
-        files. O(table) once; lookups go on meanwhile. Idempotent for one ``state_dir``.
+        memory (``shm_dir``, else ``$DELTASTREAM_SHM_DIR``, else ``/dev/shm``, else
+        ``<state_dir>/shm``; see :mod:`consumers.serving.shm`) where
+        :class:`~consumers.serving.reader.TableReader` ``.open(state_dir, name)`` (given the
+        same ``shm_dir``) maps it without copying. This process stays its one writer.
+        Returns the directory of its files. O(table) once; lookups go on meanwhile.
+        Idempotent for one ``state_dir`` and ``shm_dir``.
 
         Raises :class:`~consumers.errors.ConsumerError` when another live process shares a
         table of this name for ``state_dir``.
@@ -416,20 +421,22 @@ class ServingTable:
         with self._core.lock:
             cur = self._core.storage
             if cur.shared:
-                if cur.matches(state_dir):
+                if cur.matches(state_dir, shm_dir):
                     return cur.location
-                raise ValueError(f"share: table {self.name!r} is shared for "
-                                 f"{cur.state_dir}, not {state_dir}")
+                raise ValueError(f"share: table {self.name!r} is shared at {cur.location} "
+                                 f"(state dir {cur.state_dir}), not for state dir "
+                                 f"{state_dir} and shm dir {shm_dir or 'default'}")
             storage = SharedStorage.create(state_dir, self.name, self.dim, self.dtype,
-                                           cur.cap, self._core.slots.hwm)
+                                           cur.cap, self._core.slots.hwm, shm_dir=shm_dir)
             try:
                 self._core.restorage(storage)
             except BaseException:
                 storage.close()
                 raise
             storage.publish()
-            log.info("table %s shared at %s (%d rows)", self.name, storage.location,
-                     self._core.live)
+            log.info("table %s shared at %s (%d rows, %s pages)", self.name,
+                     storage.location, self._core.live,
+                     {True: "huge", False: "4 KiB", None: "unknown"}[storage.huge_pages()])
             return storage.location
 
     def unshare(self) -> None:

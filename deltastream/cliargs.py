@@ -27,6 +27,7 @@ from deltastream.kafka_config import check_bootstrap_servers, security_config
 
 __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "non_negative_float", "positive_int", "port", "bootstrap_servers", "comma_list",
+           "existing_dir",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
            "SHARED_FLAGS"]
@@ -231,6 +232,13 @@ def comma_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"expected one or more comma-separated values, got "
                                          f"{text!r}")
     return items
+
+
+def existing_dir(text: str) -> str:
+    """The path of a directory that exists (one this tool uses, never creates)."""
+    if not text or not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected an existing directory, got {text!r}")
+    return text
 
 
 def _number(text: str, kind: type) -> Any:

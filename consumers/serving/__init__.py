@@ -12,7 +12,11 @@
   single-writer / lock-free-reader table that :class:`~consumers.serving_table.ServingTable`
   wraps;
 * :mod:`~consumers.serving.views` — frozen views of a table for checkpoints and exports;
-* :mod:`~consumers.serving.shm` — the files of a shared table under ``/dev/shm``;
+* :mod:`~consumers.serving.shm` — the files of a shared table under ``/dev/shm`` (or
+  another shm dir);
+* :mod:`~consumers.serving.hugemap` — 2 MiB-aligned mappings of those files, and their
+  blocks collapsed into huge pages; :mod:`~consumers.serving.mounts` — whether a tmpfs
+  mount gives huge pages itself;
 * :mod:`~consumers.serving.reader` — :class:`~consumers.serving.reader.TableReader`, the
   torch-free reader API for model-server processes (``TableReader.open(state_dir, name)``).
 """

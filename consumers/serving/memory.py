@@ -7,9 +7,10 @@ they are first written, so the reservation costs no memory, and rows never move.
 
 * private tables: anonymous ``MAP_NORESERVE`` mappings (``MADV_HUGEPAGE`` where the host
   allows it: a random row gather then misses the TLB far less);
-* shared tables: a file under ``/dev/shm`` mapped ``MAP_SHARED`` (sparse: ``ftruncate``
-  to the reserved size, pages allocated as rows are written — ahead of the writer with
-  ``posix_fallocate``, so a full tmpfs raises ``OSError`` instead of ``SIGBUS``).
+* shared tables: a file under ``/dev/shm`` mapped ``MAP_SHARED`` at a 2 MiB-aligned address
+  (sparse: ``ftruncate`` to the reserved size, pages allocated as rows are written — ahead
+  of the writer with ``posix_fallocate``, so a full tmpfs raises ``OSError`` instead of
+  ``SIGBUS`` — and collapsed into huge pages where the kernel can: :mod:`.hugemap`).
 
 Every table carries a 4 KiB header of int64 words (private tables in a small array, shared
 ones at the start of their rows file) — the :data:`H_*` indices below. Readers of another
@@ -27,6 +28,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from consumers.serving import hugemap
 
 __all__ = [
     "PAGE", "HEADER_BYTES", "RESERVE_BYTES", "MAGIC", "INDEX_MAGIC", "LAYOUT",
@@ -117,16 +120,9 @@ def map_file(path: Path, nbytes: int | None = None, *, create: bool = False,
         size = os.fstat(fd).st_size
         if size == 0:
             raise OSError(f"{path}: empty file")
-        # ACCESS_WRITE = MAP_SHARED read-write; ACCESS_READ exports a read-only buffer
-        m = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        return hugemap.map_file(fd, size, writable)  # 2 MiB-aligned: see hugemap
     finally:
         os.close(fd)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:  # honoured only where the host enables huge pages for shmem
-            m.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
-    return np.frombuffer(m, np.uint8)  # read-only for a read-only mapping
 
 
 def header_array(buf: np.ndarray) -> np.ndarray:

@@ -75,7 +75,7 @@ from consumers.serving.memory import (
     map_file,
     meta_word,
 )
-from consumers.serving.shm import index_file, read_current, rows_file, table_dir
+from consumers.serving.shm import SHM_ENV, index_file, read_current, rows_file, table_dir
 
 __all__ = ["TableReader", "ReadInfo", "open_table", "RECHECK_S"]
 
@@ -257,14 +257,15 @@ class TableReader:
         _Warmer(self).start()
 
     @classmethod
-    def open(cls, state_dir: os.PathLike | str, table: str, *,
-             timeout: float = 0.0) -> TableReader:
+    def open(cls, state_dir: os.PathLike | str, table: str, *, timeout: float = 0.0,
+             shm_dir: Optional[os.PathLike | str] = None) -> TableReader:
         """Open table ``table`` shared by the writer of ``state_dir``; wait up to
-        ``timeout`` s for it to appear. Raises :class:`~consumers.errors.ConsumerError`
-        when no writer shares it."""
+        ``timeout`` s for it to appear. ``shm_dir``: the one the writer was given (default:
+        ``$DELTASTREAM_SHM_DIR``, else ``/dev/shm``). Raises
+        :class:`~consumers.errors.ConsumerError` when no writer shares it there."""
         if not isinstance(table, str) or not table:
             raise ValueError(f"table: expected a non-empty str, got {table!r}")
-        dir = table_dir(state_dir, table)
+        dir = table_dir(state_dir, table, shm_dir)
         deadline = time.monotonic() + max(0.0, float(timeout))
         while True:
             inc = read_current(dir)
@@ -276,7 +277,8 @@ class TableReader:
             if time.monotonic() >= deadline:
                 raise ConsumerError(f"no shared table {table!r} for state dir {state_dir} "
                                     f"(looked in {dir}); is its daemon running with "
-                                    "share_tables / --share-tables?")
+                                    "share_tables / --share-tables, and given the same "
+                                    f"shm dir (shm_dir / --shm-dir / {SHM_ENV})?")
             time.sleep(0.05)
 
     @property

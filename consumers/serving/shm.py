@@ -1,9 +1,12 @@
 """The files of a shared serving table, and who may create, replace or remove them.
 
-Where: ``/dev/shm/deltastream-<h>/<table>-<t>/`` with ``<h>`` a hash of the state dir's
+Where: ``<shm dir>/deltastream-<h>/<table>-<t>/`` with ``<h>`` a hash of the state dir's
 real path and ``<t>`` a hash of the table name (the readable part of the name is kept in
-front); without ``/dev/shm`` (not Linux), ``<state_dir>/shm/<table>-<t>/``. Readers compute
-the same place from the state dir and the table name (:func:`table_dir`).
+front). The shm dir is ``/dev/shm`` unless the writer and its readers are given another
+(``shm_dir=``, or ``DELTASTREAM_SHM_DIR`` in the environment of both: :func:`shm_base`),
+e.g. a tmpfs mounted with huge pages (see :mod:`consumers.serving.mounts`); without
+``/dev/shm`` (not Linux) and none given, ``<state_dir>/shm/<table>-<t>/``. Readers compute
+the same place from the state dir, the table name and the shm dir (:func:`table_dir`).
 
 In a table directory::
 
@@ -36,6 +39,7 @@ from typing import Optional
 import numpy as np
 
 from consumers.errors import ConsumerError
+from consumers.serving import hugemap
 from consumers.serving.memory import (
     DTYPE_CODES,
     H_CREATED_NS,
@@ -51,35 +55,60 @@ from consumers.serving.memory import (
     MAGIC,
     MAX_NAME_BYTES,
     NAME_OFFSET,
+    PAGE,
     STATE_CLOSED,
     STATE_LIVE,
     STATE_SUPERSEDED,
     header_array,
     map_file,
 )
+from consumers.serving.mounts import huge_pages
 
-__all__ = ["SharedStorage", "table_dir", "shm_root", "read_current", "rows_file",
-           "index_file", "SHM_BASE"]
+__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current",
+           "rows_file", "index_file", "SHM_BASE", "SHM_ENV"]
 
 log = logging.getLogger(__name__)
 
 SHM_BASE = "/dev/shm"
+#: environment variable naming another shm dir (for the writer and its readers alike)
+SHM_ENV = "DELTASTREAM_SHM_DIR"
 _FILE_RE = re.compile(r"^([0-9a-f]{16})\.(rows|idx-\d{6,})$")
+_hinted: set[Path] = set()  # shm dirs the 4 KiB-page hint was logged for
 _BACK_CHUNK = 16 << 20  # bytes of rows backed (fallocate) ahead of the writer at a time
 
 
-def shm_root(state_dir: os.PathLike | str, base: str = SHM_BASE) -> Path:
-    """Directory of the shared tables of ``state_dir``."""
+def shm_base(shm_dir: Optional[os.PathLike | str] = None) -> Optional[Path]:
+    """The shm dir shared tables live under: ``shm_dir`` when given, else
+    ``$DELTASTREAM_SHM_DIR`` when set, else ``/dev/shm`` when it exists, else None (then
+    tables live in the state dir). A dir that is given must be an existing directory
+    (``ValueError`` naming where it came from otherwise)."""
+    what = "shm_dir"
+    if shm_dir is None and os.environ.get(SHM_ENV):
+        shm_dir, what = os.environ[SHM_ENV], SHM_ENV
+    if shm_dir is None:
+        return Path(SHM_BASE) if os.path.isdir(SHM_BASE) else None
+    if not isinstance(shm_dir, (str, os.PathLike)) or not os.path.isdir(shm_dir):
+        raise ValueError(f"{what}: expected an existing directory (a tmpfs such as /dev/shm), "
+                         f"got {shm_dir!r}")
+    return Path(os.path.realpath(os.fspath(shm_dir)))
+
+
+def shm_root(state_dir: os.PathLike | str,
+             shm_dir: Optional[os.PathLike | str] = None) -> Path:
+    """Directory of the shared tables of ``state_dir`` (``shm_dir``: see :func:`shm_base`)."""
     real = os.path.realpath(os.fspath(state_dir))
-    if os.path.isdir(base):
-        return Path(base) / f"deltastream-{hashlib.sha256(real.encode()).hexdigest()[:16]}"
+    base = shm_base(shm_dir)
+    if base is not None:
+        return base / f"deltastream-{hashlib.sha256(real.encode()).hexdigest()[:16]}"
     return Path(real) / "shm"
 
 
-def table_dir(state_dir: os.PathLike | str, name: str, base: str = SHM_BASE) -> Path:
+def table_dir(state_dir: os.PathLike | str, name: str,
+              shm_dir: Optional[os.PathLike | str] = None) -> Path:
     """Directory of the files of shared table ``name`` of ``state_dir``."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:48]
-    return shm_root(state_dir, base) / f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return shm_root(state_dir, shm_dir) / \
+        f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def rows_file(dir: Path, inc: str) -> Path:
@@ -106,6 +135,23 @@ def _allocate(fd: int, offset: int, length: int) -> None:
     raises OSError here rather than SIGBUS on a later write (where the OS can)."""
     if length > 0 and hasattr(os, "posix_fallocate"):
         os.posix_fallocate(fd, offset, length)
+
+
+def _back(fd: int, buf: np.ndarray, lo: int, hi: int) -> int:
+    """Allocate bytes ``[lo, hi)`` of the file ``buf`` maps (see :func:`_allocate`), the 2
+    MiB blocks wholly inside in huge pages where the kernel collapses them
+    (:mod:`consumers.serving.hugemap`); returns how many it did. A block's first page is
+    allocated, the block collapsed (its holes filled), then the rest allocated: a reader
+    that maps pages as they are allocated (the warmer) never holds a block of 512 small
+    pages in the way of the collapse."""
+    done = 0
+    if hugemap.collapsing():
+        first = -(-lo // hugemap.BLOCK) * hugemap.BLOCK
+        for b in range(first, hi - hugemap.BLOCK + 1, hugemap.BLOCK):
+            _allocate(fd, b, PAGE)
+        done = hugemap.collapse(buf, lo, hi)
+    _allocate(fd, lo, hi - lo)  # no-op where collapsed; the rest (a full tmpfs: OSError)
+    return done
 
 
 def _own_dir(path: Path) -> None:
@@ -193,12 +239,16 @@ class SharedStorage:
     def __init__(self, state_dir: Path, location: Path, files: _Files, buf: np.ndarray,
                  dim: int, dtype: np.dtype, slots: int) -> None:
         self.state_dir, self.location, self._f = state_dir, location, files
+        self.shm_dir: Optional[Path] = None  # where it lives (None: in the state dir)
         self.hdr = header_array(buf)
         self.cap = slots
         self.rows = buf[HEADER_BYTES: HEADER_BYTES + slots * dim * dtype.itemsize].view(
             dtype).reshape(slots, dim)
+        self._buf = buf
         self._row_bytes = dim * dtype.itemsize
-        self._backed = 0  # rows backed by allocated tmpfs pages
+        self._backed = HEADER_BYTES  # bytes of the rows file backed by allocated pages
+        self._indexes: dict[int, np.ndarray] = {}  # index files by generation, mapped
+        self.huge_blocks = 0  #: 2 MiB blocks collapsed into huge pages (hugemap)
         self._final = weakref.finalize(self, files.cleanup)
 
     @property
@@ -213,15 +263,24 @@ class SharedStorage:
 
     @classmethod
     def create(cls, state_dir: os.PathLike | str, name: str, dim: int, dtype: str,
-               slots: int, need: int, *, lock_fd: Optional[int] = None) -> SharedStorage:
+               slots: int, need: int, *, lock_fd: Optional[int] = None,
+               shm_dir: Optional[os.PathLike | str] = None) -> SharedStorage:
         """A new incarnation of shared table ``name`` of ``state_dir`` with ``slots`` row
-        slots reserved (at least ``need``). Takes the table's writer lock (``lock_fd``:
-        already held, for a regrow). Readers see it after :meth:`publish`."""
+        slots reserved (at least ``need``), under ``shm_dir`` (see :func:`shm_base`). Takes
+        the table's writer lock (``lock_fd``: already held, for a regrow). Readers see it
+        after :meth:`publish`."""
         raw = name.encode()
         if len(raw) > MAX_NAME_BYTES:
             raise ValueError(f"name: shared table names are at most {MAX_NAME_BYTES} bytes "
                              f"of utf-8, got {len(raw)}")
-        location = table_dir(state_dir, name)
+        base = shm_base(shm_dir)
+        location = table_dir(state_dir, name, base)
+        if base is not None and base not in _hinted and huge_pages(base) is False and \
+                not hugemap.collapsing():
+            _hinted.add(base)
+            log.info("%s is a tmpfs without huge pages: lookups of random ids pay a page "
+                     "walk per row; a tmpfs mounted with huge=within_size given as the shm "
+                     "dir (--shm-dir, %s) makes them up to 2x faster", base, SHM_ENV)
         _own_dir(location.parent)
         _own_dir(location)
         files = _Files(location, f"{secrets.randbits(63):016x}")
@@ -244,6 +303,7 @@ class SharedStorage:
             files.rows_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
             out = cls(Path(os.path.realpath(os.fspath(state_dir))), location, files, buf, dim,
                       np_dtype, slots)
+            out.shm_dir = base
         except BaseException:
             files.cleanup()
             raise
@@ -256,9 +316,16 @@ class SharedStorage:
         h[H_MAGIC] = MAGIC  # last: a file without it is not (yet) a table
         return out
 
-    def matches(self, state_dir: os.PathLike | str) -> bool:
-        """True when this storage is the shared table of ``state_dir``."""
-        return Path(os.path.realpath(os.fspath(state_dir))) == self.state_dir
+    def huge_pages(self) -> Optional[bool]:
+        """Whether the table's memory is in huge pages: blocks were collapsed, or the
+        filesystem gives them (:mod:`consumers.serving.mounts`); None when unknown."""
+        return True if self.huge_blocks else huge_pages(self.location)
+
+    def matches(self, state_dir: os.PathLike | str,
+                shm_dir: Optional[os.PathLike | str] = None) -> bool:
+        """True when this storage is the shared table of ``state_dir`` under ``shm_dir``."""
+        return Path(os.path.realpath(os.fspath(state_dir))) == self.state_dir and \
+            self.location.parent == shm_root(state_dir, shm_dir)
 
     def new_index(self, gen: int, buckets: int, *, back: bool = False) -> np.ndarray:
         """Zeroed ``int64 [buckets, 2]`` in the new file ``<inc>.idx-<gen>``, sparse; its
@@ -268,9 +335,12 @@ class SharedStorage:
         nbytes = HEADER_BYTES + buckets * 16
         buf = map_file(path, nbytes, create=True)
         self._f.gens.add(gen)
+        self._indexes[gen] = buf
         fd = os.open(path, os.O_RDWR)
         try:
-            _allocate(fd, 0, nbytes if back else HEADER_BYTES)
+            _allocate(fd, 0, HEADER_BYTES)
+            if back:
+                self.huge_blocks += _back(fd, buf, 0, nbytes)
         finally:
             os.close(fd)
         h = header_array(buf)
@@ -279,15 +349,21 @@ class SharedStorage:
         return buf[HEADER_BYTES:].view(np.int64).reshape(buckets, 2)
 
     def back_index(self, gen: int, start: int, stop: int) -> None:
-        """Allocate the pages of bytes ``[start, stop)`` of the buckets of index ``gen``."""
+        """Allocate the pages of bytes ``[start, stop)`` of the buckets of index ``gen`` (not
+        published yet), and of the rest of the 2 MiB blocks they touch, which are then
+        collapsed into huge pages (:mod:`consumers.serving.hugemap`)."""
+        buf = self._indexes[gen]
+        lo = (HEADER_BYTES + start) // hugemap.BLOCK * hugemap.BLOCK
+        hi = min(buf.nbytes, -(-(HEADER_BYTES + stop) // hugemap.BLOCK) * hugemap.BLOCK)
         fd = os.open(index_file(self.location, self._f.inc, gen), os.O_RDWR)
         try:
-            _allocate(fd, HEADER_BYTES + start, stop - start)
+            self.huge_blocks += _back(fd, buf, lo, hi)
         finally:
             os.close(fd)
 
     def drop_index(self, gen: int) -> None:
         """Remove the index file of generation ``gen`` (readers that mapped it keep it)."""
+        self._indexes.pop(gen, None)
         if gen in self._f.gens:
             self._f.gens.discard(gen)
             _remove_ours([index_file(self.location, self._f.inc, gen)])
@@ -295,13 +371,15 @@ class SharedStorage:
     def ensure_rows(self, slots: int) -> None:
         """Back rows ``[0, slots)`` with allocated pages (ahead, in 16 MiB steps): a full
         /dev/shm raises OSError here instead of SIGBUS on the write."""
-        if slots <= self._backed:
+        need = HEADER_BYTES + slots * self._row_bytes
+        if need <= self._backed:
             return
-        step = max(1, _BACK_CHUNK // self._row_bytes)
-        upto = min(self.cap, max(slots, self._backed + step))
+        # to a 2 MiB boundary: every chunk after the first is whole blocks, collapsed into
+        # huge pages before any row in them is written (hugemap)
+        upto = -(-max(need, self._backed + _BACK_CHUNK) // hugemap.BLOCK) * hugemap.BLOCK
+        upto = min(self._buf.nbytes, upto)
         assert self._f.rows_fd is not None
-        _allocate(self._f.rows_fd, HEADER_BYTES + self._backed * self._row_bytes,
-                           (upto - self._backed) * self._row_bytes)
+        self.huge_blocks += _back(self._f.rows_fd, self._buf, self._backed, upto)
         self._backed = upto
 
     def resized(self, slots: int) -> SharedStorage:
@@ -310,7 +388,8 @@ class SharedStorage:
             self.hdr[H_NAME_LEN])]).decode()
         dtype = "f16" if self.rows.dtype == np.float16 else "f32"
         out = SharedStorage.create(self.state_dir, name, self.rows.shape[1], dtype, slots,
-                                   slots, lock_fd=self._f.lock_fd)
+                                   slots, lock_fd=self._f.lock_fd,
+                                   shm_dir=self.shm_dir)
         self._f.lock_fd = None
         out.publish()  # the caller copies the contents first: see TableCore.restorage
         return out

@@ -37,6 +37,7 @@ from deltastream.cliargs import (
     add_kafka_arguments,
     add_logging_arguments,
     comma_list,
+    existing_dir,
     kafka_settings,
     non_negative_float,
     port,
@@ -148,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Share the tables with model-server processes of this host: they "
                         "read them from shared memory (/dev/shm) with "
                         "consumers.serving.TableReader.open(STATE_DIR, TABLE).")
+    p.add_argument("--shm-dir", type=existing_dir, default=None, metavar="DIR",
+                   help="Where shared tables live (default: $DELTASTREAM_SHM_DIR, else "
+                        "/dev/shm), e.g. a tmpfs mounted with huge=within_size: lookups of "
+                        "random ids get faster. Readers must be given the same DIR.")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
                         "port, logged; default: no endpoint).")
@@ -204,7 +209,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             request_timeout=args.request_timeout, backoff_max=args.backoff_max,
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr, reset_state=args.reset_state,
-            group_id=args.group_id, share_tables=args.share_tables, **kafka)
+            group_id=args.group_id, share_tables=args.share_tables, shm_dir=args.shm_dir,
+            **kafka)
     except SnapshotError as e:
         hint = "" if args.reset_state else " (--reset-state starts over, removing only what " \
             "deltastream wrote)"

@@ -124,6 +124,9 @@ class SyncDaemon:
         share_tables: share every table with reader processes of this host (they read with
             ``consumers.serving.TableReader.open(state_dir, name)``); tables created later
             are shared within one poll round; :meth:`stop` unshares them.
+        shm_dir: where shared tables live (default: ``$DELTASTREAM_SHM_DIR``, else
+            ``/dev/shm``), e.g. a tmpfs mounted with huge pages
+            (:mod:`consumers.serving.mounts`); readers must be given the same.
         **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
 
     Raises:
@@ -151,7 +154,8 @@ class SyncDaemon:
                  metrics_addr: str = "0.0.0.0",
                  on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
                  reset_state: bool = False, group_id: Optional[str] = None,
-                 share_tables: bool = False, **consumer_config: Any) -> None:
+                 share_tables: bool = False, shm_dir: Optional[PathLike] = None,
+                 **consumer_config: Any) -> None:
         o = SyncOptions(
             bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
             dtype=dtype, checkpoint_interval=checkpoint_interval,
@@ -164,7 +168,7 @@ class SyncDaemon:
             summary_interval=summary_interval, freshness_window=freshness_window,
             metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
             reset_state=reset_state, group_id=group_id,
-            share_tables=share_tables, consumer_config=consumer_config)
+            share_tables=share_tables, shm_dir=shm_dir, consumer_config=consumer_config)
         self.options = o  #: the validated settings
         self.bootstrap_servers = o.bootstrap_servers
         self.topic = o.topic
@@ -243,7 +247,7 @@ class SyncDaemon:
     def _share_tables(self) -> None:
         """Share the tables not shared yet (new ones) with reader processes."""
         for t in [t for t in self._tables.values() if t.shared is None]:
-            t.share(self.state_dir)
+            t.share(self.state_dir, shm_dir=self.options.shm_dir)
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""

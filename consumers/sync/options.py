@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from consumers.serving.shm import shm_base
 from consumers.serving_table import STORAGE_DTYPES
+from consumers.storage.files import PathLike
 from consumers.sync.base import BaseArg, base_paths
 from deltastream.kafka_config import check_bootstrap_servers
 
@@ -96,6 +98,7 @@ class SyncOptions:
     reset_state: bool = False
     group_id: Optional[str] = None
     share_tables: bool = False
+    shm_dir: Optional[PathLike] = None
     consumer_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -123,6 +126,8 @@ class SyncOptions:
             raise ValueError(f"summary_interval: expected seconds ≥ 0, got {s!r}")
         if not isinstance(self.share_tables, bool):
             raise TypeError(f"share_tables: expected a bool, got {self.share_tables!r}")
+        if self.shm_dir is not None:
+            shm_base(self.shm_dir)  # an existing directory
         if self.on_apply is not None and not callable(self.on_apply):
             raise TypeError(f"on_apply: expected a callable(outcome, partition, offset) or "
                             f"None, got {type(self.on_apply).__name__}")

@@ -171,6 +171,14 @@ def test_bad_bootstrap_from_a_variable_names_the_variable(tmp_path):
     _one_line(r, "DELTASTREAM_SYNC_BOOTSTRAP_SERVERS='127.0.0.1:abc'", "is not a number")
 
 
+def test_a_missing_shm_dir_is_a_usage_error(tmp_path):
+    r = _run([*SYNC, "--model", "m", "--state-dir", "s", "--bootstrap-servers",
+              "127.0.0.1:9092", "--share-tables", "--shm-dir", "no/such/dir"], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE
+    _one_line(r, "--shm-dir", "expected an existing directory, got 'no/such/dir'")
+    assert not any(tmp_path.iterdir())  # nothing was started or written
+
+
 def test_topic_partitions_zero_is_a_usage_error():
     r = _run([*DS, "topic", "--bootstrap-servers", "127.0.0.1:9092", "--partitions", "0"])
     assert r.returncode == EXIT_USAGE

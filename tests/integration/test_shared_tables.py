@@ -172,11 +172,17 @@ _SYNC_READER = textwrap.dedent("""
 """)
 
 
-def test_sync_daemon_shares_its_tables_with_reader_processes(broker, tmp_path):
+@pytest.mark.parametrize("own_shm_dir", [False, True], ids=["dev-shm", "shm-dir"])
+def test_sync_daemon_shares_its_tables_with_reader_processes(broker, tmp_path, own_shm_dir):
     """``SyncDaemon(share_tables=True)``: a reader process sees what the daemon applied,
-    tables created by a message are shared too, and a stop removes the files."""
+    tables created by a message are shared too, and a stop removes the files. With
+    ``shm_dir`` the tables live there, and a reader given it by ``DELTASTREAM_SHM_DIR``
+    finds them."""
+    import shutil
+
     import numpy as np
 
+    from consumers.serving.shm import SHM_ENV
     from deltastream.publishing.publisher import ensure_topic
 
     from .test_sync import Feed, assert_tables_equal, daemon_for
@@ -184,17 +190,22 @@ def test_sync_daemon_shares_its_tables_with_reader_processes(broker, tmp_path):
     topic = f"deltas.share-{os.getpid()}-{time.monotonic_ns()}"
     ensure_topic(broker.bootstrap_servers, topic, 2)
     feed = Feed(broker.bootstrap_servers, topic, 2)
+    shm = Path("/dev/shm") / f"ds-test-shm-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if own_shm_dir:
+        shm.mkdir()
+        env[SHM_ENV] = str(shm)
     try:
         feed.fill(6)
-        d = daemon_for(broker, topic, tmp_path / "state", share_tables=True)
+        d = daemon_for(broker, topic, tmp_path / "state", share_tables=True,
+                       shm_dir=shm if own_shm_dir else None)
         try:
             assert d.catch_up(timeout=60)
             assert_tables_equal(d.tables(), feed.expected)
             for name in ("user", "item"):
                 proc = subprocess.run(
                     [sys.executable, "-c", _SYNC_READER, str(tmp_path / "state"), name],
-                    capture_output=True, text=True, timeout=60,
-                    env=dict(os.environ, PYTHONPATH=str(REPO)))
+                    capture_output=True, text=True, timeout=60, env=env)
                 assert proc.returncode == 0, proc.stderr[-2000:]
                 got = json.loads(proc.stdout)
                 want = d.table(name).lookup(np.arange(0, 400))
@@ -202,11 +213,14 @@ def test_sync_daemon_shares_its_tables_with_reader_processes(broker, tmp_path):
                 assert np.array_equal(np.array(got["rows"], np.float32), want)
             dirs = [d.table(n).shared for n in ("user", "item")]
             assert all(p is not None and p.exists() for p in dirs)
+            assert all(p.is_relative_to(shm) == own_shm_dir for p in dirs)
         finally:
             d.stop()
         assert all(not p.exists() for p in dirs)  # a clean stop removes its files
     finally:
         feed.close()
+        if own_shm_dir:
+            shutil.rmtree(shm)
 
 
 def test_serving_benchmark_runs_and_reports_every_figure(capsys):
@@ -223,6 +237,9 @@ def test_serving_benchmark_runs_and_reports_every_figure(capsys):
     for who in ("threads", "procs"):
         for fig in ("p999_ms", "max_ms", "p999_loaded_vs_idle"):
             assert records[f"serving.{who}.{fig}"]["value"] > 0
+        ctl = records[f"serving.{who}.max_vs_control"]  # the control process's worst call
+        assert ctl["baseline"] > 0 and ctl["value"] == records[f"serving.{who}.max_ms"]["value"]
+    assert records["serving.procs.p999_ms"]["pages"] in ("huge", "4 KiB", "unknown")
     for name in ("serving.apply.min_window", "serving.lookup256_idle_us",
                  "serving.bulk_lookup", "serving.memory_per_row"):
         assert records[name]["value"] > 0 and records[name]["baseline"] > 0

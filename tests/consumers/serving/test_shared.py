@@ -135,12 +135,16 @@ def test_files_of_dead_writers_are_removed_and_foreign_files_kept(state):
     notes.unlink()
 
 
-def test_open_errors_and_locations(state, tmp_path):
+def test_open_errors_and_locations(state, tmp_path, monkeypatch):
+    import consumers.serving.shm as shm
+
     with pytest.raises(ConsumerError, match="no shared table 'emb'"):
         TableReader.open(state, "emb", timeout=0.1)
     with pytest.raises(ValueError):
         TableReader.open(state, "")
-    assert shm_root(state, base=str(tmp_path / "no-shm")) == state.resolve() / "shm"
+    monkeypatch.setattr(shm, "SHM_BASE", str(tmp_path / "no-shm"))  # a host without /dev/shm
+    assert shm_root(state) == state.resolve() / "shm"
+    monkeypatch.undo()
     assert table_dir(state, "a/b c").name.startswith("a_b_c-")
     assert table_dir(state, "x") != table_dir(state, "X")
 
