@@ -15,6 +15,10 @@ Figures (goals of issue 12, for this machine):
 
 * ``serving.{threads,procs}.p999_ms`` / ``.max_ms`` — lookup latency under load against the
   budget (p99.9 ≤ 1 ms, max ≤ 5 ms); the idle figures and the loaded/idle ratios go along;
+* ``serving.{threads,procs}.max_vs_control`` — the worst lookup against the worst call of
+  a *control* process running beside the readers on the same schedule, copying a private
+  array of the lookup's size (no table, no shared memory): how much of the worst case any
+  process on this box sees (CPU contention, the hypervisor taking the virtual CPU away);
 * ``serving.apply.min_window`` — the slowest 1-second window of apply throughput across
   the growth against the median window (goal ≥ 0.5);
 * ``serving.lookup256_idle_us`` — one 256-id lookup on the full table, daemon idle, one
@@ -196,14 +200,31 @@ class _Reader:
             time.sleep(max(0.0, nxt - time.monotonic()))
 
 
+def _control(k: int, dim: int):
+    """The control's stand-in for a lookup: copy ``k`` rows of a private array (no table,
+    no shared memory), so its latency is what any call of this size sees on this box."""
+    src = np.random.default_rng(0).standard_normal((k, dim)).astype(np.float32)
+
+    def copy(q: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        if out is None:
+            return src.copy()
+        np.copyto(out, src)
+        return out
+    return copy
+
+
 def _reader_process(argv: list[str]) -> None:
     """``--_reader STATE K RATE SEED EXPLAIN``: a reader process driven by phase lines on
-    stdin."""
+    stdin; STATE ``control:DIM`` makes it the control (:func:`_control`)."""
     from consumers.serving import TableReader
 
     state, k, rate, seed = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
-    r = TableReader.open(state, "emb", timeout=120)
-    rd = _Reader(r.lookup, lambda: r.info().rows, k, rate, seed, explain=argv[4] == "1")
+    if state.startswith("control:"):
+        look, live = _control(k, int(state.split(":")[1])), (lambda: 1)
+    else:
+        r = TableReader.open(state, "emb", timeout=120)
+        look, live = r.lookup, (lambda: r.info().rows)
+    rd = _Reader(look, live, k, rate, seed, explain=argv[4] == "1")
     gc.freeze()
 
     def commands() -> None:
@@ -218,6 +239,18 @@ def _reader_process(argv: list[str]) -> None:
     if rd.explain:
         res["where"] = {p: v for p, v in rd.where.items()}
     print(json.dumps(res), flush=True)
+
+
+def _pmd_mapped_kib() -> int:
+    """KiB of shared memory this process maps in huge pages (0 where unknown)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("ShmemPmdMapped:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def _rss() -> int:
@@ -257,6 +290,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--switch-interval", type=float, default=None, metavar="S",
                     help="sys.setswitchinterval of the daemon process (default: Python's, "
                          "5 ms): how long a reader thread may wait for the GIL")
+    ap.add_argument("--shm-dir", default=None, metavar="DIR",
+                    help="where the shared table lives (default: $DELTASTREAM_SHM_DIR, else "
+                         "/dev/shm), e.g. a tmpfs mounted with huge=within_size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--explain", type=float, default=None, metavar="MS",
                     help="also say where the time of lookups slower than MS went (CPU, "
@@ -282,6 +318,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def _run(args: argparse.Namespace, state: Path) -> list[dict]:
+    from consumers.serving.shm import SHM_ENV
     from consumers.serving_table import ServingTable
     from consumers.storage.background import CheckpointWriter
     from consumers.storage.checkpoint import CheckpointStore
@@ -289,15 +326,19 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
 
     rss0 = _rss()
     table = ServingTable("emb", args.dim, capacity=args.batch)
-    table.share(state)
+    loc = table.share(state, shm_dir=args.shm_dir)
     writer = CheckpointWriter(CheckpointStore(state / "checkpoint"))
     pool = np.random.default_rng(args.seed).standard_normal((args.batch, args.dim)).astype(
         np.float32)
+    # the reader processes, then the control: the same schedule, without a table
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "bench.serving", "--_reader", str(state), str(args.lookup),
-         str(args.rate), str(args.seed + 100 + i), "1" if args.explain else "0"], cwd=_REPO, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(_REPO)))
-        for i in range(args.procs)]
+        [sys.executable, "-m", "bench.serving", "--_reader",
+         str(state) if i < args.procs else f"control:{args.dim}", str(args.lookup),
+         str(args.rate), str(args.seed + 100 + i), "1" if args.explain else "0"], cwd=_REPO,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(_REPO), **({SHM_ENV: args.shm_dir} if args.shm_dir
+                                                        else {})))
+        for i in range(args.procs + 1)]
     readers = [_Reader(lambda q, o: table.lookup(q, out=o), table.__len__, args.lookup,
                        args.rate, args.seed + i, explain=args.explain is not None)
                for i in range(args.threads)]
@@ -380,6 +421,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         for p in procs:
             out, _ = p.communicate(timeout=120)
             proc_lat.append(json.loads(out.strip().splitlines()[-1]))
+        control = proc_lat.pop()
     finally:
         for r in readers:
             r.phase = "stop"
@@ -410,6 +452,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         bulk.append(time.perf_counter() - t0)
     bulk_s = float(np.median(bulk[1:]))
     stats = table.stats()
+    huge_kib = _pmd_mapped_kib()
     table.unshare()
 
     def merge(parts: list[dict], key: str) -> dict:
@@ -419,6 +462,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
 
     thr = {ph: _quantiles([x for r in readers for x in r.lat[ph]]) for ph in ("loaded", "idle")}
     prc = {ph: merge(proc_lat, ph) for ph in ("loaded", "idle")} if proc_lat else thr
+    ctl = control["loaded"]
     explained: dict = {}
     if args.explain is not None:
         explained["box.loaded"] = _Box.delta(marks["loaded"], marks["settle"])
@@ -436,7 +480,10 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     payload = 8 + args.dim * 4
     med = float(np.median(windows)) if windows else float("nan")
     low = float(min(windows)) if windows else float("nan")
+    pages = {True: "huge", False: "4 KiB", None: "unknown"}[stats["shared_huge_pages"]]
+    huge_share = min(1.0, huge_kib * 1024 / max(1, stats["bytes"]))
     common = {"rows": args.rows, "dim": args.dim, "batch": args.batch,
+              "shm": str(loc.parent.parent), "pages": pages, "huge_share": round(huge_share, 3),
               "switch_interval_s": sys.getswitchinterval(), "daemon_nice": args.daemon_nice}
     out_records = []
     for who, q, count in (("threads", thr, args.threads), ("procs", prc, args.procs)):
@@ -458,6 +505,12 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
                    q["idle"]["p999"], None, "ms",
                    ratio=q["loaded"]["p999"] / q["idle"]["p999"], higher_is_better=False,
                    baseline_desc="same-run baseline: p99.9 with the daemon idle", **common),
+            result(f"serving.{who}.max_vs_control", q["loaded"]["max"], ctl["max"], None,
+                   "ms", ratio=q["loaded"]["max"] / ctl["max"], higher_is_better=False,
+                   baseline_desc="same run: the worst call of the control process (same "
+                                 "schedule, copies a private array of the lookup's size)",
+                   note=f"control loaded p99/p99.9/max {ctl['p99']:.3f}/{ctl['p999']:.3f}/"
+                        f"{ctl['max']:.3f} ms over {ctl['n']} calls", **common),
         ]
     out_records += [
         result("serving.apply.min_window", low, med, 0.5, "rows/s",
@@ -472,7 +525,9 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         result("serving.lookup256_idle_us", single["p50"] * 1e3, 30.0, 1.0, "µs",
                ratio=single["p50"] * 1e3 / 30.0, higher_is_better=False,
                baseline_desc="the issue's budget (30 µs)",
-               note=f"one thread, table shared (/dev/shm); p99 {single['p99'] * 1e3:.1f} µs",
+               note=f"one thread, table shared in {loc.parent.parent} ({pages} pages: "
+                    f"{huge_share:.0%} of its bytes mapped huge); p99 "
+                    f"{single['p99'] * 1e3:.1f} µs",
                **common),
         result("serving.bulk_lookup", 1e6 / bulk_s, 1e7, 1.0, "ids/s",
                baseline_desc="the issue's goal (10M ids/s)",
