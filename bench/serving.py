@@ -241,18 +241,6 @@ def _reader_process(argv: list[str]) -> None:
     print(json.dumps(res), flush=True)
 
 
-def _pmd_mapped_kib() -> int:
-    """KiB of shared memory this process maps in huge pages (0 where unknown)."""
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("ShmemPmdMapped:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _rss() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -318,6 +306,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def _run(args: argparse.Namespace, state: Path) -> list[dict]:
+    from consumers.serving import hugemap
     from consumers.serving.shm import SHM_ENV
     from consumers.serving_table import ServingTable
     from consumers.storage.background import CheckpointWriter
@@ -452,7 +441,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         bulk.append(time.perf_counter() - t0)
     bulk_s = float(np.median(bulk[1:]))
     stats = table.stats()
-    huge_kib = _pmd_mapped_kib()
+    huge_kib = hugemap.pmd_mapped_kib() or 0
     table.unshare()
 
     def merge(parts: list[dict], key: str) -> dict:

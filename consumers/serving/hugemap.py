@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["BLOCK", "map_file", "collapse", "collapsing"]
+__all__ = ["BLOCK", "map_file", "collapse", "collapsing", "pmd_mapped_kib"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,19 @@ _said = threading.Lock()
 def collapsing() -> bool:
     """Whether :func:`collapse` asks the kernel for huge pages (False once it refused)."""
     return _collapse
+
+
+def pmd_mapped_kib() -> Optional[int]:
+    """KiB of shared memory this process maps in huge pages (the kernel's
+    ``ShmemPmdMapped``); None where unknown."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("ShmemPmdMapped:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def map_file(fd: int, size: int, writable: bool) -> np.ndarray:

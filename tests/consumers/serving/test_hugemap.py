@@ -38,12 +38,10 @@ def _map(path: Path, size: int, writable: bool = True) -> np.ndarray:
 
 
 def _pmd_mapped_kib() -> int:
-    """Shared memory this process maps with huge-page entries (``ShmemPmdMapped``)."""
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("ShmemPmdMapped:"):
-                return int(line.split()[1])
-    pytest.skip("no ShmemPmdMapped in smaps_rollup")
+    kib = hugemap.pmd_mapped_kib()
+    if kib is None:
+        pytest.skip("no ShmemPmdMapped in /proc/self/smaps_rollup")
+    return kib
 
 
 def test_mappings_are_aligned_shared_and_read_only_where_asked(shm_file):
