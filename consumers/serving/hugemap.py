@@ -16,8 +16,11 @@ then maps the block with a single page-table entry. So:
 Measured on a 2-core EPYC VM, 10M × 64 f32 rows on ``/dev/shm``: a 256-id gather 17–20 µs
 collapsed against 24–37 µs in 4 KiB pages; collapsing costs about 1 ms of the writer's time
 per 2 MiB block, once (BENCHMARKS.md). Where the kernel refuses (older than 6.1, not Linux,
-``shmem_enabled=deny``), tables keep 4 KiB pages; it is logged once.
-``DELTASTREAM_SHM_COLLAPSE=0`` turns collapsing off.
+``shmem_enabled=deny``, a process with THP disabled by ``prctl``), tables keep 4 KiB pages;
+it is logged once. A block the kernel cannot collapse now (no free huge page, a memory
+cgroup at its limit) stays small. On a host whose memory is fragmented the kernel may
+compact memory during a collapse, in the writer's apply; ``DELTASTREAM_SHM_COLLAPSE=0``
+turns collapsing off.
 """
 
 from __future__ import annotations
