@@ -237,9 +237,9 @@ class SharedStorage:
     shared = True
 
     def __init__(self, state_dir: Path, location: Path, files: _Files, buf: np.ndarray,
-                 dim: int, dtype: np.dtype, slots: int) -> None:
+                 dim: int, dtype: np.dtype, slots: int, shm_dir: Optional[Path]) -> None:
         self.state_dir, self.location, self._f = state_dir, location, files
-        self.shm_dir: Optional[Path] = None  # where it lives (None: in the state dir)
+        self.shm_dir = shm_dir  # where it lives (None: in the state dir)
         self.hdr = header_array(buf)
         self.cap = slots
         self.rows = buf[HEADER_BYTES: HEADER_BYTES + slots * dim * dtype.itemsize].view(
@@ -302,8 +302,7 @@ class SharedStorage:
                     slots //= 2
             files.rows_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
             out = cls(Path(os.path.realpath(os.fspath(state_dir))), location, files, buf, dim,
-                      np_dtype, slots)
-            out.shm_dir = base
+                      np_dtype, slots, base)
         except BaseException:
             files.cleanup()
             raise
