@@ -90,7 +90,7 @@ class HashIndex:
 
     def probe(self, keys: torch.Tensor, need_slots: bool = False
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Row position per key of int64 ``keys`` ``[N]`` (negative if absent) and, with
+        """Row position per key of int64 ``keys`` ``[N]`` (-1 if absent) and, with
         ``need_slots``, the slot holding it (for :meth:`delete`; valid where the position
         is >= 0)."""
         n = keys.numel()
@@ -109,7 +109,7 @@ class HashIndex:
         # Round 0 runs over the whole batch without compaction.
         v = self._vals.index_select(0, slot)
         other = self._keys.index_select(0, slot) != keys
-        pos = v.masked_fill(other, -1)
+        pos = v.masked_fill(other, -1).clamp_(min=-1)  # a DELETED slot's key: absent
         if need_slots:
             slots = slot.masked_fill(other, -1)
         rest = (other & (v != EMPTY)).nonzero().squeeze(1)
@@ -122,7 +122,7 @@ class HashIndex:
             hi = (~other).nonzero().squeeze(1)
             if hi.numel():
                 where = cur.index_select(0, hi)
-                pos.index_copy_(0, where, v.index_select(0, hi))
+                pos.index_copy_(0, where, v.index_select(0, hi).clamp_(min=-1))
                 if need_slots:
                     slots.index_copy_(0, where, cslot.index_select(0, hi))
             keep = (other & (v != EMPTY)).nonzero().squeeze(1)

@@ -341,7 +341,7 @@ class HashTable(torch.nn.Module):
         Positions are stable while a row lives; an evicted position may be reused.
         """
         ids = self._as_ids(ids)
-        return self._index.probe(ids.reshape(-1))[0].clamp_(min=-1).reshape(ids.shape)
+        return self._index.probe(ids.reshape(-1))[0].reshape(ids.shape)
 
     @torch.no_grad()
     def contains(self, ids: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,9 @@ programs never touch the same row: no atomics). Bytes moved per row: the row and
 gradient, plus the state (Adam: 2 rows and a step count; row-wise Adagrad: 4 bytes).
 
 Scalars (``lr``, ``eps``, ...) reach the kernel as float32 (Triton passes Python floats as
-fp32), as torch's fp32 kernels use them. Adam's bias corrections ``1 - beta**step`` are
+fp32), as torch's fp32 kernels use them. Differences of scalars (``1 - beta``, ``1 - lr * wd``)
+are taken on the host in float64 first, as the reference does: in float32, ``1 - 0.999``
+is off by 1.3e-5 relative, which on CUDA moved Adam's rows by that much. Adam's bias corrections ``1 - beta**step`` are
 computed per row in float32 through an accurate ``expm1`` (a plain ``1 - exp2(...)`` loses
 four digits at ``beta2 = 0.999``, step 1).
 
@@ -124,22 +126,22 @@ def _adagrad_kernel(w_ptr, sum_ptr, pos_ptr, g_ptr, n, dim, w_stride, g_stride, 
 
 @triton.jit
 def _adam_kernel(w_ptr, m_ptr, v_ptr, step_ptr, pos_ptr, g_ptr, n, dim, w_stride, g_stride,
-                 s_stride, lr, b1, b2, ln_b1, ln_b2, eps, wd, HAS_WD: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                 s_stride, lr, b1, b2, omb1, omb2, ln_b1, ln_b2, eps, decay,
+                 HAS_WD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     r, c, rmask, mask = _tile(tl.program_id(0), n, dim, BLOCK_R, BLOCK_D)
     pos, w_off, w, g = _load_rows(w_ptr, pos_ptr, g_ptr, r, c, rmask, mask, w_stride, g_stride)
     s_off = pos[:, None] * s_stride + c[None, :]
     step = tl.load(step_ptr + pos, mask=rmask, other=0) + 1
     tl.store(step_ptr + pos, step, mask=rmask)
-    m = tl.load(m_ptr + s_off, mask=mask, other=0.0) * b1 + g * (1.0 - b1)
-    v = tl.load(v_ptr + s_off, mask=mask, other=0.0) * b2 + g * g * (1.0 - b2)
+    m = tl.load(m_ptr + s_off, mask=mask, other=0.0) * b1 + g * omb1
+    v = tl.load(v_ptr + s_off, mask=mask, other=0.0) * b2 + g * g * omb2
     tl.store(m_ptr + s_off, m, mask=mask)
     tl.store(v_ptr + s_off, v, mask=mask)
     t = step.to(tl.float32)
     bc1 = _one_minus_exp(t * ln_b1)
     bc2 = _one_minus_exp(t * ln_b2)
-    if HAS_WD:  # decoupled (AdamW): w *= 1 - lr * wd
-        w = w * (1.0 - lr * wd)
+    if HAS_WD:  # decoupled (AdamW): decay = 1 - lr * wd
+        w = w * decay
     denom = tl.sqrt(v) / tl.sqrt(bc2)[:, None] + eps
     w = w - (lr / bc1)[:, None] * m / denom
     tl.store(w_ptr + w_off, w.to(w_ptr.dtype.element_ty), mask=mask)
@@ -195,6 +197,7 @@ def adam_update(storage: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.
     ln_b1 = math.log(b1) if b1 > 0 else _LOG_ZERO
     ln_b2 = math.log(b2) if b2 > 0 else _LOG_ZERO
     _adam_kernel[grid](storage, exp_avg, exp_avg_sq, step, pos, g, n, dim, storage.stride(0),
-                       g.stride(0), exp_avg.stride(0), float(lr), b1, b2, ln_b1, ln_b2,
-                       float(eps), float(weight_decay), HAS_WD=bool(weight_decay),
+                       g.stride(0), exp_avg.stride(0), float(lr), b1, b2, 1.0 - b1, 1.0 - b2,
+                       ln_b1, ln_b2, float(eps), 1.0 - float(lr) * float(weight_decay),
+                       HAS_WD=bool(weight_decay),
                        BLOCK_R=br, BLOCK_D=bd)

@@ -114,8 +114,9 @@ def select_on_device(delta: DeltaRows, table, read: Reader, dim: int,
         sel = torch.sort(torch.topk(key, cap, sorted=False).indices).values
 
     # ---- assemble
-    chosen = torch.zeros(n, dtype=torch.bool, device=dev)
-    chosen[sel] = True
+    # index_fill_, not chosen[sel] = True: a Python scalar assigned by index is copied to the
+    # device first, a second host sync (seen on an H100)
+    chosen = torch.zeros(n, dtype=torch.bool, device=dev).index_fill_(0, sel, True)
     sel_ids = ids.index_select(0, sel)
     rows = storage.index_select(0, pos.index_select(0, sel) if pos is not None else sel)
     if table_dtype is not None and rows.dtype != table_dtype:

@@ -59,7 +59,7 @@ class _Table:
         t = torch.tensor(keys, dtype=torch.int64, device=self.device)
         pos, slots = self.index.probe(t, need_slots=True)
         assert (slots[pos >= 0] >= 0).all()
-        return pos.clamp(min=-1).tolist()
+        return pos.tolist()  # -1 for every absent key, evicted ones too, on both paths
 
     def remove(self, keys: list[int]) -> list[int]:
         t = torch.tensor(keys, dtype=torch.int64, device=self.device)
