@@ -52,6 +52,7 @@ __all__ = [
     "TABLE_FORMAT_VERSION",
     "OWN_FORMATS",
     "HashingWriter",
+    "WRITE_SLICE",
     "fsync_dir",
     "write_file",
     "write_npy",
@@ -100,16 +101,30 @@ _TMP_SUFFIX = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 # ----------------------------------------------------------------------------- writing
 
 
+#: bytes per ``write()`` call. A kernel running ``preempt=none`` (the default of many server and
+#: VM kernels) copies a whole ``write()`` into the page cache without a preemption point. A
+#: checkpoint writing 16 MiB per call held a CPU for milliseconds, and a process woken on that
+#: CPU (a model server's lookup) waited for it. Same-CPU latency probe, 1 GiB written:
+#: p99 3.2 ms with 64 MiB calls, 0.11-0.13 ms with 256 KiB calls (and the file is written
+#: faster too).
+WRITE_SLICE = 256 << 10
+
+
 class HashingWriter:
-    """File wrapper that sha256-hashes and counts what is written (np.save writes chunks)."""
+    """File wrapper that sha256-hashes and counts what is written (np.save writes chunks),
+    in ``write()`` calls of at most :data:`WRITE_SLICE` bytes."""
 
     def __init__(self, f: Any) -> None:
         self.f, self.h, self.n = f, hashlib.sha256(), 0
 
     def write(self, b: Any) -> int:
-        self.h.update(b)
-        self.n += len(memoryview(b).cast("B"))
-        return self.f.write(b)
+        mv = memoryview(b).cast("B")
+        for i in range(0, len(mv), WRITE_SLICE):
+            part = mv[i: i + WRITE_SLICE]
+            self.h.update(part)
+            self.f.write(part)
+        self.n += len(mv)
+        return len(mv)
 
 
 def fsync_dir(path: Path) -> None:
@@ -123,11 +138,7 @@ def fsync_dir(path: Path) -> None:
 
 def write_file(path: Path, data: bytes) -> dict:
     """Write ``data`` to ``path`` with fsync; returns {"sha256", "bytes"} of the file."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return write_chunks(path, [data])
 
 
 def write_npy(path: Path, arr: np.ndarray) -> dict:
@@ -143,17 +154,13 @@ def write_npy(path: Path, arr: np.ndarray) -> dict:
 def write_chunks(path: Path, chunks: Iterable[Any]) -> dict:
     """Write ``chunks`` (bytes or contiguous arrays) to the new file ``path`` with fsync;
     returns {"sha256", "bytes"} of the file."""
-    h = hashlib.sha256()
-    n = 0
     with open(path, "wb") as f:
+        w = HashingWriter(f)
         for c in chunks:
-            mv = memoryview(c).cast("B")
-            h.update(mv)
-            n += len(mv)
-            f.write(mv)
+            w.write(c)
         f.flush()
         os.fsync(f.fileno())
-    return {"sha256": h.hexdigest(), "bytes": n}
+    return {"sha256": w.h.hexdigest(), "bytes": w.n}
 
 
 # ----------------------------------------------------------------------------- manifests

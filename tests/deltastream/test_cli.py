@@ -56,6 +56,25 @@ def test_train_step_bench_runs_small_on_cpu_and_refuses_cuda_without_it(capsys):
         assert "torch.cuda.is_available() is False" in capsys.readouterr().err
 
 
+def test_stalls_bench_runs_small_and_leaves_the_affinity_as_it_was(capsys):
+    import os
+
+    import pytest
+
+    cpus = os.sched_getaffinity(0)
+    args = ["bench", "stalls", "--json", "--mib", "4", "--rounds", "1", "--rest", "0"]
+    assert main(args) == 0
+    assert os.sched_getaffinity(0) == cpus
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]
+    assert [r["name"] for r in records] == ["stalls.write", "stalls.collapse"]
+    assert all(r["value"] >= 0 and r["baseline"] >= 0 and r["mib"] == 4 for r in records)
+    for bad in (["--mib", "0"], ["--rest", "-1"], ["--shm-dir", "/no/such/dir"]):
+        with pytest.raises(SystemExit):
+            main(["bench", "stalls", *bad])
+    assert "--shm-dir: /no/such/dir is not a directory" in capsys.readouterr().err
+
+
 def test_render_marks_pass_short_info_and_failures():
     runs = {
         "a": ([result("fast", 2.0, 1.0, 1.5, "x/s"), result("slow", 1.0, 1.0, 1.5, "x/s"),

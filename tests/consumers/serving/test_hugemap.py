@@ -75,12 +75,36 @@ def test_collapse_takes_whole_blocks_only_and_maps_them_huge(shm_file):
     assert _pmd_mapped_kib() - before >= 2 * 3 * BLOCK // 1024  # writer's and reader's
 
 
+def _anonymous_kib() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Anonymous:"))
+
+
+def test_the_warm_up_before_each_block_keeps_no_memory(shm_file):
+    """Each block's warm-up faults in an anonymous huge page and frees it again: the blocks
+    still collapse, and no anonymous memory stays behind."""
+    a = _map(shm_file, 4 * BLOCK)
+    fd = os.open(shm_file, os.O_RDWR)
+    for b in range(4):
+        os.posix_fallocate(fd, b * BLOCK, 4096)  # as the shared storage backs a block
+    os.close(fd)
+    hugemap.collapse(a, 0, BLOCK)  # the scratch mapping exists from here on
+    before = _anonymous_kib()
+    got = hugemap.collapse(a, BLOCK, 4 * BLOCK)
+    assert _anonymous_kib() - before < BLOCK // 1024
+    if not hugemap.collapsing():
+        pytest.skip("this kernel does not collapse shmem (Linux < 6.1 or shmem deny)")
+    assert got == 3
+    assert hugemap.collapse(a, 0, 4 * BLOCK, warm=False) == 4  # collapsed blocks: no-ops
+    assert not a.any()
+
+
 def test_a_kernel_that_refuses_is_asked_once_and_said_once(shm_file, monkeypatch, caplog):
     class Refusing:  # stands for a libc on a kernel without MADV_COLLAPSE
         calls = 0
 
         def madvise(self, addr, length, advice):
-            Refusing.calls += 1
+            Refusing.calls += advice == 25  # MADV_COLLAPSE (the warm-up asks too)
             ctypes.set_errno(errno.EINVAL)
             return -1
 
