@@ -11,12 +11,7 @@ then maps the block with a single page-table entry. So:
    the writer alike);
 2. the writer collapses each block it backs *before* anything is published in it
    (:func:`collapse`): the kernel locks a block's pages while it collapses it (about a
-   millisecond), and no reader reads a block that holds no published row or bucket yet.
-
-Measured on a 2-core EPYC VM, 10M × 64 f32 rows on ``/dev/shm``: a 256-id gather 17–20 µs
-collapsed against 24–37 µs in 4 KiB pages; collapsing costs about 1 ms of the writer's time
-per 2 MiB block, once (BENCHMARKS.md).
-
+   millisecond), and no reader reads a block that holds no published row or bucket yet;
 3. before each collapse the writer faults in, then frees, one anonymous huge page
    (:func:`_warm_page`). The collapse zeroes its new huge page in one stretch of kernel code
    that cannot be preempted where the kernel runs ``preempt=none`` (the default of many
@@ -30,7 +25,9 @@ per 2 MiB block, once (BENCHMARKS.md).
    measured p99 0.3 ms and max 4.5 ms. On bare metal the warm-up costs one extra 2 MiB
    clear (about 0.1 ms).
 
-Where the kernel refuses (older than 6.1, not Linux,
+Measured on a 2-core EPYC VM, 10M × 64 f32 rows on ``/dev/shm``: a 256-id gather 17–20 µs
+collapsed against 24–37 µs in 4 KiB pages; collapsing costs the writer about 0.2–0.3 ms per
+2 MiB block, once, plus the first touch of fresh memory on a VM (BENCHMARKS.md). Where the kernel refuses (older than 6.1, not Linux,
 ``shmem_enabled=deny``, a process with THP disabled by ``prctl``), tables keep 4 KiB pages;
 it is logged once. A block the kernel cannot collapse now (no free huge page, a memory
 cgroup at its limit) stays small. On a host whose memory is fragmented the kernel may
