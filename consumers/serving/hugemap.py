@@ -168,8 +168,8 @@ def _warm_page() -> None:
             _libc.madvise(addr, BLOCK, _MADV_HUGEPAGE)
             _scratch = (m, addr)
         addr = _scratch[1]
-    if _libc.madvise(addr, BLOCK, _MADV_POPULATE_WRITE) == 0:  # Linux 5.14+
-        _libc.madvise(addr, BLOCK, _MADV_DONTNEED)
+    _libc.madvise(addr, BLOCK, _MADV_POPULATE_WRITE)  # Linux 5.14+; may fail part-way
+    _libc.madvise(addr, BLOCK, _MADV_DONTNEED)  # whatever it got goes back
 
 
 def _collapse_block(addr: int) -> int:
