@@ -23,6 +23,13 @@ per round while many remain. The owner keeps the load
 Why a hash and not sorted keys + ``searchsorted``: a sorted index costs an O(resident)
 merge for every batch that brings new ids; the hash costs O(batch).
 
+Where the C extension runs (:mod:`consumers.serving.accel`), :meth:`IdIndex.find` and
+:meth:`IdIndex.insert` are C loops that release the GIL for big batches: the numpy rounds
+held it for up to ~20 ms per 4096-id batch on a loaded 2-core box, and every reader thread
+of the daemon's process waited that long. The C insert places keys one after another
+instead of in claim rounds; either way each key sits before the first EMPTY bucket of its
+walk, which is all a probe relies on.
+
 Not thread-safe for writes: one writer (its owner holds a lock); reads need no lock.
 """
 
@@ -32,6 +39,8 @@ import logging
 from typing import Any
 
 import numpy as np
+
+from consumers.serving import accel
 
 __all__ = ["IdIndex", "lookup_slots", "as_ids", "EMPTY", "DELETED", "buckets_for", "bucket_of"]
 
@@ -47,6 +56,7 @@ _FEW = 64  # bulk rounds switch from 1 bucket to a window when fewer keys remain
 _WINDOW = 32
 _WIN_OFFSETS = np.arange(_WINDOW, dtype=np.int64)[None, :]
 _SLACK = 3  # a new index has buckets ≥ 3 × ids (power of 2: load in [0.17, 1/3])
+_NOGIL_KEYS = 1024  # native writer calls with this many keys release the GIL
 
 
 def as_ids(ids: Any, what: str = "ids") -> np.ndarray:
@@ -201,9 +211,15 @@ class IdIndex:
 
     def find(self, keys: np.ndarray, col: int) -> tuple[np.ndarray, np.ndarray]:
         """(bucket of each key live in copy ``col`` or -1, its slot or 0)."""
-        if keys.shape[0] == 0:
+        n = keys.shape[0]
+        if n == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        return _probe(self.tab, col, keys, bucket_of(keys, self.buckets))
+        if not accel.native_enabled():
+            return _probe(self.tab, col, keys, bucket_of(keys, self.buckets))
+        pos, slot = np.empty(n, np.int64), np.empty(n, np.int32)
+        accel.native.index_find(self.tab, np.ascontiguousarray(keys, np.int64), col, pos, slot,
+                                n >= _NOGIL_KEYS)
+        return pos, slot
 
     def insert(self, keys: np.ndarray, slots: np.ndarray, col: int | None,
                other: int | None = None) -> np.ndarray:
@@ -216,8 +232,18 @@ class IdIndex:
         on. Several keys may claim one bucket: all write their key, the one whose key reads
         back won (keys are unique, so exactly one did) and only winners write their slot —
         never relying on the order of a fancy assignment. The key column of a free bucket
-        is invisible to readers (they match only buckets live in their copy).
+        is invisible to readers (they match only buckets live in their copy). The C loop
+        (where it runs) places keys one at a time; ``ValueError`` there when no bucket is
+        free (the owner keeps the load far below that).
         """
+        n = keys.shape[0]
+        if accel.native_enabled() and n:
+            out = np.empty(n, np.int64)
+            self.used += accel.native.index_insert(
+                self.tab, np.ascontiguousarray(keys, np.int64),
+                np.ascontiguousarray(slots, np.int32), -1 if col is None else col,
+                -1 if other is None else other, out, n >= _NOGIL_KEYS)
+            return out
         tab, hk, mask = self.tab, self._k, self._mask
         c = 0 if col is None else col
         vc = self._c[c]
@@ -225,7 +251,11 @@ class IdIndex:
         pos = bucket_of(keys, self.buckets)
         active = np.arange(keys.shape[0])
         k = keys
+        rounds = 0  # each round moves every unplaced key on by a bucket at least
         while active.size:
+            rounds += 1
+            if rounds > self.buckets:
+                raise self._full(active.size)
             g = np.take(tab, pos, axis=0).view(np.int32)
             free = g[:, 2 + c] <= 0
             if other is not None:
@@ -253,18 +283,27 @@ class IdIndex:
                 break
             active, pos, k = active[keep], (pos[keep] + 1) & mask, k[keep]
             if active.size <= _FEW:  # the last keys sit in long runs: a window per round
-                pos = self._insert_tail(k, slots[active], active, pos, c, other, col, out)
+                self._insert_tail(k, slots[active], active, pos, c, other, col, out,
+                                  self.buckets - rounds)
                 break
         return out
 
+    def _full(self, left: int) -> ValueError:
+        return ValueError(f"index {self.name!r}: no free bucket for {left} keys (all "
+                          f"{self.buckets} buckets are live)")
+
     def _insert_tail(self, keys: np.ndarray, slots: np.ndarray, which: np.ndarray,
                      pos: np.ndarray, c: int, other: int | None, col: int | None,
-                     out: np.ndarray) -> np.ndarray:
+                     out: np.ndarray, rounds: int) -> None:
         """:meth:`insert` for a few keys: each claims the first free bucket of a window
-        from its position (same claim protocol; losers go on from the bucket they lost)."""
+        from its position (same claim protocol; losers go on from the bucket they lost),
+        in ``rounds`` rounds at most."""
         tab, hk, mask, vc = self.tab, self._k, self._mask, self._c[c]
         r = np.arange(keys.shape[0])
         while keys.size:
+            rounds -= 1
+            if rounds < 0:
+                raise self._full(keys.size)
             idx = (pos[:, None] + _WIN_OFFSETS) & mask
             g = np.take(tab, idx, axis=0).view(np.int32)
             free = g[..., 2 + c] <= 0
@@ -286,7 +325,6 @@ class IdIndex:
             # no free bucket in the window: the next window; lost a claim: the next bucket
             pos = np.where(has, fp + 1, pos + _WINDOW)[more] & mask
             keys, slots, which = keys[more], slots[more], which[more]
-        return pos
 
     def set(self, pos: np.ndarray, values: np.ndarray | int, col: int | None) -> None:
         """Value of buckets ``pos`` in copy ``col`` (None: both copies)."""

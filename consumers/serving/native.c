@@ -21,6 +21,11 @@
  *   read_rows(hdr, tab, rows, s, keys, out, nogil) -> 1 valid, 0 overtaken (retry),
  *       2 valid but the index named a slot outside rows (a corrupt table)
  *   lookup_slots(tab, keys, col, out, nogil) -> None (out: int32 [n], slot or 0)
+ * The writer's side (the caller holds the table's write lock; consumers/id_index.py):
+ *   index_find(tab, keys, col, pos, slot, nogil) -> None (pos: int64 [n], the bucket holding
+ *       the key live in copy col or -1; slot: int32 [n], its slot or 0)
+ *   index_insert(tab, keys, slots, col, other, pos, nogil) -> buckets newly used (they were
+ *       EMPTY); col -1: both copies; other -1: none. ValueError when no bucket is free.
  * nogil: release the GIL around the loop (worth it for big requests only: taking the GIL
  * back can wait for another thread's switch interval).
  */
@@ -217,6 +222,75 @@ static void slots_of(const Index *ix, int col, const int64_t *keys, Py_ssize_t n
     }
 }
 
+/* Bucket of key live in copy col, or -1 (same walk as probe()). */
+static inline int64_t probe_pos(const Index *ix, int col, int64_t key, int32_t *slot) {
+    uint64_t p = home_of(key, ix->shift);
+    for (uint64_t k = 0; k <= ix->mask; k++) {
+        const int64_t *bk = ix->b + 2 * p;
+        int32_t v = ((const int32_t *)bk)[2 + col];
+        if (v == 0)
+            break;
+        if (v > 0 && bk[0] == key) {
+            *slot = v;
+            return (int64_t)p;
+        }
+        p = (p + 1) & ix->mask;
+    }
+    *slot = 0;
+    return -1;
+}
+
+static void find_all(const Index *ix, int col, const int64_t *keys, Py_ssize_t n,
+                     int64_t *pos, int32_t *slot) {
+    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
+        PREFETCH(ix->b + 2 * home_of(keys[i], ix->shift));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PROBE_AHEAD < n)
+            PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
+        pos[i] = probe_pos(ix, col, keys[i], slot + i);
+    }
+}
+
+/* Insert keys (unique, absent from copy col) with slots: each takes the first bucket of
+ * its walk that is free, i.e. <= 0 in copy col (c: col, or 0 for both copies) and in copy
+ * other when other >= 0. The key is stored before the value: a bucket becomes live only
+ * with its value. Returns the buckets newly used, or -1 - i when key i found no free
+ * bucket (keys before i stay inserted: the caller undoes the copy it was building). */
+static Py_ssize_t insert_all(int64_t *b, uint64_t mask, int shift, const int64_t *keys,
+                             const int32_t *slots, Py_ssize_t n, int col, int other,
+                             int64_t *pos) {
+    int c = col < 0 ? 0 : col;
+    Py_ssize_t used = 0;
+    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
+        PREFETCH_W(b + 2 * home_of(keys[i], shift));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PROBE_AHEAD < n)
+            PREFETCH_W(b + 2 * home_of(keys[i + PROBE_AHEAD], shift));
+        uint64_t p = home_of(keys[i], shift);
+        uint64_t k = 0;
+        for (; k <= mask; k++) {
+            int32_t *v = (int32_t *)(b + 2 * p) + 2;
+            if (v[c] <= 0 && (other < 0 || v[other] <= 0))
+                break;
+            p = (p + 1) & mask;
+        }
+        if (k > mask)
+            return -1 - i;
+        int64_t *bk = b + 2 * p;
+        int32_t *v = (int32_t *)bk + 2;
+        used += v[c] == 0;
+        bk[0] = keys[i];
+        if (col < 0) {
+            v[0] = slots[i];
+            v[1] = slots[i];
+        } else {
+            v[col] = slots[i];
+        }
+        pos[i] = (int64_t)p;
+    }
+    return used;
+}
+
 /* ---------------------------------------------------------------- bulk requests
  *
  * Where a table lives in 4 KiB pages (shared memory here: no huge pages for shmem), a
@@ -385,6 +459,30 @@ static int keys_of(const Py_buffer *keys) {
     return 0;
 }
 
+/* The copy named by obj: 0 or 1 (or -1, "none", where allow_both); -2 with an exception
+ * set. */
+static int col_arg(PyObject *obj, const char *what, int allow_both) {
+    long c = PyLong_AsLong(obj);
+    if (c == -1 && PyErr_Occurred())
+        return -2;
+    if (c == 0 || c == 1 || (allow_both && c == -1))
+        return (int)c;
+    PyErr_Format(PyExc_ValueError, "%s: expected 0 or 1%s, got %ld", what,
+                 allow_both ? " (or -1: none)" : "", c);
+    return -2;
+}
+
+/* out is a writable 1-D array of n items of itemsize bytes and an integer code. */
+static int int_out(const Py_buffer *out, Py_ssize_t n, Py_ssize_t itemsize, const char *what) {
+    char oc = code_of(out);
+    int ok = out->itemsize == itemsize && out->len == n * itemsize &&
+             (itemsize == 8 ? is_int64(out) : (oc == 'i' || oc == 'l'));
+    if (!ok)
+        PyErr_Format(PyExc_ValueError, "%s: expected int%zd [%zd], got %zd bytes of format %s",
+                     what, itemsize * 8, n, out->len, out->format ? out->format : "B");
+    return ok ? 0 : -1;
+}
+
 static PyObject *read_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 7) {
@@ -462,13 +560,9 @@ static PyObject *lookup_slots(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "lookup_slots(tab, keys, col, out, nogil): 5 arguments");
         return NULL;
     }
-    long col = PyLong_AsLong(args[2]);
-    if (col == -1 && PyErr_Occurred())
+    int col = col_arg(args[2], "col", 0);
+    if (col < -1)
         return NULL;
-    if (col != 0 && col != 1) {
-        PyErr_Format(PyExc_ValueError, "col: expected 0 or 1, got %ld", col);
-        return NULL;
-    }
     int nogil = PyObject_IsTrue(args[4]);
     if (nogil < 0)
         return NULL;
@@ -484,18 +578,14 @@ static PyObject *lookup_slots(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (index_of(&tab, &ix) < 0 || keys_of(&keys) < 0)
         goto done;
     Py_ssize_t n = keys.len / 8;
-    char oc = code_of(&out);
-    if (out.itemsize != 4 || (oc != 'i' && oc != 'l') || out.len != n * 4) {
-        PyErr_Format(PyExc_ValueError, "out: expected int32 [%zd], got %zd bytes of format %s",
-                     n, out.len, out.format ? out.format : "B");
+    if (int_out(&out, n, 4, "out") < 0)
         goto done;
-    }
     if (nogil) {
         Py_BEGIN_ALLOW_THREADS
-        slots_of(&ix, (int)col, (const int64_t *)keys.buf, n, (int32_t *)out.buf);
+        slots_of(&ix, col, (const int64_t *)keys.buf, n, (int32_t *)out.buf);
         Py_END_ALLOW_THREADS
     } else {
-        slots_of(&ix, (int)col, (const int64_t *)keys.buf, n, (int32_t *)out.buf);
+        slots_of(&ix, col, (const int64_t *)keys.buf, n, (int32_t *)out.buf);
     }
     ok = 1;
 done:
@@ -507,11 +597,126 @@ done:
     Py_RETURN_NONE;
 }
 
+static PyObject *index_find(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "index_find(tab, keys, col, pos, slot, nogil): 6 "
+                        "arguments");
+        return NULL;
+    }
+    int col = col_arg(args[2], "col", 0);
+    if (col < -1)
+        return NULL;
+    int nogil = PyObject_IsTrue(args[5]);
+    if (nogil < 0)
+        return NULL;
+    Py_buffer tab, keys, pos, slot;
+    int got = 0, ok = 0;
+    Index ix;
+    if (get_buf(args[0], &tab, 0, "tab") < 0) goto done;
+    got = 1;
+    if (get_buf(args[1], &keys, 0, "keys") < 0) goto done;
+    got = 2;
+    if (get_buf(args[3], &pos, 1, "pos") < 0) goto done;
+    got = 3;
+    if (get_buf(args[4], &slot, 1, "slot") < 0) goto done;
+    got = 4;
+    if (index_of(&tab, &ix) < 0 || keys_of(&keys) < 0)
+        goto done;
+    Py_ssize_t n = keys.len / 8;
+    if (int_out(&pos, n, 8, "pos") < 0 || int_out(&slot, n, 4, "slot") < 0)
+        goto done;
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+        find_all(&ix, col, (const int64_t *)keys.buf, n, (int64_t *)pos.buf,
+                 (int32_t *)slot.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        find_all(&ix, col, (const int64_t *)keys.buf, n, (int64_t *)pos.buf,
+                 (int32_t *)slot.buf);
+    }
+    ok = 1;
+done:
+    if (got >= 4) PyBuffer_Release(&slot);
+    if (got >= 3) PyBuffer_Release(&pos);
+    if (got >= 2) PyBuffer_Release(&keys);
+    if (got >= 1) PyBuffer_Release(&tab);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *index_insert(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "index_insert(tab, keys, slots, col, other, pos, "
+                        "nogil): 7 arguments");
+        return NULL;
+    }
+    int col = col_arg(args[3], "col", 1), other = col < -1 ? -2 : col_arg(args[4], "other", 1);
+    if (col < -1 || other < -1)
+        return NULL;
+    if (other >= 0 && other == col) {
+        PyErr_SetString(PyExc_ValueError, "other: expected the copy not inserted into");
+        return NULL;
+    }
+    int nogil = PyObject_IsTrue(args[6]);
+    if (nogil < 0)
+        return NULL;
+    Py_buffer tab, keys, slots, pos;
+    int got = 0;
+    Py_ssize_t used = 0;
+    PyObject *ret = NULL;
+    Index ix;
+    if (get_buf(args[0], &tab, 1, "tab") < 0) goto done;
+    got = 1;
+    if (get_buf(args[1], &keys, 0, "keys") < 0) goto done;
+    got = 2;
+    if (get_buf(args[2], &slots, 0, "slots") < 0) goto done;
+    got = 3;
+    if (get_buf(args[5], &pos, 1, "pos") < 0) goto done;
+    got = 4;
+    if (index_of(&tab, &ix) < 0 || keys_of(&keys) < 0)
+        goto done;
+    Py_ssize_t n = keys.len / 8;
+    if (code_of(&slots) != 'i' || slots.itemsize != 4 || slots.len != n * 4) {
+        PyErr_Format(PyExc_ValueError, "slots: expected int32 [%zd], got %zd bytes of format %s",
+                     n, slots.len, slots.format ? slots.format : "B");
+        goto done;
+    }
+    if (int_out(&pos, n, 8, "pos") < 0)
+        goto done;
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+        used = insert_all((int64_t *)tab.buf, ix.mask, ix.shift, (const int64_t *)keys.buf,
+                          (const int32_t *)slots.buf, n, col, other, (int64_t *)pos.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        used = insert_all((int64_t *)tab.buf, ix.mask, ix.shift, (const int64_t *)keys.buf,
+                          (const int32_t *)slots.buf, n, col, other, (int64_t *)pos.buf);
+    }
+    if (used < 0)
+        PyErr_Format(PyExc_ValueError, "tab: no free bucket for key %zd of %zd (all %llu "
+                     "buckets are live)", -1 - used, n, (unsigned long long)ix.mask + 1);
+    else
+        ret = PyLong_FromSsize_t(used);
+done:
+    if (got >= 4) PyBuffer_Release(&pos);
+    if (got >= 3) PyBuffer_Release(&slots);
+    if (got >= 2) PyBuffer_Release(&keys);
+    if (got >= 1) PyBuffer_Release(&tab);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL,
      "read_rows(hdr, tab, rows, s, keys, out, nogil) -> 1 valid, 0 retry, 2 corrupt"},
     {"lookup_slots", (PyCFunction)(void (*)(void))lookup_slots, METH_FASTCALL,
      "lookup_slots(tab, keys, col, out, nogil): int32 slots of keys (0: absent) into out"},
+    {"index_find", (PyCFunction)(void (*)(void))index_find, METH_FASTCALL,
+     "index_find(tab, keys, col, pos, slot, nogil): bucket (-1) and slot (0) of each key"},
+    {"index_insert", (PyCFunction)(void (*)(void))index_insert, METH_FASTCALL,
+     "index_insert(tab, keys, slots, col, other, pos, nogil) -> buckets newly used"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,6 +56,7 @@ __all__ = [
     "fsync_dir",
     "write_file",
     "write_npy",
+    "write_npy_chunks",
     "write_chunks",
     "seal",
     "unseal",
@@ -142,12 +143,36 @@ def write_file(path: Path, data: bytes) -> dict:
 
 
 def write_npy(path: Path, arr: np.ndarray) -> dict:
-    """np.save ``arr`` to ``path`` with fsync; returns {"sha256", "bytes"} of the file."""
+    """``arr`` as the ``.npy`` file ``path`` (what np.save writes) with fsync; returns
+    {"sha256", "bytes"} of the file."""
+    return write_npy_chunks(path, arr.dtype, arr.shape, [arr])
+
+
+def write_npy_chunks(path: Path, dtype: np.dtype, shape: tuple, chunks: Iterable[Any]
+                     ) -> dict:
+    """A ``.npy`` file of ``dtype`` and ``shape`` (the bytes np.save writes) from ``chunks``
+    of rows along the first axis, with fsync; returns {"sha256", "bytes"} of the file.
+
+    Chunks are written from their own memory: np.save into a file object that is not a
+    real file (the hashing writer) copies each 16 MiB piece with ``tobytes`` first, which
+    holds the GIL for milliseconds (fresh pages), and every thread of the daemon's
+    process waits.
+    """
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": tuple(shape)}
+    n = 0
     with open(path, "wb") as f:
         w = HashingWriter(f)
-        np.save(w, arr, allow_pickle=False)  # type: ignore[arg-type]
+        np.lib.format.write_array_header_1_0(w, header)  # what np.save writes here
+        for c in chunks:
+            c = np.ascontiguousarray(c, dtype=dtype)
+            n += c.shape[0]
+            if c.size:
+                w.write(c.reshape(-1))
         f.flush()
         os.fsync(f.fileno())
+    if n != shape[0]:
+        raise RuntimeError(f"{path}: wrote {n} rows, expected {shape[0]}")
     return {"sha256": w.h.hexdigest(), "bytes": w.n}
 
 

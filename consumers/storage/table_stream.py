@@ -10,7 +10,6 @@ meanwhile.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +18,15 @@ import numpy as np
 from consumers.storage.files import (
     TABLE_FORMAT,
     TABLE_FORMAT_VERSION,
-    HashingWriter,
     fsync_dir,
     write_manifest,
     write_npy,
+    write_npy_chunks,
 )
 
 __all__ = ["write_table_stream"]
 
 log = logging.getLogger(__name__)
-
-
-def _write_npy_chunks(path: Path, dtype: np.dtype, shape: tuple, chunks: Any) -> dict:
-    """A ``.npy`` file of ``dtype`` and ``shape`` from row ``chunks`` (fsynced); returns
-    {"sha256", "bytes"} of the file."""
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-              "shape": shape}
-    n = 0
-    with open(path, "wb") as f:
-        w = HashingWriter(f)
-        np.lib.format.write_array_header_1_0(w, header)  # what np.save writes here
-        for c in chunks:
-            c = np.ascontiguousarray(c, dtype=dtype)
-            n += c.shape[0]
-            w.write(memoryview(c).cast("B"))
-        f.flush()
-        os.fsync(f.fileno())
-    if n != shape[0]:
-        raise RuntimeError(f"{path}: wrote {n} rows, expected {shape[0]}")
-    return {"sha256": w.h.hexdigest(), "bytes": w.n}
 
 
 def write_table_stream(dir: Path, view: Any) -> dict:
@@ -58,7 +37,7 @@ def write_table_stream(dir: Path, view: Any) -> dict:
     ids = view.ids
     dt = np.dtype({"f32": "<f4", "f16": "<f2"}[view.dtype])
     files = {"ids.npy": write_npy(dir / "ids.npy", ids.astype("<i8", copy=False)),
-             "rows.npy": _write_npy_chunks(dir / "rows.npy", dt, (int(ids.shape[0]), view.dim),
+             "rows.npy": write_npy_chunks(dir / "rows.npy", dt, (int(ids.shape[0]), view.dim),
                                            view.row_chunks())}
     body = {"format": TABLE_FORMAT, "version": TABLE_FORMAT_VERSION, "name": view.name,
             "dim": int(view.dim), "dtype": view.dtype, "n": int(ids.shape[0]), "files": files}

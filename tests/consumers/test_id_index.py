@@ -3,6 +3,9 @@ copies, inserts."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -110,3 +113,66 @@ def test_validation_and_sizes():
         as_ids([1.5])
     with pytest.raises(ValueError):
         as_ids(np.array([2 ** 63], np.uint64))
+
+
+def test_an_insert_into_a_full_index_raises_instead_of_looping():
+    idx = _index(16)
+    idx.insert(np.arange(1, 17, dtype=np.int64), np.arange(1, 17, dtype=np.int32), None)
+    with pytest.raises(ValueError, match="no free bucket"):
+        idx.insert(np.array([99], np.int64), np.array([17], np.int32), 0)
+
+
+def test_find_and_insert_agree_across_paths_with_markers_and_the_other_copy(lookup_path):
+    """Both paths build indexes that answer alike: a key is found wherever it was put,
+    DELETED markers are walked past, buckets live in the other copy are left alone, and
+    ``used`` counts the buckets that left EMPTY."""
+    rng = np.random.default_rng(7)
+    idx = _index(1 << 13)
+    keys = rng.choice(1 << 40, 3000, replace=False).astype(np.int64)
+    pos = idx.insert(keys, np.arange(1, 3001, dtype=np.int32), None)
+    assert np.array_equal(idx.tab[pos, 0], keys) and np.unique(pos).size == pos.size
+    idx.set(pos[:500], DELETED, 1)  # deleted in copy 1 only: still live in copy 0
+    new = rng.choice(1 << 40, 2000, replace=False).astype(np.int64) + (1 << 41)
+    pos_n = idx.insert(new, np.arange(5001, 7001, dtype=np.int32), 1, other=0)
+    assert not np.isin(pos_n, pos[:500]).any()
+    assert idx.used == int((idx.tab.view(np.int32)[:, 2:] != EMPTY).any(axis=1).sum())
+    f1, s1 = idx.find(np.concatenate([keys, new]), 1)
+    assert np.array_equal(s1[:500], np.zeros(500)) and np.array_equal(f1[:500], [-1] * 500)
+    assert np.array_equal(s1[500:3000], np.arange(501, 3001))
+    assert np.array_equal(s1[3000:], np.arange(5001, 7001))
+    assert np.array_equal(f1[3000:], pos_n)
+    f0, s0 = idx.find(np.concatenate([keys, new]), 0)
+    assert np.array_equal(s0[:3000], np.arange(1, 3001)) and not s0[3000:].any()
+
+
+def test_big_native_index_batches_let_other_threads_run(lookup_path):
+    """Index work of a big batch runs without the GIL: another Python thread keeps
+    running while one insert and one find are in C (the daemon's reader threads)."""
+    if lookup_path != "native":
+        pytest.skip("numpy holds the GIL")
+    idx = _index(1 << 23)
+    keys = np.random.default_rng(3).choice(1 << 50, 2_000_000, replace=False).astype(np.int64)
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        spans = []
+        for call in (lambda: idx.insert(keys, np.ones(keys.size, np.int32), None),
+                     lambda: idx.find(keys, 0)):
+            while not ticks:
+                time.sleep(0.001)
+            t0 = time.perf_counter()
+            call()
+            spans.append((t0, time.perf_counter()))
+    finally:
+        stop.set()
+        t.join()
+    for t0, t1 in spans:  # with the GIL held, one gap would span the whole C call
+        seen = np.array([t0] + [x for x in ticks if t0 < x < t1] + [t1])
+        assert np.diff(seen).max() < (t1 - t0) / 2, (t1 - t0, np.diff(seen).max())

@@ -3,7 +3,9 @@ rows and frozen views, slot reuse, incremental index growth, failed applies."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import pytest
 import consumers.serving.core as core_mod
 from consumers.serving import lookup
 from consumers.serving_table import ServingTable
+from consumers.storage.files import HashingWriter
 
 pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
 
@@ -135,22 +138,17 @@ def test_a_failed_apply_publishes_nothing(monkeypatch):
 def test_lookups_and_applies_go_on_while_a_view_is_written_out(monkeypatch):
     """A checkpoint reads a frozen view off every lock: while it is stuck (a slow disk),
     other threads still look up and apply."""
-    from consumers.storage import table_stream
-
     t = ServingTable("e", 8)
     t.upsert(np.arange(20000), _rows(20000, 8, 1.0))
     inside, release = threading.Event(), threading.Event()
-    real = table_stream.HashingWriter.write
+    real = HashingWriter.write
 
     def slow_write(self, b):
         inside.set()
         release.wait(10)
         return real(self, b)
 
-    monkeypatch.setattr(table_stream.HashingWriter, "write", slow_write)
-    import tempfile
-    from pathlib import Path
-
+    monkeypatch.setattr(HashingWriter, "write", slow_write)
     out = Path(tempfile.mkdtemp()) / "saved"
     saver = threading.Thread(target=t.save, args=(out,))
     saver.start()

@@ -153,6 +153,35 @@ def test_native_rejects_bad_buffers():
         lookup.native.lookup_slots(idx.tab, keys, 2, np.zeros(1, np.int32), False)
 
 
+@native
+def test_native_index_writes_reject_bad_arguments():
+    idx = _index(16)
+    keys, slots = np.array([1, 2], np.int64), np.array([1, 2], np.int32)
+    pos = np.zeros(2, np.int64)
+    find, insert = lookup.native.index_find, lookup.native.index_insert
+    with pytest.raises(ValueError, match="pos"):
+        find(idx.tab, keys, 0, pos.astype(np.int32), np.zeros(2, np.int32), False)
+    with pytest.raises(ValueError, match="slot"):
+        find(idx.tab, keys, 0, pos, np.zeros(3, np.int32), False)
+    with pytest.raises(ValueError, match="col"):
+        find(idx.tab, keys, -1, pos, np.zeros(2, np.int32), False)  # both: inserts only
+    with pytest.raises(ValueError, match="slots"):
+        insert(idx.tab, keys, slots.astype(np.int64), 0, -1, pos, False)
+    with pytest.raises(ValueError, match="other"):
+        insert(idx.tab, keys, slots, 1, 1, pos, False)
+    with pytest.raises(ValueError, match="other"):
+        insert(idx.tab, keys, slots, 0, 2, pos, False)
+    ro = idx.tab.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        insert(ro, keys, slots, 0, -1, pos, False)
+    with pytest.raises(TypeError, match="7 arguments"):
+        insert(idx.tab, keys, slots, 0, -1, pos)
+    assert not idx.tab.any()  # nothing was written by a refused call
+    assert insert(idx.tab, keys, slots, -1, -1, pos, False) == 2  # both copies: 2 used
+    assert np.array_equal(idx.tab.view(np.int32)[pos, 2:], [[1, 1], [2, 2]])
+
+
 @pytest.mark.usefixtures("lookup_path")
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_table_lookups_out_arrays_odd_ids_and_empty_requests(dtype):

@@ -16,9 +16,9 @@ import pytest
 
 import consumers.storage.checkpoint as ck
 from consumers.serving_table import ServingTable
-from consumers.storage import table_stream
 from consumers.storage.background import CheckpointWriter
 from consumers.storage.checkpoint import CheckpointResult, CheckpointStore
+from consumers.storage.files import HashingWriter
 from consumers.storage.snapshot import read_snapshot
 
 
@@ -48,7 +48,7 @@ def test_the_checkpoint_holds_the_state_at_submit(tmp_path, monkeypatch, kind):
         _churn(tables, 2.0)
     want = {n: t.digest() for n, t in tables.items()}
     gate, inside = threading.Event(), threading.Event()
-    real_base, real_seg = table_stream.HashingWriter.write, ck.write_chunks
+    real_base, real_seg = HashingWriter.write, ck.write_chunks
 
     def slow_base(self, b):
         inside.set()
@@ -60,7 +60,7 @@ def test_the_checkpoint_holds_the_state_at_submit(tmp_path, monkeypatch, kind):
         gate.wait(30)
         return real_seg(path, chunks)
 
-    monkeypatch.setattr(table_stream.HashingWriter, "write", slow_base)
+    monkeypatch.setattr(HashingWriter, "write", slow_base)
     monkeypatch.setattr(ck, "write_chunks", slow_seg)
     meta = {"m": [1]}
     assert w.submit(tables=tables, offsets={0: 2}, seqs={}, meta=meta)

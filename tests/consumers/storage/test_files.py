@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import io
 
 import numpy as np
+import pytest
 
-from consumers.storage.files import WRITE_SLICE, HashingWriter, write_chunks, write_file, write_npy
+from consumers.storage.files import (
+    WRITE_SLICE,
+    HashingWriter,
+    write_chunks,
+    write_file,
+    write_npy,
+    write_npy_chunks,
+)
 
 
 class _Calls:
@@ -47,3 +56,22 @@ def test_files_written_whole_with_their_digest(tmp_path):
     assert npy["bytes"] == (tmp_path / "n.npy").stat().st_size
     assert npy["sha256"] == hashlib.sha256((tmp_path / "n.npy").read_bytes()).hexdigest()
     np.testing.assert_array_equal(np.load(tmp_path / "n.npy"), rows)
+
+
+@pytest.mark.parametrize("arr", [np.arange(7, dtype="<i8"),
+                                 np.arange(24, dtype="<f4").reshape(6, 4),
+                                 np.zeros((0, 3), "<f2")])
+def test_npy_files_hold_the_bytes_np_save_writes(tmp_path, arr):
+    """write_npy writes from the array's memory, not np.save's copies: same bytes."""
+    ref = io.BytesIO()
+    np.save(ref, arr, allow_pickle=False)
+    entry = write_npy(tmp_path / "a.npy", arr)
+    data = (tmp_path / "a.npy").read_bytes()
+    assert data == ref.getvalue()
+    assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    chunked = write_npy_chunks(tmp_path / "b.npy", arr.dtype, arr.shape,
+                                     [arr[:2], arr[2:]])
+    assert chunked == entry
+    with pytest.raises(RuntimeError, match="expected"):  # rows short of the header's shape
+        write_npy_chunks(tmp_path / "c.npy", arr.dtype, (arr.shape[0] + 1,) + arr.shape[1:],
+                         [arr])
