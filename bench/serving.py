@@ -32,7 +32,8 @@ Figures (goals of issue 12, for this machine):
 (printed to stderr and added to the records as ``explain``): for the lookups slower than
 ``MS`` and for all of them, the mean CPU time, run-queue wait (runnable, no CPU free) and
 other time off the CPU (asleep — the GIL, a lock — when the thread made voluntary switches;
-the virtual CPU stolen by the hypervisor when it made none), the share with page faults /
+the virtual CPU stolen by the hypervisor when it made none; ``steal``: time the host took from
+any of the machine's virtual CPUs meanwhile, in whole ticks), the share with page faults /
 voluntary / involuntary switches, and the slowest five; the same for the daemon's applies;
 and per phase how many of the machine's cores were busy, by this benchmark and by others.
 
@@ -93,25 +94,32 @@ class _Where:
     (``/proc/thread-self/schedstat``, ns: complete while the thread runs), minor page faults and voluntary / involuntary context switches
     (``getrusage(RUSAGE_THREAD)``). Wall time minus CPU minus run-queue wait is time the
     thread was off the CPU otherwise: asleep (the GIL, a lock, I/O: then it made voluntary
-    switches) or its virtual CPU stolen by the hypervisor (no switch at all)."""
+    switches) or its virtual CPU stolen by the hypervisor (no switch at all). ``steal``:
+    time the host took from any of the machine's virtual CPUs meanwhile (``/proc/stat``,
+    in whole ticks of 1/``SC_CLK_TCK`` s: 0 for most calls, a tick or more around a long
+    theft)."""
 
-    FIELDS = ("wall", "cpu", "runq", "off", "minflt", "vcsw", "ivcsw")
+    FIELDS = ("wall", "cpu", "runq", "off", "steal", "minflt", "vcsw", "ivcsw")
+    MEANS = 5  # the first FIELDS are times (mean ms), the others counts (share > 0)
 
     def __init__(self) -> None:
         self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # this thread's
+        self._stat = os.open("/proc/stat", os.O_RDONLY)
+        self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
 
-    def sample(self) -> tuple[float, int, int, int, int, int]:
+    def sample(self) -> tuple[float, ...]:
         runq = os.pread(self._fd, 128, 0).split()[1]
+        steal = int(os.pread(self._stat, 256, 0).split(b"\n", 1)[0].split()[8])
         ru = resource.getrusage(resource.RUSAGE_THREAD)
-        return (time.perf_counter(), time.thread_time_ns(), int(runq), ru.ru_minflt,
-                ru.ru_nvcsw, ru.ru_nivcsw)
+        return (time.perf_counter(), time.thread_time_ns(), int(runq), steal * self._tick,
+                ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw)
 
     @staticmethod
     def delta(a: tuple, b: tuple) -> tuple[float, ...]:
         wall = b[0] - a[0]
         cpu, runq = (b[1] - a[1]) * 1e-9, (b[2] - a[2]) * 1e-9
         return (wall, cpu, runq, max(0.0, wall - cpu - runq), b[3] - a[3], b[4] - a[4],
-                b[5] - a[5])
+                b[5] - a[5], b[6] - a[6])
 
 
 class _Box:
@@ -147,18 +155,19 @@ class _Box:
 
 def _explain(rows: list[tuple[float, ...]], slow_ms: float) -> dict:
     """Breakdown of the lookups slower than ``slow_ms``: count, mean ms of wall / cpu /
-    run-queue wait / otherwise off the CPU, share with a page fault / a voluntary / an
-    involuntary context switch, the slowest five, and the same over all lookups."""
+    run-queue wait / otherwise off the CPU / host steal on any virtual CPU, share with a
+    page fault / a voluntary / an involuntary context switch, the slowest five, and the same over all lookups."""
     a = np.asarray(rows, np.float64).reshape(-1, len(_Where.FIELDS))
     out: dict = {"n": int(a.shape[0])}
     for name, sel in (("all", a), ("slow", a[a[:, 0] * 1e3 > slow_ms])):
         d: dict = {"n": int(sel.shape[0])}
         if sel.shape[0]:
-            for i, f in enumerate(_Where.FIELDS[:4]):
+            m = _Where.MEANS
+            for i, f in enumerate(_Where.FIELDS[:m]):
                 d[f + "_ms"] = round(float(sel[:, i].mean()) * 1e3, 3)
-            for i, f in enumerate(_Where.FIELDS[4:], 4):
+            for i, f in enumerate(_Where.FIELDS[m:], m):
                 d[f + "_share"] = round(float((sel[:, i] > 0).mean()), 3)
-            d["top"] = [[round(x * 1e3, 2) for x in r[:4]] + [int(x) for x in r[4:]]
+            d["top"] = [[round(x * 1e3, 2) for x in r[:m]] + [int(x) for x in r[m:]]
                         for r in sel[np.argsort(-sel[:, 0])[:5]]]
         out[name] = d
     return out

@@ -268,6 +268,8 @@ def test_serving_benchmark_explains_where_the_time_went(capsys):
             # different kernel paths, and their sum overshot wall by 0.07 ms on a busy VM.
             assert a["cpu_ms"] <= 1.05 * a["wall_ms"] + 0.01
             assert a["runq_ms"] <= 1.05 * a["wall_ms"] + 0.01
+            assert a["steal_ms"] >= 0 and 0 <= a["vcsw_share"] <= 1  # box-wide, in ticks
+            assert all(len(row) == 8 for row in ex[f"{who}.{phase}"]["all"]["top"])
     ex = records["serving.apply.min_window"]["explain"]
     assert ex["daemon.apply"]["all"]["n"] > 0
     for phase in ("loaded", "idle"):
