@@ -6,8 +6,10 @@
 * :mod:`~consumers.serving.growth` — incremental index migration (no apply pays for a
   whole rehash);
 * :mod:`~consumers.serving.lookup` — the read path: probe the index and gather rows, in C
-  (:mod:`consumers.serving.native`, built from ``native.c`` at install when a compiler is
-  there) or numpy;
+  (:mod:`consumers.serving.native`, built from ``native.c`` and ``native_loops.c`` at
+  install when a compiler is there) or numpy;
+* :mod:`~consumers.serving.accel` — whether that C code runs, for the read path and the
+  writer's index work (the process-wide native/numpy switch);
 * :mod:`~consumers.serving.core` — :class:`~consumers.serving.core.TableCore`, the
   single-writer / lock-free-reader table that :class:`~consumers.serving_table.ServingTable`
   wraps;

@@ -1,8 +1,8 @@
 """Whether a serving table's C code runs: the optional extension, loaded once, and the
 process-wide switch between it and numpy.
 
-The extension :mod:`consumers.serving.native` is built from ``native.c`` at install when a
-C compiler is there (``setup.py``). It runs both sides of a table: the read path
+The extension :mod:`consumers.serving.native` is built from ``native.c`` (arguments) and
+``native_loops.c`` (the loops) at install when a C compiler is there (``setup.py``). It runs both sides of a table: the read path
 (:mod:`consumers.serving.lookup`) and the writer's index probes and inserts
 (:class:`consumers.id_index.IdIndex`), which it runs without the GIL, so reader threads of
 the daemon's process never wait for a batch's index work. Without it (or with
