@@ -3,9 +3,9 @@
 The C extension :mod:`consumers.serving.native` (:mod:`consumers.serving.accel` says whether
 it runs) does both in one call with software prefetching: a 256-id lookup of random ids is
 a chain of cache and TLB misses, which numpy's one-pass-per-operation code takes one after
-another. Without the extension (or with ``DELTASTREAM_NATIVE=0`` in
-the environment, or after :func:`use_native(False) <use_native>`), the numpy code of
-:mod:`consumers.id_index` runs; both give the same results.
+another. Without the extension (or with ``DELTASTREAM_NATIVE=0`` in the environment, or
+after :func:`use_native(False) <use_native>`), the numpy code of :mod:`consumers.id_index`
+runs; both give the same results.
 
 Both follow the seqlock protocol of :mod:`consumers.serving.core`: :func:`read_rows` says
 whether the read is valid, and the caller retries when it is not.
