@@ -49,6 +49,19 @@ static f16_row_fn f16_row = f16_row_portable;
 
 /* ---------------------------------------------------------------- the loops */
 
+/* Home buckets are prefetched PROBE_AHEAD keys before they are probed: prefetch_start
+ * before the loop over keys [0, n), prefetch_ahead(..., i) as key i is probed. */
+static inline void prefetch_start(const Index *ix, const int64_t *keys, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
+        PREFETCH(ix->b + 2 * home_of(keys[i], ix->shift));
+}
+
+static inline void prefetch_ahead(const Index *ix, const int64_t *keys, Py_ssize_t n,
+                                  Py_ssize_t i) {
+    if (i + PROBE_AHEAD < n)
+        PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
+}
+
 /* Prefetch the cache lines of bytes [p, p + n) (at most ROW_PREFETCH_MAX of them). */
 static inline void prefetch_lines(const char *p, Py_ssize_t n, int write) {
     const char *end = p + (n < ROW_PREFETCH_MAX ? n : ROW_PREFETCH_MAX);
@@ -76,11 +89,9 @@ static int gather_chunks(const Index *ix, int col, const Rows *r, const int64_t 
     for (Py_ssize_t c = 0; c < n; c += CHUNK) {
         Py_ssize_t m = n - c < CHUNK ? n - c : CHUNK;
         const int64_t *k = keys + c;
-        for (Py_ssize_t i = 0; i < m && i < PROBE_AHEAD; i++)
-            PREFETCH(ix->b + 2 * home_of(k[i], ix->shift));
+        prefetch_start(ix, k, m);
         for (Py_ssize_t i = 0; i < m; i++) {
-            if (i + PROBE_AHEAD < m)
-                PREFETCH(ix->b + 2 * home_of(k[i + PROBE_AHEAD], ix->shift));
+            prefetch_ahead(ix, k, m, i);
             int32_t s = probe(ix, col, k[i]);
             if (s >= r->nrows) {  /* only a racing writer or corrupt memory */
                 bad = 1;
@@ -110,11 +121,9 @@ static int gather_chunks(const Index *ix, int col, const Rows *r, const int64_t 
 
 void ds_slots_of(const Index *ix, int col, const int64_t *keys, Py_ssize_t n,
                  int32_t *out) {
-    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
-        PREFETCH(ix->b + 2 * home_of(keys[i], ix->shift));
+    prefetch_start(ix, keys, n);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PROBE_AHEAD < n)
-            PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
+        prefetch_ahead(ix, keys, n, i);
         out[i] = probe(ix, col, keys[i]);
     }
 }
@@ -139,11 +148,9 @@ static inline int64_t probe_pos(const Index *ix, int col, int64_t key, int32_t *
 
 void ds_find_all(const Index *ix, int col, const int64_t *keys, Py_ssize_t n,
                  int64_t *pos, int32_t *slot) {
-    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
-        PREFETCH(ix->b + 2 * home_of(keys[i], ix->shift));
+    prefetch_start(ix, keys, n);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PROBE_AHEAD < n)
-            PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
+        prefetch_ahead(ix, keys, n, i);
         pos[i] = probe_pos(ix, col, keys[i], slot + i);
     }
 }
@@ -242,11 +249,9 @@ static int gather_sorted(const Index *ix, int col, const Rows *r, const int64_t 
     }
     int64_t max_slot = 0;
     int bad = 0;
-    for (Py_ssize_t i = 0; i < n && i < PROBE_AHEAD; i++)
-        PREFETCH(ix->b + 2 * home_of(keys[i], ix->shift));
+    prefetch_start(ix, keys, n);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PROBE_AHEAD < n)
-            PREFETCH(ix->b + 2 * home_of(keys[i + PROBE_AHEAD], ix->shift));
+        prefetch_ahead(ix, keys, n, i);
         int32_t s = probe(ix, col, keys[i]);
         if (s >= r->nrows) {  /* only a racing writer or corrupt memory */
             bad = 1;
