@@ -13,7 +13,8 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
-		consumers/serving/native_loops.c consumers/serving/native_loops.h
+		consumers/serving/native_loops.c consumers/serving/native_warm.c \
+		consumers/serving/native_loops.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"

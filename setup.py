@@ -11,7 +11,8 @@ setup(
     ext_modules=[
         Extension(
             "consumers.serving.native",
-            ["consumers/serving/native.c", "consumers/serving/native_loops.c"],
+            ["consumers/serving/native.c", "consumers/serving/native_loops.c",
+             "consumers/serving/native_warm.c"],
             depends=["consumers/serving/native_loops.h"],
             extra_compile_args=["-O3"],
             optional=True,

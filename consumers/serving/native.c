@@ -28,6 +28,12 @@
  *       EMPTY); col -1: both copies; other -1: none. ValueError when no bucket is free.
  * nogil: release the GIL around the loop (worth it for big requests only: taking the GIL
  * back can wait for another thread's switch interval).
+ * A reader's page warmer (native_warm.c; POSIX only), without the GIL:
+ *   warm_follow(buf, path, next, hdr, word, gen, done, page, align, step, timeout_s,
+ *       busy_s, idle_s) -> (done, why): reads one byte per page of buf [done, allocated
+ *       bytes of the file at path, rounded down to align) as it grows, until hdr[word] != gen ("gen"), the file at next
+ *       (None: no such file) is complete ("next"), the file is gone ("gone") or timeout_s
+ *       passed ("timeout"); OSError when path cannot be stat'ed otherwise.
  */
 #include "native_loops.h"
 
@@ -304,6 +310,78 @@ done:
     return ret;
 }
 
+#ifdef HAVE_MMAN
+/* A float argument >= 0 in nanoseconds; -1 with an exception set. */
+static int64_t seconds_arg(PyObject *obj, const char *what) {
+    double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(v >= 0.0 && v <= 86400.0)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected seconds in [0, 86400], got %R", what, obj);
+        return -1;
+    }
+    return (int64_t)(v * 1e9);
+}
+
+static PyObject *warm_follow(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (!nargs_ok(nargs, 13, "warm_follow(buf, path, next, hdr, word, gen, done, page, "
+                  "align, step, timeout_s, busy_s, idle_s)"))
+        return NULL;
+    static const BufArg spec[] = {{0, 0, "buf"}, {3, 0, "hdr"}};
+    Py_buffer b[2];
+    PyObject *path = NULL, *next = NULL, *ret = NULL;
+    if (get_bufs(args, spec, 2, b) < 0)
+        return NULL;
+    if (!PyUnicode_FSConverter(args[1], &path) ||
+            (args[2] != Py_None && !PyUnicode_FSConverter(args[2], &next)))
+        goto done;
+    WarmArgs a = {(const uint8_t *)b[0].buf, (int64_t)b[0].len, PyBytes_AS_STRING(path),
+                  next ? PyBytes_AS_STRING(next) : NULL, NULL, 0, 0, 0, 0, 0, 0, 0};
+    long long word = PyLong_AsLongLong(args[4]), done = PyLong_AsLongLong(args[6]);
+    a.gen = PyLong_AsLongLong(args[5]);
+    a.page = PyLong_AsLongLong(args[7]);
+    a.align = PyLong_AsLongLong(args[8]);
+    a.step = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred())
+        goto done;
+    if (!is_int64(&b[1]) || word < 0 || word >= b[1].len / 8) {
+        PyErr_Format(PyExc_ValueError, "hdr, word: expected an int64 array and a word in it, "
+                     "got word %lld of %zd bytes", word, b[1].len);
+        goto done;
+    }
+    if (done < 0 || done > a.len || a.page < 1 || a.align < 1 || a.step < a.page) {
+        PyErr_Format(PyExc_ValueError, "done, page, align, step: expected 0 <= done <= %lld, "
+                     "page >= 1, align >= 1, step >= page, got %lld, %lld, %lld, %lld",
+                     (long long)a.len, done, (long long)a.page, (long long)a.align,
+                     (long long)a.step);
+        goto done;
+    }
+    a.gen_word = (const int64_t *)b[1].buf + word;
+    if ((a.timeout_ns = seconds_arg(args[10], "timeout_s")) < 0 ||
+            (a.busy_ns = seconds_arg(args[11], "busy_s")) < 0 ||
+            (a.idle_ns = seconds_arg(args[12], "idle_s")) < 0)
+        goto done;
+    int64_t at = done;
+    int why, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    why = ds_warm_follow(&a, &at, &err);
+    Py_END_ALLOW_THREADS
+    if (why == WARM_ERROR) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, args[1]);
+        goto done;
+    }
+    static const char *names[] = {"timeout", "gen", "next", "gone"};
+    ret = Py_BuildValue("(Ls)", (long long)at, names[why]);
+done:
+    Py_XDECREF(path);
+    Py_XDECREF(next);
+    release_bufs(b, 2);
+    return ret;
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_FASTCALL,
      "read_rows(hdr, tab, rows, s, keys, out, nogil) -> 1 valid, 0 retry, 2 corrupt"},
@@ -313,6 +391,11 @@ static PyMethodDef methods[] = {
      "index_find(tab, keys, col, pos, slot, nogil): bucket (-1) and slot (0) of each key"},
     {"index_insert", (PyCFunction)(void (*)(void))index_insert, METH_FASTCALL,
      "index_insert(tab, keys, slots, col, other, pos, nogil) -> buckets newly used"},
+#ifdef HAVE_MMAN
+    {"warm_follow", (PyCFunction)(void (*)(void))warm_follow, METH_FASTCALL,
+     "warm_follow(buf, path, next, hdr, word, gen, done, page, align, step, timeout_s, "
+     "busy_s, idle_s) -> (done, why): read the pages of a growing file's mapping, without the GIL"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -99,4 +99,30 @@ Py_ssize_t ds_insert_all(int64_t *b, uint64_t mask, int shift, const int64_t *ke
 /* Pick the f16 -> f32 row conversion this CPU supports; returns its name. */
 const char *ds_f16_init(void);
 
+#ifdef HAVE_MMAN
+/* What ds_warm_follow (native_warm.c) follows: a mapping of a file that grows. */
+typedef struct {
+    const uint8_t *buf;      /* the mapping */
+    int64_t len;             /* its bytes */
+    const char *path;        /* the file mapped (its allocated bytes are warmed) */
+    const char *next;        /* a file whose completion ends the loop, or NULL */
+    const int64_t *gen_word; /* a header word ... */
+    int64_t gen;             /* ... whose change from this value ends the loop */
+    int64_t page;            /* bytes between two reads */
+    int64_t align;           /* only whole blocks of this many bytes are read */
+    int64_t step;            /* bytes read between two looks at gen_word */
+    int64_t timeout_ns;
+    int64_t busy_ns;         /* pause once caught up with a file that just grew */
+    int64_t idle_ns;         /* pause while it does not grow */
+} WarmArgs;
+
+enum { WARM_TIMEOUT, WARM_GEN, WARM_NEXT, WARM_GONE, WARM_ERROR };
+
+/* Read one byte per page of the allocated part of a->path's mapping past *done (updated
+ * as it goes) until a->gen_word changes, a->next is complete, the file is gone or cannot
+ * be stat'ed (*err = errno), or the timeout passes; returns which (WARM_*). Call without
+ * the GIL. */
+int ds_warm_follow(const WarmArgs *a, int64_t *done, int *err);
+#endif
+
 #endif

@@ -44,6 +44,7 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.id_index import as_ids
+from consumers.serving import accel, hugemap
 from consumers.serving.lookup import read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
@@ -85,6 +86,8 @@ log = logging.getLogger(__name__)
 RECHECK_S = 0.2
 #: seconds between looks of the warmer thread for pages to map (see :class:`_Warmer`)
 WARM_S = 0.005
+#: seconds the warmer's C loop follows the rows file before it looks at Python's side again
+FOLLOW_S = 0.05
 _WARM_BYTES = 8 << 20  # warmed per look at most
 #: niceness the warmer thread adds to itself: lookups preempt it
 WARM_NICE = 10
@@ -186,16 +189,25 @@ class _Warmer(threading.Thread):
 
     A lookup that touches a page of the shared table for the first time takes a page
     fault (tens of microseconds each on some hosts, hundreds per lookup right after the
-    table grew or its index migrated). This thread reads one byte per page, without the
-    GIL, of what the writer has allocated: rows as the table grows, and the next index
-    generation as soon as its file is complete — before the writer switches to it. It also
-    unmaps retired index generations (milliseconds for a big one: not in a lookup).
+    table grew or its index migrated). This thread reads one byte per page of what the
+    writer has allocated: rows as the table grows, and the next index generation as soon
+    as its file is complete — before the writer switches to it. It also unmaps retired
+    index generations (milliseconds for a big one: not in a lookup).
+
+    It must not hold the GIL for long, nor often: it runs niced, and a warmer preempted
+    while it holds the GIL keeps the lookups of its process waiting until it runs again.
+    With the C extension it follows the rows file in one call that releases the GIL
+    (:func:`native.warm_follow`) and comes back to Python only for the index (a new
+    generation to map, or to unmap) and every :data:`FOLLOW_S`; without it, it looks from
+    Python every :data:`WARM_S` (every millisecond while the table grows).
     """
 
     def __init__(self, reader: TableReader) -> None:
         super().__init__(name=f"warm {reader.name}", daemon=True)
         self._reader = weakref.ref(reader)
         self._done: dict[tuple[str, str], int] = {}  # (incarnation, what) -> bytes warmed
+        nat = accel.native
+        self._follow = getattr(nat, "warm_follow", None) if accel.native_enabled() else None
 
     def run(self) -> None:
         _lower_priority(WARM_NICE)
@@ -207,17 +219,24 @@ class _Warmer(threading.Thread):
             del r
             try:
                 busy = self._warm(m)
+                if not busy and self._follow is not None:
+                    if self._follow_rows(m) != "next":
+                        continue  # it followed the rows until something changed: look now
+                    busy = True  # the next index generation is complete: warm it
             except (OSError, ValueError, ConsumerError) as e:
                 log.debug("warming %s: %s", m.dir, e)
                 busy = False
             time.sleep(0.001 if busy else WARM_S)
 
     def _warm(self, m: _Mapped) -> bool:
-        """Warm up to :data:`_WARM_BYTES` more; True when there is more to do now."""
+        """Warm up to :data:`_WARM_BYTES` more (the rows only without the C loop); True
+        when there is more to do now."""
         budget = _WARM_BYTES
-        st = os.stat(rows_file(m.dir, m.inc))  # the writer allocates rows from the front
-        allocated = min(st.st_blocks * 512, st.st_size)
-        budget -= self._touch(m.inc, "rows", m.buf, allocated, budget)
+        if self._follow is None:
+            st = os.stat(rows_file(m.dir, m.inc))  # the writer allocates rows from the front
+            allocated = min(st.st_blocks * 512, st.st_size)
+            allocated -= allocated % hugemap.BLOCK  # see native_warm.c: whole blocks only
+            budget -= self._touch(m.inc, "rows", m.buf, allocated, budget)
         gen = int(m.hdr[H_IDX_GEN])
         m.prune(gen - 1)
         for g in (gen, gen + 1):
@@ -233,6 +252,24 @@ class _Warmer(threading.Thread):
                 budget -= self._touch(m.inc, f"idx-{g}", tab.reshape(-1).view(np.uint8),
                                       tab.nbytes, budget)
         return budget <= 0
+
+    def _follow_rows(self, m: _Mapped) -> str:
+        """Warm the rows as the writer allocates them, without the GIL, until the index
+        generation changes (returns ``"gen"``), the next one is complete and not warmed
+        yet (``"next"``) or :data:`FOLLOW_S` passed (``"timeout"``)."""
+        gen = int(m.hdr[H_IDX_GEN])
+        tab = m.tabs.get(gen + 1)
+        warmed = tab is not None and self._done.get((m.inc, f"idx-{gen + 1}"), 0) >= tab.nbytes
+        key = (m.inc, "rows")
+        assert self._follow is not None
+        done, why = self._follow(m.buf, rows_file(m.dir, m.inc),
+                                 None if warmed else index_file(m.dir, m.inc, gen + 1),
+                                 m.hdr, H_IDX_GEN, gen, self._done.get(key, 0), PAGE,
+                                 hugemap.BLOCK, _WARM_BYTES, FOLLOW_S, 0.001, WARM_S)
+        self._done[key] = done
+        if why == "gone":
+            raise FileNotFoundError(f"{rows_file(m.dir, m.inc)}: gone")
+        return why
 
     def _touch(self, inc: str, what: str, buf: np.ndarray, upto: int, budget: int) -> int:
         key = (inc, what)
