@@ -22,8 +22,9 @@ __all__ = ["main", "run_one", "render"]
 REPO = Path(__file__).resolve().parent.parent
 
 # Order: cheap micro-benchmarks first, end-to-end last.
-ORDER = ["codec", "hashtable", "compaction", "selection", "apply", "serving", "publish",
-         "tracker-overhead", "train-step", "e2e", "topk-tradeoff", "freshness-per-byte"]
+ORDER = ["codec", "hashtable", "compaction", "selection", "apply", "checkpoint-io", "serving",
+         "publish", "tracker-overhead", "train-step", "e2e", "topk-tradeoff",
+         "freshness-per-byte"]
 
 
 def _names() -> list[str]:

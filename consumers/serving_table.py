@@ -25,7 +25,7 @@ model-server processes read it without a copy
 Snapshots
 ---------
 ``save(dir)`` writes ``ids.npy`` and ``rows.npy`` (``allow_pickle=False``) and a
-``manifest.json`` with the format version, shapes and sha256 of each file (and a checksum
+``manifest.json`` with the format version, shapes and CRC-32C of each file (and a sha256
 of the manifest itself) into a temporary directory next to ``dir``, fsyncs files and
 directories, then swaps it in with renames (see :mod:`consumers.storage.files`). ``load``
 verifies everything and raises :class:`SnapshotError` naming the file and the problem.
@@ -460,7 +460,7 @@ class ServingTable:
         """A table holding stored contents: ``ids`` strictly ascending int64 ``[n]``, ``rows``
         ``[n, dim]`` in the storage dtype of ``dtype``.
 
-        For verified storage (sha256-checked files): unlike :meth:`from_arrays` the values
+        For verified storage (checksummed files): unlike :meth:`from_arrays` the values
         are not checked again (finite, f16 range), and the ids are not sorted or deduplicated.
         """
         rows = np.asarray(rows)

@@ -7,8 +7,9 @@ rewrites the base only when the segments grow large next to it.
 
 Layout of a checkpoint directory ``<path>``::
 
-    manifest.json            format "deltastream-checkpoint": base (dir + size/sha256 of its
-                             manifest + bytes), segments in apply order (file, size, sha256),
+    manifest.json            format "deltastream-checkpoint": base (dir + size/checksum of
+                             its manifest + bytes), segments in apply order (file, size,
+                             CRC-32C; a sha256 in format version 1),
                              offsets, seqs, meta; sealed with a checksum of itself
     base-GGGGGG/             a full snapshot (``write_snapshot`` layout, readable on its own)
     seg-GGGGGG-KKKKKK.bin    rows changed after base G: per table upserted ids + rows
@@ -24,7 +25,7 @@ manifest uses and fsynced, with the directory; then ``manifest.json`` is replace
 and segments after a compaction, leftovers of a crashed write) are removed only after the
 new manifest is durable, and again when a store is opened. So a crash at any instant
 leaves ``manifest.json`` naming either the previous or the new state, whose files are all
-present; every file is checked against its sha256 at load.
+present; every file is checked against its checksum at load.
 
 Loading = base, then each segment in order (deletes, then upserts). A directory holding a
 full snapshot (the older checkpoint format, ``deltastream-replay rebuild`` output) is read
@@ -95,7 +96,8 @@ __all__ = ["CheckpointStore", "CheckpointResult", "PreparedCheckpoint", "read_ch
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "deltastream-checkpoint"
-CHECKPOINT_FORMAT_VERSION = 1
+#: 2: file entries carry a CRC-32C (1: a sha256; still read)
+CHECKPOINT_FORMAT_VERSION = 2
 _SEG_MAGIC = b"DSCKSEG1"
 _BASE_RE = re.compile(r"^base-(\d{6,})$")
 _SEG_RE = re.compile(r"^seg-(\d{6,})-(\d{6,})\.bin$")
@@ -263,7 +265,7 @@ def _read_chain(root: Path, body: dict) -> Snapshot:
 
 def read_checkpoint(path: PathLike, body: Optional[dict] = None) -> Snapshot:
     """Read and verify the incremental checkpoint in directory ``path``: its base, then
-    every segment in order (each file checked against its sha256).
+    every segment in order (each file checked against its checksum).
 
     ``body``: the already verified ``manifest.json`` content (read when None). When a
     listed file vanished because a writer committed a newer manifest meanwhile (a

@@ -3,10 +3,11 @@
 A full snapshot is one directory::
 
     <dir>/manifest.json          format "deltastream-snapshot", version, offsets, seqs, meta,
-                                 per table: name, sub-directory, size + sha256 of its manifest;
+                                 per table: name, sub-directory, size + checksum of its
+                                 manifest;
                                  plus a checksum of the manifest itself
     <dir>/tables/0000/           one table directory per table (ServingTable.save layout):
-        manifest.json, ids.npy, rows.npy   (sha256 of each in the table manifest)
+        manifest.json, ids.npy, rows.npy   (CRC-32C of each in the table manifest)
 
 Sub-directories are numbered, not named after tables, so any table name is safe on disk.
 
@@ -44,7 +45,8 @@ __all__ = ["Snapshot", "SNAPSHOT_FORMAT", "SNAPSHOT_FORMAT_VERSION", "check_cont
 log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "deltastream-snapshot"
-SNAPSHOT_FORMAT_VERSION = 1
+#: 2: file entries carry a CRC-32C (1: a sha256; still read)
+SNAPSHOT_FORMAT_VERSION = 2
 
 
 @dataclass
@@ -129,7 +131,7 @@ def write_full(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
     (:meth:`ServingTable.frozen`, e.g. with change tracking restarted) or (ids, rows)
     already exported; tables missing there are frozen now. Rows are written chunk by chunk
     from the views (no second copy of a table in memory; the tables keep serving and
-    applying meanwhile). Returns the entry (size, sha256) of its manifest and the total
+    applying meanwhile). Returns the entry (size, checksum) of its manifest and the total
     bytes of its files as ``{"manifest": ..., "bytes": ...}``.
     """
     dir.mkdir()
@@ -163,7 +165,7 @@ def write_full(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
 
 def load_table(dir: Path, entry: Any = None, body: Optional[dict] = None) -> ServingTable:
     """The verified table directory ``dir`` as a :class:`ServingTable` (``entry``: expected
-    size/sha256 of its manifest; ``body``: the manifest already read and verified)."""
+    size/checksum of its manifest; ``body``: the manifest already read and verified)."""
     data = read_table_dir(dir, entry, body)
     return ServingTable.restore(data.name, data.ids, data.rows, dtype=data.dtype)
 

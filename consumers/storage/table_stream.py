@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def write_table_stream(dir: Path, view: Any) -> dict:
     """Write the frozen table ``view`` (name, dtype, dim, ``ids``, ``row_chunks()``) into
     the new directory ``dir`` (files and directory fsynced); returns the manifest file's
-    entry (size, sha256)."""
+    entry (size, checksum)."""
     dir.mkdir(parents=True, exist_ok=False)
     ids = view.ids
     dt = np.dtype({"f32": "<f4", "f16": "<f2"}[view.dtype])

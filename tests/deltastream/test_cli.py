@@ -75,6 +75,21 @@ def test_stalls_bench_runs_small_and_leaves_the_affinity_as_it_was(capsys):
     assert "--shm-dir: /no/such/dir is not a directory" in capsys.readouterr().err
 
 
+def test_checkpoint_io_bench_runs_small(capsys, tmp_path):
+    import pytest
+
+    args = ["bench", "checkpoint-io", "--json", "--rows", "5000", "--dim", "8", "--repeat", "1",
+            "--dir", str(tmp_path)]
+    assert main(args) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]
+    assert [r["name"] for r in records] == ["checkpoint_io.write", "checkpoint_io.verify"]
+    assert all(r["value"] > 0 and r["baseline"] > 0 for r in records)
+    assert list(tmp_path.iterdir()) == []  # its temp dir is gone
+    with pytest.raises(SystemExit):
+        main(["bench", "checkpoint-io", "--rows", "0"])
+
+
 def test_render_marks_pass_short_info_and_failures():
     runs = {
         "a": ([result("fast", 2.0, 1.0, 1.5, "x/s"), result("slow", 1.0, 1.0, 1.5, "x/s"),

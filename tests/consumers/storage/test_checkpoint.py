@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -12,12 +13,14 @@ import textwrap
 import time
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 
 import consumers.storage.checkpoint as ck
 from consumers.serving_table import ServingTable, SnapshotError
 from consumers.storage.checkpoint import CheckpointStore, read_checkpoint
+from consumers.storage.files import seal
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 
 REPO = Path(__file__).resolve().parents[3]
@@ -135,9 +138,9 @@ def test_damaged_or_missing_segment_is_detected_with_a_clear_error(tmp_path):
     data = bytearray(seg.read_bytes())
     data[len(data) // 2] ^= 0x40
     seg.write_bytes(bytes(data))
-    with pytest.raises(SnapshotError, match=r"seg-000001-000002\.bin: sha256 checksum mismatch"):
+    with pytest.raises(SnapshotError, match=r"seg-000001-000002\.bin: crc32c checksum mismatch"):
         read_snapshot(path)
-    with pytest.raises(SnapshotError, match="sha256"):
+    with pytest.raises(SnapshotError, match="crc32c"):
         CheckpointStore(path).load()
     seg.write_bytes(bytes(data[:-5]))
     with pytest.raises(SnapshotError, match="truncated or half-written"):
@@ -156,11 +159,68 @@ def test_edited_manifest_and_damaged_base_are_detected(tmp_path):
     raw = bytearray(rows.read_bytes())
     raw[-1] ^= 1
     rows.write_bytes(bytes(raw))
-    with pytest.raises(SnapshotError, match="rows.npy: sha256"):
+    with pytest.raises(SnapshotError, match="rows.npy: crc32c"):
         read_snapshot(path)
     man = path / "manifest.json"
     man.write_text(man.read_text().replace('"step": 0', '"step": 1'))
     with pytest.raises(SnapshotError, match="manifest checksum mismatch"):
+        read_snapshot(path)
+
+
+def _to_format_1(root: Path) -> None:
+    """Rewrite every manifest under ``root`` the way format version 1 wrote it: version 1,
+    file entries with a sha256 (deepest first: a parent lists its children's manifests)."""
+    def crc(b: bytes) -> tuple[str, int]:
+        return f"{crc32c.crc32c(b):08x}", len(b)
+
+    legacy = {crc(d): {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)}
+              for d in (f.read_bytes() for f in root.rglob("*")
+                        if f.is_file() and f.name != "manifest.json")}
+
+    def convert(x):
+        if isinstance(x, dict):
+            if "crc32c" in x:
+                return {**{k: v for k, v in x.items() if k not in ("crc32c", "bytes")},
+                        **legacy[(x["crc32c"], x["bytes"])]}
+            return {k: convert(v) for k, v in x.items()}
+        return [convert(v) for v in x] if isinstance(x, list) else x
+
+    for man in sorted(root.rglob("manifest.json"), key=lambda p: -len(p.parts)):
+        old = man.read_bytes()
+        body = convert({k: v for k, v in json.loads(old).items() if k != "checksum"})
+        new = json.dumps(seal({**body, "version": 1}), indent=1, sort_keys=True).encode()
+        man.write_bytes(new)
+        legacy[crc(old)] = {"sha256": hashlib.sha256(new).hexdigest(), "bytes": len(new)}
+    assert not any("crc32c" in m.read_text() for m in root.rglob("manifest.json"))
+
+
+def test_checkpoints_of_format_version_1_load_damage_is_caught_and_writing_goes_on(tmp_path):
+    """A checkpoint written before CRC-32C (sha256 entries, version 1 in every manifest:
+    checkpoint, base snapshot, table directories) loads, a damaged file is still caught,
+    and a store opened on it appends version 2 segments."""
+    path = tmp_path / "ck"
+    store = CheckpointStore(path, max_segment_fraction=100.0)
+    tables = _fresh()
+    for i in range(3):
+        _step(tables, i)
+        _write(store, tables, i)
+    _to_format_1(path)
+    assert _digests(read_snapshot(path).tables) == _digests(tables)
+    store = CheckpointStore(path, max_segment_fraction=100.0)
+    snap = store.load()
+    assert _digests(snap.tables) == _digests(tables)
+    _step(snap.tables, 3)
+    _step(tables, 3)
+    assert _write(store, snap.tables, 3).kind == "segment"
+    body = json.loads((path / "manifest.json").read_text())
+    assert body["version"] == ck.CHECKPOINT_FORMAT_VERSION == 2
+    assert "sha256" in body["segments"][0] and "crc32c" in body["segments"][-1]
+    assert _digests(read_snapshot(path).tables) == _digests(tables)
+    rows = next(path.glob("base-*/tables/0000/rows.npy"))
+    raw = bytearray(rows.read_bytes())
+    raw[-1] ^= 1
+    rows.write_bytes(bytes(raw))
+    with pytest.raises(SnapshotError, match="rows.npy: sha256 checksum mismatch"):
         read_snapshot(path)
 
 
