@@ -8,8 +8,7 @@ rewrites the base only when the segments grow large next to it.
 Layout of a checkpoint directory ``<path>``::
 
     manifest.json            format "deltastream-checkpoint": base (dir + size/checksum of
-                             its manifest + bytes), segments in apply order (file, size,
-                             CRC-32C; a sha256 in format version 1),
+                             its manifest + bytes), segments in apply order (file, size, CRC),
                              offsets, seqs, meta; sealed with a checksum of itself
     base-GGGGGG/             a full snapshot (``write_snapshot`` layout, readable on its own)
     seg-GGGGGG-KKKKKK.bin    rows changed after base G: per table upserted ids + rows
@@ -96,8 +95,7 @@ __all__ = ["CheckpointStore", "CheckpointResult", "PreparedCheckpoint", "read_ch
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "deltastream-checkpoint"
-#: 2: file entries carry a CRC-32C (1: a sha256; still read)
-CHECKPOINT_FORMAT_VERSION = 2
+CHECKPOINT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
 _SEG_MAGIC = b"DSCKSEG1"
 _BASE_RE = re.compile(r"^base-(\d{6,})$")
 _SEG_RE = re.compile(r"^seg-(\d{6,})-(\d{6,})\.bin$")

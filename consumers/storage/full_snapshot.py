@@ -45,8 +45,7 @@ __all__ = ["Snapshot", "SNAPSHOT_FORMAT", "SNAPSHOT_FORMAT_VERSION", "check_cont
 log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "deltastream-snapshot"
-#: 2: file entries carry a CRC-32C (1: a sha256; still read)
-SNAPSHOT_FORMAT_VERSION = 2
+SNAPSHOT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
 
 
 @dataclass
