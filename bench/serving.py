@@ -41,7 +41,8 @@ and per phase how many of the machine's cores were busy, by this benchmark and b
 ``--rows 1000000`` gives a quick run. Everything runs on this machine's cores together —
 the daemon thread, the checkpoint thread (at nice +10, CheckpointWriter's default), the
 readers — so figures include CPU contention (and the GIL for reader threads of the
-daemon's process). Both processes ``gc.freeze()`` after setting up, as latency-minded model
+daemon's process). ``--daemon-cpus 1`` pins the daemon's threads to CPU 1, as
+``deltastream-sync --cpus`` does, leaving the readers the other CPU to themselves. Both processes ``gc.freeze()`` after setting up, as latency-minded model
 servers do (a full collection of numpy's import-time objects costs milliseconds).
 """
 
@@ -63,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import result
+from consumers.cpus import cpu_list_arg, format_cpus, pin_thread
 
 __all__ = ["main"]
 
@@ -285,6 +287,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="CPU niceness of the daemon's apply and checkpoint threads (0); "
                          "readers stay at the default priority, as a model server would "
                          "run next to a niced sync daemon")
+    ap.add_argument("--daemon-cpus", type=cpu_list_arg, default=None, metavar="LIST",
+                    help="pin the daemon's apply thread and the checkpoint threads it starts "
+                         "to these CPUs (e.g. 1), as deltastream-sync --cpus does; reader "
+                         "threads and processes stay unpinned (default: no pinning)")
     ap.add_argument("--switch-interval", type=float, default=None, metavar="S",
                     help="sys.setswitchinterval of the daemon process (default: Python's, "
                          "5 ms): how long a reader thread may wait for the GIL")
@@ -342,12 +348,15 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
                        args.rate, args.seed + i, explain=args.explain is not None)
                for i in range(args.threads)]
     threads = [threading.Thread(target=r.run, daemon=True) for r in readers]
+    unpin = None
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         gc.freeze()
         for t in threads:
             t.start()
+        if args.daemon_cpus is not None:  # after the reader threads started: not theirs
+            unpin = pin_thread(args.daemon_cpus)
         if args.daemon_nice:  # this thread applies; the checkpoint threads it starts inherit
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.daemon_nice)
 
@@ -422,6 +431,8 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
             proc_lat.append(json.loads(out.strip().splitlines()[-1]))
         control = proc_lat.pop()
     finally:
+        if unpin is not None:
+            pin_thread(unpin)
         for r in readers:
             r.phase = "stop"
         for p in procs:
@@ -483,7 +494,8 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     huge_share = min(1.0, huge_kib * 1024 / max(1, stats["bytes"]))
     common = {"rows": args.rows, "dim": args.dim, "batch": args.batch,
               "shm": str(loc.parent.parent), "pages": pages, "huge_share": round(huge_share, 3),
-              "switch_interval_s": sys.getswitchinterval(), "daemon_nice": args.daemon_nice}
+              "switch_interval_s": sys.getswitchinterval(), "daemon_nice": args.daemon_nice,
+              "daemon_cpus": None if args.daemon_cpus is None else format_cpus(args.daemon_cpus)}
     out_records = []
     for who, q, count in (("threads", thr, args.threads), ("procs", prc, args.procs)):
         note = (f"{count} readers × {args.rate:g} req/s of {args.lookup} ids; loaded "

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from consumers.cpus import cpu_list_arg
 from consumers.errors import ConsumerError, SnapshotError
 from consumers.sync.daemon import SyncDaemon
 from deltastream.cliargs import (
@@ -153,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Where shared tables live (default: $DELTASTREAM_SHM_DIR, else "
                         "/dev/shm), e.g. a tmpfs mounted with huge=within_size: lookups of "
                         "random ids get faster. Readers must be given the same DIR.")
+    p.add_argument("--cpus", type=cpu_list_arg, default=None, metavar="LIST",
+                   help="Run the apply loop and the checkpoint writer only on these CPUs "
+                        "(e.g. 3 or 2-3,6; Linux), leaving the others to the model "
+                        "servers: their lookups then seldom wait behind the daemon for a "
+                        "CPU (default: any CPU).")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free "
                         "port, logged; default: no endpoint).")
@@ -210,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             summary_interval=args.summary_interval, metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr, reset_state=args.reset_state,
             group_id=args.group_id, share_tables=args.share_tables, shm_dir=args.shm_dir,
-            **kafka)
+            cpus=args.cpus, **kafka)
     except SnapshotError as e:
         hint = "" if args.reset_state else " (--reset-state starts over, removing only what " \
             "deltastream wrote)"

@@ -11,31 +11,28 @@ One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
    also across a crash: :class:`~consumers.quarantine.Quarantine`); records of other models
    are skipped and counted by model (``foreign_models``), logged once per model;
 3. **checkpoint** tables + next offset per partition + seq state atomically every
-   ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`,
-   with a :class:`~consumers.storage.checkpoint.CheckpointStore`: each checkpoint writes only
-   the rows changed since the previous one (a delta segment), plus a new full base when the
-   segments grow large next to it; a small manifest replaced atomically commits it. The
-   loop only freezes a checkpoint between two records (O(changes)); a background thread
-   writes it while the loop keeps applying (one in flight at a time). Once it is durable
-   the offsets are committed to a consumer group (without joining it) for lag tools. See
-   :class:`~consumers.sync.checkpointer.Checkpointer`.
+   ``checkpoint_interval`` seconds or ``checkpoint_messages`` records, and on :meth:`stop`
+   (:class:`~consumers.sync.checkpointer.Checkpointer`): the rows changed since the
+   previous one as a delta segment, a new full base when the segments grow large next to
+   it, committed by a small manifest replaced atomically. The loop freezes it between two
+   records (O(changes)); a background thread writes it while the loop applies on (one in
+   flight at a time). Once durable, the offsets are committed to a consumer group (without
+   joining it) for lag tools.
 
 State is never destroyed or silently replaced: a damaged checkpoint (unreadable, a file
 where its directory should be, files without a manifest) makes the constructor raise
 :class:`~consumers.errors.SnapshotError` naming the path, unless ``reset_state=True``
-(``--reset-state``) removes it — only what deltastream wrote — and starts over (from
-``base`` or empty). A write failure of the state disk (full, read-only) is counted
-(``write_errors``), logged rate-limited and retried; it never stops serving.
+(``--reset-state``) removes it (only what deltastream wrote) to start from ``base`` or empty.
+A write failure of the state disk (full, read-only) is counted (``write_errors``), logged
+rate-limited and retried; it never stops serving.
 
 Exactly once in effect: offsets, tables and seq state are frozen together, between two
-records, by the only thread that applies (and written as one checkpoint). After a crash at any instant the daemon reloads
-the last complete checkpoint and re-reads from its offsets, so it ends in the same state as
-a run without the crash (re-applying a message is deterministic, and the seq state in the
-checkpoint matches the tables in it).
+records, by the only thread that applies, and written as one checkpoint. After a crash the
+daemon reloads the last complete one and re-reads from its offsets: it ends in the state of
+a run without the crash (re-applying is deterministic; the seq state matches the tables).
 
-The daemon never stops serving lookups while the broker is away (tables live in memory).
-Its arguments are checked by :class:`~consumers.sync.options.SyncOptions`.
-"""
+Lookups never stop while the broker is away (tables live in memory). Arguments: checked by
+:class:`~consumers.sync.options.SyncOptions`; ``cpus``: :mod:`consumers.cpus`."""
 
 from __future__ import annotations
 
@@ -46,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
 from consumers.applier import Applier, Outcome
+from consumers.cpus import CpuSpec, pin_thread
 from consumers.quarantine import Quarantine
 from consumers.serving_table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
@@ -127,6 +125,8 @@ class SyncDaemon:
         shm_dir: where shared tables live (default: ``$DELTASTREAM_SHM_DIR``, else
             ``/dev/shm``), e.g. a tmpfs mounted with huge pages
             (:mod:`consumers.serving.mounts`); readers must be given the same.
+        cpus: run the loop thread and the threads it starts (checkpoint writers) only on
+            these CPUs (``"0-3,6"`` or ints; Linux: :mod:`consumers.cpus`); None: anywhere.
         **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
 
     Raises:
@@ -155,20 +155,19 @@ class SyncDaemon:
                  on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
                  reset_state: bool = False, group_id: Optional[str] = None,
                  share_tables: bool = False, shm_dir: Optional[PathLike] = None,
-                 **consumer_config: Any) -> None:
+                 cpus: Optional[CpuSpec] = None, **consumer_config: Any) -> None:
         o = SyncOptions(
             bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
             dtype=dtype, checkpoint_interval=checkpoint_interval,
-            checkpoint_messages=checkpoint_messages,
-            checkpoint_max_segments=checkpoint_max_segments,
+            checkpoint_messages=checkpoint_messages, checkpoint_max_segments=checkpoint_max_segments,
             checkpoint_segment_fraction=checkpoint_segment_fraction, base=base,
             base_any_topic=bool(base_any_topic), poll_timeout_ms=poll_timeout_ms,
             max_poll_records=max_poll_records, quarantine_max_bytes=quarantine_max_bytes,
             request_timeout=request_timeout, backoff_max=backoff_max, probe_interval=probe_interval,
             summary_interval=summary_interval, freshness_window=freshness_window,
             metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
-            reset_state=reset_state, group_id=group_id,
-            share_tables=share_tables, shm_dir=shm_dir, consumer_config=consumer_config)
+            reset_state=reset_state, group_id=group_id, share_tables=share_tables,
+            shm_dir=shm_dir, cpus=cpus, consumer_config=consumer_config)
         self.options = o  #: the validated settings
         self.bootstrap_servers = o.bootstrap_servers
         self.topic = o.topic
@@ -281,8 +280,7 @@ class SyncDaemon:
         try:
             return self._checkpoint_locked()
         finally:
-            self._loop_thread = None
-            self._loop_lock.release()
+            self._release()
 
     # ------------------------------------------------------------------ the loop
 
@@ -365,6 +363,7 @@ class SyncDaemon:
         if not self._loop_lock.acquire(blocking=False):
             raise RuntimeError(f"{what}: the daemon is already running in another thread")
         self._loop_thread = threading.get_ident()
+        self._unpin = None if self.options.cpus is None else pin_thread(self.options.cpus)
 
     def _leave(self) -> None:
         try:
@@ -373,8 +372,13 @@ class SyncDaemon:
             else:  # between runs nothing is in flight: the checkpoint's outcome is counted
                 self._ckpt.ready()
         finally:
-            self._loop_thread = None
-            self._loop_lock.release()
+            self._release()
+
+    def _release(self) -> None:
+        if self._unpin is not None:  # the caller's thread runs where it ran before
+            pin_thread(self._unpin)
+        self._loop_thread = None
+        self._loop_lock.release()
 
     def _shutdown_locked(self) -> None:
         if self._closed:
@@ -541,10 +545,8 @@ class SyncDaemon:
         count, sum since start), ``checkpoints``, ``checkpoints_total`` (across restarts),
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
-        before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in
-        flight), ``write_errors`` (failed writes:
-        ``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors`` (its checkpoint
-        count), ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
+        before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in flight),
+        ``write_errors`` (``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors``, ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
         :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table), ``source``,
         ``uptime_s``.
         """
@@ -576,8 +578,7 @@ class SyncDaemon:
                 "lag_total": total_lag(lag.values()),
                 "freshness_p50_s": p50, "freshness_p99_s": p99,
                 "freshness_histogram": self._fresh_hist.snapshot(),
-                "checkpoints": ck.written,
-                "checkpoints_total": ck.total,
+                "checkpoints": ck.written, "checkpoints_total": ck.total,
                 "checkpoint_age_s": None if ck.written_at is None
                 else max(0.0, time.time() - ck.written_at),
                 "checkpoint_pending": ck.pending, "checkpoint_writing": ck.busy,

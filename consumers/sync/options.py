@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from consumers.cpus import CpuSpec, check_cpus
 from consumers.serving.shm import shm_base
 from consumers.serving_table import STORAGE_DTYPES
 from consumers.storage.files import PathLike
@@ -99,6 +100,7 @@ class SyncOptions:
     group_id: Optional[str] = None
     share_tables: bool = False
     shm_dir: Optional[PathLike] = None
+    cpus: Optional[CpuSpec] = None  # normalized to a frozenset of CPU numbers
     consumer_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,6 +130,8 @@ class SyncOptions:
             raise TypeError(f"share_tables: expected a bool, got {self.share_tables!r}")
         if self.shm_dir is not None:
             shm_base(self.shm_dir)  # an existing directory
+        if self.cpus is not None:
+            self._set("cpus", check_cpus(self.cpus))
         if self.on_apply is not None and not callable(self.on_apply):
             raise TypeError(f"on_apply: expected a callable(outcome, partition, offset) or "
                             f"None, got {type(self.on_apply).__name__}")

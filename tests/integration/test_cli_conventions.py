@@ -179,6 +179,17 @@ def test_a_missing_shm_dir_is_a_usage_error(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was started or written
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity")
+@pytest.mark.parametrize("value, why", [("3-1", "'3-1' in '3-1' is not a CPU number"),
+                                        ("9999", "not among the CPUs this process may run")])
+def test_bad_cpus_are_a_usage_error(value, why, tmp_path):
+    r = _run([*SYNC, "--model", "m", "--state-dir", "s", "--bootstrap-servers",
+              "127.0.0.1:9092", "--cpus", value], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE
+    _one_line(r, "--cpus", why)
+    assert not any(tmp_path.iterdir())  # nothing was started or written
+
+
 def test_topic_partitions_zero_is_a_usage_error():
     r = _run([*DS, "topic", "--bootstrap-servers", "127.0.0.1:9092", "--partitions", "0"])
     assert r.returncode == EXIT_USAGE

@@ -227,13 +227,19 @@ def test_serving_benchmark_runs_and_reports_every_figure(capsys):
     """``deltastream bench serving`` at a tiny size: every figure comes out, sane."""
     from deltastream.cli import main
 
+    cpu = str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
     args = ["bench", "serving", "--json", "--rows", "400000", "--batch", "4096",
             "--threads", "1", "--procs", "1", "--rate", "200", "--idle-seconds", "0.3",
-            "--checkpoint-interval", "0.2", "--window", "0.1"]
+            "--checkpoint-interval", "0.2", "--window", "0.1",
+            *(["--daemon-cpus", cpu] if cpu else [])]
+    mine = os.sched_getaffinity(0) if cpu else None
     assert main(args) == 0
     records = {r["name"]: r for r in (json.loads(line) for line in
                                       capsys.readouterr().out.splitlines()
                                       if line.startswith("{"))}
+    assert records["serving.procs.p999_ms"]["daemon_cpus"] == cpu
+    if cpu:  # the bench's apply thread (this one) got its CPUs back
+        assert os.sched_getaffinity(0) == mine
     for who in ("threads", "procs"):
         for fig in ("p999_ms", "max_ms", "p999_loaded_vs_idle"):
             assert records[f"serving.{who}.{fig}"]["value"] > 0

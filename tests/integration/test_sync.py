@@ -441,6 +441,25 @@ def test_on_apply_hook_sees_every_record_in_order(broker, feed, tmp_path):
         daemon_for(broker, feed.topic, tmp_path, on_apply=42)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity")
+def test_cpus_pin_the_loop_while_it_runs_and_the_callers_thread_gets_its_cpus_back(
+        broker, feed, tmp_path):
+    n = feed.fill(2)
+    mine = os.sched_getaffinity(0)
+    one = {max(mine)}
+    seen = set()
+    d = daemon_for(broker, feed.topic, tmp_path, cpus=str(max(mine)), checkpoint_messages=2,
+                   on_apply=lambda *_: seen.add(frozenset(os.sched_getaffinity(0))))
+    assert d.options.cpus == one
+    assert d.catch_up(timeout=60)
+    assert seen == {frozenset(one)} and d.stats()["applied"] == n
+    assert os.sched_getaffinity(0) == mine
+    d.stop()
+    assert os.sched_getaffinity(0) == mine
+    with pytest.raises(ValueError, match="cpus: 'x' in 'x' is not a CPU number"):
+        daemon_for(broker, feed.topic, tmp_path, cpus="x")
+
+
 def test_periodic_one_line_summary(broker, feed, tmp_path, caplog):
     n = feed.fill(2)
     d = daemon_for(broker, feed.topic, tmp_path, summary_interval=0.2)
