@@ -24,30 +24,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from bench._common import result
+from bench._common import best_time, result
 
 __all__ = ["main"]
 
 _CHUNK_ROWS = 1 << 16  # rows per chunk, as a checkpoint gathers them (views.CHUNK_ROWS)
-
-
-def _cpu(fn: Callable[[], object], repeat: int) -> float:
-    """Median CPU seconds of this thread over ``repeat`` calls of ``fn`` (after one more)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.thread_time()
-        fn()
-        times.append(time.thread_time() - t0)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -90,10 +77,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 os.fsync(f.fileno())
             entries[writer.__name__] = w.entry()
 
-        ours_w = _cpu(lambda: write(files.HashingWriter), args.repeat)
-        base_w = _cpu(lambda: write(Sha256Writer), args.repeat)
-        ours_r = _cpu(lambda: files.read_verified(path, entries["HashingWriter"]), args.repeat)
-        base_r = _cpu(lambda: files.read_verified(path, entries["Sha256Writer"]), args.repeat)
+        def cpu(fn) -> float:  # median CPU seconds of this thread
+            return best_time(fn, repeat=args.repeat, clock=time.thread_time)
+
+        ours_w = cpu(lambda: write(files.HashingWriter))
+        base_w = cpu(lambda: write(Sha256Writer))
+        ours_r = cpu(lambda: files.read_verified(path, entries["HashingWriter"]))
+        base_r = cpu(lambda: files.read_verified(path, entries["Sha256Writer"]))
     note = f"{args.rows} x {args.dim} f32 ({mb:.0f} MB); MB per CPU second of the thread"
     return [
         result("checkpoint_io.write", mb / ours_w, mb / base_w, None, "MB/cpu-s",
