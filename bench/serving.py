@@ -23,7 +23,9 @@ Figures (goals of issue 12, for this machine):
 * ``serving.apply.min_window`` — the slowest 1-second window of apply throughput across
   the growth against the median window (goal ≥ 0.5);
 * ``serving.lookup256_idle_us`` — one 256-id lookup on the full table, daemon idle, one
-  thread (p50; budget 30 µs); ``serving.bulk_lookup`` — ids/s of 1M-id lookups into a
+  thread (p50; budget 30 µs), plus the p50 with the thread pinned to each CPU in turn
+  (``per_cpu_us``: on this VM the host at times makes one vCPU's random memory reads about
+  2× slower, for any process); ``serving.bulk_lookup`` — ids/s of 1M-id lookups into a
   preallocated ``out`` (goal ≥ 10M ids/s);
 * ``serving.memory_per_row`` — resident bytes the table adds per row (process RSS: the
   shared rows and index it mapped, its private arrays) over the payload (8-byte id + row);
@@ -447,12 +449,24 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     out = np.empty((args.lookup, args.dim), np.float32)
     for q in qs:
         table.lookup(q, out=out)
-    lat = []
-    for i in range(20000):
-        t0 = time.perf_counter()
-        table.lookup(qs[i % 512], out=out)
-        lat.append(time.perf_counter() - t0)
-    single = _quantiles(lat)
+
+    def timed(calls: int) -> dict:  # quantiles (ms) of ``calls`` lookups
+        lat = []
+        for i in range(calls):
+            t0 = time.perf_counter()
+            table.lookup(qs[i % 512], out=out)
+            lat.append(time.perf_counter() - t0)
+        return _quantiles(lat)
+
+    single = timed(20000)
+    per_cpu = {}  # µs, the same lookups on each CPU in turn: a vCPU the host slows shows
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1:
+        for cpu in sorted(os.sched_getaffinity(0))[:8]:
+            was = pin_thread({cpu})
+            try:
+                per_cpu[cpu] = timed(5000)["p50"] * 1e3
+            finally:
+                pin_thread(was)
     big = _ids(rng.integers(0, n, 1_000_000))
     big_out = np.empty((big.size, args.dim), np.float32)
     bulk = []
@@ -542,8 +556,9 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
                baseline_desc="the issue's budget (30 µs)",
                note=f"one thread, table shared in {loc.parent.parent} ({pages} pages: "
                     f"{huge_share:.0%} of its bytes mapped huge); p99 "
-                    f"{single['p99'] * 1e3:.1f} µs",
-               **common),
+                    f"{single['p99'] * 1e3:.1f} µs" + ("; p50 pinned to each CPU: " + ", ".join(
+                        f"cpu{c} {v:.1f} µs" for c, v in per_cpu.items()) if per_cpu else ""),
+               per_cpu_us={str(c): round(v, 2) for c, v in per_cpu.items()}, **common),
         result("serving.bulk_lookup", 1e6 / bulk_s, 1e7, 1.0, "ids/s",
                baseline_desc="the issue's goal (10M ids/s)",
                note=f"1M ids into a preallocated out, median of 3: {bulk_s * 1e3:.0f} ms",

@@ -238,6 +238,10 @@ def test_serving_benchmark_runs_and_reports_every_figure(capsys):
                                       capsys.readouterr().out.splitlines()
                                       if line.startswith("{"))}
     assert records["serving.procs.p999_ms"]["daemon_cpus"] == cpu
+    per_cpu = records["serving.lookup256_idle_us"]["per_cpu_us"]
+    if cpu and len(mine) > 1:
+        assert sorted(per_cpu, key=int) == [str(c) for c in sorted(mine)[:8]]
+        assert all(v > 0 for v in per_cpu.values())
     if cpu:  # the bench's apply thread (this one) got its CPUs back
         assert os.sched_getaffinity(0) == mine
     for who in ("threads", "procs"):
