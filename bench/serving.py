@@ -44,8 +44,9 @@ and per phase how many of the machine's cores were busy, by this benchmark and b
 the daemon thread, the checkpoint thread (at nice +10, CheckpointWriter's default), the
 readers — so figures include CPU contention (and the GIL for reader threads of the
 daemon's process). ``--daemon-cpus 1`` pins the daemon's threads to CPU 1, as
-``deltastream-sync --cpus`` does, leaving the readers the other CPU to themselves. Both processes ``gc.freeze()`` after setting up, as latency-minded model
-servers do (a full collection of numpy's import-time objects costs milliseconds).
+``deltastream-sync --cpus`` does, leaving the readers the other CPU to themselves. Both
+processes ``gc.freeze()`` after setting up, as latency-minded model servers do (a full
+collection of numpy's import-time objects costs milliseconds).
 """
 
 from __future__ import annotations

@@ -80,9 +80,14 @@ def check_cpus(spec: CpuSpec) -> frozenset[int]:
 
 def pin_thread(cpus: Iterable[int]) -> frozenset[int]:
     """Run the calling thread, and the threads it starts from now on, on ``cpus`` only
-    (checked with :func:`check_cpus` first); returns the CPUs it ran on before."""
+    (checked with :func:`check_cpus` first); returns the CPUs it ran on before. ValueError
+    when the OS refuses (a CPU taken offline, a cgroup narrowed since the check)."""
     was = frozenset(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, set(cpus))  # 0: the calling thread (a thread is a task)
+    try:
+        os.sched_setaffinity(0, set(cpus))  # 0: the calling thread (a thread is a task)
+    except OSError as e:
+        raise ValueError(f"cpus: cannot run on {format_cpus(cpus)} ({e.strerror}); this "
+                         f"process may run on {format_cpus(was)}") from None
     return was
 
 

@@ -31,9 +31,10 @@
  * A reader's page warmer (native_warm.c; POSIX only), without the GIL:
  *   warm_follow(buf, path, next, hdr, word, gen, done, page, align, step, timeout_s,
  *       busy_s, idle_s) -> (done, why): reads one byte per page of buf [done, allocated
- *       bytes of the file at path, rounded down to align) as it grows, until hdr[word] != gen ("gen"), the file at next
- *       (None: no such file) is complete ("next"), the file is gone ("gone") or timeout_s
- *       passed ("timeout"); OSError when path cannot be stat'ed otherwise.
+ *       bytes of the file at path, rounded down to align) as it grows, until
+ *       hdr[word] != gen ("gen"), the file at next (None: no such file) is complete
+ *       ("next"), the file is gone ("gone") or timeout_s passed ("timeout"); OSError when
+ *       path cannot be stat'ed otherwise.
  */
 #include "native_loops.h"
 

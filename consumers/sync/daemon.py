@@ -22,14 +22,12 @@ One loop, one thread (the caller's of :meth:`SyncDaemon.run`):
 State is never destroyed or silently replaced: a damaged checkpoint (unreadable, a file
 where its directory should be, files without a manifest) makes the constructor raise
 :class:`~consumers.errors.SnapshotError` naming the path, unless ``reset_state=True``
-(``--reset-state``) removes it (only what deltastream wrote) to start from ``base`` or empty.
-A write failure of the state disk (full, read-only) is counted (``write_errors``), logged
-rate-limited and retried; it never stops serving.
+removes it (only what deltastream wrote) to start from ``base`` or empty. A failing state
+disk (full, read-only) is counted (``write_errors``), logged and retried; serving goes on.
 
 Exactly once in effect: offsets, tables and seq state are frozen together, between two
-records, by the only thread that applies, and written as one checkpoint. After a crash the
-daemon reloads the last complete one and re-reads from its offsets: it ends in the state of
-a run without the crash (re-applying is deterministic; the seq state matches the tables).
+records, by the only thread that applies, and written as one checkpoint; after a crash the
+daemon reloads the last complete one and re-reads from its offsets (re-applying is exact).
 
 Lookups never stop while the broker is away (tables live in memory). Arguments: checked by
 :class:`~consumers.sync.options.SyncOptions`; ``cpus``: :mod:`consumers.cpus`."""
@@ -159,7 +157,8 @@ class SyncDaemon:
         o = SyncOptions(
             bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
             dtype=dtype, checkpoint_interval=checkpoint_interval,
-            checkpoint_messages=checkpoint_messages, checkpoint_max_segments=checkpoint_max_segments,
+            checkpoint_messages=checkpoint_messages,
+            checkpoint_max_segments=checkpoint_max_segments,
             checkpoint_segment_fraction=checkpoint_segment_fraction, base=base,
             base_any_topic=bool(base_any_topic), poll_timeout_ms=poll_timeout_ms,
             max_poll_records=max_poll_records, quarantine_max_bytes=quarantine_max_bytes,
@@ -223,11 +222,9 @@ class SyncDaemon:
         self._kafka = KafkaSource(o, offsets=start.offsets, topic_id=start.topic_id,
                                   partitions=start.partitions, on_moved=self._moved,
                                   on_reset=self._quarantine.forget)
-
         # loop state (owned by the loop thread)
         self._next_summary = time.monotonic() + self.summary_interval
         self._prev_summary: Optional[tuple[float, dict]] = None
-
         # shared with other threads
         self._last_gap: Optional[dict] = None
         self._c = dict.fromkeys(("internal_errors",), 0)
@@ -235,6 +232,7 @@ class SyncDaemon:
         self._stop_event = threading.Event()
         self._loop_lock = threading.Lock()
         self._loop_thread: Optional[int] = None
+        self._unpin: Optional[frozenset[int]] = None  # CPUs of the loop's caller, given back
         self._closed = False
 
         self.metrics_port: Optional[int] = None  #: bound port of the metrics endpoint
@@ -360,10 +358,12 @@ class SyncDaemon:
     def _enter(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"{what}: the daemon was stopped")
+        unpin = None if self.options.cpus is None else pin_thread(self.options.cpus)
         if not self._loop_lock.acquire(blocking=False):
+            if unpin is not None:
+                pin_thread(unpin)
             raise RuntimeError(f"{what}: the daemon is already running in another thread")
-        self._loop_thread = threading.get_ident()
-        self._unpin = None if self.options.cpus is None else pin_thread(self.options.cpus)
+        self._loop_thread, self._unpin = threading.get_ident(), unpin
 
     def _leave(self) -> None:
         try:
@@ -546,9 +546,9 @@ class SyncDaemon:
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
         before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in flight),
-        ``write_errors`` (``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors``, ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
-        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows per table), ``source``,
-        ``uptime_s``.
+        ``write_errors`` (``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors``,
+        ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
+        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``, ``uptime_s``.
         """
         a = self._applier.counters
         p50, p99 = self._fresh.quantiles((0.5, 0.99))

@@ -68,3 +68,13 @@ def test_pinning_applies_to_the_calling_thread_and_the_threads_it_starts():
     t.join()
     assert seen == {"before": main_cpus, "pinned": one, "child": one}
     assert os.sched_getaffinity(0) == main_cpus  # other threads keep theirs
+
+
+@linux
+def test_a_refused_pin_is_a_clear_error_and_changes_nothing():
+    """A CPU that went away after the check (offline, a narrowed cgroup)."""
+    mine = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match=rf"cpus: cannot run on 9999 \(.+\); this process may "
+                                         rf"run on {format_cpus(mine)}"):
+        pin_thread({9999})
+    assert os.sched_getaffinity(0) == mine

@@ -460,6 +460,21 @@ def test_cpus_pin_the_loop_while_it_runs_and_the_callers_thread_gets_its_cpus_ba
         daemon_for(broker, feed.topic, tmp_path, cpus="x")
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity")
+def test_cpus_gone_since_the_start_fail_the_run_and_leave_the_daemon_usable(broker, feed,
+                                                                           tmp_path):
+    feed.fill(1)
+    d = daemon_for(broker, feed.topic, tmp_path, cpus=str(min(os.sched_getaffinity(0))))
+    ok = d.options.cpus
+    object.__setattr__(d.options, "cpus", frozenset({9999}))  # as if taken offline since
+    with pytest.raises(ValueError, match="cpus: cannot run on 9999"):
+        d.run_for(seconds=0.1)
+    assert not d.running
+    object.__setattr__(d.options, "cpus", ok)
+    assert d.catch_up(timeout=60)  # not left "already running"
+    d.stop()
+
+
 def test_periodic_one_line_summary(broker, feed, tmp_path, caplog):
     n = feed.fill(2)
     d = daemon_for(broker, feed.topic, tmp_path, summary_interval=0.2)
