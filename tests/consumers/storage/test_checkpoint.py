@@ -47,6 +47,24 @@ def _write(store: CheckpointStore, tables, i: int):
     return store.write(tables=tables, offsets={0: i}, seqs={"i": i}, meta={"step": i})
 
 
+def _chain(path: Path, steps: int) -> tuple[CheckpointStore, dict[str, ServingTable]]:
+    """A store at ``path`` holding a base and ``steps - 1`` segments, and its tables."""
+    store = CheckpointStore(path, max_segment_fraction=100.0)
+    tables = _fresh()
+    for i in range(steps):
+        _step(tables, i)
+        _write(store, tables, i)
+    return store, tables
+
+
+def _damage_base_rows(path: Path) -> None:
+    """Flip a bit in the rows of the first table of the checkpoint's base."""
+    rows = next(path.glob("base-*/tables/0000/rows.npy"))
+    raw = bytearray(rows.read_bytes())
+    raw[-1] ^= 1
+    rows.write_bytes(bytes(raw))
+
+
 def test_chain_with_deletes_and_reinserts_loads_equal_at_every_step(tmp_path):
     path = tmp_path / "ck"
     store = CheckpointStore(path, max_segments=1000, max_segment_fraction=100.0)
@@ -129,11 +147,7 @@ def test_new_or_replaced_table_forces_a_base(tmp_path):
 
 def test_damaged_or_missing_segment_is_detected_with_a_clear_error(tmp_path):
     path = tmp_path / "ck"
-    store = CheckpointStore(path, max_segment_fraction=100.0)
-    tables = _fresh()
-    for i in range(3):
-        _step(tables, i)
-        _write(store, tables, i)
+    _chain(path, 3)
     seg = sorted(path.glob("seg-*.bin"))[-1]
     data = bytearray(seg.read_bytes())
     data[len(data) // 2] ^= 0x40
@@ -155,10 +169,7 @@ def test_edited_manifest_and_damaged_base_are_detected(tmp_path):
     tables = _fresh()
     _step(tables, 0)
     _write(CheckpointStore(path), tables, 0)
-    rows = next(path.glob("base-*/tables/0000/rows.npy"))
-    raw = bytearray(rows.read_bytes())
-    raw[-1] ^= 1
-    rows.write_bytes(bytes(raw))
+    _damage_base_rows(path)
     with pytest.raises(SnapshotError, match="rows.npy: crc32c"):
         read_snapshot(path)
     man = path / "manifest.json"
@@ -199,11 +210,7 @@ def test_checkpoints_of_format_version_1_load_damage_is_caught_and_writing_goes_
     checkpoint, base snapshot, table directories) loads, a damaged file is still caught,
     and a store opened on it appends version 2 segments."""
     path = tmp_path / "ck"
-    store = CheckpointStore(path, max_segment_fraction=100.0)
-    tables = _fresh()
-    for i in range(3):
-        _step(tables, i)
-        _write(store, tables, i)
+    _, tables = _chain(path, 3)
     _to_format_1(path)
     assert _digests(read_snapshot(path).tables) == _digests(tables)
     store = CheckpointStore(path, max_segment_fraction=100.0)
@@ -216,10 +223,7 @@ def test_checkpoints_of_format_version_1_load_damage_is_caught_and_writing_goes_
     assert body["version"] == ck.CHECKPOINT_FORMAT_VERSION == 2
     assert "sha256" in body["segments"][0] and "crc32c" in body["segments"][-1]
     assert _digests(read_snapshot(path).tables) == _digests(tables)
-    rows = next(path.glob("base-*/tables/0000/rows.npy"))
-    raw = bytearray(rows.read_bytes())
-    raw[-1] ^= 1
-    rows.write_bytes(bytes(raw))
+    _damage_base_rows(path)
     with pytest.raises(SnapshotError, match="rows.npy: sha256 checksum mismatch"):
         read_snapshot(path)
 
@@ -247,11 +251,7 @@ def test_full_snapshots_still_load_and_are_converted(tmp_path):
 
 def test_stray_files_of_a_crashed_write_are_ignored_and_cleaned(tmp_path):
     path = tmp_path / "ck"
-    store = CheckpointStore(path, max_segment_fraction=100.0)
-    tables = _fresh()
-    for i in range(2):
-        _step(tables, i)
-        _write(store, tables, i)
+    _, tables = _chain(path, 2)
     want = _digests(tables)
     (path / "seg-000001-000002.bin").write_bytes(b"half a segm")
     (path / "manifest.json.tmp-1-abc").write_bytes(b"{")
