@@ -44,9 +44,12 @@ and per phase how many of the machine's cores were busy, by this benchmark and b
 the daemon thread, the checkpoint thread (at nice +10, CheckpointWriter's default), the
 readers — so figures include CPU contention (and the GIL for reader threads of the
 daemon's process). ``--daemon-cpus 1`` pins the daemon's threads to CPU 1, as
-``deltastream-sync --cpus`` does, leaving the readers the other CPU to themselves. Both
-processes ``gc.freeze()`` after setting up, as latency-minded model servers do (a full
-collection of numpy's import-time objects costs milliseconds).
+``deltastream-sync --cpus`` does, leaving the readers the other CPU to themselves.
+``--reader-policy fifo:1`` runs the reader processes' lookup threads at a real-time
+policy (:mod:`consumers.sched_policy`), ahead of the daemon's threads, as a latency-minded
+model server would; the control stays at the default policy, the reference for any
+process on this box. Both processes ``gc.freeze()`` after setting up, as latency-minded
+model servers do (a full collection of numpy's import-time objects costs milliseconds).
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -67,7 +69,9 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import result
+from bench._explain import Box, Where, summarize
 from consumers.cpus import cpu_list_arg, format_cpus, pin_thread
+from consumers.sched_policy import policy_arg, refusal, set_thread_policy
 
 __all__ = ["main"]
 
@@ -93,92 +97,6 @@ def _quantiles(lat: list[float]) -> dict:
             "max": float(a.max())}
 
 
-class _Where:
-    """Where one thread's time went across a call (``--explain``), from the kernel's own
-    per-thread accounting: CPU time (``time.thread_time_ns``: exact; schedstat's CPU
-    field lags by up to a tick for a running thread), run-queue wait
-    (``/proc/thread-self/schedstat``, ns: complete while the thread runs), minor page faults and voluntary / involuntary context switches
-    (``getrusage(RUSAGE_THREAD)``). Wall time minus CPU minus run-queue wait is time the
-    thread was off the CPU otherwise: asleep (the GIL, a lock, I/O: then it made voluntary
-    switches) or its virtual CPU stolen by the hypervisor (no switch at all). ``steal``:
-    time the host took from any of the machine's virtual CPUs meanwhile (``/proc/stat``,
-    in whole ticks of 1/``SC_CLK_TCK`` s: 0 for most calls, a tick or more around a long
-    theft)."""
-
-    FIELDS = ("wall", "cpu", "runq", "off", "steal", "minflt", "vcsw", "ivcsw")
-    MEANS = 5  # the first FIELDS are times (mean ms), the others counts (share > 0)
-
-    def __init__(self) -> None:
-        self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # this thread's
-        self._stat = os.open("/proc/stat", os.O_RDONLY)
-        self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
-
-    def sample(self) -> tuple[float, ...]:
-        runq = os.pread(self._fd, 128, 0).split()[1]
-        steal = int(os.pread(self._stat, 256, 0).split(b"\n", 1)[0].split()[8])
-        ru = resource.getrusage(resource.RUSAGE_THREAD)
-        return (time.perf_counter(), time.thread_time_ns(), int(runq), steal * self._tick,
-                ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw)
-
-    @staticmethod
-    def delta(a: tuple, b: tuple) -> tuple[float, ...]:
-        wall = b[0] - a[0]
-        cpu, runq = (b[1] - a[1]) * 1e-9, (b[2] - a[2]) * 1e-9
-        return (wall, cpu, runq, max(0.0, wall - cpu - runq), b[3] - a[3], b[4] - a[4],
-                b[5] - a[5], b[6] - a[6])
-
-
-class _Box:
-    """CPU seconds of the whole machine (``/proc/stat``: busy, steal, total) and of this
-    benchmark's processes (``/proc/<pid>/stat``), to say how much of the box others used
-    during a phase (``--explain``)."""
-
-    def __init__(self, pids: list[int]) -> None:
-        self.pids, self.tick = pids, os.sysconf("SC_CLK_TCK")
-
-    def sample(self) -> tuple[float, float, float, float]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-        ours = 0
-        for pid in self.pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    ours += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
-            except OSError:
-                pass
-        busy = sum(v) - v[3] - v[4] - v[7]  # minus idle, iowait, steal
-        return busy / self.tick, v[7] / self.tick, sum(v) / self.tick, ours / self.tick
-
-    @staticmethod
-    def delta(a: tuple, b: tuple) -> dict:
-        busy, steal, total, ours = (y - x for x, y in zip(a, b, strict=True))
-        cpus = os.cpu_count() or 1
-        return {"cores": cpus, "busy_cores": round(busy / total * cpus, 2),
-                "ours_cores": round(ours / total * cpus, 2),
-                "others_cores": round((busy - ours) / total * cpus, 2),
-                "steal_share": round(steal / total, 3)}
-
-
-def _explain(rows: list[tuple[float, ...]], slow_ms: float) -> dict:
-    """Breakdown of the lookups slower than ``slow_ms``: count, mean ms of wall / cpu /
-    run-queue wait / otherwise off the CPU / host steal on any virtual CPU, share with a
-    page fault / a voluntary / an involuntary context switch, the slowest five, and the same over all lookups."""
-    a = np.asarray(rows, np.float64).reshape(-1, len(_Where.FIELDS))
-    out: dict = {"n": int(a.shape[0])}
-    for name, sel in (("all", a), ("slow", a[a[:, 0] * 1e3 > slow_ms])):
-        d: dict = {"n": int(sel.shape[0])}
-        if sel.shape[0]:
-            m = _Where.MEANS
-            for i, f in enumerate(_Where.FIELDS[:m]):
-                d[f + "_ms"] = round(float(sel[:, i].mean()) * 1e3, 3)
-            for i, f in enumerate(_Where.FIELDS[m:], m):
-                d[f + "_share"] = round(float((sel[:, i] > 0).mean()), 3)
-            d["top"] = [[round(x * 1e3, 2) for x in r[:m]] + [int(x) for x in r[m:]]
-                        for r in sel[np.argsort(-sel[:, 0])[:5]]]
-        out[name] = d
-    return out
-
-
 class _Reader:
     """Open-loop lookup load: ``rate`` requests/s of ``k`` ids present in the table."""
 
@@ -194,7 +112,7 @@ class _Reader:
     def run(self) -> None:
         out = np.empty((self.k, 0), np.float32)
         n_live, refreshed = 0, 0.0
-        where = _Where() if self.explain else None
+        where = Where() if self.explain else None
         nxt = time.monotonic()
         while self.phase != "stop":
             now = time.monotonic()
@@ -209,7 +127,7 @@ class _Reader:
                 rows = self.lookup(q, out if out.shape[1] else None)
                 lat.append(time.perf_counter() - t0)
                 if where is not None:
-                    self.where[ph].append(_Where.delta(w0, where.sample()))
+                    self.where[ph].append(Where.delta(w0, where.sample()))
                 out = rows
             nxt = max(nxt + self.period, time.monotonic())
             time.sleep(max(0.0, nxt - time.monotonic()))
@@ -229,8 +147,9 @@ def _control(k: int, dim: int):
 
 
 def _reader_process(argv: list[str]) -> None:
-    """``--_reader STATE K RATE SEED EXPLAIN``: a reader process driven by phase lines on
-    stdin; STATE ``control:DIM`` makes it the control (:func:`_control`)."""
+    """``--_reader STATE K RATE SEED EXPLAIN POLICY``: a reader process driven by phase
+    lines on stdin; STATE ``control:DIM`` makes it the control (:func:`_control`); its
+    lookup thread runs under POLICY (``-``: as started)."""
     from consumers.serving import TableReader
 
     state, k, rate, seed = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
@@ -248,6 +167,8 @@ def _reader_process(argv: list[str]) -> None:
         rd.phase = "stop"
 
     threading.Thread(target=commands, daemon=True).start()
+    if argv[5] != "-":  # the lookup thread only: the threads above keep the default
+        set_thread_policy(argv[5])
     print("ready", flush=True)
     rd.run()
     res = {p: _quantiles(v) for p, v in rd.lat.items()}
@@ -294,6 +215,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="pin the daemon's apply thread and the checkpoint threads it starts "
                          "to these CPUs (e.g. 1), as deltastream-sync --cpus does; reader "
                          "threads and processes stay unpinned (default: no pinning)")
+    ap.add_argument("--reader-policy", type=policy_arg, default=None, metavar="POLICY",
+                    help="scheduling policy of the reader processes' lookup threads, e.g. "
+                         "fifo:1 (consumers.sched_policy: above the daemon; needs "
+                         "CAP_SYS_NICE or RLIMIT_RTPRIO); reader threads in the daemon's "
+                         "process and the control process keep the default")
     ap.add_argument("--switch-interval", type=float, default=None, metavar="S",
                     help="sys.setswitchinterval of the daemon process (default: Python's, "
                          "5 ms): how long a reader thread may wait for the GIL")
@@ -305,13 +231,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="also say where the time of lookups slower than MS went (CPU, "
                          "run-queue wait, blocked; page faults, context switches: the "
                          "kernel's per-thread accounting), and of the daemon's applies")
-    ap.add_argument("--_reader", nargs=5, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_reader", nargs=6, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._reader:
         _reader_process(args._reader)
         return []
     if args.rows < args.batch:
         ap.error("--rows must be at least --batch")
+    if args.reader_policy is not None:
+        refused = refusal(args.reader_policy)
+        if refused:
+            ap.error(f"--reader-policy: {refused.removeprefix('policy: ')}")
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="ds-bench-serving-"))
     old = sys.getswitchinterval()
     if args.switch_interval is not None:
@@ -342,7 +272,8 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     procs = [subprocess.Popen(
         [sys.executable, "-m", "bench.serving", "--_reader",
          str(state) if i < args.procs else f"control:{args.dim}", str(args.lookup),
-         str(args.rate), str(args.seed + 100 + i), "1" if args.explain else "0"], cwd=_REPO,
+         str(args.rate), str(args.seed + 100 + i), "1" if args.explain else "0",
+         str(args.reader_policy) if i < args.procs and args.reader_policy else "-"], cwd=_REPO,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONPATH=str(_REPO), **({SHM_ENV: args.shm_dir} if args.shm_dir
                                                         else {})))
@@ -363,7 +294,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         if args.daemon_nice:  # this thread applies; the checkpoint threads it starts inherit
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), args.daemon_nice)
 
-        box = _Box([os.getpid()] + [p.pid for p in procs])
+        box = Box([os.getpid()] + [p.pid for p in procs])
         marks: dict[str, tuple] = {}
 
         def phase(name: str) -> None:
@@ -383,7 +314,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         kinds: dict[str, int] = {}
         t_start = win_start = last_ckpt = time.monotonic()
         win_rows = 0
-        where = _Where() if args.explain is not None else None
+        where = Where() if args.explain is not None else None
         applies: list[tuple[float, ...]] = []
         submits: list[float] = []
         while done < args.rows:
@@ -396,7 +327,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
             table.apply(batch)
             apply_max = max(apply_max, time.perf_counter() - t0)
             if where is not None:
-                applies.append(_Where.delta(w0, where.sample()))
+                applies.append(Where.delta(w0, where.sample()))
             done, seq, win_rows = done + n, seq + 1, win_rows + n
             now = time.monotonic()
             if now - win_start >= args.window:
@@ -490,15 +421,15 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     ctl = control["loaded"]
     explained: dict = {}
     if args.explain is not None:
-        explained["box.loaded"] = _Box.delta(marks["loaded"], marks["settle"])
-        explained["box.idle"] = _Box.delta(marks["idle"], marks["stop"])
+        explained["box.loaded"] = Box.delta(marks["loaded"], marks["settle"])
+        explained["box.idle"] = Box.delta(marks["idle"], marks["stop"])
         for ph in ("loaded", "idle"):
-            explained[f"threads.{ph}"] = _explain(
+            explained[f"threads.{ph}"] = summarize(
                 [x for r in readers for x in r.where[ph]], args.explain)
-            explained[f"procs.{ph}"] = _explain(
+            explained[f"procs.{ph}"] = summarize(
                 [tuple(x) for p in proc_lat for x in p.get("where", {}).get(ph, [])],
                 args.explain)
-        explained["daemon.apply"] = _explain(applies, args.explain)
+        explained["daemon.apply"] = summarize(applies, args.explain)
         explained["daemon.submit_ms"] = _quantiles(submits)
         print(json.dumps({"explain_slow_ms": args.explain, **explained}, indent=1),
               file=sys.stderr)
@@ -510,7 +441,8 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     common = {"rows": args.rows, "dim": args.dim, "batch": args.batch,
               "shm": str(loc.parent.parent), "pages": pages, "huge_share": round(huge_share, 3),
               "switch_interval_s": sys.getswitchinterval(), "daemon_nice": args.daemon_nice,
-              "daemon_cpus": None if args.daemon_cpus is None else format_cpus(args.daemon_cpus)}
+              "daemon_cpus": None if args.daemon_cpus is None else format_cpus(args.daemon_cpus),
+              "reader_policy": None if args.reader_policy is None else str(args.reader_policy)}
     out_records = []
     for who, q, count in (("threads", thr, args.threads), ("procs", prc, args.procs)):
         note = (f"{count} readers × {args.rate:g} req/s of {args.lookup} ids; loaded "

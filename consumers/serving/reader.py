@@ -44,6 +44,7 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.id_index import as_ids
+from consumers.sched_policy import set_thread_policy, thread_policy
 from consumers.serving import accel, hugemap
 from consumers.serving.lookup import read_rows
 from consumers.serving.memory import (
@@ -456,11 +457,15 @@ def _info(m: _Mapped, s: int, writer: str) -> Optional[ReadInfo]:
 
 
 def _lower_priority(nice: int) -> None:
-    """Lower the CPU priority of the calling thread only (Linux: a thread is a task)."""
+    """Lower the CPU priority of the calling thread only (Linux: a thread is a task): the
+    ordinary policy — a thread inherits its starter's, and a real-time warmer would keep
+    ordinary threads off its CPU for :data:`FOLLOW_S` at a time — and ``nice`` more."""
     try:
+        if thread_policy().name in ("fifo", "rr"):
+            set_thread_policy("other")
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
-    except (AttributeError, OSError):  # not Linux, or not allowed: the default priority
+    except (AttributeError, OSError, ValueError):  # not Linux, or not allowed: as it is
         pass
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.sched_policy import refusal
 from consumers.serving.shm import table_dir
 
 pytestmark = [pytest.mark.integration]
@@ -228,16 +229,19 @@ def test_serving_benchmark_runs_and_reports_every_figure(capsys):
     from deltastream.cli import main
 
     cpu = str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+    policy = None if refusal("fifo:1") else "fifo:1"
     args = ["bench", "serving", "--json", "--rows", "400000", "--batch", "4096",
             "--threads", "1", "--procs", "1", "--rate", "200", "--idle-seconds", "0.3",
             "--checkpoint-interval", "0.2", "--window", "0.1",
-            *(["--daemon-cpus", cpu] if cpu else [])]
+            *(["--daemon-cpus", cpu] if cpu else []),
+            *(["--reader-policy", policy] if policy else [])]
     mine = os.sched_getaffinity(0) if cpu else None
     assert main(args) == 0
     records = {r["name"]: r for r in (json.loads(line) for line in
                                       capsys.readouterr().out.splitlines()
                                       if line.startswith("{"))}
     assert records["serving.procs.p999_ms"]["daemon_cpus"] == cpu
+    assert records["serving.procs.p999_ms"]["reader_policy"] == policy
     per_cpu = records["serving.lookup256_idle_us"]["per_cpu_us"]
     if cpu and len(mine) > 1:
         assert sorted(per_cpu, key=int) == [str(c) for c in sorted(mine)[:8]]
@@ -255,6 +259,20 @@ def test_serving_benchmark_runs_and_reports_every_figure(capsys):
     for name in ("serving.apply.min_window", "serving.lookup256_idle_us",
                  "serving.bulk_lookup", "serving.memory_per_row"):
         assert records[name]["value"] > 0 and records[name]["baseline"] > 0
+
+
+
+
+@pytest.mark.parametrize("value, why", [
+    ("fifo:0", "--reader-policy: fifo needs a priority in [1, 99], got 0"),
+    ("realtime", "--reader-policy: unknown policy 'realtime'")])
+def test_serving_benchmark_refuses_a_bad_reader_policy(value, why, capsys):
+    from deltastream.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "serving", "--reader-policy", value])
+    assert e.value.code == 2
+    assert why in capsys.readouterr().err
 
 
 def test_serving_benchmark_explains_where_the_time_went(capsys):

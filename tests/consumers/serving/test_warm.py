@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from consumers.sched_policy import refusal, set_thread_policy
 from consumers.serving import TableReader, accel
 from consumers.serving.memory import map_file
 from consumers.serving.shm import shm_root
@@ -173,3 +174,35 @@ def test_the_warmer_maps_a_growing_tables_rows_before_any_lookup(tmp_path, looku
         r.close()
         t.unshare()
     assert not any(shm_root(state).rglob("*.rows"))
+
+
+@pytest.mark.skipif(refusal("fifo:1") is not None,
+                    reason="no CAP_SYS_NICE or RLIMIT_RTPRIO for fifo:1 here")
+def test_a_reader_opened_on_a_realtime_thread_warms_at_the_ordinary_policy(tmp_path):
+    """The warmer inherits the policy of the thread that opened the reader; a real-time
+    warmer would keep ordinary threads off its CPU while it follows the rows, so it
+    drops to the ordinary policy (and its nice) at once."""
+    state = tmp_path / "state"
+    t = ServingTable("emb", 8)
+    t.upsert(np.arange(1, 11), np.ones((10, 8), np.float32))
+    t.share(state)
+    opened: list[TableReader] = []
+
+    def open_realtime() -> None:
+        set_thread_policy("fifo:1")
+        opened.append(TableReader.open(state, "emb"))
+    th = threading.Thread(target=open_realtime)
+    th.start()
+    th.join()
+    try:
+        warmers = [w for w in threading.enumerate() if w.name == "warm emb"]
+        assert warmers and all(w.native_id for w in warmers)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                os.sched_getscheduler(w.native_id) != os.SCHED_OTHER for w in warmers):
+            time.sleep(0.01)
+        assert all(os.sched_getscheduler(w.native_id) == os.SCHED_OTHER for w in warmers)
+        assert np.array_equal(opened[0].lookup(np.array([3])), np.ones((1, 8), np.float32))
+    finally:
+        opened[0].close()
+        t.unshare()
