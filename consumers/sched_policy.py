@@ -108,7 +108,10 @@ def set_thread_policy(policy: Union[str, Policy]) -> Policy:
     try:
         # 0: the calling thread (a thread is a task on Linux)
         os.sched_setscheduler(0, getattr(os, POLICIES[pol.name]), os.sched_param(pol.priority))
-    except PermissionError:
+    except PermissionError as e:
+        if pol.name not in _REALTIME:  # e.g. leaving idle beyond what RLIMIT_NICE allows
+            raise ValueError(f"policy: not allowed to run this thread at {pol} "
+                             f"({e.strerror})") from None
         soft = resource.getrlimit(resource.RLIMIT_RTPRIO)[0]
         raise ValueError(
             f"policy: not allowed to run this thread at {pol}: needs CAP_SYS_NICE or an "

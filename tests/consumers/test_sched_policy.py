@@ -129,7 +129,8 @@ def test_a_realtime_policy_is_set_inherited_and_dropped_without_privilege():
 @linux
 def test_a_realtime_policy_without_the_privilege_names_what_grants_it():
     """In a process with no RLIMIT_RTPRIO and (for root: a setuid to nobody) no
-    CAP_SYS_NICE, fifo:1 is refused with one line saying what would allow it."""
+    CAP_SYS_NICE, fifo:1 is refused with one line saying what would allow it; leaving
+    idle without RLIMIT_NICE room is refused without that hint."""
     code = textwrap.dedent("""
         import os, resource
         from consumers.sched_policy import refusal, set_thread_policy
@@ -143,13 +144,25 @@ def test_a_realtime_policy_without_the_privilege_names_what_grants_it():
             print("refused:", e)
         else:
             print("allowed")
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))  # leaving idle needs nice room
+        set_thread_policy("idle")
+        try:
+            set_thread_policy("other")
+        except ValueError as e:
+            print("refused:", e)
+        else:
+            print("left idle")
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(_REPO)), timeout=60)
     assert r.returncode == 0, r.stderr
-    if r.stdout.strip() == "allowed":  # CAP_SYS_NICE kept (not root, yet privileged)
+    fifo, idle = r.stdout.strip().splitlines()
+    if fifo == "allowed":  # CAP_SYS_NICE kept (not root, yet privileged)
         pytest.skip("this process keeps CAP_SYS_NICE without RLIMIT_RTPRIO")
-    assert r.stdout.strip() == (
+    assert fifo == (
         "refused: policy: not allowed to run this thread at fifo:1: needs CAP_SYS_NICE or "
         "an RLIMIT_RTPRIO of at least 1 (this process: 0); e.g. systemd LimitRTPRIO=1, "
         "docker --ulimit rtprio=1")
+    # not a real-time policy: no RLIMIT_RTPRIO hint
+    assert idle == ("refused: policy: not allowed to run this thread at other "
+                    "(Operation not permitted)")
