@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # annotations only: importing torch/numpy here would load the
     import numpy as np
     import torch
 
-__all__ = ["result", "best_time", "emit", "zipf_ids", "torch_threads", "add_threads_flag",
+__all__ = ["result", "best_time", "emit", "zipf_ids", "row_ids", "torch_threads",
+           "add_threads_flag",
            "THREADS_HELP", "Loopback", "LoopbackSent"]
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,17 @@ def emit(results: Iterable[dict], as_json: bool) -> None:
         goal = "" if r["goal"] is None else ("≥ " if r["higher_is_better"] else "≤ ") + f"{r['goal']:g}"
         print(f"{r['name']:<40} {r['value']:>14.4g} {r['unit']:<10} baseline {r['baseline']:>12.4g}"
               f"  ratio {r['ratio']:>8.3f}  goal {goal:<8} {status}")
+
+
+def row_ids(i: np.ndarray) -> np.ndarray:
+    """Id of a table's i-th row (int64, the shape of ``i``): splitmix64 of i — hash-like, as
+    trainers' ids are, and distinct (every step is a bijection of 64-bit integers)."""
+    import numpy as np
+
+    z = i.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))).view(np.int64)
 
 
 def zipf_ids(n: int, *, vocab: int, alpha: float,

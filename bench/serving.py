@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import result
+from bench._common import result, row_ids
 from bench._explain import Box, Where, summarize
 from consumers.cpus import cpu_list_arg, format_cpus, pin_thread
 from consumers.sched_policy import policy_arg, refusal, set_thread_policy
@@ -76,15 +76,6 @@ from consumers.sched_policy import policy_arg, refusal, set_thread_policy
 __all__ = ["main"]
 
 _REPO = Path(__file__).resolve().parent.parent
-
-
-def _ids(i: np.ndarray) -> np.ndarray:
-    """Id of the table's i-th row: splitmix64 of i — hash-like, as trainers' ids are, and
-    distinct (every step is a bijection of 64-bit integers)."""
-    z = i.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return (z ^ (z >> np.uint64(31))).view(np.int64)
 
 
 def _quantiles(lat: list[float]) -> dict:
@@ -121,7 +112,7 @@ class _Reader:
             ph = self.phase  # once: the phase may change during the lookup
             lat = self.lat.get(ph)
             if lat is not None and n_live > 0:
-                q = _ids(self.rng.integers(0, n_live, self.k))
+                q = row_ids(self.rng.integers(0, n_live, self.k))
                 w0 = where.sample() if where is not None else None
                 t0 = time.perf_counter()
                 rows = self.lookup(q, out if out.shape[1] else None)
@@ -307,7 +298,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
                 p.stdin.flush()
 
         # --- loaded: grow 0 -> rows at full speed, checkpoint every interval
-        table.upsert(_ids(np.arange(args.batch)), pool)  # readers need ids to look up
+        table.upsert(row_ids(np.arange(args.batch)), pool)  # readers need ids to look up
         phase("loaded")
         windows: list[float] = []
         apply_max, done, seq = 0.0, args.batch, 0
@@ -319,7 +310,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
         submits: list[float] = []
         while done < args.rows:
             n = min(args.batch, args.rows - done)
-            ids = np.sort(_ids(np.arange(done, done + n)))
+            ids = np.sort(row_ids(np.arange(done, done + n)))
             batch = DeltaBatch("bench", "emb", 0, 0, seq, seq, time.time_ns(), ids=ids,
                                rows=pool[:n], dtype="f32")
             w0 = where.sample() if where is not None else None
@@ -377,7 +368,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     # --- single-thread figures on the full table, daemon idle
     rng = np.random.default_rng(args.seed + 7)
     n = len(table)
-    qs = [_ids(rng.integers(0, n, args.lookup)) for _ in range(512)]
+    qs = [row_ids(rng.integers(0, n, args.lookup)) for _ in range(512)]
     out = np.empty((args.lookup, args.dim), np.float32)
     for q in qs:
         table.lookup(q, out=out)
@@ -399,7 +390,7 @@ def _run(args: argparse.Namespace, state: Path) -> list[dict]:
                 per_cpu[cpu] = timed(5000)["p50"] * 1e3
             finally:
                 pin_thread(was)
-    big = _ids(rng.integers(0, n, 1_000_000))
+    big = row_ids(rng.integers(0, n, 1_000_000))
     big_out = np.empty((big.size, args.dim), np.float32)
     bulk = []
     for _ in range(4):

@@ -1,4 +1,6 @@
-"""Make a directory behave like a full (ENOSPC) or read-only (EROFS) disk, in-process.
+"""Make a directory behave like a full (ENOSPC) or read-only (EROFS) disk, in-process;
+or run a process in a mount namespace of its own, where it may mount a real small tmpfs
+(:func:`mount_namespace`).
 
 Root ignores file modes, so ``chmod`` cannot make a read-only state directory in CI; and a
 size-limited filesystem needs mount rights. This wraps the OS-level entry points every
@@ -15,9 +17,21 @@ import builtins
 import errno
 import io
 import os
+import shutil
+import sys
 from pathlib import Path
 
+import pytest
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def mount_namespace() -> list[str]:
+    """The command prefix that runs a process in a private mount namespace (as root, or
+    as root of a user namespace), or skip the test."""
+    if shutil.which("unshare") is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs unshare(1) on Linux")
+    return ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
 
 
 class DiskFault:

@@ -17,7 +17,8 @@
 * :mod:`~consumers.serving.shm` — the files of a shared table under ``/dev/shm`` (or
   another shm dir);
 * :mod:`~consumers.serving.hugemap` — 2 MiB-aligned mappings of those files, and their
-  blocks collapsed into huge pages; :mod:`~consumers.serving.mounts` — whether a tmpfs
+  blocks collapsed into huge pages; :mod:`~consumers.serving.backer` — their memory
+  allocated and collapsed ahead of the writer, on a thread of its own; :mod:`~consumers.serving.mounts` — whether a tmpfs
   mount gives huge pages itself;
 * :mod:`~consumers.serving.reader` — :class:`~consumers.serving.reader.TableReader`, the
   torch-free reader API for model-server processes (``TableReader.open(state_dir, name)``).

@@ -110,6 +110,10 @@ class TableCore:
         self.slots = SlotPool(self.storage.cap)
         self.index = IdIndex(self.storage.new_index(0, buckets_for(capacity)), name)
         self.idx_gen = 0
+        # never reused, not even after an abandoned migration: a reader may have mapped
+        # that generation's file, and must never find another file under its name
+        self._next_gen = 1
+        self._grow_error = False  # a migration could not get memory (logged once)
         self.growth: Optional[Growth] = None
         self.forced = 0  # migrations an apply had to finish at once (batch too big)
         self.seq = 0
@@ -288,7 +292,7 @@ class TableCore:
         return changed
 
     def _start_growth(self, expected: int) -> None:
-        gen = self.idx_gen + 1
+        gen, self._next_gen = self._next_gen, self._next_gen + 1
         tab = self.storage.new_index(gen, buckets_for(max(1, expected)))
         self.growth = Growth(self.index, IdIndex(tab, self.name), gen,
                              partial(self.storage.back_index, gen))
@@ -296,15 +300,25 @@ class TableCore:
                   tab.shape[0], self.live)
 
     def _grow_step(self, rows: int) -> None:
-        """After a publish: start or continue a migration by a slice; swap when done."""
-        if self.growth is None:
-            if self.index.used <= START_LOAD * self.index.buckets:
-                return
-            self._start_growth(self.live)
-        g = self.growth
-        assert g is not None
-        if g.step(rows, self.seq & 1):
-            self._swap_index()
+        """After a publish: start or continue a migration by a slice; swap when done.
+
+        The apply is published already, so a migration that cannot get memory now (a full
+        tmpfs: OSError) is logged and tried again on the next apply, where the backer
+        retries from where it stopped; a table that fills its index that far meanwhile
+        finishes the migration before its next apply publishes, which then fails instead."""
+        try:
+            if self.growth is None:
+                if self.index.used <= START_LOAD * self.index.buckets:
+                    return
+                self._start_growth(self.live)
+            g = self.growth
+            assert g is not None
+            if g.step(rows, self.seq & 1):
+                self._swap_index()
+        except OSError as e:
+            log.log(logging.DEBUG if self._grow_error else logging.WARNING,
+                    "table %s: the index migration waits for memory: %s", self.name, e)
+            self._grow_error = True
 
     def _finish_growth(self) -> None:
         g = self.growth
@@ -317,7 +331,7 @@ class TableCore:
         g = self.growth
         assert g is not None and g.done
         s0 = self.seq
-        hdr, old = self.view.hdr, self.index
+        hdr, old, old_gen = self.view.hdr, self.index, self.idx_gen
         hdr[H_PREP] = s0 + 1
         # both old copies = state s0: a reader holding the old index reads s0 in either
         old.copy_values(self._last_pos, s0 & 1, (s0 + 1) & 1)
@@ -326,7 +340,8 @@ class TableCore:
         hdr[H_IDX_GEN] = g.gen
         self._last_pos = _EMPTY_POS
         self._publish(s0 + 1, 0, batch=False)
-        self.storage.drop_index(g.gen - 1)
+        self.storage.drop_index(old_gen)
+        self._grow_error = False
         log.debug("table %s: index of %d buckets in use (%d ids)", self.name, g.new.buckets,
                   self.live)
 

@@ -9,8 +9,9 @@ they are first written, so the reservation costs no memory, and rows never move.
   allows it: a random row gather then misses the TLB far less);
 * shared tables: a file under ``/dev/shm`` mapped ``MAP_SHARED`` at a 2 MiB-aligned address
   (sparse: ``ftruncate`` to the reserved size, pages allocated as rows are written — ahead
-  of the writer with ``posix_fallocate``, so a full tmpfs raises ``OSError`` instead of
-  ``SIGBUS`` — and collapsed into huge pages where the kernel can: :mod:`.hugemap`).
+  of the writer with ``posix_fallocate``, on a thread of its own (:mod:`.backer`), so a
+  full tmpfs raises ``OSError`` instead of ``SIGBUS`` — and collapsed into huge pages
+  where the kernel can: :mod:`.hugemap`).
 
 Every table carries a 4 KiB header of int64 words (private tables in a small array, shared
 ones at the start of their rows file) — the :data:`H_*` indices below. Readers of another

@@ -245,6 +245,8 @@ class _Warmer(threading.Thread):
             try:
                 st = os.stat(path)
             except FileNotFoundError:
+                if g > gen:  # a migration the writer abandoned: let its memory go
+                    m.tabs.pop(g, None)
                 continue
             if st.st_blocks * 512 < st.st_size:
                 continue  # still being allocated by the writer: not yet

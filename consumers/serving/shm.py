@@ -40,6 +40,7 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.serving import hugemap
+from consumers.serving.backer import Backer, allocate
 from consumers.serving.memory import (
     DTYPE_CODES,
     H_CREATED_NS,
@@ -55,7 +56,6 @@ from consumers.serving.memory import (
     MAGIC,
     MAX_NAME_BYTES,
     NAME_OFFSET,
-    PAGE,
     STATE_CLOSED,
     STATE_LIVE,
     STATE_SUPERSEDED,
@@ -74,7 +74,9 @@ SHM_BASE = "/dev/shm"
 SHM_ENV = "DELTASTREAM_SHM_DIR"
 _FILE_RE = re.compile(r"^([0-9a-f]{16})\.(rows|idx-\d{6,})$")
 _hinted: set[Path] = set()  # shm dirs the 4 KiB-page hint was logged for
-_BACK_CHUNK = 16 << 20  # bytes of rows backed (fallocate) ahead of the writer at a time
+#: rows backed ahead of the writer (consumers.serving.backer): a quarter of what it has
+#: written, at least one 2 MiB block and at most this many bytes
+_AHEAD_MAX = 64 << 20
 
 
 def shm_base(shm_dir: Optional[os.PathLike | str] = None) -> Optional[Path]:
@@ -130,30 +132,6 @@ def read_current(dir: Path) -> Optional[str]:
     return text if re.fullmatch(r"[0-9a-f]{16}", text) else None
 
 
-def _allocate(fd: int, offset: int, length: int) -> None:
-    """Allocate the file's pages in ``[offset, offset + length)`` now, so a full /dev/shm
-    raises OSError here rather than SIGBUS on a later write (where the OS can)."""
-    if length > 0 and hasattr(os, "posix_fallocate"):
-        os.posix_fallocate(fd, offset, length)
-
-
-def _back(fd: int, buf: np.ndarray, lo: int, hi: int) -> int:
-    """Allocate bytes ``[lo, hi)`` of the file ``buf`` maps (see :func:`_allocate`), the 2
-    MiB blocks wholly inside in huge pages where the kernel collapses them
-    (:mod:`consumers.serving.hugemap`); returns how many it did. A block's first page is
-    allocated, the block collapsed (its holes filled), then the rest allocated: a reader
-    that maps pages as they are allocated (the warmer) never holds a block of 512 small
-    pages in the way of the collapse."""
-    done = 0
-    if hugemap.collapsing():
-        first = -(-lo // hugemap.BLOCK) * hugemap.BLOCK
-        for b in range(first, hi - hugemap.BLOCK + 1, hugemap.BLOCK):
-            _allocate(fd, b, PAGE)
-        done = hugemap.collapse(buf, lo, hi)
-    _allocate(fd, lo, hi - lo)  # no-op where collapsed; the rest (a full tmpfs: OSError)
-    return done
-
-
 def _own_dir(path: Path) -> None:
     """Create ``path`` (and parents) or accept it only when it is a real directory of ours
     (in a world-writable place like /dev/shm, never follow someone else's symlink)."""
@@ -196,6 +174,7 @@ class _Files:
         self.lock_fd: Optional[int] = None
         self.rows_fd: Optional[int] = None
         self.gens: set[int] = set()
+        self.backer = Backer(dir.name)
         self.closed = False
 
     def paths(self) -> list[Path]:
@@ -207,6 +186,7 @@ class _Files:
         if self.closed:
             return
         self.closed = True
+        self.backer.close()
         if read_current(self.dir) == self.inc:
             try:
                 (self.dir / "current").unlink()
@@ -247,14 +227,20 @@ class SharedStorage:
         self._buf = buf
         self._row_bytes = dim * dtype.itemsize
         self._backed = HEADER_BYTES  # bytes of the rows file backed by allocated pages
+        self._asked = HEADER_BYTES  # ... that the backer was asked to back
         self._indexes: dict[int, np.ndarray] = {}  # index files by generation, mapped
-        self.huge_blocks = 0  #: 2 MiB blocks collapsed into huge pages (hugemap)
         self._final = weakref.finalize(self, files.cleanup)
+        files.backer.add("rows", rows_file(location, files.inc), buf, HEADER_BYTES)
 
     @property
     def incarnation(self) -> str:
         """This writer's incarnation id (16 hex digits)."""
         return self._f.inc
+
+    @property
+    def huge_blocks(self) -> int:
+        """2 MiB blocks of this incarnation's files collapsed into huge pages (hugemap)."""
+        return self._f.backer.huge_blocks
 
     @property
     def closed(self) -> bool:
@@ -327,59 +313,69 @@ class SharedStorage:
             self.location.parent == shm_root(state_dir, shm_dir)
 
     def new_index(self, gen: int, buckets: int, *, back: bool = False) -> np.ndarray:
-        """Zeroed ``int64 [buckets, 2]`` in the new file ``<inc>.idx-<gen>``, sparse; its
-        pages must be allocated (:meth:`back_index`, or ``back``) before it is written —
-        a full /dev/shm then fails with OSError, not with SIGBUS on a write."""
+        """Zeroed ``int64 [buckets, 2]`` in the new file ``<inc>.idx-<gen>``, sparse. The
+        backer starts allocating its pages at once; they must be allocated (waited for with
+        :meth:`back_index`, or ``back``) before they are written — a full /dev/shm then
+        fails with OSError, not with SIGBUS on a write."""
         path = index_file(self.location, self._f.inc, gen)
         nbytes = HEADER_BYTES + buckets * 16
-        buf = map_file(path, nbytes, create=True)
+        try:
+            buf = map_file(path, nbytes, create=True)
+        except FileExistsError:
+            raise
+        except OSError:
+            path.unlink(missing_ok=True)  # created here (O_EXCL) or not at all
+            raise
         self._f.gens.add(gen)
         self._indexes[gen] = buf
-        fd = os.open(path, os.O_RDWR)
         try:
-            _allocate(fd, 0, HEADER_BYTES)
-            if back:
-                self.huge_blocks += _back(fd, buf, 0, nbytes)
-        finally:
-            os.close(fd)
-        h = header_array(buf)
-        h[1], h[2], h[3] = gen, buckets, int(self._f.inc, 16)
-        h[0] = INDEX_MAGIC
+            fd = os.open(path, os.O_RDWR)
+            try:
+                allocate(fd, 0, HEADER_BYTES)
+            finally:
+                os.close(fd)
+            h = header_array(buf)
+            h[1], h[2], h[3] = gen, buckets, int(self._f.inc, 16)
+            h[0] = INDEX_MAGIC
+            # from byte 0: the header's block is collapsed too (no reader uses the file yet)
+            self._f.backer.add(("idx", gen), path, buf, 0)
+            self._f.backer.want(("idx", gen), nbytes if back else 0, nbytes)
+        except BaseException:  # created here (O_EXCL), maybe before its magic: remove it
+            self._f.backer.drop(("idx", gen))
+            self._indexes.pop(gen, None)
+            self._f.gens.discard(gen)
+            path.unlink(missing_ok=True)
+            raise
         return buf[HEADER_BYTES:].view(np.int64).reshape(buckets, 2)
 
     def back_index(self, gen: int, start: int, stop: int) -> None:
-        """Allocate the pages of bytes ``[start, stop)`` of the buckets of index ``gen`` (not
-        published yet), and of the rest of the 2 MiB blocks they touch, which are then
-        collapsed into huge pages (:mod:`consumers.serving.hugemap`)."""
-        buf = self._indexes[gen]
-        lo = (HEADER_BYTES + start) // hugemap.BLOCK * hugemap.BLOCK
-        hi = min(buf.nbytes, -(-(HEADER_BYTES + stop) // hugemap.BLOCK) * hugemap.BLOCK)
-        fd = os.open(index_file(self.location, self._f.inc, gen), os.O_RDWR)
-        try:
-            self.huge_blocks += _back(fd, buf, lo, hi)
-        finally:
-            os.close(fd)
+        """Bytes ``[start, stop)`` of the buckets of index ``gen`` (not published yet)
+        allocated, and the rest of the 2 MiB blocks they touch, collapsed into huge pages
+        (:mod:`consumers.serving.hugemap`): waits for the backer while it is behind."""
+        end = -(-(HEADER_BYTES + stop) // hugemap.BLOCK) * hugemap.BLOCK
+        self._f.backer.want(("idx", gen), min(self._indexes[gen].nbytes, end), 0)
 
     def drop_index(self, gen: int) -> None:
         """Remove the index file of generation ``gen`` (readers that mapped it keep it)."""
         self._indexes.pop(gen, None)
+        self._f.backer.drop(("idx", gen))
         if gen in self._f.gens:
             self._f.gens.discard(gen)
             _remove_ours([index_file(self.location, self._f.inc, gen)])
 
     def ensure_rows(self, slots: int) -> None:
-        """Back rows ``[0, slots)`` with allocated pages (ahead, in 16 MiB steps): a full
-        /dev/shm raises OSError here instead of SIGBUS on the write."""
+        """Back rows ``[0, slots)`` with allocated pages (waiting for the backer while it is
+        behind), and have the backer go on ahead of them: a full /dev/shm raises OSError
+        here instead of SIGBUS on the write."""
         need = HEADER_BYTES + slots * self._row_bytes
-        if need <= self._backed:
+        ahead = min(_AHEAD_MAX, max(hugemap.BLOCK, need // 4))
+        if need <= self._backed and need + ahead // 2 <= self._asked:
             return
-        # to a 2 MiB boundary: every chunk after the first is whole blocks, collapsed into
-        # huge pages before any row in them is written (hugemap)
-        upto = -(-max(need, self._backed + _BACK_CHUNK) // hugemap.BLOCK) * hugemap.BLOCK
-        upto = min(self._buf.nbytes, upto)
-        assert self._f.rows_fd is not None
-        self.huge_blocks += _back(self._f.rows_fd, self._buf, self._backed, upto)
-        self._backed = upto
+        # to a 2 MiB boundary: every block but the first is collapsed into a huge page
+        # before any row in it is written (hugemap)
+        self._asked = min(self._buf.nbytes,
+                          -(-(need + ahead) // hugemap.BLOCK) * hugemap.BLOCK)
+        self._backed = self._f.backer.want("rows", need, self._asked)
 
     def resized(self, slots: int) -> SharedStorage:
         """A new incarnation with ``slots`` row slots (a regrow), holding this one's lock."""

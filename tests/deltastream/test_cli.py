@@ -75,6 +75,33 @@ def test_stalls_bench_runs_small_and_leaves_the_affinity_as_it_was(capsys):
     assert "--shm-dir: /no/such/dir is not a directory" in capsys.readouterr().err
 
 
+def test_growth_bench_runs_small_both_ways_and_leaves_nothing(capsys, request):
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+
+    # on a tmpfs: elsewhere the kernel refuses to collapse, and hugemap stops asking
+    shm = Path(tempfile.mkdtemp(prefix="ds-test-growth-", dir="/dev/shm"))
+    request.addfinalizer(lambda: shm.rmdir())
+    assert "DELTASTREAM_SHM_BACKER" not in os.environ
+    args = ["bench", "growth", "--json", "--rows", "200000", "--rounds", "1", "--rest", "0",
+            "--shm-dir", str(shm)]
+    assert main(args) == 0
+    assert "DELTASTREAM_SHM_BACKER" not in os.environ  # put back as it was
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]
+    assert [r["name"] for r in records] == ["growth.rows_per_s", "growth.apply_max_ms",
+                                            "growth.min_window"]
+    assert all(r["value"] > 0 and r["baseline"] > 0 for r in records[:2])
+    assert list(shm.iterdir()) == []  # both tables removed their files
+    for bad in (["--rows", "0"], ["--rest", "-1"], ["--shm-dir", "/no/such/dir"]):
+        with pytest.raises(SystemExit):
+            main(["bench", "growth", *bad])
+    assert "--shm-dir: expected an existing directory" in capsys.readouterr().err
+
+
 def test_checkpoint_io_bench_runs_small(capsys, tmp_path):
     import pytest
 

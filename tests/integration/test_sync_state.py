@@ -27,7 +27,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from consumers.storage.snapshot import read_snapshot
-from tests.disk_faults import DiskFault
+from tests.disk_faults import DiskFault, mount_namespace
 
 from .test_sync import MODEL, assert_tables_equal, daemon_for, free_port, wait_for
 
@@ -231,18 +231,11 @@ def test_full_or_read_only_state_disk_is_counted_and_never_fatal(broker, feed, t
     assert _quarantined(state / "quarantine.jsonl") == [(0, bad_offset)]
 
 
-def _namespace() -> list[str]:
-    """The command prefix of a private mount namespace, or skip."""
-    if shutil.which("unshare") is None or not sys.platform.startswith("linux"):
-        pytest.skip("needs unshare(1) on Linux")
-    return ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
-
-
 def test_full_tmpfs_state_disk_with_a_real_process(broker, feed, tmp_path):
     """A real size-limited filesystem (a 64 KiB tmpfs in a private mount namespace, filled
     up before the daemon starts): the daemon keeps applying, counts its failed writes, and
     writes its quarantine line and checkpoint once space is freed."""
-    ns = _namespace()
+    ns = mount_namespace()
     state = tmp_path / "state"
     state.mkdir()
     probe = subprocess.run(ns + ["sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {state}"],
