@@ -23,8 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Order: cheap micro-benchmarks first, end-to-end last.
 ORDER = ["codec", "hashtable", "compaction", "selection", "apply", "checkpoint-io", "serving",
-         "growth",
-         "publish", "tracker-overhead", "train-step", "e2e", "topk-tradeoff",
+         "growth", "publish", "tracker-overhead", "train-step", "e2e", "topk-tradeoff",
          "freshness-per-byte"]
 
 

@@ -6,8 +6,8 @@ write), and each 2 MiB block is collapsed into a huge page before anything in it
 published (:mod:`consumers.serving.hugemap`). That costs the CPU that does it: on a VM
 whose host backs guest memory on first touch and takes freed memory back within seconds,
 about 40 ms per 256 MiB while the host's memory is warm and up to 250 ms while it is cold.
-Done inside the apply, it was 60-80 % of the writer's time in the slowest seconds of a
-10M-row table's growth, and what halved its apply throughput in them (BENCHMARKS.md).
+Done inside the apply, it took up to 83 % of the writer's CPU in the slowest seconds of a
+10M-row table's growth, and most of what slowed them (BENCHMARKS.md).
 
 A :class:`Backer` does that work on its own thread, ahead of the writer. Per file (a
 *job*, by key) the writer says which bytes it needs now and how far to go on:
@@ -33,8 +33,8 @@ niceness of the thread that starts it: the writer's (``deltastream-sync --cpus``
 
 ``DELTASTREAM_SHM_BACKER=0`` (read when a table's storage is made) backs inline instead:
 :meth:`Backer.want` backs the blocks up to ``need`` in the writer's thread and nothing
-ahead, as before the backer existed — for a host where the extra thread is unwelcome, and
-for ``deltastream bench growth``, which compares the two ways.
+ahead (the work an apply did before the backer existed) — for a host where the extra
+thread is unwelcome, and for ``deltastream bench growth``, which compares the two ways.
 """
 
 from __future__ import annotations

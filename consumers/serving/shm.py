@@ -172,7 +172,6 @@ class _Files:
     def __init__(self, dir: Path, inc: str) -> None:
         self.dir, self.inc = dir, inc
         self.lock_fd: Optional[int] = None
-        self.rows_fd: Optional[int] = None
         self.gens: set[int] = set()
         self.backer = Backer(dir.name)
         self.closed = False
@@ -193,8 +192,6 @@ class _Files:
             except OSError:
                 pass
         _remove_ours(self.paths())
-        if self.rows_fd is not None:
-            os.close(self.rows_fd)
         if self.lock_fd is not None:
             # unlink while holding the lock: a writer that opened the old file notices
             # (its inode is no longer the path's) and takes a fresh one
@@ -208,7 +205,7 @@ class _Files:
                     d.rmdir()
                 except OSError:
                     break
-        self.rows_fd = self.lock_fd = None
+        self.lock_fd = None
 
 
 class SharedStorage:
@@ -286,7 +283,6 @@ class SharedStorage:
                     if slots // 2 < need:
                         raise
                     slots //= 2
-            files.rows_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
             out = cls(Path(os.path.realpath(os.fspath(state_dir))), location, files, buf, dim,
                       np_dtype, slots, base)
         except BaseException:
