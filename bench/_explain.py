@@ -36,15 +36,20 @@ class Where:
         self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
 
     def sample(self) -> tuple[float, ...]:
+        """The counters, between two reads of the wall clock: :meth:`delta` takes the
+        first of the earlier sample's and the last of the later one's, so every counter
+        moved within the wall time it is set against (a thread preempted inside a sample
+        would otherwise add run-queue wait that no wall time covers)."""
+        t0 = time.perf_counter()
         runq = os.pread(self._fd, 128, 0).split()[1]
         steal = int(os.pread(self._stat, 256, 0).split(b"\n", 1)[0].split()[8])
         ru = resource.getrusage(resource.RUSAGE_THREAD)
-        return (time.perf_counter(), time.thread_time_ns(), int(runq), steal * self._tick,
-                ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw)
+        return (t0, time.thread_time_ns(), int(runq), steal * self._tick, ru.ru_minflt,
+                ru.ru_nvcsw, ru.ru_nivcsw, time.perf_counter())
 
     @staticmethod
     def delta(a: tuple, b: tuple) -> tuple[float, ...]:
-        wall = b[0] - a[0]
+        wall = b[7] - a[0]
         cpu, runq = (b[1] - a[1]) * 1e-9, (b[2] - a[2]) * 1e-9
         return (wall, cpu, runq, max(0.0, wall - cpu - runq), b[3] - a[3], b[4] - a[4],
                 b[5] - a[5], b[6] - a[6])

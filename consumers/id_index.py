@@ -343,6 +343,16 @@ class IdIndex:
         """Make the other copy equal to copy ``src`` everywhere (O(buckets))."""
         self._c[1 - src][...] = self._c[src]
 
+    def first_empty(self) -> int:
+        """The first bucket EMPTY in both copies — no probe run crosses it, so every key
+        after it sits at or after its home bucket — or 0 when there is none."""
+        step = 1 << 12
+        for lo in range(0, self.buckets, step):
+            hit = np.flatnonzero((self._v[lo:lo + step, 2:] == EMPTY).all(axis=1))
+            if hit.size:
+                return lo + int(hit[0])
+        return 0
+
     def live(self, col: int, start: int = 0, stop: int | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
         """(keys, slots) live in copy ``col`` among buckets ``[start, stop)``; copies."""
