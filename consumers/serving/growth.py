@@ -169,7 +169,8 @@ class Growth:
         stop = n if budget == float("inf") else \
             min(n, self.cursor + max(1, int(budget / per_bucket)))
         if stop > self.cursor:
-            # the share of the new index the copy reaches, where its keys were few
+            # the copied share of the new index at least, so the backing advances evenly
+            # where a slice holds few keys
             self._back_to(self.new.nbytes * min(n, self.start + stop) // n)
             lo, hi = self.start + self.cursor, self.start + stop
             for a, b in ((lo, min(hi, n)), (max(lo, n) - n, hi - n)):
