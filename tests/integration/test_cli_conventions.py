@@ -443,18 +443,24 @@ def test_readme_properties_example_is_valid(tmp_path):
 
 
 def test_ctrl_c_is_exit_130_with_one_line():
-    """A replay waiting for a broker that never answers, interrupted."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, *REPLAY, "stats", "--bootstrap-servers",
-                             f"127.0.0.1:{port}", "--topic", "t", "--timeout", "60"],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    """A replay waiting for a broker that never answers, interrupted once it is waiting
+    (it has connected): no race with the interpreter's start on a loaded machine."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, *REPLAY, "stats", "--bootstrap-servers",
+                                 f"127.0.0.1:{port}", "--topic", "t", "--timeout", "60"],
+                                cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            conn, _ = silent.accept()  # connected: now it waits for an answer that never comes
+            with conn:
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert proc.returncode == EXIT_INTERRUPTED
     assert err.strip() == "deltastream-replay stats: interrupted", err
