@@ -4,10 +4,9 @@ The first SIGINT raises ``KeyboardInterrupt`` as Python's own handler does: the 
 unwinds, its ``except KeyboardInterrupt`` says the one line (:meth:`Interrupt.say`) and it
 exits :data:`~deltastream.cliargs.EXIT_INTERRUPTED`. That fails when a library catches the
 exception — kafka-python's event loop logs and drops any exception raised inside one of its
-tasks, and then goes on waiting for the broker up to the command's ``--timeout`` — or
-when a thread keeps the process from exiting. So the first SIGINT also starts a watchdog:
-if the command has not returned ``grace`` seconds later, the watchdog says the line (once)
-and ends the process with the same code. A second SIGINT does that at once, as users
+tasks, and then goes on waiting for the broker up to the command's ``--timeout``. So the
+first SIGINT also starts a watchdog: if the command has not returned ``grace`` seconds
+later, the watchdog says the line (once) and ends the process with the same code. A second SIGINT does that at once, as users
 expect of a stuck tool. Ending without unwinding is safe for the read-only and
 atomic-writing commands this guards; it is what a ``kill -9`` would do anyway. Leaving the
 ``with`` block stops the watchdog, so a caller of ``main()`` in its own process lives on.
