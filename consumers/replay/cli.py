@@ -48,6 +48,7 @@ from consumers.sync.cli import parse_shards, parse_tables
 from deltastream.cliargs import (
     EXIT_CODES,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -61,7 +62,6 @@ from deltastream.cliargs import (
 )
 from deltastream.clilog import kafka_hint, setup_logging
 from deltastream.errors import error_text
-from deltastream.interrupt import Interrupt
 from deltastream.kafka_config import secret_values
 
 __all__ = ["main", "build_parser"]
@@ -375,20 +375,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging(args.log_level, verbose=args.verbose,
                   fmt=f"{PROG}: %(levelname)s: %(message)s", secrets=secret_values(args.kafka))
     where = f"{PROG} {args.command}: error"
-    with Interrupt(f"{PROG} {args.command}: interrupted") as interrupt:
-        try:
-            return _COMMANDS[args.command](args)
-        except KeyboardInterrupt:
-            return interrupt.say()
-        except _Usage as e:
-            print(f"{where}: {e} (see {PROG} {args.command} --help)", file=sys.stderr)
-        except (BrokerUnavailable, TopicNotFound) as e:
-            print(f"{where}: {e}{kafka_hint(str(e))}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
-        except (TopicError, ReplayError, SnapshotError) as e:
-            print(f"{where}: {e}", file=sys.stderr)
-        except (OSError, ValueError) as e:
-            print(f"{where}: {error_text(e)}", file=sys.stderr)
+    try:
+        return _COMMANDS[args.command](args)
+    except _Usage as e:
+        print(f"{where}: {e} (see {PROG} {args.command} --help)", file=sys.stderr)
+    except (BrokerUnavailable, TopicNotFound) as e:
+        print(f"{where}: {e}{kafka_hint(str(e))}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (TopicError, ReplayError, SnapshotError) as e:
+        print(f"{where}: {e}", file=sys.stderr)
+    except (OSError, ValueError) as e:
+        print(f"{where}: {error_text(e)}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_USAGE
 
 

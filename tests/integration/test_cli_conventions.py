@@ -442,6 +442,12 @@ def test_readme_properties_example_is_valid(tmp_path):
                    "ssl_cafile": str(ca)}
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C's default action, whatever this process inherited (a runner
+    started in the background ignores SIGINT, and so would the child's Python)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_exit_130_with_one_line():
     """A replay waiting for a broker that never answers, interrupted once it is waiting
     (it has connected): no race with the interpreter's start on a loaded machine."""
@@ -453,7 +459,7 @@ def test_ctrl_c_is_exit_130_with_one_line():
         proc = subprocess.Popen([sys.executable, *REPLAY, "stats", "--bootstrap-servers",
                                  f"127.0.0.1:{port}", "--topic", "t", "--timeout", "60"],
                                 cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
         try:
             conn, _ = silent.accept()  # connected: now it waits for an answer that never comes
             with conn:
