@@ -2,6 +2,8 @@
 
 Rows travel through the real wire codec into ``consumers.ServingTable`` s (f32 on the wire,
 so "exact" means exact), and the tests compare what predictors hold with the trainer.
+Every test runs in both modes: rounds inside ``tick`` and rounds on the worker threads
+(there each tick is followed by ``drain``, so the assertions see the tick's round).
 """
 
 from __future__ import annotations
@@ -51,6 +53,30 @@ class Loopback:
             self.serving[table].apply(wire.decode(m))
         return Sent(len(ids), 0 if tombstones is None else len(tombstones), len(msgs),
                     sum(len(m) for m in msgs))
+
+
+@pytest.fixture(autouse=True, params=["sync", "threaded"])
+def mode(request):
+    global _THREADED
+    _THREADED = request.param == "threaded"
+    yield request.param
+
+
+_THREADED = False
+
+
+def _publisher(*args, **kwargs) -> BudgetPublisher:
+    return BudgetPublisher(*args, threaded=_THREADED, **kwargs)
+
+
+def _tick(bp: BudgetPublisher, step: int):
+    """``bp.tick(step)``'s round record in either mode (None: the tick only refilled)."""
+    if not _THREADED:
+        return bp.tick(step)
+    before = bp.last
+    assert bp.tick(step) is None  # threaded: the training thread only hands off
+    after = bp.drain(timeout=30)
+    return None if after is before else after
 
 
 def _setup(dims: dict[str, int], n: int = 100, scale: dict[str, float] | None = None,
@@ -143,8 +169,8 @@ def test_spends_the_budget_on_the_largest_errors_across_tables():
     row = wire.row_bytes(4, "f32")  # 24 bytes
     # room for 6 rows and two message headers (learnt overhead starts at a 256-byte guess)
     policy = BudgetPolicy(bytes_per_step=6 * row + 2 * 256, scale="none", per_byte=False)
-    bp = BudgetPublisher(tracker, pub, "p", policy)
-    tick = bp.tick(1)
+    bp = _publisher(tracker, pub, "p", policy)
+    tick = _tick(bp, 1)
     got = {t.table: t.ids.tolist() for t in tick.round.tables if t.published}
     assert got == {"a": [7, 8, 9], "b": [7, 8, 9]}  # the 6 largest errors, merged
     assert tick.bytes <= tick.tokens
@@ -157,7 +183,7 @@ def test_spends_the_budget_on_the_largest_errors_across_tables():
         assert err[name].max() == pytest.approx(tick.table_bounds[name], rel=1e-6)
     # the carried rows come back with their FIRST state; the header estimate is learnt
     # now (~110 bytes, not 256), so the unspent tokens and the refill take all 14
-    tick2 = bp.tick(2)
+    tick2 = _tick(bp, 2)
     got2 = {t.table: t.ids.tolist() for t in tick2.round.tables if t.published}
     assert got2 == {"a": list(range(7)), "b": list(range(7))}
     assert tick2.bound == 0.0
@@ -167,7 +193,7 @@ def test_spends_the_budget_on_the_largest_errors_across_tables():
 def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
     model, tracker, serving, pub = _setup({"emb": 16, "bias": 1})
     rate, burst = 600.0, 1500.0
-    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate,
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate,
                                                          burst_bytes=burst))
     g = torch.Generator().manual_seed(1)
     sent = 0
@@ -176,7 +202,7 @@ def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
         _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, generator=g))
         _move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, generator=g))
         tracker.step()
-        sent += bp.tick(step).bytes
+        sent += _tick(bp, step).bytes
         # a tick spends what its tokens allow; the learnt header estimate keeps any
         # overshoot within one header per table
         assert sent <= burst + rate * step + 2 * 256
@@ -190,14 +216,14 @@ def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
 
 def test_the_reported_bound_is_the_largest_served_error_after_every_tick():
     model, tracker, serving, pub = _setup({"emb": 8, "bias": 1}, scale={"bias": 0.1})
-    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=400))
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=400))
     g = torch.Generator().manual_seed(2)
     for step in range(1, 60):
         ids = torch.randint(0, 100, (12,), generator=g).unique()
         _move(model["emb"], ids, 0.05 * torch.randn(len(ids), 8, generator=g))
         _move(model["bias"], ids, 0.005 * torch.randn(len(ids), 1, generator=g))
         tracker.step()
-        tick = bp.tick(step)
+        tick = _tick(bp, step)
         err = _served_error(model, serving)
         for name in ("emb", "bias"):
             # every served row is within the bound of its table; the bound is attained
@@ -214,7 +240,7 @@ def test_rows_predictors_already_hold_are_dropped_not_carried():
     model, tracker, serving, pub = _setup({"a": 4})
     _move(model["a"], [1, 2, 3], 0.0)  # looked up, unchanged
     tracker.step()
-    tick = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=10_000)).tick(1)
+    tick = _tick(_publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=10_000)), 1)
     assert (tick.published, tick.carried, tick.exact) == (0, 0, 3)
     assert tracker.get_delta("p") == {} or all(len(d) == 0
                                               for d in tracker.get_delta("p").values())
@@ -226,8 +252,8 @@ def test_new_rows_are_scored_against_the_zeros_predictors_serve():
         model["a"](torch.tensor([500]))  # inserted by a training-mode lookup
         model["a"].insert(torch.tensor([500]), torch.full((1, 4), 3.0))
     tracker.step()
-    tick = BudgetPublisher(tracker, pub, "p",
-                           BudgetPolicy(bytes_per_step=10_000, scale="none")).tick(1)
+    tick = _tick(_publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=10_000,
+                                                           scale="none")), 1)
     assert tick.published == 1
     assert serving["a"].lookup(np.array([500])).tolist() == [[3.0] * 4]
 
@@ -240,7 +266,7 @@ def test_a_bias_table_does_not_starve_next_to_a_wide_table_with_scaled_errors():
         model, tracker, serving, pub = _setup({"wide": 64, "bias": 1},
                                               scale={"bias": 0.01})
         policy = BudgetPolicy(bytes_per_step=2000, scale=scale, per_byte=False, max_age=None)
-        bp = BudgetPublisher(tracker, pub, "p", policy)
+        bp = _publisher(tracker, pub, "p", policy)
         sent = {"wide": 0, "bias": 0}
         g = torch.Generator().manual_seed(3)
         for step in range(1, 41):
@@ -248,7 +274,7 @@ def test_a_bias_table_does_not_starve_next_to_a_wide_table_with_scaled_errors():
             _move(model["wide"], ids, 0.1 * torch.randn(20, 64, generator=g))
             _move(model["bias"], ids, 0.01 * torch.randn(20, 1, generator=g))
             tracker.step()
-            for t in bp.tick(step).round.tables:
+            for t in _tick(bp, step).round.tables:
                 sent[t.table] += t.published
         return sent
 
@@ -265,7 +291,7 @@ def test_overdue_rows_bound_the_wait_of_a_wide_table_ranked_per_byte():
     def run(max_age):
         model, tracker, serving, pub = _setup({"wide": 64, "bias": 1})
         rate = 400.0
-        bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate,
+        bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate,
                                                              max_age=max_age))
         _move(model["wide"], torch.arange(20), 0.5)
         g = torch.Generator().manual_seed(4)
@@ -273,7 +299,7 @@ def test_overdue_rows_bound_the_wait_of_a_wide_table_ranked_per_byte():
         for step in range(1, 81):
             _move(model["bias"], torch.arange(50), 0.2 * torch.randn(50, 1, generator=g))
             tracker.step()
-            for t in bp.tick(step).round.tables:
+            for t in _tick(bp, step).round.tables:
                 if t.table == "wide":
                     out.update(dict.fromkeys(t.ids.tolist(), step))
         return out, rate
@@ -291,35 +317,40 @@ def test_overdue_rows_bound_the_wait_of_a_wide_table_ranked_per_byte():
 def test_per_second_budget_uses_the_clock_and_min_interval_only_refills():
     model, tracker, serving, pub = _setup({"a": 4})
     now = [0.0]
-    bp = BudgetPublisher(tracker, pub, "p",
+    bp = _publisher(tracker, pub, "p",
                          BudgetPolicy(bytes_per_s=1000, burst_bytes=5000, min_interval_s=0.5),
                          clock=lambda: now[0])
     _move(model["a"], torch.arange(50), 1.0)
     tracker.step()
     now[0] = 1.0
-    first = bp.tick(1)
+    first = _tick(bp, 1)
     assert first is not None and first.tokens == pytest.approx(1000)
     assert first.bytes <= 1000
     now[0] = 1.2
-    assert bp.tick(2) is None  # too soon: refilled, nothing read
+    assert _tick(bp, 2) is None  # too soon: refilled, nothing read
     now[0] = 1.6
-    third = bp.tick(3)
+    third = _tick(bp, 3)
     assert third is not None
     assert third.tokens == pytest.approx(1000 - first.bytes + 600)
     assert bp.stats()["ticks"] == 3
 
 
-def test_a_failed_publish_hands_every_unsent_row_back():
+def test_a_failed_publish_keeps_every_undelivered_row_pending():
     model, tracker, serving, pub = _setup({"a": 4, "b": 4}, fail_on="b")
     _move(model["a"], torch.arange(5), 1.0)
     _move(model["b"], torch.arange(5), 1.0)
     tracker.step()
-    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=100_000))
-    with pytest.raises(PublishError, match="broker down"):
-        bp.tick(1)
-    back = tracker.get_delta("p")
-    assert back["b"].ids.tolist() == list(range(5))  # not sent: tracked again
-    assert "a" not in back or len(back["a"]) == 0  # sent before the failure
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=100_000))
+    with pytest.raises(PublishError, match="broker down") as info:
+        _tick(bp, 1)
+    assert "5 rows not delivered are pending again" in "".join(info.value.__notes__)
+    assert bp.stats()["pending"] == 5  # b's rows: not sent, pending in the publisher
+    assert serving["a"].lookup(np.arange(5)).tolist() == model["a"].lookup(
+        torch.arange(5)).tolist()  # sent before the failure
+    pub.fail_on = None  # the broker is back: the next round delivers them
+    final = bp.flush(2)
+    assert final.published == 5 and bp.stats()["pending"] == 0
+    assert all(e.max() == 0.0 for e in _served_error(model, serving).values())
 
 
 def test_id_only_tracking_is_refused_with_the_reason():
@@ -327,10 +358,10 @@ def test_id_only_tracking_is_refused_with_the_reason():
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.ID_ONLY)
     _move(model["a"], [1], 1.0)
     tracker.step()
-    bp = BudgetPublisher(tracker, Loopback({"a": ServingTable("a", 4)}), "p",
+    bp = _publisher(tracker, Loopback({"a": ServingTable("a", 4)}), "p",
                          BudgetPolicy(bytes_per_step=1000))
     with pytest.raises(ValueError, match="EMBEDDING"):
-        bp.tick(1)
+        _tick(bp, 1)
     assert tracker.get_delta("p")["a"].ids.tolist() == [1]  # handed back, not lost
 
 
@@ -341,14 +372,14 @@ def test_cuda_tables_publish_within_the_budget_and_flush_exactly():
                                  "bias": HashTable(1, name="bias", device=dev)})
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
     serving = {"emb": ServingTable("emb", 16), "bias": ServingTable("bias", 1)}
-    bp = BudgetPublisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=800))
+    bp = _publisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=800))
     g = torch.Generator(device=dev).manual_seed(0)
     for step in range(1, 30):
         ids = torch.randint(0, 200, (32,), device=dev, generator=g).unique()
         _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, device=dev, generator=g))
         _move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, device=dev, generator=g))
         tracker.step()
-        tick = bp.tick(step)
+        tick = _tick(bp, step)
         assert tick.bytes <= tick.tokens
     bp.flush(30)
     for name, t in model.items():

@@ -1,0 +1,351 @@
+"""A budget publisher's state and its rounds, whichever thread runs them.
+
+:class:`BudgetEngine` owns the pending rows (:class:`~.pending.PendingTable` per table),
+the token bucket, the learnt message overheads and the counters. Its steps, in order:
+
+1. :meth:`~BudgetEngine.merge` — fold a hand-off in (O(rows changed)); refill the bucket;
+2. :meth:`~BudgetEngine.start` — choose the round's rows (:func:`~.budget_plan.choose`,
+   O(rows chosen)) and take them out of the pending set: a :class:`RoundJob`;
+3. :meth:`~BudgetEngine.send` — publish the job's rows per table and wait until the broker
+   acknowledged them (the slow step: it runs on the worker's sender thread, or inline in
+   synchronous mode);
+4. :meth:`~BudgetEngine.settle` — count what was delivered; rows that were not go back to
+   the pending set with the state predictors still hold.
+
+:class:`~.budget.BudgetPublisher` drives it from the training thread (synchronous mode) or
+from :class:`~.budget_worker.BudgetWorker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from deltastream import wire
+from deltastream.publishing.budget_plan import Candidate, choose
+from deltastream.publishing.budget_policy import BudgetPolicy
+from deltastream.publishing.handoff import Handoff
+from deltastream.publishing.pending import PendingTable, TakenRows
+from deltastream.publishing.rounds import (
+    PublishRound,
+    RowPublisher,
+    TableRound,
+    shard_publish_kwargs,
+    table_name,
+)
+from deltastream.publishing.table_rows import row_reader
+from deltastream.publishing.token_bucket import TokenBucket
+
+__all__ = ["BudgetEngine", "BudgetTick", "RoundJob"]
+
+log = logging.getLogger(__name__)
+
+#: first guess of a message's bytes beyond its rows (keys, names, counters, CRC); learnt
+#: per table from what the publisher reports after the first message.
+_OVERHEAD_GUESS = 256
+
+
+@dataclass(frozen=True)
+class BudgetTick:
+    """What one budget round (a tick's, or a ``flush``) did.
+
+    Attributes:
+        round: the per-table publish records (:class:`~deltastream.publishing.rounds.PublishRound`).
+        tokens: bytes the round could spend (after the refill, before sending).
+        bound: largest normalized serving error among the rows left pending (0 if none):
+            every other served row is exact, up to wire rounding.
+        table_bounds: ``{table name: largest error left pending}`` in embedding units.
+        overdue: rows published from the overdue tier.
+        exact: changed rows dropped because predictors already hold their current value.
+    """
+
+    round: PublishRound
+    tokens: float
+    bound: float
+    table_bounds: dict[str, float]
+    overdue: int
+    exact: int
+
+    @property
+    def bytes(self) -> int:
+        return self.round.bytes
+
+    @property
+    def published(self) -> int:
+        return self.round.published
+
+    @property
+    def carried(self) -> int:
+        return self.round.carried
+
+
+@dataclass
+class _JobTable:
+    fqn: str
+    rows: TakenRows
+    tombstones: Optional[torch.Tensor]
+    pending_before: int
+
+
+@dataclass
+class RoundJob:
+    """The rows one round takes out of the pending set, and how it went."""
+
+    step: int
+    ts: int
+    final: bool
+    tokens: float
+    overdue: int
+    exact: int
+    t0: float
+    tables: list[_JobTable] = field(default_factory=list)
+    done: list[TableRound] = field(default_factory=list)
+    failed: list[_JobTable] = field(default_factory=list)  # not delivered: back to pending
+
+    @property
+    def rows(self) -> int:
+        return sum(len(t.rows) for t in self.tables)
+
+
+def _quantile(values: list[float], q: float) -> Optional[float]:
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q)) if values else None
+
+
+class BudgetEngine:
+    """Pending rows, bucket and counters of one budget publisher (see the module docstring).
+
+    Args:
+        publisher: where rows go; its ``dtype`` is the wire dtype rows are costed in.
+        policy: the budget and the ranking.
+        modules: ``{fqn: table module}`` (names, widths, column-shard keywords).
+        clock: seconds, monotonic (the first round's time origin).
+    """
+
+    def __init__(self, publisher: RowPublisher, policy: BudgetPolicy,
+                 modules: Mapping[str, Any], clock: Any = time.monotonic) -> None:
+        self.publisher, self.policy, self.modules = publisher, policy, dict(modules)
+        self.bucket = TokenBucket(policy.rate, policy.burst)
+        self.tables: dict[str, PendingTable] = {}
+        self._names = {fqn: table_name(fqn, m) for fqn, m in self.modules.items()}
+        self._overhead: dict[str, float] = {}
+        self._range = wire.F16_MAX if publisher.dtype == "f16" else None
+        self._warned_burst = False
+        self._exact_since = 0  # exact rows merged since the last round
+        self._lock = threading.Lock()  # counters and bounds, read by stats()
+        self.last: Optional[BudgetTick] = None
+        self.n = dict.fromkeys(("ticks", "rounds", "bytes", "rows", "messages", "tombstones",
+                                "overdue_rows", "rejected", "out_of_range", "exact",
+                                "final_bytes", "final_rows", "failed_rounds",
+                                "coalesced_rows"), 0)
+        self.select_s = 0.0
+        self.send_s = 0.0
+        self._bounds: deque = deque(maxlen=policy.window)
+        self._table_bounds: dict[str, deque] = {}
+
+    # ------------------------------------------------------------------ 1. merge
+
+    def _table(self, fqn: str, like: torch.Tensor) -> PendingTable:
+        t = self.tables.get(fqn)
+        if t is None:
+            _, dim, dtype, _ = row_reader(self.modules[fqn])
+            t = self.tables[fqn] = PendingTable(
+                dim, like.dtype if like.is_floating_point() else (dtype or torch.float32),
+                new_rows=self.policy.new_rows, range_limit=self._range)
+        return t
+
+    def merge(self, h: Handoff) -> None:
+        """Fold hand-off ``h`` into the pending rows and refill the bucket with its units."""
+        h.wait()
+        self.bucket.refill(h.units)
+        rejected = out_of_range = exact = coalesced = 0
+        for th in h.tables:
+            t = self._table(th.fqn, th.current)
+            c = t.merge(th.ids, th.first, th.current, th.new, th.tombstones, h.tick)
+            rejected += c.rejected
+            out_of_range += c.out_of_range
+            exact += c.exact
+            coalesced += c.coalesced
+        if rejected:
+            log.warning("budget publisher: %d changed rows are not publishable (%d NaN/Inf, "
+                        "%d beyond the %s range); they are rejected (not published, counted)",
+                        rejected, rejected - out_of_range, out_of_range, self.publisher.dtype)
+        with self._lock:
+            self.n["rejected"] += rejected
+            self.n["out_of_range"] += out_of_range
+            self.n["exact"] += exact
+            self.n["coalesced_rows"] += coalesced
+        self._exact_since += exact
+
+    # ------------------------------------------------------------------ 2. choose
+
+    def _candidates(self) -> tuple[list[str], list[Candidate]]:
+        pol, dtype = self.policy, self.publisher.dtype
+        fqns, cands = [], []
+        for fqn, t in self.tables.items():
+            scale = t.scale.value if pol.scale == "table" and t.scale.value else 1.0
+            fqns.append(fqn)
+            cands.append(Candidate(table=t, scale=scale,
+                                   weight=float(pol.weights.get(self._names[fqn], 1.0)),
+                                   row_cost=wire.row_bytes(t.dim, dtype),
+                                   overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
+        return fqns, cands
+
+    def start(self, tick: int, step: int, ts: int, final: bool) -> RoundJob:
+        """Choose the round's rows and take them out of the pending set."""
+        t0 = time.monotonic()
+        tokens = self.bucket.tokens
+        fqns, cands = self._candidates()
+        exact, self._exact_since = self._exact_since, 0
+        if final:
+            slots = {i: c.table.live_slots() for i, c in enumerate(cands)}
+            overdue = 0
+        else:
+            pol = self.policy
+            ch = choose(cands, tokens, tick=tick, max_age=pol.max_age,
+                        overdue_share=pol.overdue_share, min_error=pol.min_error,
+                        per_byte=pol.per_byte, burst=self.bucket.burst)
+            slots, overdue = ch.slots, ch.overdue
+            if ch.starved and not self._warned_burst:
+                self._warned_burst = True
+                log.warning("budget publisher: a full bucket (burst_bytes=%g) pays for no "
+                            "pending row (largest row %d bytes + ~%d bytes message "
+                            "overhead); raise burst_bytes", self.bucket.burst,
+                            max(c.row_cost for c in cands), int(max(c.overhead
+                                                                    for c in cands)))
+        job = RoundJob(step=step, ts=ts, final=final, tokens=tokens, overdue=overdue,
+                       exact=exact, t0=t0)
+        for i, (fqn, c) in enumerate(zip(fqns, cands, strict=True)):
+            before = len(c.table)
+            s = slots.get(i)
+            rows = c.table.take(s if s is not None else np.empty(0, dtype=np.int64))
+            tombs = c.table.take_tombstones()
+            if len(rows) or tombs is not None or before:
+                job.tables.append(_JobTable(fqn, rows, tombs, before))
+        self.select_s += time.monotonic() - t0
+        return job
+
+    # ------------------------------------------------------------------ 3. send
+
+    def send(self, job: RoundJob) -> None:
+        """Publish the job's rows and wait for their acknowledgement. Raises the first
+        failure after recording every table not delivered in ``job.failed``."""
+        pending_results: list[tuple[_JobTable, Any]] = []
+        error: Optional[BaseException] = None
+        t0 = time.monotonic()
+        for k, jt in enumerate(job.tables):
+            if not len(jt.rows) and jt.tombstones is None:
+                job.done.append(self._record(jt, None))
+                continue
+            module = self.modules[jt.fqn]
+            try:
+                res = self.publisher.publish(self._names[jt.fqn], jt.rows.ids,
+                                             jt.rows.current, step=job.step, ts=job.ts,
+                                             tombstones=jt.tombstones,
+                                             **shard_publish_kwargs(module))
+            except BaseException as e:
+                error = e
+                job.failed.extend(job.tables[k:])
+                break
+            pending_results.append((jt, res))
+        for jt, res in pending_results:
+            wait = getattr(res, "wait", None)
+            try:
+                if callable(wait):
+                    wait(getattr(self.publisher, "send_timeout", None))
+            except BaseException as e:
+                error = error or e
+                job.failed.append(jt)
+                continue
+            job.done.append(self._record(jt, res))
+        self.send_s += time.monotonic() - t0
+        if error is not None:
+            raise error
+
+    def _record(self, jt: _JobTable, res: Any) -> TableRound:
+        n = len(jt.rows)
+        if res is not None and int(res.messages) and n:
+            cost = wire.row_bytes(self.tables[jt.fqn].dim, self.publisher.dtype)
+            self._overhead[jt.fqn] = max(0.0, (int(res.bytes) - n * cost) / int(res.messages))
+        return TableRound(
+            fqn=jt.fqn, table=self._names[jt.fqn], tracked=jt.pending_before,
+            published=0 if res is None else int(res.rows),
+            tombstones=0 if res is None else int(res.tombstones),
+            carried=len(self.tables[jt.fqn]), rejected=0,
+            messages=0 if res is None else int(res.messages),
+            bytes=0 if res is None else int(res.bytes), ids=jt.rows.ids, result=res)
+
+    # ------------------------------------------------------------------ 4. settle
+
+    def settle(self, job: RoundJob, error: Optional[BaseException]) -> BudgetTick:
+        """Account the delivered part of ``job``; put the rest back in the pending set."""
+        rows = 0
+        for jt in job.failed:
+            self.tables[jt.fqn].put_back(jt.rows, jt.tombstones)
+            rows += len(jt.rows)
+        if error is not None:
+            text = (f"budget publisher: {rows} rows not delivered are pending again "
+                    f"(tables {[self._names[jt.fqn] for jt in job.failed]})")
+            log.warning("%s (after %s: %s)", text, type(error).__name__, error)
+            if hasattr(error, "add_note"):
+                error.add_note(text)
+        rnd = PublishRound(step=job.step, ts=job.ts, final=job.final,
+                           seconds=time.monotonic() - job.t0, tables=tuple(job.done))
+        self.bucket.spend(rnd.bytes)
+        bound, table_bounds = 0.0, {}
+        for fqn, t in self.tables.items():
+            e = t.max_error()
+            name = self._names[fqn]
+            table_bounds[name] = max(table_bounds.get(name, 0.0), e)
+            scale = t.scale.value if self.policy.scale == "table" and t.scale.value else 1.0
+            bound = max(bound, e / scale)
+        tick = BudgetTick(round=rnd, tokens=job.tokens, bound=bound,
+                          table_bounds=table_bounds, overdue=job.overdue, exact=job.exact)
+        with self._lock:
+            n = self.n
+            if job.final:
+                n["final_bytes"] += rnd.bytes
+                n["final_rows"] += rnd.published
+            else:
+                n["rounds"] += int(rnd.published > 0 or rnd.tombstones > 0)
+                n["bytes"] += rnd.bytes
+                n["rows"] += rnd.published
+                n["overdue_rows"] += job.overdue
+                self._bounds.append(bound)
+                for name, v in table_bounds.items():
+                    self._table_bounds.setdefault(
+                        name, deque(maxlen=self.policy.window)).append(v)
+            n["failed_rounds"] += int(error is not None)
+            n["messages"] += rnd.messages
+            n["tombstones"] += rnd.tombstones
+            self.last = tick
+        return tick
+
+    # ------------------------------------------------------------------ reading
+
+    def pending_rows(self) -> int:
+        """Rows waiting to be published."""
+        return sum(len(t) for t in self.tables.values())
+
+    def stats(self) -> dict:
+        """Counters, pending rows and memory, the bound quantiles (plain values)."""
+        with self._lock:
+            b = list(self._bounds)
+            return {
+                **self.n, "tokens": self.bucket.tokens, "select_s": self.select_s,
+                "send_s": self.send_s, "pending": self.pending_rows(),
+                "pending_bytes": sum(t.memory_bytes() for t in self.tables.values()),
+                "bound": {"last": b[-1] if b else None, "p50": _quantile(b, 0.5),
+                          "p99": _quantile(b, 0.99), "max": max(b) if b else None,
+                          "ticks": len(b)},
+                "table_bounds": {name: {"last": v[-1], "p50": _quantile(list(v), 0.5),
+                                        "p99": _quantile(list(v), 0.99), "max": max(v)}
+                                 for name, v in sorted(self._table_bounds.items()) if v},
+            }

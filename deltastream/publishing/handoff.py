@@ -1,0 +1,165 @@
+"""The training thread's part of a budget tick: a bounded hand-off of what changed.
+
+:func:`take_handoff` runs on the training thread at the step boundary (after the optimizer
+step and ``tracker.step()``): it reads the tracker consumer's delta — the rows changed since
+the last hand-off, with their FIRST states — and copies those rows' **current values**.
+The copy is what makes the rest safe off the thread: the publisher's worker scores and
+sends the copy, never the live table the optimizer keeps writing, so no row is ever read
+half-written. The work is O(rows changed since the last hand-off).
+
+On CUDA the copy is asynchronous: the rows are gathered on the training stream (a kernel
+launch, no wait), then copied device → host into pinned memory on a side stream that waits
+for the training stream through an event; the hand-off carries an event the worker waits
+on before it reads. The training stream is never synchronized with the host by this code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from deltastream.publishing.table_rows import row_reader, row_storage
+from deltastream.types import DeltaRows
+
+if TYPE_CHECKING:
+    from deltastream.tracking.tracker import DeltaTracker
+
+__all__ = ["TableHandoff", "Handoff", "HostCopier", "take_handoff"]
+
+
+@dataclass
+class TableHandoff:
+    """One table's changed rows (host tensors once :meth:`Handoff.wait` returned).
+
+    ``ids`` int64 ``[n]`` ascending; ``first`` ``[n, dim]`` FIRST states; ``current``
+    ``[n, dim]`` the values at the step boundary; ``new`` bool ``[n]`` or None;
+    ``tombstones`` int64 ``[m]`` or None."""
+
+    fqn: str
+    ids: torch.Tensor
+    first: torch.Tensor
+    current: torch.Tensor
+    new: Optional[torch.Tensor]
+    tombstones: Optional[torch.Tensor]
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+
+@dataclass
+class Handoff:
+    """What one tick hands to the worker.
+
+    ``tick``: the tick's number (1, 2, …); ``units``: budget units (seconds or steps) the
+    bucket gains with it; ``final``: a flush (publish everything). ``ready``: a CUDA event
+    recorded after the device → host copies (None on CPU)."""
+
+    tick: int
+    step: int
+    ts: int
+    units: float
+    tables: list[TableHandoff] = field(default_factory=list)
+    final: bool = False
+    ready: Any = None
+
+    @property
+    def rows(self) -> int:
+        return sum(len(t) for t in self.tables)
+
+    def wait(self) -> None:
+        """Block until the host copies are complete (CUDA); a no-op on CPU."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+
+class HostCopier:
+    """Copies device tensors to pinned host memory on a side stream (CUDA), or passes
+    host tensors through. One per publisher."""
+
+    def __init__(self) -> None:
+        self._stream: Optional[torch.cuda.Stream] = None
+        self._pending: list[torch.Tensor] = []  # device sources kept alive until copied
+
+    def host(self, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """``x`` on the host: itself on CPU; on CUDA a pinned tensor being filled
+        asynchronously (valid after :meth:`finish`'s event)."""
+        if x is None or x.device.type == "cpu":
+            return x
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=x.device)
+            self._stream.wait_stream(torch.cuda.current_stream(x.device))
+        elif not self._pending:
+            self._stream.wait_stream(torch.cuda.current_stream(x.device))
+        out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        with torch.cuda.stream(self._stream):
+            out.copy_(x, non_blocking=True)
+        self._pending.append(x)
+        return out
+
+    def finish(self) -> Any:
+        """An event the copies issued since the last call complete at (None if none)."""
+        if not self._pending:
+            return None
+        src, self._pending = self._pending, []
+        for x in src:  # the caching allocator must not reuse them before the copy ran
+            x.record_stream(self._stream)
+        event = torch.cuda.Event()
+        event.record(self._stream)
+        return event
+
+
+def _current_rows(module: Any, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """The rows of ``ids`` now, as a new tensor on the table's device (a gather)."""
+    where = row_storage(module)
+    if where is not None:
+        storage, positions = where
+        pos = positions(ids)
+        # an id the table does not hold (a scan path, an eval-mode read) takes the reader;
+        # on CUDA the tracker's ids are trusted: checking would synchronize the stream
+        if ids.device.type != "cpu" or pos.numel() == 0 \
+                or bool(((pos >= 0) & (pos < storage.shape[0])).all()):
+            return storage.index_select(0, pos)
+    read, dim, dtype, fresh = row_reader(module)
+    rows = read(ids) if ids.numel() else torch.empty(0, dim, dtype=dtype or first.dtype,
+                                                     device=ids.device)
+    return rows if fresh else rows.clone()
+
+
+def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any],
+                 copier: HostCopier) -> list[TableHandoff]:
+    """Read ``consumer``'s delta and copy the changed rows' current values.
+
+    Raises ``ValueError`` for an ID_ONLY delta (no FIRST states: no serving error) and
+    ``KeyError`` for a table not in ``modules``, after handing the delta back to the
+    tracker (nothing is consumed)."""
+    delta = tracker.get_delta(consumer)
+    try:
+        out = []
+        for fqn, d in delta.items():
+            n_tomb = 0 if d.tombstones is None else int(d.tombstones.numel())
+            if len(d) == 0 and n_tomb == 0:
+                continue
+            if fqn not in modules:
+                raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(modules)}")
+            if len(d) and d.states is None:
+                raise ValueError("a budget needs an EMBEDDING-mode delta (FIRST states) to "
+                                 f"know serving errors; table {fqn!r} has states=None (use "
+                                 "DeltaTracker(mode=TrackingMode.EMBEDDING); a degraded "
+                                 "table is published with publish_delta)")
+            first = d.states if d.states is not None else torch.empty(
+                0, row_reader(modules[fqn])[1])
+            cur = _current_rows(modules[fqn], d.ids, first) if len(d) else first
+            out.append(TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(first),
+                                    current=copier.host(cur), new=copier.host(d.new),
+                                    tombstones=copier.host(d.tombstones)))
+        return out
+    except BaseException:
+        for fqn, d in delta.items():
+            if len(d):
+                tracker.retain(consumer, fqn, DeltaRows(ids=d.ids, states=d.states, new=d.new,
+                                                        age=d.age))
+        raise

@@ -1,0 +1,342 @@
+"""The rows a budget has not published yet, with their serving errors kept current.
+
+:class:`PendingTable` holds one table's pending rows in slots: the id, the value
+predictors serve (``served``: the row's FIRST state when it was first handed over, or
+zeros for a row predictors never received), the trainer's latest value (``current``), and
+the row's serving error ``‖current − served‖₂`` (float64, embedding units). A pending row's
+error changes only when the row changes or is published, so a merge
+(:meth:`PendingTable.merge`) re-scores just the rows of one hand-off, and the orders the
+budget reads (:mod:`~deltastream.publishing.score_order`) are updated with them: the work
+is O(rows changed), not O(rows pending).
+
+Rules (the same as a tracker delta scored with
+:func:`~deltastream.publishing.serving_error.serving_errors`):
+
+* a row already pending keeps its ``served`` value, ``new`` flag and birth tick; only
+  ``current`` is replaced (coalescing: the newest value wins);
+* a row whose error is 0 (predictors already hold it) leaves the pending set (``exact``);
+* a non-finite row, or one beyond the wire dtype's range (f16), is *rejected*: never
+  published, counted, and it leaves the pending set — predictors keep the last good value;
+* ``new_rows="first"``: a new row's error is ``+inf`` (it goes before every other row);
+* a tombstone (evicted id) drops the id's pending row and is sent with the table's next
+  message; a re-inserted id whose tombstone was not sent yet is scored against zeros.
+
+Memory: two ``[pending, dim]`` row arrays in the table's dtype, plus ~80 bytes per slot.
+Torch (CPU) holds the rows and the id index; the orders are numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from deltastream.embedding.hash_index import HashIndex
+from deltastream.publishing.score_order import AgeQueue, ScoreOrder
+from deltastream.publishing.serving_error import TableScale
+from deltastream.tracking.sorted_ids import member, union
+
+__all__ = ["PendingTable", "TakenRows", "MergeCounts"]
+
+
+@dataclass
+class TakenRows:
+    """Rows taken out of a :class:`PendingTable` to be published (ids ascending).
+
+    ``served``/``new``/``birth`` are kept so that rows whose send fails go back with the
+    state predictors still hold (:meth:`PendingTable.put_back`)."""
+
+    ids: torch.Tensor  # int64 [n]
+    served: torch.Tensor  # [n, dim]
+    current: torch.Tensor  # [n, dim]
+    new: torch.Tensor  # bool [n]
+    birth: torch.Tensor  # int64 [n]
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+
+@dataclass
+class MergeCounts:
+    """What one merge did: rows scored, dropped as exact, rejected (non-finite / range)."""
+
+    scored: int = 0
+    exact: int = 0
+    rejected: int = 0
+    out_of_range: int = 0
+    coalesced: int = 0  # rows already pending that changed again (newest value kept)
+
+
+def _grow(x: torch.Tensor | np.ndarray, n: int, fill: float | int = 0):
+    if isinstance(x, np.ndarray):
+        out = np.full((n,) + x.shape[1:], fill, dtype=x.dtype)
+    else:
+        out = torch.full((n,) + tuple(x.shape[1:]), fill, dtype=x.dtype)
+    out[:x.shape[0]] = x
+    return out
+
+
+class PendingTable:
+    """One table's pending rows (see the module docstring).
+
+    Args:
+        dim: row width. dtype: the rows' dtype (the table's).
+        new_rows: ``"drift"`` or ``"first"`` (how a row predictors never received scores).
+        range_limit: largest finite magnitude the wire dtype carries (``None``: any).
+    """
+
+    def __init__(self, dim: int, dtype: torch.dtype, *, new_rows: str = "drift",
+                 range_limit: Optional[float] = None, capacity: int = 1024) -> None:
+        self.dim, self.dtype, self.new_rows, self.range_limit = dim, dtype, new_rows, range_limit
+        self._index = HashIndex(capacity, torch.device("cpu"), name="pending")
+        self._ids = torch.zeros(capacity, dtype=torch.int64)
+        self._served = torch.zeros(capacity, dim, dtype=dtype)
+        self._current = torch.zeros(capacity, dim, dtype=dtype)
+        self._new = torch.zeros(capacity, dtype=torch.bool)
+        self._birth = np.zeros(capacity, dtype=np.int64)
+        self._err = np.zeros(capacity, dtype=np.float64)
+        self._stamp = np.zeros(capacity, dtype=np.int64)  # ScoreOrder liveness
+        self._life = np.zeros(capacity, dtype=np.int64)  # AgeQueue liveness
+        self._live = np.zeros(capacity, dtype=bool)
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack
+        self._nfree = capacity
+        self.by_error = ScoreOrder()
+        self.by_age = AgeQueue()
+        self.scale = TableScale()
+        self.tombstones = torch.empty(0, dtype=torch.int64)  #: evicted ids not sent yet
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return self._index.live
+
+    @property
+    def stamps(self) -> np.ndarray:
+        """Each slot's stamp (for :meth:`ScoreOrder.top`)."""
+        return self._stamp
+
+    @property
+    def lives(self) -> np.ndarray:
+        """Each slot's life counter (for :meth:`AgeQueue.oldest`)."""
+        return self._life
+
+    def errors(self, slots: np.ndarray) -> np.ndarray:
+        """Serving errors (float64, embedding units) of pending ``slots``."""
+        return self._err[slots]
+
+    def max_error(self) -> float:
+        """The largest serving error among the pending rows (0 if none)."""
+        k, _, _ = self.by_error.top(1, self._stamp)
+        return float(k[0]) if k.size else 0.0
+
+    def live_slots(self) -> np.ndarray:
+        """Every pending slot (O(capacity): for a final flush)."""
+        return np.flatnonzero(self._live)
+
+    def memory_bytes(self) -> int:
+        """Bytes held for rows, slots and orders."""
+        rows = 2 * self._served.numel() * self._served.element_size()
+        return rows + self._ids.numel() * 48 + 24 * (self.by_error.entries + self.by_age.entries)
+
+    # ------------------------------------------------------------------ slots
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        if n > self._nfree:
+            old = self._ids.shape[0]
+            cap = max(2 * old, old + n)
+            self._ids = _grow(self._ids, cap)
+            self._served = _grow(self._served, cap)
+            self._current = _grow(self._current, cap)
+            self._new = _grow(self._new, cap, False)
+            self._birth, self._err = _grow(self._birth, cap), _grow(self._err, cap)
+            self._stamp, self._life = _grow(self._stamp, cap), _grow(self._life, cap)
+            self._live = _grow(self._live, cap, False)
+            extra = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
+            self._free = np.concatenate([extra, self._free[:self._nfree]])
+            self._nfree += cap - old
+        self._nfree -= n
+        return torch.from_numpy(self._free[self._nfree:self._nfree + n].copy())
+
+    def _release(self, slots: np.ndarray) -> None:
+        if slots.size == 0:
+            return
+        self._stamp[slots] += 1
+        self._life[slots] += 1
+        self._live[slots] = False
+        if self._nfree + slots.size > self._free.size:
+            self._free = _grow(self._free, max(2 * self._free.size, self._nfree + slots.size))
+        self._free[self._nfree:self._nfree + slots.size] = slots
+        self._nfree += int(slots.size)
+
+    def _entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = torch.from_numpy(self.live_slots())
+        return self._ids.index_select(0, slots), slots
+
+    def _drop(self, ids: torch.Tensor) -> int:
+        """Remove the pending rows of ``ids`` (unique); how many were pending."""
+        _, slots = self._index.remove(ids)
+        self._release(slots.numpy())
+        return int(slots.numel())
+
+    # ------------------------------------------------------------------ scoring
+
+    def _errors(self, current: torch.Tensor, served: torch.Tensor,
+                zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(error, norm, ok)`` float64/float64/bool ``[n]``: ``ok`` = finite (and within
+        the wire range); error is ``+inf`` for a finite row whose served value was not."""
+        cur = current.to(torch.float64)
+        ok = torch.isfinite(cur).all(dim=1)
+        norm = torch.linalg.vector_norm(cur, dim=1)
+        srv = served.to(torch.float64).masked_fill(zero[:, None], 0.0)
+        err = torch.linalg.vector_norm(cur - srv, dim=1)
+        err = torch.where(ok & ~torch.isfinite(err), math.inf, err)
+        return err, norm, ok
+
+    def merge(self, ids: torch.Tensor, first: torch.Tensor, current: torch.Tensor,
+              new: Optional[torch.Tensor], tombstones: Optional[torch.Tensor],
+              tick: int) -> MergeCounts:
+        """Fold one hand-off into the pending set (O(len(ids)); see the module docstring).
+
+        Args:
+            ids: int64 ``[n]`` ascending unique ids changed since the last hand-off.
+            first: ``[n, dim]`` their FIRST states (the value before their first update
+                since the last hand-off). current: ``[n, dim]`` their values now.
+            new: bool ``[n]`` or None: inserted into the table in the interval.
+            tombstones: int64 ``[m]`` ids evicted in the interval, or None.
+            tick: the hand-off's tick (birth of rows that start pending).
+        """
+        counts = MergeCounts()
+        if tombstones is not None and tombstones.numel():
+            self._drop(tombstones)
+            self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
+        n = int(ids.numel())
+        if n == 0:
+            return counts
+        new = torch.zeros(n, dtype=torch.bool) if new is None else new.to(torch.bool)
+        if self.tombstones.numel():  # re-inserted before its tombstone went out
+            back, _ = member(self.tombstones, ids)
+            if bool(back.any()):
+                gone, _ = member(ids, self.tombstones)
+                self.tombstones = self.tombstones[~gone]
+                new = new | back
+        pos, _ = self._index.probe(ids)
+        had = pos >= 0
+        slot_of_had = pos.clamp(min=0)
+        # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
+        served = torch.where(had[:, None], self._served.index_select(0, slot_of_had), first)
+        is_new = torch.where(had, self._new.index_select(0, slot_of_had), new)
+        zero = is_new if self.new_rows == "drift" else torch.zeros_like(is_new)
+        err, norm, ok = self._errors(current, served, zero)
+        if self.new_rows == "first":
+            err = torch.where(is_new & ok, math.inf, err)
+        if self.range_limit is not None:
+            big = ok & (current.abs().amax(dim=1).to(torch.float64) > self.range_limit)
+            counts.out_of_range = int(big.sum())
+            ok = ok & ~big
+        self.scale.update(torch.where(ok, norm, math.nan))
+        keep = ok & (err > 0)
+        counts.scored = n
+        counts.rejected = int((~ok).sum())
+        counts.exact = int((ok & (err == 0)).sum())
+        counts.coalesced = int((had & keep).sum())
+        gone = had & ~keep
+        if bool(gone.any()):
+            self._drop(ids[gone])
+        stay = (had & keep).nonzero().squeeze(1)
+        if stay.numel():
+            s = pos.index_select(0, stay)
+            self._current.index_copy_(0, s, current.index_select(0, stay).to(self.dtype))
+            self._rescore(s.numpy(), err.index_select(0, stay).numpy())
+        fresh = (~had & keep).nonzero().squeeze(1)
+        if fresh.numel():
+            self._add(ids.index_select(0, fresh), served.index_select(0, fresh),
+                      current.index_select(0, fresh), is_new.index_select(0, fresh),
+                      np.full(fresh.numel(), tick, dtype=np.int64),
+                      err.index_select(0, fresh).numpy())
+        return counts
+
+    def _rescore(self, slots: np.ndarray, err: np.ndarray) -> None:
+        self._err[slots] = err
+        self._stamp[slots] += 1
+        self.by_error.add(err, slots, self._stamp[slots], self._stamp, len(self))
+
+    def _add(self, ids: torch.Tensor, served: torch.Tensor, current: torch.Tensor,
+             new: torch.Tensor, birth: np.ndarray, err: np.ndarray) -> None:
+        slots = self._alloc(int(ids.numel()))
+        self._index.reserve(int(ids.numel()), self._entries)
+        self._index.insert(ids, slots)
+        self._ids.index_copy_(0, slots, ids)
+        self._served.index_copy_(0, slots, served.to(self.dtype))
+        self._current.index_copy_(0, slots, current.to(self.dtype))
+        self._new.index_copy_(0, slots, new)
+        s = slots.numpy()
+        self._live[s] = True
+        self._birth[s] = birth
+        self._rescore(s, err)
+        # one batch per birth tick (a hand-off has one; rows handed back may have several)
+        for b in np.unique(birth):
+            at = s[birth == b]
+            self.by_age.add(int(b), at, self._life[at])
+        if self.by_age.entries > 2 * len(self) + 4096:
+            self.by_age.rebuild(self._life)
+
+    # ------------------------------------------------------------------ publishing
+
+    def take(self, slots: np.ndarray) -> TakenRows:
+        """Remove pending ``slots`` (unique) and return their rows, ids ascending."""
+        s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        ids = self._ids.index_select(0, s)
+        ids, order = torch.sort(ids)
+        s = s.index_select(0, order)
+        out = TakenRows(ids=ids, served=self._served.index_select(0, s),
+                        current=self._current.index_select(0, s),
+                        new=self._new.index_select(0, s),
+                        birth=torch.from_numpy(self._birth[s.numpy()]))
+        self._drop(ids)
+        return out
+
+    def take_tombstones(self) -> Optional[torch.Tensor]:
+        """The evicted ids not sent yet (they are sent with the next message), or None."""
+        t, self.tombstones = self.tombstones, torch.empty(0, dtype=torch.int64)
+        return t if t.numel() else None
+
+    def put_back(self, rows: TakenRows, tombstones: Optional[torch.Tensor]) -> None:
+        """Rows (and tombstones) whose send failed: pending again with the state
+        predictors still hold. A row that changed meanwhile keeps its newer ``current``
+        and takes the older ``served``/``new``/birth back."""
+        if tombstones is not None and tombstones.numel():
+            self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
+        if not len(rows):
+            return
+        pos, _ = self._index.probe(rows.ids)
+        had = pos >= 0
+        if bool(had.any()):
+            w = had.nonzero().squeeze(1)
+            s = pos.index_select(0, w)
+            sn = s.numpy()
+            self._served.index_copy_(0, s, rows.served.index_select(0, w))
+            self._new.index_copy_(0, s, rows.new.index_select(0, w))
+            cur = self._current.index_select(0, s)
+            zero = self._new.index_select(0, s) if self.new_rows == "drift" \
+                else torch.zeros(s.numel(), dtype=torch.bool)
+            err, _, _ = self._errors(cur, rows.served.index_select(0, w), zero)
+            self._life[sn] += 1  # its AgeQueue entry moves to the older birth
+            self._birth[sn] = rows.birth.index_select(0, w).numpy()
+            self._rescore(sn, err.numpy())
+            for b in np.unique(self._birth[sn]):
+                at = sn[self._birth[sn] == b]
+                self.by_age.add(int(b), at, self._life[at])
+        fresh = (~had).nonzero().squeeze(1)
+        if fresh.numel():
+            served = rows.served.index_select(0, fresh)
+            new = rows.new.index_select(0, fresh)
+            cur = rows.current.index_select(0, fresh)
+            zero = new if self.new_rows == "drift" else torch.zeros_like(new)
+            err, _, _ = self._errors(cur, served, zero)
+            if self.new_rows == "first":
+                err = torch.where(new, math.inf, err)
+            self._add(rows.ids.index_select(0, fresh), served, cur, new,
+                      rows.birth.index_select(0, fresh).numpy(), err.numpy())
