@@ -208,8 +208,10 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
     tables = dict(model.items())
     serving = {p.label: {n: ServingTable(n, dims[n]) for n in dims} for p in policies}
     sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf") for p in policies}
+    # rounds inside tick: the prequential score of step s+1 must see step s's round
     budgets = {p.label: BudgetPublisher(tracker, sinks[p.label], p.label, p.budget,
-                                        tables=tables) for p in policies if p.budget}
+                                        tables=tables, threaded=False)
+               for p in policies if p.budget}
     labels: list[np.ndarray] = []
     trainer_logits: list[np.ndarray] = []
     bs = args.batch_size

@@ -12,7 +12,8 @@ consumers:
 
 * ``publish`` — with ``publish_budget`` > 0 (bytes/s), a
   :class:`~deltastream.BudgetPublisher` ticked after every step: the rows with the most
-  serving error per byte, across tables, within the budget; the rest is retained. Otherwise
+  serving error per byte, across tables, within the budget (its rounds run on the
+  publisher's worker, off the training loop); the rest stays pending. Otherwise
   every ``publish_every`` steps one :func:`deltastream.publish_delta` round: ``select_changed``
   (top ``topk_fraction`` by drift, new rows first), ``retain`` the leftover. Either way
   ``DeltaPublisher.publish`` per table (shard = rank, so the rows go to partition
@@ -33,10 +34,11 @@ import datetime
 import logging
 import math
 import os
+import queue
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -136,9 +138,12 @@ class _Trainer:
         frac = float(cfg["topk_fraction"])
         self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
         budget = float(cfg.get("publish_budget") or 0.0)
+        # the budget's rounds run on its worker; their records come back through on_round
+        self.budget_rounds: queue.SimpleQueue = queue.SimpleQueue()
         self.budget = BudgetPublisher(self.tracker, self.publisher, "publish",
                                       BudgetPolicy(bytes_per_s=budget),
-                                      tables=self.fqn_table) if budget > 0 else None
+                                      tables=self.fqn_table,
+                                      on_round=self.budget_rounds.put) if budget > 0 else None
         self.next_offset = self._end_offset()
         # next offsets of other partitions: a plan's shards publish under their own shard
         # ids (partition shard % partitions), e.g. a whole table on rank 1 is shard 0
@@ -188,26 +193,40 @@ class _Trainer:
 
     # ------------------------------------------------------------------ publish / snapshot
 
-    def publish_round(self, step: int, *, final: bool = False) -> dict:
+    def publish_round(self, step: int, *, final: bool = False) -> Optional[dict]:
         """One ``publish`` consumer round (:func:`deltastream.publish_delta`, or a budget
-        tick / final flush); its counters (``None`` for a budget tick that sent nothing)."""
+        tick / final flush); the counters of the last round recorded (``None`` when no
+        budget round finished)."""
         from deltastream import publish_delta
 
-        exact = 0
-        if self.budget is not None:
-            tick = self.budget.flush(step) if final else self.budget.tick(step)
-            if tick is None:
-                return None
-            rnd, exact = tick.round, tick.exact
-        else:
+        if self.budget is None:
             rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy,
                                 step=step, final=final, tables=self.fqn_table)
+            return self._record_round(rnd, 0)
+        if final:
+            self.budget.flush(step)
+        else:
+            self.budget.tick(step)  # a hand-off: the round runs on the budget's worker
+        return self._collect_budget_rounds()
+
+    def _collect_budget_rounds(self) -> Optional[dict]:
+        """Record the budget rounds that finished since the last call."""
+        rec = None
+        while True:
+            try:
+                tick = self.budget_rounds.get_nowait()
+            except queue.Empty:
+                return rec
+            rec = self._record_round(tick.round, tick.exact)
+
+    def _record_round(self, rnd: Any, exact: int) -> dict:
         for t in rnd.tables:
             if t.result is not None:
                 self.pending.append(t.result)
             if len(t.ids):
                 self.published_ids[t.table].append(t.ids.detach().cpu().numpy())
-        rec = dict(step=step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
+        final = rnd.final
+        rec = dict(step=rnd.step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
                    **rnd.totals(), exact=exact, seconds=rnd.seconds)
         for k in ("tracked", "published", "carried", "rejected", "exact", "tombstones",
                   "messages", "bytes"):
@@ -216,7 +235,7 @@ class _Trainer:
         if final:
             self.totals["final_flush"] = rec["published"]
         if final or rec["published"] or rec["tombstones"] or self.budget is None:
-            # a budget ticks every step: only the ticks that sent something are recorded
+            # a budget ticks every step: only the rounds that sent something are recorded
             self.rounds.append(rec)
             self.events.put(dict(rec, kind="publish", rank=self.rank))
         return rec
@@ -226,6 +245,9 @@ class _Trainer:
         from consumers.storage.snapshot import write_snapshot
 
         t0 = time.monotonic()
+        if self.budget is not None:  # every hand-off so far is published or pending
+            self.budget.drain()
+            self._collect_budget_rounds()
         self._settle()  # offsets of everything published so far are now known
         delta = self.tracker.get_delta("snapshot")
         for fqn, d in delta.items():
@@ -385,6 +407,8 @@ class _Trainer:
         # ---- final flush: everything still retained goes out now
         t_flush = time.monotonic()
         self.publish_round(step, final=True)
+        if self.budget is not None:
+            self.budget.close()
         self._settle()
         flush_s = time.monotonic() - t_flush
         left = sum(len(d) for d in self.tracker.get_delta("publish").values())

@@ -116,6 +116,9 @@ class BudgetPublisher:
             ``step − start_step`` at the first tick).
         threaded: run rounds on the publisher's worker threads (default) or inside
             ``tick`` (``False``: for tests and debugging).
+        on_round: called with each round's :class:`BudgetTick` once it is settled (on
+            the worker's thread when threaded): per-round records, e.g. the
+            ``PublishResult`` s whose offsets a snapshot needs.
 
     See the module docstring for what a tick does, its threads and the bounds it keeps.
     Use it as a context manager, or call :meth:`close`, to stop the worker.
@@ -124,13 +127,14 @@ class BudgetPublisher:
     def __init__(self, tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                  policy: BudgetPolicy, *, tables: Optional[Mapping[str, Any]] = None,
                  clock: Callable[[], float] = time.monotonic, start_step: int = 0,
-                 threaded: bool = True) -> None:
+                 threaded: bool = True,
+                 on_round: Optional[Callable[[BudgetTick], None]] = None) -> None:
         if not isinstance(policy, BudgetPolicy):
             raise TypeError(f"policy must be a BudgetPolicy, got {type(policy).__name__}")
         self.tracker, self.publisher, self.consumer, self.policy = \
             tracker, publisher, consumer, policy
         self._modules = dict(tracker.get_tracked_modules() if tables is None else tables)
-        self._engine = BudgetEngine(publisher, policy, self._modules)
+        self._engine = BudgetEngine(publisher, policy, self._modules, on_round)
         self._copier = HostCopier()
         self._worker = BudgetWorker(self._engine, consumer) if threaded else None
         self._clock = clock
@@ -142,6 +146,7 @@ class BudgetPublisher:
         self._units = 0.0  # refill units of ticks that only refilled
         self._tick = 0
         self._ticks = 0
+        self._skipped = 0  # ticks whose hand-off waited for a busy worker
         self._tick_s: deque = deque(maxlen=policy.window)  # training-thread seconds per tick
 
     # ------------------------------------------------------------------ public
@@ -171,7 +176,11 @@ class BudgetPublisher:
         too_soon = self._last_round_t is not None and self.policy.min_interval_s > 0 \
             and now - self._last_round_t < self.policy.min_interval_s
         out = None
-        if not too_soon:
+        if self._worker is not None and not too_soon and self._worker.behind():
+            # the worker has not merged the last hand-off: this tick's rows stay in the
+            # tracker (coalescing there, newest value at the next hand-off)
+            self._skipped += 1
+        elif not too_soon:
             self._last_round_t = now
             out = self._hand_off(int(step), ts, final=False)
         self._tick_s.append(time.perf_counter() - t0)
@@ -225,7 +234,9 @@ class BudgetPublisher:
         (normalized, and in embedding units per table). ``bytes_per_s`` / ``bytes_per_step``:
         budgeted bytes (the final flush apart) over the time and steps since the first tick.
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
-        ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``.
+        ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
+        ``deferred_ticks``: ticks that left their rows in the tracker because the worker had
+        not merged the previous hand-off yet.
         """
         st = self._engine.stats()
         secs = max(1e-9, self._last_t - self._t0)
@@ -234,7 +245,7 @@ class BudgetPublisher:
         st.update(
             ticks=self._ticks, policy=self.policy.describe(), seconds=secs, steps=steps,
             bytes_per_s=st["bytes"] / secs, bytes_per_step=st["bytes"] / steps if steps else None,
-            threaded=self._worker is not None,
+            threaded=self._worker is not None, deferred_ticks=self._skipped,
             backlog=self._worker.backlog() if self._worker is not None else None,
             worker_s=self._worker.busy_s if self._worker is not None else None,
             tick_ms={"p50": float(np.quantile(t, 0.5)), "p99": float(np.quantile(t, 0.99)),

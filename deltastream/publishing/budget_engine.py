@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -126,12 +126,14 @@ class BudgetEngine:
         publisher: where rows go; its ``dtype`` is the wire dtype rows are costed in.
         policy: the budget and the ranking.
         modules: ``{fqn: table module}`` (names, widths, column-shard keywords).
-        clock: seconds, monotonic (the first round's time origin).
+        on_round: called with every settled round's record (on the thread that ran it).
     """
 
     def __init__(self, publisher: RowPublisher, policy: BudgetPolicy,
-                 modules: Mapping[str, Any], clock: Any = time.monotonic) -> None:
+                 modules: Mapping[str, Any],
+                 on_round: Optional[Callable[[BudgetTick], None]] = None) -> None:
         self.publisher, self.policy, self.modules = publisher, policy, dict(modules)
+        self._on_round = on_round
         self.bucket = TokenBucket(policy.rate, policy.burst)
         self.tables: dict[str, PendingTable] = {}
         self._names = {fqn: table_name(fqn, m) for fqn, m in self.modules.items()}
@@ -326,6 +328,11 @@ class BudgetEngine:
             n["messages"] += rnd.messages
             n["tombstones"] += rnd.tombstones
             self.last = tick
+        if self._on_round is not None:
+            try:
+                self._on_round(tick)
+            except Exception:  # the user's callback must not undo the accounting
+                log.exception("budget publisher: on_round callback failed")
         return tick
 
     # ------------------------------------------------------------------ reading

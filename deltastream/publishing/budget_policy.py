@@ -18,6 +18,9 @@ __all__ = ["BudgetPolicy", "SCALES"]
 #: RMS row norm; ``"none"`` — raw L2 in embedding units.
 SCALES = ("table", "none")
 
+#: rounds of a ``bytes_per_s`` budget are at least this far apart by default (seconds)
+DEFAULT_INTERVAL_S = 0.1
+
 def _real(name: str, v: Any, lo: float, *, lo_open: bool = False,
           hi: float = math.inf) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)) \
@@ -48,7 +51,11 @@ class BudgetPolicy:
         overdue_share: share of each tick's tokens overdue rows may take, in ``(0, 1]``.
         new_rows: ``"drift"`` (a row predictors never received scores ``‖current‖``) or
             ``"first"`` (such rows go out before every other row).
-        min_interval_s: a tick sooner than this after the last round only refills.
+        min_interval_s: a tick sooner than this (seconds) after the last round only
+            refills; its rows wait in the tracker, where they coalesce. Default (``None``):
+            0.1 s for a ``bytes_per_s`` budget — rounds ten times a second cost the worker
+            a tenth of rounds after every step, and rows still reach predictors within
+            the budget's own delay — and 0 for a ``bytes_per_step`` budget.
         window: ticks the bound quantiles of :meth:`BudgetPublisher.stats` cover.
         per_byte: rank rows by score per wire byte of the row (default: the budget buys
             the most error removed per byte, so a dim-1 bias row that is off by as much
@@ -68,7 +75,7 @@ class BudgetPolicy:
     max_age: Optional[int] = 64
     overdue_share: float = 0.25
     new_rows: str = "drift"
-    min_interval_s: float = 0.0
+    min_interval_s: Optional[float] = None
     window: int = 1024
     per_byte: bool = True
 
@@ -101,6 +108,9 @@ class BudgetPolicy:
         if self.new_rows not in ("drift", "first"):
             raise ValueError(f"BudgetPolicy.new_rows must be 'drift' or 'first', got "
                              f"{self.new_rows!r}")
+        if self.min_interval_s is None:
+            object.__setattr__(self, "min_interval_s",
+                               0.0 if self.bytes_per_step is not None else DEFAULT_INTERVAL_S)
         _real("min_interval_s", self.min_interval_s, 0.0)
         if not isinstance(self.per_byte, bool):
             raise TypeError(f"BudgetPolicy.per_byte must be a bool, got {self.per_byte!r}")
@@ -131,4 +141,4 @@ class BudgetPolicy:
                 "burst_bytes": self.burst, "scale": self.scale, "weights": dict(self.weights),
                 "min_error": self.min_error, "max_age": self.max_age,
                 "overdue_share": self.overdue_share, "new_rows": self.new_rows,
-                "per_byte": self.per_byte}
+                "per_byte": self.per_byte, "min_interval_s": self.min_interval_s}

@@ -74,6 +74,12 @@ class BudgetWorker:
             self._cond.notify_all()
         return fut
 
+    def behind(self) -> bool:
+        """True while an earlier hand-off waits to be merged: the next one can wait too
+        (its rows stay in the tracker, where they coalesce at no cost)."""
+        with self._cond:
+            return bool(self._mailbox)
+
     def take_error(self) -> Optional[BaseException]:
         """The first error of the rounds since the last call (the others are logged)."""
         with self._cond:

@@ -1,0 +1,247 @@
+"""Benchmark: what deltastream costs the user's training loop.
+
+The step is ``train-step``'s (two :class:`~deltastream.HashTable` s of width ``--dim``, Zipf
+user/item ids, an MLP ``[u, v, u*v] -> 64 -> 32 -> 1``, SparseAdam + Adam, batch ``--batch``).
+One model per batch size; the configurations take turns on it, chunk by chunk
+(``--chunk`` steps), each timed against the step alone in the chunk just before it:
+
+* ``tracker``: a :class:`~deltastream.DeltaTracker` (EMBEDDING) read every 10 steps;
+* ``budget-<B>``: tracker + :class:`~deltastream.BudgetPublisher` at ``B`` bytes/s
+  (``--budgets``), ticked after every step, threaded (the default mode);
+* ``budget-<B>-sync``: the same with ``threaded=False`` (every round on the training thread,
+  as before the worker existed) at the first budget (``--sync``);
+* ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
+  (``SelectionPolicy(fraction=0.5)``, the leftover carried).
+
+Rows go to a real broker (the embedded one, f16). With ``--pending N`` each budget starts
+with ``N`` rows already pending (fresh ids inserted and handed off before the clock starts),
+so a tick's cost can be read against a large pending set.
+
+Figures per configuration and batch: **ratio** = median over chunks of (a chunk's time with
+deltastream ÷ the adjacent chunk's time alone: totals, so rare slow ticks count) — goal ≤ 1.05; the **p99 time the training
+thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** the budget sent over the
+whole run (``stats()["bytes_per_s"]``; ``delta-10``: acknowledged bytes over its chunks);
+the worker's busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and
+its largest backlog. The worker is drained before each "alone" chunk, so the alone chunks
+measure the step by itself.
+
+Clock: wall time on the training thread (a worker competing for the GIL or the cores shows
+as a slower step). Run: ``deltastream bench trainer-cost [--batches 512,4096] [--pending N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from bench._common import add_threads_flag, result, torch_threads, zipf_ids
+from bench.train_step import TableCTR
+from deltastream.embedding.optim import SparseAdam
+from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.rounds import SelectionPolicy, publish_delta
+from deltastream.tracking.tracker import DeltaTracker
+from deltastream.types import TrackingMode
+
+__all__ = ["main"]
+
+TICK_GOAL_MS = 1.0
+RATIO_GOAL = 1.05
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+class _Run:
+    """One configuration on the shared model: its tracker and publishing."""
+
+    def __init__(self, name: str, model: TableCTR, servers: str, topic: str,
+                 budget: float | None = None, threaded: bool = True,
+                 delta_every: int | None = None) -> None:
+        from deltastream import DeltaPublisher
+
+        self.name, self.delta_every = name, delta_every
+        self.tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+        self.pub = DeltaPublisher(servers, topic, model="bench", shard=0) \
+            if budget or delta_every else None
+        self.budget = BudgetPublisher(self.tracker, self.pub, "p",
+                                      BudgetPolicy(bytes_per_s=budget), threaded=threaded) \
+            if budget else None
+        self.times: list[float] = []
+        self.alone: list[float] = []
+        self.tick_s: list[float] = []
+        self.measured_s = 0.0
+        self.bytes0 = 0
+        self.t_bytes = 0.0
+
+    def after_step(self, step: int) -> None:
+        if self.budget is not None:
+            t0 = time.perf_counter()
+            self.budget.tick(step)
+            self.tick_s.append(time.perf_counter() - t0)
+        elif self.delta_every is not None:
+            if step % self.delta_every == 0:
+                t0 = time.perf_counter()
+                publish_delta(self.tracker, self.pub, "p", SelectionPolicy(fraction=0.5),
+                              step=step)
+                self.tick_s.append(time.perf_counter() - t0)
+            else:
+                self.tick_s.append(0.0)
+        elif step % 10 == 0:
+            self.tracker.get_delta("p")
+
+    def idle(self) -> None:
+        if self.budget is not None:
+            self.budget.drain()
+
+    def acked_bytes(self) -> int:
+        return 0 if self.pub is None else int(self.pub.stats()["bytes"])
+
+    def close(self) -> None:
+        if self.budget is not None:
+            self.budget.close()
+        if self.pub is not None:
+            self.pub.close()
+        self.tracker.close()
+
+
+def _prefill(run: _Run, model: TableCTR, n: int, step: int) -> None:
+    """Make ``n`` fresh user rows pending in ``run``'s budget (not timed)."""
+    base = (1 << 61) + step * (n + 1)
+    with torch.no_grad():
+        for start in range(0, n, 1 << 18):
+            ids = torch.arange(base + start, base + min(n, start + (1 << 18)))
+            model.user(ids)
+    run.budget.tick(step)
+    run.budget.drain()
+
+
+def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
+    from deltastream import ensure_topic
+
+    g = torch.Generator().manual_seed(args.seed)
+    model = TableCTR(args.dim, args.users, args.items, torch.device("cpu"))
+    opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
+    pool = [(zipf_ids(batch, vocab=args.users, alpha=1.05, generator=g),
+             zipf_ids(batch, vocab=args.items, alpha=1.05, generator=g),
+             torch.randint(0, 2, (batch,), generator=g).float()) for _ in range(64)]
+
+    def step(k: int) -> None:
+        u, i, y = pool[k % len(pool)]
+        logits = model(u, i)
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
+        for o in opts:
+            o.step()
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+
+    for k in range(len(pool)):  # warm-up: ids resident, optimizer state allocated
+        step(k)
+    topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
+    ensure_topic(servers, topic, partitions=1)
+    runs = [_Run("tracker", model, servers, topic)]
+    runs += [_Run(f"budget-{int(b)}", model, servers, topic, budget=b) for b in args.budgets]
+    if args.sync:
+        b = args.budgets[0]
+        runs.append(_Run(f"budget-{int(b)}-sync", model, servers, topic, budget=b,
+                         threaded=False))
+    runs.append(_Run("delta-10", model, servers, topic, delta_every=10))
+    k = len(pool)
+    try:
+        for r in runs:  # every tracker sees every step; each reads only its own chunks
+            if r.budget is not None and args.pending:
+                _prefill(r, model, args.pending, k)
+        for _ in range(args.rounds):
+            for r in runs:
+                r.idle()
+                with contextlib.ExitStack() as paused:
+                    for other in runs:
+                        paused.enter_context(other.tracker.pause())
+                    for _ in range(args.chunk):  # the step alone (trackers paused)
+                        t0 = time.perf_counter()
+                        step(k)
+                        k += 1
+                        r.alone.append(time.perf_counter() - t0)
+                b0, t_start = r.acked_bytes(), time.perf_counter()
+                with contextlib.ExitStack() as paused:
+                    for other in runs:
+                        if other is not r:
+                            paused.enter_context(other.tracker.pause())
+                    for _ in range(args.chunk):
+                        t0 = time.perf_counter()
+                        step(k)
+                        r.tracker.step()
+                        r.after_step(k)
+                        k += 1
+                        r.times.append(time.perf_counter() - t0)
+                r.measured_s += time.perf_counter() - t_start
+                r.bytes0 += r.acked_bytes() - b0
+        out = []
+        for r in runs:
+            # chunk totals, not medians: the user pays every slow tick too
+            pairs = [sum(r.times[c:c + args.chunk]) / sum(r.alone[c:c + args.chunk])
+                     for c in range(0, len(r.times), args.chunk)]
+            ratio = statistics.median(pairs)
+            tick = np.asarray(r.tick_s) * 1e3
+            st = r.budget.stats() if r.budget is not None else {}
+            worker = st.get("worker_s")
+            extra = dict(
+                batch=batch, config=r.name, tick_p99_ms=float(np.quantile(tick, 0.99))
+                if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
+                else None, bytes_per_s=st.get("bytes_per_s", r.bytes0 / r.measured_s),
+                step_alone_ms=statistics.median(r.alone) * 1e3,
+                worker_share=None if worker is None else worker / r.measured_s,
+                max_backlog=(st.get("backlog") or {}).get("max_handoffs"),
+                pending=st.get("pending"), prefilled=args.pending if r.budget else 0)
+            note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
+            note += f", {extra['bytes_per_s']:,.0f} B/s acked"
+            if worker is not None:
+                note += f", worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
+            out.append(result(f"trainer_cost.{r.name}.b{batch}",
+                              statistics.median(r.times) * 1e3, extra["step_alone_ms"],
+                              RATIO_GOAL, "ms/step", ratio=ratio, higher_is_better=False,
+                              baseline_desc="the same step alone, adjacent chunks",
+                              note=note, **extra))
+        return out
+    finally:
+        for r in runs:
+            r.close()
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark; one figure per configuration and batch size."""
+    p = argparse.ArgumentParser(prog="deltastream bench trainer-cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batches", type=_ints, default=[512, 4096], help="batch sizes (512,4096)")
+    p.add_argument("--dim", type=int, default=32, help="embedding width (32)")
+    p.add_argument("--users", type=int, default=200_000, help="Zipf user vocabulary (200K)")
+    p.add_argument("--items", type=int, default=50_000, help="Zipf item vocabulary (50K)")
+    p.add_argument("--budgets", type=_ints, default=[50_000, 5_000, 500_000],
+                   help="BudgetPublisher bytes/s, the first also in sync mode "
+                        "(50000,5000,500000)")
+    p.add_argument("--no-sync", dest="sync", action="store_false",
+                   help="leave out the synchronous-mode configuration")
+    p.add_argument("--pending", type=int, default=0,
+                   help="rows pending in each budget before timing (0)")
+    p.add_argument("--chunk", type=int, default=10, help="steps per timed chunk (10)")
+    p.add_argument("--rounds", type=int, default=6, help="chunks per configuration (6)")
+    p.add_argument("--servers", default=None, help="a Kafka broker (default: embedded)")
+    add_threads_flag(p)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    with torch_threads(args.threads), contextlib.ExitStack() as stack:
+        servers = args.servers
+        if servers is None:
+            from deltastream.broker import EmbeddedBroker
+            servers = stack.enter_context(EmbeddedBroker()).bootstrap_servers
+        return [r for b in args.batches for r in _measure(args, b, servers)]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from bench._common import emit
+    emit(main(), False)

@@ -1,0 +1,105 @@
+"""The pending set and its orders: kept up to date by merges, equal to a full re-sort."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from deltastream import wire
+from deltastream.publishing.pending import PendingTable
+from deltastream.publishing.score_order import ScoreOrder
+
+
+def test_score_order_top_equals_a_full_sort_through_updates_and_removals():
+    rng = np.random.default_rng(0)
+    n = 5000
+    stamps = np.zeros(n, dtype=np.int64)
+    key = np.full(n, np.nan)
+    order = ScoreOrder()
+    for _ in range(60):
+        slots = rng.choice(n, size=300, replace=False)
+        stamps[slots] += 1
+        key[slots] = rng.exponential(size=300)
+        live = int(np.count_nonzero(~np.isnan(key)))
+        order.add(key[slots], slots, stamps[slots].copy(), stamps, live)
+        gone = rng.choice(n, size=100, replace=False)  # published or removed
+        stamps[gone] += 1
+        key[gone] = np.nan
+        for m in (1, 17, 600):
+            k, s, more = order.top(m, stamps)
+            want = np.sort(key[~np.isnan(key)])[::-1][:m]
+            assert np.array_equal(k, want)
+            assert np.array_equal(key[s], k)  # every entry returned is live and current
+            assert more == (np.count_nonzero(~np.isnan(key)) > m) or more
+    assert order.entries <= 2 * np.count_nonzero(~np.isnan(key)) + 4096 + 300
+
+
+def _table(dim: int = 4, **kw) -> PendingTable:
+    return PendingTable(dim, torch.float32, capacity=4, **kw)
+
+
+def _rows(*values: float, dim: int = 4) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)[:, None].repeat(1, dim)
+
+
+def test_a_pending_row_keeps_what_predictors_hold_and_takes_the_newest_value():
+    t = _table()
+    ids = torch.tensor([1, 2, 3])
+    c = t.merge(ids, _rows(0, 0, 5), _rows(1, 0, 5), None, None, tick=1)
+    assert (c.scored, c.exact, c.rejected) == (3, 2, 0)  # 2 and 3 did not move
+    assert len(t) == 1 and t.max_error() == pytest.approx(2.0)  # ‖(1,1,1,1)‖
+    # row 1 moves again: its FIRST is now 1, but predictors still hold 0
+    c = t.merge(torch.tensor([1]), _rows(1), _rows(3), None, None, tick=2)
+    assert c.coalesced == 1 and len(t) == 1
+    assert t.max_error() == pytest.approx(6.0)
+    taken = t.take(t.live_slots())
+    assert taken.ids.tolist() == [1] and taken.current[0].tolist() == [3.0] * 4
+    assert taken.served[0].tolist() == [0.0] * 4 and taken.birth.tolist() == [1]
+    assert len(t) == 0 and t.max_error() == 0.0
+
+
+def test_growth_beyond_the_first_capacity_keeps_every_row():
+    t = _table(dim=2)
+    ids = torch.arange(1000) * 7
+    cur = torch.randn(1000, 2) + 10
+    t.merge(ids, torch.zeros(1000, 2), cur, None, None, tick=1)
+    assert len(t) == 1000
+    taken = t.take(t.live_slots())
+    assert taken.ids.tolist() == ids.tolist() and torch.equal(taken.current, cur)
+
+
+def test_rows_beyond_the_wire_range_and_nonfinite_rows_are_rejected_not_blocking():
+    t = _table(range_limit=wire.F16_MAX)
+    ids = torch.tensor([1, 2, 3, 4])
+    cur = _rows(1, 99999.8, float("nan"), 2)
+    c = t.merge(ids, _rows(0, 0, 0, 0), cur, None, None, tick=1)
+    assert (c.rejected, c.out_of_range) == (2, 1)
+    assert t.take(t.live_slots()).ids.tolist() == [1, 4]
+
+
+def test_new_rows_score_against_zeros_and_tombstones_drop_pending_rows():
+    t = _table()
+    new = torch.tensor([True, False])
+    t.merge(torch.tensor([5, 6]), _rows(9, 0), _rows(9, 1), new, None, tick=1)
+    assert len(t) == 2 and t.max_error() == pytest.approx(18.0)  # new: served zeros
+    t.merge(torch.empty(0, dtype=torch.int64), _rows(), _rows(), None,
+            torch.tensor([5]), tick=2)
+    assert len(t) == 1 and t.tombstones.tolist() == [5]
+    # re-inserted before its tombstone went out: scored against zeros, tombstone withdrawn
+    t.merge(torch.tensor([5]), _rows(0), _rows(2), torch.tensor([False]), None, tick=3)
+    assert t.tombstones.tolist() == [] and t.max_error() == pytest.approx(4.0)
+
+
+def test_put_back_restores_the_served_state_under_a_newer_value():
+    t = _table()
+    t.merge(torch.tensor([1, 2]), _rows(0, 0), _rows(1, 1), None, None, tick=1)
+    sent = t.take(t.live_slots())
+    t.merge(torch.tensor([1]), _rows(1), _rows(4), None, None, tick=5)  # moved meanwhile
+    t.put_back(sent, torch.tensor([9]))  # delivery failed
+    taken = t.take(t.live_slots())
+    assert taken.ids.tolist() == [1, 2]
+    assert taken.current[:, 0].tolist() == [4.0, 1.0]  # newest value kept
+    assert taken.served[:, 0].tolist() == [0.0, 0.0]  # what predictors still hold
+    assert taken.birth.tolist() == [1, 1]
+    assert t.take_tombstones().tolist() == [9]
