@@ -276,9 +276,14 @@ class PendingTable:
         self._live[s] = True
         self._birth[s] = birth
         self._rescore(s, err)
-        # one batch per birth tick (a hand-off has one; rows handed back may have several)
+        self._age(s)
+
+    def _age(self, slots: np.ndarray) -> None:
+        """Enter ``slots`` in the age order, one batch per birth tick (a hand-off has one;
+        rows handed back may have several)."""
+        birth = self._birth[slots]
         for b in np.unique(birth):
-            at = s[birth == b]
+            at = slots[birth == b]
             self.by_age.add(int(b), at, self._life[at])
         if self.by_age.entries > 2 * len(self) + 4096:
             self.by_age.rebuild(self._life)
@@ -326,9 +331,7 @@ class PendingTable:
             self._life[sn] += 1  # its AgeQueue entry moves to the older birth
             self._birth[sn] = rows.birth.index_select(0, w).numpy()
             self._rescore(sn, err.numpy())
-            for b in np.unique(self._birth[sn]):
-                at = sn[self._birth[sn] == b]
-                self.by_age.add(int(b), at, self._life[at])
+            self._age(sn)
         fresh = (~had).nonzero().squeeze(1)
         if fresh.numel():
             served = rows.served.index_select(0, fresh)
