@@ -36,7 +36,7 @@ import torch
 
 from deltastream.embedding.hash_index import HashIndex
 from deltastream.publishing.score_order import AgeQueue, ScoreOrder
-from deltastream.publishing.serving_error import TableScale
+from deltastream.publishing.serving_error import TableScale, row_errors
 from deltastream.tracking.sorted_ids import member, union
 
 __all__ = ["PendingTable", "TakenRows", "MergeCounts"]
@@ -183,18 +183,6 @@ class PendingTable:
 
     # ------------------------------------------------------------------ scoring
 
-    def _errors(self, current: torch.Tensor, served: torch.Tensor,
-                zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(error, norm, ok)`` float64/float64/bool ``[n]``: ``ok`` = finite (and within
-        the wire range); error is ``+inf`` for a finite row whose served value was not."""
-        cur = current.to(torch.float64)
-        ok = torch.isfinite(cur).all(dim=1)
-        norm = torch.linalg.vector_norm(cur, dim=1)
-        srv = served.to(torch.float64).masked_fill(zero[:, None], 0.0)
-        err = torch.linalg.vector_norm(cur - srv, dim=1)
-        err = torch.where(ok & ~torch.isfinite(err), math.inf, err)
-        return err, norm, ok
-
     def merge(self, ids: torch.Tensor, first: torch.Tensor, current: torch.Tensor,
               new: Optional[torch.Tensor], tombstones: Optional[torch.Tensor],
               tick: int) -> MergeCounts:
@@ -228,8 +216,8 @@ class PendingTable:
         # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
         served = torch.where(had[:, None], self._served.index_select(0, slot_of_had), first)
         is_new = torch.where(had, self._new.index_select(0, slot_of_had), new)
-        zero = is_new if self.new_rows == "drift" else torch.zeros_like(is_new)
-        err, norm, ok = self._errors(current, served, zero)
+        err, norm, ok = row_errors(current, served,
+                                   is_new if self.new_rows == "drift" else None)
         if self.new_rows == "first":
             err = torch.where(is_new & ok, math.inf, err)
         if self.range_limit is not None:
@@ -325,9 +313,9 @@ class PendingTable:
             self._served.index_copy_(0, s, rows.served.index_select(0, w))
             self._new.index_copy_(0, s, rows.new.index_select(0, w))
             cur = self._current.index_select(0, s)
-            zero = self._new.index_select(0, s) if self.new_rows == "drift" \
-                else torch.zeros(s.numel(), dtype=torch.bool)
-            err, _, _ = self._errors(cur, rows.served.index_select(0, w), zero)
+            err, _, _ = row_errors(cur, rows.served.index_select(0, w),
+                                   self._new.index_select(0, s) if self.new_rows == "drift"
+                                   else None)
             self._life[sn] += 1  # its AgeQueue entry moves to the older birth
             self._birth[sn] = rows.birth.index_select(0, w).numpy()
             self._rescore(sn, err.numpy())
@@ -337,8 +325,7 @@ class PendingTable:
             served = rows.served.index_select(0, fresh)
             new = rows.new.index_select(0, fresh)
             cur = rows.current.index_select(0, fresh)
-            zero = new if self.new_rows == "drift" else torch.zeros_like(new)
-            err, _, _ = self._errors(cur, served, zero)
+            err, _, _ = row_errors(cur, served, new if self.new_rows == "drift" else None)
             if self.new_rows == "first":
                 err = torch.where(new, math.inf, err)
             self._add(rows.ids.index_select(0, fresh), served, cur, new,
