@@ -16,9 +16,11 @@ runs one in the foreground and prints its bootstrap address (SIGTERM or Ctrl-C s
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib.resources
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +39,8 @@ __all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "free_port", "
            "serve_foreground", "add_broker_arguments"]
 
 log = logging.getLogger(__name__)
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 ENV_BIN = "DELTASTREAM_BROKER_BIN"
 
@@ -71,6 +75,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something listens on ``host:port`` (a bind with SO_REUSEADDR fails: on
+    Linux that ignores sockets in TIME_WAIT, so a restart on the same port is not refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def _plain(text: str) -> str:
+    """The broker's log as one plain line: no ANSI escapes, the port-taken panic named."""
+    text = _ANSI.sub("", text)
+    if "AddrInUse" in text or "Address already in use" in text:
+        return "its port is in use by another process"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "<empty log>"
 
 
 def kafka_ready(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -163,6 +188,9 @@ class EmbeddedBroker:
             raise BrokerError(f"embedded broker did not start: {last}")
 
     def _spawn(self, port: int) -> str:
+        # another process's listener would answer kafka_ready as if it were ours
+        if port_in_use(port):
+            return f"port {port} on 127.0.0.1 is in use by another process"
         url = f"tcp://127.0.0.1:{port}"
         if self._log_file is None:
             self._log_file = tempfile.NamedTemporaryFile(prefix="deltastream-broker-",
@@ -178,8 +206,9 @@ class EmbeddedBroker:
         deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                return f"exited with code {proc.returncode}; log: {self._log_tail()}"
-            if kafka_ready("127.0.0.1", port):
+                return f"port {port}: exited with code {proc.returncode}: " \
+                    f"{_plain(self._log_tail())}"
+            if kafka_ready("127.0.0.1", port) and proc.poll() is None:
                 self._proc = proc
                 self._finalizer = weakref.finalize(self, _kill, proc)
                 return ""
@@ -263,8 +292,8 @@ def serve_foreground(port: int, *, out: Optional[TextIO] = None) -> int:
                      broker.bootstrap_servers, broker.pid)
             while not stop.wait(0.5):
                 if not broker.running:
-                    print(f"deltastream broker: error: the broker process exited on its own; "
-                          f"log: {broker._log_tail(500)!r}", file=sys.stderr)
+                    print(f"deltastream broker: error: the broker process exited on its own: "
+                          f"{_plain(broker._log_tail(2000))}", file=sys.stderr)
                     return EXIT_UNAVAILABLE
             log.info("%s received: stopping the broker", received[0])
         finally:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -119,3 +121,24 @@ def test_sigterm_of_owner_kills_broker(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert _wait_dead(pid)
+
+
+@pytest.mark.parametrize("other", ["listener", "kafka"])
+def test_a_taken_port_is_one_plain_line_and_no_address(other):
+    """``deltastream broker --port P`` with P taken (by any listener, or by another Kafka
+    broker that answers on it) prints no address, one plain line naming the port, exit 3."""
+    with contextlib.ExitStack() as stack:
+        if other == "kafka":
+            port = stack.enter_context(EmbeddedBroker()).port
+        else:
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            port = sock.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "deltastream.broker", "--port", str(port)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r
+    assert r.stdout == "", "an address was printed for a broker that is not ours"
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "in use" in lines[0], r.stderr
+    assert "\x1b" not in r.stderr and "panicked" not in r.stderr
