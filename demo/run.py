@@ -30,7 +30,6 @@ import argparse
 import logging
 import multiprocessing as mp
 import queue
-import shutil
 import signal
 import sys
 import threading
@@ -49,14 +48,16 @@ from deltastream.cliargs import (
 )
 from deltastream.clilog import hide_secrets, kafka_hint
 from deltastream.kafka_config import secret_values, security_config, tls_probe
+from demo import outdir
 from demo import report as rpt
 from demo.options import DEFAULT_STEPS, DemoOptions, add_demo_arguments, options_from_args
+from demo.outdir import OutDirError
 from demo.progress import ProgressLine, status_line
 from demo.summary import build_report, make_plots
 
 # DemoOptions, add_demo_arguments and DEFAULT_STEPS live in demo.options; they are
 # re-exported here, where ``deltastream demo`` has always found them.
-__all__ = ["DemoOptions", "DemoError", "DemoUnavailable", "add_demo_arguments",
+__all__ = ["DemoOptions", "DemoError", "DemoUnavailable", "DemoUsageError", "add_demo_arguments",
            "run_demo_cli", "run_demo", "DEFAULT_STEPS"]
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ log = logging.getLogger(__name__)
 
 class DemoError(RuntimeError):
     """The demo could not run to the end (a process failed, a timeout); the text says why."""
+
+
+class DemoUsageError(DemoError):
+    """The options cannot be used as given (e.g. ``--out`` holds files the demo did not
+    write); the text says why."""
 
 
 class DemoUnavailable(DemoError):
@@ -91,6 +97,9 @@ def run_demo_cli(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, _first_interrupt)
     try:
         report = run_demo(opts)
+    except DemoUsageError as e:
+        print(f"deltastream demo: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except DemoUnavailable as e:
         print(f"deltastream demo: error: {e}{kafka_hint(str(e))}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -223,23 +232,6 @@ class _Run:
             fresh_p99=sv.get("fresh_p99")))
 
 
-def _prepare_out(out: Path) -> dict[str, Path]:
-    """Create ``out`` and clear the demo's own sub-directories from an earlier run."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"work": out / "work", "state": out / "predictor-state",
-             "snapshots": out / "snapshots"}
-    for p in paths.values():
-        if p.exists():
-            shutil.rmtree(p)
-        p.mkdir(parents=True)
-    for name in ("report.json", "freshness.png", "published.png"):
-        try:
-            (out / name).unlink()
-        except FileNotFoundError:
-            pass
-    return paths
-
-
 def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> dict:
     """Run the demo end to end; return the report (also written to ``opts.out``).
 
@@ -250,7 +242,19 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
     enabled = opts.progress == "on" or (opts.progress == "auto" and stream.isatty())
     progress = ProgressLine(stream, enabled)
     out = Path(opts.out)
-    paths = _prepare_out(out)
+    try:
+        paths = outdir.prepare(out)
+    except (OutDirError, OSError) as e:
+        raise DemoUsageError(str(e)) from None
+    try:
+        return _run(opts, out, paths, progress)
+    finally:
+        outdir.record(out)
+
+
+def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
+         progress: ProgressLine) -> dict:
+    """:func:`run_demo` once ``out`` is ready."""
     topic = opts.resolved_topic
     child_level = "DEBUG" if opts.log_level == "DEBUG" else "WARNING"
     t0_wall = time.time()

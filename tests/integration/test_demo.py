@@ -215,6 +215,21 @@ def test_bad_flags_are_refused_with_a_clear_error(tmp_path, args, words):
     assert not (tmp_path / "o").exists()  # refused before anything was started
 
 
+def test_an_out_dir_with_a_users_files_is_refused_and_kept(tmp_path):
+    """``--out DIR`` holding files no demo wrote: exit 2 naming one, nothing deleted."""
+    out = tmp_path / "o"
+    for sub in ("work", "snapshots"):
+        (out / sub).mkdir(parents=True)
+        (out / sub / "mine.txt").write_text("keep me")
+    proc = subprocess.run([sys.executable, "-m", "deltastream.cli", "demo", "--steps", "100",
+                           "--out", str(out)], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "mine.txt" in proc.stderr and "did not write" in proc.stderr
+    assert all((out / sub / "mine.txt").read_text() == "keep me"
+               for sub in ("work", "snapshots"))
+
+
 def test_flags_default_from_the_environment(tmp_path):
     env = _env()
     env["DELTASTREAM_DEMO_TOPK_FRACTION"] = "1.5"
