@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deltastream import HashTable
-from deltastream.publishing.serving_error import TableScale, serving_errors
+from deltastream.publishing.serving_error import TableScale, row_errors, serving_errors
 from deltastream.types import DeltaRows
 
 
@@ -94,3 +94,22 @@ def test_table_scale_averages_and_ignores_nan():
     assert s.value == pytest.approx(math.sqrt(12.5))
     with pytest.raises(ValueError, match="alpha"):
         TableScale(0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_row_errors_equal_the_reference_norms_for_every_float_dtype(dtype):
+    g = torch.Generator().manual_seed(3)
+    cur = (torch.randn(64, 12, generator=g) * 50).to(dtype)
+    srv = (torch.randn(64, 12, generator=g) * 50).to(dtype)
+    cur[3, 4], cur[5, 0], srv[7, 2] = float("nan"), float("inf"), float("inf")
+    zero = torch.zeros(64, dtype=torch.bool)
+    zero[::5] = True
+    err, norm, finite = row_errors(cur, srv, zero)
+    c, s = cur.double(), srv.double().masked_fill(zero[:, None], 0.0)
+    ref_finite = torch.isfinite(c).all(dim=1)
+    assert torch.equal(finite, ref_finite)
+    ok = ref_finite & torch.isfinite(s).all(dim=1)
+    torch.testing.assert_close(err[ok], torch.linalg.vector_norm(c - s, dim=1)[ok])
+    torch.testing.assert_close(norm[ref_finite], torch.linalg.vector_norm(c, dim=1)[ref_finite])
+    assert err[~ref_finite].isnan().all() and norm[~ref_finite].isnan().all()
+    assert err[ref_finite & ~ok].isinf().all()  # recovered from a non-finite served value
