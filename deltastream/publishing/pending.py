@@ -183,6 +183,15 @@ class PendingTable:
 
     # ------------------------------------------------------------------ scoring
 
+    def _score(self, current: torch.Tensor, served: torch.Tensor, new: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:func:`row_errors` under this table's ``new_rows`` rule: a row predictors never
+        received scores against zeros (``"drift"``) or ``+inf`` (``"first"``)."""
+        err, norm, ok = row_errors(current, served, new if self.new_rows == "drift" else None)
+        if self.new_rows == "first":
+            err = torch.where(new & ok, math.inf, err)
+        return err, norm, ok
+
     def merge(self, ids: torch.Tensor, first: torch.Tensor, current: torch.Tensor,
               new: Optional[torch.Tensor], tombstones: Optional[torch.Tensor],
               tick: int) -> MergeCounts:
@@ -216,10 +225,7 @@ class PendingTable:
         # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
         served = torch.where(had[:, None], self._served.index_select(0, slot_of_had), first)
         is_new = torch.where(had, self._new.index_select(0, slot_of_had), new)
-        err, norm, ok = row_errors(current, served,
-                                   is_new if self.new_rows == "drift" else None)
-        if self.new_rows == "first":
-            err = torch.where(is_new & ok, math.inf, err)
+        err, norm, ok = self._score(current, served, is_new)
         if self.range_limit is not None:
             big = ok & (current.abs().amax(dim=1).to(torch.float64) > self.range_limit)
             counts.out_of_range = int(big.sum())
@@ -313,9 +319,8 @@ class PendingTable:
             self._served.index_copy_(0, s, rows.served.index_select(0, w))
             self._new.index_copy_(0, s, rows.new.index_select(0, w))
             cur = self._current.index_select(0, s)
-            err, _, _ = row_errors(cur, rows.served.index_select(0, w),
-                                   self._new.index_select(0, s) if self.new_rows == "drift"
-                                   else None)
+            err, _, _ = self._score(cur, rows.served.index_select(0, w),
+                                    rows.new.index_select(0, w))
             self._life[sn] += 1  # its AgeQueue entry moves to the older birth
             self._birth[sn] = rows.birth.index_select(0, w).numpy()
             self._rescore(sn, err.numpy())
@@ -325,8 +330,6 @@ class PendingTable:
             served = rows.served.index_select(0, fresh)
             new = rows.new.index_select(0, fresh)
             cur = rows.current.index_select(0, fresh)
-            err, _, _ = row_errors(cur, served, new if self.new_rows == "drift" else None)
-            if self.new_rows == "first":
-                err = torch.where(new, math.inf, err)
+            err, _, _ = self._score(cur, served, new)
             self._add(rows.ids.index_select(0, fresh), served, cur, new,
                       rows.birth.index_select(0, fresh).numpy(), err.numpy())
