@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -231,10 +232,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--chunk", type=int, default=10, help="steps per timed chunk (10)")
     p.add_argument("--rounds", type=int, default=6, help="chunks per configuration (6)")
     p.add_argument("--servers", default=None, help="a Kafka broker (default: embedded)")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="S",
+                   help="sys.setswitchinterval for the run (default: Python's 0.005 s); a "
+                        "shorter one shows how much of the threaded cost is the training "
+                        "thread waiting for the GIL the worker holds")
     add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    old_interval = sys.getswitchinterval()
     with torch_threads(args.threads), contextlib.ExitStack() as stack:
+        if args.switch_interval is not None:
+            sys.setswitchinterval(args.switch_interval)
+            stack.callback(sys.setswitchinterval, old_interval)
         servers = args.servers
         if servers is None:
             from deltastream.broker import EmbeddedBroker
