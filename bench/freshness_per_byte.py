@@ -1,8 +1,9 @@
 """Freshness per byte on a real interaction log: serving AUC vs bytes, per publish policy.
 
 Data: MovieLens-100K (100,000 ratings in time order) as the ``recbole`` wheel ships it, or
-any log given with ``--log`` (see :mod:`bench._ratings`; nothing is downloaded at run
-time, and without a log the bench says how to get one and exits cleanly). Label: rating
+any log given with ``--log`` (see :mod:`bench._ratings`: without a log the ~2 MB wheel is
+fetched with pip into ``--cache``; if that fails the bench exits non-zero saying how to get
+one — it never passes having measured nothing). Label: rating
 >= ``--positive`` (4).
 
 Model: matrix factorization with biases, all four tables :class:`~deltastream.HashTable` s
@@ -61,7 +62,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import Loopback, result
-from bench._ratings import HOW_TO_GET, Ratings, load_ratings
+from bench._ratings import LogUnavailable, Ratings, load_ratings
 from demo.report import pyplot, save_png
 
 __all__ = ["main", "run"]
@@ -379,10 +379,10 @@ def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy])
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run the benchmark; return the result records ([] when no log is available)."""
     args = _parse(argv)
-    data = load_ratings(args.log, args.wheel, args.cache)
-    if data is None:
-        print(f"deltastream bench freshness-per-byte: {HOW_TO_GET}", file=sys.stderr)
-        return []
+    try:
+        data = load_ratings(args.log, args.wheel, args.cache)
+    except LogUnavailable as e:  # measuring nothing must not pass for a result
+        raise SystemExit(f"deltastream bench freshness-per-byte: error: {e}") from None
     policies = _policies(args)
     labels = [p.label for p in policies]
     if args.policy not in labels:

@@ -1,5 +1,5 @@
 """The freshness-per-byte benchmark end to end on a small synthetic log (CI never needs the
-real one), its log parser, its cache, and its clean exit without a log."""
+real one), its log parser, its cache, and its loud exit when no log can be had."""
 
 from __future__ import annotations
 
@@ -85,10 +85,19 @@ def test_bench_runs_on_a_synthetic_log_and_reports_every_policy(tmp_path):
     assert (tmp_path / "png" / "freshness_per_byte.png").is_file() or head["plot"] is None
 
 
-def test_without_a_log_the_bench_says_how_to_get_one(tmp_path, monkeypatch, capsys):
+def test_without_a_log_a_failed_fetch_fails_loudly_and_says_how_to_get_one(tmp_path,
+                                                                          monkeypatch):
+    """No log anywhere and the wheel cannot be fetched (a real pip run for a package that
+    does not exist): the bench exits non-zero naming the failure and how to get a log —
+    it never passes by measuring nothing."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "recbole" else real(name, *a))
-    assert bench.main(["--cache", str(tmp_path)]) == []
-    err = capsys.readouterr().err
-    assert "pip download --no-deps recbole" in err and "--log" in err
+    monkeypatch.setattr(_ratings, "RECBOLE_SPEC", "deltastream-no-such-package==0.0.1")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--cache", str(tmp_path)])
+    text = str(e.value.code)
+    assert "error" in text and "deltastream-no-such-package" in text
+    assert "pip download --no-deps recbole" in text and "--log" in text
+    with pytest.raises(_ratings.LogUnavailable, match="pip download"):
+        _ratings.load_ratings(None, None, tmp_path, fetch=False)
