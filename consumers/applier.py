@@ -9,7 +9,7 @@ raises on bad data and never applies part of a message:
 2. :func:`deltastream.wire.decode` validates the message (``WireError`` -> quarantined);
 3. model, headers-vs-body agreement, shard filter, a valid column range (a wire-v2 column
    slice from a column-wise shard is applied to those columns of its rows,
-   :mod:`consumers.columns`), known table and dim (a slice's ``width``) are checked; a
+   :mod:`consumers.serving.columns`), known table and dim (a slice's ``width``) are checked; a
    message of another model is not corrupt — it is skipped and counted by model name
    (``foreign_model``, :attr:`Applier.models`; ``Outcome.model`` names it), never
    quarantined;
@@ -29,9 +29,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from consumers.columns import batch_columns
+from consumers.errors import ApplyError
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable
+from consumers.serving.columns import batch_columns
+from consumers.serving.dtypes import STORAGE_DTYPES
+from consumers.serving.table import ServingTable
 from deltastream.wire import WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.sync import SyncDaemon
 from deltastream.clilog import setup_logging

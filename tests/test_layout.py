@@ -1,6 +1,7 @@
-"""The shape of the packages: arrows run one way (demo → consumers → deltastream, never back),
-no import cycle between modules, no module reaches into another module's private names, no
-module is over 600 lines."""
+"""The shape of the packages: arrows run one way (demo → consumers → deltastream, never back,
+and inside each package from a higher folder to a lower one, never up), no import cycle
+between modules, no module reaches into another module's private names, no module is over
+600 lines."""
 
 from __future__ import annotations
 
@@ -18,6 +19,23 @@ MAY_IMPORT = {"deltastream": {"deltastream"}, "consumers": {"consumers", "deltas
               "demo": {"demo", "deltastream", "consumers"}}
 # The one arrow up that the layout allows: `deltastream demo` loads the demo on use.
 ALLOWED_UP = {("deltastream.cli", "demo.run")}
+# Rooms (folders, and the top-level modules of a package), lowest first. A module may import
+# modules of its own room or of a room listed before it, never one listed after it (an
+# arrow up). A module belongs to the longest room name that is its name or a prefix of it;
+# a package name alone (``consumers``) holds its ``__init__`` and any module not listed.
+ROOMS = (
+    # trainer side and the shared contract
+    "deltastream.errors", "deltastream.types", "deltastream.kafka_config",
+    "deltastream.kafka_compat", "deltastream.wire_codec", "deltastream.wire",
+    "deltastream.cliargs", "deltastream.clilog", "deltastream.sharding",
+    "deltastream.kernels", "deltastream.embedding", "deltastream.tracking",
+    "deltastream.publishing", "deltastream.broker", "deltastream",
+    # predictor side: durable files, then the serving table, then what stores and feeds it
+    "consumers.errors", "consumers.cpus", "consumers.sched_policy", "consumers.files",
+    "consumers.serving", "consumers.storage", "consumers.sequencing", "consumers.quarantine",
+    "consumers.topic", "consumers.applier", "consumers.sync", "consumers.replay", "consumers",
+    "demo",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -98,11 +116,30 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_graph_sees_the_imports():
     g = _graph()
-    assert "consumers.storage.files" in g["consumers.serving_table"]
-    assert "consumers.serving_table" in g["consumers.storage.full_snapshot"]
+    assert "consumers.files" in g["consumers.serving.table"]
+    assert "consumers.serving.table" in g["consumers.storage.full_snapshot"]
     assert "consumers.sync.daemon" in g["consumers.sync"]
     assert "deltastream.wire" in g["consumers.applier"]
     assert "deltastream.tracking.recorder" in g["deltastream.tracking.tracker"]
+
+
+def _room(name: str) -> str:
+    """The room of module ``name`` (see ``ROOMS``)."""
+    return max((r for r in ROOMS if name == r or name.startswith(r + ".")), key=len)
+
+
+def test_rooms_see_the_layout():
+    assert _room("consumers.serving.table") == "consumers.serving"
+    assert _room("consumers") == "consumers"
+    assert _room("deltastream.wire_codec") == "deltastream.wire_codec"
+    assert ROOMS.index("consumers.storage") > ROOMS.index("consumers.serving")
+
+
+def test_no_arrow_up_between_rooms():
+    rank = {r: i for i, r in enumerate(ROOMS)}
+    bad = sorted(f"{n} -> {m}" for n, deps in _graph().items() for m in deps
+                 if rank[_room(m)] > rank[_room(n)] and (n, m) not in ALLOWED_UP)
+    assert bad == []
 
 
 def test_no_import_cycle_between_modules():

@@ -15,7 +15,7 @@ Messages of other models are skipped and counted (``foreign_model``); a range th
 records but none of ``model`` is refused with :class:`~consumers.errors.ReplayError` naming
 the models found (a wrong ``--model`` must not write an empty snapshot). ``out`` is checked
 before anything is read: it must not exist, be empty, or hold a deltastream snapshot
-(:func:`consumers.storage.files.check_replaceable`); nothing else there is ever replaced.
+(:func:`consumers.files.check_replaceable`); nothing else there is ever replaced.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, Optional, Union
 
 from consumers.applier import Applier
 from consumers.errors import ReplayError
+from consumers.files import PathLike, check_replaceable
 from consumers.replay.plan import (
     ReadPlan,
     check_models,
@@ -39,8 +40,8 @@ from consumers.replay.plan import (
     read_records,
 )
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ServingTable
-from consumers.storage.files import PathLike, check_replaceable
+from consumers.serving.dtypes import STORAGE_DTYPES
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 from deltastream.wire import WireError, decode
 

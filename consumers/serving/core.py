@@ -3,7 +3,7 @@
 State and publishing
 --------------------
 Each apply publishes a new state ``S`` (a counter in the header, ``H_SEQ``). The id index
-(:class:`~consumers.id_index.IdIndex`) keeps two value copies per bucket: state ``S`` is
+(:class:`~consumers.serving.id_index.IdIndex`) keeps two value copies per bucket: state ``S`` is
 in copy ``S & 1``. Rows are copy-on-write: an apply writes every upserted row into a fresh
 slot, so a slot a published state references never changes while that state can be read.
 An apply that will publish ``S + 1``:
@@ -44,9 +44,9 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from consumers.columns import Columns, scatter_columns
-from consumers.id_index import DELETED, IdIndex, buckets_for
+from consumers.serving.columns import Columns, scatter_columns
 from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
+from consumers.serving.id_index import DELETED, IdIndex, buckets_for
 from consumers.serving.lookup import lookup_slots, read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
@@ -161,7 +161,7 @@ class TableCore:
         """Delete ``tomb`` then upsert ``ids`` (unique int64) with ``rows`` (storage dtype
         ``[n, dim]``) as one published state; returns how many ``tomb`` ids were present.
         ``cols``: ``rows`` are ``[n, cols.n]``, columns ``[cols.col, cols.col + cols.n)`` of
-        each row (a column slice, :mod:`consumers.columns`); the other columns keep their
+        each row (a column slice, :mod:`consumers.serving.columns`); the other columns keep their
         values (zeros for ids new here).
         On an exception nothing was published and the table is as before."""
         n = ids.shape[0]

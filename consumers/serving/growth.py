@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from consumers.id_index import DELETED, IdIndex, bucket_of
+from consumers.serving.id_index import DELETED, IdIndex, bucket_of
 
 __all__ = ["Growth", "START_LOAD", "END_LOAD", "HARD_LOAD", "MIN_STEP"]
 

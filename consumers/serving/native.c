@@ -7,7 +7,7 @@
  * after another, prefetching overlaps them (distances tuned on a 2-core AMD EPYC VM; the
  * results were flat within noise around these values).
  *
- * Same layout and protocol as consumers/id_index.py and consumers/serving/core.py (read
+ * Same layout and protocol as consumers/serving/id_index.py and consumers/serving/core.py (read
  * those first): buckets are int64 [B, 2] (B a power of 2): the key, then two int32 value
  * copies (a row slot >= 1, 0 EMPTY, -1 DELETED). Home bucket: the top log2(B) bits of
  * (key ^ key >> 32) * 0x9E3779B97F4A7C15; linear probing; the first bucket holding the key
@@ -21,7 +21,7 @@
  *   read_rows(hdr, tab, rows, s, keys, out, nogil) -> 1 valid, 0 overtaken (retry),
  *       2 valid but the index named a slot outside rows (a corrupt table)
  *   lookup_slots(tab, keys, col, out, nogil) -> None (out: int32 [n], slot or 0)
- * The writer's side (the caller holds the table's write lock; consumers/id_index.py):
+ * The writer's side (the caller holds the table's write lock; consumers/serving/id_index.py):
  *   index_find(tab, keys, col, pos, slot, nogil) -> None (pos: int64 [n], the bucket holding
  *       the key live in copy col or -1; slot: int32 [n], its slot or 0)
  *   index_insert(tab, keys, slots, col, other, pos, nogil) -> buckets newly used (they were

@@ -61,12 +61,8 @@ from typing import Any, Optional
 import numpy as np
 
 from consumers.errors import SnapshotError
-from consumers.serving.views import FrozenChanges
-from consumers.serving_table import ServingTable
-from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
-from consumers.storage.files import (
+from consumers.files import (
     MANIFEST,
-    STORAGE_DTYPES,
     PathLike,
     check_format,
     fsync_dir,
@@ -79,6 +75,10 @@ from consumers.storage.files import (
     seal,
     write_chunks,
 )
+from consumers.serving.dtypes import STORAGE_DTYPES
+from consumers.serving.table import ServingTable
+from consumers.serving.views import FrozenChanges
+from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
 from consumers.storage.full_snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,

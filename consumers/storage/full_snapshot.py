@@ -25,19 +25,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 from consumers.errors import SnapshotError
-from consumers.serving_table import ServingTable
-from consumers.storage.files import (
+from consumers.files import (
     MANIFEST,
-    TABLE_FORMAT,
-    TableData,
     check_format,
     fsync_dir,
     read_manifest,
-    read_table_dir,
     write_manifest,
-    write_table_dir,
 )
-from consumers.storage.table_stream import write_table_stream
+from consumers.serving.table import ServingTable
+from consumers.serving.table_files import (
+    TABLE_FORMAT,
+    TableData,
+    read_table_dir,
+    write_table_dir,
+    write_table_stream,
+)
 
 __all__ = ["Snapshot", "SNAPSHOT_FORMAT", "SNAPSHOT_FORMAT_VERSION", "check_contents",
            "write_full", "read_full", "read_saved", "load_table"]

@@ -42,10 +42,10 @@ from typing import Any, Optional
 
 from consumers.applier import Applier, Outcome
 from consumers.cpus import CpuSpec, pin_thread
+from consumers.files import PathLike
 from consumers.quarantine import Quarantine
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
-from consumers.storage.files import PathLike
 from consumers.sync.base import BaseArg
 from consumers.sync.checkpointer import Checkpointer
 from consumers.sync.failures import FailureLog

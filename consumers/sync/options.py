@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from consumers.cpus import CpuSpec, check_cpus
+from consumers.files import PathLike
+from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.shm import shm_base
-from consumers.serving_table import STORAGE_DTYPES
-from consumers.storage.files import PathLike
 from consumers.sync.base import BaseArg, base_paths
 from deltastream.kafka_config import check_bootstrap_servers
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.base import BaseArg, read_base
 

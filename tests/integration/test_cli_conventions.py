@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.topic import TopicReader
 from deltastream.broker import free_port, kafka_ready

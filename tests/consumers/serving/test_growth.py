@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import consumers.serving.growth as growth_mod
-from consumers.id_index import DELETED, EMPTY, IdIndex, bucket_of
 from consumers.serving.growth import Growth
+from consumers.serving.id_index import DELETED, EMPTY, IdIndex, bucket_of
 
 OLD, NEW = 1 << 12, 1 << 14  # buckets: a 4× growth (16 B each: the new index is 256 KiB)
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from consumers.errors import ConsumerError
-from consumers.id_index import DELETED, IdIndex, bucket_of
-from consumers.id_index import lookup_slots as numpy_lookup_slots
 from consumers.serving import lookup
+from consumers.serving.id_index import DELETED, IdIndex, bucket_of
+from consumers.serving.id_index import lookup_slots as numpy_lookup_slots
 from consumers.serving.memory import H_PREP, H_SEQ, HEADER_BYTES
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 
 REPO = Path(__file__).resolve().parents[3]
 native = pytest.mark.skipif(not lookup.NATIVE_AVAILABLE, reason="native probe not built")
@@ -295,7 +295,7 @@ def test_without_the_extension_numpy_is_used_and_said_once():
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
             "sys.modules['consumers.serving.native'] = None; "  # its import fails
             "from consumers.serving import lookup; import numpy as np; "
-            "from consumers.serving_table import ServingTable; "
+            "from consumers.serving.table import ServingTable; "
             "t = ServingTable('e', 2); t.upsert([1], np.ones((1, 2))); "
             "assert (t.lookup([1, 2]) == [[1, 1], [0, 0]]).all(); "
             "print(lookup.NATIVE_AVAILABLE, lookup.native_enabled())\n"

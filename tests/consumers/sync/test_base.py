@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import write_snapshot
 from consumers.sync.base import read_base
 

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from consumers.serving_table import ApplyError, ApplyResult, ServingTable, SnapshotError
+from consumers.serving.table import ApplyError, ApplyResult, ServingTable, SnapshotError
 from deltastream.wire import DeltaBatch, decode, encode
 
 pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
@@ -465,7 +465,7 @@ def test_edited_manifest_detected(saved):
 def test_resealed_manifest_with_wrong_shape_detected(saved):
     """Even a manifest with a valid checksum cannot make a file be read with another shape
     or dtype (and object arrays are never unpickled)."""
-    from consumers.storage.files import seal
+    from consumers.files import seal
 
     _, path = saved
     doc = json.loads((path / "manifest.json").read_text())
@@ -477,7 +477,7 @@ def test_resealed_manifest_with_wrong_shape_detected(saved):
 
 
 def test_object_npy_refused(saved):
-    from consumers.storage.files import seal
+    from consumers.files import seal
 
     _, path = saved
     doc = json.loads((path / "manifest.json").read_text())

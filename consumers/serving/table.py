@@ -7,7 +7,7 @@ Layout and concurrency (see :mod:`consumers.serving.core`)
   unknown id maps to it, so ``lookup`` is one probe plus one gather with no masking.
 * Rows are copy-on-write: an apply writes new rows into fresh slots and publishes them in
   one store; replaced slots are reused only once no reader can still read them.
-* The id -> slot index (:class:`~consumers.id_index.IdIndex`) holds two value copies per
+* The id -> slot index (:class:`~consumers.serving.id_index.IdIndex`) holds two value copies per
   bucket: readers read the published one while the writer builds the next. When it fills
   up it migrates to a bigger index a slice per apply.
 
@@ -27,7 +27,7 @@ Snapshots
 ``save(dir)`` writes ``ids.npy`` and ``rows.npy`` (``allow_pickle=False``) and a
 ``manifest.json`` with the format version, shapes and CRC-32C of each file (and a sha256
 of the manifest itself) into a temporary directory next to ``dir``, fsyncs files and
-directories, then swaps it in with renames (see :mod:`consumers.storage.files`). ``load``
+directories, then swaps it in with renames (see :mod:`consumers.files`). ``load``
 verifies everything and raises :class:`SnapshotError` naming the file and the problem.
 Snapshots and checkpoints (:mod:`consumers.storage`) use the public persistence surface:
 frozen views (:meth:`ServingTable.frozen`, :meth:`ServingTable.frozen_changes`),
@@ -46,28 +46,20 @@ from typing import Any, Optional
 
 import numpy as np
 
-from consumers.columns import batch_columns
 from consumers.errors import ApplyError, SnapshotError
-from consumers.id_index import as_ids
+from consumers.files import PathLike, resolve_dir, write_dir_atomic
+from consumers.serving.columns import batch_columns
 from consumers.serving.core import TableCore
+from consumers.serving.dtypes import F16_MAX, STORAGE_DTYPES
+from consumers.serving.id_index import as_ids
 from consumers.serving.shm import SharedStorage
+from consumers.serving.table_files import read_table_dir, write_table_stream
 from consumers.serving.views import FrozenChanges, FrozenTable
-from consumers.storage.files import (
-    STORAGE_DTYPES,
-    PathLike,
-    read_table_dir,
-    resolve_dir,
-    write_dir_atomic,
-)
-from consumers.storage.table_stream import write_table_stream
 from deltastream.wire import MAX_DIM, DeltaBatch
 
 __all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
 
 log = logging.getLogger(__name__)
-
-_F16_MAX = 65504.0
-
 
 @dataclass
 class ApplyResult:
@@ -145,9 +137,9 @@ class ServingTable:
             raise ApplyError(f"{what}: {bad} row(s) hold NaN or inf values; table "
                              f"{self.name!r} refuses non-finite rows")
         if self._np_dtype == np.float16 and rows.dtype != np.float16:
-            if rows.size and float(np.abs(rows).max()) > _F16_MAX:
+            if rows.size and float(np.abs(rows).max()) > F16_MAX:
                 raise ApplyError(f"{what}: a value exceeds the f16 storage range "
-                                 f"(±{_F16_MAX:g}) of table {self.name!r}")
+                                 f"(±{F16_MAX:g}) of table {self.name!r}")
         return rows
 
     # ------------------------------------------------------------------ public API
@@ -182,7 +174,7 @@ class ServingTable:
 
         A column slice (wire v2 ``col``/``width``, from a column-wise trainer shard) writes
         only columns ``[col, col + batch.dim)`` of each row; its ``width`` must be this
-        table's ``dim`` (:mod:`consumers.columns`).
+        table's ``dim`` (:mod:`consumers.serving.columns`).
 
         Raises :class:`ApplyError` (table untouched) on a table-name or dim mismatch, an
         unknown wire dtype, bad shapes, duplicate ids, or non-finite rows.

@@ -17,10 +17,11 @@ incremental checkpoint) is built from these pieces:
 * **ownership** — a write replaces only what deltastream wrote: an output path (or its
   ``<path>.old``) that exists and is neither an empty directory nor a deltastream snapshot
   (:func:`is_deltastream_dir`) is refused with :class:`SnapshotError` naming the path and
-  what was expected (:func:`check_replaceable`); nothing there is deleted or moved;
-* **table directories** — one table's ``ids.npy`` + ``rows.npy`` + manifest
-  (:func:`write_table_dir` / :func:`read_table_dir`), the layout of ``ServingTable.save``
-  and of every table inside a snapshot.
+  what was expected (:func:`check_replaceable`); nothing there is deleted or moved.
+
+The table directory (one table's ``ids.npy`` + ``rows.npy`` + manifest) is the serving
+table's own format: :mod:`consumers.serving.table_files`. This module knows no table: it
+sits below both ``consumers.serving`` and ``consumers.storage``.
 
 Every problem found while reading raises :class:`~consumers.errors.SnapshotError` naming
 the file and what was expected.
@@ -39,20 +40,16 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
 import crc32c
 import numpy as np
 
 from consumers.errors import SnapshotError
-from deltastream.wire import MAX_DIM
 
 __all__ = [
     "PathLike",
     "MANIFEST",
-    "STORAGE_DTYPES",
-    "TABLE_FORMAT",
-    "TABLE_FORMAT_VERSION",
     "OWN_FORMATS",
     "HashingWriter",
     "CHECKSUM",
@@ -69,9 +66,6 @@ __all__ = [
     "read_verified",
     "parse_npy",
     "check_format",
-    "TableData",
-    "write_table_dir",
-    "read_table_dir",
     "old_path",
     "new_tmp",
     "is_tmp_name",
@@ -88,13 +82,7 @@ log = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
 T = TypeVar("T")
 
-#: storage dtype name -> numpy dtype (rows of serving tables, in memory and on disk)
-STORAGE_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
-
 MANIFEST = "manifest.json"
-TABLE_FORMAT = "deltastream-table"
-#: 2: file entries carry a CRC-32C (1: a sha256; still read)
-TABLE_FORMAT_VERSION = 2
 #: manifest formats deltastream writes (table dir, full snapshot, incremental checkpoint)
 OWN_FORMATS = ("deltastream-table", "deltastream-snapshot", "deltastream-checkpoint")
 #: names deltastream writes at the top of a table, snapshot or checkpoint directory
@@ -311,61 +299,6 @@ def parse_npy(data: bytearray, path: Path, dtype: np.dtype, shape: tuple) -> np.
         raise SnapshotError(f"{path}: {len(data) - offset} data bytes, expected "
                             f"{count * dtype.itemsize}")
     return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
-
-
-# ----------------------------------------------------------------------------- table dirs
-
-
-class TableData(NamedTuple):
-    """One table as stored: name, storage dtype name, ids ascending int64 ``[n]``, rows
-    ``[n, dim]`` in the storage dtype."""
-
-    name: str
-    dtype: str
-    ids: np.ndarray
-    rows: np.ndarray
-
-
-def write_table_dir(dir: Path, table: TableData) -> dict:
-    """Write ``table`` into the (new) directory ``dir`` (files and directory fsynced);
-    returns the manifest file's entry (size, checksum)."""
-    dir.mkdir(parents=True, exist_ok=False)
-    keys, rows = table.ids, table.rows
-    files = {"ids.npy": write_npy(dir / "ids.npy", keys.astype("<i8", copy=False)),
-             "rows.npy": write_npy(dir / "rows.npy",
-                                   rows.astype(rows.dtype.newbyteorder("<"), copy=False))}
-    body = {"format": TABLE_FORMAT, "version": TABLE_FORMAT_VERSION, "name": table.name,
-            "dim": int(rows.shape[1]), "dtype": table.dtype, "n": int(keys.shape[0]),
-            "files": files}
-    entry = write_manifest(dir, body)
-    fsync_dir(dir)
-    return entry
-
-
-def read_table_dir(dir: Path, entry: Any = None, body: Optional[dict] = None) -> TableData:
-    """Read and verify a table directory (``entry``: expected manifest size/checksum;
-    ``body``: its already verified manifest). The arrays are read-only views."""
-    if body is None:
-        body = read_manifest(dir, entry)
-    where = dir / MANIFEST
-    check_format(where, body, TABLE_FORMAT, TABLE_FORMAT_VERSION)
-    name, dim, dtype, n = body.get("name"), body.get("dim"), body.get("dtype"), body.get("n")
-    files = body.get("files")
-    if not isinstance(name, str) or not name or not isinstance(dim, int) \
-            or not 1 <= dim <= MAX_DIM or dtype not in STORAGE_DTYPES \
-            or not isinstance(n, int) or n < 0 or not isinstance(files, dict):
-        raise SnapshotError(f"{where}: malformed fields (name={name!r}, dim={dim!r}, "
-                            f"dtype={dtype!r}, n={n!r})")
-    for fname in ("ids.npy", "rows.npy"):
-        if fname not in files:
-            raise SnapshotError(f"{where}: no entry for {fname}")
-    ids = parse_npy(read_verified(dir / "ids.npy", files["ids.npy"]), dir / "ids.npy",
-                    np.dtype("<i8"), (n,))
-    rows = parse_npy(read_verified(dir / "rows.npy", files["rows.npy"]), dir / "rows.npy",
-                     STORAGE_DTYPES[dtype], (n, dim))
-    if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise SnapshotError(f"{dir / 'ids.npy'}: ids are not strictly ascending")
-    return TableData(name, dtype, ids, rows)
 
 
 # ----------------------------------------------------------------------------- atomic dirs

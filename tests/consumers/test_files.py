@@ -1,4 +1,4 @@
-"""Durable writes (consumers.storage.files): what reaches the file, in bounded write() calls."""
+"""Durable writes (consumers.files): what reaches the file, in bounded write() calls."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from consumers.errors import SnapshotError
-from consumers.storage.files import (
+from consumers.files import (
     WRITE_SLICE,
     HashingWriter,
     check_format,

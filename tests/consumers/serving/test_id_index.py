@@ -1,4 +1,4 @@
-"""IdIndex (consumers.id_index): lookups in both probe paths (and natively), two value
+"""IdIndex (consumers.serving.id_index): lookups in both probe paths (and natively), two value
 copies, inserts."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumers.id_index import (
+from consumers.serving.id_index import (
     DELETED,
     EMPTY,
     IdIndex,
