@@ -15,8 +15,10 @@ raises on bad data and never applies part of a message:
    quarantined;
 4. :class:`~consumers.sequencing.SeqTracker` classifies (epoch, seq): duplicates and stale
    epochs are skipped, gaps and new epochs are applied and reported;
-5. :meth:`ServingTable.apply` validates and applies atomically (``ApplyError`` ->
-   quarantined; a table first seen is only created when its first batch applies);
+5. :meth:`ServingTable.apply` trusts the decoded batch, checks what is the table's (dim, a
+   wire-v2 column slice's ``width``; finite values in its storage range) and applies
+   atomically (``ApplyError`` -> quarantined; a table first seen is only created when its
+   first batch applies);
 6. the seq is committed.
 
 A quarantined message's seq is not committed: its data never reached the table, so the next
@@ -31,10 +33,9 @@ from typing import Any, Optional
 
 from consumers.errors import ApplyError
 from consumers.sequencing import SeqTracker
-from consumers.serving.columns import batch_columns
 from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.table import ServingTable
-from deltastream.wire import WireError, decode, parse_headers
+from deltastream.wire import DecodedBatch, WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
 
@@ -153,12 +154,7 @@ class Applier:
             size = len(value)
         except TypeError:
             size = 0
-        hdr = None
-        if headers:
-            try:
-                hdr = parse_headers(headers)
-            except WireError as e:
-                log.debug("ignoring malformed headers: %s", e)
+        hdr = _headers(headers)
         if hdr is not None and self.shards is not None and hdr["shard"] not in self.shards \
                 and hdr["model"] == self.model:
             self.models[self.model] = self.models.get(self.model, 0) + 1
@@ -176,6 +172,19 @@ class Applier:
         if b.model != self.model:
             return self._foreign(b, size, fields)
         fields["model"] = b.model
+        refused = self._refusal(b, hdr, size, fields)
+        if refused is not None:
+            return refused
+        verdict = self.seqs.check(b.table, b.shard, b.epoch, b.seq)
+        if verdict.kind in ("duplicate", "stale_epoch"):
+            return self._skip_seq(b, verdict.kind, size, fields)
+        return self._apply(b, verdict, size, fields)
+
+    def _refusal(self, b: DecodedBatch, hdr: Optional[dict], size: int,
+                 fields: dict) -> Optional[Outcome]:
+        """The policy checks of a batch of this model: headers agree with the body, a shard
+        served here, a table known (when ``table_dims`` names them). None when it passes.
+        The batch itself was validated by ``decode``; its dim is the table's to check."""
         if hdr is not None:
             body = {"model": b.model, "table": b.table, "shard": b.shard, "epoch": b.epoch,
                     "seq": b.seq}
@@ -186,37 +195,33 @@ class Applier:
             self.counters["skipped"] += 1
             return Outcome("skipped", reason=f"shard {b.shard} not served", bytes=size,
                            **fields)
-        try:  # a column slice's rows are `width` wide: that is the table's dim
-            width = batch_columns(b).width
-        except ApplyError as e:
-            return self._quarantine(f"apply: {e}", size, **fields)
-        if self.table_dims is not None:
-            want = self.table_dims.get(b.table)
-            if want is None:
-                return self._quarantine(f"unknown table {b.table!r} (known: "
-                                        f"{sorted(self.table_dims)})", size, **fields)
-            if width != want:
-                return self._quarantine(f"dim: table {b.table!r} has dim {want}, message "
-                                        f"has dim {width}", size, **fields)
-        verdict = self.seqs.check(b.table, b.shard, b.epoch, b.seq)
-        if verdict.kind == "duplicate":
+        if self.table_dims is not None and b.table not in self.table_dims:
+            return self._quarantine(f"unknown table {b.table!r} (known: "
+                                    f"{sorted(self.table_dims)})", size, **fields)
+        return None
+
+    def _skip_seq(self, b: DecodedBatch, kind: str, size: int, fields: dict) -> Outcome:
+        """A duplicate or a message of a stale trainer epoch: counted, skipped."""
+        if kind == "duplicate":
             self.counters["duplicates"] += 1
             return Outcome("duplicate", reason=f"seq {b.seq} already applied", bytes=size,
                            **fields)
-        if verdict.kind == "stale_epoch":
-            self.counters["stale"] += 1
-            key = (b.table, b.shard, b.epoch)
-            if key not in self._stale_warned:
-                self._stale_warned.add(key)
-                log.warning("table %r shard %d: skipping messages of stale epoch %d (a newer "
-                            "trainer epoch is already applied)", b.table, b.shard, b.epoch)
-            return Outcome("stale", reason=f"epoch {b.epoch} is older than the current one",
-                           bytes=size, **fields)
+        self.counters["stale"] += 1
+        key = (b.table, b.shard, b.epoch)
+        if key not in self._stale_warned:
+            self._stale_warned.add(key)
+            log.warning("table %r shard %d: skipping messages of stale epoch %d (a newer "
+                        "trainer epoch is already applied)", b.table, b.shard, b.epoch)
+        return Outcome("stale", reason=f"epoch {b.epoch} is older than the current one",
+                       bytes=size, **fields)
+
+    def _apply(self, b: DecodedBatch, verdict: Any, size: int, fields: dict) -> Outcome:
+        """Apply ``b`` to its table (created with its first batch), commit its seq, count."""
         table = self.tables.get(b.table)
         created = table is None
         try:
             if created:
-                dim = width if self.table_dims is None else self.table_dims[b.table]
+                dim = b.width if self.table_dims is None else self.table_dims[b.table]
                 table = ServingTable(b.table, dim, dtype=self.dtype,
                                      capacity=max(1024, b.n))
             res = table.apply(b)
@@ -247,3 +252,14 @@ class Applier:
                         b.table, b.shard, b.epoch, lo, hi, hi - lo + 1)
         return Outcome("applied", rows=res.upserted, deleted=res.deleted, bytes=size,
                        gap=verdict.missing, **fields)
+
+
+def _headers(headers: Any) -> Optional[dict]:
+    """Parsed Kafka headers, or None when absent or malformed (they are only a hint)."""
+    if not headers:
+        return None
+    try:
+        return parse_headers(headers)
+    except WireError as e:
+        log.debug("ignoring malformed headers: %s", e)
+        return None

@@ -48,14 +48,14 @@ import numpy as np
 
 from consumers.errors import ApplyError, SnapshotError
 from consumers.files import PathLike, resolve_dir, write_dir_atomic
-from consumers.serving.columns import batch_columns
+from consumers.serving.columns import Columns, batch_columns
 from consumers.serving.core import TableCore
 from consumers.serving.dtypes import F16_MAX, STORAGE_DTYPES
 from consumers.serving.id_index import as_ids
 from consumers.serving.shm import SharedStorage
 from consumers.serving.table_files import read_table_dir, write_table_stream
 from consumers.serving.views import FrozenChanges, FrozenTable
-from deltastream.wire import MAX_DIM, DeltaBatch
+from deltastream.wire import MAX_DIM, DecodedBatch, DeltaBatch
 
 __all__ = ["ServingTable", "ApplyResult", "ApplyError", "SnapshotError", "STORAGE_DTYPES"]
 
@@ -169,8 +169,13 @@ class ServingTable:
         return self._core.seq
 
     def apply(self, batch: DeltaBatch) -> ApplyResult:
-        """Apply one decoded wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
+        """Apply one wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
         ``batch.rows_f32()`` — atomically for readers.
+
+        A :class:`~deltastream.wire.DecodedBatch` (what :func:`~deltastream.wire.decode`
+        returns) is trusted as validated: only what the table adds is checked here (its
+        name, its dim, finite values in its storage range). A batch built by hand is
+        checked in full first (columns, dtype, ids).
 
         A column slice (wire v2 ``col``/``width``, from a column-wise trainer shard) writes
         only columns ``[col, col + batch.dim)`` of each row; its ``width`` must be this
@@ -184,63 +189,53 @@ class ServingTable:
         if batch.table != self.name:
             raise ApplyError(f"table: batch is for table {batch.table!r}, this table is "
                              f"{self.name!r}")
-        cols = batch_columns(batch)
-        rows_raw = np.asarray(batch.rows)
+        decoded = isinstance(batch, DecodedBatch)
+        cols = Columns(batch.col, batch.dim, batch.width) if decoded else batch_columns(batch)
         if cols.width != self.dim:
             what = "dim" if cols.whole else f"width (columns [{cols.col}, {cols.col + cols.n}))"
             raise ApplyError(f"dim: batch for table {self.name!r} has {what} {cols.width}, "
                              f"the table has dim {self.dim}")
-        if batch.dtype not in ("f32", "f16", "bf16", "i8"):
-            raise ApplyError(f"dtype: unknown wire dtype {batch.dtype!r}")
-        try:
-            ids = as_ids(batch.ids)
-            tomb = None if batch.tombstones is None else as_ids(batch.tombstones, "tombstones")
-        except (TypeError, ValueError) as e:
-            raise ApplyError(str(e)) from None
-        n = ids.shape[0]
-        if n > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            # decoded batches are strictly ascending; a hand-built one may not be
-            order = np.argsort(ids, kind="stable")
-            if bool((ids[order][1:] == ids[order][:-1]).any()):
-                raise ApplyError("ids: duplicate ids in one batch")
-        vals = np.ascontiguousarray(self._batch_rows(batch, rows_raw, n, cols.n),
-                                    self._np_dtype)
+        if decoded:
+            ids, tomb = batch.ids, batch.tombstones
+            vals = self._decoded_rows(batch)
+        else:
+            ids, tomb = _built_ids(batch)
+            vals = self._float_rows(batch.rows_f32, ids.shape[0], cols.n)
+        vals = np.ascontiguousarray(vals, self._np_dtype)
         try:
             ts = max(0, int(batch.ts))
         except (TypeError, ValueError):
             ts = 0
         with self._core.lock:
             deleted = self._core.apply(ids, vals, tomb, ts, None if cols.whole else cols)
-        return ApplyResult(upserted=n, deleted=deleted)
+        return ApplyResult(upserted=ids.shape[0], deleted=deleted)
 
-    def _batch_rows(self, batch: DeltaBatch, wire: np.ndarray, n: int,
-                    width: int) -> np.ndarray:
-        """Dequantized, validated rows of ``batch`` in the storage dtype.
+    def _decoded_rows(self, batch: DecodedBatch) -> np.ndarray:
+        """Rows of a decoded batch in the storage dtype, checked finite and in range.
 
-        For decoded f16/bf16/i8 batches finiteness is checked on the wire representation
-        (exponent bits / scales), which is cheaper than checking the float32 rows.
+        f16/bf16 rows are checked finite on the wire representation
+        (:meth:`~deltastream.wire.DecodedBatch.nonfinite_rows`), cheaper than on float32.
         """
-        finite = False
-        if getattr(batch, "_decoded", False) and batch.dtype != "f32":
-            if batch.dtype in ("f16", "bf16"):
-                if wire.dtype.itemsize != 2:
-                    raise ApplyError(f"rows: {batch.dtype} batch holds {wire.dtype} values")
-                exp_all_ones = 0x7C00 if batch.dtype == "f16" else 0x7F80
-                bits = np.bitwise_and(wire.view(np.uint16), 0x7FFF)
-                if bits.size and int(bits.max()) >= exp_all_ones:
-                    bad = int(np.count_nonzero((bits >= exp_all_ones).any(axis=1)))
-                    raise ApplyError(f"rows: {bad} row(s) hold NaN or inf values; table "
-                                     f"{self.name!r} refuses non-finite rows")
-                if batch.dtype == "f16" and self._np_dtype == np.float16:
-                    return wire  # same representation: no conversion, always in range
-            else:  # i8: q is finite; scale was checked finite by decode, 127·scale may not be
-                if batch.scale is None or np.shape(batch.scale) != (n,):
-                    raise ApplyError("scale: an i8 batch needs one scale per row")
-                if n and float(np.max(batch.scale)) * 127.0 > float(np.finfo(np.float32).max):
-                    raise ApplyError("scale: dequantized values would overflow float32")
-            finite = True
+        n = batch.n
+        if batch.dtype in ("f16", "bf16"):
+            bad = batch.nonfinite_rows()
+            if bad:
+                raise ApplyError(f"rows: {bad} row(s) hold NaN or inf values; table "
+                                 f"{self.name!r} refuses non-finite rows")
+            if batch.dtype == "f16" and self._np_dtype == np.float16:
+                return batch.rows  # same representation: no conversion, always in range
+        elif batch.dtype == "i8":  # q is finite and so is scale (decode); 127·scale may not be
+            if batch.scale is None or np.shape(batch.scale) != (n,):
+                raise ApplyError("scale: an i8 batch needs one scale per row")
+            if n and float(np.max(batch.scale)) * 127.0 > float(np.finfo(np.float32).max):
+                raise ApplyError("scale: dequantized values would overflow float32")
+        return self._float_rows(batch.rows_f32, n, batch.dim, finite=batch.dtype != "f32")
+
+    def _float_rows(self, rows_f32: Any, n: int, width: int, finite: bool = False) -> np.ndarray:
+        """``rows_f32()`` dequantized and validated (shape, finite unless known ``finite``,
+        storage range), in the storage dtype."""
         try:
-            vals = batch.rows_f32()
+            vals = rows_f32()
         except (TypeError, ValueError) as e:
             raise ApplyError(f"rows: cannot dequantize ({e})") from None
         vals = self._prepare_rows(vals, n, "rows", finite=finite, width=width)
@@ -491,6 +486,23 @@ class ServingTable:
         is missing, damaged, truncated or half-written."""
         data = read_table_dir(resolve_dir(Path(dir)))
         return cls.restore(data.name, data.ids, data.rows, dtype=data.dtype)
+
+
+def _built_ids(batch: DeltaBatch) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """(ids, tombstones) of a batch built by hand, checked: a known wire dtype, int64 ids
+    without duplicates (a built batch may be unsorted)."""
+    if batch.dtype not in ("f32", "f16", "bf16", "i8"):
+        raise ApplyError(f"dtype: unknown wire dtype {batch.dtype!r}")
+    try:
+        ids = as_ids(batch.ids)
+        tomb = None if batch.tombstones is None else as_ids(batch.tombstones, "tombstones")
+    except (TypeError, ValueError) as e:
+        raise ApplyError(str(e)) from None
+    if ids.shape[0] > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        order = np.argsort(ids, kind="stable")
+        if bool((ids[order][1:] == ids[order][:-1]).any()):
+            raise ApplyError("ids: duplicate ids in one batch")
+    return ids, tomb
 
 
 def _out_array(out: Optional[np.ndarray], n: int, dim: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from consumers.serving.table import ApplyError, ApplyResult, ServingTable, SnapshotError
-from deltastream.wire import DeltaBatch, decode, encode
+from deltastream.wire import DecodedBatch, DeltaBatch, decode, encode
 
 pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
 
@@ -31,8 +31,8 @@ def wire_batch(ids, rows, *, table="emb", dtype="f32", tombstones=None, seq=0, d
 
 def raw_decoded(ids, rows, dtype, table="emb", scale=None):
     """A batch as decode() would return it, with arbitrary (possibly non-finite) rows."""
-    return DeltaBatch("m", table, 0, 0, 0, 0, 0, ids=np.asarray(ids, np.int64), rows=rows,
-                      dtype=dtype, scale=scale, _decoded=True)
+    return DecodedBatch("m", table, 0, 0, 0, 0, 0, ids=np.asarray(ids, np.int64), rows=rows,
+                        dtype=dtype, scale=scale)
 
 
 # ----------------------------------------------------------------------------- basics
