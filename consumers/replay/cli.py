@@ -44,7 +44,7 @@ from consumers.replay.diff import diff_snapshots, diff_with_rebuild
 from consumers.replay.inspect import dump, dumps_line, stats
 from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
 from consumers.replay.rebuild import rebuild
-from consumers.sync.cli import parse_shards, parse_tables
+from consumers.sync.options import parse_shards, parse_tables
 from deltastream.cliargs import (
     EXIT_CODES,
     EXIT_FAILED,
