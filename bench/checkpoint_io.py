@@ -38,7 +38,7 @@ _CHUNK_ROWS = 1 << 16  # rows per chunk, as a checkpoint gathers them (views.CHU
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from consumers.storage import files
+    from consumers import files
 
     ap = argparse.ArgumentParser(prog="deltastream bench checkpoint-io", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

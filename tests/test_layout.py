@@ -1,4 +1,4 @@
-"""The shape of the packages: arrows run one way (demo → consumers → deltastream, never back,
+"""The shape of the packages: arrows run one way (deltastream_demo → consumers → deltastream,
 and inside each package from a higher folder to a lower one, never up), no import cycle
 between modules, no module reaches into another module's private names, no module is over
 600 lines."""
@@ -12,13 +12,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 600
-PACKAGES = ("deltastream", "consumers", "demo")
+PACKAGES = ("deltastream", "consumers", "deltastream_demo")
 # Which package may import which: the predictor side uses the torch-free shared contract of
 # the trainer package (wire, errors, cliargs); the demo sits above both.
 MAY_IMPORT = {"deltastream": {"deltastream"}, "consumers": {"consumers", "deltastream"},
-              "demo": {"demo", "deltastream", "consumers"}}
+              "deltastream_demo": {"deltastream_demo", "deltastream", "consumers"}}
 # The one arrow up that the layout allows: `deltastream demo` loads the demo on use.
-ALLOWED_UP = {("deltastream.cli", "demo.run")}
+ALLOWED_UP = {("deltastream.cli", "deltastream_demo.run")}
 # Rooms (folders, and the top-level modules of a package), lowest first. A module may import
 # modules of its own room or of a room listed before it, never one listed after it (an
 # arrow up). A module belongs to the longest room name that is its name or a prefix of it;
@@ -34,8 +34,30 @@ ROOMS = (
     "consumers.errors", "consumers.cpus", "consumers.sched_policy", "consumers.files",
     "consumers.serving", "consumers.storage", "consumers.sequencing", "consumers.quarantine",
     "consumers.topic", "consumers.applier", "consumers.sync", "consumers.replay", "consumers",
-    "demo",
+    "deltastream_demo",
 )
+
+
+MAX_FUNCTION_LINES = 80
+MAX_PARAMETERS = 12  # self/cls not counted; a @triton.jit kernel takes every pointer and
+#                      stride as a parameter and is not counted either
+# Functions over a cap, and why they may be; each entry is a debt with its reason.
+LONG_FUNCTIONS = {
+    "deltastream.publishing.publisher:DeltaPublisher.publish": "issue 26 in progress",
+    "deltastream.publishing.selection:select_changed": "issue 26 in progress",
+    "deltastream.publishing.rounds:publish_delta": "issue 26 in progress",
+    "deltastream.publishing.selection_device:select_on_device": "issue 26 in progress",
+    "deltastream_demo.trainer:_Trainer.__init__":
+        "the demo trainer's logic belongs to issue 26's work (the file moved as is)",
+    "consumers.replay.rebuild:rebuild": "TODO split",
+    "deltastream_demo.report:format_report": "TODO split",
+    "deltastream_demo.run:run_demo": "TODO split",
+    "consumers.sync.source:KafkaSource._connect": "TODO split",
+    "consumers.replay.cli:build_parser": "TODO split",
+    "deltastream.wire:decode": "TODO split",
+    "consumers.replay.inspect:dump": "TODO split",
+    "consumers.replay.inspect:stats": "TODO split",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -160,6 +182,47 @@ def test_no_private_names_imported_across_modules():
            for m, names in _imports(n, p, set(mods)) for x in names
            if x.startswith("_") and not x.startswith("__")]
     assert bad == []
+
+
+def _triton_kernel(node: ast.AST) -> bool:
+    return any(ast.unparse(d).startswith(("triton.jit", "jit")) for d in node.decorator_list)
+
+
+def _functions() -> dict[str, tuple[int, int]]:
+    """``module:Qual.name`` -> (lines, parameters) of every function and method."""
+    out = {}
+
+    def visit(node: ast.AST, module: str, prefix: str) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = ch.args
+                params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs
+                          if x.arg not in ("self", "cls")]
+                params += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+                n_params = 0 if _triton_kernel(ch) else len(params)
+                out[f"{module}:{prefix}{ch.name}"] = (ch.end_lineno - ch.lineno + 1, n_params)
+                visit(ch, module, f"{prefix}{ch.name}.")
+            elif isinstance(ch, ast.ClassDef):
+                visit(ch, module, f"{prefix}{ch.name}.")
+            else:
+                visit(ch, module, prefix)
+
+    for name, path in _modules().items():
+        visit(ast.parse(path.read_text(), str(path)), name, "")
+    return out
+
+
+def test_functions_within_caps():
+    over = {f: v for f, v in _functions().items()
+            if (v[0] > MAX_FUNCTION_LINES or v[1] > MAX_PARAMETERS) and f not in LONG_FUNCTIONS}
+    assert over == {}
+
+
+def test_allow_list_has_no_stale_entries():
+    funcs = _functions()
+    stale = [f for f in LONG_FUNCTIONS if f not in funcs
+             or (funcs[f][0] <= MAX_FUNCTION_LINES and funcs[f][1] <= MAX_PARAMETERS)]
+    assert stale == []
 
 
 def test_no_module_over_600_lines():

@@ -1,11 +1,11 @@
-"""demo.report: report.json, the printed table, the invariants and the plots."""
+"""deltastream_demo.report: report.json, the printed table, the invariants and the plots."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from demo.report import (
+from deltastream_demo.report import (
     PNG_MAGIC,
     check_report,
     format_report,

@@ -92,8 +92,8 @@ class _Trainer:
             TrackingMode,
         )
         from deltastream.publishing.rounds import SelectionPolicy
-        from demo.data import ClickStream, StreamConfig
-        from demo.model import TABLE_NAMES, CTRModel, local_tables
+        from deltastream_demo.data import ClickStream, StreamConfig
+        from deltastream_demo.model import TABLE_NAMES, CTRModel, local_tables
 
         self.torch, self.dist = torch, dist
         self.rank, self.cfg, self.events = rank, cfg, events
@@ -357,7 +357,7 @@ class _Trainer:
 
     def _dump(self, pos: np.ndarray, logits: np.ndarray,
               held: dict[str, tuple[np.ndarray, np.ndarray]]) -> str:
-        from demo.model import export_dense
+        from deltastream_demo.model import export_dense
 
         arrays: dict[str, np.ndarray] = {}
         for name, (ids, rows) in held.items():

@@ -9,7 +9,7 @@ executing :func:`demo_plan`. Table names are ``"user"`` and ``"item"`` either wa
 the names rows are published under.
 
 The dense part is exported to plain numpy arrays with :func:`export_dense` so that a
-torch-free predictor can run the same forward pass (:mod:`demo.scoring`).
+torch-free predictor can run the same forward pass (:mod:`deltastream_demo.scoring`).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def local_tables(model: torch.nn.Module) -> dict[str, HashTable]:
 def export_dense(model: CTRModel) -> dict[str, np.ndarray]:
     """The MLP as ``{"w0", "b0", "w1", …}`` float32 numpy arrays (``w{i}`` is ``[out, in]``).
 
-    :func:`demo.scoring.mlp_logits` runs the same forward pass.
+    :func:`deltastream_demo.scoring.mlp_logits` runs the same forward pass.
     """
     linears = [m for m in model.mlp if isinstance(m, torch.nn.Linear)]
     out: dict[str, np.ndarray] = {}

@@ -4,18 +4,18 @@ The whole job on one machine, with real processes::
 
     parent (this module; no torch)
       ├─ embedded broker (Tansu)            unless --bootstrap-servers names a Kafka
-      ├─ trainer 0 … W-1 (torch)            demo.trainer: ShardedEmbedding over
+      ├─ trainer 0 … W-1 (torch)            deltastream_demo.trainer: ShardedEmbedding over
       │                                     gloo (nccl with --device cuda), DeltaTracker,
       │                                     publish_delta rounds, base snapshots
-      └─ predictor (no torch)               demo.predictor: SyncDaemon, then
+      └─ predictor (no torch)               deltastream_demo.predictor: SyncDaemon, then
                                             scoring with serving vs trainer tables
 
-Options and flags are in :mod:`demo.options`, the progress line in :mod:`demo.progress`, the
-report dict and plots in :mod:`demo.summary` (written and checked by :mod:`demo.report`).
+Options and flags are in :mod:`deltastream_demo.options`, the progress line in :mod:`deltastream_demo.progress`, the
+report dict and plots in :mod:`deltastream_demo.summary` (written and checked by :mod:`deltastream_demo.report`).
 The parent starts the processes, shows live progress on a terminal (step, loss, examples/s,
 rows published/s, lag, freshness p99), and at the end writes ``report.json`` and PNG plots to
 ``--out`` and prints the report table. It exits 0 when every invariant of the report holds
-(:func:`demo.report.check_report`), 1 when one is broken or a process failed, 2 on bad flags,
+(:func:`deltastream_demo.report.check_report`), 1 when one is broken or a process failed, 2 on bad flags,
 3 when the broker or the topic is unavailable, 130 on Ctrl-C (the children are stopped first;
 they ignore SIGINT themselves, so one Ctrl-C gives one "interrupted" line).
 
@@ -49,12 +49,17 @@ from deltastream.cliargs import (
 )
 from deltastream.clilog import hide_secrets, kafka_hint
 from deltastream.kafka_config import secret_values, security_config, tls_probe
-from demo import report as rpt
-from demo.options import DEFAULT_STEPS, DemoOptions, add_demo_arguments, options_from_args
-from demo.progress import ProgressLine, status_line
-from demo.summary import build_report, make_plots
+from deltastream_demo import report as rpt
+from deltastream_demo.options import (
+    DEFAULT_STEPS,
+    DemoOptions,
+    add_demo_arguments,
+    options_from_args,
+)
+from deltastream_demo.progress import ProgressLine, status_line
+from deltastream_demo.summary import build_report, make_plots
 
-# DemoOptions, add_demo_arguments and DEFAULT_STEPS live in demo.options; they are
+# DemoOptions, add_demo_arguments and DEFAULT_STEPS live in deltastream_demo.options; they are
 # re-exported here, where ``deltastream demo`` has always found them.
 __all__ = ["DemoOptions", "DemoError", "DemoUnavailable", "add_demo_arguments",
            "run_demo_cli", "run_demo", "DEFAULT_STEPS"]
@@ -351,19 +356,19 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
 
 
 def _predictor_entry(cfg: dict, events: Any, control: Any) -> None:
-    from demo.predictor import predictor_main
+    from deltastream_demo.predictor import predictor_main
 
     predictor_main(cfg, events, control)
 
 
 def _trainer_entry(rank: int, cfg: dict, events: Any) -> None:
-    from demo.trainer import trainer_main
+    from deltastream_demo.trainer import trainer_main
 
     trainer_main(rank, cfg, events)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m demo.run [flags]``: the same as ``deltastream demo [flags]``."""
+    """``python -m deltastream_demo.run [flags]``: the same as ``deltastream demo [flags]``."""
     from deltastream.cliargs import EXIT_CODES, EnvArgumentParser, add_logging_arguments
     from deltastream.clilog import setup_logging
 

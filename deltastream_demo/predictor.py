@@ -39,8 +39,8 @@ from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.sync import SyncDaemon
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import secret_values
-from demo.data import ClickStream, StreamConfig
-from demo.scoring import RowTable, auc, logloss, score
+from deltastream_demo.data import ClickStream, StreamConfig
+from deltastream_demo.scoring import RowTable, auc, logloss, score
 
 __all__ = [
     "ApplyLog",

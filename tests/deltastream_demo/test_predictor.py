@@ -1,11 +1,11 @@
-"""demo.predictor: serving-vs-trainer row comparison within the wire dtype's rounding."""
+"""deltastream_demo.predictor: serving-vs-trainer row comparison within the wire dtype's rounding."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from demo.predictor import compare_rows, row_tolerance
-from demo.scoring import RowTable
+from deltastream_demo.predictor import compare_rows, row_tolerance
+from deltastream_demo.scoring import RowTable
 
 
 def test_row_tolerance_and_compare_rows():

@@ -1,4 +1,4 @@
-"""demo.scoring: AUC, log loss, row tables and the numpy forward pass of the CTR model."""
+"""deltastream_demo.scoring: AUC, log loss, row tables and the numpy forward pass of the CTR model."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from demo.data import ClickStream, StreamConfig
-from demo.model import CTRModel, export_dense, local_tables
-from demo.scoring import RowTable, auc, logloss, mlp_logits, score
+from deltastream_demo.data import ClickStream, StreamConfig
+from deltastream_demo.model import CTRModel, export_dense, local_tables
+from deltastream_demo.scoring import RowTable, auc, logloss, mlp_logits, score
 
 SMALL = StreamConfig(seed=3, n_users=2000, n_items=500)
 

@@ -1,12 +1,12 @@
-"""demo.summary: the report dict from the trainers' final messages and the predictor's result."""
+"""deltastream_demo.summary: the report dict from the trainers' final messages and the predictor's result."""
 
 from __future__ import annotations
 
 import pytest
 
-from demo.options import DemoOptions
-from demo.report import PNG_MAGIC, check_report
-from demo.summary import build_report, make_plots, merge_rounds
+from deltastream_demo.options import DemoOptions
+from deltastream_demo.report import PNG_MAGIC, check_report
+from deltastream_demo.summary import build_report, make_plots, merge_rounds
 
 
 def _round(step: int, t: float, published: int, carried: int, final: bool = False) -> dict:
@@ -81,8 +81,8 @@ def test_make_plots_draws_both_pngs(tmp_path):
 
 
 def test_budget_section_reports_the_budget_bytes_per_s_and_the_error_bound():
-    from demo.report import format_report
-    from demo.summary import budget_summary
+    from deltastream_demo.report import format_report
+    from deltastream_demo.summary import budget_summary
 
     def stats(sent, p99, tmax):
         return {"bytes": sent, "final_bytes": 10, "overdue_rows": 1,

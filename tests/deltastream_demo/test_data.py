@@ -1,12 +1,12 @@
-"""demo.data: the synthetic click stream (reproducible, Zipf, drifting, sessions)."""
+"""deltastream_demo.data: the synthetic click stream (reproducible, Zipf, drifting, sessions)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from demo.data import ClickStream, StreamConfig, entity_ids
-from demo.scoring import auc
+from deltastream_demo.data import ClickStream, StreamConfig, entity_ids
+from deltastream_demo.scoring import auc
 
 SMALL = StreamConfig(seed=3, n_users=2000, n_items=500)
 

@@ -1,7 +1,7 @@
 """Scoring the demo's CTR model on a predictor host: numpy only, no torch.
 
 The trainer exports the model's dense part (the MLP) with
-:func:`demo.model.export_dense` as plain arrays; :func:`mlp_logits` runs the same
+:func:`deltastream_demo.model.export_dense` as plain arrays; :func:`mlp_logits` runs the same
 forward pass in numpy on embedding rows read from any table (a serving table, or the
 trainer's own rows in a :class:`RowTable`). The feature layout is fixed by the model:
 ``concat[user_row, item_row, user_row * item_row, dense]`` → ``Linear``/``ReLU`` … →

@@ -2,7 +2,7 @@
 
 :func:`build_report` combines the trainers' ``final`` messages (one per rank: counters,
 publish rounds, snapshots) with the predictor's ``result`` (freshness, drift, AUC) into the
-report that :mod:`demo.report` writes, prints and checks; :func:`make_plots` draws its PNGs.
+report that :mod:`deltastream_demo.report` writes, prints and checks; :func:`make_plots` draws its PNGs.
 Torch-free: it runs in the demo's parent process.
 """
 
@@ -12,8 +12,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from demo import report as rpt
-from demo.options import DemoOptions
+from deltastream_demo import report as rpt
+from deltastream_demo.options import DemoOptions
 
 __all__ = ["build_report", "merge_rounds", "make_plots", "budget_summary"]
 

@@ -1,4 +1,4 @@
-"""demo.options: the demo's flags, DemoOptions and its checks."""
+"""deltastream_demo.options: the demo's flags, DemoOptions and its checks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from demo.options import (
+from deltastream_demo.options import (
     DEFAULT_BUDGET,
     DEFAULT_STEPS,
     DemoOptions,

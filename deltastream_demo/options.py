@@ -1,6 +1,6 @@
 """The demo's configuration: :class:`DemoOptions`, its checks and its command-line flags.
 
-``deltastream demo`` and ``python -m demo.run`` add the flags with :func:`add_demo_arguments`
+``deltastream demo`` and ``python -m deltastream_demo.run`` add the flags with :func:`add_demo_arguments`
 and turn the parsed namespace into options with :func:`options_from_args`;
 :meth:`DemoOptions.validate` names the first bad option and what was expected. Torch-free
 (``--device cuda`` imports torch only to check the GPUs).
@@ -16,7 +16,7 @@ from typing import Optional
 
 from deltastream.cliargs import EnvArgumentParser, add_kafka_arguments
 from deltastream.kafka_config import check_bootstrap_servers
-from demo.data import StreamConfig
+from deltastream_demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
            "DEFAULT_BUDGET", "WIRE_DTYPES", "SHARDINGS"]

@@ -1,10 +1,10 @@
-"""demo.progress: the live status line."""
+"""deltastream_demo.progress: the live status line."""
 
 from __future__ import annotations
 
 import io
 
-from demo.progress import ProgressLine, fmt_rate, status_line
+from deltastream_demo.progress import ProgressLine, fmt_rate, status_line
 
 
 def test_progress_line_rewrites_in_place_and_pads_shorter_text():
