@@ -439,15 +439,8 @@ def _bin(msg: dict, key: str, expected: int) -> memoryview:
     return value
 
 
-def decode(data: bytes) -> DecodedBatch:
-    """Decode and validate one message into a :class:`DecodedBatch` (checked once, here).
-    Raises :class:`WireError` naming the bad field."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise WireError(f"data: expected bytes, got {type(data).__name__}")
-    try:
-        view = memoryview(data).cast("B")
-    except TypeError as e:  # e.g. a non-contiguous memoryview
-        raise WireError(f"data: not a contiguous byte buffer ({e})") from None
+def _read_map(view: memoryview) -> dict:
+    """The message's map with its keys, int types, version and (v2) CRC trailer checked."""
     reader = Reader(view, len(_REQUIRED | _OPTIONAL))
     msg = reader.top_map()
     keys = set(msg)
@@ -476,6 +469,19 @@ def decode(data: bytes) -> DecodedBatch:
         for k in _V2_ONLY:
             if k in msg:
                 raise WireError(f"{k}: not a field of wire v1 (column slices need v2)")
+    return msg
+
+
+def decode(data: bytes) -> DecodedBatch:
+    """Decode and validate one message into a :class:`DecodedBatch` (checked once, here).
+    Raises :class:`WireError` naming the bad field."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"data: expected bytes, got {type(data).__name__}")
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError as e:  # e.g. a non-contiguous memoryview
+        raise WireError(f"data: not a contiguous byte buffer ({e})") from None
+    msg = _read_map(view)
     check_name("model", msg["model"])
     check_name("table", msg["table"])
     _check_int("shard", msg["shard"], 0, (1 << 31) - 1)
@@ -510,7 +516,7 @@ def decode(data: bytes) -> DecodedBatch:
             raise WireError("del: expected bin of a multiple of 8 bytes")
         bins.append(del_b)
         tomb = np.frombuffer(del_b, dtype="<i8")
-    if version == 1:
+    if msg["v"] == 1:  # v1: the CRC covers the payload bins only
         crc = 0
         for b in bins:
             crc = _crc32c.crc32c(b, crc)

@@ -128,6 +128,15 @@ def format_report(r: Mapping[str, Any]) -> str:
     """The human-readable report table (a few sections of ``label  value`` lines)."""
     g = lambda *keys: _get(r, *keys)  # noqa: E731 - short accessor for the table below
     rows: list[tuple[str, str]] = []
+    for add in (_training_rows, _delta_rows, _wire_rows, _serving_rows, _extra_rows):
+        add(r, g, rows)
+    width = max(len(a) for a, _ in rows) + 2
+    return "\n".join(a if not b and a.startswith("[") else f"  {a:<{width}}{b}"
+                     for a, b in rows)
+
+
+def _training_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of training: workers, device, steps, throughput, loss, sharding plan."""
 
     def section(title: str) -> None:
         rows.append((f"[{title}]", ""))
@@ -147,6 +156,14 @@ def format_report(r: Mapping[str, Any]) -> str:
     if plan:  # --sharding table|column (row sharding: the table is unchanged)
         rows.append(("sharding", str(g("sharding", "kind"))))
         rows += [("  plan", str(line)) for line in plan]
+
+
+def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of deltas: rows tracked, published, carried, rejected; the budget or top-k."""
+
+    def section(title: str) -> None:
+        rows.append((f"[{title}]", ""))
+
     section("deltas")
     rows += [
         ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))),
@@ -172,6 +189,14 @@ def format_report(r: Mapping[str, Any]) -> str:
                          " / ".join(_num(b.get(q), ".3g") for q in ("p50", "p99", "max"))))
     else:
         rows.append(("top-k fraction", _num(g("config", "topk_fraction"))))
+
+
+def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of wire and predictor: messages, bytes, freshness, applied, quarantined."""
+
+    def section(title: str) -> None:
+        rows.append((f"[{title}]", ""))
+
     section("wire")
     rows += [
         ("messages", _num(g("wire", "messages"))),
@@ -192,6 +217,14 @@ def format_report(r: Mapping[str, Any]) -> str:
          " / ".join(_num(g("predictor", k)) for k in ("duplicates", "gaps", "quarantined"))),
         ("torch imported by the daemon", _num(g("predictor", "torch_imported"))),
     ]
+
+
+def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of serving vs trainer: drift and AUCs."""
+
+    def section(title: str) -> None:
+        rows.append((f"[{title}]", ""))
+
     section("serving vs trainer (after the final flush)")
     rows += [
         ("ids compared", _num(g("drift", "ids_compared"))),
@@ -205,6 +238,14 @@ def format_report(r: Mapping[str, Any]) -> str:
         ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")),
         ("held-out examples", _num(g("auc", "examples"))),
     ]
+
+
+def _extra_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of snapshots, invariants and plots, when the report has them."""
+
+    def section(title: str) -> None:
+        rows.append((f"[{title}]", ""))
+
     snap = g("snapshot")
     if isinstance(snap, Mapping):
         section("snapshots")
@@ -229,9 +270,6 @@ def format_report(r: Mapping[str, Any]) -> str:
     if plots:
         section("plots")
         rows += [("", str(p)) for p in plots]
-    width = max(len(a) for a, _ in rows) + 2
-    return "\n".join(a if not b and a.startswith("[") else f"  {a:<{width}}{b}"
-                     for a, b in rows)
 
 
 def _get(r: Mapping[str, Any], *keys: str) -> Any:

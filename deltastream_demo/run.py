@@ -245,6 +245,48 @@ def _prepare_out(out: Path) -> dict[str, Path]:
     return paths
 
 
+def _broker_and_topic(stack: ExitStack, opts: DemoOptions, topic: str) -> str:
+    """The bootstrap servers of the run (an embedded broker, closed with ``stack``, when
+    none is given), checked usable, and the topic made; :class:`DemoUnavailable` if not."""
+    if opts.bootstrap_servers is None:
+        try:
+            broker = stack.enter_context(EmbeddedBroker())
+        except BrokerError as e:
+            raise DemoUnavailable(str(e)) from None
+        servers = broker.bootstrap_servers
+        log.info("embedded broker at %s", servers)
+    else:
+        servers = opts.bootstrap_servers
+    from deltastream.errors import PublishError, TopicError
+    from deltastream.publishing.topics import ensure_topic
+
+    problem = tls_probe(servers, opts.kafka, 15.0)
+    if problem:
+        raise DemoUnavailable(f"cannot use {servers}: {problem}")
+    try:
+        parts = ensure_topic(servers, topic, partitions=opts.workers,
+                             max_message_bytes=opts.max_message_bytes, **opts.kafka)
+    except (PublishError, TopicError) as e:
+        raise DemoUnavailable(f"cannot use topic {topic!r} on {servers}: {e}") from None
+    if parts < opts.workers:
+        log.warning("topic %s has %d partitions for %d trainer shards", topic, parts,
+                    opts.workers)
+    return servers
+
+
+def _trainer_config(common: dict, opts: DemoOptions) -> dict:
+    """What each trainer process is given: ``common`` plus the training settings."""
+    return dict(common, world=opts.workers, master_port=free_port(), device=opts.device,
+                hidden=tuple(opts.hidden), batch_size=opts.batch_size,
+                steps=opts.resolved_steps, duration=opts.duration,
+                publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
+                topk_fraction=float(opts.topk_fraction),
+                publish_budget=float(opts.publish_budget),
+                max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
+                lr_dense=opts.lr_dense, seed=opts.seed, threads=1,
+                sharding=opts.sharding)
+
+
 def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> dict:
     """Run the demo end to end; return the report (also written to ``opts.out``).
 
@@ -262,29 +304,7 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
     run = _Run(opts, progress)
     deadline = time.monotonic() + opts.timeout
     with ExitStack() as stack:
-        if opts.bootstrap_servers is None:
-            try:
-                broker = stack.enter_context(EmbeddedBroker())
-            except BrokerError as e:
-                raise DemoUnavailable(str(e)) from None
-            servers = broker.bootstrap_servers
-            log.info("embedded broker at %s", servers)
-        else:
-            servers = opts.bootstrap_servers
-        from deltastream.errors import PublishError, TopicError
-        from deltastream.publishing.topics import ensure_topic
-
-        problem = tls_probe(servers, opts.kafka, 15.0)
-        if problem:
-            raise DemoUnavailable(f"cannot use {servers}: {problem}")
-        try:
-            parts = ensure_topic(servers, topic, partitions=opts.workers,
-                                 max_message_bytes=opts.max_message_bytes, **opts.kafka)
-        except (PublishError, TopicError) as e:
-            raise DemoUnavailable(f"cannot use topic {topic!r} on {servers}: {e}") from None
-        if parts < opts.workers:
-            log.warning("topic %s has %d partitions for %d trainer shards", topic, parts,
-                        opts.workers)
+        servers = _broker_and_topic(stack, opts, topic)
         stream_cfg = opts.stream_config().to_dict()
         common = dict(bootstrap_servers=servers, topic=topic, model_name=opts.model_name,
                       dim=opts.dim, wire_dtype=opts.wire_dtype, stream=stream_cfg,
@@ -300,15 +320,7 @@ def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> 
         stack.callback(_stop_process, predictor, 1.0)
         run.pump(lambda: "predictor" in run.ready, 60.0, "the predictor to start")
 
-        tcfg = dict(common, world=opts.workers, master_port=free_port(), device=opts.device,
-                    hidden=tuple(opts.hidden), batch_size=opts.batch_size,
-                    steps=opts.resolved_steps, duration=opts.duration,
-                    publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
-                    topk_fraction=float(opts.topk_fraction),
-                    publish_budget=float(opts.publish_budget),
-                    max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
-                    lr_dense=opts.lr_dense, seed=opts.seed, threads=1,
-                    sharding=opts.sharding)
+        tcfg = _trainer_config(common, opts)
         for r in range(opts.workers):
             p = run.ctx.Process(target=_trainer_entry, args=(r, tcfg, run.events),
                                 name=f"deltastream-trainer-{r}", daemon=False)
