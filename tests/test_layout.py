@@ -136,7 +136,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_graph_sees_the_imports():
     g = _graph()
     assert "consumers.files" in g["consumers.serving.table"]
-    assert "consumers.serving.table" in g["consumers.storage.full_snapshot"]
+    assert "consumers.serving.table" in g["consumers.storage.full_format"]
     assert "consumers.sync.daemon" in g["consumers.sync"]
     assert "deltastream.wire" in g["consumers.applier"]
     assert "deltastream.tracking.recorder" in g["deltastream.tracking.tracker"]

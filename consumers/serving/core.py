@@ -12,7 +12,7 @@ An apply that will publish ``S + 1``:
 2. reclaims retired slots nobody can read any more, writes the new rows into fresh slots;
 3. brings copy ``(S + 1) & 1`` (still holding ``S - 1``) up to ``S`` by replaying the
    buckets the previous apply changed, then applies its own changes there (updates point at
-   the new slots, deletes become DELETED, new keys take free buckets);
+   the new slots, deletes become DELETED_SLOT, new keys take free buckets);
 4. publishes: ``H_SEQ = S + 1`` — one aligned 8-byte store; then retires the slots it
    replaced (reusable from the next apply on, see :mod:`consumers.serving.slots`).
 
@@ -46,7 +46,7 @@ import numpy as np
 
 from consumers.serving.columns import Columns, scatter_columns
 from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
-from consumers.serving.id_index import DELETED, IdIndex, buckets_for
+from consumers.serving.id_index import DELETED_SLOT, IdIndex, buckets_for
 from consumers.serving.lookup import lookup_slots, read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
@@ -200,7 +200,7 @@ class TableCore:
             pos_upd = pos_u[upd]
             index.set(pos_upd, new_slots[upd], bld)
             if pos_d.size:
-                index.set(pos_d, DELETED, bld)
+                index.set(pos_d, DELETED_SLOT, bld)
             ins = ~upd
             keys_n, slots_n = ids[ins], new_slots[ins]
             pos_n = index.insert(keys_n, slots_n, bld, other=cur) if n_new else _EMPTY_POS

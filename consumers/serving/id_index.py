@@ -2,8 +2,8 @@
 
 Layout: one ``int64 [B, 2]`` bucket array (B a power of 2). Column 0 holds the key; column
 1 holds two ``int32`` slot values, **copy 0 and copy 1** (viewed as ``int32 [B, 4]``,
-columns 2 and 3). A value is a row slot (≥ 1) for a live key, ``EMPTY`` (0) for a bucket
-never used, ``DELETED`` (-1) for a removed key. Fresh zeroed memory is an empty index, so a
+columns 2 and 3). A value is a row slot (≥ 1) for a live key, ``EMPTY_SLOT`` (0) for a bucket
+never used, ``DELETED_SLOT`` (-1) for a removed key. Fresh zeroed memory is an empty index, so a
 new index costs no fill pass and its pages are committed only when touched.
 
 Why two copies: readers never lock. The single writer publishes state ``S`` in copy
@@ -12,12 +12,12 @@ state it started in and retries when the writer began to rebuild that very copy 
 :mod:`consumers.serving.core`). Both copies sit in the same 16-byte bucket, so a probe
 costs one cache line whatever the copy.
 
-Probing: linear, Fibonacci hashing of the id. A key sits before the first EMPTY bucket of
-its probe path, so the first bucket holding the key live, or EMPTY, decides.
+Probing: linear, Fibonacci hashing of the id. A key sits before the first EMPTY_SLOT bucket of
+its probe path, so the first bucket holding the key live, or EMPTY_SLOT, decides.
 :func:`lookup_slots` looks at every key's home bucket first (one gather decides most
 keys); the others continue with 8- then 32-bucket windows, or for bulk requests one bucket
 per round while many remain. The owner keeps the load
-(live + DELETED markers) below ~0.4 by migrating to a bigger index
+(live + DELETED_SLOT markers) below ~0.4 by migrating to a bigger index
 (:mod:`consumers.serving.growth`), so ~80% of keys resolve in their home bucket.
 
 Why a hash and not sorted keys + ``searchsorted``: a sorted index costs an O(resident)
@@ -27,7 +27,7 @@ Where the C extension runs (:mod:`consumers.serving.accel`), :meth:`IdIndex.find
 :meth:`IdIndex.insert` are C loops that release the GIL for big batches: the numpy rounds
 held it for up to ~20 ms per 4096-id batch on a loaded 2-core box, and every reader thread
 of the daemon's process waited that long. The C insert places keys one after another
-instead of in claim rounds; either way each key sits before the first EMPTY bucket of its
+instead of in claim rounds; either way each key sits before the first EMPTY_SLOT bucket of its
 walk, which is all a probe relies on.
 
 Not thread-safe for writes: one writer (its owner holds a lock); reads need no lock.
@@ -42,12 +42,14 @@ import numpy as np
 
 from consumers.serving import accel
 
-__all__ = ["IdIndex", "lookup_slots", "as_ids", "EMPTY", "DELETED", "buckets_for", "bucket_of"]
+__all__ = ["IdIndex", "lookup_slots", "as_ids", "EMPTY_SLOT", "DELETED_SLOT", "buckets_for", "bucket_of"]
 
 log = logging.getLogger(__name__)
 
-EMPTY = 0
-DELETED = -1
+# Slot values, named apart from the trainer index's row-position markers (EMPTY -1, DELETED -2 in
+# deltastream.kernels.hash_layout): slot 0 is the shared zero row, so 0 means "no slot".
+EMPTY_SLOT = 0
+DELETED_SLOT = -1
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio, odd
 _FOLD = np.uint64(32)
 _SMALL = 1024  # ... ids a lookup resolves past their home bucket with windows at once
@@ -112,14 +114,14 @@ def _probe(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray
         if hit.any():
             out_pos[active[hit]] = p[hit]
             out_slot[active[hit]] = v[hit]
-        keep = ~hit & (v != EMPTY)
+        keep = ~hit & (v != EMPTY_SLOT)
         active, p, k = active[keep], (p[keep] + 1) & mask, k[keep]
     while active.size:  # the last keys sit in long runs: a window per round
         idx = (p[:, None] + _WIN_OFFSETS) & mask
         g = np.take(tab, idx, axis=0)
         v = g.view(np.int32)[..., 2 + col]
         hit = (g[..., 0] == k[:, None]) & (v > 0)
-        stop = hit | (v == EMPTY)
+        stop = hit | (v == EMPTY_SLOT)
         first = stop.argmax(axis=1)
         r = np.arange(active.shape[0])
         found = hit[r, first]
@@ -143,8 +145,8 @@ def lookup_slots(tab: np.ndarray, keys: np.ndarray, col: int) -> np.ndarray:
     home = bucket_of(keys, tab.shape[0])
     g = np.take(tab, home, axis=0)
     v = g.view(np.int32)[:, 2 + col]
-    slot = np.where(g[:, 0] == keys, v, 0)  # the key, live (> 0), or DELETED (-1)
-    rest = np.flatnonzero((slot <= 0) & (v != EMPTY))  # neither found nor an EMPTY bucket
+    slot = np.where(g[:, 0] == keys, v, 0)  # the key, live (> 0), or DELETED_SLOT (-1)
+    rest = np.flatnonzero((slot <= 0) & (v != EMPTY_SLOT))  # neither found nor an EMPTY_SLOT bucket
     if rest.size:
         start = (home[rest] + 1) & (tab.shape[0] - 1)
         if rest.size <= _SMALL:
@@ -164,9 +166,9 @@ def _windows(tab: np.ndarray, col: int, keys: np.ndarray, pos: np.ndarray, w: in
         g = np.take(tab, pos + np.arange(w)[:, None], axis=0, mode="wrap")  # [w, k, 2]
         v = g.view(np.int32)[..., 2 + col]
         found = np.where(g[..., 0] == keys, v, 0).max(axis=0)  # a key is live once at most
-        np.maximum(found, 0, out=found)  # (a window of nothing but DELETED copies of a key)
+        np.maximum(found, 0, out=found)  # (a window of nothing but DELETED_SLOT copies of a key)
         out[active] = found
-        more = (found == 0) & np.all(v, axis=0)  # not found, no EMPTY bucket: undecided
+        more = (found == 0) & np.all(v, axis=0)  # not found, no EMPTY_SLOT bucket: undecided
         if not more.any():
             return out
         active, keys, pos = active[more], keys[more], pos[more] + w
@@ -180,7 +182,7 @@ class IdIndex:
         tab: ``int64 [B, 2]`` bucket memory (B a power of 2 ≥ 16), private or shared:
             zeroed for a new index.
         name: shown in log lines (the owning table's name).
-        used: buckets of ``tab`` that are not EMPTY (0 for zeroed memory; counting them
+        used: buckets of ``tab`` that are not EMPTY_SLOT (0 for zeroed memory; counting them
             here would touch every page of a fresh index).
     """
 
@@ -197,7 +199,7 @@ class IdIndex:
         self._k = tab[:, 0]
         self._c = (self._v[:, 2], self._v[:, 3])
         self._mask = b - 1
-        self.used = int(used)  # buckets not EMPTY (live + DELETED markers)
+        self.used = int(used)  # buckets not EMPTY_SLOT (live + DELETED_SLOT markers)
 
     @property
     def buckets(self) -> int:
@@ -270,7 +272,7 @@ class IdIndex:
                 wa, wp, ws = fa, fp, fs
             else:
                 wa, wp, ws = fa[won], fp[won], fs[won]
-            self.used += int(np.count_nonzero(ws == EMPTY))
+            self.used += int(np.count_nonzero(ws == EMPTY_SLOT))
             vals = slots[wa]
             vc[wp] = vals
             if col is None:
@@ -316,7 +318,7 @@ class IdIndex:
             hk[fp[has]] = keys[has]
             won = has & (hk[fp] == keys)
             wp, ws = fp[won], slots[won]
-            self.used += int(np.count_nonzero(g[r, first, 2 + c][won] == EMPTY))
+            self.used += int(np.count_nonzero(g[r, first, 2 + c][won] == EMPTY_SLOT))
             vc[wp] = ws
             if col is None:
                 self._c[1][wp] = ws
@@ -344,11 +346,11 @@ class IdIndex:
         self._c[1 - src][...] = self._c[src]
 
     def first_empty(self) -> int:
-        """The first bucket EMPTY in both copies — no probe run crosses it, so every key
+        """The first bucket EMPTY_SLOT in both copies — no probe run crosses it, so every key
         after it sits at or after its home bucket — or 0 when there is none."""
         step = 1 << 12
         for lo in range(0, self.buckets, step):
-            hit = np.flatnonzero((self._v[lo:lo + step, 2:] == EMPTY).all(axis=1))
+            hit = np.flatnonzero((self._v[lo:lo + step, 2:] == EMPTY_SLOT).all(axis=1))
             if hit.size:
                 return lo + int(hit[0])
         return 0

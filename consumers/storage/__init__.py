@@ -5,7 +5,7 @@ format :mod:`~consumers.serving.table_files`, its storage dtypes) and the durabl
 pieces of :mod:`consumers.files`; neither imports anything here. Inside, each module
 imports only those listed before it:
 
-* :mod:`~consumers.storage.full_snapshot` — the full snapshot format (all tables in full);
+* :mod:`~consumers.storage.full_format` — the full snapshot format (all tables in full);
 * :mod:`~consumers.storage.merge` — several snapshots merged into one base;
 * :mod:`~consumers.storage.checkpoint_dir` — what may stand at a checkpoint path (damage
   is refused), removing a checkpoint to start over;

@@ -79,7 +79,7 @@ from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.table import ServingTable
 from consumers.serving.views import FrozenChanges
 from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
-from consumers.storage.full_snapshot import (
+from consumers.storage.full_format import (
     SNAPSHOT_FORMAT,
     Snapshot,
     check_contents,

@@ -18,7 +18,7 @@ import numpy as np
 
 from consumers.errors import SnapshotError
 from consumers.serving.table import ServingTable
-from consumers.storage.full_snapshot import Snapshot
+from consumers.storage.full_format import Snapshot
 
 __all__ = ["merge_snapshots"]
 

@@ -1,7 +1,7 @@
 """Multi-table snapshots: serving tables + next Kafka offset per partition + seq state.
 
 :func:`write_snapshot` writes a full snapshot (layout in
-:mod:`consumers.storage.full_snapshot`) to ``<path>`` as one atomic unit;
+:mod:`consumers.storage.full_format`) to ``<path>`` as one atomic unit;
 :func:`read_snapshot` reads any stored predictor state: a full snapshot, an incremental
 checkpoint (:mod:`consumers.storage.checkpoint`), or a single-table directory written by
 ``ServingTable.save`` (empty offsets/seqs/meta), so any of them can serve as a base.
@@ -24,7 +24,7 @@ from consumers.errors import SnapshotError
 from consumers.files import MANIFEST, PathLike, read_manifest, resolve_dir, write_dir_atomic
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CHECKPOINT_FORMAT, read_checkpoint
-from consumers.storage.full_snapshot import (
+from consumers.storage.full_format import (
     SNAPSHOT_FORMAT,
     SNAPSHOT_FORMAT_VERSION,
     Snapshot,

@@ -23,7 +23,7 @@ from consumers.cpus import CpuSpec, check_cpus, cpu_list_arg
 from consumers.files import PathLike
 from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.shm import shm_base
-from consumers.sync.base import BaseArg, base_paths
+from consumers.sync.base_snapshot import BaseArg, base_paths
 from deltastream.cliargs import (
     ListAction,
     comma_list,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from consumers.serving.id_index import (
-    DELETED,
-    EMPTY,
+    DELETED_SLOT,
+    EMPTY_SLOT,
     IdIndex,
     as_ids,
     bucket_of,
@@ -31,7 +31,7 @@ def test_lookup_matches_a_dict_with_collisions_and_deletes(n_query):
     slots = np.arange(1, keys.size + 1, dtype=np.int32)
     pos = idx.insert(keys, slots, None)
     gone = rng.choice(keys.size, 400, replace=False)
-    idx.set(pos[gone], DELETED, None)  # markers: probes must walk past them
+    idx.set(pos[gone], DELETED_SLOT, None)  # markers: probes must walk past them
     ref = {int(k): int(s) for k, s in zip(keys, slots, strict=True)}
     for g in gone:
         del ref[int(keys[g])]
@@ -79,7 +79,7 @@ def test_insert_does_not_reuse_a_bucket_live_in_the_other_copy():
     idx = _index(16)
     a = np.array([7], np.int64)
     (p,) = idx.insert(a, np.array([1], np.int32), None)
-    idx.set(np.array([p]), DELETED, 1)  # deleted in the copy being built, live in copy 0
+    idx.set(np.array([p]), DELETED_SLOT, 1)  # deleted in the copy being built, live in copy 0
     b = np.arange(100, 104, dtype=np.int64)
     pos_b = idx.insert(b, np.arange(2, 6, dtype=np.int32), 1, other=0)
     assert p not in pos_b.tolist()
@@ -91,9 +91,9 @@ def test_used_counts_buckets_leaving_empty_and_live_lists_a_range():
     keys = np.arange(1, 11, dtype=np.int64)
     pos = idx.insert(keys, np.arange(1, 11, dtype=np.int32), None)
     assert idx.used == 10
-    idx.set(pos[:3], DELETED, None)
+    idx.set(pos[:3], DELETED_SLOT, None)
     idx.insert(np.arange(20, 23, dtype=np.int64), np.arange(11, 14, dtype=np.int32), None)
-    assert idx.used <= 13 and (idx.tab.view(np.int32)[:, 2] != EMPTY).sum() == idx.used
+    assert idx.used <= 13 and (idx.tab.view(np.int32)[:, 2] != EMPTY_SLOT).sum() == idx.used
     got_keys, got_slots = idx.live(0)
     assert sorted(got_keys.tolist()) == sorted(keys[3:].tolist() + [20, 21, 22])
     lo, _ = idx.live(0, 0, 32)
@@ -121,18 +121,18 @@ def test_an_insert_into_a_full_index_raises_instead_of_looping():
 
 def test_find_and_insert_agree_across_paths_with_markers_and_the_other_copy(lookup_path):
     """Both paths build indexes that answer alike: a key is found wherever it was put,
-    DELETED markers are walked past, buckets live in the other copy are left alone, and
-    ``used`` counts the buckets that left EMPTY."""
+    DELETED_SLOT markers are walked past, buckets live in the other copy are left alone, and
+    ``used`` counts the buckets that left EMPTY_SLOT."""
     rng = np.random.default_rng(7)
     idx = _index(1 << 13)
     keys = rng.choice(1 << 40, 3000, replace=False).astype(np.int64)
     pos = idx.insert(keys, np.arange(1, 3001, dtype=np.int32), None)
     assert np.array_equal(idx.tab[pos, 0], keys) and np.unique(pos).size == pos.size
-    idx.set(pos[:500], DELETED, 1)  # deleted in copy 1 only: still live in copy 0
+    idx.set(pos[:500], DELETED_SLOT, 1)  # deleted in copy 1 only: still live in copy 0
     new = rng.choice(1 << 40, 2000, replace=False).astype(np.int64) + (1 << 41)
     pos_n = idx.insert(new, np.arange(5001, 7001, dtype=np.int32), 1, other=0)
     assert not np.isin(pos_n, pos[:500]).any()
-    assert idx.used == int((idx.tab.view(np.int32)[:, 2:] != EMPTY).any(axis=1).sum())
+    assert idx.used == int((idx.tab.view(np.int32)[:, 2:] != EMPTY_SLOT).any(axis=1).sum())
     f1, s1 = idx.find(np.concatenate([keys, new]), 1)
     assert np.array_equal(s1[:500], np.zeros(500)) and np.array_equal(f1[:500], [-1] * 500)
     assert np.array_equal(s1[500:3000], np.arange(501, 3001))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Union
 
 from consumers.files import PathLike
-from consumers.storage.full_snapshot import Snapshot
+from consumers.storage.full_format import Snapshot
 from consumers.storage.merge import merge_snapshots
 from consumers.storage.snapshot import read_snapshot, snapshot_exists
 

@@ -10,7 +10,7 @@ import pytest
 
 from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import write_snapshot
-from consumers.sync.base import read_base
+from consumers.sync.base_snapshot import read_base
 
 
 def _snap(path, ids, *, topic="deltas.m", model="m", partition=0):
@@ -48,7 +48,7 @@ def test_no_recorded_topic_is_accepted_with_a_warning(tmp_path, caplog):
     a = _snap(tmp_path / "a", [0], topic=None)
     saved = tmp_path / "saved"
     ServingTable.from_arrays("item", np.array([5]), np.ones((1, 2), np.float32)).save(saved)
-    with caplog.at_level(logging.WARNING, logger="consumers.sync.base"):
+    with caplog.at_level(logging.WARNING, logger="consumers.sync.base_snapshot"):
         snap = read_base([a, saved], model="m", topic="deltas.m")
     assert set(snap.tables) == {"user", "item"}
     warned = [r.getMessage() for r in caplog.records if "records no topic" in r.getMessage()]
