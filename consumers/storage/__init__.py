@@ -9,6 +9,8 @@ imports only those listed before it:
 * :mod:`~consumers.storage.merge` — several snapshots merged into one base;
 * :mod:`~consumers.storage.checkpoint_dir` — what may stand at a checkpoint path (damage
   is refused), removing a checkpoint to start over;
+* :mod:`~consumers.storage.segments` — a checkpoint segment file (rows changed after a
+  base);
 * :mod:`~consumers.storage.checkpoint` — incremental checkpoints (a full base + segments);
 * :mod:`~consumers.storage.background` — checkpoints written in a background thread;
 * :mod:`~consumers.storage.snapshot` — ``write_snapshot`` / ``read_snapshot`` (reads every
