@@ -146,9 +146,13 @@ class Applier:
         log.debug("quarantined message (%d bytes): %s", size, reason)
         return Outcome("quarantined", reason=reason, bytes=size, **fields)
 
-    def process(self, value: Any, headers: Any = None) -> Outcome:
+    def process(self, value: Any, headers: Any = None, *,
+                decoded: Optional[DecodedBatch] = None) -> Outcome:
         """Apply one record ``value`` (bytes) with its Kafka ``headers`` (optional list of
-        (key, bytes)). Returns an :class:`Outcome`; never raises on bad data."""
+        (key, bytes)). Returns an :class:`Outcome`; never raises on bad data.
+
+        ``decoded``: ``decode(value)``, when the caller already decoded the record (the
+        replay tool reads its ``ts`` first); it is not decoded again."""
         self.counters["messages"] += 1
         try:
             size = len(value)
@@ -163,7 +167,7 @@ class Applier:
                            table=hdr["table"], shard=hdr["shard"], epoch=hdr["epoch"],
                            seq=hdr["seq"], model=hdr["model"], bytes=size)
         try:
-            b = decode(value)
+            b = decode(value) if decoded is None else decoded
         except WireError as e:
             return self._quarantine(f"decode: {e}", size)
         fields = {"table": b.table, "shard": b.shard, "epoch": b.epoch, "seq": b.seq,

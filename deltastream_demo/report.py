@@ -135,13 +135,15 @@ def format_report(r: Mapping[str, Any]) -> str:
                      for a, b in rows)
 
 
+def _section(rows: list[tuple[str, str]], title: str) -> None:
+    """Start a ``[title]`` section of the report table."""
+    rows.append((f"[{title}]", ""))
+
+
 def _training_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
     """Report rows of training: workers, device, steps, throughput, loss, sharding plan."""
 
-    def section(title: str) -> None:
-        rows.append((f"[{title}]", ""))
-
-    section("training")
+    _section(rows, "training")
     rows += [
         ("workers × batch", f"{g('config', 'workers')} × {g('config', 'batch_size')}"),
         ("device", f"{g('train', 'device') or g('config', 'device') or 'n/a'}"
@@ -161,10 +163,7 @@ def _training_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) ->
 def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
     """Report rows of deltas: rows tracked, published, carried, rejected; the budget or top-k."""
 
-    def section(title: str) -> None:
-        rows.append((f"[{title}]", ""))
-
-    section("deltas")
+    _section(rows, "deltas")
     rows += [
         ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))),
         ("rows published", _num(g("rows", "published"))),
@@ -194,10 +193,7 @@ def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
 def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
     """Report rows of wire and predictor: messages, bytes, freshness, applied, quarantined."""
 
-    def section(title: str) -> None:
-        rows.append((f"[{title}]", ""))
-
-    section("wire")
+    _section(rows, "wire")
     rows += [
         ("messages", _num(g("wire", "messages"))),
         ("bytes", _bytes(g("wire", "bytes"))),
@@ -206,7 +202,7 @@ def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> Non
            f"{g('wire', 'dtype')})"),
         ("rows published/s", _num(g("wire", "rows_per_s"), ",.0f")),
     ]
-    section("predictor")
+    _section(rows, "predictor")
     rows += [
         ("freshness p50 / p95 / p99",
          " / ".join(_ms(g("freshness_s", q)) for q in ("p50", "p95", "p99"))),
@@ -222,10 +218,7 @@ def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> Non
 def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
     """Report rows of serving vs trainer: drift and AUCs."""
 
-    def section(title: str) -> None:
-        rows.append((f"[{title}]", ""))
-
-    section("serving vs trainer (after the final flush)")
+    _section(rows, "serving vs trainer (after the final flush)")
     rows += [
         ("ids compared", _num(g("drift", "ids_compared"))),
         ("ids missing in serving", _num(g("drift", "missing_in_serving"))),
@@ -243,12 +236,9 @@ def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
 def _extra_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
     """Report rows of snapshots, invariants and plots, when the report has them."""
 
-    def section(title: str) -> None:
-        rows.append((f"[{title}]", ""))
-
     snap = g("snapshot")
     if isinstance(snap, Mapping):
-        section("snapshots")
+        _section(rows, "snapshots")
         rows += [
             ("snapshots written", _num(snap.get("count"))),
             ("last at step", _num(snap.get("last_step"))),
@@ -263,12 +253,12 @@ def _extra_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
     problems = r.get("invariants", {}).get("problems") if isinstance(r.get("invariants"),
                                                                      Mapping) else None
     if problems is not None:
-        section("invariants")
+        _section(rows, "invariants")
         rows.append(("status", "ok" if not problems else f"{len(problems)} problem(s)"))
         rows += [("  !", p) for p in problems]
     plots = r.get("plots") or []
     if plots:
-        section("plots")
+        _section(rows, "plots")
         rows += [("", str(p)) for p in plots]
 
 

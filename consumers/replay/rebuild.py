@@ -215,17 +215,18 @@ def _apply_range(reader: Any, plan: ReadPlan, applier: Applier, from_time: Optio
     timed = from_time is not None or to_time is not None
     for rec in read_records(reader, plan, progress, "rebuild"):
         run.records += 1
+        batch = None
         if timed:
             try:
-                ts = decode(rec.value).ts
+                batch = decode(rec.value)  # decoded once: the applier is handed it
             except WireError:
-                ts = None  # the applier quarantines it and says why
-            if ts is not None and not in_time(ts, from_time, to_time):
+                pass  # the applier quarantines it and says why
+            if batch is not None and not in_time(batch.ts, from_time, to_time):
                 run.outside += 1
-                if to_time is not None and ts > to_time:
+                if to_time is not None and batch.ts > to_time:
                     run.resume[rec.partition] = min(run.resume[rec.partition], rec.offset)
                 continue
-        res = applier.process(rec.value, rec.headers)
+        res = applier.process(rec.value, rec.headers, decoded=batch)
         if res.kind == "quarantined":
             # the first few loudly, the rest only counted (a flood must stay readable)
             log.log(logging.WARNING if len(run.quarantined) < 10 else logging.DEBUG,
