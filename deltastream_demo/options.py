@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from deltastream.cliargs import EnvArgumentParser, add_kafka_arguments
+from deltastream.cliargs import (
+    EnvArgumentParser,
+    add_field_flags,
+    add_kafka_arguments,
+    field_values,
+    fields_doc,
+    option,
+)
 from deltastream.kafka_config import check_bootstrap_servers
 from deltastream_demo.data import StreamConfig
 
@@ -31,38 +38,67 @@ SHARDINGS = ("row", "table", "column")
 
 @dataclass
 class DemoOptions:
-    """Everything ``deltastream demo`` is configured with (see ``--help`` for each)."""
+    """Everything ``deltastream demo`` is configured with. Each field is spelled once, here:
+    its default, its help and its flag (:func:`deltastream.cliargs.option`);
+    :func:`add_demo_arguments` and :func:`options_from_args` are made from them."""
 
-    bootstrap_servers: Optional[str] = None
-    kafka_config: Optional[str] = None  # --kafka-config FILE
-    kafka: dict = field(default_factory=dict)  # resolved security settings (validated)
-    topic: Optional[str] = None
-    model_name: str = "demo"
-    workers: int = 2
-    device: str = "cpu"
-    steps: Optional[int] = None
-    duration: Optional[float] = None
-    batch_size: int = 512
-    publish_every: int = 10
-    snapshot_every: int = 500
-    topk_fraction: float = 0.25
-    publish_budget: float = DEFAULT_BUDGET
-    dim: int = 32
-    wire_dtype: str = "f16"
-    max_message_bytes: int = 1 << 20
-    users: int = 50_000
-    items: int = 10_000
-    lr_sparse: float = 0.05
-    lr_dense: float = 2e-3
-    held_out: int = 20_000
-    out: str = "demo-out"
-    seed: int = 0
-    progress: str = "auto"
-    timeout: float = 900.0
-    log_level: str = "WARNING"
-    verbose: bool = False
-    hidden: tuple = field(default=(64, 32))
-    sharding: str = "row"
+    bootstrap_servers: Optional[str] = option(
+        None, "Kafka bootstrap servers (the shared --bootstrap-servers flag); None starts an "
+              "embedded broker.")
+    kafka_config: Optional[str] = option(None, "The shared --kafka-config FILE.")
+    kafka: dict = option(help="Resolved security settings (validated).", factory=dict)
+    topic: Optional[str] = option(None, "deltas topic (default deltas.<model>)", flag={})
+    model_name: str = option("demo", "model name carried in every message",
+                             flag={"name": "--model"})
+    workers: int = option(2, "trainer processes (torch.distributed; one shard and partition "
+                             "each)", flag={"type": int})
+    device: str = option("cpu", "trainer device; cuda uses nccl and one GPU per worker",
+                         flag={"choices": ["cpu", "cuda"]})
+    steps: Optional[int] = option(
+        None, f"training steps (default {DEFAULT_STEPS}, or unbounded when only --duration "
+              "is given)", flag={"type": int})
+    duration: Optional[float] = option(
+        None, "stop training after this many seconds (with --steps: whichever comes first)",
+        flag={"type": float})
+    batch_size: int = option(512, "examples per worker per step", flag={"type": int})
+    publish_every: int = option(10, "steps between publish rounds (tracker consumer "
+                                    "'publish')", flag={"type": int})
+    snapshot_every: int = option(500, "steps between base snapshots (tracker consumer "
+                                      "'snapshot')", flag={"type": int})
+    topk_fraction: float = option(
+        0.25, "fraction of the changed rows published per round (top by drift, new rows "
+              "first; the rest is carried to the next round); 1 = all", flag={"type": float})
+    publish_budget: float = option(
+        DEFAULT_BUDGET, "bytes/s per trainer: publish every step the rows with the most "
+                        "serving error per byte within this budget "
+                        "(deltastream.BudgetPublisher); 0 = rounds of --topk-fraction every "
+                        "--publish-every steps", flag={"type": float})
+    dim: int = option(32, "embedding width", flag={"type": int})
+    wire_dtype: str = option("f16", "row dtype on the wire", flag={"choices": list(WIRE_DTYPES)})
+    max_message_bytes: int = option(1 << 20, "largest Kafka message the publisher sends "
+                                             "(bytes)", flag={"type": int})
+    users: int = option(50_000, "distinct users in the synthetic stream", flag={"type": int})
+    items: int = option(10_000, "distinct items in the synthetic stream", flag={"type": int})
+    lr_sparse: float = option(0.05, "row-wise Adagrad learning rate", flag={"type": float})
+    lr_dense: float = option(2e-3, "Adam learning rate of the MLP", flag={"type": float})
+    held_out: int = option(
+        20_000, "examples of the held-out slice (the stream right after training) scored at "
+                "the end", flag={"type": int})
+    out: str = option("demo-out", "output directory: report.json, plots, snapshots, state",
+                      flag={})
+    seed: int = option(0, "seed of the stream and the model", flag={"type": int})
+    progress: str = option("auto", "live progress line: auto = only when stderr is a "
+                                   "terminal", flag={"choices": ["auto", "on", "off"]})
+    timeout: float = option(900.0, "abort the demo when it runs longer than this many "
+                                   "seconds", flag={"type": float})
+    log_level: str = option("WARNING", "Logging level of the demo (the shared --log-level).")
+    verbose: bool = option(False, "Also the Kafka client's own log lines (the shared -v).")
+    hidden: tuple = option((64, 32), "Widths of the CTR model's hidden layers.")
+    sharding: str = option(
+        "row", "how the user/item tables are split over the workers: row = by id slice "
+               "(each worker owns some rows), table = each table whole on one worker, "
+               "column = each worker holds a column range of every row",
+        flag={"choices": list(SHARDINGS)})
 
     @property
     def resolved_topic(self) -> str:
@@ -166,70 +202,19 @@ def _check_cuda(workers: int) -> None:
 
 def add_demo_arguments(parser: EnvArgumentParser) -> None:
     """Add the demo's flags to ``parser`` (an ``EnvArgumentParser`` with the prefix
-    ``DELTASTREAM_DEMO_``: each flag also reads ``DELTASTREAM_DEMO_<FLAG>``)."""
-    d = DemoOptions()
-    a = parser.add_argument
+    ``DELTASTREAM_DEMO_``: each flag also reads ``DELTASTREAM_DEMO_<FLAG>``): the shared
+    Kafka flags, then one per :class:`DemoOptions` field that has one."""
     add_kafka_arguments(parser, required=False,
                         help_suffix=" Without it the demo starts an embedded broker.")
-    a("--topic", default=None, help="deltas topic (default deltas.<model>)")
-    a("--model", dest="model_name", default=d.model_name,
-      help="model name carried in every message")
-    a("--workers", type=int, default=d.workers,
-      help="trainer processes (torch.distributed; one shard and partition each)")
-    a("--device", choices=["cpu", "cuda"], default=d.device,
-      help="trainer device; cuda uses nccl and one GPU per worker")
-    a("--steps", type=int, default=None,
-      help=f"training steps (default {DEFAULT_STEPS}, or unbounded when only --duration is "
-           "given)")
-    a("--duration", type=float, default=None,
-      help="stop training after this many seconds (with --steps: whichever comes first)")
-    a("--batch-size", type=int, default=d.batch_size, help="examples per worker per step")
-    a("--publish-every", type=int, default=d.publish_every,
-      help="steps between publish rounds (tracker consumer 'publish')")
-    a("--snapshot-every", type=int, default=d.snapshot_every,
-      help="steps between base snapshots (tracker consumer 'snapshot')")
-    a("--topk-fraction", type=float, default=d.topk_fraction,
-      help="fraction of the changed rows published per round (top by drift, new rows first; "
-           "the rest is carried to the next round); 1 = all")
-    a("--publish-budget", type=float, default=d.publish_budget,
-      help="bytes/s per trainer: publish every step the rows with the most serving error per "
-           "byte within this budget (deltastream.BudgetPublisher); 0 = rounds of "
-           "--topk-fraction every --publish-every steps")
-    a("--dim", type=int, default=d.dim, help="embedding width")
-    a("--wire-dtype", choices=list(WIRE_DTYPES), default=d.wire_dtype,
-      help="row dtype on the wire")
-    a("--max-message-bytes", type=int, default=d.max_message_bytes,
-      help="largest Kafka message the publisher sends (bytes)")
-    a("--users", type=int, default=d.users, help="distinct users in the synthetic stream")
-    a("--items", type=int, default=d.items, help="distinct items in the synthetic stream")
-    a("--lr-sparse", type=float, default=d.lr_sparse, help="row-wise Adagrad learning rate")
-    a("--lr-dense", type=float, default=d.lr_dense, help="Adam learning rate of the MLP")
-    a("--held-out", type=int, default=d.held_out,
-      help="examples of the held-out slice (the stream right after training) scored at the end")
-    a("--out", default=d.out, help="output directory: report.json, plots, snapshots, state")
-    a("--seed", type=int, default=d.seed, help="seed of the stream and the model")
-    a("--progress", choices=["auto", "on", "off"], default=d.progress,
-      help="live progress line: auto = only when stderr is a terminal")
-    a("--sharding", choices=list(SHARDINGS), default=d.sharding,
-      help="how the user/item tables are split over the workers: row = by id slice (each "
-           "worker owns some rows), table = each table whole on one worker, column = each "
-           "worker holds a column range of every row")
-    a("--timeout", type=float, default=d.timeout,
-      help="abort the demo when it runs longer than this many seconds")
+    add_field_flags(parser, DemoOptions)
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
     """:class:`DemoOptions` from the flags of :func:`add_demo_arguments` (not validated)."""
     return DemoOptions(
         bootstrap_servers=args.bootstrap_servers, kafka_config=args.kafka_config,
-        topic=args.topic,
-        model_name=args.model_name, workers=args.workers, device=args.device,
-        steps=args.steps, duration=args.duration, batch_size=args.batch_size,
-        publish_every=args.publish_every, snapshot_every=args.snapshot_every,
-        topk_fraction=args.topk_fraction, publish_budget=args.publish_budget, dim=args.dim, wire_dtype=args.wire_dtype,
-        max_message_bytes=args.max_message_bytes, users=args.users, items=args.items,
-        lr_sparse=args.lr_sparse, lr_dense=args.lr_dense, held_out=args.held_out,
-        out=args.out, seed=args.seed, progress=args.progress, timeout=args.timeout,
         log_level=getattr(args, "log_level", "WARNING") or "WARNING",
-        verbose=bool(getattr(args, "verbose", False)),
-        sharding=getattr(args, "sharding", "row") or "row")
+        verbose=bool(getattr(args, "verbose", False)), **field_values(args, DemoOptions))
+
+
+DemoOptions.__doc__ = (DemoOptions.__doc__ or "") + fields_doc(DemoOptions)

@@ -1,8 +1,9 @@
 """SyncOptions: the settings of a :class:`~consumers.sync.SyncDaemon`, spelled and checked once.
 
 Each setting is one field: its default, its help text and its command-line flag
-(:func:`option`); ``SyncDaemon(...)`` keywords and ``deltastream-sync`` flags are both
-made from these fields. Values are validated in ``SyncOptions.__post_init__``: a bad value raises ``ValueError``/``TypeError`` naming the
+(:func:`deltastream.cliargs.option`); ``SyncDaemon(...)`` keywords and ``deltastream-sync``
+flags are both made from these fields. Values are validated in
+``SyncOptions.__post_init__``: a bad value raises ``ValueError``/``TypeError`` naming the
 argument, the value and what was expected, before the daemon touches disk or network. The
 checkpoint sizing (``checkpoint_max_segments``, ``checkpoint_segment_fraction``), the
 quarantine size and the metrics port are checked by the objects that use them
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,25 +29,18 @@ from deltastream.cliargs import (
     ListAction,
     comma_list,
     existing_dir,
+    fields_doc,
     non_negative_float,
+    option,
     port,
     positive_float,
     positive_int,
 )
 from deltastream.kafka_config import check_bootstrap_servers
 
-__all__ = ["SyncOptions", "check_positive", "option", "parse_shards", "parse_tables"]
+__all__ = ["SyncOptions", "check_positive", "parse_shards", "parse_tables"]
 
 log = logging.getLogger(__name__)
-
-
-def option(default: Any = MISSING, help: str = "", *, flag: Optional[dict] = None,
-           factory: Any = MISSING) -> Any:
-    """A settings field spelled once: its ``default`` (or ``factory``), its ``help`` (for the
-    docstring and ``--help``) and ``flag``: the argparse keywords of its command-line flag
-    (None: not a flag)."""
-    return field(default=default, default_factory=factory,
-                 metadata={"help": help, "flag": flag})
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False) -> Any:
@@ -295,13 +289,4 @@ class SyncOptions:
         object.__setattr__(self, name, value)  # normalizing a frozen instance once, at birth
 
 
-def _fields_doc() -> str:
-    """The fields' help as a docstring section (the one place each is written is its
-    field)."""
-    lines = ["", "    Fields:"]
-    for f in fields(SyncOptions):
-        lines.append(f"        {f.name}: {f.metadata['help']}")
-    return "\n".join(lines) + "\n"
-
-
-SyncOptions.__doc__ = (SyncOptions.__doc__ or "") + _fields_doc()
+SyncOptions.__doc__ = (SyncOptions.__doc__ or "") + fields_doc(SyncOptions)
