@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from bench._common import best_time, result
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from deltastream.wire import DeltaBatch, decode, encode
 
 __all__ = ["main"]

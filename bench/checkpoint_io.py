@@ -1,7 +1,7 @@
 """Benchmark: CPU a checkpoint costs per byte, written and verified (the file checksum).
 
 Every file of a checkpoint, snapshot or table directory is checksummed as it is written
-and checked when it is read back (:mod:`consumers.storage.files`). Format version 1 used
+and checked when it is read back (:mod:`consumers.files`). Format version 1 used
 sha256; in the sync daemon's checkpoint thread that was the largest cost (about 40 % of its
 CPU while ``bench serving`` applied 1M rows/s). Version 2 uses CRC-32C.
 
@@ -38,7 +38,7 @@ _CHUNK_ROWS = 1 << 16  # rows per chunk, as a checkpoint gathers them (views.CHU
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from consumers.storage import files
+    from consumers import files
 
     ap = argparse.ArgumentParser(prog="deltastream bench checkpoint-io", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

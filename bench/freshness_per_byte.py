@@ -70,7 +70,7 @@ import numpy as np
 
 from bench._common import Loopback, result
 from bench._ratings import LogUnavailable, Ratings, load_ratings
-from demo.report import pyplot, save_png
+from deltastream_demo.report import pyplot, save_png
 
 __all__ = ["main", "run"]
 
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
                     _count(p, publish_delta(tracker, sinks[p.label], p.label, p.select,
                                             step=step, tables=tables))
     seconds = time.monotonic() - t0
-    from demo.scoring import auc
+    from deltastream_demo.scoring import auc
 
     yy = np.concatenate(labels)
     res = {"trainer_auc": auc(yy, np.concatenate(trainer_logits)), "seconds": seconds,

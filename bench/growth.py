@@ -34,7 +34,7 @@ import numpy as np
 
 from bench._common import result, row_ids
 from consumers.serving.backer import BACKER_ENV
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from deltastream.wire import DeltaBatch
 
 __all__ = ["main"]

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def _run(args: argparse.Namespace, state: Path) -> list[dict]:
     from consumers.serving import hugemap
     from consumers.serving.shm import SHM_ENV
-    from consumers.serving_table import ServingTable
+    from consumers.serving.table import ServingTable
     from consumers.storage.background import CheckpointWriter
     from consumers.storage.checkpoint import CheckpointStore
     from deltastream.wire import DeltaBatch

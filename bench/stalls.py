@@ -7,7 +7,7 @@ long stretches of such work:
 
 * ``stalls.write`` — checkpoint files written in 16 MiB ``write()`` calls (the page cache
   copy of a whole call runs without a preemption point), against the 256 KiB calls of
-  :class:`consumers.storage.files.HashingWriter`;
+  :class:`consumers.files.HashingWriter`;
 * ``stalls.collapse`` — ``MADV_COLLAPSE`` of a shared table's 2 MiB blocks zeroes each new
   huge page in one stretch. On a VM whose host backs memory on first touch, that took about
   3 ms per block. This is measured against :func:`consumers.serving.hugemap.collapse`, which
@@ -58,7 +58,7 @@ def _probe(seconds: float, sleep_us: int) -> None:
 
 
 def _write(path: Path, data: np.ndarray, old: bool) -> None:
-    from consumers.storage.files import HashingWriter
+    from consumers.files import HashingWriter
 
     with open(path, "wb") as f:
         if old:

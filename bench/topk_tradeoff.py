@@ -1,6 +1,6 @@
 """Top-k trade-off: bytes on the wire vs serving AUC, per publish policy.
 
-One training run of the demo's CTR model (:mod:`demo.model`, one process, on the
+One training run of the demo's CTR model (:mod:`deltastream_demo.model`, one process, on the
 demo's drifting Zipf click stream) feeds **one DeltaTracker with one consumer per policy**, so
 every policy sees exactly the same model trajectory. Every ``--publish-every`` steps each
 consumer runs a publish round (:func:`deltastream.publish_delta`): ``select_changed`` with its
@@ -76,7 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import Loopback, result
-from demo.report import pyplot, save_png
+from deltastream_demo.report import pyplot, save_png
 
 __all__ = ["main"]
 
@@ -230,9 +230,9 @@ def run(args: argparse.Namespace, policies: list[Policy]) -> dict:
         publish_delta,
     )
     from deltastream.publishing.rounds import SelectionPolicy
-    from demo.data import ClickStream, StreamConfig
-    from demo.model import CTRModel, export_dense
-    from demo.scoring import auc, score
+    from deltastream_demo.data import ClickStream, StreamConfig
+    from deltastream_demo.model import CTRModel, export_dense
+    from deltastream_demo.scoring import auc, score
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)

@@ -13,8 +13,8 @@ log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())  # library: the application configures logging
 
 _EXPORTS = {
-    "ServingTable": "serving_table",
-    "ApplyResult": "serving_table",
+    "ServingTable": "serving.table",
+    "ApplyResult": "serving.table",
     "ApplyError": "errors",
     "Snapshot": "storage.snapshot",
     "SnapshotError": "errors",

@@ -9,14 +9,16 @@ raises on bad data and never applies part of a message:
 2. :func:`deltastream.wire.decode` validates the message (``WireError`` -> quarantined);
 3. model, headers-vs-body agreement, shard filter, a valid column range (a wire-v2 column
    slice from a column-wise shard is applied to those columns of its rows,
-   :mod:`consumers.columns`), known table and dim (a slice's ``width``) are checked; a
+   :mod:`consumers.serving.columns`), known table and dim (a slice's ``width``) are checked; a
    message of another model is not corrupt — it is skipped and counted by model name
    (``foreign_model``, :attr:`Applier.models`; ``Outcome.model`` names it), never
    quarantined;
 4. :class:`~consumers.sequencing.SeqTracker` classifies (epoch, seq): duplicates and stale
    epochs are skipped, gaps and new epochs are applied and reported;
-5. :meth:`ServingTable.apply` validates and applies atomically (``ApplyError`` ->
-   quarantined; a table first seen is only created when its first batch applies);
+5. :meth:`ServingTable.apply` trusts the decoded batch, checks what is the table's (dim, a
+   wire-v2 column slice's ``width``; finite values in its storage range) and applies
+   atomically (``ApplyError`` -> quarantined; a table first seen is only created when its
+   first batch applies);
 6. the seq is committed.
 
 A quarantined message's seq is not committed: its data never reached the table, so the next
@@ -29,10 +31,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from consumers.columns import batch_columns
+from consumers.errors import ApplyError
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ApplyError, ServingTable
-from deltastream.wire import WireError, decode, parse_headers
+from consumers.serving.dtypes import STORAGE_DTYPES
+from consumers.serving.table import ServingTable
+from deltastream.wire import DecodedBatch, WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
 
@@ -143,20 +146,19 @@ class Applier:
         log.debug("quarantined message (%d bytes): %s", size, reason)
         return Outcome("quarantined", reason=reason, bytes=size, **fields)
 
-    def process(self, value: Any, headers: Any = None) -> Outcome:
+    def process(self, value: Any, headers: Any = None, *,
+                decoded: Optional[DecodedBatch] = None) -> Outcome:
         """Apply one record ``value`` (bytes) with its Kafka ``headers`` (optional list of
-        (key, bytes)). Returns an :class:`Outcome`; never raises on bad data."""
+        (key, bytes)). Returns an :class:`Outcome`; never raises on bad data.
+
+        ``decoded``: ``decode(value)``, when the caller already decoded the record (the
+        replay tool reads its ``ts`` first); it is not decoded again."""
         self.counters["messages"] += 1
         try:
             size = len(value)
         except TypeError:
             size = 0
-        hdr = None
-        if headers:
-            try:
-                hdr = parse_headers(headers)
-            except WireError as e:
-                log.debug("ignoring malformed headers: %s", e)
+        hdr = _headers(headers)
         if hdr is not None and self.shards is not None and hdr["shard"] not in self.shards \
                 and hdr["model"] == self.model:
             self.models[self.model] = self.models.get(self.model, 0) + 1
@@ -165,7 +167,7 @@ class Applier:
                            table=hdr["table"], shard=hdr["shard"], epoch=hdr["epoch"],
                            seq=hdr["seq"], model=hdr["model"], bytes=size)
         try:
-            b = decode(value)
+            b = decode(value) if decoded is None else decoded
         except WireError as e:
             return self._quarantine(f"decode: {e}", size)
         fields = {"table": b.table, "shard": b.shard, "epoch": b.epoch, "seq": b.seq,
@@ -174,6 +176,19 @@ class Applier:
         if b.model != self.model:
             return self._foreign(b, size, fields)
         fields["model"] = b.model
+        refused = self._refusal(b, hdr, size, fields)
+        if refused is not None:
+            return refused
+        verdict = self.seqs.check(b.table, b.shard, b.epoch, b.seq)
+        if verdict.kind in ("duplicate", "stale_epoch"):
+            return self._skip_seq(b, verdict.kind, size, fields)
+        return self._apply(b, verdict, size, fields)
+
+    def _refusal(self, b: DecodedBatch, hdr: Optional[dict], size: int,
+                 fields: dict) -> Optional[Outcome]:
+        """The policy checks of a batch of this model: headers agree with the body, a shard
+        served here, a table known (when ``table_dims`` names them). None when it passes.
+        The batch itself was validated by ``decode``; its dim is the table's to check."""
         if hdr is not None:
             body = {"model": b.model, "table": b.table, "shard": b.shard, "epoch": b.epoch,
                     "seq": b.seq}
@@ -184,37 +199,33 @@ class Applier:
             self.counters["skipped"] += 1
             return Outcome("skipped", reason=f"shard {b.shard} not served", bytes=size,
                            **fields)
-        try:  # a column slice's rows are `width` wide: that is the table's dim
-            width = batch_columns(b).width
-        except ApplyError as e:
-            return self._quarantine(f"apply: {e}", size, **fields)
-        if self.table_dims is not None:
-            want = self.table_dims.get(b.table)
-            if want is None:
-                return self._quarantine(f"unknown table {b.table!r} (known: "
-                                        f"{sorted(self.table_dims)})", size, **fields)
-            if width != want:
-                return self._quarantine(f"dim: table {b.table!r} has dim {want}, message "
-                                        f"has dim {width}", size, **fields)
-        verdict = self.seqs.check(b.table, b.shard, b.epoch, b.seq)
-        if verdict.kind == "duplicate":
+        if self.table_dims is not None and b.table not in self.table_dims:
+            return self._quarantine(f"unknown table {b.table!r} (known: "
+                                    f"{sorted(self.table_dims)})", size, **fields)
+        return None
+
+    def _skip_seq(self, b: DecodedBatch, kind: str, size: int, fields: dict) -> Outcome:
+        """A duplicate or a message of a stale trainer epoch: counted, skipped."""
+        if kind == "duplicate":
             self.counters["duplicates"] += 1
             return Outcome("duplicate", reason=f"seq {b.seq} already applied", bytes=size,
                            **fields)
-        if verdict.kind == "stale_epoch":
-            self.counters["stale"] += 1
-            key = (b.table, b.shard, b.epoch)
-            if key not in self._stale_warned:
-                self._stale_warned.add(key)
-                log.warning("table %r shard %d: skipping messages of stale epoch %d (a newer "
-                            "trainer epoch is already applied)", b.table, b.shard, b.epoch)
-            return Outcome("stale", reason=f"epoch {b.epoch} is older than the current one",
-                           bytes=size, **fields)
+        self.counters["stale"] += 1
+        key = (b.table, b.shard, b.epoch)
+        if key not in self._stale_warned:
+            self._stale_warned.add(key)
+            log.warning("table %r shard %d: skipping messages of stale epoch %d (a newer "
+                        "trainer epoch is already applied)", b.table, b.shard, b.epoch)
+        return Outcome("stale", reason=f"epoch {b.epoch} is older than the current one",
+                       bytes=size, **fields)
+
+    def _apply(self, b: DecodedBatch, verdict: Any, size: int, fields: dict) -> Outcome:
+        """Apply ``b`` to its table (created with its first batch), commit its seq, count."""
         table = self.tables.get(b.table)
         created = table is None
         try:
             if created:
-                dim = width if self.table_dims is None else self.table_dims[b.table]
+                dim = b.width if self.table_dims is None else self.table_dims[b.table]
                 table = ServingTable(b.table, dim, dtype=self.dtype,
                                      capacity=max(1024, b.n))
             res = table.apply(b)
@@ -245,3 +256,14 @@ class Applier:
                         b.table, b.shard, b.epoch, lo, hi, hi - lo + 1)
         return Outcome("applied", rows=res.upserted, deleted=res.deleted, bytes=size,
                        gap=verdict.missing, **fields)
+
+
+def _headers(headers: Any) -> Optional[dict]:
+    """Parsed Kafka headers, or None when absent or malformed (they are only a hint)."""
+    if not headers:
+        return None
+    try:
+        return parse_headers(headers)
+    except WireError as e:
+        log.debug("ignoring malformed headers: %s", e)
+        return None

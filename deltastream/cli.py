@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,22 +40,40 @@ __all__ = ["main", "build_parser", "bench_names"]
 log = logging.getLogger(__name__)
 
 PROG = "deltastream"
-_REPO = Path(__file__).resolve().parent.parent
+#: a source checkout whose ``bench/`` ``deltastream bench`` runs (default: see _checkout)
+BENCH_DIR_ENV = "DELTASTREAM_BENCH_DIR"
+
+
+def _checkout() -> Optional[Path]:
+    """The source checkout holding ``bench/``: ``$DELTASTREAM_BENCH_DIR``, else the one this
+    package was installed from (``pip install -e .``), else the current directory; None
+    when none of them is one. The benchmarks are a checkout tool: they are not installed
+    with the package (a wheel has no ``bench/``)."""
+    env = os.environ.get(BENCH_DIR_ENV)
+    candidates = [Path(env)] if env else [Path(__file__).resolve().parent.parent, Path.cwd()]
+    return next((d for d in candidates if (d / "bench" / "_common.py").is_file()), None)
 
 
 def bench_names() -> list[str]:
-    """Benchmarks found in the source tree's ``bench/`` directory, in CLI spelling."""
-    d = _REPO / "bench"
-    return sorted(p.stem.replace("_", "-") for p in d.glob("*.py")
+    """Benchmarks of the checkout's ``bench/`` directory, in CLI spelling ([] without a
+    checkout)."""
+    root = _checkout()
+    if root is None:
+        return []
+    return sorted(p.stem.replace("_", "-") for p in (root / "bench").glob("*.py")
                   if not p.stem.startswith("_") and p.stem != "run_all")
 
 
 def _import_bench(name: str):
-    if not (_REPO / "bench" / "_common.py").is_file():
-        raise SystemExit("deltastream bench: the bench/ directory is not next to the package; "
-                         "run from a source checkout (pip install -e .)")
-    if str(_REPO) not in sys.path:
-        sys.path.insert(0, str(_REPO))
+    """Import ``bench.<name>`` of the checkout (its root goes on ``sys.path``: the
+    benchmarks import each other as ``bench.*``)."""
+    root = _checkout()
+    if root is None:
+        raise SystemExit(f"deltastream bench: runs the benchmarks of a source checkout "
+                         f"(bench/ is not installed with the package); run it inside one, "
+                         f"or set {BENCH_DIR_ENV} to its path")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     return importlib.import_module(f"bench.{name.replace('-', '_')}")
 
 
@@ -109,7 +128,7 @@ def _cmd_topic(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from demo.run import run_demo_cli  # the demo sits above the library: load it on use
+    from deltastream_demo.run import run_demo_cli  # the demo sits above the library: load it on use
 
     return run_demo_cli(args)
 
@@ -127,7 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("bench", env_prefix="DELTASTREAM_BENCH_", epilog=EXIT_CODES,
-                       help="run a benchmark (figure vs a same-run baseline)")
+                       help="run a benchmark of a source checkout (figure vs a same-run "
+                            "baseline)",
+                       description="Run the benchmarks of a source checkout's bench/ "
+                                   "directory (they are not installed with the package): "
+                                   f"${BENCH_DIR_ENV}, else the checkout this package was "
+                                   "installed from (pip install -e .), else the current "
+                                   "directory.")
     add_logging_arguments(b, again=p)
     b.add_argument("name", help="benchmark name, 'list' or 'all'")
     b.add_argument("--json", action="store_true", help="print one JSON object per figure")
@@ -168,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train a small CTR model and stream its deltas to a "
                             "predictor end to end; writes a report")
     add_logging_arguments(d, again=p)
-    from demo.run import add_demo_arguments
+    from deltastream_demo.run import add_demo_arguments
 
     add_demo_arguments(d)
     d.set_defaults(func=_cmd_demo)
@@ -178,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``deltastream``; returns the process exit code."""
     args = build_parser().parse_args(argv)
-    # the demo reads its Kafka settings itself (demo.run); topic here, before any logging
+    # the demo reads its Kafka settings itself (deltastream_demo.run); topic here, before any logging
     args.kafka = (kafka_settings(args, args.sub_parser, args.kafka_prefix)
                   if args.command == "topic" else {})
     setup_logging(args.log_level, verbose=args.verbose, secrets=secret_values(args.kafka))

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from deltastream.kafka_config import check_bootstrap_servers, security_config
 
 __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "non_negative_float", "positive_int", "port", "bootstrap_servers", "comma_list",
-           "existing_dir",
+           "existing_dir", "option", "fields_doc", "add_field_flags", "field_values",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
            "SHARED_FLAGS"]
@@ -247,6 +248,49 @@ def _number(text: str, kind: type) -> Any:
     except ValueError:
         what = "an integer" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+# --------------------------------------------------------------------------- settings flags
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *,
+           flag: Optional[dict] = None, factory: Any = dataclasses.MISSING) -> Any:
+    """A settings dataclass field spelled once: its ``default`` (or ``factory``), its
+    ``help`` (for the class docstring, :func:`fields_doc`, and ``--help``) and ``flag``: the
+    argparse keywords of its command-line flag, plus ``name`` when the flag is not
+    ``--<field-name>`` (None: not a flag)."""
+    return dataclasses.field(default=default, default_factory=factory,
+                             metadata={"help": help, "flag": flag})
+
+
+def fields_doc(settings: type) -> str:
+    """A docstring section listing each field of ``settings`` with its help."""
+    lines = ["", "    Fields:"]
+    lines += [f"        {f.name}: {f.metadata['help']}" for f in dataclasses.fields(settings)
+              if f.metadata.get("help")]
+    return "\n".join(lines) + "\n"
+
+
+def _flag_fields(settings: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(settings) if f.metadata.get("flag") is not None]
+
+
+def add_field_flags(parser: argparse.ArgumentParser, settings: type) -> None:
+    """One ``--flag`` per field of the dataclass ``settings`` that has ``flag`` metadata
+    (argparse keywords; see :func:`option`) and ``help`` metadata: flag ``--a-b`` for field
+    ``a_b`` unless ``flag`` names it, the field's default unless ``flag`` gives one."""
+    for f in _flag_fields(settings):
+        kw = dict(f.metadata["flag"])
+        name = kw.pop("name", "--" + f.name.replace("_", "-"))
+        if "default" not in kw and not kw.get("required") and kw.get("action") != "store_true":
+            kw["default"] = None if f.default is dataclasses.MISSING else f.default
+        parser.add_argument(name, dest=f.name, help=f.metadata.get("help"), **kw)
+
+
+def field_values(args: argparse.Namespace, settings: type) -> dict[str, Any]:
+    """``{field: value}`` of the flags :func:`add_field_flags` made for ``settings``
+    (keywords for that dataclass)."""
+    return {f.name: getattr(args, f.name) for f in _flag_fields(settings)}
 
 
 # --------------------------------------------------------------------------- shared flags

@@ -66,7 +66,7 @@ encoder applies: :func:`check_name`, :func:`check_dtype`, :func:`row_bytes`,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import crc32c as _crc32c
@@ -97,6 +97,7 @@ __all__ = [
     "F16_MAX",
     "BF16_OVERFLOW",
     "DeltaBatch",
+    "DecodedBatch",
     "WireError",
     "Framer",
     "encode",
@@ -169,7 +170,6 @@ class DeltaBatch:
     tombstones: Optional[np.ndarray] = None
     col: int = 0
     width: Optional[int] = None
-    _decoded: bool = field(default=False, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -187,13 +187,47 @@ class DeltaBatch:
 
     def rows_f32(self) -> np.ndarray:
         """Row values as float32 ``[n, dim]`` (dequantized for decoded f16/bf16/i8)."""
-        if not self._decoded:
-            return np.asarray(self.rows, dtype=np.float32)
+        return np.asarray(self.rows, dtype=np.float32)
+
+
+@dataclass
+class DecodedBatch(DeltaBatch):
+    """A batch :func:`decode` built from a message and validated, field by field; consumers
+    trust it without checking again.
+
+    Guarantees (on top of :class:`DeltaBatch`): names, ints and ``dtype`` valid; ``ids``
+    int64 ``[n]`` strictly ascending (so unique); ``rows`` ``[n, dim]`` in the wire
+    representation of ``dtype`` (float32, float16, bf16 bit patterns as uint16, int8);
+    ``scale`` float32 ``[n]`` finite and non-negative for ``i8`` (else None);
+    ``tombstones`` int64 or None; ``width`` set and ``0 ≤ col``, ``col + dim ≤ width``.
+    Not checked: whether the row values are finite (:meth:`nonfinite_rows`).
+    """
+
+    def __post_init__(self) -> None:
+        if self.width is None:
+            self.width = self.dim
+
+    def rows_f32(self) -> np.ndarray:
+        """Row values as float32 ``[n, dim]``, dequantized from the wire representation."""
         if self.dtype == "bf16":
             return (self.rows.astype(np.uint32) << 16).view(np.float32)
         if self.dtype == "i8":
             return self.rows.astype(np.float32) * self.scale[:, None]
         return self.rows.astype(np.float32, copy=False)
+
+    def nonfinite_rows(self) -> int:
+        """Rows holding a NaN or ±inf value, read off the wire representation (f16/bf16:
+        exponent bits all ones; cheaper than checking float32 values). An i8 row is
+        finite by construction (its scale is); 0 for those."""
+        if self.dtype == "i8":
+            return 0
+        if self.dtype == "f32":
+            return int(np.count_nonzero(~np.isfinite(self.rows).all(axis=1)))
+        exp_all_ones = 0x7C00 if self.dtype == "f16" else 0x7F80
+        bits = np.bitwise_and(self.rows.view(np.uint16), 0x7FFF)
+        if not bits.size or int(bits.max()) < exp_all_ones:
+            return 0
+        return int(np.count_nonzero((bits >= exp_all_ones).any(axis=1)))
 
 
 def row_bytes(dim: int, dtype: str) -> int:
@@ -297,7 +331,7 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
     scale = None
     # A decoded batch carries bf16/i8 rows in their wire representation; re-encoding it
     # passes them through unchanged (a relay must not re-quantize).
-    wire_form = batch._decoded and batch.dtype in ("bf16", "i8")
+    wire_form = isinstance(batch, DecodedBatch) and batch.dtype in ("bf16", "i8")
     if wire_form:
         want = np.uint16 if batch.dtype == "bf16" else np.int8
         if rows.dtype != want:
@@ -360,7 +394,7 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
 
 
 def _pack_one(b: DeltaBatch, version: int) -> bytes:
-    if b._decoded and b.dtype in ("bf16", "i8"):
+    if isinstance(b, DecodedBatch) and b.dtype in ("bf16", "i8"):
         wire_rows = np.ascontiguousarray(b.rows)
         scale = None if b.scale is None else np.ascontiguousarray(b.scale, dtype="<f4")
     else:
@@ -405,14 +439,8 @@ def _bin(msg: dict, key: str, expected: int) -> memoryview:
     return value
 
 
-def decode(data: bytes) -> DeltaBatch:
-    """Decode and validate one message. Raises :class:`WireError` naming the bad field."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise WireError(f"data: expected bytes, got {type(data).__name__}")
-    try:
-        view = memoryview(data).cast("B")
-    except TypeError as e:  # e.g. a non-contiguous memoryview
-        raise WireError(f"data: not a contiguous byte buffer ({e})") from None
+def _read_map(view: memoryview) -> dict:
+    """The message's map with its keys, int types, version and (v2) CRC trailer checked."""
     reader = Reader(view, len(_REQUIRED | _OPTIONAL))
     msg = reader.top_map()
     keys = set(msg)
@@ -441,6 +469,19 @@ def decode(data: bytes) -> DeltaBatch:
         for k in _V2_ONLY:
             if k in msg:
                 raise WireError(f"{k}: not a field of wire v1 (column slices need v2)")
+    return msg
+
+
+def decode(data: bytes) -> DecodedBatch:
+    """Decode and validate one message into a :class:`DecodedBatch` (checked once, here).
+    Raises :class:`WireError` naming the bad field."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"data: expected bytes, got {type(data).__name__}")
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError as e:  # e.g. a non-contiguous memoryview
+        raise WireError(f"data: not a contiguous byte buffer ({e})") from None
+    msg = _read_map(view)
     check_name("model", msg["model"])
     check_name("table", msg["table"])
     _check_int("shard", msg["shard"], 0, (1 << 31) - 1)
@@ -475,7 +516,7 @@ def decode(data: bytes) -> DeltaBatch:
             raise WireError("del: expected bin of a multiple of 8 bytes")
         bins.append(del_b)
         tomb = np.frombuffer(del_b, dtype="<i8")
-    if version == 1:
+    if msg["v"] == 1:  # v1: the CRC covers the payload bins only
         crc = 0
         for b in bins:
             crc = _crc32c.crc32c(b, crc)
@@ -490,7 +531,7 @@ def decode(data: bytes) -> DeltaBatch:
     rows = np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim)
     if n == 0 and (tomb is None or tomb.size == 0):
         raise WireError("n: a message with no rows must carry tombstones")
-    return DeltaBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],
-                      epoch=msg["epoch"], seq=msg["seq"], step=msg["step"], ts=msg["ts"],
-                      ids=ids, rows=rows, dtype=dtype, scale=scale, tombstones=tomb,
-                      col=col, width=width, _decoded=True)
+    return DecodedBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],
+                        epoch=msg["epoch"], seq=msg["seq"], step=msg["step"], ts=msg["ts"],
+                        ids=ids, rows=rows, dtype=dtype, scale=scale, tombstones=tomb,
+                        col=col, width=width)

@@ -44,7 +44,7 @@ from consumers.replay.diff import diff_snapshots, diff_with_rebuild
 from consumers.replay.inspect import dump, dumps_line, stats
 from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
 from consumers.replay.rebuild import rebuild
-from consumers.sync.cli import parse_shards, parse_tables
+from consumers.sync.options import parse_shards, parse_tables
 from deltastream.cliargs import (
     EXIT_CODES,
     EXIT_FAILED,
@@ -153,23 +153,8 @@ def _add_filters(p: argparse.ArgumentParser) -> None:
                    metavar="N[,N...]", help="Only messages of these trainer shards.")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``deltastream-replay``."""
-    p = EnvArgumentParser(prog=PROG, env_prefix=ENV_PREFIX,
-                          description="Replay a deltastream topic: rebuild serving tables at "
-                          "an offset or a point in time, dump decoded messages, count "
-                          "per-stream stats, diff snapshots.",
-                          epilog=EXIT_CODES + " (diff: 1 when the snapshots differ).")
-    add_logging_arguments(p, default="WARNING")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    def command(name: str, **kw: Any) -> EnvArgumentParser:
-        sp = sub.add_parser(name, env_prefix=f"{ENV_PREFIX}{name.upper()}_",
-                            env_parent=ENV_PREFIX, epilog=EXIT_CODES, **kw)
-        add_logging_arguments(sp, again=p)
-        return sp
-
+def _add_rebuild(command: Any) -> None:
+    """The ``rebuild`` subcommand and its flags (``command``: makes a subparser)."""
     r = command("rebuild", help="apply a range of the topic into tables and write a "
                        "snapshot", description="Read the topic from the earliest offsets "
                        "(or --from-offsets / --base) up to the end (or --to-offsets), apply "
@@ -196,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true",
                    help="Print a JSON summary (offsets, counters, tables) on stdout.")
 
+
+def _add_dump(command: Any) -> None:
+    """The ``dump`` subcommand and its flags (``command``: makes a subparser)."""
     d = command("dump", help="print decoded messages as JSON lines",
                        description="Print one JSON object per message: partition, offset, "
                        "model, table, shard, epoch, seq, step, ts, n, dim, dtype, tombstones "
@@ -215,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="-", metavar="FILE", env_local=True,
                    help="Write the lines to FILE instead of stdout ('-').")
 
+
+def _add_stats(command: Any) -> None:
+    """The ``stats`` subcommand and its flags (``command``: makes a subparser)."""
     s = command("stats", help="per table and shard: messages, rows, ids, bytes, "
                        "epochs, seq gaps, duplicates, time span",
                        description="Count, per (table, shard) stream of the range: messages, "
@@ -226,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filters(s)
     s.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
+
+def _add_diff(command: Any) -> None:
+    """The ``diff`` subcommand and its flags (``command``: makes a subparser)."""
     f = command("diff", help="compare two snapshots, or a snapshot with a rebuild",
                        description="Compare the tables of snapshot A with snapshot B (or, "
                        "with --rebuild, with a fresh rebuild of the topic from the earliest "
@@ -242,6 +236,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Largest absolute element difference still counted as equal.")
     f.add_argument("--json", action="store_true", help="Print the report as JSON.")
     _add_source(f, for_diff=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``deltastream-replay``."""
+    p = EnvArgumentParser(prog=PROG, env_prefix=ENV_PREFIX,
+                          description="Replay a deltastream topic: rebuild serving tables at "
+                          "an offset or a point in time, dump decoded messages, count "
+                          "per-stream stats, diff snapshots.",
+                          epilog=EXIT_CODES + " (diff: 1 when the snapshots differ).")
+    add_logging_arguments(p, default="WARNING")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def command(name: str, **kw: Any) -> EnvArgumentParser:
+        sp = sub.add_parser(name, env_prefix=f"{ENV_PREFIX}{name.upper()}_",
+                            env_parent=ENV_PREFIX, epilog=EXIT_CODES, **kw)
+        add_logging_arguments(sp, again=p)
+        return sp
+
+    for add in (_add_rebuild, _add_dump, _add_stats, _add_diff):
+        add(command)
     return p
 
 

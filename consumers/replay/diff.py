@@ -16,9 +16,9 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from consumers.errors import ReplayError
+from consumers.files import PathLike
 from consumers.replay.rebuild import rebuild
-from consumers.serving_table import ServingTable
-from consumers.storage.files import PathLike
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import Snapshot, read_snapshot
 
 __all__ = ["TableDiff", "DiffReport", "diff_tables", "diff_snapshots", "diff_with_rebuild"]

@@ -15,7 +15,7 @@ Messages of other models are skipped and counted (``foreign_model``); a range th
 records but none of ``model`` is refused with :class:`~consumers.errors.ReplayError` naming
 the models found (a wrong ``--model`` must not write an empty snapshot). ``out`` is checked
 before anything is read: it must not exist, be empty, or hold a deltastream snapshot
-(:func:`consumers.storage.files.check_replaceable`); nothing else there is ever replaced.
+(:func:`consumers.files.check_replaceable`); nothing else there is ever replaced.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, Optional, Union
 
 from consumers.applier import Applier
 from consumers.errors import ReplayError
+from consumers.files import PathLike, check_replaceable
 from consumers.replay.plan import (
     ReadPlan,
     check_models,
@@ -39,8 +40,8 @@ from consumers.replay.plan import (
     read_records,
 )
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import STORAGE_DTYPES, ServingTable
-from consumers.storage.files import PathLike, check_replaceable
+from consumers.serving.dtypes import STORAGE_DTYPES
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import Snapshot, read_snapshot, write_snapshot
 from deltastream.wire import WireError, decode
 
@@ -112,14 +113,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         ``consumers.errors.SnapshotError``: a damaged base snapshot; ``out`` holds
         something that is not a deltastream snapshot.
     """
-    if not isinstance(model, str) or not model:
-        raise ReplayError(f"model: expected a non-empty str, got {model!r}")
-    if dtype not in STORAGE_DTYPES:
-        raise ReplayError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
-    check_time_range(from_time, to_time)
-    if base is not None and from_offsets:
-        raise ReplayError("from_offsets and base are exclusive: a base snapshot's offsets "
-                          "are where the rebuild starts")
+    _check_arguments(model, dtype, from_time, to_time, base is not None and bool(from_offsets))
     if out is not None:
         check_replaceable(Path(out))  # before reading: a bad --out must not cost a replay
     tables: dict[str, ServingTable] = {}
@@ -127,20 +121,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
     base_path = None
     if base is not None:
         snap = base if isinstance(base, Snapshot) else read_snapshot(base)
-        base_path = None if snap.path is None else str(snap.path)
-        bmodel = snap.meta.get("model")
-        if bmodel is not None and bmodel != model:
-            raise ReplayError(f"base {base_path}: a snapshot of model {bmodel!r}, not "
-                              f"{model!r}")
-        btopic = snap.meta.get("topic")
-        if btopic is not None and btopic != topic:
-            log.warning("base %s was taken from topic %r; reading %r", base_path, btopic,
-                        topic)
-        tables = dict(snap.tables)
-        try:
-            seqs = SeqTracker.from_state(snap.seqs)
-        except ValueError as e:
-            raise ReplayError(f"base {base_path}: {e}") from None
+        base_path, tables, seqs = _base_state(snap, model, topic)
         from_offsets = dict(snap.offsets)
         if partitions is None and shards is None and snap.offsets:
             partitions = sorted(snap.offsets)
@@ -150,50 +131,23 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
                           shards=None if shards is None else set(shards), dtype=dtype)
     except (TypeError, ValueError) as e:
         raise ReplayError(str(e)) from None
+    t0 = time.monotonic()
     with open_reader(bootstrap_servers, topic, timeout, kafka_config) as reader:
         plan = plan_read(reader, partitions=partitions, shards=shards,
                          from_offsets=from_offsets, to_offsets=to_offsets)
-        resume = dict(plan.stop)
-        outside = 0
-        quarantined: list = []
-        timed = from_time is not None or to_time is not None
-        t0 = time.monotonic()
-        n = 0
-        for rec in read_records(reader, plan, progress, "rebuild"):
-            n += 1
-            if timed:
-                try:
-                    ts = decode(rec.value).ts
-                except WireError:
-                    ts = None  # the applier quarantines it and says why
-                if ts is not None and not in_time(ts, from_time, to_time):
-                    outside += 1
-                    if to_time is not None and ts > to_time:
-                        resume[rec.partition] = min(resume[rec.partition], rec.offset)
-                    continue
-            res = applier.process(rec.value, rec.headers)
-            if res.kind == "quarantined":
-                # the first few loudly, the rest only counted (a flood must stay readable)
-                log.log(logging.WARNING if len(quarantined) < 10 else logging.DEBUG,
-                        "partition %d offset %d quarantined: %s", rec.partition,
-                        rec.offset, res.reason)
-                if len(quarantined) < 100:
-                    quarantined.append((rec.partition, rec.offset, res.reason))
+        run = _apply_range(reader, plan, applier, from_time, to_time, progress)
+    resume, quarantined = run.resume, run.quarantined
     check_models(applier.models, model, topic)
     counters = dict(applier.counters)
-    counters["outside_time"] = outside
-    counters["records"] = n
-    log.info("rebuild of %s: %d records in %.2f s, %s", topic, n, time.monotonic() - t0,
-             counters)
-    meta = {
-        "kind": REBUILD_KIND, "tool": "deltastream-replay rebuild", "model": model,
-        "topic": topic, "partitions": plan.partition_count,
-        "shards": None if shards is None else sorted(set(shards)),
-        "range": {"start": {str(p): o for p, o in plan.start.items()},
-                  "stop": {str(p): o for p, o in plan.stop.items()},
-                  "from_time": from_time, "to_time": to_time},
-        "base": base_path, "counters": counters, "written_at": time.time(),
-    }
+    counters["outside_time"] = run.outside
+    counters["records"] = run.records
+    log.info("rebuild of %s: %d records in %.2f s, %s", topic, run.records,
+             time.monotonic() - t0, counters)
+    meta = {"kind": REBUILD_KIND, "tool": "deltastream-replay rebuild", "model": model,
+            "topic": topic, "partitions": plan.partition_count,
+            "shards": None if shards is None else sorted(set(shards)),
+            "range": _range_meta(plan, from_time, to_time), "base": base_path,
+            "counters": counters, "written_at": time.time()}
     result = RebuildResult(tables=tables, offsets=resume, seqs=seqs.state(), plan=plan,
                            counters=counters, meta=meta, quarantined=quarantined)
     if out is not None:
@@ -202,3 +156,82 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         log.info("snapshot written to %s (%d tables, offsets %s)", out, len(tables), resume)
     return result
 
+
+
+def _check_arguments(model: Any, dtype: Any, from_time: Optional[int], to_time: Optional[int],
+                     base_and_offsets: bool) -> None:
+    """The arguments :func:`rebuild` checks before it reads anything."""
+    if not isinstance(model, str) or not model:
+        raise ReplayError(f"model: expected a non-empty str, got {model!r}")
+    if dtype not in STORAGE_DTYPES:
+        raise ReplayError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
+    check_time_range(from_time, to_time)
+    if base_and_offsets:
+        raise ReplayError("from_offsets and base are exclusive: a base snapshot's offsets "
+                          "are where the rebuild starts")
+
+
+def _range_meta(plan: ReadPlan, from_time: Optional[int], to_time: Optional[int]) -> dict:
+    """The ``meta["range"]`` of a rebuild snapshot: offsets read and the time bounds."""
+    return {"start": {str(p): o for p, o in plan.start.items()},
+            "stop": {str(p): o for p, o in plan.stop.items()},
+            "from_time": from_time, "to_time": to_time}
+
+
+def _base_state(snap: Snapshot, model: str,
+                topic: str) -> tuple[Optional[str], dict[str, ServingTable], SeqTracker]:
+    """(path, tables, seq state) of a base snapshot, checked: of ``model``; another topic
+    is only warned about."""
+    base_path = None if snap.path is None else str(snap.path)
+    bmodel = snap.meta.get("model")
+    if bmodel is not None and bmodel != model:
+        raise ReplayError(f"base {base_path}: a snapshot of model {bmodel!r}, not {model!r}")
+    btopic = snap.meta.get("topic")
+    if btopic is not None and btopic != topic:
+        log.warning("base %s was taken from topic %r; reading %r", base_path, btopic, topic)
+    try:
+        seqs = SeqTracker.from_state(snap.seqs)
+    except ValueError as e:
+        raise ReplayError(f"base {base_path}: {e}") from None
+    return base_path, dict(snap.tables), seqs
+
+
+@dataclass
+class _Run:
+    """What reading a range did: resume offsets, records read, left out by time, and the
+    first quarantined ``(partition, offset, reason)``."""
+
+    resume: dict[int, int]
+    records: int = 0
+    outside: int = 0
+    quarantined: list = field(default_factory=list)
+
+
+def _apply_range(reader: Any, plan: ReadPlan, applier: Applier, from_time: Optional[int],
+                 to_time: Optional[int], progress: bool) -> _Run:
+    """Feed the records of ``plan`` to ``applier``, leaving out those outside the time
+    bounds (a record past ``to_time`` is where its partition resumes)."""
+    run = _Run(resume=dict(plan.stop))
+    timed = from_time is not None or to_time is not None
+    for rec in read_records(reader, plan, progress, "rebuild"):
+        run.records += 1
+        batch = None
+        if timed:
+            try:
+                batch = decode(rec.value)  # decoded once: the applier is handed it
+            except WireError:
+                pass  # the applier quarantines it and says why
+            if batch is not None and not in_time(batch.ts, from_time, to_time):
+                run.outside += 1
+                if to_time is not None and batch.ts > to_time:
+                    run.resume[rec.partition] = min(run.resume[rec.partition], rec.offset)
+                continue
+        res = applier.process(rec.value, rec.headers, decoded=batch)
+        if res.kind == "quarantined":
+            # the first few loudly, the rest only counted (a flood must stay readable)
+            log.log(logging.WARNING if len(run.quarantined) < 10 else logging.DEBUG,
+                    "partition %d offset %d quarantined: %s", rec.partition, rec.offset,
+                    res.reason)
+            if len(run.quarantined) < 100:
+                run.quarantined.append((rec.partition, rec.offset, res.reason))
+    return run

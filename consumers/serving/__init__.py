@@ -1,5 +1,15 @@
-"""Serving internals: lock-free table storage, shared-memory tables and their readers.
+"""The serving table's one home: the table, its index, columns, storage dtypes, shared-memory
+tables and their readers. Imports nothing of ``consumers.storage`` / ``sync`` / ``replay``
+(they import this).
 
+* :mod:`~consumers.serving.table` — :class:`~consumers.serving.table.ServingTable`, the
+  public table (validation, apply, persistence surface);
+* :mod:`~consumers.serving.dtypes` — the storage dtypes rows are kept in;
+* :mod:`~consumers.serving.columns` — column slices of a wire batch (column-wise shards);
+* :mod:`~consumers.serving.id_index` — the id -> slot hash index (two value copies per
+  bucket, lock-free readers);
+* :mod:`~consumers.serving.table_files` — a table's own directory (``save`` / ``load``
+  and every table inside a snapshot);
 * :mod:`~consumers.serving.memory` — reserved memory (private or a shared-memory file) and
   the header layout every table carries;
 * :mod:`~consumers.serving.slots` — row slot allocation, reuse rules and change tracking;
@@ -11,7 +21,7 @@
 * :mod:`~consumers.serving.accel` — whether that C code runs, for the read path and the
   writer's index work (the process-wide native/numpy switch);
 * :mod:`~consumers.serving.core` — :class:`~consumers.serving.core.TableCore`, the
-  single-writer / lock-free-reader table that :class:`~consumers.serving_table.ServingTable`
+  single-writer / lock-free-reader table that :class:`~consumers.serving.table.ServingTable`
   wraps;
 * :mod:`~consumers.serving.views` — frozen views of a table for checkpoints and exports;
 * :mod:`~consumers.serving.shm` — the files of a shared table under ``/dev/shm`` (or
@@ -32,7 +42,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_EXPORTS = {"TableReader": "reader", "ReadInfo": "reader", "open_table": "reader"}
+_EXPORTS = {"TableReader": "reader", "ReadInfo": "reader", "open_table": "reader",
+            "ServingTable": "table", "ApplyResult": "table", "STORAGE_DTYPES": "dtypes"}
 
 __all__ = sorted(_EXPORTS)
 

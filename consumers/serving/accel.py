@@ -5,7 +5,7 @@ The extension :mod:`consumers.serving.native` is built from ``native.c`` (argume
 ``native_loops.c`` (the loops) and ``native_warm.c`` (a reader's page warmer) at install
 when a C compiler is there (``setup.py``). It runs both sides of a table: the read path
 (:mod:`consumers.serving.lookup`) and the writer's index probes and inserts
-(:class:`consumers.id_index.IdIndex`), which it runs without the GIL, so reader threads of
+(:class:`consumers.serving.id_index.IdIndex`), which it runs without the GIL, so reader threads of
 the daemon's process never wait for a batch's index work; and the page warmer of a reader
 process (:mod:`consumers.serving.reader`), whose loop it runs without the GIL too. Without
 it (or with ``DELTASTREAM_NATIVE=0`` in the environment, or after :func:`use_native(False)

@@ -3,7 +3,7 @@
 State and publishing
 --------------------
 Each apply publishes a new state ``S`` (a counter in the header, ``H_SEQ``). The id index
-(:class:`~consumers.id_index.IdIndex`) keeps two value copies per bucket: state ``S`` is
+(:class:`~consumers.serving.id_index.IdIndex`) keeps two value copies per bucket: state ``S`` is
 in copy ``S & 1``. Rows are copy-on-write: an apply writes every upserted row into a fresh
 slot, so a slot a published state references never changes while that state can be read.
 An apply that will publish ``S + 1``:
@@ -12,7 +12,7 @@ An apply that will publish ``S + 1``:
 2. reclaims retired slots nobody can read any more, writes the new rows into fresh slots;
 3. brings copy ``(S + 1) & 1`` (still holding ``S - 1``) up to ``S`` by replaying the
    buckets the previous apply changed, then applies its own changes there (updates point at
-   the new slots, deletes become DELETED, new keys take free buckets);
+   the new slots, deletes become DELETED_SLOT, new keys take free buckets);
 4. publishes: ``H_SEQ = S + 1`` — one aligned 8-byte store; then retires the slots it
    replaced (reusable from the next apply on, see :mod:`consumers.serving.slots`).
 
@@ -44,9 +44,9 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from consumers.columns import Columns, scatter_columns
-from consumers.id_index import DELETED, IdIndex, buckets_for
+from consumers.serving.columns import Columns, scatter_columns
 from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
+from consumers.serving.id_index import DELETED_SLOT, IdIndex, buckets_for
 from consumers.serving.lookup import lookup_slots, read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,
@@ -161,7 +161,7 @@ class TableCore:
         """Delete ``tomb`` then upsert ``ids`` (unique int64) with ``rows`` (storage dtype
         ``[n, dim]``) as one published state; returns how many ``tomb`` ids were present.
         ``cols``: ``rows`` are ``[n, cols.n]``, columns ``[cols.col, cols.col + cols.n)`` of
-        each row (a column slice, :mod:`consumers.columns`); the other columns keep their
+        each row (a column slice, :mod:`consumers.serving.columns`); the other columns keep their
         values (zeros for ids new here).
         On an exception nothing was published and the table is as before."""
         n = ids.shape[0]
@@ -200,7 +200,7 @@ class TableCore:
             pos_upd = pos_u[upd]
             index.set(pos_upd, new_slots[upd], bld)
             if pos_d.size:
-                index.set(pos_d, DELETED, bld)
+                index.set(pos_d, DELETED_SLOT, bld)
             ins = ~upd
             keys_n, slots_n = ids[ins], new_slots[ins]
             pos_n = index.insert(keys_n, slots_n, bld, other=cur) if n_new else _EMPTY_POS

@@ -1,4 +1,4 @@
-"""Incremental index migration: a table's id index grows (or sheds DELETED markers) a
+"""Incremental index migration: a table's id index grows (or sheds DELETED_SLOT markers) a
 slice per apply, so no single apply or lookup pays for rehashing the whole table.
 
 While the old index serves readers, a new, bigger one is built invisibly: every apply
@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from consumers.id_index import DELETED, IdIndex, bucket_of
+from consumers.serving.id_index import DELETED_SLOT, IdIndex, bucket_of
 
 __all__ = ["Growth", "START_LOAD", "END_LOAD", "HARD_LOAD", "MIN_STEP"]
 
@@ -101,7 +101,7 @@ class Growth:
         if m.any():
             keys = keys[m]
             npos = self._find(keys)
-            self.new.set(npos[npos >= 0], DELETED, None)
+            self.new.set(npos[npos >= 0], DELETED_SLOT, None)
             for k in keys[npos < 0].tolist():
                 self._later.pop(k, None)
         keys, pos, slots = new

@@ -4,7 +4,7 @@ The C extension :mod:`consumers.serving.native` (:mod:`consumers.serving.accel` 
 it runs) does both in one call with software prefetching: a 256-id lookup of random ids is
 a chain of cache and TLB misses, which numpy's one-pass-per-operation code takes one after
 another. Without the extension (or with ``DELTASTREAM_NATIVE=0`` in the environment, or
-after :func:`use_native(False) <use_native>`), the numpy code of :mod:`consumers.id_index`
+after :func:`use_native(False) <use_native>`), the numpy code of :mod:`consumers.serving.id_index`
 runs; both give the same results.
 
 Both follow the seqlock protocol of :mod:`consumers.serving.core`: :func:`read_rows` says
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from consumers.errors import ConsumerError
-from consumers.id_index import lookup_slots as numpy_lookup_slots
 from consumers.serving.accel import NATIVE_AVAILABLE, native, native_enabled, use_native
+from consumers.serving.id_index import lookup_slots as numpy_lookup_slots
 from consumers.serving.memory import H_PREP
 
 __all__ = ["NATIVE_AVAILABLE", "NOGIL_IDS", "SPLIT_IDS", "bulk_threads", "lookup_slots",

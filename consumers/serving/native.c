@@ -7,11 +7,11 @@
  * after another, prefetching overlaps them (distances tuned on a 2-core AMD EPYC VM; the
  * results were flat within noise around these values).
  *
- * Same layout and protocol as consumers/id_index.py and consumers/serving/core.py (read
+ * Same layout and protocol as consumers/serving/id_index.py and consumers/serving/core.py (read
  * those first): buckets are int64 [B, 2] (B a power of 2): the key, then two int32 value
- * copies (a row slot >= 1, 0 EMPTY, -1 DELETED). Home bucket: the top log2(B) bits of
+ * copies (a row slot >= 1, 0 EMPTY_SLOT, -1 DELETED_SLOT). Home bucket: the top log2(B) bits of
  * (key ^ key >> 32) * 0x9E3779B97F4A7C15; linear probing; the first bucket holding the key
- * live in the copy read, or EMPTY, decides. Readers never lock: the caller read state s
+ * live in the copy read, or EMPTY_SLOT, decides. Readers never lock: the caller read state s
  * from hdr[H_SEQ] before choosing the index and rows; the read is valid iff
  * hdr[H_PREP] <= s + 1 after every row was copied (else the writer began to rebuild copy
  * s & 1 or to reuse a slot of state s: retry). Whatever a racing writer leaves in memory,
@@ -21,11 +21,11 @@
  *   read_rows(hdr, tab, rows, s, keys, out, nogil) -> 1 valid, 0 overtaken (retry),
  *       2 valid but the index named a slot outside rows (a corrupt table)
  *   lookup_slots(tab, keys, col, out, nogil) -> None (out: int32 [n], slot or 0)
- * The writer's side (the caller holds the table's write lock; consumers/id_index.py):
+ * The writer's side (the caller holds the table's write lock; consumers/serving/id_index.py):
  *   index_find(tab, keys, col, pos, slot, nogil) -> None (pos: int64 [n], the bucket holding
  *       the key live in copy col or -1; slot: int32 [n], its slot or 0)
  *   index_insert(tab, keys, slots, col, other, pos, nogil) -> buckets newly used (they were
- *       EMPTY); col -1: both copies; other -1: none. ValueError when no bucket is free.
+ *       EMPTY_SLOT); col -1: both copies; other -1: none. ValueError when no bucket is free.
  * nogil: release the GIL around the loop (worth it for big requests only: taking the GIL
  * back can wait for another thread's switch interval).
  * A reader's page warmer (native_warm.c; POSIX only), without the GIL:

@@ -43,9 +43,9 @@ from typing import Any, Optional
 import numpy as np
 
 from consumers.errors import ConsumerError
-from consumers.id_index import as_ids
 from consumers.sched_policy import set_thread_policy, thread_policy
 from consumers.serving import accel, hugemap
+from consumers.serving.id_index import as_ids
 from consumers.serving.lookup import read_rows
 from consumers.serving.memory import (
     DTYPE_CODES,

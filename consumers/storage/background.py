@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Optional, Union
 
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointResult, CheckpointStore, PreparedCheckpoint
 
 __all__ = ["CheckpointWriter", "Outcome"]

@@ -14,9 +14,7 @@ Layout of a checkpoint directory ``<path>``::
     seg-GGGGGG-KKKKKK.bin    rows changed after base G: per table upserted ids + rows
                              (storage dtype) and deleted ids
 
-Segment file: ``b"DSCKSEG1"``, u32 little-endian header length, JSON header (base
-generation, index, per table name/dim/dtype/n/m), zero padding to 8 bytes, then per table
-``n`` int64 ids, ``n × dim`` rows, ``m`` int64 deleted ids (little-endian).
+Segment files are :mod:`consumers.storage.segments`' format.
 
 Commit protocol (one writer per directory): new files are written under names no committed
 manifest uses and fsynced, with the directory; then ``manifest.json`` is replaced atomically
@@ -50,23 +48,15 @@ import logging
 import os
 import re
 import shutil
-import struct
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from consumers.errors import SnapshotError
-from consumers.serving.views import FrozenChanges
-from consumers.serving_table import ServingTable
-from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
-from consumers.storage.files import (
+from consumers.files import (
     MANIFEST,
-    STORAGE_DTYPES,
     PathLike,
     check_format,
     fsync_dir,
@@ -79,7 +69,10 @@ from consumers.storage.files import (
     seal,
     write_chunks,
 )
-from consumers.storage.full_snapshot import (
+from consumers.serving.table import ServingTable
+from consumers.serving.views import FrozenChanges
+from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
+from consumers.storage.full_format import (
     SNAPSHOT_FORMAT,
     Snapshot,
     check_contents,
@@ -87,7 +80,7 @@ from consumers.storage.full_snapshot import (
     read_saved,
     write_full,
 )
-from deltastream.wire import MAX_DIM
+from consumers.storage.segments import apply_segment, encode_segment, parse_segment
 
 __all__ = ["CheckpointStore", "CheckpointResult", "PreparedCheckpoint", "read_checkpoint",
            "CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION"]
@@ -96,10 +89,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "deltastream-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
-_SEG_MAGIC = b"DSCKSEG1"
 _BASE_RE = re.compile(r"^base-(\d{6,})$")
 _SEG_RE = re.compile(r"^seg-(\d{6,})-(\d{6,})\.bin$")
-_MAX_HEADER = 16 << 20
 
 
 @dataclass
@@ -142,83 +133,6 @@ class PreparedCheckpoint:
                 v.release()
 
 
-# ----------------------------------------------------------------------------- segments
-
-
-def _encode_segment(gen: int, index: int, changes: dict[str, FrozenChanges]) -> Iterator[Any]:
-    """Chunks (bytes / arrays) of a segment file for ``changes``: name -> frozen changes
-    of that table (rows gathered chunk by chunk as the file is written)."""
-    head = {"base": gen, "index": index, "tables": [
-        {"name": name, "dim": v.dim, "dtype": v.dtype, "n": v.n, "m": int(v.deleted.shape[0])}
-        for name, v in changes.items()]}
-    raw = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
-    pad = (-(len(_SEG_MAGIC) + 4 + len(raw))) % 8
-    yield from (_SEG_MAGIC, struct.pack("<I", len(raw) + pad), raw, b" " * pad)
-    for v in changes.values():
-        dt = STORAGE_DTYPES[v.dtype].newbyteorder("<")
-        yield np.ascontiguousarray(v.ids, dtype="<i8")
-        for rows in v.row_chunks():
-            yield np.ascontiguousarray(rows, dtype=dt)
-        yield np.ascontiguousarray(v.deleted, dtype="<i8")
-
-
-def _parse_segment(data: bytearray, path: Path, gen: int, index: int
-                   ) -> list[tuple[str, int, str, np.ndarray, np.ndarray, np.ndarray]]:
-    """[(name, dim, dtype, ids, rows, deleted)] of a verified segment file."""
-    mv = memoryview(data)
-    if len(data) < 12 or bytes(mv[:8]) != _SEG_MAGIC:
-        raise SnapshotError(f"{path}: not a deltastream checkpoint segment (bad magic)")
-    (hlen,) = struct.unpack("<I", mv[8:12])
-    if hlen > min(_MAX_HEADER, len(data) - 12):
-        raise SnapshotError(f"{path}: segment header length {hlen} is out of range")
-    try:
-        head = json.loads(bytes(mv[12: 12 + hlen]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SnapshotError(f"{path}: segment header is not valid JSON ({e})") from None
-    if not isinstance(head, dict) or head.get("base") != gen or head.get("index") != index \
-            or not isinstance(head.get("tables"), list):
-        raise SnapshotError(f"{path}: segment header {head!r} does not match base {gen}, "
-                            f"segment {index}")
-    pos = 12 + hlen
-    out = []
-    for e in head["tables"]:
-        if not isinstance(e, dict):
-            raise SnapshotError(f"{path}: malformed table entry {e!r}")
-        name, dim, dtype, n, m = (e.get(k) for k in ("name", "dim", "dtype", "n", "m"))
-        if not isinstance(name, str) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM \
-                or dtype not in STORAGE_DTYPES or not isinstance(n, int) or n < 0 \
-                or not isinstance(m, int) or m < 0:
-            raise SnapshotError(f"{path}: malformed table entry {e!r}")
-        sizes = (n * 8, n * dim * STORAGE_DTYPES[dtype].itemsize, m * 8)
-        if pos + sum(sizes) > len(data):
-            raise SnapshotError(f"{path}: table {name!r} needs {sum(sizes)} bytes at "
-                                f"{pos}, the file has {len(data)} (truncated)")
-        ids = np.frombuffer(data, "<i8", n, pos)
-        rows = np.frombuffer(data, STORAGE_DTYPES[dtype], n * dim, pos + sizes[0]
-                             ).reshape(n, dim)
-        gone = np.frombuffer(data, "<i8", m, pos + sizes[0] + sizes[1])
-        pos += sum(sizes)
-        for what, a in (("ids", ids), ("deleted ids", gone)):
-            if a.size > 1 and not bool((a[1:] > a[:-1]).all()):
-                raise SnapshotError(f"{path}: {what} of table {name!r} are not strictly "
-                                    "ascending")
-        out.append((name, dim, dtype, ids, rows, gone))
-    if pos != len(data):
-        raise SnapshotError(f"{path}: {len(data) - pos} unexpected bytes after the data")
-    return out
-
-
-def _apply_segment(tables: dict[str, ServingTable], parts: list, path: Path) -> None:
-    for name, dim, dtype, ids, rows, gone in parts:
-        t = tables.get(name)
-        if t is None:
-            raise SnapshotError(f"{path}: segment holds table {name!r}, absent from the base")
-        if t.dim != dim or t.dtype != dtype:
-            raise SnapshotError(f"{path}: table {name!r} is dim {dim} {dtype} in the segment, "
-                                f"dim {t.dim} {t.dtype} in the base")
-        t.apply_changes(ids, rows, gone)
-
-
 # ----------------------------------------------------------------------------- reading
 
 
@@ -256,8 +170,8 @@ def _read_chain(root: Path, body: dict) -> Snapshot:
     for s in segs:
         path = root / s["file"]
         index = int(_SEG_RE.match(s["file"]).group(2))  # type: ignore[union-attr]
-        parts = _parse_segment(read_verified(path, s), path, base["gen"], index)
-        _apply_segment(tables, parts, path)
+        parts = parse_segment(read_verified(path, s), path, base["gen"], index)
+        apply_segment(tables, parts, path)
     return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root)
 
 
@@ -586,7 +500,7 @@ class CheckpointStore:
             fname = f"seg-{gen:06d}-{index:06d}.bin"
             path = self.path / fname
             try:
-                entry = write_chunks(path, _encode_segment(gen, index, changes))
+                entry = write_chunks(path, encode_segment(gen, index, changes))
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise

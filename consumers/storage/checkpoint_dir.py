@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from consumers.errors import SnapshotError
-from consumers.storage.files import (
+from consumers.files import (
     MANIFEST,
     foreign_entries,
     fsync_dir,

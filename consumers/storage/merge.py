@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from consumers.errors import SnapshotError
-from consumers.serving_table import ServingTable
-from consumers.storage.full_snapshot import Snapshot
+from consumers.serving.table import ServingTable
+from consumers.storage.full_format import Snapshot
 
 __all__ = ["merge_snapshots"]
 

@@ -1,7 +1,7 @@
 """Multi-table snapshots: serving tables + next Kafka offset per partition + seq state.
 
 :func:`write_snapshot` writes a full snapshot (layout in
-:mod:`consumers.storage.full_snapshot`) to ``<path>`` as one atomic unit;
+:mod:`consumers.storage.full_format`) to ``<path>`` as one atomic unit;
 :func:`read_snapshot` reads any stored predictor state: a full snapshot, an incremental
 checkpoint (:mod:`consumers.storage.checkpoint`), or a single-table directory written by
 ``ServingTable.save`` (empty offsets/seqs/meta), so any of them can serve as a base.
@@ -9,7 +9,7 @@ checkpoint (:mod:`consumers.storage.checkpoint`), or a single-table directory wr
 Atomicity: everything is written into ``<path>.tmp-<pid>-<rand>`` next to ``path``, every
 file and directory is fsynced, then the directory is swapped in by renames (``path`` ->
 ``path.old``, tmp -> ``path``, remove ``path.old``; see
-:func:`consumers.storage.files.replace_dir`). A crash at any instant leaves either ``path``
+:func:`consumers.files.replace_dir`). A crash at any instant leaves either ``path``
 complete (old or new) or, between the two renames, no ``path`` and the previous snapshot at
 ``path.old``, which :func:`read_snapshot` then reads. One writer per ``path`` at a time (the
 daemon's own process); leftover temp directories are removed by the next write.
@@ -21,10 +21,10 @@ import logging
 from pathlib import Path
 
 from consumers.errors import SnapshotError
-from consumers.serving_table import ServingTable
+from consumers.files import MANIFEST, PathLike, read_manifest, resolve_dir, write_dir_atomic
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CHECKPOINT_FORMAT, read_checkpoint
-from consumers.storage.files import MANIFEST, PathLike, read_manifest, resolve_dir, write_dir_atomic
-from consumers.storage.full_snapshot import (
+from consumers.storage.full_format import (
     SNAPSHOT_FORMAT,
     SNAPSHOT_FORMAT_VERSION,
     Snapshot,

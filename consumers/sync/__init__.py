@@ -7,6 +7,7 @@ One module per job, the public names re-exported here:
 * :mod:`~consumers.sync.source` — the Kafka side: connect, seek, poll, reconnect with
   backoff, offsets the broker no longer has, end offsets;
 * :mod:`~consumers.sync.options` — the daemon's settings, validated once;
+* :mod:`~consumers.sync.base_snapshot` — the base snapshot(s) a new predictor starts from;
 * :mod:`~consumers.sync.state` — where a daemon starts from (checkpoint, base, empty;
   damaged state refused);
 * :mod:`~consumers.sync.checkpointer` — when to checkpoint (written in the background),

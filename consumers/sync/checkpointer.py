@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from consumers.quarantine import Quarantine
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.background import CheckpointWriter, Outcome
 from consumers.storage.checkpoint import CheckpointResult, CheckpointStore
 from consumers.sync.failures import FailureLog

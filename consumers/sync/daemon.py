@@ -37,16 +37,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
 from typing import Any, Optional
 
 from consumers.applier import Applier, Outcome
-from consumers.cpus import CpuSpec, pin_thread
+from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
-from consumers.storage.files import PathLike
-from consumers.sync.base import BaseArg
 from consumers.sync.checkpointer import Checkpointer
 from consumers.sync.failures import FailureLog
 from consumers.sync.group_offsets import GroupCommitter, default_group_id
@@ -69,6 +67,27 @@ __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
 log = logging.getLogger(__name__)
 
+_OPTION_NAMES = frozenset(f.name for f in fields(SyncOptions))
+
+
+def _options(bootstrap_servers: Any, topic: Any, settings: dict[str, Any]) -> SyncOptions:
+    """SyncOptions from ``SyncDaemon``'s keyword form: keywords that name no field are
+    ``KafkaConsumer`` settings."""
+    known = {k: v for k, v in settings.items() if k in _OPTION_NAMES}
+    extra = {k: v for k, v in settings.items() if k not in _OPTION_NAMES}
+    if extra and "consumer_config" in known:
+        raise TypeError(f"unknown SyncDaemon settings {sorted(extra)} (with consumer_config "
+                        "given, every KafkaConsumer setting goes there)")
+    if extra:
+        known["consumer_config"] = extra
+    for name in ("model", "state_dir"):
+        if name not in known:
+            raise TypeError(f"SyncDaemon() missing required keyword argument: {name!r}")
+    if "base_any_topic" in known:
+        known["base_any_topic"] = bool(known["base_any_topic"])
+    return SyncOptions(bootstrap_servers, topic, **known)
+
+
 #: sub-paths of ``state_dir``
 CHECKPOINT_DIR = "checkpoint"
 QUARANTINE_FILE = "quarantine.jsonl"
@@ -78,115 +97,38 @@ class SyncDaemon:
     """Consume a deltas topic into serving tables, with atomic checkpoints.
 
     Args:
-        bootstrap_servers: ``"host:port[,host:port]"`` of the Kafka cluster.
-        topic: the deltas topic (``deltas.<model>`` by convention).
-        model: messages of other models are skipped and counted (``foreign_models``).
-        state_dir: directory for ``checkpoint/`` and ``quarantine.jsonl`` (created).
-        tables: ``{name: dim}`` to serve only these tables (messages of other tables are
-            quarantined); None serves every table of ``model`` (created on first message).
-        shards: trainer shards to serve (their partitions are ``shard % partitions``; other
-            shards' messages in those partitions are skipped); None serves all.
-        dtype: storage dtype of the serving tables, ``"f32"`` or ``"f16"``.
-        checkpoint_interval: seconds between checkpoints while there are new records.
-        checkpoint_messages: records after which a checkpoint is written regardless of time.
-        checkpoint_max_segments: delta segments chained on one base before a checkpoint
-            rewrites the base in full.
-        checkpoint_segment_fraction: rewrite the base when the segments' bytes exceed this
-            fraction of the base's bytes.
-        base: snapshot directory (a checkpoint, a replay rebuild, a trainer's snapshot or
-            one ``ServingTable.save`` dir), or a list of disjoint ones (one per trainer shard;
-            merged), to start from when ``state_dir`` holds no checkpoint: its tables,
-            offsets and seq state. A base of another topic than ``topic`` is refused.
-        base_any_topic: start from a base that records another topic anyway.
-        poll_timeout_ms: longest wait of one poll for new records (ms).
-        max_poll_records: most records handed over per poll.
-        quarantine_max_bytes: size bound of the quarantine file (rotated once to ``.1``).
-        request_timeout: seconds a broker request may take before the broker counts as down.
-        backoff_max: cap of the exponential reconnect backoff, seconds.
-        probe_interval: seconds between end-offset refreshes (lag, liveness).
-        summary_interval: seconds between one-line INFO summaries (0 disables them).
-        freshness_window: seconds of history of the freshness p50/p99.
-        metrics_port: serve Prometheus metrics on this port (0 = any free port; see
-            :attr:`metrics_port`); None serves none. metrics_addr: address to bind.
-        on_apply: called as ``on_apply(outcome, partition, offset)`` in the loop thread after
-            every record (any ``outcome.kind``; ``outcome.ts`` is the trainer's ns timestamp),
-            e.g. to record freshness over a whole run. Keep it quick: it delays applying.
-            An exception from it is logged (once per kind of error) and ignored.
-        reset_state: remove the checkpoint in ``state_dir`` (damaged or not; only what
-            deltastream wrote) and start over from ``base`` or empty. Without it a damaged
-            checkpoint makes the constructor raise.
-        group_id: consumer group the next offsets are committed to after each checkpoint,
-            without joining it (None: ``deltastream-sync.<model>``; ``""``: no commits).
-        share_tables: share every table with reader processes of this host (they read with
-            ``consumers.serving.TableReader.open(state_dir, name)``); tables created later
-            are shared within one poll round; :meth:`stop` unshares them.
-        shm_dir: where shared tables live (default: ``$DELTASTREAM_SHM_DIR``, else
-            ``/dev/shm``), e.g. a tmpfs mounted with huge pages
-            (:mod:`consumers.serving.mounts`); readers must be given the same.
-        cpus: run the loop thread and the threads it starts (checkpoint writers) only on
-            these CPUs (``"0-3,6"`` or ints; Linux: :mod:`consumers.cpus`); None: anywhere.
-        **consumer_config: extra ``KafkaConsumer`` settings (security options, …).
+        options: the daemon's settings, a :class:`~consumers.sync.options.SyncOptions`
+            (each field's meaning is documented there, once). The keyword form builds it:
+            ``SyncDaemon(bootstrap_servers, topic, model=..., state_dir=..., **settings)``,
+            where keywords that name no field are extra ``KafkaConsumer`` settings
+            (``consumer_config``). Every setting also reads as an attribute
+            (``daemon.topic``, ``daemon.shards``, ...).
 
     Raises:
-        ValueError/TypeError: a bad argument, or a checkpoint in ``state_dir`` written for
+        ValueError/TypeError: a bad setting, or a checkpoint in ``state_dir`` written for
             another model or topic (or with tables of other dims).
         consumers.errors.SnapshotError: a damaged checkpoint (without ``reset_state``) or
             base snapshot; with ``reset_state``, a checkpoint path holding files deltastream
             did not write (never removed).
     """
 
-    #: Seconds to sleep after each record (tests use it to land kills mid-stream).
-    debug_apply_delay: float = 0.0
-
-    def __init__(self, bootstrap_servers: str, topic: str, *, model: str, state_dir: PathLike,
-                 tables: Optional[Mapping[str, int]] = None,
-                 shards: Optional[Iterable[int]] = None, dtype: str = "f32",
-                 checkpoint_interval: float = 5.0, checkpoint_messages: int = 1000,
-                 checkpoint_max_segments: int = 128, checkpoint_segment_fraction: float = 0.5,
-                 base: Optional[BaseArg] = None, base_any_topic: bool = False,
-                 poll_timeout_ms: int = 200,
-                 max_poll_records: int = 500, quarantine_max_bytes: int = 64 << 20,
-                 request_timeout: float = 5.0, backoff_max: float = 5.0,
-                 probe_interval: float = 1.0, summary_interval: float = 30.0,
-                 freshness_window: float = 60.0, metrics_port: Optional[int] = None,
-                 metrics_addr: str = "0.0.0.0",
-                 on_apply: Optional[Callable[[Outcome, int, int], None]] = None,
-                 reset_state: bool = False, group_id: Optional[str] = None,
-                 share_tables: bool = False, shm_dir: Optional[PathLike] = None,
-                 cpus: Optional[CpuSpec] = None, **consumer_config: Any) -> None:
-        o = SyncOptions(
-            bootstrap_servers, topic, model, state_dir, tables=tables, shards=shards,
-            dtype=dtype, checkpoint_interval=checkpoint_interval,
-            checkpoint_messages=checkpoint_messages,
-            checkpoint_max_segments=checkpoint_max_segments,
-            checkpoint_segment_fraction=checkpoint_segment_fraction, base=base,
-            base_any_topic=bool(base_any_topic), poll_timeout_ms=poll_timeout_ms,
-            max_poll_records=max_poll_records, quarantine_max_bytes=quarantine_max_bytes,
-            request_timeout=request_timeout, backoff_max=backoff_max, probe_interval=probe_interval,
-            summary_interval=summary_interval, freshness_window=freshness_window,
-            metrics_port=metrics_port, metrics_addr=metrics_addr, on_apply=on_apply,
-            reset_state=reset_state, group_id=group_id, share_tables=share_tables,
-            shm_dir=shm_dir, cpus=cpus, consumer_config=consumer_config)
+    def __init__(self, options: Any = None, topic: Optional[str] = None,
+                 **settings: Any) -> None:
+        if options is None:  # SyncDaemon(bootstrap_servers=..., ...)
+            options = settings.pop("bootstrap_servers", None)
+        if isinstance(options, SyncOptions):
+            if topic is not None or settings:
+                raise TypeError("SyncDaemon(options): give a SyncOptions alone, or the "
+                                "settings as arguments, not both")
+            o = options
+        else:
+            o = _options(options, topic, settings)
         self.options = o  #: the validated settings
-        self.bootstrap_servers = o.bootstrap_servers
-        self.topic = o.topic
-        self.model = o.model
-        self.state_dir = o.state_dir
         self.checkpoint_path = self.state_dir / CHECKPOINT_DIR
         # validates its arguments; nothing is read or written before load/write
         self._store = CheckpointStore(self.checkpoint_path,
                                       max_segment_fraction=o.checkpoint_segment_fraction,
                                       max_segments=o.checkpoint_max_segments)
-        self.shards = o.shards
-        self.dtype = o.dtype
-        self.checkpoint_interval = o.checkpoint_interval
-        self.checkpoint_messages = o.checkpoint_messages
-        self.poll_timeout_ms = o.poll_timeout_ms
-        self.max_poll_records = o.max_poll_records
-        self.request_timeout = o.request_timeout
-        self.backoff_max = o.backoff_max
-        self.probe_interval = o.probe_interval
-        self.summary_interval = o.summary_interval
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()  # counters
@@ -240,6 +182,13 @@ class SyncDaemon:
         if o.metrics_port is not None:
             self._metrics = MetricsServer(self.stats, o.metrics_port, o.metrics_addr)
             self.metrics_port = self._metrics.port
+
+    def __getattr__(self, name: str) -> Any:
+        """The settings read as attributes (``daemon.topic``, ``daemon.shards``, ...)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in _OPTION_NAMES:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _share_tables(self) -> None:
         """Share the tables not shared yet (new ones) with reader processes."""
@@ -302,8 +251,6 @@ class SyncDaemon:
         self._ckpt.note()
         self._ckpt.settle()  # one the writer finished is counted (and logged) at once
         self._report.report(out, partition, rec.offset, rec.value)
-        if self.debug_apply_delay > 0:
-            time.sleep(self.debug_apply_delay)
         return out
 
     def _step(self, max_records: int) -> int:

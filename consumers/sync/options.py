@@ -1,6 +1,8 @@
-"""SyncOptions: the settings of a :class:`~consumers.sync.SyncDaemon`, checked once.
+"""SyncOptions: the settings of a :class:`~consumers.sync.SyncDaemon`, spelled and checked once.
 
-Every argument of ``SyncDaemon(...)`` lands here and is validated in
+Each setting is one field: its default, its help text and its command-line flag
+(:func:`deltastream.cliargs.option`); ``SyncDaemon(...)`` keywords and ``deltastream-sync``
+flags are both made from these fields. Values are validated in
 ``SyncOptions.__post_init__``: a bad value raises ``ValueError``/``TypeError`` naming the
 argument, the value and what was expected, before the daemon touches disk or network. The
 checkpoint sizing (``checkpoint_max_segments``, ``checkpoint_segment_fraction``), the
@@ -11,20 +13,32 @@ quarantine size and the metrics port are checked by the objects that use them
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from consumers.cpus import CpuSpec, check_cpus
+from consumers.cpus import CpuSpec, check_cpus, cpu_list_arg
+from consumers.files import PathLike
+from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.shm import shm_base
-from consumers.serving_table import STORAGE_DTYPES
-from consumers.storage.files import PathLike
-from consumers.sync.base import BaseArg, base_paths
+from consumers.sync.base_snapshot import BaseArg, base_paths
+from deltastream.cliargs import (
+    ListAction,
+    comma_list,
+    existing_dir,
+    fields_doc,
+    non_negative_float,
+    option,
+    port,
+    positive_float,
+    positive_int,
+)
 from deltastream.kafka_config import check_bootstrap_servers
 
-__all__ = ["SyncOptions", "check_positive"]
+__all__ = ["SyncOptions", "check_positive", "parse_shards", "parse_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -66,42 +80,155 @@ def _shard_set(shards: Optional[Iterable[int]]) -> Optional[set[int]]:
     return out
 
 
+def parse_shards(text: str) -> list[int]:
+    """``"0,2,5"`` -> ``[0, 2, 5]`` (non-negative ints, no repeats)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of shard numbers ≥ 0 like '0,2,5', got "
+                f"{text!r}")
+        if int(part) in out:
+            raise argparse.ArgumentTypeError(f"shard {part} listed twice in {text!r}")
+        out.append(int(part))
+    return out
+
+
+def parse_tables(text: str) -> dict[str, int]:
+    """``"user:64,item:32"`` -> ``{"user": 64, "item": 32}``."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, dim = part.strip().rpartition(":")
+        if not sep or not name or not dim.strip().isdigit() or int(dim) < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated name:dim pairs like 'user:64,item:32', got "
+                f"{text!r}")
+        if name in out:
+            raise argparse.ArgumentTypeError(f"table {name!r} listed twice in {text!r}")
+        out[name] = int(dim)
+    return out
+
+
+def _quarantine_bytes(text: str) -> int:
+    """A quarantine bound from the command line: an int ≥ 1, raised to the 1 KiB floor."""
+    return max(1024, positive_int(text))
+
+
 @dataclass(frozen=True)
 class SyncOptions:
-    """What a :class:`~consumers.sync.SyncDaemon` syncs and how (see its docstring for the
-    meaning of each field). Built from the daemon's arguments and validated on creation;
-    ``tables`` becomes a dict name -> dim, ``shards`` a set, numbers plain floats/ints."""
+    """What a :class:`~consumers.sync.SyncDaemon` syncs and how. Validated on creation;
+    ``tables`` becomes a dict name -> dim, ``shards`` a set, numbers plain floats/ints.
 
-    bootstrap_servers: str
-    topic: str
-    model: str
-    state_dir: Path
-    tables: Optional[dict[str, int]] = None
-    shards: Optional[set[int]] = None
-    dtype: str = "f32"
-    checkpoint_interval: float = 5.0
-    checkpoint_messages: int = 1000
-    checkpoint_max_segments: int = 128
-    checkpoint_segment_fraction: float = 0.5
-    base: Optional[BaseArg] = None  # a snapshot directory or a list (consumers.sync.base)
-    base_any_topic: bool = False
-    poll_timeout_ms: int = 200
-    max_poll_records: int = 500
-    quarantine_max_bytes: int = 64 << 20
-    request_timeout: float = 5.0
-    backoff_max: float = 5.0
-    probe_interval: float = 1.0
-    summary_interval: float = 30.0
-    freshness_window: float = 60.0
-    metrics_port: Optional[int] = None
-    metrics_addr: str = "0.0.0.0"
-    on_apply: Optional[Callable[..., None]] = None
-    reset_state: bool = False
-    group_id: Optional[str] = None
-    share_tables: bool = False
-    shm_dir: Optional[PathLike] = None
-    cpus: Optional[CpuSpec] = None  # normalized to a frozenset of CPU numbers
-    consumer_config: dict[str, Any] = field(default_factory=dict)
+    Each field is spelled once, here: its default, its help (this docstring's list below
+    and ``deltastream-sync --help`` are built from it) and its command-line flag (``flag``
+    metadata: argparse keywords; fields without one are not flags).
+    """
+
+    bootstrap_servers: str = option(
+        help="``host:port[,host:port]`` of the Kafka cluster (the shared "
+             "``--bootstrap-servers`` flag).")
+    topic: str = option(help="Topic to read (``deltas.<model>`` by convention; the command "
+                             "line defaults to that).", flag={"default": None})
+    model: str = option(help="Model name; messages of other models are skipped and counted "
+                             "(``foreign_models``), logged once per model.",
+                        flag={"required": True})
+    state_dir: Path = option(
+        help="Directory for the checkpoint (tables + offsets + seq state) and the "
+             "quarantine file; created if missing. Restarts resume from it.",
+        flag={"required": True, "metavar": "DIR"})
+    tables: Optional[dict[str, int]] = option(
+        None, "Serve only these tables with these row widths (``{name: dim}``); messages of "
+              "other tables or dims are quarantined (default: every table of the model, "
+              "created on its first message).",
+        flag={"type": parse_tables, "metavar": "NAME:DIM[,...]"})
+    shards: Optional[set[int]] = option(
+        None, "Trainer shards to serve; only their partitions (shard mod partitions) are read "
+              "and other shards' messages in them are skipped (default: all shards).",
+        flag={"type": parse_shards, "metavar": "N[,N...]"})
+    dtype: str = option("f32", "Storage dtype of the serving tables.",
+                        flag={"choices": tuple(STORAGE_DTYPES)})
+    checkpoint_interval: float = option(
+        5.0, "Seconds between checkpoints while new records arrive.",
+        flag={"type": positive_float, "metavar": "S"})
+    checkpoint_messages: int = option(
+        1000, "Also checkpoint after this many records.",
+        flag={"type": positive_int, "metavar": "N"})
+    checkpoint_max_segments: int = option(
+        128, "A checkpoint writes only the rows changed since the previous one (a segment); "
+             "after this many segments the full tables are rewritten.",
+        flag={"type": positive_int, "metavar": "N"})
+    checkpoint_segment_fraction: float = option(
+        0.5, "Also rewrite the full tables when the segments add up to this fraction of the "
+             "full tables' size.", flag={"type": positive_float, "metavar": "X"})
+    base: Optional[BaseArg] = option(
+        None, "Snapshot to start from when the state dir holds no checkpoint (a checkpoint, "
+              "a ``deltastream-replay rebuild`` output, a trainer's snapshot or a "
+              "``ServingTable.save`` directory): its tables, offsets and seq state. Several "
+              "(a list; on the command line repeat the flag or separate with commas, e.g. "
+              "one per trainer shard) are merged; they must not overlap. A snapshot of "
+              "another topic is refused.",
+        flag={"action": ListAction, "type": comma_list, "metavar": "DIR[,DIR...]"})
+    base_any_topic: bool = option(
+        False, "Start from a base snapshot that records another topic anyway.",
+        flag={"action": "store_true"})
+    poll_timeout_ms: int = option(200, "Longest wait of one poll for new records (ms).")
+    max_poll_records: int = option(500, "Most records handed over per poll.")
+    quarantine_max_bytes: int = option(
+        64 << 20, "Size at which quarantine.jsonl is rotated to quarantine.jsonl.1 (≥ 1024; "
+                  "the command line raises smaller values to that).",
+        flag={"type": _quarantine_bytes, "metavar": "BYTES"})
+    request_timeout: float = option(
+        5.0, "Seconds a broker request may take before the broker counts as down.",
+        flag={"type": positive_float, "metavar": "S"})
+    backoff_max: float = option(5.0, "Cap of the exponential reconnect backoff, seconds.",
+                                flag={"type": positive_float, "metavar": "S"})
+    probe_interval: float = option(1.0, "Seconds between end-offset refreshes (lag, liveness).")
+    summary_interval: float = option(
+        30.0, "Seconds between one-line INFO summaries (0 = none).",
+        flag={"type": non_negative_float, "metavar": "S"})
+    freshness_window: float = option(60.0, "Seconds of history of the freshness p50/p99.")
+    metrics_port: Optional[int] = option(
+        None, "Serve Prometheus metrics on http://ADDR:PORT/metrics (0 = a free port, logged "
+              "and in ``SyncDaemon.metrics_port``; default: no endpoint).",
+        flag={"type": port, "metavar": "PORT"})
+    metrics_addr: str = option("0.0.0.0", "Address the metrics endpoint binds.",
+                               flag={"metavar": "ADDR"})
+    on_apply: Optional[Callable[..., None]] = option(
+        None, "Called as ``on_apply(outcome, partition, offset)`` in the loop thread after "
+              "every record (any ``outcome.kind``; ``outcome.ts`` is the trainer's ns "
+              "timestamp), e.g. to record freshness over a whole run. Keep it quick: it "
+              "delays applying. An exception from it is logged (once per kind) and ignored.")
+    reset_state: bool = option(
+        False, "Remove the checkpoint in the state dir (e.g. a damaged one, which otherwise "
+               "stops the daemon from starting) and start over from the base or empty. "
+               "Removes only what deltastream wrote. Use once, not in a unit file: every "
+               "start with it re-reads the topic.", flag={"action": "store_true"})
+    group_id: Optional[str] = option(
+        None, "Consumer group the next offsets are committed to after each checkpoint, "
+              "without joining it, so Kafka lag tools see this predictor (default: "
+              "deltastream-sync.<model>; '' disables). Give replicas that serve the same "
+              "shards distinct groups.", flag={"metavar": "GROUP"})
+    share_tables: bool = option(
+        False, "Share the tables with model-server processes of this host: they read them "
+               "from shared memory (/dev/shm) with "
+               "``consumers.serving.TableReader.open(STATE_DIR, TABLE)``; tables created "
+               "later are shared within one poll round; ``stop()`` unshares them.",
+        flag={"action": "store_true"})
+    shm_dir: Optional[PathLike] = option(
+        None, "Where shared tables live (default: $DELTASTREAM_SHM_DIR, else /dev/shm), e.g. "
+              "a tmpfs mounted with huge=within_size: lookups of random ids get faster. "
+              "Readers must be given the same directory.",
+        flag={"type": existing_dir, "metavar": "DIR"})
+    cpus: Optional[CpuSpec] = option(
+        None, "Run the apply loop and the checkpoint writer only on these CPUs (e.g. 3 or "
+              "2-3,6; Linux; :mod:`consumers.cpus`), leaving the others to the model "
+              "servers: their lookups then seldom wait behind the daemon for a CPU "
+              "(default: any CPU). Normalized to a frozenset of CPU numbers.",
+        flag={"type": cpu_list_arg, "metavar": "LIST"})
+    consumer_config: dict[str, Any] = option(
+        help="Extra ``KafkaConsumer`` settings (security options, …); as keywords of "
+             "``SyncDaemon(...)`` they are the ones that name no field.", factory=dict)
 
     def __post_init__(self) -> None:
         check_bootstrap_servers(self.bootstrap_servers)
@@ -160,3 +287,6 @@ class SyncOptions:
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # normalizing a frozen instance once, at birth
+
+
+SyncOptions.__doc__ = (SyncOptions.__doc__ or "") + fields_doc(SyncOptions)

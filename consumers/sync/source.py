@@ -322,28 +322,9 @@ class KafkaSource:
         recreated = self.topic_id is not None and tid is not None and tid != self.topic_id
         positions = {}
         for tp in tps:
-            p = tp.partition
-            stored = self._positions.get(p, self._offsets.get(p))
-            first = int(begin[tp])
-            if stored is None:
-                start = first
-                if first > 0:  # nothing stored: state never saw [0, first)
-                    self._lost_range(p, 0, first, start, "no stored offset and the earliest "
-                                     "available offset is above 0 (retention deleted older "
-                                     "records)")
-            elif recreated:
-                start = first
-                self._lost_range(p, stored, None, start,
-                                 f"topic id changed from {self.topic_id} to {tid}: the topic "
-                                 "was recreated or the broker lost its log")
-            elif stored < first:
-                start = first
-                self._lost_range(p, stored, first, start,
-                                 "below the earliest available offset (retention)")
-            else:
-                start = stored  # beyond the end is caught by the first fetch's high watermark
-            consumer.seek(tp, start)
-            positions[p] = start
+            positions[tp.partition] = self._start_offset(tp.partition, int(begin[tp]),
+                                                         tid if recreated else None)
+            consumer.seek(tp, positions[tp.partition])
         with self._lock:
             self._offsets.update(self._positions)  # keep partitions no longer assigned
             self._positions = positions
@@ -361,6 +342,28 @@ class KafkaSource:
         self._set_state("connected", f"partitions {chosen} of {nparts}, from offsets "
                                      f"{positions}")
         return True
+
+    def _start_offset(self, p: int, first: int, new_topic_id: Any) -> int:
+        """Where partition ``p`` starts: its stored offset, else (or when the broker no
+        longer has it, or the topic was recreated: ``new_topic_id``) its earliest available
+        offset, the skipped range reported as lost."""
+        stored = self._positions.get(p, self._offsets.get(p))
+        if stored is None:
+            if first > 0:  # nothing stored: state never saw [0, first)
+                self._lost_range(p, 0, first, first, "no stored offset and the earliest "
+                                 "available offset is above 0 (retention deleted older "
+                                 "records)")
+            return first
+        if new_topic_id is not None:
+            self._lost_range(p, stored, None, first,
+                             f"topic id changed from {self.topic_id} to {new_topic_id}: the "
+                             "topic was recreated or the broker lost its log")
+            return first
+        if stored < first:
+            self._lost_range(p, stored, first, first,
+                             "below the earliest available offset (retention)")
+            return first
+        return stored  # beyond the end is caught by the first fetch's high watermark
 
     def _probe(self) -> None:
         """Refresh end offsets (lag) and notice a dead broker or a recreated topic."""

@@ -3,7 +3,7 @@
 :func:`load_start_state` reads (and verifies) the checkpoint in the daemon's state directory
 through its :class:`~consumers.storage.checkpoint.CheckpointStore`, or, when there is none,
 the ``base`` snapshot (a checkpoint, a ``deltastream-replay rebuild`` output or a
-``ServingTable.save`` directory), or the union of several (:mod:`consumers.sync.base`). A checkpoint written for another model or topic, or with
+``ServingTable.save`` directory), or the union of several (:mod:`consumers.sync.base_snapshot`). A checkpoint written for another model or topic, or with
 tables of other dims than configured, is refused with ``ValueError``; a damaged one raises
 :class:`~consumers.errors.SnapshotError` — also when its manifest is missing or a file
 stands where its directory should be: only an absent or empty checkpoint directory is a
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
-from consumers.sync.base import BaseArg, read_base
+from consumers.sync.base_snapshot import BaseArg, read_base
 
 __all__ = ["CHECKPOINT_KIND", "StartState", "load_start_state"]
 

@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from deltastream.embedding.hash_layout import DELETED, EMPTY, GOLDEN
+from deltastream.kernels.hash_layout import DELETED, EMPTY, GOLDEN
 from deltastream.kernels.runtime import use_kernels
 
 __all__ = ["HashIndex"]

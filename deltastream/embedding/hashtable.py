@@ -41,7 +41,6 @@ reads as its mean (0 by default). The value does not depend on the id.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections import OrderedDict
@@ -49,7 +48,6 @@ from collections.abc import Callable
 from typing import Optional
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from deltastream.embedding.hash_index import HashIndex
 from deltastream.embedding.initializers import (
@@ -61,6 +59,7 @@ from deltastream.embedding.initializers import (
     uniform_initializer,
 )
 from deltastream.embedding.sparse_grad import GradStash, SparseGrad, gather_rows
+from deltastream.embedding.table_hooks import TableHooks
 from deltastream.sharding import DEFAULT_SLICE_SIZE, Slice
 
 # The initializers live in .initializers; they are re-exported here, where users have
@@ -81,18 +80,10 @@ _GROWTH = 1.5
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _add_hook(hooks: OrderedDict, fn: Callable) -> RemovableHandle:
-    if not callable(fn):
-        raise TypeError(f"hook must be callable, got {fn!r}")
-    handle = RemovableHandle(hooks)
-    hooks[handle.id] = fn
-    return handle
-
-
 # --------------------------------------------------------------------------- the table
 
 
-class HashTable(torch.nn.Module):
+class HashTable(TableHooks, torch.nn.Module):
     """Dynamic id -> row embedding table for the ids of one slice range.
 
     Args:
@@ -458,38 +449,7 @@ class HashTable(torch.nn.Module):
         super().zero_grad(set_to_none=set_to_none)
         self._grads.clear()
 
-    # ------------------------------------------------------------------ hooks
-
-    def register_insert_hook(self, fn: Callable[[HashTable, torch.Tensor], None]
-                             ) -> RemovableHandle:
-        """Call ``fn(table, new_ids)`` once per forward/insert that inserted ids.
-
-        ``new_ids`` is int64 ``[k]``, ascending, k > 0. Returns a handle with ``.remove()``.
-        """
-        return _add_hook(self._insert_hooks, fn)
-
-    def register_evict_hook(self, fn: Callable[[HashTable, torch.Tensor], None]
-                            ) -> RemovableHandle:
-        """Call ``fn(table, evicted_ids)`` once per :meth:`evict` that removed ids.
-
-        ``evicted_ids`` is int64 ``[k]``, ascending, k > 0. Returns a handle with ``.remove()``.
-        """
-        return _add_hook(self._evict_hooks, fn)
-
-    def register_lookup_hook(
-            self, fn: Callable[[HashTable, Optional[torch.Tensor], torch.Tensor], None]
-    ) -> RemovableHandle:
-        """Call ``fn(table, positions, rows)`` at the end of every :meth:`forward`.
-
-        Training mode: ``positions`` is int64 ``[N]``, the storage row position of each
-        looked-up id (flattened order, after inserts; see :meth:`positions`), and ``rows``
-        the ``[N, dim]`` result (before the reshape to ``[*ids.shape, dim]``, sharing its
-        memory). Eval mode: ``positions`` is ``None`` (nothing was resolved for training).
-        Both are the forward's own tensors: read them, never modify them. Unlike a module
-        forward hook it also fires when ``forward`` is called directly. Returns a handle
-        with ``.remove()``.
-        """
-        return _add_hook(self.__dict__.setdefault("_lookup_hooks", OrderedDict()), fn)
+    # ------------------------------------------------------------------ positions
 
     def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
         """The id stored at each row position (int64 ``positions``, any shape -> same shape).
@@ -498,33 +458,6 @@ class HashTable(torch.nn.Module):
         an insert reuses it (row listeners run before any reuse).
         """
         return self._pos_ids.index_select(0, positions)
-
-    def _fire(self, hooks: OrderedDict, ids: torch.Tensor) -> None:
-        for fn in list(hooks.values()):
-            fn(self, ids)
-
-    def register_row_listener(
-            self, callback: Callable[[HashTable, Optional[torch.Tensor]], None]) -> None:
-        """Call ``callback(table, positions)`` when rows are freed, before any freed position
-        is reused: ``positions`` int64 ``[k]`` (:meth:`evict`) or ``None`` (all rows,
-        :meth:`clear`).
-
-        Sparse optimizers reset the state of freed rows; the tracker turns recorded
-        positions into ids (:meth:`ids_at`) while they still hold them. Held weakly (a
-        bound method through :class:`weakref.WeakMethod`): keep a reference to
-        ``callback`` as long as it should be called; there is no handle to remove it.
-        """
-        ref = weakref.WeakMethod(callback) if inspect.ismethod(callback) else weakref.ref(callback)
-        self._row_listeners.append(ref)
-
-    def _notify_rows(self, positions: Optional[torch.Tensor]) -> None:
-        alive = []
-        for ref in self._row_listeners:
-            cb = ref()
-            if cb is not None:
-                cb(self, positions)
-                alive.append(ref)
-        self._row_listeners = alive
 
     # ------------------------------------------------------------------ state dict / devices
 

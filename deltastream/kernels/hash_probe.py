@@ -1,7 +1,7 @@
 """Triton kernels for :class:`~deltastream.embedding.hash_index.HashIndex`: find,
 find-or-claim, insert and remove, each one launch with the probe loop inside the kernel.
 
-They work on the index's own layout (:mod:`deltastream.embedding.hash_layout`): two flat
+They work on the index's own layout (:mod:`deltastream.kernels.hash_layout`): two flat
 int64 tensors ``keys``/``vals`` over a power-of-two slot count, Fibonacci hashing, linear
 probing, ``vals`` = row position (>= 0), ``EMPTY`` or ``DELETED``. The torch path and the
 kernels read and write the same tensors, so growth and rehash stay in ``HashIndex``.
@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltastream.embedding.hash_layout import DELETED, EMPTY, GOLDEN
+from deltastream.kernels.hash_layout import DELETED, EMPTY, GOLDEN
 from deltastream.kernels.runtime import interpreted
 
 __all__ = ["find", "find_or_claim", "settle", "insert", "remove", "LOCKED", "PENDING"]

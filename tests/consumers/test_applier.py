@@ -7,7 +7,7 @@ import pytest
 
 from consumers.applier import Applier, Outcome
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from deltastream.wire import DeltaBatch, decode, encode, kafka_headers
 
 

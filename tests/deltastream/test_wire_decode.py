@@ -264,3 +264,27 @@ def test_decode_random_bytes_only_raise_wire_error(data):
     except WireError:
         pass
 
+
+
+def test_decode_returns_the_validated_batch_type():
+    """decode's result is a DecodedBatch (what consumers trust without checking again); a
+    batch built by hand is a plain DeltaBatch; no private flag tells them apart."""
+    built = wire.DeltaBatch("m", "t", 0, 0, 0, 0, 0, ids=np.array([3, 1]),
+                            rows=np.ones((2, 2), np.float32), dtype="f16")
+    got = decode(wire.encode(built)[0])
+    assert isinstance(got, wire.DecodedBatch) and not isinstance(built, wire.DecodedBatch)
+    assert got.ids.tolist() == [1, 3] and got.width == 2 and got.rows.dtype == np.float16
+    assert not any(f.startswith("_") for f in wire.DeltaBatch.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_decoded_batch_counts_non_finite_rows_on_its_wire_form(dtype):
+    rows = np.array([[1, 2], [np.inf, 0], [0, np.nan]], np.float32)
+    # the encoder refuses non-finite rows; build the wire form as a foreign encoder might
+    wire_rows = {"f32": rows, "f16": rows.astype(np.float16),
+                 "bf16": (rows.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+    b = wire.DecodedBatch("m", "t", 0, 0, 0, 0, 0, ids=np.array([1, 2, 3]), rows=wire_rows,
+                          dtype=dtype)
+    assert b.nonfinite_rows() == 2
+    assert wire.DecodedBatch("m", "t", 0, 0, 0, 0, 0, ids=np.array([1]),
+                             rows=wire_rows[:1], dtype=dtype).nonfinite_rows() == 0

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.topic import TopicReader
 from deltastream.broker import free_port, kafka_ready
@@ -84,7 +84,7 @@ def topic_with_data(broker, topic_name):
 
 HELP = [DS, [*DS, "demo"], [*DS, "topic"], [*DS, "bench"], [*DS, "broker"], SYNC, REPLAY,
         [*REPLAY, "rebuild"], [*REPLAY, "dump"], [*REPLAY, "stats"], [*REPLAY, "diff"],
-        ["-m", "deltastream.broker"], ["-m", "demo.run"]]
+        ["-m", "deltastream.broker"], ["-m", "deltastream_demo.run"]]
 
 
 @pytest.mark.parametrize("cmd", HELP, ids=lambda c: " ".join(c[1:]))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.report import PNG_MAGIC, check_report
+from deltastream_demo.report import PNG_MAGIC, check_report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -247,8 +247,8 @@ def test_flags_default_from_the_environment(tmp_path):
 
 
 def test_demo_parent_and_predictor_modules_import_no_torch():
-    code = ("import sys, deltastream.cli, demo.run, demo.predictor, demo.options, "
-            "demo.progress, demo.summary, demo.report, demo.scoring, demo.data; "
+    code = ("import sys, deltastream.cli, deltastream_demo.run, deltastream_demo.predictor, deltastream_demo.options, "
+            "deltastream_demo.progress, deltastream_demo.summary, deltastream_demo.report, deltastream_demo.scoring, deltastream_demo.data; "
             "deltastream.cli.build_parser(); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(),

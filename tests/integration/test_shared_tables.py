@@ -38,7 +38,7 @@ GROUP = 500  # ids BASE .. BASE+GROUP-1 deleted and re-inserted by every batch
 _WRITER = textwrap.dedent(f"""
     import signal, sys
     import numpy as np
-    from consumers.serving_table import ServingTable
+    from consumers.serving.table import ServingTable
     from deltastream.wire import DeltaBatch
 
     state, v = sys.argv[1], int(sys.argv[2])

@@ -21,7 +21,7 @@ _CHILD = textwrap.dedent("""
     import json, logging, os, sys
     import numpy as np
     from consumers.serving import TableReader
-    from consumers.serving_table import ServingTable
+    from consumers.serving.table import ServingTable
     from deltastream.wire import DeltaBatch
 
     shm, state, dim, filler_mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

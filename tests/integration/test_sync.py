@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from kafka import KafkaProducer
 
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import read_snapshot, snapshot_exists, write_snapshot
 from consumers.sync import SyncDaemon
 from consumers.sync.cli import build_parser

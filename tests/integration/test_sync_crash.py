@@ -3,7 +3,7 @@
 A real ``python -m consumers.sync.cli`` process consumes a pre-filled topic (thousands of
 small messages, 4 trainer shards on 2 partitions, mixed wire dtypes, tombstones, ids that
 are overwritten many times so order matters). It checkpoints every 25 records and sleeps
-1 ms after each record (``DELTASTREAM_SYNC_DEBUG_APPLY_DELAY``) so a run takes long enough
+1 ms after each record (``tests/integration/slow_sync.py``) so a run takes long enough
 to be killed mid-stream. Each incarnation is SIGKILLed either a seeded random number of
 records (and microseconds) into its run, or the moment its log says a checkpoint write
 began, then restarted from the same state directory. The seeded record counts add up to
@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from consumers.storage.snapshot import read_snapshot
-from consumers.sync.cli import DEBUG_DELAY_ENV
 from deltastream.publishing.publisher import ensure_topic
 
 from .test_sync import Feed, assert_tables_equal
@@ -41,13 +40,12 @@ SEED = 20240611
 
 def _spawn(bootstrap: str, topic: str, state: Path, log_path: Path, delay: float):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    if delay:
-        env[DEBUG_DELAY_ENV] = str(delay)
-    else:
-        env.pop(DEBUG_DELAY_ENV, None)
+    # the delay is a test wrapper around the real CLI (tests/integration/slow_sync.py)
+    cmd = ["-m", "tests.integration.slow_sync", str(delay)] if delay else \
+        ["-m", "consumers.sync.cli"]
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "consumers.sync.cli", "--bootstrap-servers", bootstrap,
+        [sys.executable, *cmd, "--bootstrap-servers", bootstrap,
          "--model", "m", "--topic", topic, "--state-dir", str(state),
          "--checkpoint-interval", "0.1", "--checkpoint-messages", "25",
          "--summary-interval", "0", "--log-level", "DEBUG"],

@@ -19,7 +19,7 @@ from consumers.replay import (
     parse_time,
 )
 from consumers.replay.cli import main
-from consumers.serving_table import ServingTable, SnapshotError
+from consumers.serving.table import ServingTable, SnapshotError
 from consumers.storage.snapshot import write_snapshot
 
 

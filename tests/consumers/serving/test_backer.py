@@ -16,7 +16,7 @@ from consumers.serving import hugemap
 from consumers.serving.backer import Backer
 from consumers.serving.memory import HEADER_BYTES, map_file
 from consumers.serving.shm import read_current, rows_file
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from deltastream.wire import DeltaBatch
 
 MIB = 1 << 20

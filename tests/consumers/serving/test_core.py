@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import consumers.serving.core as core_mod
+from consumers.files import HashingWriter
 from consumers.serving import lookup
-from consumers.serving_table import ServingTable
-from consumers.storage.files import HashingWriter
+from consumers.serving.table import ServingTable
 
 pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups
 

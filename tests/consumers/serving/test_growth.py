@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import consumers.serving.growth as growth_mod
-from consumers.id_index import DELETED, EMPTY, IdIndex, bucket_of
 from consumers.serving.growth import Growth
+from consumers.serving.id_index import DELETED_SLOT, EMPTY_SLOT, IdIndex, bucket_of
 
 OLD, NEW = 1 << 12, 1 << 14  # buckets: a 4× growth (16 B each: the new index is 256 KiB)
 
@@ -35,7 +35,7 @@ def test_the_new_index_is_backed_in_step_with_the_copy(monkeypatch):
     fractions = []
     while not g.step(16, 0):
         # nothing written beyond what was backed: buckets past the frontier are untouched
-        written = np.flatnonzero(new.tab.view(np.int32)[:, 2] != EMPTY)
+        written = np.flatnonzero(new.tab.view(np.int32)[:, 2] != EMPTY_SLOT)
         assert written.size == 0 or (written.max() + 1) * 16 <= g.backed
         fractions.append(g.backed / new.nbytes)
     assert len(fractions) > 10
@@ -81,7 +81,7 @@ def test_first_empty_finds_the_end_of_the_wrapped_run():
     old, _ = _old_index(np.random.default_rng(5))
     e = old.first_empty()
     v = old.tab.view(np.int32)
-    assert (v[e, 2:] == EMPTY).all() and (v[:e, 2] != EMPTY).all()
+    assert (v[e, 2:] == EMPTY_SLOT).all() and (v[:e, 2] != EMPTY_SLOT).all()
     full = IdIndex(np.zeros((16, 2), np.int64))
     full.insert(np.arange(1, 17, dtype=np.int64), np.ones(16, np.int32), None)
     assert full.first_empty() == 0  # no empty bucket: start anywhere
@@ -113,7 +113,7 @@ def test_the_new_index_ends_equal_to_the_old_under_random_applies(monkeypatch, s
         slot += 200
         pos_u, pos_d = old.find(upd, 0)[0], old.find(gone, 0)[0]
         old.set(pos_u, slots_u, None)
-        old.set(pos_d, DELETED, None)
+        old.set(pos_d, DELETED_SLOT, None)
         pos_n = old.insert(ins, slots_n, None)
         g.mirror((upd, pos_u, slots_u), (gone, pos_d), (ins, pos_n, slots_n))
         live.update(zip(upd.tolist(), slots_u.tolist(), strict=True))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from consumers.serving import TableReader, hugemap
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 BLOCK = hugemap.BLOCK

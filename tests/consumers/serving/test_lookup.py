@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from consumers.errors import ConsumerError
-from consumers.id_index import DELETED, IdIndex, bucket_of
-from consumers.id_index import lookup_slots as numpy_lookup_slots
 from consumers.serving import lookup
+from consumers.serving.id_index import DELETED_SLOT, IdIndex, bucket_of
+from consumers.serving.id_index import lookup_slots as numpy_lookup_slots
 from consumers.serving.memory import H_PREP, H_SEQ, HEADER_BYTES
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 
 REPO = Path(__file__).resolve().parents[3]
 native = pytest.mark.skipif(not lookup.NATIVE_AVAILABLE, reason="native probe not built")
@@ -55,7 +55,7 @@ def test_native_matches_numpy_with_deletes_absent_ids_and_both_copies(n_query):
     idx = _index(1 << 12)
     keys = rng.choice(1 << 40, 1300, replace=False).astype(np.int64) - (1 << 39)
     pos = idx.insert(keys, np.arange(1, keys.size + 1, dtype=np.int32), None)
-    idx.set(pos[:300], DELETED, None)
+    idx.set(pos[:300], DELETED_SLOT, None)
     idx.set(pos[300:500], np.arange(2000, 2200, dtype=np.int32), 1)  # copy 1 differs
     rows = rng.standard_normal((2300, 8)).astype(np.float32)
     rows[0] = 0  # slot 0 of a table: never written (numpy reads it for absent ids)
@@ -67,7 +67,7 @@ def test_native_matches_numpy_with_deletes_absent_ids_and_both_copies(n_query):
         assert np.array_equal(lookup.lookup_slots(idx.tab, q, col),
                               numpy_lookup_slots(idx.tab, q, col))
     gone = np.isin(q, keys[:300])
-    assert not nat[gone].any()  # DELETED in both copies: zeros
+    assert not nat[gone].any()  # DELETED_SLOT in both copies: zeros
 
 
 @native
@@ -77,7 +77,7 @@ def test_probe_runs_wrap_around_the_last_bucket():
     keys = cand[bucket_of(cand, 64) == 62][:6]  # home 62: the run wraps to 0, 1, 2, ...
     idx.insert(keys, np.arange(1, 7, dtype=np.int32), None)
     assert set(np.flatnonzero(idx.tab[:, 0])) == {62, 63, 0, 1, 2, 3}
-    idx.set(np.array([63]), DELETED, None)  # a DELETED marker inside the wrapped run
+    idx.set(np.array([63]), DELETED_SLOT, None)  # a DELETED_SLOT marker inside the wrapped run
     rows = np.arange(7 * 4, dtype=np.float32).reshape(7, 4)
     rows[0] = 0
     lookup.use_native(True)
@@ -225,7 +225,7 @@ def test_split_bulk_requests_match_numpy_and_say_overtaken_or_corrupt(split_into
     idx = _index(1 << 12)
     keys = rng.choice(1 << 40, 1300, replace=False).astype(np.int64)
     pos = idx.insert(keys, np.arange(1, keys.size + 1, dtype=np.int32), None)
-    idx.set(pos[:100], DELETED, None)
+    idx.set(pos[:100], DELETED_SLOT, None)
     rows = rng.standard_normal((1400, 8)).astype(np.float32)
     rows[0] = 0  # slot 0: the zero row unknown ids map to
     query = np.concatenate([keys, keys + 1])[rng.integers(0, 2600, n)]
@@ -295,7 +295,7 @@ def test_without_the_extension_numpy_is_used_and_said_once():
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
             "sys.modules['consumers.serving.native'] = None; "  # its import fails
             "from consumers.serving import lookup; import numpy as np; "
-            "from consumers.serving_table import ServingTable; "
+            "from consumers.serving.table import ServingTable; "
             "t = ServingTable('e', 2); t.upsert([1], np.ones((1, 2))); "
             "assert (t.lookup([1, 2]) == [[1, 1], [0, 0]]).all(); "
             "print(lookup.NATIVE_AVAILABLE, lookup.native_enabled())\n"

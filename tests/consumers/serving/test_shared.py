@@ -12,7 +12,7 @@ from consumers.errors import ConsumerError
 from consumers.serving import TableReader
 from consumers.serving.memory import MAGIC
 from consumers.serving.shm import shm_root, table_dir
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from deltastream.wire import DeltaBatch
 
 pytestmark = pytest.mark.usefixtures("lookup_path")  # native and numpy lookups

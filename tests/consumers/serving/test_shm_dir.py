@@ -15,7 +15,7 @@ from consumers.errors import ConsumerError
 from consumers.serving import TableReader, hugemap
 from consumers.serving.mounts import huge_pages, mount_of
 from consumers.serving.shm import SHM_ENV, shm_base, shm_root, table_dir
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 

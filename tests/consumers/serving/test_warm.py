@@ -16,7 +16,7 @@ from consumers.sched_policy import refusal, set_thread_policy
 from consumers.serving import TableReader, accel
 from consumers.serving.memory import map_file
 from consumers.serving.shm import shm_root
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 
 MIB = 1 << 20
 BLOCK = 2 * MIB

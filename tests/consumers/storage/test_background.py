@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import consumers.storage.checkpoint as ck
-from consumers.serving_table import ServingTable
+from consumers.files import HashingWriter
+from consumers.serving.table import ServingTable
 from consumers.storage.background import CheckpointWriter
 from consumers.storage.checkpoint import CheckpointResult, CheckpointStore
-from consumers.storage.files import HashingWriter
 from consumers.storage.snapshot import read_snapshot
 
 
@@ -117,7 +117,7 @@ def test_a_failed_background_write_is_reported_and_the_next_is_a_base(tmp_path, 
 _KILLED_WRITER = r"""
 import sys, time
 import numpy as np
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.background import CheckpointWriter
 from consumers.storage.checkpoint import CheckpointStore
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import consumers.storage.checkpoint as ck
-from consumers.serving_table import ServingTable, SnapshotError
+from consumers.files import seal
+from consumers.serving.table import ServingTable, SnapshotError
 from consumers.storage.checkpoint import CheckpointStore, read_checkpoint
-from consumers.storage.files import seal
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 
 REPO = Path(__file__).resolve().parents[3]
@@ -342,7 +342,7 @@ _CHILD = textwrap.dedent("""
     import numpy as np
     sys.path.insert(0, sys.argv[2])
     from consumers.storage.checkpoint import CheckpointStore
-    from consumers.serving_table import ServingTable
+    from consumers.serving.table import ServingTable
     from tests.consumers.storage.test_checkpoint import _step, _big
 
     store = CheckpointStore(sys.argv[1], max_segments=4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from consumers.errors import SnapshotError
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.merge import merge_snapshots
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 

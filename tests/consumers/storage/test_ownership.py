@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from consumers.errors import SnapshotError
-from consumers.serving_table import ServingTable
+from consumers.files import check_replaceable, is_deltastream_dir
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
-from consumers.storage.files import check_replaceable, is_deltastream_dir
 from consumers.storage.snapshot import read_snapshot, write_snapshot
 
 THESIS = "four years of my life\n"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from consumers.sequencing import SeqTracker
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import (
     Snapshot,
     SnapshotError,
@@ -129,7 +129,7 @@ def test_replaced_table_manifest_detected(tmp_path):
     (lambda d: d["tables"][0].update(name="zzz"), "manifest says"),
 ])
 def test_malformed_manifest(tmp_path, mutate, match):
-    from consumers.storage.files import seal
+    from consumers.files import seal
 
     path = tmp_path / "c"
     write_snapshot(path, **make_state(1))

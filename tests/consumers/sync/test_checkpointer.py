@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from consumers.quarantine import Quarantine
-from consumers.serving_table import ServingTable
+from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.storage.snapshot import read_snapshot
 from consumers.sync.checkpointer import RETRY_MAX_S, Checkpointer

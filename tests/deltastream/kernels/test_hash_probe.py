@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from deltastream.embedding.hash_index import HashIndex
-from deltastream.embedding.hash_layout import GOLDEN
+from deltastream.kernels.hash_layout import GOLDEN
 from deltastream.kernels.runtime import kernels_mode
 
 _INV_GOLDEN = pow(GOLDEN % (1 << 64), -1, 1 << 64)  # GOLDEN is odd: invertible mod 2^64

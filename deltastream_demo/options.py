@@ -1,0 +1,220 @@
+"""The demo's configuration: :class:`DemoOptions`, its checks and its command-line flags.
+
+``deltastream demo`` and ``python -m deltastream_demo.run`` add the flags with :func:`add_demo_arguments`
+and turn the parsed namespace into options with :func:`options_from_args`;
+:meth:`DemoOptions.validate` names the first bad option and what was expected. Torch-free
+(``--device cuda`` imports torch only to check the GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from deltastream.cliargs import (
+    EnvArgumentParser,
+    add_field_flags,
+    add_kafka_arguments,
+    field_values,
+    fields_doc,
+    option,
+)
+from deltastream.kafka_config import check_bootstrap_servers
+from deltastream_demo.data import StreamConfig
+
+__all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
+           "DEFAULT_BUDGET", "WIRE_DTYPES", "SHARDINGS"]
+
+DEFAULT_STEPS = 2400
+#: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
+#: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``)
+DEFAULT_BUDGET = 50_000.0
+WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
+SHARDINGS = ("row", "table", "column")
+
+
+@dataclass
+class DemoOptions:
+    """Everything ``deltastream demo`` is configured with. Each field is spelled once, here:
+    its default, its help and its flag (:func:`deltastream.cliargs.option`);
+    :func:`add_demo_arguments` and :func:`options_from_args` are made from them."""
+
+    bootstrap_servers: Optional[str] = option(
+        None, "Kafka bootstrap servers (the shared --bootstrap-servers flag); None starts an "
+              "embedded broker.")
+    kafka_config: Optional[str] = option(None, "The shared --kafka-config FILE.")
+    kafka: dict = option(help="Resolved security settings (validated).", factory=dict)
+    topic: Optional[str] = option(None, "deltas topic (default deltas.<model>)", flag={})
+    model_name: str = option("demo", "model name carried in every message",
+                             flag={"name": "--model"})
+    workers: int = option(2, "trainer processes (torch.distributed; one shard and partition "
+                             "each)", flag={"type": int})
+    device: str = option("cpu", "trainer device; cuda uses nccl and one GPU per worker",
+                         flag={"choices": ["cpu", "cuda"]})
+    steps: Optional[int] = option(
+        None, f"training steps (default {DEFAULT_STEPS}, or unbounded when only --duration "
+              "is given)", flag={"type": int})
+    duration: Optional[float] = option(
+        None, "stop training after this many seconds (with --steps: whichever comes first)",
+        flag={"type": float})
+    batch_size: int = option(512, "examples per worker per step", flag={"type": int})
+    publish_every: int = option(10, "steps between publish rounds (tracker consumer "
+                                    "'publish')", flag={"type": int})
+    snapshot_every: int = option(500, "steps between base snapshots (tracker consumer "
+                                      "'snapshot')", flag={"type": int})
+    topk_fraction: float = option(
+        0.25, "fraction of the changed rows published per round (top by drift, new rows "
+              "first; the rest is carried to the next round); 1 = all", flag={"type": float})
+    publish_budget: float = option(
+        DEFAULT_BUDGET, "bytes/s per trainer: publish every step the rows with the most "
+                        "serving error per byte within this budget "
+                        "(deltastream.BudgetPublisher); 0 = rounds of --topk-fraction every "
+                        "--publish-every steps", flag={"type": float})
+    dim: int = option(32, "embedding width", flag={"type": int})
+    wire_dtype: str = option("f16", "row dtype on the wire", flag={"choices": list(WIRE_DTYPES)})
+    max_message_bytes: int = option(1 << 20, "largest Kafka message the publisher sends "
+                                             "(bytes)", flag={"type": int})
+    users: int = option(50_000, "distinct users in the synthetic stream", flag={"type": int})
+    items: int = option(10_000, "distinct items in the synthetic stream", flag={"type": int})
+    lr_sparse: float = option(0.05, "row-wise Adagrad learning rate", flag={"type": float})
+    lr_dense: float = option(2e-3, "Adam learning rate of the MLP", flag={"type": float})
+    held_out: int = option(
+        20_000, "examples of the held-out slice (the stream right after training) scored at "
+                "the end", flag={"type": int})
+    out: str = option("demo-out", "output directory: report.json, plots, snapshots, state",
+                      flag={})
+    seed: int = option(0, "seed of the stream and the model", flag={"type": int})
+    progress: str = option("auto", "live progress line: auto = only when stderr is a "
+                                   "terminal", flag={"choices": ["auto", "on", "off"]})
+    timeout: float = option(900.0, "abort the demo when it runs longer than this many "
+                                   "seconds", flag={"type": float})
+    log_level: str = option("WARNING", "Logging level of the demo (the shared --log-level).")
+    verbose: bool = option(False, "Also the Kafka client's own log lines (the shared -v).")
+    hidden: tuple = option((64, 32), "Widths of the CTR model's hidden layers.")
+    sharding: str = option(
+        "row", "how the user/item tables are split over the workers: row = by id slice "
+               "(each worker owns some rows), table = each table whole on one worker, "
+               "column = each worker holds a column range of every row",
+        flag={"choices": list(SHARDINGS)})
+
+    @property
+    def resolved_topic(self) -> str:
+        return self.topic or f"deltas.{self.model_name}"
+
+    @property
+    def resolved_steps(self) -> Optional[int]:
+        """Step limit: ``steps``; unbounded with only ``duration``; else the default."""
+        if self.steps is not None:
+            return self.steps
+        return None if self.duration is not None else DEFAULT_STEPS
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad option and what was expected."""
+        def pos_int(name: str, lo: int = 1, hi: int = 1 << 40) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer in "
+                                 f"[{lo}, {hi}], got {v!r}")
+
+        pos_int("workers", 1, 64)
+        if self.steps is not None:
+            pos_int("steps")
+        if self.duration is not None and not (math.isfinite(self.duration)
+                                              and self.duration > 0):
+            raise ValueError(f"--duration must be a positive number of seconds, got "
+                             f"{self.duration!r}")
+        pos_int("batch_size", 1, 1 << 20)
+        pos_int("publish_every")
+        pos_int("snapshot_every")
+        if not (isinstance(self.topk_fraction, (int, float)) and 0 < self.topk_fraction <= 1):
+            raise ValueError(f"--topk-fraction must be in (0, 1], got {self.topk_fraction!r}")
+        b = self.publish_budget
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (math.isfinite(b)
+                                                                          and b >= 0):
+            raise ValueError(f"--publish-budget must be a finite number of bytes/s >= 0 "
+                             f"(0 = rounds of --topk-fraction), got {b!r}")
+        pos_int("dim", 1, 4096)
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"--wire-dtype must be one of {WIRE_DTYPES}, got "
+                             f"{self.wire_dtype!r}")
+        pos_int("max_message_bytes", 4096, 1 << 30)
+        from deltastream.wire import row_bytes
+
+        one_row = row_bytes(self.dim, self.wire_dtype)
+        if self.max_message_bytes < one_row + 1024:
+            raise ValueError(f"--max-message-bytes {self.max_message_bytes} cannot hold one "
+                             f"row of --dim {self.dim} in {self.wire_dtype} ({one_row} bytes) "
+                             "plus message overhead (~1 KiB); raise it or lower --dim")
+        pos_int("users", 2, 1 << 31)
+        pos_int("items", 2, 1 << 31)
+        for name in ("lr_sparse", "lr_dense"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, "
+                                 f"got {v!r}")
+        pos_int("held_out", 100, 1 << 26)
+        pos_int("seed", 0, (1 << 63) - 1)
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"--sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        if self.sharding == "column" and self.dim < self.workers:
+            raise ValueError(f"--sharding column splits --dim {self.dim} over --workers "
+                             f"{self.workers}: needs dim >= workers")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.progress not in ("auto", "on", "off"):
+            raise ValueError(f"--progress must be auto, on or off, got {self.progress!r}")
+        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise ValueError(f"--timeout must be positive seconds, got {self.timeout!r}")
+        if not self.model_name or "/" in self.model_name:
+            raise ValueError(f"--model must be non-empty without '/', got "
+                             f"{self.model_name!r}")
+        if self.bootstrap_servers is not None:
+            check_bootstrap_servers(self.bootstrap_servers)
+        elif self.kafka:
+            raise ValueError("Kafka security settings (--kafka-config, DELTASTREAM_KAFKA_*) "
+                             "need --bootstrap-servers: the embedded broker is plaintext")
+        out = Path(self.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {self.out!r} exists and is not a directory")
+        if self.device == "cuda":
+            _check_cuda(self.workers)
+
+    def stream_config(self) -> StreamConfig:
+        return StreamConfig(seed=self.seed, n_users=self.users, n_items=self.items)
+
+
+def _check_cuda(workers: int) -> None:
+    try:
+        import torch  # only for this check: the parent process otherwise never needs torch
+    except ImportError:
+        raise ValueError("--device cuda needs torch with CUDA support") from None
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (torch.cuda.is_available() "
+                         "is False); use --device cpu")
+    n = torch.cuda.device_count()
+    if workers > n:
+        raise ValueError(f"--device cuda: nccl needs one GPU per worker, but --workers {workers} "
+                         f"> {n} GPUs; lower --workers")
+
+
+def add_demo_arguments(parser: EnvArgumentParser) -> None:
+    """Add the demo's flags to ``parser`` (an ``EnvArgumentParser`` with the prefix
+    ``DELTASTREAM_DEMO_``: each flag also reads ``DELTASTREAM_DEMO_<FLAG>``): the shared
+    Kafka flags, then one per :class:`DemoOptions` field that has one."""
+    add_kafka_arguments(parser, required=False,
+                        help_suffix=" Without it the demo starts an embedded broker.")
+    add_field_flags(parser, DemoOptions)
+
+
+def options_from_args(args: argparse.Namespace) -> DemoOptions:
+    """:class:`DemoOptions` from the flags of :func:`add_demo_arguments` (not validated)."""
+    return DemoOptions(
+        bootstrap_servers=args.bootstrap_servers, kafka_config=args.kafka_config,
+        log_level=getattr(args, "log_level", "WARNING") or "WARNING",
+        verbose=bool(getattr(args, "verbose", False)), **field_values(args, DemoOptions))
+
+
+DemoOptions.__doc__ = (DemoOptions.__doc__ or "") + fields_doc(DemoOptions)

@@ -1,0 +1,489 @@
+"""The demo's report: a terminal table, ``report.json`` and PNG plots (torch-free).
+
+:func:`write_report` writes ``report.json`` atomically; :func:`format_report` renders the
+table printed at the end of ``deltastream demo``; :func:`check_report` lists broken
+invariants (published ≤ tracked, serving rows equal to the trainer's after the final flush,
+positive freshness, …) so the demo and its test judge a report the same way;
+:func:`plot_freshness` and :func:`plot_published` draw the plots with matplotlib's Agg
+backend (no display needed). matplotlib is optional: without it the plots are skipped
+with a warning and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = [
+    "REPORT_VERSION",
+    "write_report",
+    "read_report",
+    "format_report",
+    "check_report",
+    "plot_freshness",
+    "plot_published",
+    "freshness_series",
+    "pyplot",
+    "save_png",
+    "PNG_MAGIC",
+]
+
+log = logging.getLogger(__name__)
+
+REPORT_VERSION = 1
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON types; NaN/inf become None (JSON has neither)."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return [_jsonable(v) for v in x.tolist()]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        f = float(x)
+        return f if math.isfinite(f) else None
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | os.PathLike) -> Path:
+    """Write ``report`` to ``<out_dir>/report.json`` atomically (temp + fsync + rename)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.json"
+    text = json.dumps(_jsonable(report), indent=2, sort_keys=False, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".json", dir=out)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def read_report(out_dir: str | os.PathLike) -> dict:
+    """Read ``<out_dir>/report.json`` (or the file itself when a file path is given)."""
+    p = Path(out_dir)
+    if p.is_dir():
+        p = p / "report.json"
+    with open(p) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _num(v: Any, fmt: str = ".4g", unit: str = "") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}{unit}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "n/a"
+        return f"{v:{fmt}}{unit}"
+    return f"{v}{unit}"
+
+
+def _ms(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def _bytes(v: Optional[float]) -> str:
+    if v is None:
+        return "n/a"
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= div:
+            return f"{v / div:.2f} {unit}"
+    return f"{int(v)} B"
+
+
+def format_report(r: Mapping[str, Any]) -> str:
+    """The human-readable report table (a few sections of ``label  value`` lines)."""
+    g = lambda *keys: _get(r, *keys)  # noqa: E731 - short accessor for the table below
+    rows: list[tuple[str, str]] = []
+    for add in (_training_rows, _delta_rows, _wire_rows, _serving_rows, _extra_rows):
+        add(r, g, rows)
+    width = max(len(a) for a, _ in rows) + 2
+    return "\n".join(a if not b and a.startswith("[") else f"  {a:<{width}}{b}"
+                     for a, b in rows)
+
+
+def _section(rows: list[tuple[str, str]], title: str) -> None:
+    """Start a ``[title]`` section of the report table."""
+    rows.append((f"[{title}]", ""))
+
+
+def _training_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of training: workers, device, steps, throughput, loss, sharding plan."""
+
+    _section(rows, "training")
+    rows += [
+        ("workers × batch", f"{g('config', 'workers')} × {g('config', 'batch_size')}"),
+        ("device", f"{g('train', 'device') or g('config', 'device') or 'n/a'}"
+                   f" (Triton kernels: {_num(g('train', 'kernels'))})"),
+        ("steps", _num(g("train", "steps"))),
+        ("examples", _num(g("train", "examples"))),
+        ("wall time", _num(g("train", "seconds"), ".1f", " s")),
+        ("examples/s", _num(g("train", "examples_per_s"), ",.0f")),
+        ("final loss", _num(g("train", "final_loss"), ".4f")),
+    ]
+    plan = g("sharding", "plan")
+    if plan:  # --sharding table|column (row sharding: the table is unchanged)
+        rows.append(("sharding", str(g("sharding", "kind"))))
+        rows += [("  plan", str(line)) for line in plan]
+
+
+def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of deltas: rows tracked, published, carried, rejected; the budget or top-k."""
+
+    _section(rows, "deltas")
+    rows += [
+        ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))),
+        ("rows published", _num(g("rows", "published"))),
+        ("  of which in the final flush", _num(g("rows", "final_flush"))),
+        ("rows carried (retained, Σ rounds)", _num(g("rows", "carried"))),
+        ("rows rejected (non-finite)", _num(g("rows", "rejected"))),
+        ("distinct ids published", _num(g("rows", "unique_published"))),
+        ("publish rounds", _num(g("rows", "rounds"))),
+    ]
+    if isinstance(g("budget"), Mapping):
+        rows += [
+            ("publish budget", f"{_bytes(g('budget', 'bytes_per_s'))}/s per trainer "
+                               f"(byte-budgeted, every step)"),
+            ("sent (excl. final flush)", f"{_bytes(g('budget', 'sent_bytes_per_s'))}/s per "
+                                         f"trainer"),
+            ("error bound p50 / p99 / max",
+             " / ".join(_num(g("budget", "bound", q), ".3g") for q in ("p50", "p99", "max"))
+             + "  (largest pending row error ÷ table RMS row norm)"),
+        ]
+        for name, b in sorted((g("budget", "table_bounds") or {}).items()):
+            rows.append((f"  {name} (L2) p50 / p99 / max",
+                         " / ".join(_num(b.get(q), ".3g") for q in ("p50", "p99", "max"))))
+    else:
+        rows.append(("top-k fraction", _num(g("config", "topk_fraction"))))
+
+
+def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of wire and predictor: messages, bytes, freshness, applied, quarantined."""
+
+    _section(rows, "wire")
+    rows += [
+        ("messages", _num(g("wire", "messages"))),
+        ("bytes", _bytes(g("wire", "bytes"))),
+        ("bytes per row", _num(g("wire", "bytes_per_row"), ".1f")
+         + f"  (row payload {_num(g('wire', 'row_payload_bytes'))} B, dtype "
+           f"{g('wire', 'dtype')})"),
+        ("rows published/s", _num(g("wire", "rows_per_s"), ",.0f")),
+    ]
+    _section(rows, "predictor")
+    rows += [
+        ("freshness p50 / p95 / p99",
+         " / ".join(_ms(g("freshness_s", q)) for q in ("p50", "p95", "p99"))),
+        ("freshness max", _ms(g("freshness_s", "max"))),
+        ("messages / rows applied", f"{_num(g('predictor', 'messages'))} / "
+                                    f"{_num(g('predictor', 'rows'))}"),
+        ("duplicates / gaps / quarantined",
+         " / ".join(_num(g("predictor", k)) for k in ("duplicates", "gaps", "quarantined"))),
+        ("torch imported by the daemon", _num(g("predictor", "torch_imported"))),
+    ]
+
+
+def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of serving vs trainer: drift and AUCs."""
+
+    _section(rows, "serving vs trainer (after the final flush)")
+    rows += [
+        ("ids compared", _num(g("drift", "ids_compared"))),
+        ("ids missing in serving", _num(g("drift", "missing_in_serving"))),
+        ("row drift RMSE / max", f"{_num(g('drift', 'rmse'), '.3g')} / "
+                                 f"{_num(g('drift', 'max_abs'), '.3g')}"
+                                 f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')})"),
+        ("AUC serving tables", _num(g("auc", "serving"), ".4f")),
+        ("AUC trainer tables", _num(g("auc", "trainer"), ".4f")),
+        ("AUC trainer (torch model)", _num(g("auc", "trainer_torch"), ".4f")),
+        ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")),
+        ("held-out examples", _num(g("auc", "examples"))),
+    ]
+
+
+def _extra_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of snapshots, invariants and plots, when the report has them."""
+
+    snap = g("snapshot")
+    if isinstance(snap, Mapping):
+        _section(rows, "snapshots")
+        rows += [
+            ("snapshots written", _num(snap.get("count"))),
+            ("last at step", _num(snap.get("last_step"))),
+        ]
+        boot = snap.get("bootstrap")
+        if isinstance(boot, Mapping) and boot.get("skipped"):
+            rows.append(("new predictor from snapshot", f"skipped: {boot['skipped']}"))
+        elif isinstance(boot, Mapping):
+            rows.append(("new predictor from snapshot",
+                         f"{_num(boot.get('ids'))} ids, max |Δ| vs trainer "
+                         f"{_num(boot.get('max_abs'), '.3g')}"))
+    problems = r.get("invariants", {}).get("problems") if isinstance(r.get("invariants"),
+                                                                     Mapping) else None
+    if problems is not None:
+        _section(rows, "invariants")
+        rows.append(("status", "ok" if not problems else f"{len(problems)} problem(s)"))
+        rows += [("  !", p) for p in problems]
+    plots = r.get("plots") or []
+    if plots:
+        _section(rows, "plots")
+        rows += [("", str(p)) for p in plots]
+
+
+def _get(r: Mapping[str, Any], *keys: str) -> Any:
+    cur: Any = r
+    for k in keys:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(k)
+    return cur
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def check_report(r: Mapping[str, Any], *, auc_tolerance: float = 0.002) -> list[str]:
+    """Broken invariants of a demo report, as sentences (empty list = all hold).
+
+    Checks: required sections present; published ≤ tracked and published + carried +
+    rejected = tracked (every candidate accounted for); nothing carried after the final flush;
+    bytes per row at least the row payload; freshness quantiles present, positive and
+    ordered; every published id present in serving with drift within the wire dtype's
+    tolerance; the predictor saw no gaps or quarantined messages; AUC with serving tables
+    within ``auc_tolerance`` of AUC with the trainer's tables.
+    """
+    p: list[str] = []
+    for sec in ("config", "train", "rows", "wire", "freshness_s", "drift", "auc", "predictor"):
+        if not isinstance(r.get(sec), Mapping):
+            p.append(f"section {sec!r} missing")
+    if p:
+        return p
+    rows, wire, fr, dr, auc, pr = (r["rows"], r["wire"], r["freshness_s"], r["drift"],
+                                   r["auc"], r["predictor"])
+    tracked, published = rows.get("tracked"), rows.get("published")
+    carried, rejected = rows.get("carried"), rows.get("rejected")
+    if not all(isinstance(v, int) for v in (tracked, published, carried, rejected)):
+        p.append(f"rows counts must be ints, got {dict(rows)}")
+    else:
+        if published > tracked:
+            p.append(f"published ({published}) > tracked ({tracked})")
+        # exact: candidates a budget publisher dropped because predictors held them already
+        exact = rows.get("exact") or 0
+        if published + carried + rejected + exact != tracked:
+            p.append(f"published + carried + rejected + exact = "
+                     f"{published + carried + rejected + exact} != tracked ({tracked})")
+        if published <= 0:
+            p.append("no rows were published")
+    if rows.get("left_after_flush", 0):
+        p.append(f"{rows.get('left_after_flush')} rows still retained after the final flush")
+    bpr, payload = wire.get("bytes_per_row"), wire.get("row_payload_bytes")
+    if bpr is None or payload is None or bpr < payload:
+        p.append(f"bytes per row ({bpr}) below the row payload ({payload})")
+    qs = [fr.get(q) for q in ("p50", "p95", "p99")]
+    if any(q is None for q in qs):
+        p.append(f"freshness quantiles missing: {dict(fr)}")
+    elif not (0 < qs[0] <= qs[1] <= qs[2]):
+        p.append(f"freshness quantiles must be positive and ordered, got p50/p95/p99 = {qs}")
+    if not dr.get("ids_compared"):
+        p.append("no published ids were compared with the trainer")
+    if dr.get("missing_in_serving"):
+        p.append(f"{dr['missing_in_serving']} published ids missing in the serving tables")
+    if dr.get("missing_in_trainer"):
+        p.append(f"{dr['missing_in_trainer']} serving ids unknown to the trainer")
+    tol, mx = dr.get("tolerance"), dr.get("max_abs")
+    if tol is None or mx is None or mx > tol:
+        p.append(f"serving rows differ from the trainer's by up to {mx} (tolerance {tol})")
+    for k in ("gaps", "quarantined"):
+        if pr.get(k):
+            p.append(f"predictor counted {pr[k]} {k}")
+    if pr.get("torch_imported"):
+        p.append("the predictor's daemon process imported torch")
+    a_s, a_t = auc.get("serving"), auc.get("trainer")
+    if a_s is None or a_t is None:
+        p.append(f"AUC missing: serving {a_s}, trainer {a_t}")
+    elif abs(a_s - a_t) > auc_tolerance:
+        p.append(f"AUC serving {a_s:.5f} vs trainer {a_t:.5f} differ by more than "
+                 f"{auc_tolerance}")
+    return p
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), or ``None`` with a
+    warning when matplotlib is not installed (plots are optional)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: plots are skipped "
+                    "(pip install 'deltastream[plots]')")
+        return None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
+                     ) -> list[tuple[float, int, float, float, float]]:
+    """Per time bin: ``(bin start s, samples, p50, p99, max)`` of freshness samples.
+
+    ``t`` are apply times (s since the run started), ``fresh`` the freshness (s) of each
+    applied message. Empty bins are left out.
+    """
+    t = np.asarray(t, np.float64)
+    f = np.asarray(fresh, np.float64)
+    if t.shape != f.shape:
+        raise ValueError(f"t and fresh must have the same shape, got {t.shape} vs {f.shape}")
+    if not bin_s > 0:
+        raise ValueError(f"bin_s must be > 0, got {bin_s}")
+    if t.size == 0:
+        return []
+    b = np.floor(t / bin_s).astype(np.int64)
+    order = np.argsort(b, kind="stable")
+    b, f = b[order], f[order]
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    ends = np.r_[starts[1:], b.size]
+    out = []
+    for s, e in zip(starts, ends, strict=True):  # one iteration per time bin, not per sample
+        chunk = f[s:e]
+        p50, p99 = np.quantile(chunk, [0.5, 0.99])
+        out.append((float(b[s] * bin_s), int(e - s), float(p50), float(p99),
+                    float(chunk.max())))
+    return out
+
+
+def save_png(fig, path: str | os.PathLike) -> Path:
+    """Lay out ``fig`` and write it to ``path`` as PNG (parent directories made)."""
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[float], *,
+                   bin_s: float = 1.0, title: str = "freshness (trainer read → applied)"
+                   ) -> Optional[Path]:
+    """PNG: each applied message's freshness over time, with per-bin p50/p99 lines.
+
+    ``t``: apply time of each message (s since the run started); ``fresh``: its freshness
+    (s). Returns the path, or None when matplotlib is missing.
+    """
+    plt = pyplot()
+    if plt is None:
+        return None
+    t = np.asarray(t, np.float64)
+    f = np.asarray(fresh, np.float64) * 1e3
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    try:
+        if t.size:
+            ax.scatter(t, f, s=6, alpha=0.4, color="tab:blue", label="message", lw=0)
+            series = freshness_series(t, f / 1e3, bin_s=bin_s)
+            if series:
+                xs = [s[0] + bin_s / 2 for s in series]
+                ax.plot(xs, [s[2] * 1e3 for s in series], color="tab:green", lw=1.5,
+                        label=f"p50 per {bin_s:g} s")
+                ax.plot(xs, [s[3] * 1e3 for s in series], color="tab:red", lw=1.5,
+                        label=f"p99 per {bin_s:g} s")
+            if (f > 0).all():
+                from matplotlib.ticker import FuncFormatter
+
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.legend(loc="upper right", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no messages applied", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("freshness (ms)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        return save_png(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_published(path: str | os.PathLike, steps: Sequence[int], rows: Sequence[int],
+                   nbytes: Sequence[int], *, title: str = "published per interval",
+                   final_step: Optional[int] = None) -> Optional[Path]:
+    """PNG: rows (bars) and bytes (line, right axis) published per publish interval.
+
+    ``steps[i]`` is the trainer step of interval ``i``; ``rows``/``nbytes`` are summed over
+    shards. When the last entry is the final flush, pass its step as ``final_step``: it is
+    drawn apart. Returns the path, or None without matplotlib.
+    """
+    plt = pyplot()
+    if plt is None:
+        return None
+    x = np.asarray(steps, np.float64)
+    r = np.asarray(rows, np.float64)
+    b = np.asarray(nbytes, np.float64)
+    if not (x.shape == r.shape == b.shape):
+        raise ValueError(f"steps, rows, nbytes must have equal lengths, got "
+                         f"{x.shape}, {r.shape}, {b.shape}")
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    try:
+        if x.size:
+            last = np.zeros(x.shape, bool)
+            if final_step is not None and x.size and x[-1] == final_step:
+                last[-1] = True  # the final flush: drawn apart, after the last round
+            gaps = np.diff(np.unique(x))
+            width = float(np.median(gaps)) if gaps.size else 1.0
+            xs = np.where(last, x + width, x)
+            ax.bar(xs[~last], r[~last], width=width * 0.8, color="tab:blue", alpha=0.6,
+                   label="rows")
+            if last.any():
+                # wide enough to see next to hundreds of regular rounds
+                span = float(xs.max() - xs.min()) if xs.size > 1 else width
+                wide = max(width * 0.8, span / 80.0)
+                ax.bar(xs[last] + wide / 2, r[last], width=wide, color="tab:purple",
+                       alpha=0.8, label="rows (final flush)")
+            ax2 = ax.twinx()
+            ax2.plot(xs, b / 1024.0, color="tab:orange", marker=".", lw=1.2, label="KiB")
+            ax2.set_ylabel("KiB published", color="tab:orange")
+            ax2.set_ylim(bottom=0)
+            ax.legend(loc="upper left", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "nothing published", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.set_xlabel("trainer step")
+        ax.set_ylabel("rows published", color="tab:blue")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        return save_png(fig, path)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,453 @@
+"""The demo's trainer process: rank ``r`` of ``W`` trains the CTR model and publishes deltas.
+
+:func:`trainer_main` runs in its own process (``multiprocessing`` spawn). Per step it trains
+on its share of the global batch (the stream's examples ``[(step·W + r)·B, … + B)``): the
+embedding tables are :class:`~deltastream.ShardedEmbedding` (rank ``r`` owns the rows of its
+slice range; lookups and gradients travel by ``torch.distributed``), the dense gradients are
+averaged with one ``all_reduce`` that also carries the loss and the stop flag (so every rank
+stops at the same step when ``--duration`` runs out).
+
+A :class:`~deltastream.DeltaTracker` in EMBEDDING mode watches the local shards with two
+consumers:
+
+* ``publish`` — with ``publish_budget`` > 0 (bytes/s), a
+  :class:`~deltastream.BudgetPublisher` ticked after every step: the rows with the most
+  serving error per byte, across tables, within the budget (its rounds run on the
+  publisher's worker, off the training loop); the rest stays pending. Otherwise
+  every ``publish_every`` steps one :func:`deltastream.publish_delta` round: ``select_changed``
+  (top ``topk_fraction`` by drift, new rows first), ``retain`` the leftover. Either way
+  ``DeltaPublisher.publish`` per table (shard = rank, so the rows go to partition
+  ``rank % partitions``);
+* ``snapshot`` — every ``snapshot_every`` steps: the rows changed since the last snapshot are
+  copied into a mirror of this shard (:class:`~consumers.ServingTable` s) and written as a
+  base snapshot (``consumers.storage.snapshot.write_snapshot``) together with the publisher's next
+  offset and seq state, so a new predictor can start from it (``SyncDaemon(base=...)``).
+
+After the last step: a final flush publishes every retained row, the held-out slice is scored
+with the trainer's own (torch) model, and the shard's rows, the ids it published and the MLP
+weights are dumped (``.npz``) for the predictor's comparison.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+import queue
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from deltastream.clilog import setup_logging
+from deltastream.kafka_config import secret_values
+
+__all__ = ["trainer_main", "SNAPSHOT_PREFIX"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_PREFIX = "shard-"
+_EVAL_CHUNK = 8192
+
+
+def trainer_main(rank: int, cfg: dict, events: Any) -> None:
+    """Entry point of trainer ``rank`` (see the module docstring).
+
+    ``cfg`` keys: world, master_port, device, bootstrap_servers, topic, model_name, dim,
+    hidden, batch_size, steps (or None), duration (s or None), publish_every,
+    snapshot_every, topk_fraction, publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
+    seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
+    verbose, threads, kafka_config (kafka-python security settings). ``events``: queue to
+    the parent.
+    """
+    # Ctrl-C reaches the whole process group: the parent stops this process, quietly
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(cfg.get("log_level", "WARNING"), verbose=bool(cfg.get("verbose")),
+                  fmt=f"%(asctime)s %(levelname)s trainer{rank} %(name)s: %(message)s",
+                  secrets=secret_values(cfg.get("kafka_config") or {}))
+    try:
+        _Trainer(rank, cfg, events).run()
+    except BaseException as e:
+        log.exception("trainer %d failed", rank)
+        events.put({"kind": "error", "who": f"trainer {rank}",
+                    "error": f"{type(e).__name__}: {e}"})
+        raise SystemExit(1) from None
+
+
+class _Trainer:
+    def __init__(self, rank: int, cfg: dict, events: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from consumers import ServingTable
+        from deltastream import (
+            BudgetPolicy,
+            BudgetPublisher,
+            DeltaPublisher,
+            DeltaTracker,
+            RowWiseAdagrad,
+            TrackingMode,
+        )
+        from deltastream.publishing.rounds import SelectionPolicy
+        from deltastream_demo.data import ClickStream, StreamConfig
+        from deltastream_demo.model import TABLE_NAMES, CTRModel, local_tables
+
+        self.torch, self.dist = torch, dist
+        self.rank, self.cfg, self.events = rank, cfg, events
+        self.world = int(cfg["world"])
+        torch.set_num_threads(int(cfg.get("threads", 1)))
+        if cfg["device"] == "cuda":
+            self.device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{cfg['master_port']}",
+                                rank=rank, world_size=self.world,
+                                timeout=datetime.timedelta(seconds=float(
+                                    cfg.get("dist_timeout", 120))))
+        seed = int(cfg["seed"])
+        torch.manual_seed(seed)  # same MLP init on every rank
+        self.stream = ClickStream(StreamConfig(**cfg["stream"]))
+        self.model = CTRModel(int(cfg["dim"]), self.stream.config.n_dense,
+                              tuple(cfg.get("hidden", (64, 32))), sharded=True,
+                              device=self.device, seed=seed * 1000 + rank,
+                              sharding=cfg.get("sharding", "row"))
+        self.tables = local_tables(self.model)  # name -> local HashTable shard
+        # --sharding table|column: shards are named "<table>#<j>"; rows are reported (dump,
+        # rows_held) per table by the rank holding shard 0, read whole through the plan
+        self.plan = self.model.plan
+        self.table_names = tuple(TABLE_NAMES) if self.plan is not None else tuple(self.tables)
+        self.sparse_opt = RowWiseAdagrad(self.model, lr=float(cfg["lr_sparse"]))
+        self.dense = self.model.dense_parameters()
+        self.dense_opt = torch.optim.Adam(self.dense, lr=float(cfg["lr_dense"]))
+        self.tracker = DeltaTracker(self.model, consumers=["publish", "snapshot"],
+                                    delete_on_read=True, mode=TrackingMode.EMBEDDING)
+        self.fqn_table = {fqn: self.model.get_submodule(fqn)
+                          for fqn in self._tracked_fqns()}
+        self.publisher = DeltaPublisher(cfg["bootstrap_servers"], cfg["topic"],
+                                        model=cfg["model_name"], shard=rank,
+                                        dtype=cfg["wire_dtype"],
+                                        max_message_bytes=int(cfg["max_message_bytes"]),
+                                        **(cfg.get("kafka_config") or {}))
+        self.partition = self.publisher.partition
+        frac = float(cfg["topk_fraction"])
+        self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
+        budget = float(cfg.get("publish_budget") or 0.0)
+        # the budget's rounds run on its worker; their records come back through on_round
+        self.budget_rounds: queue.SimpleQueue = queue.SimpleQueue()
+        self.budget = BudgetPublisher(self.tracker, self.publisher, "publish",
+                                      BudgetPolicy(bytes_per_s=budget),
+                                      tables=self.fqn_table,
+                                      on_round=self.budget_rounds.put) if budget > 0 else None
+        self.next_offset = self._end_offset()
+        # next offsets of other partitions: a plan's shards publish under their own shard
+        # ids (partition shard % partitions), e.g. a whole table on rank 1 is shard 0
+        self.other_offsets: dict[int, int] = {}
+        self.pending: list[Any] = []  # PublishResults not yet flushed
+        # base snapshots hold each rank's full rows: row sharding only (a column shard holds
+        # part of every row)
+        self.mirror = {} if self.plan is not None else {
+            name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
+        self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.table_names}
+        self.rounds: list[dict] = []
+        self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected", "exact",
+                                     "tombstones", "messages", "bytes", "rounds",
+                                     "final_flush"), 0)
+        self.snapshots = {"count": 0, "last_step": None, "seconds": 0.0}
+        self.work = Path(cfg["work_dir"])
+        self.snap_dir = Path(cfg["snapshot_dir"]) / f"{SNAPSHOT_PREFIX}{rank}"
+
+    # ------------------------------------------------------------------ helpers
+
+    def _tracked_fqns(self) -> list[str]:
+        """FQNs of the local HashTables (what the tracker reports deltas under)."""
+        from deltastream import HashTable
+
+        return [fqn for fqn, m in self.model.named_modules() if isinstance(m, HashTable)]
+
+    def _end_offset(self) -> int:
+        """Next offset of this shard's partition now (messages before it are not ours)."""
+        from consumers.topic import TopicReader
+
+        with TopicReader(self.cfg["bootstrap_servers"], self.cfg["topic"], timeout=15.0,
+                         **(self.cfg.get("kafka_config") or {})) as reader:
+            return int(reader.end_offsets([self.partition])[self.partition])
+
+    def _settle(self) -> None:
+        """Flush the publisher; advance ``next_offset`` past every acknowledged message."""
+        self.publisher.flush()
+        for res in self.pending:
+            offs = res.offsets
+            if offs:
+                if res.partition == self.partition:
+                    self.next_offset = max(self.next_offset, max(offs) + 1)
+                else:
+                    self.other_offsets[res.partition] = max(
+                        self.other_offsets.get(res.partition, 0), max(offs) + 1)
+        self.pending.clear()
+
+    # ------------------------------------------------------------------ publish / snapshot
+
+    def publish_round(self, step: int, *, final: bool = False) -> Optional[dict]:
+        """One ``publish`` consumer round (:func:`deltastream.publish_delta`, or a budget
+        tick / final flush); the counters of the last round recorded (``None`` when no
+        budget round finished)."""
+        from deltastream import publish_delta
+
+        if self.budget is None:
+            rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy,
+                                step=step, final=final, tables=self.fqn_table)
+            return self._record_round(rnd, 0)
+        if final:
+            self.budget.flush(step)
+        else:
+            self.budget.tick(step)  # a hand-off: the round runs on the budget's worker
+        return self._collect_budget_rounds()
+
+    def _collect_budget_rounds(self) -> Optional[dict]:
+        """Record the budget rounds that finished since the last call."""
+        rec = None
+        while True:
+            try:
+                tick = self.budget_rounds.get_nowait()
+            except queue.Empty:
+                return rec
+            rec = self._record_round(tick.round, tick.exact)
+
+    def _record_round(self, rnd: Any, exact: int) -> dict:
+        for t in rnd.tables:
+            if t.result is not None:
+                self.pending.append(t.result)
+            if len(t.ids):
+                self.published_ids[t.table].append(t.ids.detach().cpu().numpy())
+        final = rnd.final
+        rec = dict(step=rnd.step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
+                   **rnd.totals(), exact=exact, seconds=rnd.seconds)
+        for k in ("tracked", "published", "carried", "rejected", "exact", "tombstones",
+                  "messages", "bytes"):
+            self.totals[k] += rec[k]
+        self.totals["rounds"] += 1
+        if final:
+            self.totals["final_flush"] = rec["published"]
+        if final or rec["published"] or rec["tombstones"] or self.budget is None:
+            # a budget ticks every step: only the rounds that sent something are recorded
+            self.rounds.append(rec)
+            self.events.put(dict(rec, kind="publish", rank=self.rank))
+        return rec
+
+    def snapshot_round(self, step: int) -> None:
+        """One ``snapshot`` consumer round: update this shard's mirror and write it."""
+        from consumers.storage.snapshot import write_snapshot
+
+        t0 = time.monotonic()
+        if self.budget is not None:  # every hand-off so far is published or pending
+            self.budget.drain()
+            self._collect_budget_rounds()
+        self._settle()  # offsets of everything published so far are now known
+        delta = self.tracker.get_delta("snapshot")
+        for fqn, d in delta.items():
+            tbl = self.fqn_table[fqn]
+            mirror = self.mirror[tbl.name]
+            if d.tombstones is not None and d.tombstones.numel():
+                mirror.delete(d.tombstones.cpu().numpy())
+            if len(d):
+                rows = tbl.lookup(d.ids).float().cpu().numpy()
+                ok = np.isfinite(rows).all(axis=1)  # non-finite rows are never served
+                mirror.upsert(d.ids.cpu().numpy()[ok], rows[ok])
+        next_seq = self.publisher.stats()["next_seq"]
+        streams = [{"table": t, "shard": self.rank, "epoch": self.publisher.epoch,
+                    "seq": int(s) - 1} for t, s in sorted(next_seq.items()) if s > 0]
+        write_snapshot(self.snap_dir, tables=dict(self.mirror),
+                       offsets={self.partition: int(self.next_offset)},
+                       seqs={"version": 1, "streams": streams} if streams else {},
+                       meta={"kind": "deltastream-demo-trainer-base", "step": step,
+                             "shard": self.rank, "world": self.world,
+                             "epoch": self.publisher.epoch, "model": self.cfg["model_name"],
+                             "topic": self.cfg["topic"], "written_at": time.time()})
+        self.snapshots["count"] += 1
+        self.snapshots["last_step"] = step
+        self.snapshots["seconds"] += time.monotonic() - t0
+
+    # ------------------------------------------------------------------ training
+
+    def _batch(self, step: int):
+        torch = self.torch
+        b = self.stream.batch((step * self.world + self.rank) * int(self.cfg["batch_size"]),
+                              int(self.cfg["batch_size"]))
+        dev = self.device
+        return (torch.from_numpy(b.user_ids).to(dev), torch.from_numpy(b.item_ids).to(dev),
+                torch.from_numpy(b.dense).to(dev), torch.from_numpy(b.labels).to(dev))
+
+    def _kernels(self) -> bool:
+        """Whether deltastream's Triton kernels ran the tables' updates (CUDA fast path)."""
+        from deltastream.kernels.runtime import use_kernels
+
+        return any(use_kernels(t.storage) for t in self.tables.values())
+
+    def _train_step(self, step: int, stop: bool) -> tuple[float, bool]:
+        torch, dist = self.torch, self.dist
+        u, i, x, y = self._batch(step)
+        logits = self.model(u, i, x)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y)
+        loss.backward()
+        # one all_reduce: dense gradients, the loss and the stop flag
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.dense]
+        flat = torch.cat([g.reshape(-1) for g in grads]
+                         + [loss.detach().reshape(1),
+                            torch.tensor([1.0 if stop else 0.0], device=self.device)])
+        dist.all_reduce(flat)
+        flat[:-1] /= self.world
+        off = 0
+        for p, g in zip(self.dense, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[off:off + n].view_as(p)
+            off += n
+        self.sparse_opt.step()
+        self.dense_opt.step()
+        self.sparse_opt.zero_grad()
+        self.dense_opt.zero_grad(set_to_none=True)
+        self.tracker.step()
+        return float(flat[-2]), bool(flat[-1] > 0)
+
+    def _heldout_scores(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's share of the held-out slice scored by the torch model (collective)."""
+        torch = self.torch
+        n = int(self.cfg["heldout"])
+        ho = self.stream.batch(start, n, salt=1)
+        mine = np.arange(self.rank, n, self.world)
+        chunks = max(1, math.ceil(n / (self.world * _EVAL_CHUNK)))
+        out = []
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.tracker.pause():
+                for idx in np.array_split(mine, chunks):  # same call count on every rank
+                    lg = self.model(torch.from_numpy(ho.user_ids[idx]).to(self.device),
+                                    torch.from_numpy(ho.item_ids[idx]).to(self.device),
+                                    torch.from_numpy(ho.dense[idx]).to(self.device))
+                    out.append(lg.float().cpu().numpy())
+        finally:
+            self.model.train()
+        return mine.astype(np.int64), (np.concatenate(out) if out else np.empty(0, np.float32))
+
+    def _held_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (ids, full rows)}`` this rank reports. Row sharding: its shards. A plan:
+        the ids of the tables whose shard 0 is here, rows read whole through the plan
+        (collective: every rank calls it)."""
+        if self.plan is None:
+            return {name: (tbl.ids().cpu().numpy(), tbl.embeddings().float().cpu().numpy())
+                    for name, tbl in self.tables.items()}
+        torch = self.torch
+        feats = {}
+        for name in self.table_names:
+            first = self.tables.get(f"{name}#0")
+            feats[name] = first.ids() if first is not None else torch.zeros(
+                0, dtype=torch.int64, device=self.device)
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.tracker.pause():
+                rows = self.model.emb(feats)
+        finally:
+            self.model.train()
+        return {n: (feats[n].cpu().numpy(), rows[n].float().cpu().numpy()) for n in feats}
+
+    def _dump(self, pos: np.ndarray, logits: np.ndarray,
+              held: dict[str, tuple[np.ndarray, np.ndarray]]) -> str:
+        from deltastream_demo.model import export_dense
+
+        arrays: dict[str, np.ndarray] = {}
+        for name, (ids, rows) in held.items():
+            arrays[f"ids/{name}"] = ids
+            arrays[f"rows/{name}"] = rows
+            pub = self.published_ids[name]
+            arrays[f"published/{name}"] = (np.unique(np.concatenate(pub)) if pub
+                                           else np.empty(0, np.int64))
+        for k, v in export_dense(self.model).items():
+            arrays[f"dense/{k}"] = v
+        arrays["heldout/pos"] = pos
+        arrays["heldout/logit"] = logits
+        path = self.work / f"trainer-{self.rank}.npz"
+        tmp = path.with_suffix(f".tmp-{os.getpid()}.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+        return str(path)
+
+    def run(self) -> None:
+        cfg = self.cfg
+        steps = cfg.get("steps")
+        duration = cfg.get("duration")
+        pub_every = int(cfg["publish_every"])
+        snap_every = int(cfg["snapshot_every"])
+        self.events.put({"kind": "ready", "who": f"trainer {self.rank}", "rank": self.rank})
+        self.dist.barrier()
+        t0 = time.monotonic()
+        last_report = 0.0
+        step, loss, stop = 0, float("nan"), False
+        losses: list[tuple[int, float]] = []
+        while not stop and (steps is None or step < steps):
+            want_stop = duration is not None and time.monotonic() - t0 >= float(duration)
+            loss, stop = self._train_step(step, want_stop)
+            step += 1
+            if self.budget is not None or step % pub_every == 0:
+                self.publish_round(step)
+            if step % snap_every == 0 and self.plan is None:
+                self.snapshot_round(step)
+            now = time.monotonic()
+            if self.rank == 0 and (now - last_report >= 0.25 or step == steps):
+                last_report = now
+                losses.append((step, loss))
+                self.events.put({"kind": "train", "rank": 0, "step": step, "loss": loss,
+                                 "examples": step * self.world * int(cfg["batch_size"]),
+                                 "t": time.time()})
+        train_s = time.monotonic() - t0
+        # ---- final flush: everything still retained goes out now
+        t_flush = time.monotonic()
+        self.publish_round(step, final=True)
+        if self.budget is not None:
+            self.budget.close()
+        self._settle()
+        flush_s = time.monotonic() - t_flush
+        left = sum(len(d) for d in self.tracker.get_delta("publish").values())
+        heldout_start = step * self.world * int(cfg["batch_size"])
+        pos, logits = self._heldout_scores(heldout_start)
+        held = self._held_rows()
+        dump = self._dump(pos, logits, held)
+        pstats = self.publisher.stats()
+        self.publisher.close()
+        tstats = self.tracker.stats() if hasattr(self.tracker, "stats") else {}
+        self.events.put({
+            "kind": "final", "rank": self.rank, "steps": step,
+            "device": str(self.device), "kernels": self._kernels(),
+            "examples": step * self.world * int(cfg["batch_size"]),
+            "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
+            "losses": losses, "rounds": self.rounds, "totals": self.totals,
+            "left_after_flush": int(left),
+            "offsets": {**self.other_offsets, self.partition: int(self.next_offset)},
+            "dump": dump, "heldout_start": heldout_start, "snapshots": self.snapshots,
+            "rows_held": {n: len(ids) for n, (ids, _) in held.items()},
+            "tracker": _plain(tstats), "publisher": _plain(pstats),
+            "epoch": self.publisher.epoch,
+            "budget": None if self.budget is None else _plain(self.budget.stats()),
+            **({} if self.plan is None else {"plan": self.plan.describe()}),
+        })
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+def _plain(x: Any) -> Any:
+    """JSON-able copy (tensors and numpy scalars to Python numbers, keys to str)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and callable(x.item) and getattr(x, "ndim", 1) == 0:
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if hasattr(x, "value") and hasattr(x, "name"):  # enums
+        return x.value
+    return x

@@ -1,0 +1,66 @@
+"""deltastream_demo.options: the demo's flags, DemoOptions and its checks."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from deltastream_demo.options import (
+    DEFAULT_BUDGET,
+    DEFAULT_STEPS,
+    DemoOptions,
+    add_demo_arguments,
+    options_from_args,
+)
+
+
+def _parse(*argv: str) -> DemoOptions:
+    p = argparse.ArgumentParser()
+    add_demo_arguments(p)
+    return options_from_args(p.parse_args(list(argv)))
+
+
+def test_flags_become_options_with_the_defaults():
+    o = _parse()
+    assert o == DemoOptions()
+    o.validate()
+    assert o.resolved_topic == "deltas.demo" and o.resolved_steps == DEFAULT_STEPS
+    o = _parse("--workers", "3", "--topk-fraction", "0.5", "--model", "m", "--duration", "5")
+    assert (o.workers, o.topk_fraction, o.resolved_topic) == (3, 0.5, "deltas.m")
+    assert o.resolved_steps is None  # only --duration: unbounded steps
+    assert o.stream_config().n_users == o.users
+    assert _parse().publish_budget == DEFAULT_BUDGET > 0  # the budget mode is the default
+    assert _parse("--publish-budget", "0").publish_budget == 0.0  # fixed rounds
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("workers", 0, "--workers must be an integer in [1, 64], got 0"),
+    ("topk_fraction", 1.5, "--topk-fraction must be in (0, 1], got 1.5"),
+    ("wire_dtype", "f64", "--wire-dtype must be one of"),
+    ("max_message_bytes", 4096, "cannot hold one row"),
+    ("lr_dense", 0.0, "--lr-dense must be a positive number"),
+    ("model_name", "a/b", "--model must be non-empty without '/'"),
+    ("duration", -1.0, "--duration must be a positive number of seconds"),
+    ("publish_budget", -5.0, "--publish-budget must be a finite number of bytes/s >= 0"),
+])
+def test_validate_names_the_bad_option(field, value, words):
+    kwargs = {field: value}
+    if field == "max_message_bytes":
+        kwargs["dim"] = 4096
+    with pytest.raises(ValueError) as info:
+        DemoOptions(**kwargs).validate()
+    assert words in str(info.value)
+
+
+def test_sharding_flag():
+    assert _parse().sharding == "row"
+    o = _parse("--sharding", "column", "--dim", "8", "--workers", "2")
+    assert o.sharding == "column"
+    o.validate()
+    with pytest.raises(ValueError, match="--sharding must be one of"):
+        DemoOptions(sharding="diagonal").validate()
+    with pytest.raises(ValueError, match="--dim 2 over --workers 3: needs dim >= workers"):
+        DemoOptions(sharding="column", dim=2, workers=3).validate()
+    with pytest.raises(SystemExit):
+        _parse("--sharding", "diagonal")
