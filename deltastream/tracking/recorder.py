@@ -265,7 +265,8 @@ class Recorder:
         if res.reset and keep:
             self.degrade(fqn, "its weight changed shape or dtype")
         if res.ids.numel():
-            self.touched.append_unique(self.idx, fqn, res.ids, res.states if keep else None)
+            ids = res.ids + info.row_offset if info.row_offset else res.ids  # global ids
+            self.touched.append_unique(self.idx, fqn, ids, res.states if keep else None)
 
     def scan_all(self) -> None:
         """Scan every scan-path table (at a read boundary)."""

@@ -81,6 +81,7 @@ from deltastream.tracking.rows import (
     merge_carry,
     select_rows,
 )
+from deltastream.tracking.torchrec_tables import TORCHREC_KIND
 from deltastream.types import DeltaRows, TrackingMode
 
 __all__ = ["DeltaTracker"]
@@ -246,7 +247,8 @@ class DeltaTracker:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
         with self._lock:
-            dense = {f: i.module.weight for f, i in self._tables.items() if not i.dynamic}
+            dense = {f: i.module.weight for f, i in self._tables.items()
+                     if not i.dynamic and i.kind != TORCHREC_KIND}
             owned = owned_weights(optimizer, dense)
             why = sparse_only_reason(optimizer)
             for fqn in owned:
@@ -274,6 +276,8 @@ class DeltaTracker:
 
     def _attach(self, fqn: str, info: TrackedTable) -> None:
         mod = info.module
+        if info.kind == TORCHREC_KIND:
+            return  # the scan finds every changed row; no hook sees a fused update
         if info.positional:
             self._handles.append(mod.register_lookup_hook(self._hook(
                 lambda m, pos, rows: self._on_positions(fqn, m, pos, rows))))
