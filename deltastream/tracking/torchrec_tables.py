@@ -220,7 +220,14 @@ def torchrec_tables(name: str, mod: torch.nn.Module) -> Optional[dict[str, Torch
     if path in _SHARDED:
         return _sharded(name, mod, _SHARDED[path])
     cls = type(mod).__name__
-    if "Embedding" in cls and ("Collection" in cls or cls.startswith("Sharded")):
+    if "Embedding" not in cls:
+        return None
+    if ".quant." in path or "Quant" in cls:
+        raise _refuse(name, mod, "a quantized (inference) table is not trained")
+    if "ManagedCollision" in cls or "MCH" in cls:
+        raise _refuse(name, mod, "managed collision remaps the ids to slots, so its rows "
+                      "are not keyed by the ids the model is fed")
+    if cls.startswith("Sharded") or "ITEP" in cls or "PEC" in cls:
         raise _refuse(name, mod, "only EmbeddingBagCollection and EmbeddingCollection, "
                       "unsharded or sharded by DistributedModelParallel, are supported")
-    return None
+    return None  # a container (e.g. feature-processed): the collections inside are found
