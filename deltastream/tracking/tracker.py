@@ -1,8 +1,10 @@
 """DeltaTracker: which embedding rows changed since each consumer's last read.
 
-The tracker finds every :class:`~deltastream.HashTable`, ``torch.nn.Embedding`` and
-``torch.nn.EmbeddingBag`` in a model (through ``DistributedDataParallel``,
-``DataParallel`` and ``torch.compile`` wrappers) and reports, per consumer, every row that
+The tracker finds every :class:`~deltastream.HashTable`, ``torch.nn.Embedding``,
+``torch.nn.EmbeddingBag`` and TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection``
+table (unsharded or sharded by ``DistributedModelParallel``: this rank's shards, global ids,
+TorchRec table names; :mod:`.torchrec_tables`) in a model (through ``DistributedDataParallel``,
+``DataParallel``, ``torch.compile`` and ``DistributedModelParallel`` wrappers) and reports, per consumer, every row that
 changed since that consumer's last read, with its FIRST state in ``TrackingMode.EMBEDDING``
 (the value at that read: what the predictors hold). Semantics follow TorchRec's
 ``ModelDeltaTracker`` (per-consumer cursors, compaction of the interval nobody has read
@@ -17,7 +19,8 @@ change after ``get_delta`` returns is in the next read, ``step()`` or not).
   their lookups. Always used for a HashTable (deltastream's sparse optimizers update only
   rows with a gradient); its ``load_state_dict`` through the model is reported too (every
   row, ids only; dropped ids as tombstones).
-* ``"scan"`` — the default for ``nn.Embedding``/``nn.EmbeddingBag``: a dense optimizer
+* ``"scan"`` — always for TorchRec tables (fused optimizers update rows inside the
+  backward, out of any hook's sight), the default for ``nn.Embedding``/``nn.EmbeddingBag``: a dense optimizer
   with momentum, moments or weight decay (SGD momentum, Adam, AdamW, Adagrad with decay),
   ``load_state_dict`` or a manual write moves rows that were not looked up. The tracker
   keeps a shadow copy of the weight and at each read compares it bit for bit (:mod:`.scan`):
@@ -67,6 +70,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from deltastream.tracking.discovery import LOOKUPS, TrackedTable, discover
+from deltastream.tracking.options import consumer_names, tracking_mode
 from deltastream.tracking.paths import (
     declared_tables,
     lookups_refusal,
@@ -89,34 +93,15 @@ __all__ = ["DeltaTracker"]
 log = logging.getLogger(__name__)
 
 
-def _mode(mode: Union[TrackingMode, str]) -> TrackingMode:
-    if isinstance(mode, str):
-        try:
-            return TrackingMode(mode.lower())
-        except ValueError:
-            raise ValueError(f"mode must be one of {[m.value for m in TrackingMode]}, "
-                             f"got {mode!r}") from None
-    if not isinstance(mode, TrackingMode):
-        raise TypeError(f"mode must be a TrackingMode, got {mode!r}")
-    return mode
-
-
-def _consumers(consumers: Optional[Iterable[str]], default: str) -> list[str]:
-    out = [default] if consumers is None else [consumers] if isinstance(consumers, str) \
-        else list(consumers)
-    if not out or any(not isinstance(c, str) or not c for c in out):
-        raise ValueError(f"consumers must be a non-empty list of non-empty str, got {out!r}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"consumers must be unique, got {out!r}")
-    return out
-
-
 class DeltaTracker:
     """Track changed embedding rows of ``model`` per consumer.
 
     Args:
         model: the module to track (or a ``DistributedDataParallel``/``DataParallel``/
-            ``torch.compile`` wrapper of it: keys are the inner model's FQNs). Modules inside
+            ``torch.compile``/``DistributedModelParallel`` wrapper of it: keys are the inner
+            model's FQNs; a TorchRec table's key is ``<collection>.embedding_bags.<table>``
+            or ``.embeddings.<table>``, plus ``#<shard_id>`` per shard when this rank holds
+            several column shards of it). Modules inside
             a tracked module are not tracked again.
         consumers: consumer names, each with its own read cursor (default ``["default"]``).
         delete_on_read: drop records once every consumer has read them.
@@ -145,8 +130,8 @@ class DeltaTracker:
                  sparse_updates_only: Union[bool, Iterable[str]] = False) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self._mode = _mode(mode)
-        self._consumers = _consumers(consumers, self.DEFAULT_CONSUMER)
+        self._mode = tracking_mode(mode)
+        self._consumers = consumer_names(consumers, self.DEFAULT_CONSUMER)
         if max_tracked_rows is not None and (not isinstance(max_tracked_rows, int)
                                              or isinstance(max_tracked_rows, bool)
                                              or max_tracked_rows <= 0):

@@ -1,0 +1,35 @@
+"""Argument checks of :class:`~deltastream.DeltaTracker`: its tracking mode and consumer
+names (``ValueError``/``TypeError`` naming what was expected)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Optional, Union
+
+from deltastream.types import TrackingMode
+
+__all__ = ["tracking_mode", "consumer_names"]
+
+
+def tracking_mode(mode: Union[TrackingMode, str]) -> TrackingMode:
+    """``mode`` (a TrackingMode or its value, any case) as a TrackingMode."""
+    if isinstance(mode, str):
+        try:
+            return TrackingMode(mode.lower())
+        except ValueError:
+            raise ValueError(f"mode must be one of {[m.value for m in TrackingMode]}, "
+                             f"got {mode!r}") from None
+    if not isinstance(mode, TrackingMode):
+        raise TypeError(f"mode must be a TrackingMode, got {mode!r}")
+    return mode
+
+
+def consumer_names(consumers: Optional[Iterable[str]], default: str) -> list[str]:
+    """Consumer names: ``[default]`` for None, a str as one name; unique, non-empty."""
+    out = [default] if consumers is None else [consumers] if isinstance(consumers, str) \
+        else list(consumers)
+    if not out or any(not isinstance(c, str) or not c for c in out):
+        raise ValueError(f"consumers must be a non-empty list of non-empty str, got {out!r}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"consumers must be unique, got {out!r}")
+    return out
