@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 def _examples() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    return [b for b in blocks if "DeltaTracker(" in b and "EmbeddedBroker" in b]
+    return [b for b in blocks if "DeltaTracker(" in b and "EmbeddedBroker" in b
+            and "DistributedModelParallel(" not in b]  # TorchRec's: test_torchrec_readme
 
 
 def test_readme_has_a_hashtable_and_an_nn_embedding_example():
