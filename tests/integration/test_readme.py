@@ -65,7 +65,8 @@ def test_daemon_example_runs_against_a_topic_with_data(broker, topic_name, tmp_p
     from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
 
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    example = next(b for b in blocks if "SyncDaemon(" in b)
+    example = next(b for b in blocks if "SyncDaemon(" in b
+                   and "DistributedModelParallel(" not in b)
     ensure_topic(broker.bootstrap_servers, topic_name, 1)
     ids = np.array([3, 14, 159, 2000], np.int64)
     rows = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
