@@ -196,3 +196,20 @@ def test_dmp_every_sharding_and_fused_optimizer_exact(gloo_world_1):
     assert sum(len(d) for d in source.get_delta().values()) > 0
     for read in (tracker.get_delta("a"), source.get_delta()):
         assert sorted(read) == sorted(tables) and all(len(d) == 0 for d in read.values())
+
+
+def test_torchrec_tracker_bench_runs_small():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from bench.torchrec_tracker import main
+
+    records = main(["--rows", "2000", "--batch", "64", "--rounds", "1", "--read-every", "2"])
+    assert [r["name"] for r in records] == [
+        "torchrec_tracker.deltastream_embedding", "torchrec_tracker.deltastream_id_only",
+        "torchrec_tracker.torchrec_embedding", "torchrec_tracker.torchrec_id_only"]
+    assert all(r["value"] > 0 and r["baseline"] > 0 and r["rows_per_read"] > 0
+               for r in records)
+    assert "vs_torchrec" in records[0]
+    assert not dist.is_initialized()  # the bench's own process group is gone
