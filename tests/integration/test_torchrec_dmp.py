@@ -163,3 +163,51 @@ def test_dmp_sharded_collections_tracked_published_served(broker, topic_name, tm
             want = full[torch.from_numpy(changed)].numpy()
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol,
                                        err_msg=f"{topic} {name}")
+
+
+def test_unsharded_collections_trained_by_adam_served(broker, topic_name, tmp_path):
+    """An unsharded EmbeddingBagCollection + EmbeddingCollection trained by torch.optim.Adam
+    (moments move rows long after their last lookup), published by a BudgetPublisher: the
+    daemon serves exactly the rows that changed, under the TorchRec table names, equal to the
+    trainer's within f16."""
+    from deltastream import (
+        BudgetPolicy,
+        BudgetPublisher,
+        DeltaPublisher,
+        DeltaTracker,
+        TrackingMode,
+        ensure_topic,
+    )
+    from tests.deltastream.tracking.torchrec_models import Unsharded, unsharded_batch
+
+    servers = broker.bootstrap_servers
+    ensure_topic(servers, topic_name, 1)
+    torch.manual_seed(1)
+    model = Unsharded()
+    start = {n: m.weight.detach().clone() for n, m in (
+        ("user", model.ebc.embedding_bags["user"]), ("item", model.ebc.embedding_bags["item"]),
+        ("hist", model.ec.embeddings["hist"]))}
+    tracker = DeltaTracker(model, consumers=["pub"], mode=TrackingMode.EMBEDDING)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with DeltaPublisher(servers, topic_name, model="trec", shard=0, dtype="f16") as pub:
+        budget = BudgetPublisher(tracker, pub, "pub", BudgetPolicy(bytes_per_step=400))
+        for step in range(200):
+            model(*unsharded_batch(step)).backward()
+            opt.step()
+            opt.zero_grad()
+            tracker.step()
+            budget.tick(step)
+        budget.flush(200)
+        budget.close()
+        pub.flush()
+    end = {"user": model.ebc.embedding_bags["user"].weight, "item":
+           model.ebc.embedding_bags["item"].weight, "hist": model.ec.embeddings["hist"].weight}
+    served = _served(servers, topic_name, tmp_path / "state")
+    assert sorted(served) == ["hist", "item", "user"]
+    assert tracker.stats()["rows_moved_without_lookup"] > 0
+    for name, w in end.items():
+        changed = (w.detach() != start[name]).any(1).nonzero().squeeze(1).numpy()
+        ids, table = served[name]
+        np.testing.assert_array_equal(np.sort(ids), changed, err_msg=name)
+        np.testing.assert_allclose(table.lookup(changed), w.detach()[changed].numpy(),
+                                   rtol=2e-3, atol=2e-3, err_msg=name)

@@ -18,16 +18,13 @@ pytest.importorskip("torchrec", reason="TorchRec is not installed (pip install "
 
 import torch.distributed as dist  # noqa: E402
 from torchrec import (  # noqa: E402
-    EmbeddingBagCollection,
     EmbeddingBagConfig,
-    EmbeddingCollection,
-    EmbeddingConfig,
-    KeyedJaggedTensor,
 )
 
 from deltastream import DeltaTracker, TorchRecDeltaSource, TrackingMode  # noqa: E402
 from deltastream.tracking.torchrec_interop import to_global  # noqa: E402
 from deltastream.tracking.torchrec_tables import TorchRecTable  # noqa: E402
+from tests.deltastream.tracking.torchrec_models import Unsharded, unsharded_batch  # noqa: E402
 
 
 def _weights(tracker: DeltaTracker) -> dict[str, torch.Tensor]:
@@ -47,35 +44,6 @@ def _check_exact(tracker: DeltaTracker, before: dict[str, torch.Tensor], delta: 
     return seen
 
 
-class Unsharded(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ebc = EmbeddingBagCollection(tables=[
-            EmbeddingBagConfig(name="user", embedding_dim=8, num_embeddings=50,
-                               feature_names=["u"]),
-            EmbeddingBagConfig(name="item", embedding_dim=4, num_embeddings=30,
-                               feature_names=["i"])])
-        self.ec = EmbeddingCollection(tables=[
-            EmbeddingConfig(name="hist", embedding_dim=4, num_embeddings=40,
-                            feature_names=["h"])])
-
-    def forward(self, bag: KeyedJaggedTensor, seq: KeyedJaggedTensor) -> torch.Tensor:
-        pooled = self.ebc(bag).values()
-        hist = self.ec(seq)["h"].values()
-        return pooled.square().sum() + hist.sum()
-
-
-def _unsharded_batch(step: int):
-    g = torch.Generator().manual_seed(step)
-    bag = KeyedJaggedTensor.from_lengths_sync(
-        keys=["u", "i"], values=torch.cat([torch.randint(0, 20, (4,), generator=g),
-                                           torch.randint(0, 10, (4,), generator=g)]),
-        lengths=torch.tensor([2, 2, 1, 3]))
-    seq = KeyedJaggedTensor.from_lengths_sync(
-        keys=["h"], values=torch.randint(0, 15, (3,), generator=g), lengths=torch.tensor([1, 2]))
-    return bag, seq
-
-
 def test_unsharded_collections_with_adam_report_every_changed_row():
     torch.manual_seed(0)
     model = Unsharded()
@@ -90,7 +58,7 @@ def test_unsharded_collections_with_adam_report_every_changed_row():
     before = _weights(tracker)
     unlooked = 0
     for step in range(12):
-        bag, seq = _unsharded_batch(step)
+        bag, seq = unsharded_batch(step)
         model(bag, seq).backward()
         opt.step()
         opt.zero_grad()

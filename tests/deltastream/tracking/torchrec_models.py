@@ -162,3 +162,36 @@ def full_tables(dmp: torch.nn.Module) -> dict[str, torch.Tensor]:
             dist.all_reduce(full)  # shards are disjoint: the sum assembles them
         out[name] = full
     return out
+
+
+class Unsharded(torch.nn.Module):
+    """Unsharded collections: ``ebc`` (tables user, item) and ``ec`` (table hist)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name="user", embedding_dim=8, num_embeddings=50,
+                               feature_names=["u"]),
+            EmbeddingBagConfig(name="item", embedding_dim=4, num_embeddings=30,
+                               feature_names=["i"])])
+        self.ec = EmbeddingCollection(tables=[
+            EmbeddingConfig(name="hist", embedding_dim=4, num_embeddings=40,
+                            feature_names=["h"])])
+
+    def forward(self, bag: KeyedJaggedTensor, seq: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.ebc(bag).values()
+        hist = self.ec(seq)["h"].values()
+        return pooled.square().sum() + hist.sum()
+
+
+def unsharded_batch(step: int):
+    """(bag, seq) KeyedJaggedTensors for :class:`Unsharded`: user ids < 20, item < 10,
+    hist < 15 (the other rows stay cold)."""
+    g = torch.Generator().manual_seed(step)
+    bag = KeyedJaggedTensor.from_lengths_sync(
+        keys=["u", "i"], values=torch.cat([torch.randint(0, 20, (4,), generator=g),
+                                           torch.randint(0, 10, (4,), generator=g)]),
+        lengths=torch.tensor([2, 2, 1, 3]))
+    seq = KeyedJaggedTensor.from_lengths_sync(
+        keys=["h"], values=torch.randint(0, 15, (3,), generator=g), lengths=torch.tensor([1, 2]))
+    return bag, seq
