@@ -54,8 +54,9 @@ class TrackedTable:
     """A tracked table: its module, row width, dtype, device and how it is tracked.
 
     ``kind``: ``"hashtable"``, ``"embedding"``, ``"embedding_bag"`` or ``"torchrec"`` (a
-    :class:`~deltastream.tracking.torchrec_tables.TorchRecTable` view, always on the scan;
-    ``row_offset`` is added to the rows it finds to make them global ids). ``dynamic``: it has
+    :class:`~deltastream.tracking.torchrec_tables.TorchRecTable` view: the lookups path for
+    a shard a fused kernel updates, else the scan; ``row_offset`` is added to its local
+    rows to make them global ids). ``dynamic``: it has
     insert/evict hooks (a HashTable), so ids can be new or evicted. ``positional``: its
     lookups are recorded as row positions (see :func:`is_positional`). ``path``:
     :data:`LOOKUPS` or :data:`SCAN`. ``shared_with``: other parameter names of the model
@@ -188,7 +189,8 @@ def _describe(mod: torch.nn.Module, kind: str,
 
 def _torchrec_tracked(found: dict[str, TorchRecTable]) -> dict[str, TrackedTable]:
     return {fqn: TrackedTable(t, t.embedding_dim, t.weight.dtype, t.weight.device, False,
-                              False, TORCHREC_KIND, SCAN, (), t.row_offset)
+                              False, TORCHREC_KIND, LOOKUPS if t.fused else SCAN, (),
+                              t.row_offset)
             for fqn, t in found.items()}
 
 

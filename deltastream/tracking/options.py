@@ -8,7 +8,7 @@ from typing import Optional, Union
 
 from deltastream.types import TrackingMode
 
-__all__ = ["tracking_mode", "consumer_names"]
+__all__ = ["tracking_mode", "consumer_names", "resolve_consumer"]
 
 
 def tracking_mode(mode: Union[TrackingMode, str]) -> TrackingMode:
@@ -33,3 +33,18 @@ def consumer_names(consumers: Optional[Iterable[str]], default: str) -> list[str
     if len(set(out)) != len(out):
         raise ValueError(f"consumers must be unique, got {out!r}")
     return out
+
+
+def resolve_consumer(consumer: Optional[str], consumers: list[str], default: str) -> str:
+    """The consumer a call means: ``consumer``, or for None the only one (or ``default``
+    when it is one of several). Raises ``ValueError`` for None among several without
+    ``default``, or an unknown name."""
+    if consumer is None:
+        if len(consumers) == 1:
+            return consumers[0]
+        if default in consumers:
+            return default
+        raise ValueError(f"consumer is required: this tracker has consumers {consumers}")
+    if consumer not in consumers:
+        raise ValueError(f"unknown consumer {consumer!r}; consumers: {consumers}")
+    return consumer

@@ -54,12 +54,14 @@ COUNTERS = ("lookups_recorded", "ids_recorded", "lookups_paused", "lookups_eval_
 
 
 class DenseRows:
-    """An ``nn.Embedding``/``EmbeddingBag`` seen as a positional table: position = id."""
+    """An ``nn.Embedding``/``EmbeddingBag`` (or a TorchRec shard) seen as a positional table:
+    id = position (+ the shard's first global row)."""
 
     ids_ascending = True  # ascending positions are ascending ids: no sort at the flush
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: Any, offset: int = 0) -> None:
         self.module = module
+        self.offset = int(offset)  # a row-wise shard's first global row
 
     @property
     def capacity(self) -> int:
@@ -70,7 +72,7 @@ class DenseRows:
         return self.module.weight.device
 
     def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
-        return positions
+        return positions + self.offset if self.offset else positions
 
 
 class Recorder:
@@ -110,7 +112,7 @@ class Recorder:
             elif info.path == SCAN:
                 self.scans[fqn] = DriftScan(info.weight)
             elif not info.dynamic:
-                self._add_pending(fqn, DenseRows(info.module))
+                self._add_pending(fqn, DenseRows(info.module, info.row_offset))
 
     def _add_pending(self, fqn: str, row_map: Any) -> None:
         self.row_maps[fqn] = row_map
@@ -163,8 +165,9 @@ class Recorder:
         pos = ids.to(torch.int64, copy=True)
         rows = None
         if self.with_states and not self.touched.is_degraded(fqn):
-            if info.kind == "embedding_bag":
-                # the output is pooled: FIRST is the table's own rows, before the update
+            if info.kind in ("embedding_bag", "torchrec"):
+                # pooled output / a fused kernel (no output here): FIRST is the table's own
+                # rows, before the update
                 rows = info.module.weight.detach().index_select(0, pos)
             elif isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
                 rows = output.detach().reshape(pos.numel(), info.dim)
@@ -303,7 +306,7 @@ class Recorder:
             return
         self.scan(fqn)
         del self.scans[fqn]
-        self._add_pending(fqn, DenseRows(info.module))
+        self._add_pending(fqn, DenseRows(info.module, info.row_offset))
         info.path = LOOKUPS
         self.counts["path_switches"] += 1
 

@@ -16,6 +16,10 @@ table (or per shard of a table this rank holds):
   holds rows ``[row_offset, row_offset + rows)`` and columns ``[column_offset,
   column_offset + embedding_dim)`` of a table ``full_width`` wide.
 
+A shard a fused kernel updates is tracked from its lookups (``fused``: the kernel's
+optimizer moves only the rows it was fed; :mod:`.torchrec_lookups`); every other table
+(unsharded, data-parallel, a non-fused kernel) by the exact scan.
+
 A view speaks global ids: :meth:`TorchRecTable.lookup` takes global row ids (a row-wise
 shard's local row plus its offset) and the tracker adds ``row_offset`` to the rows its scan
 finds. Names are TorchRec's: ``name`` and ``plan_table`` are the table name (what
@@ -37,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+from deltastream.tracking.torchrec_lookups import fused_slots
 
 __all__ = ["TorchRecTable", "TORCHREC_KIND", "is_torchrec_module", "torchrec_tables",
            "unwrap_dmp"]
@@ -92,6 +98,9 @@ class TorchRecTable:
             embedding_dim)`` held here.
         shard_id: this shard's position in the table's shard list (``None`` for a table in
             one piece).
+        fused: a fused kernel updates this shard, only at the rows it looks up (so the
+            tracker's lookups path is exact: :mod:`.torchrec_lookups`).
+        owner: the (sharded) collection module holding the table.
     """
 
     name: str
@@ -104,6 +113,8 @@ class TorchRecTable:
     full_width: Optional[int]
     shard_id: Optional[int]
     _get_weight: Callable[[], torch.Tensor]
+    fused: bool = False
+    owner: Optional[torch.nn.Module] = None
 
     @property
     def plan_table(self) -> str:
@@ -152,7 +163,7 @@ def _unsharded(name: str, mod: torch.nn.Module, attr: str) -> dict[str, TorchRec
         w = emb.weight
         out[f"{prefix}.{tname}"] = TorchRecTable(
             tname, "unsharded", int(w.shape[0]), int(w.shape[0]), int(w.shape[1]), 0, 0,
-            None, None, (lambda e=emb: e.weight))
+            None, None, (lambda e=emb: e.weight), False, mod)
     return out
 
 
@@ -166,6 +177,7 @@ def _sharded(name: str, mod: torch.nn.Module, attr: str) -> dict[str, TorchRecTa
     for tname, ps in (getattr(mod, "module_sharding_plan", None) or {}).items():
         kinds[tname] = str(getattr(ps, "sharding_type", "") or "")
     prefix = f"{name}.{attr}" if name else attr
+    fused = fused_slots(mod)
     out: dict[str, TorchRecTable] = {}
     for key, value in mod.state_dict().items():
         if not key.startswith(attr + ".") or not key.endswith(".weight"):
@@ -176,7 +188,8 @@ def _sharded(name: str, mod: torch.nn.Module, attr: str) -> dict[str, TorchRecTa
         if _plain(value):  # data-parallel: every rank holds the whole table
             w = value
             out[fqn] = TorchRecTable(tname, kind, int(w.shape[0]), int(w.shape[0]),
-                                     int(w.shape[1]), 0, 0, None, None, (lambda t=w: t))
+                                     int(w.shape[1]), 0, 0, None, None, (lambda t=w: t),
+                                     False, mod)
             continue
         if not callable(getattr(value, "local_shards", None)):
             raise _refuse(name, mod, f"table {tname!r} has a {type(value).__name__} weight "
@@ -199,7 +212,8 @@ def _sharded(name: str, mod: torch.nn.Module, attr: str) -> dict[str, TorchRecTa
             key_out = fqn if len(local) == 1 else f"{fqn}#{sid}"
             out[key_out] = TorchRecTable(
                 tname, kind, size[0], int(t.shape[0]), int(t.shape[1]), r0, c0,
-                size[1] if split else None, sid if split else None, (lambda x=t: x))
+                size[1] if split else None, sid if split else None, (lambda x=t: x),
+                (tname, r0, c0) in fused, mod)
     return out
 
 

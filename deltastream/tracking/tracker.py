@@ -1,27 +1,27 @@
 """DeltaTracker: which embedding rows changed since each consumer's last read.
 
-The tracker finds every :class:`~deltastream.HashTable`, ``torch.nn.Embedding``,
-``torch.nn.EmbeddingBag`` and TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection``
-table (unsharded or sharded by ``DistributedModelParallel``: this rank's shards, global ids,
-TorchRec table names; :mod:`.torchrec_tables`) in a model (through ``DistributedDataParallel``,
-``DataParallel``, ``torch.compile`` and ``DistributedModelParallel`` wrappers) and reports, per consumer, every row that
-changed since that consumer's last read, with its FIRST state in ``TrackingMode.EMBEDDING``
-(the value at that read: what the predictors hold). Semantics follow TorchRec's
-``ModelDeltaTracker`` (per-consumer cursors, compaction of the interval nobody has read
-yet, deletion once every consumer has read) without its known faults: an interval without
-changes gives empty results (**every tracked table is always a key**), ``clear(consumer)``
-works for one consumer among several, ids are global, and a read is a hard boundary (a
-change after ``get_delta`` returns is in the next read, ``step()`` or not).
+The tracker finds every :class:`~deltastream.HashTable`, ``nn.Embedding``, ``nn.EmbeddingBag``
+and TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection`` table (unsharded or this
+rank's shards under ``DistributedModelParallel``, global ids, TorchRec names:
+:mod:`.torchrec_tables`) in a model (through DDP, DataParallel, ``torch.compile`` and DMP
+wrappers) and reports, per consumer, every row that changed since that consumer's last read,
+with its FIRST state in ``TrackingMode.EMBEDDING`` (the value at that read: what the
+predictors hold). Semantics follow TorchRec's ``ModelDeltaTracker`` (per-consumer cursors,
+compaction of the interval nobody has read yet, deletion once every consumer has read)
+without its known faults: an interval without changes gives empty results (**every tracked
+table is always a key**), ``clear(consumer)`` works for one consumer among several, ids are
+global, and a read is a hard boundary (a change after ``get_delta`` returns is in the next
+read, ``step()`` or not).
 
 **How changes are found** (``stats()["paths"]``, :attr:`DeltaTracker.paths`):
 
 * ``"lookups"`` — every training lookup is recorded; exact when rows change only through
   their lookups. Always used for a HashTable (deltastream's sparse optimizers update only
   rows with a gradient); its ``load_state_dict`` through the model is reported too (every
-  row, ids only; dropped ids as tombstones).
-* ``"scan"`` — always for TorchRec tables (fused optimizers update rows inside the
-  backward, out of any hook's sight), the default for ``nn.Embedding``/``nn.EmbeddingBag``: a dense optimizer
-  with momentum, moments or weight decay (SGD momentum, Adam, AdamW, Adagrad with decay),
+  row, ids only; dropped ids as tombstones). Also for a TorchRec shard a fused kernel
+  updates (:mod:`.torchrec_lookups`; its ``load_state_dict`` moves it to the scan).
+* ``"scan"`` — other TorchRec tables, and by default ``nn.Embedding``/``EmbeddingBag``: a
+  dense optimizer with momentum, moments or weight decay (SGD momentum, Adam, AdamW, Adagrad),
   ``load_state_dict`` or a manual write moves rows that were not looked up. The tracker
   keeps a shadow copy of the weight and at each read compares it bit for bit (:mod:`.scan`):
   every changed row is reported with its exact FIRST state. Cost: one copy of the table and
@@ -70,7 +70,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from deltastream.tracking.discovery import LOOKUPS, TrackedTable, discover
-from deltastream.tracking.options import consumer_names, tracking_mode
+from deltastream.tracking.options import consumer_names, resolve_consumer, tracking_mode
 from deltastream.tracking.paths import (
     declared_tables,
     lookups_refusal,
@@ -85,6 +85,7 @@ from deltastream.tracking.rows import (
     merge_carry,
     select_rows,
 )
+from deltastream.tracking.torchrec_lookups import tap_tables
 from deltastream.tracking.torchrec_tables import TORCHREC_KIND
 from deltastream.types import DeltaRows, TrackingMode
 
@@ -163,6 +164,7 @@ class DeltaTracker:
         self._closed = False
         for fqn, info in self._tables.items():
             self._attach(fqn, info)
+        self._attach_torchrec()
         if any(i.dynamic for i in self._tables.values()):
             self._handles.append(self._root.register_load_state_dict_pre_hook(
                 self._hook(self._before_reload)))
@@ -185,7 +187,8 @@ class DeltaTracker:
 
     def _update_guard(self) -> None:
         """Watch every optimizer step while a dense table uses the lookups path."""
-        need = any(not i.dynamic and i.path == LOOKUPS for i in self._tables.values())
+        need = any(not i.dynamic and i.path == LOOKUPS and i.kind != TORCHREC_KIND
+                   for i in self._tables.values())
         if need and self._guard is None:
             ref = weakref.ref(self)  # a process-wide hook must not keep the tracker alive
 
@@ -210,7 +213,7 @@ class DeltaTracker:
         ``Recorder.use_scan``)."""
         with self._lock:
             dense = {f: i.module.weight for f, i in self._tables.items()
-                     if not i.dynamic and i.path == LOOKUPS}
+                     if not i.dynamic and i.path == LOOKUPS and i.kind != TORCHREC_KIND}
             owned = owned_weights(optimizer, dense) if dense else []
             why = sparse_only_reason(optimizer) if owned else None
             for fqn in owned if why else ():
@@ -262,7 +265,7 @@ class DeltaTracker:
     def _attach(self, fqn: str, info: TrackedTable) -> None:
         mod = info.module
         if info.kind == TORCHREC_KIND:
-            return  # the scan finds every changed row; no hook sees a fused update
+            return  # hooked per collection by _attach_torchrec
         if info.positional:
             self._handles.append(mod.register_lookup_hook(self._hook(
                 lambda m, pos, rows: self._on_positions(fqn, m, pos, rows))))
@@ -283,6 +286,22 @@ class DeltaTracker:
         else:
             self._handles.append(mod.register_load_state_dict_pre_hook(self._hook(
                 lambda m, *a: self._before_dense_reload(fqn))))
+
+    def _attach_torchrec(self) -> None:
+        """Hook the fused kernels of TorchRec tables on the lookups path (their collection's
+        ``load_state_dict`` moves them to the scan)."""
+        self._handles.extend(tap_tables(
+            {f: i.module for f, i in self._tables.items()
+             if i.kind == TORCHREC_KIND and i.path == LOOKUPS},
+            self._on_torchrec_ids, lambda fqns: [self._before_dense_reload(f) for f in fqns],
+            self._hook))
+
+    def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor) -> None:
+        if self._paused():
+            self._rec.counts["lookups_paused"] += 1
+            return
+        with self._lock:
+            self._rec.record_lookup(fqn, local_ids, None)
 
     def _paused(self) -> bool:
         return getattr(self._local, "pause_depth", 0) > 0
@@ -404,16 +423,7 @@ class DeltaTracker:
             self._rec.idx += 1
 
     def _resolve(self, consumer: Optional[str]) -> str:
-        if consumer is None:
-            if len(self._consumers) == 1:
-                return self._consumers[0]
-            if self.DEFAULT_CONSUMER in self._cursor:
-                return self.DEFAULT_CONSUMER
-            raise ValueError(f"consumer is required: this tracker has consumers "
-                             f"{self._consumers}")
-        if consumer not in self._cursor:
-            raise ValueError(f"unknown consumer {consumer!r}; consumers: {self._consumers}")
-        return consumer
+        return resolve_consumer(consumer, self._consumers, self.DEFAULT_CONSUMER)
 
     def _boundary(self) -> None:
         """Everything that changed so far goes into the store (a read boundary)."""

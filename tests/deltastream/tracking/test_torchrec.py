@@ -146,6 +146,8 @@ def test_dmp_every_sharding_and_fused_optimizer_exact(gloo_world_1):
     assert {t.name for t in tables.values()} == set(bag_tables()) | set(seq_tables())
     split = [t for t in tables.values() if t.full_width is not None]
     assert split and all(t.full_width == 8 and t.shard_id is not None for t in split)
+    # every shard sits in a fused kernel: found from the kernels' lookups, no shadow
+    assert set(tracker.paths.values()) == {"lookups"} and tracker.stats()["shadow_bytes"] == 0
     before = {c: _weights(tracker) for c in ("a", "b")}
     before_ids = _weights(ids_only)
     for step in range(9):
@@ -158,6 +160,17 @@ def test_dmp_every_sharding_and_fused_optimizer_exact(gloo_world_1):
     delta = ids_only.get_delta()
     assert all(d.states is None for d in delta.values())
     _check_exact(ids_only, before_ids, delta)
+    # load_state_dict writes rows without a lookup: those tables move to the exact scan,
+    # which then also sees a manual write
+    dmp.load_state_dict(dmp.state_dict())
+    assert set(tracker.paths.values()) == {"scan"}
+    key = "ebc.embedding_bags.bag_row_wise_sgd"
+    with torch.no_grad():
+        tables[key].weight[5] += 1.0
+    for c in ("a", "b"):
+        d = tracker.get_delta(c)
+        assert d[key].ids.tolist() == [5] and sum(len(r) for r in d.values()) == 1
+    ids_only.close()
     # an interval without training: empty rows, every table a key, no exception —
     # also through TorchRec's own tracker after its delete-on-read
     source = TorchRecDeltaSource(dmp)
