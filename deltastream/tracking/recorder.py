@@ -101,6 +101,7 @@ class Recorder:
         self.pending: dict[str, PendingLookups] = {}  # positional tables' unflushed lookups
         self.row_maps: dict[str, Any] = {}  # position -> id map of each pending table
         self.scans: dict[str, DriftScan] = {}  # scan-path tables' shadows
+        self._seen: dict[str, torch.Tensor] = {}  # TorchRec shards: touched since the flush
         self._next_bound_check = 0
         self._warned_degraded: set[str] = set()
         self._warned_over = False
@@ -159,10 +160,28 @@ class Recorder:
         self.touched.append(self.idx, fqn, ids, states, copy_states=False)
         self.enforce_bound_if_set()
 
+    def _first_touches(self, fqn: str, pos: torch.Tensor) -> torch.Tensor:
+        """The positions of ``pos`` not recorded since the last flush (a TorchRec shard on
+        the CPU: repeats add nothing to the ids nor to the FIRST states, and skipping them
+        saves the gather of their rows). Boolean selection has a data-dependent size, so on
+        CUDA every lookup is recorded instead (no sync in a hook)."""
+        seen = self._seen.get(fqn)
+        if seen is None:
+            seen = self._seen[fqn] = torch.zeros(int(self.row_maps[fqn].capacity),
+                                                 dtype=torch.bool)
+        m, q = seen.numpy(), pos.numpy()  # numpy: far less per-op overhead than torch here
+        fresh = ~m[q]
+        if not fresh.all():
+            q = q[fresh]
+        m[q] = True
+        return torch.from_numpy(q)
+
     def _record_dense(self, fqn: str, info: TrackedTable, ids: torch.Tensor,
                       output: Any) -> None:
         # a copy: the caller may reuse its id buffer before the flush
         pos = ids.to(torch.int64, copy=True)
+        if info.kind == "torchrec" and pos.device.type == "cpu":
+            pos = self._first_touches(fqn, pos)
         rows = None
         if self.with_states and not self.touched.is_degraded(fqn):
             if info.kind in ("embedding_bag", "torchrec"):
@@ -252,6 +271,9 @@ class Recorder:
             else:
                 want_states = not self.touched.is_degraded(fqn)
         ids, states = p.drain(self.row_maps[fqn], want_states)
+        seen = self._seen.get(fqn)
+        if seen is not None:
+            seen.zero_()
         self.touched.append_unique(self.idx, fqn, ids, states)
 
     def flush_all(self) -> None:
@@ -282,6 +304,8 @@ class Recorder:
             sc.resync(self.tables[fqn].module.weight)
         for p in self.pending.values():
             p.reset()
+        for seen in self._seen.values():
+            seen.zero_()
 
     # ------------------------------------------------------------------ paths
 
@@ -295,6 +319,7 @@ class Recorder:
         self.flush(fqn)  # its lookups so far, with their FIRST states
         self.pending.pop(fqn, None)
         self.row_maps.pop(fqn, None)
+        self._seen.pop(fqn, None)
         self.scans[fqn] = DriftScan(info.module.weight)
         info.path = SCAN
         self.counts["path_switches"] += 1
