@@ -5,6 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# TorchRec (optional; its tests skip without it): the extra, then torchrec with --no-deps
+# (it declares the CUDA fbgemm-gpu). No TorchRec: make install EXTRAS=dev TORCHREC_SPEC=
+# GPU: make install EXTRAS=dev, then pip install fbgemm-gpu==1.8.0 and torchrec --no-deps.
+EXTRAS ?= dev,torchrec
+TORCHREC_SPEC ?= torchrec==1.8.0
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
@@ -17,7 +22,9 @@ $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
 		consumers/serving/native_loops.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
+	test -z "$(TORCHREC_SPEC)" || $(PY) -m pip install --quiet --disable-pip-version-check \
+		--no-deps "$(TORCHREC_SPEC)"
 	touch $(STAMP)
 
 test: $(STAMP)

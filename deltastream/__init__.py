@@ -38,6 +38,7 @@ _EXPORTS = {
     "PlanError": "errors",
     "DeltaStore": "tracking.store",
     "DeltaTracker": "tracking.tracker",
+    "TorchRecDeltaSource": "tracking.torchrec_interop",
     "Selection": "publishing.selection",
     "select_changed": "publishing.selection",
     "LookupRate": "publishing.lookup_rate",

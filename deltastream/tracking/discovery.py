@@ -30,6 +30,12 @@ import torch
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from deltastream.embedding.hashtable import HashTable
+from deltastream.tracking.torchrec_tables import (
+    TORCHREC_KIND,
+    TorchRecTable,
+    torchrec_tables,
+    unwrap_dmp,
+)
 
 __all__ = ["TrackedTable", "Discovered", "discover", "unwrap", "is_dynamic", "is_positional",
            "skip_patterns", "is_skipped", "LOOKUPS", "SCAN"]
@@ -47,7 +53,10 @@ _DENSE_KINDS = {torch.nn.Embedding: "embedding", torch.nn.EmbeddingBag: "embeddi
 class TrackedTable:
     """A tracked table: its module, row width, dtype, device and how it is tracked.
 
-    ``kind``: ``"hashtable"``, ``"embedding"`` or ``"embedding_bag"``. ``dynamic``: it has
+    ``kind``: ``"hashtable"``, ``"embedding"``, ``"embedding_bag"`` or ``"torchrec"`` (a
+    :class:`~deltastream.tracking.torchrec_tables.TorchRecTable` view: the lookups path for
+    a shard a fused kernel updates, else the scan; ``row_offset`` is added to its local
+    rows to make them global ids). ``dynamic``: it has
     insert/evict hooks (a HashTable), so ids can be new or evicted. ``positional``: its
     lookups are recorded as row positions (see :func:`is_positional`). ``path``:
     :data:`LOOKUPS` or :data:`SCAN`. ``shared_with``: other parameter names of the model
@@ -63,6 +72,7 @@ class TrackedTable:
     kind: str = "hashtable"
     path: str = LOOKUPS
     shared_with: tuple[str, ...] = field(default=())
+    row_offset: int = 0
 
     @property
     def weight(self) -> Optional[torch.Tensor]:
@@ -131,7 +141,8 @@ def is_skipped(fqn: str, patterns: list[tuple[str, ...]]) -> bool:
 
 
 def unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, tuple[str, ...], bool]:
-    """Peel ``DistributedDataParallel``, ``DataParallel`` and ``torch.compile`` wrappers.
+    """Peel ``DistributedDataParallel``, ``DataParallel``, ``torch.compile`` and TorchRec's
+    ``DistributedModelParallel`` wrappers.
 
     Returns ``(inner model, wrapper class names outermost first, any DDP among them)``.
     """
@@ -142,6 +153,11 @@ def unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, tuple[str, ...], bo
             ddp = ddp or isinstance(model, DistributedDataParallel)
             names.append(type(model).__name__)
             model = model.module
+            continue
+        dmp_inner = unwrap_dmp(model)
+        if dmp_inner is not None:
+            names.append("DistributedModelParallel")
+            model = dmp_inner
             continue
         # torch.compile's OptimizedModule keeps the compiled module as ``_orig_mod`` (its
         # documented way back to the original; there is no public accessor)
@@ -171,6 +187,13 @@ def _describe(mod: torch.nn.Module, kind: str,
                         SCAN, others)
 
 
+def _torchrec_tracked(found: dict[str, TorchRecTable]) -> dict[str, TrackedTable]:
+    return {fqn: TrackedTable(t, t.embedding_dim, t.weight.dtype, t.weight.device, False,
+                              False, TORCHREC_KIND, LOOKUPS if t.fused else SCAN, (),
+                              t.row_offset)
+            for fqn, t in found.items()}
+
+
 def discover(model: torch.nn.Module, fqns_to_skip: Iterable[str] = ()) -> Discovered:
     """Find the tables to track in ``model`` (see the module docstring), in module order.
 
@@ -188,10 +211,14 @@ def discover(model: torch.nn.Module, fqns_to_skip: Iterable[str] = ()) -> Discov
     taken: list[str] = []  # names of tracked modules: their children are not tracked
     skipped: list[str] = []
     unknown: list[tuple[str, torch.nn.Module]] = []
+    torchrec_modules = 0  # a rank may hold no shard of a sharded collection: not an error
     for name, mod in root.named_modules():
         if _under(name, taken) or _under(name, skipped):
             continue
-        kind = "hashtable" if is_dynamic(mod) else _DENSE_KINDS.get(type(mod)) or next(
+        torchrec_found = torchrec_tables(name, mod) \
+            if not is_skipped(name, skip) else None
+        kind = TORCHREC_KIND if torchrec_found is not None else \
+            "hashtable" if is_dynamic(mod) else _DENSE_KINDS.get(type(mod)) or next(
             (k for t, k in _DENSE_KINDS.items() if isinstance(mod, t)), None)
         if kind is None:
             if _looks_like_embedding(mod) and name and is_skipped(name, skip):
@@ -202,6 +229,13 @@ def discover(model: torch.nn.Module, fqns_to_skip: Iterable[str] = ()) -> Discov
         if is_skipped(name, skip):
             log.info("DeltaTracker: skipping %s (fqns_to_skip)", name)
             skipped.append(name)
+            continue
+        if torchrec_found is not None:
+            taken.append(name)
+            tables.update(_torchrec_tracked({
+                k: t for k, t in torchrec_found.items()
+                if not is_skipped(k.split("#")[0], skip)}))
+            torchrec_modules += 1
             continue
         taken.append(name)
         tables[name or str(getattr(mod, "name", "") or "embedding")] = _describe(
@@ -216,8 +250,9 @@ def discover(model: torch.nn.Module, fqns_to_skip: Iterable[str] = ()) -> Discov
             f"torch.nn.EmbeddingBag, so its row changes would never be reported; add "
             f"{name or type(mod).__name__!r} to fqns_to_skip to silence this warning",
             UserWarning, stacklevel=3)
-    if not tables:
-        raise ValueError("DeltaTracker found no HashTable, torch.nn.Embedding or "
-                         "torch.nn.EmbeddingBag in the model (after fqns_to_skip); nothing "
+    if not tables and not torchrec_modules:
+        raise ValueError("DeltaTracker found no HashTable, torch.nn.Embedding, "
+                         "torch.nn.EmbeddingBag or TorchRec EmbeddingBagCollection/"
+                         "EmbeddingCollection in the model (after fqns_to_skip); nothing "
                          "to track")
     return Discovered(tables, root, wrappers, ddp)

@@ -74,8 +74,9 @@ def declared_tables(tables: dict[str, TrackedTable],
     named there is accepted and left out (it always uses its lookups). Raises
     ``ValueError`` for a name that is not tracked."""
     dense = [f for f, i in tables.items() if not i.dynamic]
-    if isinstance(sparse_updates_only, bool):
-        return dense if sparse_updates_only else []
+    if isinstance(sparse_updates_only, bool):  # True: the nn.Embedding/EmbeddingBag tables
+        return [f for f in dense if tables[f].kind != "torchrec"] \
+            if sparse_updates_only else []
     names = [sparse_updates_only] if isinstance(sparse_updates_only, str) \
         else list(sparse_updates_only)
     unknown = sorted(n for n in names if n not in tables)
@@ -87,6 +88,9 @@ def declared_tables(tables: dict[str, TrackedTable],
 
 def lookups_refusal(info: TrackedTable, distributed: bool) -> Optional[str]:
     """Why the lookups path cannot be exact for dense table ``info`` (None: it can be)."""
+    if info.kind == "torchrec":
+        return ("TorchRec tables are tracked by the scan: their fused optimizers update rows "
+                "inside the backward pass, where no lookup hook sees them")
     if distributed:
         return ("the model is wrapped in DistributedDataParallel: its rows also move "
                 "through the other ranks' lookups (gradients are all-reduced), which "

@@ -54,12 +54,14 @@ COUNTERS = ("lookups_recorded", "ids_recorded", "lookups_paused", "lookups_eval_
 
 
 class DenseRows:
-    """An ``nn.Embedding``/``EmbeddingBag`` seen as a positional table: position = id."""
+    """An ``nn.Embedding``/``EmbeddingBag`` (or a TorchRec shard) seen as a positional table:
+    id = position (+ the shard's first global row)."""
 
     ids_ascending = True  # ascending positions are ascending ids: no sort at the flush
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: Any, offset: int = 0) -> None:
         self.module = module
+        self.offset = int(offset)  # a row-wise shard's first global row
 
     @property
     def capacity(self) -> int:
@@ -70,7 +72,7 @@ class DenseRows:
         return self.module.weight.device
 
     def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
-        return positions
+        return positions + self.offset if self.offset else positions
 
 
 class Recorder:
@@ -99,6 +101,7 @@ class Recorder:
         self.pending: dict[str, PendingLookups] = {}  # positional tables' unflushed lookups
         self.row_maps: dict[str, Any] = {}  # position -> id map of each pending table
         self.scans: dict[str, DriftScan] = {}  # scan-path tables' shadows
+        self._seen: dict[str, torch.Tensor] = {}  # TorchRec shards: touched since the flush
         self._next_bound_check = 0
         self._warned_degraded: set[str] = set()
         self._warned_over = False
@@ -110,7 +113,7 @@ class Recorder:
             elif info.path == SCAN:
                 self.scans[fqn] = DriftScan(info.weight)
             elif not info.dynamic:
-                self._add_pending(fqn, DenseRows(info.module))
+                self._add_pending(fqn, DenseRows(info.module, info.row_offset))
 
     def _add_pending(self, fqn: str, row_map: Any) -> None:
         self.row_maps[fqn] = row_map
@@ -157,14 +160,33 @@ class Recorder:
         self.touched.append(self.idx, fqn, ids, states, copy_states=False)
         self.enforce_bound_if_set()
 
+    def _first_touches(self, fqn: str, pos: torch.Tensor) -> torch.Tensor:
+        """The positions of ``pos`` not recorded since the last flush (a TorchRec shard on
+        the CPU: repeats add nothing to the ids nor to the FIRST states, and skipping them
+        saves the gather of their rows). Boolean selection has a data-dependent size, so on
+        CUDA every lookup is recorded instead (no sync in a hook)."""
+        seen = self._seen.get(fqn)
+        if seen is None:
+            seen = self._seen[fqn] = torch.zeros(int(self.row_maps[fqn].capacity),
+                                                 dtype=torch.bool)
+        m, q = seen.numpy(), pos.numpy()  # numpy: far less per-op overhead than torch here
+        fresh = ~m[q]
+        if not fresh.all():
+            q = q[fresh]
+        m[q] = True
+        return torch.from_numpy(q)
+
     def _record_dense(self, fqn: str, info: TrackedTable, ids: torch.Tensor,
                       output: Any) -> None:
         # a copy: the caller may reuse its id buffer before the flush
         pos = ids.to(torch.int64, copy=True)
+        if info.kind == "torchrec" and pos.device.type == "cpu":
+            pos = self._first_touches(fqn, pos)
         rows = None
         if self.with_states and not self.touched.is_degraded(fqn):
-            if info.kind == "embedding_bag":
-                # the output is pooled: FIRST is the table's own rows, before the update
+            if info.kind in ("embedding_bag", "torchrec"):
+                # pooled output / a fused kernel (no output here): FIRST is the table's own
+                # rows, before the update
                 rows = info.module.weight.detach().index_select(0, pos)
             elif isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
                 rows = output.detach().reshape(pos.numel(), info.dim)
@@ -249,6 +271,9 @@ class Recorder:
             else:
                 want_states = not self.touched.is_degraded(fqn)
         ids, states = p.drain(self.row_maps[fqn], want_states)
+        seen = self._seen.get(fqn)
+        if seen is not None:
+            seen.zero_()
         self.touched.append_unique(self.idx, fqn, ids, states)
 
     def flush_all(self) -> None:
@@ -265,7 +290,8 @@ class Recorder:
         if res.reset and keep:
             self.degrade(fqn, "its weight changed shape or dtype")
         if res.ids.numel():
-            self.touched.append_unique(self.idx, fqn, res.ids, res.states if keep else None)
+            ids = res.ids + info.row_offset if info.row_offset else res.ids  # global ids
+            self.touched.append_unique(self.idx, fqn, ids, res.states if keep else None)
 
     def scan_all(self) -> None:
         """Scan every scan-path table (at a read boundary)."""
@@ -278,6 +304,8 @@ class Recorder:
             sc.resync(self.tables[fqn].module.weight)
         for p in self.pending.values():
             p.reset()
+        for seen in self._seen.values():
+            seen.zero_()
 
     # ------------------------------------------------------------------ paths
 
@@ -291,6 +319,7 @@ class Recorder:
         self.flush(fqn)  # its lookups so far, with their FIRST states
         self.pending.pop(fqn, None)
         self.row_maps.pop(fqn, None)
+        self._seen.pop(fqn, None)
         self.scans[fqn] = DriftScan(info.module.weight)
         info.path = SCAN
         self.counts["path_switches"] += 1
@@ -302,7 +331,7 @@ class Recorder:
             return
         self.scan(fqn)
         del self.scans[fqn]
-        self._add_pending(fqn, DenseRows(info.module))
+        self._add_pending(fqn, DenseRows(info.module, info.row_offset))
         info.path = LOOKUPS
         self.counts["path_switches"] += 1
 

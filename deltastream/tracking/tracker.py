@@ -1,24 +1,27 @@
 """DeltaTracker: which embedding rows changed since each consumer's last read.
 
-The tracker finds every :class:`~deltastream.HashTable`, ``torch.nn.Embedding`` and
-``torch.nn.EmbeddingBag`` in a model (through ``DistributedDataParallel``,
-``DataParallel`` and ``torch.compile`` wrappers) and reports, per consumer, every row that
-changed since that consumer's last read, with its FIRST state in ``TrackingMode.EMBEDDING``
-(the value at that read: what the predictors hold). Semantics follow TorchRec's
-``ModelDeltaTracker`` (per-consumer cursors, compaction of the interval nobody has read
-yet, deletion once every consumer has read) without its known faults: an interval without
-changes gives empty results (**every tracked table is always a key**), ``clear(consumer)``
-works for one consumer among several, ids are global, and a read is a hard boundary (a
-change after ``get_delta`` returns is in the next read, ``step()`` or not).
+The tracker finds every :class:`~deltastream.HashTable`, ``nn.Embedding``, ``nn.EmbeddingBag``
+and TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection`` table (unsharded or this
+rank's shards under ``DistributedModelParallel``, global ids, TorchRec names:
+:mod:`.torchrec_tables`) in a model (through DDP, DataParallel, ``torch.compile`` and DMP
+wrappers) and reports, per consumer, every row that changed since that consumer's last read,
+with its FIRST state in ``TrackingMode.EMBEDDING`` (the value at that read: what the
+predictors hold). Semantics follow TorchRec's ``ModelDeltaTracker`` (per-consumer cursors,
+compaction of the interval nobody has read yet, deletion once every consumer has read)
+without its known faults: an interval without changes gives empty results (**every tracked
+table is always a key**), ``clear(consumer)`` works for one consumer among several, ids are
+global, and a read is a hard boundary (a change after ``get_delta`` returns is in the next
+read, ``step()`` or not).
 
 **How changes are found** (``stats()["paths"]``, :attr:`DeltaTracker.paths`):
 
 * ``"lookups"`` — every training lookup is recorded; exact when rows change only through
   their lookups. Always used for a HashTable (deltastream's sparse optimizers update only
   rows with a gradient); its ``load_state_dict`` through the model is reported too (every
-  row, ids only; dropped ids as tombstones).
-* ``"scan"`` — the default for ``nn.Embedding``/``nn.EmbeddingBag``: a dense optimizer
-  with momentum, moments or weight decay (SGD momentum, Adam, AdamW, Adagrad with decay),
+  row, ids only; dropped ids as tombstones). Also for a TorchRec shard a fused kernel
+  updates (:mod:`.torchrec_lookups`; its ``load_state_dict`` moves it to the scan).
+* ``"scan"`` — other TorchRec tables, and by default ``nn.Embedding``/``EmbeddingBag``: a
+  dense optimizer with momentum, moments or weight decay (SGD momentum, Adam, AdamW, Adagrad),
   ``load_state_dict`` or a manual write moves rows that were not looked up. The tracker
   keeps a shadow copy of the weight and at each read compares it bit for bit (:mod:`.scan`):
   every changed row is reported with its exact FIRST state. Cost: one copy of the table and
@@ -67,6 +70,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from deltastream.tracking.discovery import LOOKUPS, TrackedTable, discover
+from deltastream.tracking.options import consumer_names, resolve_consumer, tracking_mode
 from deltastream.tracking.paths import (
     declared_tables,
     lookups_refusal,
@@ -81,6 +85,8 @@ from deltastream.tracking.rows import (
     merge_carry,
     select_rows,
 )
+from deltastream.tracking.torchrec_lookups import tap_tables
+from deltastream.tracking.torchrec_tables import TORCHREC_KIND
 from deltastream.types import DeltaRows, TrackingMode
 
 __all__ = ["DeltaTracker"]
@@ -88,34 +94,15 @@ __all__ = ["DeltaTracker"]
 log = logging.getLogger(__name__)
 
 
-def _mode(mode: Union[TrackingMode, str]) -> TrackingMode:
-    if isinstance(mode, str):
-        try:
-            return TrackingMode(mode.lower())
-        except ValueError:
-            raise ValueError(f"mode must be one of {[m.value for m in TrackingMode]}, "
-                             f"got {mode!r}") from None
-    if not isinstance(mode, TrackingMode):
-        raise TypeError(f"mode must be a TrackingMode, got {mode!r}")
-    return mode
-
-
-def _consumers(consumers: Optional[Iterable[str]], default: str) -> list[str]:
-    out = [default] if consumers is None else [consumers] if isinstance(consumers, str) \
-        else list(consumers)
-    if not out or any(not isinstance(c, str) or not c for c in out):
-        raise ValueError(f"consumers must be a non-empty list of non-empty str, got {out!r}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"consumers must be unique, got {out!r}")
-    return out
-
-
 class DeltaTracker:
     """Track changed embedding rows of ``model`` per consumer.
 
     Args:
         model: the module to track (or a ``DistributedDataParallel``/``DataParallel``/
-            ``torch.compile`` wrapper of it: keys are the inner model's FQNs). Modules inside
+            ``torch.compile``/``DistributedModelParallel`` wrapper of it: keys are the inner
+            model's FQNs; a TorchRec table's key is ``<collection>.embedding_bags.<table>``
+            or ``.embeddings.<table>``, plus ``#<shard_id>`` per shard when this rank holds
+            several column shards of it). Modules inside
             a tracked module are not tracked again.
         consumers: consumer names, each with its own read cursor (default ``["default"]``).
         delete_on_read: drop records once every consumer has read them.
@@ -144,8 +131,8 @@ class DeltaTracker:
                  sparse_updates_only: Union[bool, Iterable[str]] = False) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self._mode = _mode(mode)
-        self._consumers = _consumers(consumers, self.DEFAULT_CONSUMER)
+        self._mode = tracking_mode(mode)
+        self._consumers = consumer_names(consumers, self.DEFAULT_CONSUMER)
         if max_tracked_rows is not None and (not isinstance(max_tracked_rows, int)
                                              or isinstance(max_tracked_rows, bool)
                                              or max_tracked_rows <= 0):
@@ -177,6 +164,7 @@ class DeltaTracker:
         self._closed = False
         for fqn, info in self._tables.items():
             self._attach(fqn, info)
+        self._attach_torchrec()
         if any(i.dynamic for i in self._tables.values()):
             self._handles.append(self._root.register_load_state_dict_pre_hook(
                 self._hook(self._before_reload)))
@@ -199,7 +187,8 @@ class DeltaTracker:
 
     def _update_guard(self) -> None:
         """Watch every optimizer step while a dense table uses the lookups path."""
-        need = any(not i.dynamic and i.path == LOOKUPS for i in self._tables.values())
+        need = any(not i.dynamic and i.path == LOOKUPS and i.kind != TORCHREC_KIND
+                   for i in self._tables.values())
         if need and self._guard is None:
             ref = weakref.ref(self)  # a process-wide hook must not keep the tracker alive
 
@@ -224,7 +213,7 @@ class DeltaTracker:
         ``Recorder.use_scan``)."""
         with self._lock:
             dense = {f: i.module.weight for f, i in self._tables.items()
-                     if not i.dynamic and i.path == LOOKUPS}
+                     if not i.dynamic and i.path == LOOKUPS and i.kind != TORCHREC_KIND}
             owned = owned_weights(optimizer, dense) if dense else []
             why = sparse_only_reason(optimizer) if owned else None
             for fqn in owned if why else ():
@@ -246,7 +235,8 @@ class DeltaTracker:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
         with self._lock:
-            dense = {f: i.module.weight for f, i in self._tables.items() if not i.dynamic}
+            dense = {f: i.module.weight for f, i in self._tables.items()
+                     if not i.dynamic and i.kind != TORCHREC_KIND}
             owned = owned_weights(optimizer, dense)
             why = sparse_only_reason(optimizer)
             for fqn in owned:
@@ -274,6 +264,8 @@ class DeltaTracker:
 
     def _attach(self, fqn: str, info: TrackedTable) -> None:
         mod = info.module
+        if info.kind == TORCHREC_KIND:
+            return  # hooked per collection by _attach_torchrec
         if info.positional:
             self._handles.append(mod.register_lookup_hook(self._hook(
                 lambda m, pos, rows: self._on_positions(fqn, m, pos, rows))))
@@ -294,6 +286,22 @@ class DeltaTracker:
         else:
             self._handles.append(mod.register_load_state_dict_pre_hook(self._hook(
                 lambda m, *a: self._before_dense_reload(fqn))))
+
+    def _attach_torchrec(self) -> None:
+        """Hook the fused kernels of TorchRec tables on the lookups path (their collection's
+        ``load_state_dict`` moves them to the scan)."""
+        self._handles.extend(tap_tables(
+            {f: i.module for f, i in self._tables.items()
+             if i.kind == TORCHREC_KIND and i.path == LOOKUPS},
+            self._on_torchrec_ids, lambda fqns: [self._before_dense_reload(f) for f in fqns],
+            self._hook))
+
+    def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor) -> None:
+        if self._paused():
+            self._rec.counts["lookups_paused"] += 1
+            return
+        with self._lock:
+            self._rec.record_lookup(fqn, local_ids, None)
 
     def _paused(self) -> bool:
         return getattr(self._local, "pause_depth", 0) > 0
@@ -415,16 +423,7 @@ class DeltaTracker:
             self._rec.idx += 1
 
     def _resolve(self, consumer: Optional[str]) -> str:
-        if consumer is None:
-            if len(self._consumers) == 1:
-                return self._consumers[0]
-            if self.DEFAULT_CONSUMER in self._cursor:
-                return self.DEFAULT_CONSUMER
-            raise ValueError(f"consumer is required: this tracker has consumers "
-                             f"{self._consumers}")
-        if consumer not in self._cursor:
-            raise ValueError(f"unknown consumer {consumer!r}; consumers: {self._consumers}")
-        return consumer
+        return resolve_consumer(consumer, self._consumers, self.DEFAULT_CONSUMER)
 
     def _boundary(self) -> None:
         """Everything that changed so far goes into the store (a read boundary)."""

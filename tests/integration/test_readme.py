@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 def _examples() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    return [b for b in blocks if "DeltaTracker(" in b and "EmbeddedBroker" in b]
+    return [b for b in blocks if "DeltaTracker(" in b and "EmbeddedBroker" in b
+            and "DistributedModelParallel(" not in b]  # TorchRec's: test_torchrec_readme
 
 
 def test_readme_has_a_hashtable_and_an_nn_embedding_example():
@@ -64,7 +65,8 @@ def test_daemon_example_runs_against_a_topic_with_data(broker, topic_name, tmp_p
     from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
 
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    example = next(b for b in blocks if "SyncDaemon(" in b)
+    example = next(b for b in blocks if "SyncDaemon(" in b
+                   and "DistributedModelParallel(" not in b)
     ensure_topic(broker.bootstrap_servers, topic_name, 1)
     ids = np.array([3, 14, 159, 2000], np.int64)
     rows = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
