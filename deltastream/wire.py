@@ -2,7 +2,7 @@
 
 Torch-free: predictor hosts import this with numpy and msgpack only.
 
-Fields (``DESIGN.md`` is the contract; bins are raw little-endian arrays, never lists):
+Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arrays, never lists):
 
 ===============  ====  ================================================================
 ``v``            int   schema version: 2 (decoders also read 1)

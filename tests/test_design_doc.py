@@ -1,0 +1,66 @@
+"""docs/DESIGN.md stays true where a test can hold it: the wire tables match the encoder and
+the architecture table lists the layout test's rooms in their order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from deltastream import wire
+from tests.test_layout import ROOMS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def _first_column(section: str) -> list[str]:
+    """The backticked names of the first column of every table row in ``section``."""
+    rows = [ln for ln in section.splitlines() if ln.startswith("| `")]
+    return [re.findall(r"`([^`]+)`", ln.split("|")[1]) for ln in rows]
+
+
+def _batch(**kw) -> wire.DeltaBatch:
+    n, dim = 3, kw.pop("dim", 4)
+    base = dict(model="m", table="t", shard=1, epoch=7, seq=2, step=5, ts=123,
+                ids=np.array([1, 5, 9]), rows=np.arange(n * dim, dtype=np.float32).reshape(n, dim),
+                dtype="f32")
+    base.update(kw)
+    return wire.DeltaBatch(**base)
+
+
+def test_the_wire_table_lists_exactly_the_encoders_keys_in_order():
+    documented = [re.findall(r"`([^`]+)`", ln.split("|")[1])[0]
+                  for ln in _section("Wire format").splitlines()
+                  if ln.startswith("| `") and ln.split("|")[2].strip() in ("int", "str", "bin")]
+    plain = _batch()
+    full = _batch(dtype="i8", tombstones=np.array([4, 6]), col=4, width=12)
+    for b in (plain, full):
+        (msg,) = wire.encode(b)
+        assert msg[0] == 0xde  # map16
+        assert msg[-9:-4] == b"\xa3crc\xce"  # the 9-byte CRC trailer
+        keys = list(msgpack.unpackb(msg, raw=False).keys())
+        assert keys == [k for k in documented if k in keys], (keys, documented)
+    assert set(documented) == set(msgpack.unpackb(wire.encode(full)[0], raw=False))
+
+
+def test_the_architecture_table_lists_the_layout_rooms_in_order():
+    tops = {r for r in ROOMS if "." not in r}
+    names: list[str] = []
+    for cell in _first_column(_section("Architecture")):
+        prefix = ""
+        for token in cell:
+            if "." in token:
+                prefix = token.rsplit(".", 1)[0] + "."
+                names.append(token)
+            else:
+                names.append(token if token in tops else prefix + token)
+    assert names == list(ROOMS)
