@@ -33,7 +33,7 @@ from deltastream.cliargs import (
 )
 from deltastream.clilog import kafka_hint, setup_logging
 from deltastream.errors import DeltastreamError, error_text
-from deltastream.kafka_config import secret_values, tls_probe
+from deltastream.kafka_config import refused_everywhere, secret_values, tls_probe
 
 __all__ = ["main", "build_parser", "bench_names"]
 
@@ -111,7 +111,8 @@ def _cmd_topic(args: argparse.Namespace) -> int:
     from deltastream.publishing.topics import ensure_topic
 
     topic = args.topic or f"deltas.{args.model}"
-    problem = tls_probe(args.bootstrap_servers, args.kafka, min(args.timeout, 10.0))
+    problem = refused_everywhere(args.bootstrap_servers) \
+        or tls_probe(args.bootstrap_servers, args.kafka, min(args.timeout, 10.0))
     if problem:
         print(f"deltastream topic: error: {problem}", file=sys.stderr)
         return EXIT_UNAVAILABLE

@@ -44,6 +44,7 @@ from deltastream.errors import KafkaConfigError
 
 __all__ = ["check_bootstrap_servers", "split_bootstrap_servers", "bootstrap_list", "security_config",
            "read_properties", "check_security", "secret_values", "redacted", "tls_probe",
+           "refused_everywhere",
            "SECURITY_SETTINGS", "ENV_NAMES", "KafkaConfigError"]
 
 log = logging.getLogger(__name__)
@@ -323,6 +324,26 @@ def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with secret values replaced by ``"***"`` (for logs and messages)."""
     return {k: ("***" if SECURITY_SETTINGS.get(k) == "secret" and v else v)
             for k, v in config.items()}
+
+
+def refused_everywhere(bootstrap_servers: BootstrapServers, timeout: float = 2.0
+                       ) -> Optional[str]:
+    """One line when every bootstrap server refuses a TCP connection (nothing listens
+    there: a one-shot tool can say so at once instead of retrying until its timeout), else
+    None — also when a server accepts, or does not answer within ``timeout`` seconds (a
+    firewall, a host still starting: the client's own retries handle those)."""
+    refused = []
+    for host, port in split_bootstrap_servers(bootstrap_servers):
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return None
+        except ConnectionRefusedError:
+            refused.append(f"{host}:{port}")
+        except OSError:
+            return None
+    if not refused:
+        return None
+    return f"nothing listens on {', '.join(refused)} (connection refused)"
 
 
 def tls_probe(bootstrap_servers: BootstrapServers, config: Mapping[str, Any],

@@ -47,7 +47,12 @@ from deltastream.cliargs import (
     EXIT_USAGE,
 )
 from deltastream.clilog import hide_secrets, kafka_hint
-from deltastream.kafka_config import secret_values, security_config, tls_probe
+from deltastream.kafka_config import (
+    refused_everywhere,
+    secret_values,
+    security_config,
+    tls_probe,
+)
 from deltastream_demo import outdir
 from deltastream_demo import report as rpt
 from deltastream_demo.options import (
@@ -252,7 +257,7 @@ def _broker_and_topic(stack: ExitStack, opts: DemoOptions, topic: str) -> str:
     from deltastream.errors import PublishError, TopicError
     from deltastream.publishing.topics import ensure_topic
 
-    problem = tls_probe(servers, opts.kafka, 15.0)
+    problem = refused_everywhere(servers) or tls_probe(servers, opts.kafka, 15.0)
     if problem:
         raise DemoUnavailable(f"cannot use {servers}: {problem}")
     try:
