@@ -85,6 +85,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return _plain(super()._expand_help(action))
 
 
+class EnvDefault:
+    """A flag's default taken from environment variable ``var`` (text ``raw``), converted
+    when its parser runs and the command line leaves the flag out."""
+
+    __slots__ = ("var", "raw")
+
+    def __init__(self, var: str, raw: str) -> None:
+        self.var, self.raw = var, raw
+
+    def __str__(self) -> str:
+        return self.raw
+
+    def __repr__(self) -> str:
+        return repr(self.raw)
+
+
 class EnvArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser whose optional flags default from environment variables.
 
@@ -139,17 +155,34 @@ class EnvArgumentParser(argparse.ArgumentParser):
         var = next((n for n in names if n in os.environ), None)
         if var is None:
             return action
-        raw = os.environ[var]
+        # converted only if this parser runs and the command line does not give the flag
+        # (parse_known_args): a bad variable of another subcommand is none of this one's
+        # business, and the command line wins
+        action.default = EnvDefault(var, os.environ[var])
+        action.required = False
+        return action
+
+    def parse_known_args(self, args: Optional[Sequence[str]] = None,
+                         namespace: Optional[argparse.Namespace] = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, then the values of flags left to their environment variable are
+        converted (a bad one is a usage error of this parser, naming the variable)."""
+        ns, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(ns, action.dest, None)
+            if isinstance(value, EnvDefault):
+                setattr(ns, action.dest, self._from_env(action, value))
+        return ns, rest
+
+    def _from_env(self, action: argparse.Action, env: EnvDefault) -> Any:
+        var, raw = env.var, env.raw
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             truth = raw.strip().lower()
             if truth not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 self.error(f"{var}={raw!r}: expected 1/true/yes/on or 0/false/no/off")
             on = truth in ("1", "true", "yes", "on")
-            action.default = on if isinstance(action, argparse._StoreTrueAction) else not on
-            return action
-        action.default = self._convert(action, raw, var)
-        action.required = False
-        return action
+            return on if isinstance(action, argparse._StoreTrueAction) else not on
+        return self._convert(action, raw, var)
 
     def _convert(self, action: argparse.Action, raw: str, var: str) -> Any:
         values: Sequence[str] = raw.split() if action.nargs in ("+", "*") else [raw]

@@ -38,16 +38,34 @@ def test_required_flag_still_required_without_env(monkeypatch):
         make_parser().parse_args([])
 
 
-@pytest.mark.parametrize("var, value", [("DELTASTREAM_WORKERS", "many"),
-                                        ("DELTASTREAM_MODE", "c"),
-                                        ("DELTASTREAM_VERBOSE", "perhaps")])
-def test_bad_environment_values_are_usage_errors(monkeypatch, capsys, var, value):
+@pytest.mark.parametrize("var, value, flag", [("DELTASTREAM_WORKERS", "many", "--workers"),
+                                              ("DELTASTREAM_MODE", "c", "--mode"),
+                                              ("DELTASTREAM_VERBOSE", "perhaps", None)])
+def test_bad_environment_values_are_usage_errors_unless_the_command_line_wins(
+        monkeypatch, capsys, var, value, flag):
     monkeypatch.setenv("DELTASTREAM_STATE_DIR", "/s")
     monkeypatch.setenv(var, value)
     with pytest.raises(SystemExit) as e:
-        make_parser()
+        make_parser().parse_args([])
     assert e.value.code == 2
-    assert var in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert var in err and err.startswith("t: error:")
+    if flag is not None:  # given on the command line, the variable is not read
+        good = {"--workers": "3", "--mode": "b"}[flag]
+        assert getattr(make_parser().parse_args([flag, good]), flag[2:]) == \
+            (int(good) if flag == "--workers" else good)
+
+
+def test_a_bad_variable_of_another_subcommand_is_not_this_ones_error(monkeypatch):
+    monkeypatch.setenv("DELTASTREAM_T_B_WORKERS", "many")
+    p = EnvArgumentParser(prog="t")
+    sub = p.add_subparsers(dest="cmd")
+    for name in ("a", "b"):
+        sub.add_parser(name, env_prefix=f"DELTASTREAM_T_{name.upper()}_").add_argument(
+            "--workers", type=int, default=1)
+    assert p.parse_args(["a"]).workers == 1  # b's variable: not read
+    with pytest.raises(SystemExit):
+        p.parse_args(["b"])
 
 
 def test_help_names_the_variables(capsys):
