@@ -31,7 +31,8 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, TextIO
 
 from consumers.errors import (
     BrokerUnavailable,
@@ -40,6 +41,7 @@ from consumers.errors import (
     TopicError,
     TopicNotFound,
 )
+from consumers.files import MANIFEST
 from consumers.replay.diff import diff_snapshots, diff_with_rebuild
 from consumers.replay.inspect import dump, dumps_line, stats
 from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
@@ -314,13 +316,40 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _open_out(path: str) -> TextIO:
+    """``dump --out``'s file, opened before anything is read; a usage error naming it."""
+    if Path(path).is_dir():
+        raise _Usage(f"--out {path}: is a directory; give a file path, or - for stdout")
+    try:
+        return open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by _cmd_dump
+    except OSError as e:
+        raise _Usage(f"--out {path}: cannot write there ({e.strerror})") from None
+
+
+def _snapshot_arg(path: Optional[str]) -> Optional[str]:
+    """A snapshot path for ``diff``; a daemon's state dir gets a hint to its checkpoint."""
+    if path is not None and not (Path(path) / MANIFEST).exists() \
+            and (Path(path) / "checkpoint" / MANIFEST).exists():
+        raise _Usage(f"{path} is a daemon's state dir, not a snapshot: give "
+                     f"{Path(path) / 'checkpoint'}")
+    return path
+
+
 def _cmd_dump(args: argparse.Namespace) -> int:
+    out = sys.stdout if args.out == "-" else _open_out(args.out)
+    try:
+        return _dump_to(args, out)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def _dump_to(args: argparse.Namespace, out: TextIO) -> int:
     topic, model = _topic_model(args, need_model=False)
     lines = dump(args.bootstrap_servers, topic, model=model, tables=args.table,
                  shards=args.shard, seq_range=args.seq_range, rows=args.rows,
                  progress=_progress(args), timeout=args.timeout, kafka_config=args.kafka,
                  **_range_kwargs(args))
-    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
     n = 0
     try:
         for line in lines:
@@ -338,8 +367,6 @@ def _cmd_dump(args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         lines.close()
-        if out is not sys.stdout:
-            out.close()
     return EXIT_OK
 
 
@@ -363,14 +390,15 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             raise _Usage("diff --rebuild: no broker given: pass --bootstrap-servers "
                          f"HOST:PORT or set {ENV_PREFIX}BOOTSTRAP_SERVERS or "
                          "DELTASTREAM_BOOTSTRAP_SERVERS")
-        rep = diff_with_rebuild(args.a, bootstrap_servers=args.bootstrap_servers,
+        rep = diff_with_rebuild(_snapshot_arg(args.a), bootstrap_servers=args.bootstrap_servers,
                                 topic=args.topic, model=args.model, tolerance=args.tolerance,
                                 progress=_progress(args), timeout=args.timeout,
                                 kafka_config=args.kafka)
     else:
         if args.b is None:
             raise _Usage("diff: give two snapshots A B, or one snapshot with --rebuild")
-        rep = diff_snapshots(args.a, args.b, tolerance=args.tolerance)
+        rep = diff_snapshots(_snapshot_arg(args.a), _snapshot_arg(args.b),
+                             tolerance=args.tolerance)
     print(json.dumps(rep.to_json(), indent=1) if args.json else rep.format_text())
     return EXIT_OK if rep.equal else EXIT_DIFF
 
