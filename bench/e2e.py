@@ -123,9 +123,13 @@ def _sync_main(cfg: dict, events: Any, control: Any) -> None:
     ``cfg["max_seconds"]``, then sends ``{"kind": "samples", "t", "fresh", "rows",
     "tables", "stats", "torch_imported"}`` (wall times in s).
     """
+    import signal
     import sys
 
     from consumers import SyncDaemon, TopicReader, write_snapshot
+
+    # Ctrl-C is the parent's to handle (it stops this process): no traceback from here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     logging.basicConfig(level="WARNING",
                         format="%(asctime)s %(levelname)s sync %(name)s: %(message)s")
@@ -273,6 +277,9 @@ def _run(args: argparse.Namespace, servers: str, tmp: Path) -> dict:
         pub.close()
         control.put({"kind": "stop", "offsets": {0: last + 1}, "timeout": 60.0})
         samples = _wait(events, "samples", proc, 120.0)
+    except BaseException:  # Ctrl-C or a failure: the predictor stops now, not at its deadline
+        proc.terminate()
+        raise
     finally:
         proc.join(timeout=30)
         if proc.is_alive():

@@ -59,6 +59,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -143,6 +144,8 @@ def _reader_process(argv: list[str]) -> None:
     lookup thread runs under POLICY (``-``: as started)."""
     from consumers.serving import TableReader
 
+    # Ctrl-C is the parent's to handle (it kills its readers): no traceback from here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     state, k, rate, seed = argv[0], int(argv[1]), float(argv[2]), int(argv[3])
     if state.startswith("control:"):
         look, live = _control(k, int(state.split(":")[1])), (lambda: 1)
