@@ -90,6 +90,39 @@ def test_daemon_example_runs_against_a_topic_with_data(broker, topic_name, tmp_p
     np.testing.assert_array_equal(snap.tables["user"].lookup(ids), rows)
 
 
+def test_reader_example_runs_against_a_sharing_daemon(broker, topic_name, tmp_path):
+    """The TableReader snippet, in its own process, reads what a sharing daemon applied."""
+    import threading
+
+    import numpy as np
+
+    from consumers import SyncDaemon
+    from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = next(b for b in blocks if "TableReader.open(" in b)
+    ensure_topic(broker.bootstrap_servers, topic_name, 1)
+    with DeltaPublisher(broker.bootstrap_servers, topic_name, model="ctr", shard=0,
+                        dtype="f32") as pub:
+        pub.publish("user", np.array([3, 14]), np.ones((2, 32), np.float32), step=1)
+        pub.flush()
+    state = tmp_path / "state"
+    daemon = SyncDaemon(broker.bootstrap_servers, topic_name, model="ctr",
+                        state_dir=str(state), share_tables=True)
+    threading.Thread(target=daemon.run, daemon=True).start()
+    try:
+        assert daemon.wait_caught_up(timeout=60)
+        script = tmp_path / "reader_example.py"
+        script.write_text(example.replace('"/var/lib/deltastream"', repr(str(state))))
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=120, cwd=README.parent,
+                             env={**os.environ, "PYTHONPATH": str(README.parent)})
+    finally:
+        daemon.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "(3, 32) True"
+
+
 def test_metrics_table_lists_every_metric():
     from consumers.sync.metrics import METRICS
 
