@@ -3,7 +3,9 @@
 :func:`trainer_main` runs in its own process (``multiprocessing`` spawn). Per step it trains
 on its share of the global batch (the stream's examples ``[(step·W + r)·B, … + B)``): the
 embedding tables are :class:`~deltastream.ShardedEmbedding` (rank ``r`` owns the rows of its
-slice range; lookups and gradients travel by ``torch.distributed``), the dense gradients are
+slice range; lookups and gradients travel by ``torch.distributed``; with ``--model-kind
+torchrec`` a TorchRec ``EmbeddingBagCollection`` sharded row-wise by DMP, its fused optimizer
+stepping in the backward: :mod:`deltastream_demo.torchrec_model`), the dense gradients are
 averaged with one ``all_reduce`` that also carries the loss and the stop flag (so every rank
 stops at the same step when ``--duration`` runs out).
 
@@ -60,8 +62,9 @@ def trainer_main(rank: int, cfg: dict, events: Any) -> None:
     hidden, batch_size, steps (or None), duration (s or None), publish_every,
     snapshot_every, topk_fraction, publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
     seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
-    verbose, threads, kafka_config (kafka-python security settings). ``events``: queue to
-    the parent.
+    verbose, threads, kafka_config (kafka-python security settings), sharding, model_kind
+    (``"torchrec"``: :mod:`deltastream_demo.torchrec_model`). ``events``: queue to the
+    parent.
     """
     # Ctrl-C reaches the whole process group: the parent stops this process, quietly
     signal.signal(signal.SIGINT, signal.SIG_IGN)
