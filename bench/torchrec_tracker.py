@@ -11,7 +11,8 @@ same batches:
 
 * ``none``: untracked (the baseline);
 * ``deltastream_embedding`` / ``deltastream_id_only``: ``DeltaTracker`` in EMBEDDING /
-  ID_ONLY mode (the scan path: shadow of the local shards, compared at each read);
+  ID_ONLY mode (the lookups path: the fused kernels' ids, FIRST rows gathered at the
+  lookup);
 * ``torchrec_embedding`` / ``torchrec_id_only``: TorchRec's tracker through
   ``dmp.init_torchrec_delta_tracker`` (ids and rows recorded at every lookup).
 

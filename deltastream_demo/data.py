@@ -58,6 +58,8 @@ class StreamConfig:
         session_window: how far back (examples) a continued session may reach.
         signal: scale of the user–item interaction term of the true logit.
         offset: constant of the true logit (sets the base click rate).
+        dense_ids: ids are the entity indices ``[0, n)`` themselves (fixed-size tables,
+            e.g. TorchRec's); otherwise well-spread int64 ids (:func:`entity_ids`).
     """
 
     seed: int = 0
@@ -74,6 +76,7 @@ class StreamConfig:
     session_window: int = 2_000
     signal: float = 2.5
     offset: float = -1.0
+    dense_ids: bool = False
 
     def __post_init__(self) -> None:
         for f in ("n_users", "n_items", "n_dense", "latent_dim", "session_window"):
@@ -179,8 +182,12 @@ class ClickStream:
         self._phase = rng.uniform(0.0, 2 * math.pi, cfg.n_items)
         self._bias = rng.normal(0.0, 0.5, cfg.n_items).astype(np.float32)
         self._w = rng.normal(0.0, 0.5, cfg.n_dense).astype(np.float32)
-        self._user_ids = entity_ids(np.arange(cfg.n_users), _SALT_USER)
-        self._item_ids = entity_ids(np.arange(cfg.n_items), _SALT_ITEM)
+        if cfg.dense_ids:
+            self._user_ids = np.arange(cfg.n_users, dtype=np.int64)
+            self._item_ids = np.arange(cfg.n_items, dtype=np.int64)
+        else:
+            self._user_ids = entity_ids(np.arange(cfg.n_users), _SALT_USER)
+            self._item_ids = entity_ids(np.arange(cfg.n_items), _SALT_ITEM)
 
     def _user_at(self, pos: np.ndarray) -> np.ndarray:
         """Fresh (non-session) user index drawn at stream positions ``pos``."""

@@ -26,7 +26,7 @@ from deltastream.kafka_config import check_bootstrap_servers
 from deltastream_demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
-           "DEFAULT_BUDGET", "WIRE_DTYPES", "SHARDINGS"]
+           "DEFAULT_BUDGET", "WIRE_DTYPES", "SHARDINGS", "MODEL_KINDS"]
 
 DEFAULT_STEPS = 2400
 #: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
@@ -34,6 +34,7 @@ DEFAULT_STEPS = 2400
 DEFAULT_BUDGET = 50_000.0
 WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
 SHARDINGS = ("row", "table", "column")
+MODEL_KINDS = ("hashtable", "torchrec")
 
 
 @dataclass
@@ -99,6 +100,12 @@ class DemoOptions:
                "(each worker owns some rows), table = each table whole on one worker, "
                "column = each worker holds a column range of every row",
         flag={"choices": list(SHARDINGS)})
+    model_kind: str = option(
+        "hashtable", "the trainers' embedding tables: hashtable = deltastream's HashTables "
+                     "(any int64 id); torchrec = a TorchRec EmbeddingBagCollection sharded "
+                     "row-wise by DistributedModelParallel, fused EXACT_ROWWISE_ADAGRAD "
+                     "(ids 0..--users/--items; needs --sharding row and the TorchRec extra)",
+        flag={"choices": list(MODEL_KINDS)})
 
     @property
     def resolved_topic(self) -> str:
@@ -162,6 +169,11 @@ class DemoOptions:
         if self.sharding == "column" and self.dim < self.workers:
             raise ValueError(f"--sharding column splits --dim {self.dim} over --workers "
                              f"{self.workers}: needs dim >= workers")
+        if self.model_kind not in MODEL_KINDS:
+            raise ValueError(f"--model-kind must be one of {MODEL_KINDS}, got "
+                             f"{self.model_kind!r}")
+        if self.model_kind == "torchrec":
+            _check_torchrec(self.sharding)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.progress not in ("auto", "on", "off"):
@@ -183,7 +195,27 @@ class DemoOptions:
             _check_cuda(self.workers)
 
     def stream_config(self) -> StreamConfig:
-        return StreamConfig(seed=self.seed, n_users=self.users, n_items=self.items)
+        return StreamConfig(seed=self.seed, n_users=self.users, n_items=self.items,
+                            dense_ids=self.model_kind == "torchrec")
+
+
+def _check_torchrec(sharding: str) -> None:
+    """``--model-kind torchrec`` needs TorchRec and fbgemm installed (found without importing
+    them: the parent process never imports torch) and row sharding."""
+    import importlib.util
+
+    for mod in ("torchrec", "fbgemm_gpu"):
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ValueError(f"--model-kind torchrec needs TorchRec: {mod!r} is not installed "
+                             "(pip install 'deltastream[torchrec]', then pip install "
+                             "--no-deps torchrec==1.8.0; see the README's TorchRec section)")
+    if sharding != "row":
+        raise ValueError(f"--model-kind torchrec shards the tables row-wise: it needs "
+                         f"--sharding row, got {sharding!r}")
 
 
 def _check_cuda(workers: int) -> None:

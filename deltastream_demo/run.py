@@ -281,7 +281,7 @@ def _trainer_config(common: dict, opts: DemoOptions) -> dict:
                 publish_budget=float(opts.publish_budget),
                 max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
                 lr_dense=opts.lr_dense, seed=opts.seed, threads=1,
-                sharding=opts.sharding)
+                sharding=opts.sharding, model_kind=opts.model_kind)
 
 
 def run_demo(opts: DemoOptions, *, progress_stream: Optional[TextIO] = None) -> dict:

@@ -61,6 +61,18 @@ def budget_summary(budget: float, stats: list, train_s: float) -> dict | None:
     }
 
 
+def _sharding(opts: DemoOptions, f0: dict) -> dict:
+    """The report's ``sharding`` key, the plan one line per table: ``--sharding
+    table|column``, or DMP's plan with ``--model-kind torchrec``; none for HashTables
+    sharded by row (the tables are unchanged)."""
+    if f0.get("plan"):
+        return {"sharding": {"kind": opts.sharding, "plan": list(f0["plan"])}}
+    if f0.get("model_plan"):
+        return {"sharding": {"kind": f"torchrec {opts.sharding}",
+                             "plan": list(f0["model_plan"])}}
+    return {}
+
+
 def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, topic: str,
                  servers: str, embedded: bool, wall_s: float) -> dict:
     """The report dict (``report.json``) from the trainers' final messages and the
@@ -123,9 +135,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "drift": {k: v for k, v in result["drift"].items()},
         "auc": auc,
         "predictor": dict(result["stats"], torch_imported=result["torch_imported"]),
-        # --sharding table|column: the plan, one line per table (row sharding: no key)
-        **({"sharding": {"kind": opts.sharding, "plan": list(f0["plan"])}}
-           if f0.get("plan") else {}),
+        **_sharding(opts, f0),
         "snapshot": {"count": int(f0["snapshots"]["count"]),
                      "last_step": f0["snapshots"]["last_step"],
                      "seconds": max(float(finals[r]["snapshots"]["seconds"]) for r in ranks),

@@ -3,7 +3,9 @@
 :func:`trainer_main` runs in its own process (``multiprocessing`` spawn). Per step it trains
 on its share of the global batch (the stream's examples ``[(step·W + r)·B, … + B)``): the
 embedding tables are :class:`~deltastream.ShardedEmbedding` (rank ``r`` owns the rows of its
-slice range; lookups and gradients travel by ``torch.distributed``), the dense gradients are
+slice range; lookups and gradients travel by ``torch.distributed``; with ``--model-kind
+torchrec`` a TorchRec ``EmbeddingBagCollection`` sharded row-wise by DMP, its fused optimizer
+stepping in the backward: :mod:`deltastream_demo.torchrec_model`), the dense gradients are
 averaged with one ``all_reduce`` that also carries the loss and the stop flag (so every rank
 stops at the same step when ``--duration`` runs out).
 
@@ -60,8 +62,9 @@ def trainer_main(rank: int, cfg: dict, events: Any) -> None:
     hidden, batch_size, steps (or None), duration (s or None), publish_every,
     snapshot_every, topk_fraction, publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
     seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
-    verbose, threads, kafka_config (kafka-python security settings). ``events``: queue to
-    the parent.
+    verbose, threads, kafka_config (kafka-python security settings), sharding, model_kind
+    (``"torchrec"``: :mod:`deltastream_demo.torchrec_model`). ``events``: queue to the
+    parent.
     """
     # Ctrl-C reaches the whole process group: the parent stops this process, quietly
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -113,22 +116,38 @@ class _Trainer:
         seed = int(cfg["seed"])
         torch.manual_seed(seed)  # same MLP init on every rank
         self.stream = ClickStream(StreamConfig(**cfg["stream"]))
-        self.model = CTRModel(int(cfg["dim"]), self.stream.config.n_dense,
-                              tuple(cfg.get("hidden", (64, 32))), sharded=True,
-                              device=self.device, seed=seed * 1000 + rank,
-                              sharding=cfg.get("sharding", "row"))
+        # --model-kind torchrec: a DMP-sharded EmbeddingBagCollection, its fused optimizer
+        # steps in the backward (no sparse optimizer here); the tables are TorchRecTables
+        self.torchrec = cfg.get("model_kind") == "torchrec"
+        self.model_plan: Optional[list[str]] = None
+        if self.torchrec:
+            from deltastream_demo.torchrec_model import build_dmp, plan_lines
+
+            self.model, self.net = build_dmp(
+                int(cfg["dim"]), self.stream.config.n_dense, tuple(cfg.get("hidden", (64, 32))),
+                {"user": self.stream.config.n_users, "item": self.stream.config.n_items},
+                lr=float(cfg["lr_sparse"]), device=self.device, world=self.world)
+            self.model_plan = plan_lines(self.model)
+        else:
+            self.model = self.net = CTRModel(
+                int(cfg["dim"]), self.stream.config.n_dense, tuple(cfg.get("hidden", (64, 32))),
+                sharded=True, device=self.device, seed=seed * 1000 + rank,
+                sharding=cfg.get("sharding", "row"))
         self.tables = local_tables(self.model)  # name -> local HashTable shard
         # --sharding table|column: shards are named "<table>#<j>"; rows are reported (dump,
         # rows_held) per table by the rank holding shard 0, read whole through the plan
-        self.plan = self.model.plan
-        self.table_names = tuple(TABLE_NAMES) if self.plan is not None else tuple(self.tables)
-        self.sparse_opt = RowWiseAdagrad(self.model, lr=float(cfg["lr_sparse"]))
-        self.dense = self.model.dense_parameters()
+        self.plan = getattr(self.model, "plan", None) if not self.torchrec else None
+        self.table_names = (tuple(TABLE_NAMES) if self.plan is not None or self.torchrec
+                            else tuple(self.tables))
+        self.sparse_opt = None if self.torchrec else RowWiseAdagrad(
+            self.model, lr=float(cfg["lr_sparse"]))
+        self.dense = self.net.dense_parameters()
         self.dense_opt = torch.optim.Adam(self.dense, lr=float(cfg["lr_dense"]))
         self.tracker = DeltaTracker(self.model, consumers=["publish", "snapshot"],
                                     delete_on_read=True, mode=TrackingMode.EMBEDDING)
-        self.fqn_table = {fqn: self.model.get_submodule(fqn)
-                          for fqn in self._tracked_fqns()}
+        # tracker key -> table (a HashTable, or a TorchRecTable: a row-wise shard)
+        self.fqn_table = (dict(self.tracker.get_tracked_modules()) if self.torchrec else
+                          {fqn: self.model.get_submodule(fqn) for fqn in self._tracked_fqns()})
         self.publisher = DeltaPublisher(cfg["bootstrap_servers"], cfg["topic"],
                                         model=cfg["model_name"], shard=rank,
                                         dtype=cfg["wire_dtype"],
@@ -152,7 +171,7 @@ class _Trainer:
         # base snapshots hold each rank's full rows: row sharding only (a column shard holds
         # part of every row)
         self.mirror = {} if self.plan is not None else {
-            name: ServingTable(name, int(cfg["dim"])) for name in self.tables}
+            name: ServingTable(name, int(cfg["dim"])) for name in self.table_names}
         self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.table_names}
         self.rounds: list[dict] = []
         self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected", "exact",
@@ -307,9 +326,10 @@ class _Trainer:
             n = g.numel()
             p.grad = flat[off:off + n].view_as(p)
             off += n
-        self.sparse_opt.step()
+        if self.sparse_opt is not None:
+            self.sparse_opt.step()
+            self.sparse_opt.zero_grad()
         self.dense_opt.step()
-        self.sparse_opt.zero_grad()
         self.dense_opt.zero_grad(set_to_none=True)
         self.tracker.step()
         return float(flat[-2]), bool(flat[-1] > 0)
@@ -338,6 +358,8 @@ class _Trainer:
         """``{table: (ids, full rows)}`` this rank reports. Row sharding: its shards. A plan:
         the ids of the tables whose shard 0 is here, rows read whole through the plan
         (collective: every rank calls it)."""
+        if self.torchrec:
+            return self._torchrec_rows()
         if self.plan is None:
             return {name: (tbl.ids().cpu().numpy(), tbl.embeddings().float().cpu().numpy())
                     for name, tbl in self.tables.items()}
@@ -355,6 +377,21 @@ class _Trainer:
             self.model.train()
         return {n: (feats[n].cpu().numpy(), rows[n].float().cpu().numpy()) for n in feats}
 
+    def _torchrec_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (global ids, rows)}`` of this rank's row-wise shards: every row that
+        moved off its zero init, and every row this rank published."""
+        torch = self.torch
+        out = {}
+        for tbl in self.fqn_table.values():
+            with torch.no_grad():
+                moved = torch.nonzero(tbl.weight.abs().sum(dim=1) > 0).flatten()
+            pub = self.published_ids[tbl.name]
+            ids = np.union1d((moved + int(tbl.row_offset)).cpu().numpy(),
+                             np.concatenate(pub) if pub else np.empty(0, np.int64))
+            rows = tbl.lookup(torch.from_numpy(ids.astype(np.int64)).to(self.device))
+            out[tbl.name] = (ids.astype(np.int64), rows.detach().float().cpu().numpy())
+        return out
+
     def _dump(self, pos: np.ndarray, logits: np.ndarray,
               held: dict[str, tuple[np.ndarray, np.ndarray]]) -> str:
         from deltastream_demo.model import export_dense
@@ -366,7 +403,7 @@ class _Trainer:
             pub = self.published_ids[name]
             arrays[f"published/{name}"] = (np.unique(np.concatenate(pub)) if pub
                                            else np.empty(0, np.int64))
-        for k, v in export_dense(self.model).items():
+        for k, v in export_dense(self.net).items():
             arrays[f"dense/{k}"] = v
         arrays["heldout/pos"] = pos
         arrays["heldout/logit"] = logits
@@ -433,6 +470,7 @@ class _Trainer:
             "epoch": self.publisher.epoch,
             "budget": None if self.budget is None else _plain(self.budget.stats()),
             **({} if self.plan is None else {"plan": self.plan.describe()}),
+            **({} if self.model_plan is None else {"model_plan": self.model_plan}),
         })
         self.dist.barrier()
         self.dist.destroy_process_group()

@@ -5,7 +5,9 @@ resolved (its lookup hook). The tracker keeps them, borrowed and unsorted, in a
 :class:`PendingLookups` per table, and at the next flush turns them into the distinct
 touched positions (:func:`mark_positions`: a bool mark per position, no sort) and, in
 EMBEDDING mode, each one's earliest recorded row (:func:`first_states`). Both have a numpy
-path for CPU tensors and a torch path for any device.
+path for CPU tensors and a torch path for any device. A TorchRec shard on the CPU (a fused
+kernel: no output rows to borrow) keeps :class:`UniqueLookups` instead: only the positions
+new since the flush, their rows gathered from the weight at the lookup.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from deltastream.tracking.sorted_ids import sort_ids, sort_ids_with_perm
 
-__all__ = ["PendingLookups", "mark_positions", "mark_positions_torch", "first_states",
+__all__ = ["PendingLookups", "UniqueLookups", "mark_positions", "mark_positions_torch", "first_states",
            "first_states_cpu", "first_states_torch"]
 
 
@@ -89,6 +91,75 @@ class PendingLookups:
         m = self.marks
         if m.numel() < capacity or m.device != device:
             self.marks = torch.zeros(max(capacity, m.numel()), dtype=torch.bool, device=device)
+
+
+class UniqueLookups(PendingLookups):
+    """:class:`PendingLookups` of a CPU table whose rows the tracker gathers itself (a
+    TorchRec shard in a fused kernel: no forward output to borrow; id = position).
+
+    :meth:`add` keeps only the positions no earlier lookup had since the last flush
+    (``marks`` stay set until the drain) and gathers their rows from the weight into one
+    arena, in lookup order: a row looked up again costs no gather and no copy. Repeats
+    inside one lookup are kept (copies of the same row: dropping them costs more than their
+    cache-hot gather). The drain maps each marked position to an arena row (``slot``) and
+    gathers the arena once, in ascending position order; no sort.
+    """
+
+    __slots__ = ("arena", "used", "slot")
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        super().__init__(capacity, device)
+        self.slot: Optional[np.ndarray] = None  # arena row per position (at the drain)
+        self.arena: Optional[torch.Tensor] = None
+
+    def reset(self) -> None:
+        super().reset()
+        self.used = 0  # arena rows in use
+        self.marks.zero_()
+
+    def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
+        """Record a lookup of int64 CPU ``positions`` (repeats allowed); with ``weight``
+        (the table's ``[capacity, dim]`` rows, before the update) gather the FIRST state of
+        each new position."""
+        m, q = self.marks.numpy(), positions.numpy()
+        q = q[~m[q]]  # a copy: the caller may reuse its buffer
+        if q.size == 0:
+            return
+        m[q] = True
+        k = q.size
+        self.pos.append(torch.from_numpy(q))
+        self.n += k
+        if weight is None:
+            return
+        need = self.used + k
+        if self.arena is None or self.arena.shape[0] < need or self.arena.dtype != weight.dtype:
+            grown = torch.empty((max(need, 2 * (0 if self.arena is None else
+                                                self.arena.shape[0]), 1024), weight.shape[1]),
+                                dtype=weight.dtype)
+            if self.used:
+                grown[:self.used] = self.arena[:self.used]
+            self.arena = grown
+        torch.index_select(weight, 0, torch.from_numpy(q), out=self.arena[self.used:need])
+        self.used = need
+        self.n_states += k
+
+    def drain(self, table: Any, with_states: bool
+              ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """:meth:`PendingLookups.drain`: the ids ascending, their FIRST states gathered once
+        from the arena."""
+        touched = np.flatnonzero(self.marks.numpy())  # each position once, ascending
+        states = None
+        if with_states and self.arena is not None:
+            # the arena row of each position: a repeat is one lookup's copy of the same row
+            runs = [p.numpy() for p in self.pos]
+            allpos = runs[0] if len(runs) == 1 else np.concatenate(runs)
+            if self.slot is None:
+                self.slot = np.empty(self.marks.numel(), dtype=np.int64)
+            self.slot[allpos] = np.arange(allpos.size)
+            states = self.arena.index_select(0, torch.from_numpy(self.slot[touched]))
+        ids = table.ids_at(torch.from_numpy(touched.astype(np.int64, copy=False)))
+        self.reset()
+        return ids, states
 
 
 def first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]

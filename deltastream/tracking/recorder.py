@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 from deltastream.tracking.discovery import LOOKUPS, SCAN, TrackedTable
-from deltastream.tracking.positions import PendingLookups
+from deltastream.tracking.positions import PendingLookups, UniqueLookups
 from deltastream.tracking.scan import DriftScan
 from deltastream.tracking.sorted_ids import member
 from deltastream.tracking.store import DeltaStore
@@ -101,7 +101,6 @@ class Recorder:
         self.pending: dict[str, PendingLookups] = {}  # positional tables' unflushed lookups
         self.row_maps: dict[str, Any] = {}  # position -> id map of each pending table
         self.scans: dict[str, DriftScan] = {}  # scan-path tables' shadows
-        self._seen: dict[str, torch.Tensor] = {}  # TorchRec shards: touched since the flush
         self._next_bound_check = 0
         self._warned_degraded: set[str] = set()
         self._warned_over = False
@@ -113,11 +112,18 @@ class Recorder:
             elif info.path == SCAN:
                 self.scans[fqn] = DriftScan(info.weight)
             elif not info.dynamic:
-                self._add_pending(fqn, DenseRows(info.module, info.row_offset))
+                self._add_pending(fqn, DenseRows(info.module, info.row_offset), info)
 
-    def _add_pending(self, fqn: str, row_map: Any) -> None:
+    def _add_pending(self, fqn: str, row_map: Any, info: Optional[TrackedTable] = None
+                     ) -> None:
         self.row_maps[fqn] = row_map
-        self.pending[fqn] = PendingLookups(int(row_map.capacity), row_map.device)
+        # a TorchRec shard on the CPU: repeats add nothing to the ids nor to the FIRST states,
+        # skipping them saves the gather of their rows (on CUDA every lookup is recorded: a
+        # boolean selection has a data-dependent size, no sync in a hook)
+        unique = (info is not None and info.kind == "torchrec"
+                  and row_map.device.type == "cpu")
+        self.pending[fqn] = (UniqueLookups if unique else PendingLookups)(
+            int(row_map.capacity), row_map.device)
 
     @property
     def with_states(self) -> bool:
@@ -160,28 +166,14 @@ class Recorder:
         self.touched.append(self.idx, fqn, ids, states, copy_states=False)
         self.enforce_bound_if_set()
 
-    def _first_touches(self, fqn: str, pos: torch.Tensor) -> torch.Tensor:
-        """The positions of ``pos`` not recorded since the last flush (a TorchRec shard on
-        the CPU: repeats add nothing to the ids nor to the FIRST states, and skipping them
-        saves the gather of their rows). Boolean selection has a data-dependent size, so on
-        CUDA every lookup is recorded instead (no sync in a hook)."""
-        seen = self._seen.get(fqn)
-        if seen is None:
-            seen = self._seen[fqn] = torch.zeros(int(self.row_maps[fqn].capacity),
-                                                 dtype=torch.bool)
-        m, q = seen.numpy(), pos.numpy()  # numpy: far less per-op overhead than torch here
-        fresh = ~m[q]
-        if not fresh.all():
-            q = q[fresh]
-        m[q] = True
-        return torch.from_numpy(q)
-
     def _record_dense(self, fqn: str, info: TrackedTable, ids: torch.Tensor,
                       output: Any) -> None:
+        p = self.pending[fqn]
+        if isinstance(p, UniqueLookups):
+            self._record_unique(fqn, info, p, ids)
+            return
         # a copy: the caller may reuse its id buffer before the flush
         pos = ids.to(torch.int64, copy=True)
-        if info.kind == "torchrec" and pos.device.type == "cpu":
-            pos = self._first_touches(fqn, pos)
         rows = None
         if self.with_states and not self.touched.is_degraded(fqn):
             if info.kind in ("embedding_bag", "torchrec"):
@@ -193,6 +185,21 @@ class Recorder:
             else:
                 self.degrade(fqn, "forward output is not [*ids.shape, dim]")
         self.record_positions(fqn, pos, rows)
+
+    def _record_unique(self, fqn: str, info: TrackedTable, p: UniqueLookups,
+                       ids: torch.Tensor) -> None:
+        """A lookup of a TorchRec shard on the CPU: its new positions, and their rows
+        before the update (FIRST) read from the weight."""
+        weight = None
+        if self.with_states:
+            if self.touched.is_degraded(fqn) or p.stateless:
+                p.stateless = True
+            else:
+                weight = info.module.weight.detach()
+        p.add(ids.to(torch.int64), weight)
+        self.counts["lookups_recorded"] += 1
+        self.counts["ids_recorded"] += int(ids.numel())
+        self.enforce_bound_if_set()
 
     def record_positions(self, fqn: str, positions: torch.Tensor,
                          rows: Optional[torch.Tensor]) -> None:
@@ -271,9 +278,6 @@ class Recorder:
             else:
                 want_states = not self.touched.is_degraded(fqn)
         ids, states = p.drain(self.row_maps[fqn], want_states)
-        seen = self._seen.get(fqn)
-        if seen is not None:
-            seen.zero_()
         self.touched.append_unique(self.idx, fqn, ids, states)
 
     def flush_all(self) -> None:
@@ -304,8 +308,6 @@ class Recorder:
             sc.resync(self.tables[fqn].module.weight)
         for p in self.pending.values():
             p.reset()
-        for seen in self._seen.values():
-            seen.zero_()
 
     # ------------------------------------------------------------------ paths
 
@@ -319,7 +321,6 @@ class Recorder:
         self.flush(fqn)  # its lookups so far, with their FIRST states
         self.pending.pop(fqn, None)
         self.row_maps.pop(fqn, None)
-        self._seen.pop(fqn, None)
         self.scans[fqn] = DriftScan(info.module.weight)
         info.path = SCAN
         self.counts["path_switches"] += 1
@@ -331,7 +332,7 @@ class Recorder:
             return
         self.scan(fqn)
         del self.scans[fqn]
-        self._add_pending(fqn, DenseRows(info.module, info.row_offset))
+        self._add_pending(fqn, DenseRows(info.module, info.row_offset), info)
         info.path = LOOKUPS
         self.counts["path_switches"] += 1
 

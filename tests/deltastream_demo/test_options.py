@@ -64,3 +64,34 @@ def test_sharding_flag():
         DemoOptions(sharding="column", dim=2, workers=3).validate()
     with pytest.raises(SystemExit):
         _parse("--sharding", "diagonal")
+
+
+def test_model_kind_torchrec_needs_row_sharding():
+    pytest.importorskip("torchrec", reason="the TorchRec extra is not installed")
+    o = _parse("--model-kind", "torchrec")
+    o.validate()
+    assert o.stream_config().dense_ids and not DemoOptions().stream_config().dense_ids
+    o = _parse("--model-kind", "torchrec", "--sharding", "column")
+    with pytest.raises(ValueError, match="--model-kind torchrec .* --sharding row"):
+        o.validate()
+
+
+def test_model_kind_torchrec_without_torchrec_is_a_usage_error(tmp_path):
+    """Without TorchRec installed (hidden from ``importlib.util.find_spec`` here) the CLI
+    exits 2 naming the flag and the install, before anything is started."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "o"
+    code = ("import importlib.util as u, sys; real = u.find_spec; "
+            "u.find_spec = lambda n, *a, **k: None if n == 'torchrec' else real(n, *a, **k); "
+            "from deltastream.cli import main; "
+            f"sys.exit(main(['demo', '--model-kind', 'torchrec', '--out', {str(out)!r}]))")
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--model-kind torchrec needs TorchRec" in proc.stderr
+    assert "deltastream[torchrec]" in proc.stderr
+    assert not out.exists()

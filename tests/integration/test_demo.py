@@ -198,6 +198,27 @@ def test_short_demo_column_sharding_f32_is_exact(tmp_path):
     assert sum(r["train"]["rows_held"].values()) == d["ids_compared"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_short_demo_torchrec_model(tmp_path):
+    """--model-kind torchrec: the trainers run a TorchRec EmbeddingBagCollection sharded
+    row-wise by DistributedModelParallel (fused row-wise Adagrad), tracked on the lookups
+    path; the predictor and the report's invariants are the same as for HashTables."""
+    pytest.importorskip("torchrec", reason="the TorchRec extra is not installed")
+    out = tmp_path / "demo"
+    proc, r = _demo(out, "--model-kind", "torchrec")
+    _check_common(proc, r, out, workers=2)
+    assert r["config"]["model_kind"] == "torchrec" and r["stream"]["dense_ids"] is True
+    assert r["sharding"] == {"kind": "torchrec row", "plan": [
+        "user (dim 16, torchrec row_wise): s0 r0 rows 0-2000 | s1 r1 rows 2000-4000",
+        "item (dim 16, torchrec row_wise): s0 r0 rows 0-400 | s1 r1 rows 400-800"]}
+    # each trainer publishes its row-wise shards (global ids) to its own partition
+    assert {int(p) for t in r["trainers"] for p in t["offsets"]} == {0, 1}
+    assert r["rows"]["carried"] > 0 and 0 < r["drift"]["max_abs"] <= r["drift"]["tolerance"]
+    assert r["train"]["rows_held"]["user"] <= 4000 and r["train"]["rows_held"]["item"] <= 800
+
+
 @pytest.mark.parametrize("args, words", [
     (["--topk-fraction", "0"], "--topk-fraction"),
     (["--workers", "0"], "--workers"),
