@@ -62,6 +62,7 @@ from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
 from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
+from consumers.sync.state_lock import check_owner, lock_state_dir
 
 __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
@@ -131,6 +132,16 @@ class SyncDaemon:
                                       max_segments=o.checkpoint_max_segments)
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        check_owner(self.state_dir, any_owner=o.state_dir_any_owner)
+        self._state_lock = lock_state_dir(self.state_dir)  # one daemon per state dir
+        try:
+            self._start(o)
+        except BaseException:
+            self._state_lock.release()
+            raise
+
+    def _start(self, o: SyncOptions) -> None:
+        """Load the state and build the parts (the state dir is locked)."""
         self._lock = threading.RLock()  # counters
         if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
@@ -342,6 +353,7 @@ class SyncDaemon:
         self._kafka.mark_stopped()
         if self._metrics is not None:
             self._metrics.close()
+        self._state_lock.release()  # the next daemon may start now
         log.info("sync %s stopped: %s", self.topic, summary_line(self.stats()))
 
     def run(self) -> None:
