@@ -126,7 +126,10 @@ def lock_state_dir(state_dir: Path) -> StateLock:
                             f"({holder}; lock {path}); one daemon per state dir") from None
     info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                        "since": time.time()}).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, info + b"\n", 0)
+    try:  # who holds it, for the message of the next one; a full disk must not stop us
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info + b"\n", 0)
+    except OSError as e:
+        log.warning("%s: cannot record this daemon as the holder (%s); locked anyway", path, e)
     log.debug("state dir %s locked (%s)", state_dir, path)
     return StateLock(path, fd)
