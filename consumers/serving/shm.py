@@ -66,7 +66,7 @@ from consumers.serving.memory import (
 )
 from consumers.serving.mounts import huge_pages
 
-__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current",
+__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current", "remove_tables",
            "rows_file", "index_file", "SHM_BASE", "SHM_ENV"]
 
 log = logging.getLogger(__name__)
@@ -477,3 +477,41 @@ def _remove_stale(location: Path) -> None:
     for p in location.glob("current.tmp-*"):  # a pointer a crashed writer never renamed
         if re.fullmatch(r"current\.tmp-\d+", p.name) and p.is_file() and not p.is_symlink():
             p.unlink(missing_ok=True)
+
+
+def remove_tables(state_dir: os.PathLike | str,
+                  shm_dir: Optional[os.PathLike | str] = None) -> int:
+    """Remove the shared tables of ``state_dir`` that no process writes (a reset: what
+    they hold is no longer the state): their files deltastream wrote, marked closed first
+    so readers that mapped them know; anything else is left, with its directory. Returns
+    the tables removed."""
+    root = shm_root(state_dir, shm_dir)
+    try:
+        dirs = [d for d in root.iterdir() if re.fullmatch(r"[A-Za-z0-9_.-]{1,48}-[0-9a-f]{8}",
+                                                          d.name)]
+    except OSError:
+        return 0
+    done = 0
+    for d in dirs:
+        st = os.lstat(d)
+        if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid():
+            continue
+        try:
+            files = _Files(d, read_current(d) or "0" * 16, access_of(state_dir))
+            files.lock_fd = _lock(d)
+        except ConsumerError as e:  # a live writer (not this daemon's state any more)
+            log.warning("reset: %s", e)
+            continue
+        if _is_ours(rows_file(d, files.inc)):
+            try:
+                header_array(map_file(rows_file(d, files.inc)))[H_STATE] = STATE_CLOSED
+            except OSError as e:
+                log.warning("cannot mark %s closed: %s", rows_file(d, files.inc), e)
+        if (d / "current").is_file() and not (d / "current").is_symlink():
+            (d / "current").unlink()  # then no incarnation is kept
+        _remove_stale(d)
+        files.cleanup()  # the lock, and the directories when nothing else is left
+        done += 1
+    if done:
+        log.info("reset: removed the shared files of %d tables of %s", done, state_dir)
+    return done

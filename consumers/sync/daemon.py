@@ -43,6 +43,7 @@ from typing import Any, Optional
 from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
+from consumers.serving.shm import remove_tables
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
@@ -146,6 +147,7 @@ class SyncDaemon:
         if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
                         self._store.reset() or "(nothing there)")
+            remove_tables(self.state_dir, o.shm_dir)  # shared copies of the old state
         start = load_start_state(self._store, o.base, model=o.model, topic=o.topic,
                                  table_dims=o.tables, base_any_topic=o.base_any_topic)
         self.source = start.source  #: where the state came from: checkpoint | base | empty
