@@ -67,6 +67,7 @@ from consumers.serving.memory import (
 from consumers.serving.mounts import huge_pages
 
 __all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current", "remove_tables",
+           "left_behind",
            "rows_file", "index_file", "SHM_BASE", "SHM_ENV"]
 
 log = logging.getLogger(__name__)
@@ -515,3 +516,21 @@ def remove_tables(state_dir: os.PathLike | str,
     if done:
         log.info("reset: removed the shared files of %d tables of %s", done, state_dir)
     return done
+
+
+def left_behind(state_dir: os.PathLike | str,
+                shm_dir: Optional[os.PathLike | str] = None) -> list[Path]:
+    """Table dirs of ``state_dir`` whose ``current`` incarnation a writer left behind
+    without stopping cleanly (killed): readers may still serve it, and its state may be
+    newer than the writer's last checkpoint."""
+    root = shm_root(state_dir, shm_dir)
+    try:
+        dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
+    except OSError:
+        return []
+    out = []
+    for d in dirs:
+        inc = read_current(d)
+        if inc is not None and _is_ours(rows_file(d, inc)):
+            out.append(d)
+    return out

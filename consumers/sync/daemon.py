@@ -43,7 +43,7 @@ from typing import Any, Optional
 from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
-from consumers.serving.shm import remove_tables
+from consumers.serving.shm import left_behind, remove_tables
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
@@ -155,7 +155,14 @@ class SyncDaemon:
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
-        if o.share_tables:
+        # a killed daemon's shared tables may be newer than the checkpoint: readers keep
+        # them until this daemon has caught up with the topic as it is now
+        self._share_wait = bool(o.share_tables and left_behind(self.state_dir, o.shm_dir))
+        self._share_target: Optional[dict[int, int]] = None
+        if o.share_tables and self._share_wait:
+            log.info("shared tables of an earlier daemon were left behind: readers keep "
+                     "them until this one has caught up with the topic")
+        elif o.share_tables:
             self._share_tables()
         self._seqs = start.seqs
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
@@ -207,6 +214,26 @@ class SyncDaemon:
         """Share the tables not shared yet (new ones) with reader processes."""
         for t in [t for t in self._tables.values() if t.shared is None]:
             t.share(self.state_dir, shm_dir=self.options.shm_dir)
+
+    def _may_share(self) -> bool:
+        """True once sharing cannot take readers back in time: no earlier daemon left
+        shared tables behind, or this one has read up to the topic's end offsets measured
+        once connected (every state the earlier one published lies before them)."""
+        if not self._share_wait:
+            return True
+        if self._kafka.state != "connected":
+            return False
+        if self._share_target is None:
+            try:
+                self._share_target = self._kafka.measure_end_offsets()
+            except Exception as e:  # the broker went away again: next round
+                log.debug("end offsets unavailable: %s", e)
+                return False
+        if not reached(self._kafka.positions(), self._share_target):
+            return False
+        self._share_wait = False
+        log.info("caught up with %s: sharing the tables now", self._share_target)
+        return True
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""
@@ -298,7 +325,7 @@ class SyncDaemon:
         return n
 
     def _housekeeping(self) -> None:
-        if self.options.share_tables:
+        if self.options.share_tables and self._may_share():
             try:
                 self._share_tables()
             except Exception as e:  # /dev/shm full: serving in-process goes on
@@ -509,7 +536,9 @@ class SyncDaemon:
         before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in flight),
         ``write_errors`` (``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors``,
         ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
-        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``, ``uptime_s``.
+        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``,
+        ``share_waiting`` (True while the tables are not shared yet because an earlier
+        daemon's shared tables may be newer: see ``share_tables``), ``uptime_s``.
         """
         a = self._applier.counters
         p50, p99 = self._fresh.quantiles((0.5, 0.99))
@@ -551,6 +580,7 @@ class SyncDaemon:
                 "group_commit_errors": 0 if committer is None else committer.errors,
                 "disconnects": k["disconnects"],
                 "internal_errors": self._c["internal_errors"],
+                "share_waiting": self._share_wait,
                 "uptime_s": time.monotonic() - self._started,
             }
         out["tables"] = {name: len(t) for name, t in list(self._tables.items())}

@@ -217,7 +217,9 @@ class SyncOptions:
         False, "Share the tables with model-server processes of this host: they read them "
                "from shared memory (/dev/shm) with "
                "``consumers.serving.TableReader.open(STATE_DIR, TABLE)``; tables created "
-               "later are shared within one poll round; ``stop()`` unshares them.",
+               "later are shared within one poll round; ``stop()`` unshares them. Tables a killed "
+               "daemon left shared stay until this one has caught up with the topic (readers "
+               "never go back in time).",
         flag={"action": "store_true"})
     shm_dir: Optional[PathLike] = option(
         None, "Where shared tables live (default: $DELTASTREAM_SHM_DIR, else /dev/shm), e.g. "
