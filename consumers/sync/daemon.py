@@ -61,6 +61,7 @@ from consumers.sync.metrics import (
 from consumers.sync.options import SyncOptions, check_positive
 from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
+from consumers.sync.share_gate import ShareGate
 from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
 from consumers.sync.state_lock import check_owner, lock_state_dir
@@ -155,14 +156,10 @@ class SyncDaemon:
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
-        # a killed daemon's shared tables may be newer than the checkpoint: readers keep
-        # them until this daemon has caught up with the topic as it is now
-        self._share_wait = bool(o.share_tables and left_behind(self.state_dir, o.shm_dir))
-        self._share_target: Optional[dict[int, int]] = None
-        if o.share_tables and self._share_wait:
-            log.info("shared tables of an earlier daemon were left behind: readers keep "
-                     "them until this one has caught up with the topic")
-        elif o.share_tables:
+        # a killed daemon's shared tables may be newer than the checkpoint: see ShareGate
+        self._share_gate = ShareGate(bool(o.share_tables and
+                                          left_behind(self.state_dir, o.shm_dir)))
+        if o.share_tables and not self._share_gate.waiting:
             self._share_tables()
         self._seqs = start.seqs
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
@@ -214,26 +211,6 @@ class SyncDaemon:
         """Share the tables not shared yet (new ones) with reader processes."""
         for t in [t for t in self._tables.values() if t.shared is None]:
             t.share(self.state_dir, shm_dir=self.options.shm_dir)
-
-    def _may_share(self) -> bool:
-        """True once sharing cannot take readers back in time: no earlier daemon left
-        shared tables behind, or this one has read up to the topic's end offsets measured
-        once connected (every state the earlier one published lies before them)."""
-        if not self._share_wait:
-            return True
-        if self._kafka.state != "connected":
-            return False
-        if self._share_target is None:
-            try:
-                self._share_target = self._kafka.measure_end_offsets()
-            except Exception as e:  # the broker went away again: next round
-                log.debug("end offsets unavailable: %s", e)
-                return False
-        if not reached(self._kafka.positions(), self._share_target):
-            return False
-        self._share_wait = False
-        log.info("caught up with %s: sharing the tables now", self._share_target)
-        return True
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""
@@ -325,7 +302,7 @@ class SyncDaemon:
         return n
 
     def _housekeeping(self) -> None:
-        if self.options.share_tables and self._may_share():
+        if self.options.share_tables and self._share_gate.open(self._kafka):
             try:
                 self._share_tables()
             except Exception as e:  # /dev/shm full: serving in-process goes on
@@ -580,7 +557,7 @@ class SyncDaemon:
                 "group_commit_errors": 0 if committer is None else committer.errors,
                 "disconnects": k["disconnects"],
                 "internal_errors": self._c["internal_errors"],
-                "share_waiting": self._share_wait,
+                "share_waiting": self._share_gate.waiting,
                 "uptime_s": time.monotonic() - self._started,
             }
         out["tables"] = {name: len(t) for name, t in list(self._tables.items())}
