@@ -167,7 +167,7 @@ class SyncDaemon:
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
         self._fresh = FreshnessWindow(o.freshness_window)
         self._fresh_hist = FreshnessHistogram()
-        self._failures = FailureLog(("quarantine", "checkpoint"), logger=log)
+        self._failures = FailureLog(("quarantine", "checkpoint", "apply"), logger=log)
         self._report = RecordReport(o.topic, o.model, self._quarantine, o.on_apply,
                                     self._failures, log)
         self.group_id = default_group_id(o.model) if o.group_id is None else o.group_id
@@ -187,6 +187,7 @@ class SyncDaemon:
         # shared with other threads
         self._last_gap: Optional[dict] = None
         self._c = dict.fromkeys(("internal_errors",), 0)
+        self._no_room = False  # the last apply failed for want of memory (retried)
         self._started = time.monotonic()
         self._stop_event = threading.Event()
         self._loop_lock = threading.Lock()
@@ -248,14 +249,25 @@ class SyncDaemon:
 
     # ------------------------------------------------------------------ the loop
 
-    def _record(self, partition: int, rec: Any) -> Outcome:
+    def _record(self, partition: int, rec: Any) -> Optional[Outcome]:
+        """Apply one record; None when the host has no room for it now (the record is not
+        done: the partition waits at it)."""
         try:
             out = self._applier.process(rec.value, rec.headers)
+        except (OSError, MemoryError) as e:  # a full shm tmpfs: not the record's fault
+            self._no_room = True
+            self._failures.failed("apply", f"partition {partition} offset {rec.offset}: "
+                                  f"no room to apply it ({type(e).__name__}: {e})")
+            return None
         except Exception as e:  # a bug must not kill serving; the record is kept aside
             with self._lock:
                 self._c["internal_errors"] += 1
             log.exception("partition %d offset %d: applying failed", partition, rec.offset)
             out = Outcome("quarantined", reason=f"internal error: {type(e).__name__}: {e}")
+        if self._no_room:
+            self._no_room = False
+            self._failures.recovered("apply", f"partition {partition} offset {rec.offset}: "
+                                     "applying works again")
         if out.kind == "applied":
             if out.ts is not None:
                 self._fresh_hist.observe(self._fresh.add_ts(out.ts))
@@ -285,6 +297,9 @@ class SyncDaemon:
                 if rec.offset < self._kafka.position(p):
                     continue  # a fetch may start inside a batch that began earlier
                 out = self._record(p, rec)
+                if out is None:  # no room: the partition waits at this record
+                    self._kafka.rewind(p)
+                    break
                 n += 1
                 if debug:
                     log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
@@ -299,6 +314,8 @@ class SyncDaemon:
             return n  # the consumer is closed right after; no need to re-seek
         self._kafka.refresh()
         self._housekeeping()
+        if self._no_room:
+            self._stop_event.wait(0.2)  # memory may be freed; the records are fetched again
         return n
 
     def _housekeeping(self) -> None:
@@ -511,7 +528,8 @@ class SyncDaemon:
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
         before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in flight),
-        ``write_errors`` (``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors``,
+        ``write_errors`` (``{"quarantine": n, "checkpoint": n, "apply": n}``; ``apply``:
+        records that found no memory, e.g. a full shm tmpfs, retried), ``checkpoint_errors``,
         ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
         :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``,
         ``share_waiting`` (True while the tables are not shared yet because an earlier
@@ -524,7 +542,8 @@ class SyncDaemon:
         lag = partition_lag(positions, ends)
         ck, q = self._ckpt, self._quarantine
         errors = {"quarantine": q.write_errors,
-                  "checkpoint": self._failures.counts().get("checkpoint", 0)}
+                  "checkpoint": self._failures.counts().get("checkpoint", 0),
+                  "apply": self._failures.counts().get("apply", 0)}
         committer = ck.committer
         with self._lock:
             out = {
