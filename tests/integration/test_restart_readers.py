@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from consumers.serving import TableReader
+from consumers.serving.shm import remove_tables
 
 from .test_sync_state import _args, _kill, _spawn, _stop
 
@@ -77,3 +78,4 @@ def test_a_restart_never_takes_readers_back_in_time(broker, feed, tmp_path):
     finally:
         stop.set()
         _kill(proc)
+        remove_tables(state)  # what a killed daemon left in /dev/shm when the test failed
