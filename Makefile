@@ -13,7 +13,7 @@ TORCHREC_SPEC ?= torchrec==1.8.0
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint clean asan-test
 
 install: $(STAMP)
 
@@ -35,6 +35,22 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/deltastream bench all --write BENCHMARKS.md
+
+# The C extension built with AddressSanitizer, the serving tests run against it (python is
+# not instrumented: libasan is preloaded, and processes the tests start inherit it through
+# the environment); the ordinary build is put back afterwards, pass or fail.
+CC ?= cc
+ASAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -g -O1
+ASAN_TESTS ?= tests/consumers/serving
+asan-test: $(STAMP)
+	@lib="$$($(CC) -print-file-name=libasan.so)"; \
+	if [ ! -e "$$lib" ]; then echo "asan-test: skipped: $(CC) has no libasan.so"; exit 0; fi; \
+	CFLAGS="$(ASAN_FLAGS)" LDFLAGS="-fsanitize=address" $(PY) setup.py -q build_ext \
+		--inplace --force --build-temp build/asan >/dev/null 2>&1 || exit 1; \
+	status=0; LD_PRELOAD="$$lib" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+		DELTASTREAM_NATIVE=1 $(PY) -m pytest $(ASAN_TESTS) $(PYTEST_ARGS) || status=$$?; \
+	$(PY) setup.py -q build_ext --inplace --force --build-temp build/native >/dev/null 2>&1; \
+	exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -49,6 +49,7 @@ from consumers.errors import SnapshotError
 
 __all__ = [
     "PathLike",
+    "no_follow",
     "MANIFEST",
     "OWN_FORMATS",
     "HashingWriter",
@@ -133,6 +134,12 @@ class HashingWriter:
         return {CHECKSUM: self.h.hexdigest(), "bytes": self.n}
 
 
+def no_follow(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open` that never follows a symbolic link at ``path``
+    (``OSError`` ELOOP instead): the daemon writes only through names it made."""
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+
+
 def fsync_dir(path: Path) -> None:
     """fsync directory ``path`` (makes the names created or renamed in it durable)."""
     fd = os.open(path, os.O_RDONLY)
@@ -166,7 +173,7 @@ def write_npy_chunks(path: Path, dtype: np.dtype, shape: tuple, chunks: Iterable
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
               "shape": tuple(shape)}
     n = 0
-    with open(path, "wb") as f:
+    with open(path, "wb", opener=no_follow) as f:
         w = HashingWriter(f)
         np.lib.format.write_array_header_1_0(w, header)  # what np.save writes here
         for c in chunks:
@@ -184,7 +191,7 @@ def write_npy_chunks(path: Path, dtype: np.dtype, shape: tuple, chunks: Iterable
 def write_chunks(path: Path, chunks: Iterable[Any]) -> dict:
     """Write ``chunks`` (bytes or contiguous arrays) to the new file ``path`` with fsync;
     returns the file's manifest entry ({:data:`CHECKSUM`: hex, "bytes": size})."""
-    with open(path, "wb") as f:
+    with open(path, "wb", opener=no_follow) as f:
         w = HashingWriter(f)
         for c in chunks:
             w.write(c)

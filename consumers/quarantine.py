@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from consumers.files import no_follow
+
 __all__ = ["Quarantine", "FIRST_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -217,7 +219,7 @@ class Quarantine:
                      current, self._rotated().name)
         if self._torn is None:
             self._torn = self._ends_torn()
-        with open(self.path, "ab") as f:
+        with open(self.path, "ab", opener=no_follow) as f:  # never through a link
             # a line torn by a crash or a failed write must not swallow the next one
             f.write(b"\n" + data if self._torn else data)
         self._torn = False
@@ -225,7 +227,7 @@ class Quarantine:
 
     def _ends_torn(self) -> bool:
         try:
-            with open(self.path, "rb") as f:
+            with open(self.path, "rb", opener=no_follow) as f:
                 if f.seek(0, os.SEEK_END) == 0:
                     return False
                 f.seek(-1, os.SEEK_END)

@@ -22,15 +22,19 @@ per value copy the metadata of the state it holds (``H_META``).
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
+from consumers.errors import ConsumerError
 from consumers.serving import hugemap
+from consumers.serving.access import check_fd, fix_file
 
 __all__ = [
     "PAGE", "HEADER_BYTES", "RESERVE_BYTES", "MAGIC", "INDEX_MAGIC", "LAYOUT",
@@ -104,19 +108,31 @@ def reservation_slots(row_bytes: int, capacity: int) -> int:
 
 
 def map_file(path: Path, nbytes: int | None = None, *, create: bool = False,
-             writable: bool = True) -> np.ndarray:
-    """``uint8`` array over a ``MAP_SHARED`` mapping of file ``path``.
+             writable: bool = True, mode: int = 0o600, gid: Optional[int] = None,
+             writers: Optional[frozenset[int]] = None) -> np.ndarray:
+    """``uint8`` array over a ``MAP_SHARED`` mapping of file ``path`` (never through a link).
 
-    ``create``: make the file (it must not exist; mode 0644) with size ``nbytes`` (sparse).
-    Else map it whole. The file descriptor is closed; the mapping stays until the array
-    and its views are freed.
+    ``create``: make the file (it must not exist) with size ``nbytes`` (sparse), ``mode``
+    and group ``gid`` (None: the process's). Else map it whole. ``writers``: refuse (``ConsumerError`` naming the path)
+    a file not owned by one of these uids or writable by group/other
+    (:func:`~consumers.serving.access.check_fd`). The file descriptor is closed; the
+    mapping stays until the array and its views are freed.
     """
-    flags = os.O_RDWR if writable else os.O_RDONLY
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW
     if create:
         flags |= os.O_CREAT | os.O_EXCL
-    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConsumerError(f"{path}: is a symbolic link; a shared table file must be "
+                                "a plain file (another user may have planted it)") from e
+        raise
+    try:
+        if writers is not None:
+            check_fd(path, fd, writers)
         if create:
+            fix_file(path, fd, mode, os.fstat(fd).st_gid if gid is None else gid)
             os.ftruncate(fd, int(nbytes or 0))
         size = os.fstat(fd).st_size
         if size == 0:

@@ -45,6 +45,7 @@ import numpy as np
 from consumers.errors import ConsumerError
 from consumers.sched_policy import set_thread_policy, thread_policy
 from consumers.serving import accel, hugemap
+from consumers.serving.access import check_dir, writers_of
 from consumers.serving.id_index import as_ids
 from consumers.serving.lookup import read_rows
 from consumers.serving.memory import (
@@ -135,8 +136,9 @@ class ReadInfo:
 class _Mapped:
     """One incarnation's mappings: header, rows, and the index generations in use."""
 
-    def __init__(self, dir: Path, inc: str, name: str) -> None:
-        buf = map_file(rows_file(dir, inc), writable=False)
+    def __init__(self, dir: Path, inc: str, name: str, writers: frozenset[int]) -> None:
+        self.writers = writers  # uids trusted to have written the files
+        buf = map_file(rows_file(dir, inc), writable=False, writers=writers)
         hdr = header_array(buf)
         if int(hdr[H_MAGIC]) != MAGIC or int(hdr[H_LAYOUT]) != LAYOUT \
                 or f"{int(hdr[H_INCARNATION]):016x}" != inc:
@@ -167,7 +169,7 @@ class _Mapped:
             return tab
         path = index_file(self.dir, self.inc, gen)
         try:
-            buf = map_file(path, writable=False)
+            buf = map_file(path, writable=False, writers=self.writers)
         except FileNotFoundError:
             return None
         h = header_array(buf)
@@ -292,6 +294,7 @@ class TableReader:
 
     def __init__(self, state_dir: Path, name: str, dir: Path, m: _Mapped) -> None:
         self.state_dir, self.name, self._dir, self._m = state_dir, name, dir, m
+        self._writers = m.writers
         self._checked = time.monotonic()
         self._pointer = _stat_key(dir / "current")
         _Warmer(self).start()
@@ -308,10 +311,14 @@ class TableReader:
         dir = table_dir(state_dir, table, shm_dir)
         deadline = time.monotonic() + max(0.0, float(timeout))
         while True:
-            inc = read_current(dir)
+            try:
+                writers = writers_of(state_dir)
+            except FileNotFoundError:  # no state dir (yet)
+                writers = frozenset()
+            inc = _trusted_current(dir, writers) if writers else None
             if inc is not None:
                 try:
-                    return cls(Path(state_dir), table, dir, _Mapped(dir, inc, table))
+                    return cls(Path(state_dir), table, dir, _Mapped(dir, inc, table, writers))
                 except FileNotFoundError:
                     pass  # replaced between reading the pointer and mapping: again
             if time.monotonic() >= deadline:
@@ -367,13 +374,17 @@ class TableReader:
 
     def refresh(self) -> bool:
         """Switch to the current incarnation now if there is a newer one; True if it did."""
-        inc = read_current(self._dir)
         self._checked = time.monotonic()
         self._pointer = _stat_key(self._dir / "current")
+        try:
+            inc = _trusted_current(self._dir, self._writers)
+        except ConsumerError as e:  # planted meanwhile: keep serving what we have
+            log.error("table %s: %s", self.name, e)
+            return False
         if inc is None or inc == self._m.inc:
             return False
         try:
-            self._m = _Mapped(self._dir, inc, self.name)
+            self._m = _Mapped(self._dir, inc, self.name, self._writers)
         except (OSError, ConsumerError) as e:  # mid-replacement: keep what we have
             log.debug("table %s: cannot map incarnation %s yet: %s", self.name, inc, e)
             return False
@@ -413,6 +424,9 @@ class TableReader:
         m = self._m
         if out is None:
             out = np.empty((keys.shape[0], m.dim), np.float32)
+        elif not isinstance(out, np.ndarray):
+            raise TypeError(f"out: expected a writable C-contiguous float32 numpy array of "
+                            f"shape [{keys.shape[0]}, {m.dim}], got {type(out).__name__}")
         elif out.dtype != np.float32 or out.shape != (keys.shape[0], m.dim) \
                 or not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError(f"out: expected a writable C-contiguous float32 array of shape "
@@ -442,6 +456,18 @@ def open_table(state_dir: os.PathLike | str, table: str, *, timeout: float = 0.0
                ) -> TableReader:
     """:meth:`TableReader.open`."""
     return TableReader.open(state_dir, table, timeout=timeout)
+
+
+def _trusted_current(dir: Path, writers: frozenset[int]) -> Optional[str]:
+    """The incarnation the ``current`` pointer of table dir ``dir`` names (None when
+    there is none yet), after checking that the shm dirs on the way and the pointer were
+    written by one of ``writers`` (``ConsumerError`` naming the path otherwise)."""
+    try:
+        check_dir(dir.parent, writers)
+        check_dir(dir, writers)
+    except FileNotFoundError:
+        return None
+    return read_current(dir, writers)
 
 
 def _info(m: _Mapped, s: int, writer: str) -> Optional[ReadInfo]:

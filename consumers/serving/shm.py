@@ -10,7 +10,7 @@ the same place from the state dir, the table name and the shm dir (:func:`table_
 
 In a table directory::
 
-    lock                 flock'ed by the one writing process while it lives
+    lock                 flock'ed by the one writing process while it lives (0600)
     current              "<incarnation>": the incarnation readers should map
     <inc>.rows           header page + rows (sparse; see consumers.serving.memory)
     <inc>.idx-<gen>      header page + the id index buckets of generation <gen>
@@ -20,7 +20,8 @@ one, points ``current`` at it, marks the previous one superseded (readers reopen
 removes its files. A daemon killed with SIGKILL leaves its files, consistent (every
 publish is one store): readers keep reading the last state; the next writer of that table
 removes them. A writer removes only files named as above whose header carries
-deltastream's magic — never anything else.
+deltastream's magic — never anything else. Modes, group, and what readers verify:
+:mod:`consumers.serving.access`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.serving import hugemap
+from consumers.serving.access import Access, access_of, check_fd, fix_file, make_dir
 from consumers.serving.backer import Backer, allocate
 from consumers.serving.memory import (
     DTYPE_CODES,
@@ -64,7 +66,8 @@ from consumers.serving.memory import (
 )
 from consumers.serving.mounts import huge_pages
 
-__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current",
+__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current", "remove_tables",
+           "left_behind",
            "rows_file", "index_file", "SHM_BASE", "SHM_ENV"]
 
 log = logging.getLogger(__name__)
@@ -123,24 +126,23 @@ def index_file(dir: Path, inc: str, gen: int) -> Path:
     return dir / f"{inc}.idx-{gen:06d}"
 
 
-def read_current(dir: Path) -> Optional[str]:
-    """The incarnation ``dir/current`` names, or None."""
+def read_current(dir: Path, writers: Optional[frozenset[int]] = None) -> Optional[str]:
+    """The incarnation ``dir/current`` names, or None. ``writers``: refuse
+    (``ConsumerError``) a pointer not written by one of these uids (see
+    :func:`~consumers.serving.access.check_fd`)."""
     try:
-        text = (dir / "current").read_text().strip()
+        fd = os.open(dir / "current", os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
+    try:
+        if writers is not None:
+            check_fd(dir / "current", fd, writers)
+        text = os.read(fd, 64).decode(errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return text if re.fullmatch(r"[0-9a-f]{16}", text) else None
-
-
-def _own_dir(path: Path) -> None:
-    """Create ``path`` (and parents) or accept it only when it is a real directory of ours
-    (in a world-writable place like /dev/shm, never follow someone else's symlink)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o755)
-    st = os.lstat(path)
-    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
-        raise ConsumerError(f"{path}: expected a directory owned by uid {os.getuid()} for "
-                            f"shared tables, found something else (a link, or uid "
-                            f"{st.st_uid}); remove it or use another state dir")
 
 
 def _is_ours(path: Path) -> bool:
@@ -169,8 +171,8 @@ def _remove_ours(paths: list[Path]) -> None:
 class _Files:
     """What a finalizer needs to clean up (no reference to the storage object)."""
 
-    def __init__(self, dir: Path, inc: str) -> None:
-        self.dir, self.inc = dir, inc
+    def __init__(self, dir: Path, inc: str, access: Access) -> None:
+        self.dir, self.inc, self.access = dir, inc, access
         self.lock_fd: Optional[int] = None
         self.gens: set[int] = set()
         self.backer = Backer(dir.name)
@@ -264,9 +266,11 @@ class SharedStorage:
             log.info("%s is a tmpfs without huge pages: lookups of random ids pay a page "
                      "walk per row; a tmpfs mounted with huge=within_size given as the shm "
                      "dir (--shm-dir, %s) makes them up to 2x faster", base, SHM_ENV)
-        _own_dir(location.parent)
-        _own_dir(location)
-        files = _Files(location, f"{secrets.randbits(63):016x}")
+        Path(state_dir).mkdir(parents=True, exist_ok=True)  # its owner is the writer
+        access = access_of(state_dir)  # no more readable than the state dir
+        make_dir(location.parent, access)
+        make_dir(location, access)
+        files = _Files(location, f"{secrets.randbits(63):016x}", access)
         files.lock_fd = lock_fd if lock_fd is not None else _lock(location)
         try:
             if lock_fd is None:
@@ -276,7 +280,7 @@ class SharedStorage:
             while True:
                 try:
                     buf = map_file(path, HEADER_BYTES + slots * dim * np_dtype.itemsize,
-                                   create=True)
+                                   create=True, mode=access.file_mode, gid=access.gid)
                     break
                 except (OSError, OverflowError, ValueError):
                     path.unlink(missing_ok=True)
@@ -316,7 +320,8 @@ class SharedStorage:
         path = index_file(self.location, self._f.inc, gen)
         nbytes = HEADER_BYTES + buckets * 16
         try:
-            buf = map_file(path, nbytes, create=True)
+            buf = map_file(path, nbytes, create=True, mode=self._f.access.file_mode,
+                           gid=self._f.access.gid)
         except FileExistsError:
             raise
         except OSError:
@@ -390,7 +395,14 @@ class SharedStorage:
         its readers reopen, remove its files)."""
         prev = read_current(self.location)
         tmp = self.location / f"current.tmp-{os.getpid()}"
-        tmp.write_text(self._f.inc + "\n")
+        tmp.unlink(missing_ok=True)  # ours: the lock is held
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     self._f.access.file_mode)
+        try:
+            fix_file(tmp, fd, self._f.access.file_mode, self._f.access.gid)
+            os.write(fd, (self._f.inc + "\n").encode())
+        finally:
+            os.close(fd)
         os.replace(tmp, self.location / "current")
         if prev is not None and prev != self._f.inc:
             _supersede(self.location, prev)
@@ -406,7 +418,18 @@ def _lock(location: Path) -> int:
     """flock ``location/lock`` (the one writer of this table); ConsumerError if held."""
     path = location / "lock"
     for _ in range(100):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:  # 0600 and ours: nobody else can open it, so nobody else can hold it
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
+                         getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as e:
+            raise ConsumerError(f"{path}: cannot open the table's writer lock: {e}") from e
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            os.close(fd)
+            raise ConsumerError(f"{path}: the table's lock file belongs to uid {st.st_uid}; "
+                                "remove it")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # written by an older version
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -455,3 +478,59 @@ def _remove_stale(location: Path) -> None:
     for p in location.glob("current.tmp-*"):  # a pointer a crashed writer never renamed
         if re.fullmatch(r"current\.tmp-\d+", p.name) and p.is_file() and not p.is_symlink():
             p.unlink(missing_ok=True)
+
+
+def remove_tables(state_dir: os.PathLike | str,
+                  shm_dir: Optional[os.PathLike | str] = None) -> int:
+    """Remove the shared tables of ``state_dir`` that no process writes (a reset: what
+    they hold is no longer the state): their files deltastream wrote, marked closed first
+    so readers that mapped them know; anything else is left, with its directory. Returns
+    the tables removed."""
+    root = shm_root(state_dir, shm_dir)
+    try:
+        dirs = [d for d in root.iterdir() if re.fullmatch(r"[A-Za-z0-9_.-]{1,48}-[0-9a-f]{8}",
+                                                          d.name)]
+    except OSError:
+        return 0
+    done = 0
+    for d in dirs:
+        st = os.lstat(d)
+        if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid():
+            continue
+        try:
+            files = _Files(d, read_current(d) or "0" * 16, access_of(state_dir))
+            files.lock_fd = _lock(d)
+        except ConsumerError as e:  # a live writer (not this daemon's state any more)
+            log.warning("reset: %s", e)
+            continue
+        if _is_ours(rows_file(d, files.inc)):
+            try:
+                header_array(map_file(rows_file(d, files.inc)))[H_STATE] = STATE_CLOSED
+            except OSError as e:
+                log.warning("cannot mark %s closed: %s", rows_file(d, files.inc), e)
+        if (d / "current").is_file() and not (d / "current").is_symlink():
+            (d / "current").unlink()  # then no incarnation is kept
+        _remove_stale(d)
+        files.cleanup()  # the lock, and the directories when nothing else is left
+        done += 1
+    if done:
+        log.info("reset: removed the shared files of %d tables of %s", done, state_dir)
+    return done
+
+
+def left_behind(state_dir: os.PathLike | str,
+                shm_dir: Optional[os.PathLike | str] = None) -> list[Path]:
+    """Table dirs of ``state_dir`` whose ``current`` incarnation a writer left behind
+    without stopping cleanly (killed): readers may still serve it, and its state may be
+    newer than the writer's last checkpoint."""
+    root = shm_root(state_dir, shm_dir)
+    try:
+        dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
+    except OSError:
+        return []
+    out = []
+    for d in dirs:
+        inc = read_current(d)
+        if inc is not None and _is_ours(rows_file(d, inc)):
+            out.append(d)
+    return out

@@ -63,6 +63,7 @@ from consumers.files import (
     is_deltastream_dir,
     is_tmp_name,
     new_tmp,
+    no_follow,
     old_path,
     read_manifest,
     read_verified,
@@ -413,7 +414,7 @@ class CheckpointStore:
         data = json.dumps(seal(body), indent=1, sort_keys=True).encode()
         tmp = self.path / f"{MANIFEST}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb", opener=no_follow) as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

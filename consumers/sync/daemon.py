@@ -43,6 +43,7 @@ from typing import Any, Optional
 from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
+from consumers.serving.shm import left_behind, remove_tables
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
@@ -60,8 +61,10 @@ from consumers.sync.metrics import (
 from consumers.sync.options import SyncOptions, check_positive
 from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
+from consumers.sync.share_gate import ShareGate
 from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
+from consumers.sync.state_lock import check_owner, lock_state_dir
 
 __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
@@ -131,10 +134,21 @@ class SyncDaemon:
                                       max_segments=o.checkpoint_max_segments)
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        check_owner(self.state_dir, any_owner=o.state_dir_any_owner)
+        self._state_lock = lock_state_dir(self.state_dir)  # one daemon per state dir
+        try:
+            self._start(o)
+        except BaseException:
+            self._state_lock.release()
+            raise
+
+    def _start(self, o: SyncOptions) -> None:
+        """Load the state and build the parts (the state dir is locked)."""
         self._lock = threading.RLock()  # counters
         if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
                         self._store.reset() or "(nothing there)")
+            remove_tables(self.state_dir, o.shm_dir)  # shared copies of the old state
         start = load_start_state(self._store, o.base, model=o.model, topic=o.topic,
                                  table_dims=o.tables, base_any_topic=o.base_any_topic)
         self.source = start.source  #: where the state came from: checkpoint | base | empty
@@ -142,7 +156,10 @@ class SyncDaemon:
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
-        if o.share_tables:
+        # a killed daemon's shared tables may be newer than the checkpoint: see ShareGate
+        self._share_gate = ShareGate(bool(o.share_tables and
+                                          left_behind(self.state_dir, o.shm_dir)))
+        if o.share_tables and not self._share_gate.waiting:
             self._share_tables()
         self._seqs = start.seqs
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
@@ -150,7 +167,7 @@ class SyncDaemon:
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
         self._fresh = FreshnessWindow(o.freshness_window)
         self._fresh_hist = FreshnessHistogram()
-        self._failures = FailureLog(("quarantine", "checkpoint"), logger=log)
+        self._failures = FailureLog(("quarantine", "checkpoint", "apply"), logger=log)
         self._report = RecordReport(o.topic, o.model, self._quarantine, o.on_apply,
                                     self._failures, log)
         self.group_id = default_group_id(o.model) if o.group_id is None else o.group_id
@@ -170,6 +187,7 @@ class SyncDaemon:
         # shared with other threads
         self._last_gap: Optional[dict] = None
         self._c = dict.fromkeys(("internal_errors",), 0)
+        self._no_room = False  # the last apply failed for want of memory (retried)
         self._started = time.monotonic()
         self._stop_event = threading.Event()
         self._loop_lock = threading.Lock()
@@ -231,14 +249,25 @@ class SyncDaemon:
 
     # ------------------------------------------------------------------ the loop
 
-    def _record(self, partition: int, rec: Any) -> Outcome:
+    def _record(self, partition: int, rec: Any) -> Optional[Outcome]:
+        """Apply one record; None when the host has no room for it now (the record is not
+        done: the partition waits at it)."""
         try:
             out = self._applier.process(rec.value, rec.headers)
+        except (OSError, MemoryError) as e:  # a full shm tmpfs: not the record's fault
+            self._no_room = True
+            self._failures.failed("apply", f"partition {partition} offset {rec.offset}: "
+                                  f"no room to apply it ({type(e).__name__}: {e})")
+            return None
         except Exception as e:  # a bug must not kill serving; the record is kept aside
             with self._lock:
                 self._c["internal_errors"] += 1
             log.exception("partition %d offset %d: applying failed", partition, rec.offset)
             out = Outcome("quarantined", reason=f"internal error: {type(e).__name__}: {e}")
+        if self._no_room:
+            self._no_room = False
+            self._failures.recovered("apply", f"partition {partition} offset {rec.offset}: "
+                                     "applying works again")
         if out.kind == "applied":
             if out.ts is not None:
                 self._fresh_hist.observe(self._fresh.add_ts(out.ts))
@@ -268,6 +297,9 @@ class SyncDaemon:
                 if rec.offset < self._kafka.position(p):
                     continue  # a fetch may start inside a batch that began earlier
                 out = self._record(p, rec)
+                if out is None:  # no room: the partition waits at this record
+                    self._kafka.rewind(p)
+                    break
                 n += 1
                 if debug:
                     log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
@@ -282,10 +314,12 @@ class SyncDaemon:
             return n  # the consumer is closed right after; no need to re-seek
         self._kafka.refresh()
         self._housekeeping()
+        if self._no_room:
+            self._stop_event.wait(0.2)  # memory may be freed; the records are fetched again
         return n
 
     def _housekeeping(self) -> None:
-        if self.options.share_tables:
+        if self.options.share_tables and self._share_gate.open(self._kafka):
             try:
                 self._share_tables()
             except Exception as e:  # /dev/shm full: serving in-process goes on
@@ -342,6 +376,7 @@ class SyncDaemon:
         self._kafka.mark_stopped()
         if self._metrics is not None:
             self._metrics.close()
+        self._state_lock.release()  # the next daemon may start now
         log.info("sync %s stopped: %s", self.topic, summary_line(self.stats()))
 
     def run(self) -> None:
@@ -493,9 +528,12 @@ class SyncDaemon:
         ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
         ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
         before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in flight),
-        ``write_errors`` (``{"quarantine": n, "checkpoint": n}``), ``checkpoint_errors``,
+        ``write_errors`` (``{"quarantine": n, "checkpoint": n, "apply": n}``; ``apply``:
+        records that found no memory, e.g. a full shm tmpfs, retried), ``checkpoint_errors``,
         ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
-        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``, ``uptime_s``.
+        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``,
+        ``share_waiting`` (True while the tables are not shared yet because an earlier
+        daemon's shared tables may be newer: see ``share_tables``), ``uptime_s``.
         """
         a = self._applier.counters
         p50, p99 = self._fresh.quantiles((0.5, 0.99))
@@ -504,7 +542,8 @@ class SyncDaemon:
         lag = partition_lag(positions, ends)
         ck, q = self._ckpt, self._quarantine
         errors = {"quarantine": q.write_errors,
-                  "checkpoint": self._failures.counts().get("checkpoint", 0)}
+                  "checkpoint": self._failures.counts().get("checkpoint", 0),
+                  "apply": self._failures.counts().get("apply", 0)}
         committer = ck.committer
         with self._lock:
             out = {
@@ -537,6 +576,7 @@ class SyncDaemon:
                 "group_commit_errors": 0 if committer is None else committer.errors,
                 "disconnects": k["disconnects"],
                 "internal_errors": self._c["internal_errors"],
+                "share_waiting": self._share_gate.waiting,
                 "uptime_s": time.monotonic() - self._started,
             }
         out["tables"] = {name: len(t) for name, t in list(self._tables.items())}

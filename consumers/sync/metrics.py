@@ -227,8 +227,9 @@ _GAUGES = {
 _PREFIX = "deltastream_sync_"
 #: stats key -> (metric name, help, label) for counters by label
 _LABELED_COUNTERS = {
-    "write_errors": ("write_errors", "failed writes of the state directory, by what "
-                     "(quarantine, checkpoint); never fatal, retried", "what"),
+    "write_errors": ("write_errors", "failed writes, by what (quarantine, checkpoint: the "
+                     "state directory; apply: no memory for a record, e.g. a full shm "
+                     "tmpfs); never fatal, retried", "what"),
     "foreign_models": ("foreign_messages", "messages of other models, skipped, by model",
                        "model"),
 }

@@ -209,11 +209,17 @@ class SyncOptions:
               "without joining it, so Kafka lag tools see this predictor (default: "
               "deltastream-sync.<model>; '' disables). Give replicas that serve the same "
               "shards distinct groups.", flag={"metavar": "GROUP"})
+    state_dir_any_owner: bool = option(
+        False, "Use a state dir that another user owns. Without it such a state dir is "
+               "refused: its owner could plant links or files there that the daemon would "
+               "write through or serve.", flag={"action": "store_true"})
     share_tables: bool = option(
         False, "Share the tables with model-server processes of this host: they read them "
                "from shared memory (/dev/shm) with "
                "``consumers.serving.TableReader.open(STATE_DIR, TABLE)``; tables created "
-               "later are shared within one poll round; ``stop()`` unshares them.",
+               "later are shared within one poll round; ``stop()`` unshares them. Tables a killed "
+               "daemon left shared stay until this one has caught up with the topic (readers "
+               "never go back in time).",
         flag={"action": "store_true"})
     shm_dir: Optional[PathLike] = option(
         None, "Where shared tables live (default: $DELTASTREAM_SHM_DIR, else /dev/shm), e.g. "
@@ -271,6 +277,9 @@ class SyncOptions:
             raise TypeError("group_id: pass it as SyncDaemon(group_id=...) (the daemon "
                             "commits offsets to it without joining), not as a consumer "
                             "setting")
+        if not isinstance(self.state_dir_any_owner, bool):
+            raise TypeError(f"state_dir_any_owner: expected a bool, got "
+                            f"{self.state_dir_any_owner!r}")
         if not isinstance(self.reset_state, bool):
             raise TypeError(f"reset_state: expected a bool, got {self.reset_state!r}")
         if self.group_id is not None and not isinstance(self.group_id, str):

@@ -112,6 +112,13 @@ class KafkaSource:
         with self._lock:
             self._positions[partition] = next_offset
 
+    def rewind(self, partition: int) -> None:
+        """Fetch ``partition`` again from its position (its record there could not be
+        applied yet); a no-op while disconnected (a reconnect seeks to the positions)."""
+        for tp in self._tps:
+            if tp.partition == partition and self._consumer is not None:
+                self._consumer.seek(tp, self.position(partition))
+
     def positions(self) -> dict[int, int]:
         """Assigned partition -> next offset (a copy)."""
         with self._lock:

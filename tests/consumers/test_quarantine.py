@@ -135,3 +135,16 @@ def test_write_failures_are_counted_kept_and_retried(tmp_path, monkeypatch, code
     disk.active = False
     assert q.dropped == 2 and not q.flush() and q.backlog == 0
     assert [r["offset"] for r in q.read()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_planted_link_is_never_written_through(tmp_path):
+    """Issue 27, item 8: another user's ``quarantine.jsonl`` link to a file the daemon
+    may write (it runs as root) is not followed: the write fails, is counted, the target
+    is untouched."""
+    target = tmp_path / "root-only"
+    target.write_bytes(b"secret\n")
+    (tmp_path / "quarantine.jsonl").symlink_to(target)
+    q = Quarantine(tmp_path / "quarantine.jsonl")
+    assert q.add(0, 1, "bad", b"x") is False
+    assert q.write_errors >= 1 and q.backlog == 1
+    assert target.read_bytes() == b"secret\n"

@@ -85,7 +85,7 @@ def test_daemon_example_runs_against_a_topic_with_data(broker, topic_name, tmp_p
                          env={**os.environ, "PYTHONPATH": str(README.parent)})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == \
-        "(3, 32) 0 0 {'quarantine': 0, 'checkpoint': 0}"
+        "(3, 32) 0 0 {'quarantine': 0, 'checkpoint': 0, 'apply': 0}"
     snap = read_snapshot(state / "checkpoint")  # stop() wrote the final checkpoint
     np.testing.assert_array_equal(snap.tables["user"].lookup(ids), rows)
 

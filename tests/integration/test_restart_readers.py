@@ -1,0 +1,81 @@
+"""A restarted daemon never takes readers back in time (issue 27, item 5): a
+``deltastream-sync --share-tables`` killed with SIGKILL before any checkpoint, restarted;
+a reader that served the complete state never sees an older one (the restarted daemon
+shares its tables only once it has caught up with the topic), then follows the new
+daemon to newer states."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from consumers.serving import TableReader
+from consumers.serving.shm import remove_tables
+
+from .test_sync_state import _args, _kill, _spawn, _stop
+
+pytestmark = [pytest.mark.integration]
+
+
+def _start(broker, feed, state, log_path):
+    return _spawn(_args(broker, feed.topic, state, "--share-tables",
+                        "--checkpoint-interval", "3600", "--checkpoint-messages",
+                        "100000"), log_path)
+
+
+def _served(reader: TableReader, ids: np.ndarray, want: np.ndarray, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not np.array_equal(reader.lookup(ids), want):
+        assert time.monotonic() < deadline, "the reader never served the expected state"
+        time.sleep(0.05)
+
+
+def test_a_restart_never_takes_readers_back_in_time(broker, feed, tmp_path):
+    state = tmp_path / "state"
+    feed.fill(3)
+    proc = _start(broker, feed, state, tmp_path / "a.log")
+    older: list[int] = []
+    stop = threading.Event()
+    try:
+        reader = TableReader.open(state, "user", timeout=60)
+        ids = np.arange(0, 400)
+        _served(reader, ids, feed.expected["user"].lookup(ids), 60)
+        _stop(proc, tmp_path / "a.log")  # its checkpoint holds these
+        proc = _start(broker, feed, state, tmp_path / "a.log")
+        feed.fill(30)
+        want = feed.expected["user"].lookup(ids)
+        _served(reader, ids, want, 60)
+        proc.send_signal(signal.SIGKILL)  # readers saw far more than its checkpoint holds
+        proc.wait()
+
+        def watch() -> None:  # its own reader: one per thread
+            r = TableReader.open(state, "user")
+            while not stop.is_set():
+                got = r.lookup(ids)
+                if not np.array_equal(got, want):
+                    older.append(int((got != want).any(axis=1).sum()))
+                time.sleep(0.002)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        first = reader.incarnation
+        proc = _start(broker, feed, state, tmp_path / "b.log")
+        deadline = time.monotonic() + 60
+        while reader.refresh() is False and reader.incarnation == first:
+            assert time.monotonic() < deadline, "the restarted daemon never shared"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        stop.set()
+        t.join()
+        assert older == [], f"{len(older)} lookups served an older state"
+        feed.fill(2)  # and the reader follows the new daemon
+        _served(reader, ids, feed.expected["user"].lookup(ids), 60)
+        _stop(proc, tmp_path / "b.log")
+    finally:
+        stop.set()
+        _kill(proc)
+        remove_tables(state)  # what a killed daemon left in /dev/shm when the test failed
