@@ -22,9 +22,22 @@ import torch
 
 from deltastream.embedding.hashtable import HashTable, normal_initializer
 
-__all__ = ["CTRModel", "export_dense", "local_tables", "demo_plan", "TABLE_NAMES"]
+__all__ = ["CTRModel", "click_mlp", "export_dense", "local_tables", "demo_plan", "TABLE_NAMES"]
 
 TABLE_NAMES = ("user", "item")
+
+
+def click_mlp(dim: int, n_dense: int, hidden: Sequence[int],
+              device: torch.device) -> torch.nn.Sequential:
+    """The click MLP over ``[u, v, u*v, dense]`` (``3 * dim + n_dense`` wide): ``hidden``
+    ReLU layers, then one logit."""
+    layers: list[torch.nn.Module] = []
+    width = 3 * dim + n_dense
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    layers.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*layers).to(device)
 
 
 class CTRModel(torch.nn.Module):
@@ -84,13 +97,7 @@ class CTRModel(torch.nn.Module):
                                         capacity=16384))
         if self.plan is None:
             self.user, self.item = tables
-        layers: list[torch.nn.Module] = []
-        width = 3 * dim + n_dense
-        for h in hidden:
-            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-            width = h
-        layers.append(torch.nn.Linear(width, 1))
-        self.mlp = torch.nn.Sequential(*layers).to(device)
+        self.mlp = click_mlp(dim, n_dense, hidden, device)
 
     def forward(self, user_ids: torch.Tensor, item_ids: torch.Tensor,
                 dense: torch.Tensor) -> torch.Tensor:

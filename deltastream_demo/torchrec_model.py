@@ -26,7 +26,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from torchrec.distributed.types import ShardingPlan
 
-from deltastream_demo.model import TABLE_NAMES
+from deltastream_demo.model import TABLE_NAMES, click_mlp
 
 __all__ = ["TorchRecCTRModel", "build_dmp", "plan_lines"]
 
@@ -48,13 +48,7 @@ class TorchRecCTRModel(torch.nn.Module):
                                feature_names=[name], pooling=PoolingType.SUM,
                                weight_init_min=0.0, weight_init_max=0.0)
             for name in TABLE_NAMES])
-        layers: list[torch.nn.Module] = []
-        width = 3 * dim + n_dense
-        for h in hidden:
-            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-            width = h
-        layers.append(torch.nn.Linear(width, 1))
-        self.mlp = torch.nn.Sequential(*layers).to(device)
+        self.mlp = click_mlp(dim, n_dense, hidden, device)
 
     def forward(self, user_ids: torch.Tensor, item_ids: torch.Tensor,
                 dense: torch.Tensor) -> torch.Tensor:

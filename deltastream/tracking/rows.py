@@ -15,7 +15,8 @@ import torch
 from deltastream.tracking.sorted_ids import member, union
 from deltastream.types import DeltaRows
 
-__all__ = ["select_rows", "drop_ids", "canonical_rows", "merge_carry", "assemble_delta"]
+__all__ = ["select_rows", "drop_ids", "canonical_rows", "merge_carry", "carry_rows",
+           "assemble_delta"]
 
 
 def select_rows(rows: DeltaRows, keep: torch.Tensor) -> DeltaRows:
@@ -98,6 +99,14 @@ def merge_carry(old: DeltaRows, fresh: DeltaRows) -> DeltaRows:
             at = pos_a.index_select(0, at_a.index_select(0, common))
             new[at] |= fresh.new.to(dev).index_select(0, common)
     return DeltaRows(ids=out, states=states, new=new, tombstones=fresh.tombstones, age=age)
+
+
+def carry_rows(carry: dict, fqn: str, rows: DeltaRows) -> None:
+    """Retain ``rows`` of table ``fqn`` in a consumer's ``carry`` (``{fqn: DeltaRows}``):
+    one retain more (``age + 1``), united with what that table already carries."""
+    rows.age = rows.age + 1
+    prev = carry.get(fqn)
+    carry[fqn] = rows if prev is None or not len(prev) else merge_carry(prev, rows)
 
 
 def assemble_delta(touched: DeltaRows, tombs: torch.Tensor, news: torch.Tensor,

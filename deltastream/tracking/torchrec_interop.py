@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 
 from deltastream.tracking.discovery import discover
-from deltastream.tracking.rows import canonical_rows, merge_carry
+from deltastream.tracking.rows import canonical_rows, carry_rows, merge_carry
 from deltastream.tracking.torchrec_tables import TorchRecTable
 from deltastream.types import DeltaRows
 
@@ -178,7 +178,4 @@ class TorchRecDeltaSource:
                                   rows.states is not None)
             if not len(rows):
                 return
-            rows.age = rows.age + 1
-            prev = self._carry[c].get(fqn)
-            self._carry[c][fqn] = rows if prev is None or not len(prev) \
-                else merge_carry(prev, rows)
+            carry_rows(self._carry[c], fqn, rows)

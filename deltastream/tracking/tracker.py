@@ -81,8 +81,8 @@ from deltastream.tracking.recorder import Recorder
 from deltastream.tracking.rows import (
     assemble_delta,
     canonical_rows,
+    carry_rows,
     drop_ids,
-    merge_carry,
     select_rows,
 )
 from deltastream.tracking.torchrec_lookups import tap_tables
@@ -535,10 +535,7 @@ class DeltaTracker:
                         rows = select_rows(rows, live.nonzero().squeeze(1))
             if not len(rows):
                 return
-            rows.age = rows.age + 1
-            prev = self._carry[c].get(fqn)
-            self._carry[c][fqn] = rows if prev is None or not len(prev) \
-                else merge_carry(prev, rows)
+            carry_rows(self._carry[c], fqn, rows)
             self._rec.counts["retained_total"] += len(rows)
 
     def stats(self) -> dict:
