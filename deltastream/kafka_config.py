@@ -36,6 +36,7 @@ import os
 import re
 import socket
 import ssl
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -326,24 +327,31 @@ def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in config.items()}
 
 
-def refused_everywhere(bootstrap_servers: BootstrapServers, timeout: float = 2.0
-                       ) -> Optional[str]:
-    """One line when every bootstrap server refuses a TCP connection (nothing listens
-    there: a one-shot tool can say so at once instead of retrying until its timeout), else
-    None — also when a server accepts, or does not answer within ``timeout`` seconds (a
-    firewall, a host still starting: the client's own retries handle those)."""
-    refused = []
-    for host, port in split_bootstrap_servers(bootstrap_servers):
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
+def refused_everywhere(bootstrap_servers: BootstrapServers, timeout: float = 2.0,
+                       grace: float = 5.0) -> Optional[str]:
+    """One line when every bootstrap server keeps refusing TCP connections for ``grace``
+    seconds (nothing listens there: a one-shot tool can say so in seconds instead of
+    retrying until its timeout; the grace covers a broker started just before, e.g. in the
+    background), else None — also as soon as a server accepts, or one does not answer
+    within ``timeout`` seconds (a firewall, a host still starting: the client's own retries
+    handle those)."""
+    deadline = time.monotonic() + grace
+    while True:
+        refused = []
+        for host, port in split_bootstrap_servers(bootstrap_servers):
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+                return None
+            except ConnectionRefusedError:
+                refused.append(f"{host}:{port}")
+            except OSError:
+                return None
+        if not refused:
             return None
-        except ConnectionRefusedError:
-            refused.append(f"{host}:{port}")
-        except OSError:
-            return None
-    if not refused:
-        return None
-    return f"nothing listens on {', '.join(refused)} (connection refused)"
+        if time.monotonic() >= deadline:
+            return (f"nothing listens on {', '.join(refused)} (connection refused for "
+                    f"{grace:g} s)")
+        time.sleep(0.2)
 
 
 def tls_probe(bootstrap_servers: BootstrapServers, config: Mapping[str, Any],
