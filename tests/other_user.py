@@ -72,3 +72,15 @@ def open_dir(parent: str = "/tmp") -> str:
     d = tempfile.mkdtemp(prefix="ds-open-", dir=parent)
     os.chmod(d, 0o755)
     return d
+
+
+def shared_lock_attempt(path: Any) -> Callable[[], str]:
+    """For :func:`as_nobody`: open ``path`` read-only and take a shared ``flock`` on it
+    without waiting; returns ``"held"`` (raises if either is refused)."""
+    def attempt() -> str:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return "held"
+    return attempt

@@ -188,13 +188,16 @@ class BudgetEngine:
 
     # ------------------------------------------------------------------ 2. choose
 
+    def _scale(self, t: PendingTable) -> float:
+        """What a table's errors are divided by to compare across tables (1: none)."""
+        return t.scale.value if self.policy.scale == "table" and t.scale.value else 1.0
+
     def _candidates(self) -> tuple[list[str], list[Candidate]]:
         pol, dtype = self.policy, self.publisher.dtype
         fqns, cands = [], []
         for fqn, t in self.tables.items():
-            scale = t.scale.value if pol.scale == "table" and t.scale.value else 1.0
             fqns.append(fqn)
-            cands.append(Candidate(table=t, scale=scale,
+            cands.append(Candidate(table=t, scale=self._scale(t),
                                    weight=float(pol.weights.get(self._names[fqn], 1.0)),
                                    row_cost=wire.row_bytes(t.dim, dtype),
                                    overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
@@ -306,8 +309,7 @@ class BudgetEngine:
             e = t.max_error()
             name = self._names[fqn]
             table_bounds[name] = max(table_bounds.get(name, 0.0), e)
-            scale = t.scale.value if self.policy.scale == "table" and t.scale.value else 1.0
-            bound = max(bound, e / scale)
+            bound = max(bound, e / self._scale(t))
         tick = BudgetTick(round=rnd, tokens=job.tokens, bound=bound,
                           table_bounds=table_bounds, overdue=job.overdue, exact=job.exact)
         with self._lock:

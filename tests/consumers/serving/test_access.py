@@ -3,7 +3,6 @@ lock no other user can hold (issue 27, items 6 and 7); a real second uid."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -19,7 +18,7 @@ from consumers.errors import ConsumerError
 from consumers.serving import TableReader
 from consumers.serving.shm import shm_root, table_dir
 from consumers.serving.table import ServingTable
-from tests.other_user import NOBODY, as_nobody, need_root, open_dir
+from tests.other_user import NOBODY, as_nobody, need_root, open_dir, shared_lock_attempt
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -86,14 +85,6 @@ def test_a_table_planted_by_another_user_is_refused(state):
             TableReader.open(state, "user")
 
 
-def _lock_it(path: Path):
-    def attempt():
-        fd = os.open(path, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return "held"
-    return attempt
-
-
 def test_another_user_cannot_hold_a_killed_writers_table_lock(state):
     state.mkdir(mode=0o755)  # readable by all: the lock is still the writer's alone
     code = ("import numpy as np, time; from consumers.serving.table import ServingTable; "
@@ -104,7 +95,7 @@ def test_another_user_cannot_hold_a_killed_writers_table_lock(state):
     assert proc.stdout.readline().strip() == "up"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    with as_nobody(_lock_it(table_dir(state, "user") / "lock")) as got:
+    with as_nobody(shared_lock_attempt(table_dir(state, "user") / "lock")) as got:
         assert isinstance(got, PermissionError), got
         t = _table(2.0)
         t.share(state)  # the restarted writer is not refused

@@ -3,7 +3,6 @@ a state dir another user owns refused (item 8)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -17,7 +16,7 @@ import pytest
 from consumers.errors import ConsumerError
 from consumers.sync import SyncDaemon
 from consumers.sync.state_lock import LOCK_FILE, lock_state_dir
-from tests.other_user import NOBODY, as_nobody, need_root, open_dir
+from tests.other_user import NOBODY, as_nobody, need_root, open_dir, shared_lock_attempt
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -52,14 +51,6 @@ def test_the_cli_exits_2_naming_the_holder(tmp_path):
     assert f"pid {os.getpid()}" in r.stderr and "in use by another" in r.stderr
 
 
-def _hold_lock(path: Path):
-    def attempt():
-        fd = os.open(path, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return "held"
-    return attempt
-
-
 def test_another_user_cannot_hold_the_lock_of_a_killed_daemon():
     need_root()
     state = Path(open_dir()) / "state"
@@ -73,7 +64,7 @@ def test_another_user_cannot_hold_the_lock_of_a_killed_daemon():
         os.chmod(state, 0o755)  # a state dir others may read: the lock is still private
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        with as_nobody(_hold_lock(state / LOCK_FILE)) as got:
+        with as_nobody(shared_lock_attempt(state / LOCK_FILE)) as got:
             assert isinstance(got, PermissionError), got
             _daemon(state).close()  # the restarted writer is not blocked
     finally:
