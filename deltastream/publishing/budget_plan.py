@@ -77,22 +77,28 @@ def _prefix(cost: np.ndarray, tidx: np.ndarray, overhead: np.ndarray, paid: np.n
 
 
 def _overdue(cands: list[Candidate], tick: int, max_age: int, min_error: float,
-             per_byte: bool) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-    """Overdue rows as ``[(birth, table index, slots, keys)]``, oldest first; within one
-    birth by key, largest first."""
+             per_byte: bool, enough: float) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """The oldest overdue rows as ``[(birth, table index, slots, keys)]``, oldest first:
+    whole births, until their rows' bytes reach ``enough`` (the round cannot take more, so
+    a round reads O(rows it can take + one birth), not every overdue row). Within one birth
+    the caller orders by key."""
     def stream(i: int, t: PendingTable):
         for b, s in t.by_age.oldest(tick - max_age, t.lives):
             yield b, i, s
 
     streams = [stream(i, c.table) for i, c in enumerate(cands)]
-    out = []
+    out: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+    got = 0.0
     for birth, i, slots in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
+        if out and got >= enough and birth != out[-1][0]:
+            break
         c = cands[i]
         err = c.table.errors(slots)
         ok = err >= min_error * c.scale
         slots, err = slots[ok], err[ok]
         if slots.size:
             out.append((birth, i, slots, _keys(c, err, per_byte)))
+            got += slots.size * c.row_cost
     return out
 
 
@@ -126,7 +132,8 @@ def choose(cands: list[Candidate], tokens: float, *, tick: int, max_age: Optiona
     picked: dict[int, list[np.ndarray]] = {}
     spent, blocked = 0.0, False
     if max_age is not None:
-        tidx, slots = _ordered(_overdue(cands, tick, max_age, min_error, per_byte))
+        enough = max(overdue_share * tokens, float((cost_of + overhead).max()))
+        tidx, slots = _ordered(_overdue(cands, tick, max_age, min_error, per_byte, enough))
         if slots.size:
             head = float(cost_of[tidx[0]] + overhead[tidx[0]])
             cap = min(tokens, max(overdue_share * tokens, head))
