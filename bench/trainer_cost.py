@@ -10,6 +10,8 @@ One model per batch size; the configurations take turns on it, chunk by chunk
   (``--budgets``), ticked after every step, threaded (the default mode);
 * ``budget-<B>-sync``: the same with ``threaded=False`` (every round on the training thread,
   as before the worker existed) at the first budget (``--sync``);
+* ``budget-<B>-process``: the same with ``worker="process"`` (rounds in a worker process:
+  no GIL shared with training) at the first budget (``--no-process`` leaves it out);
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
   (``SelectionPolicy(fraction=0.5)``, the leftover carried).
 
@@ -63,7 +65,7 @@ class _Run:
 
     def __init__(self, name: str, model: TableCTR, servers: str, topic: str,
                  budget: float | None = None, threaded: bool = True,
-                 delta_every: int | None = None) -> None:
+                 delta_every: int | None = None, worker: str = "thread") -> None:
         from deltastream import DeltaPublisher
 
         self.name, self.delta_every = name, delta_every
@@ -71,7 +73,8 @@ class _Run:
         self.pub = DeltaPublisher(servers, topic, model="bench", shard=0) \
             if budget or delta_every else None
         self.budget = BudgetPublisher(self.tracker, self.pub, "p",
-                                      BudgetPolicy(bytes_per_s=budget), threaded=threaded) \
+                                      BudgetPolicy(bytes_per_s=budget), threaded=threaded,
+                                      worker=worker) \
             if budget else None
         self.times: list[float] = []
         self.alone: list[float] = []
@@ -151,6 +154,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-sync", model, servers, topic, budget=b,
                          threaded=False))
+    if args.process:
+        b = args.budgets[0]
+        runs.append(_Run(f"budget-{int(b)}-process", model, servers, topic, budget=b,
+                         worker="process"))
     runs.append(_Run("delta-10", model, servers, topic, delta_every=10))
     k = len(pool)
     try:
@@ -227,6 +234,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "(50000,5000,500000)")
     p.add_argument("--no-sync", dest="sync", action="store_false",
                    help="leave out the synchronous-mode configuration")
+    p.add_argument("--no-process", dest="process", action="store_false",
+                   help="leave out the worker-process configuration")
     p.add_argument("--pending", type=int, default=0,
                    help="rows pending in each budget before timing (0)")
     p.add_argument("--chunk", type=int, default=10, help="steps per timed chunk (10)")

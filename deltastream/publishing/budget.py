@@ -85,8 +85,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick
+from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, table_specs
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
+from deltastream.publishing.budget_process import ProcessWorker
 from deltastream.publishing.budget_worker import BudgetWorker
 from deltastream.publishing.handoff import Handoff, HostCopier, take_handoff
 from deltastream.publishing.rounds import RowPublisher
@@ -94,7 +95,10 @@ from deltastream.publishing.rounds import RowPublisher
 if TYPE_CHECKING:
     from deltastream.tracking.tracker import DeltaTracker
 
-__all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES"]
+__all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES", "WORKERS"]
+
+#: where a threaded budget publisher runs its rounds
+WORKERS = ("thread", "process")
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +118,12 @@ class BudgetPublisher:
         clock: seconds, monotonic (for ``bytes_per_s`` and ``min_interval_s``).
         start_step: the step before the first tick (per-step budgets refill
             ``step − start_step`` at the first tick).
-        threaded: run rounds on the publisher's worker threads (default) or inside
-            ``tick`` (``False``: for tests and debugging).
+        threaded: run rounds off the training thread (default) or inside ``tick``
+            (``False``: for tests and debugging).
+        worker: where rounds run when threaded: ``"thread"`` (default: threads of this
+            process) or ``"process"`` (a worker process: no GIL shared with training;
+            needs a :class:`~deltastream.DeltaPublisher`, which it must own while the
+            budget publisher is open; see :mod:`~deltastream.publishing.budget_process`).
         on_round: called with each round's :class:`BudgetTick` once it is settled (on
             the worker's thread when threaded): per-round records, e.g. the
             ``PublishResult`` s whose offsets a snapshot needs.
@@ -127,16 +135,23 @@ class BudgetPublisher:
     def __init__(self, tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                  policy: BudgetPolicy, *, tables: Optional[Mapping[str, Any]] = None,
                  clock: Callable[[], float] = time.monotonic, start_step: int = 0,
-                 threaded: bool = True,
+                 threaded: bool = True, worker: str = "thread",
                  on_round: Optional[Callable[[BudgetTick], None]] = None) -> None:
         if not isinstance(policy, BudgetPolicy):
             raise TypeError(f"policy must be a BudgetPolicy, got {type(policy).__name__}")
         self.tracker, self.publisher, self.consumer, self.policy = \
             tracker, publisher, consumer, policy
         self._modules = dict(tracker.get_tracked_modules() if tables is None else tables)
-        self._engine = BudgetEngine(publisher, policy, self._modules, on_round)
+        if worker not in WORKERS:
+            raise ValueError(f"worker must be one of {WORKERS}, got {worker!r}")
+        specs = table_specs(self._modules)
+        self._engine = BudgetEngine(publisher, policy, specs, on_round)
         self._copier = HostCopier()
-        self._worker = BudgetWorker(self._engine, consumer) if threaded else None
+        self._worker: Optional[BudgetWorker | ProcessWorker] = None
+        if threaded and worker == "process":
+            self._worker = ProcessWorker(publisher, policy, specs, on_round, consumer)
+        elif threaded:
+            self._worker = BudgetWorker(self._engine, consumer)
         self._clock = clock
         self._t0 = clock()
         self._last_t = self._t0
@@ -204,7 +219,7 @@ class BudgetPublisher:
         if self._worker is not None and not self._worker.wait_idle(self._tick, timeout):
             raise TimeoutError(f"budget publisher: rounds still running after {timeout} s")
         self._raise_worker_error()
-        return self._engine.last
+        return self.last
 
     def close(self) -> None:
         """Stop the worker (no final round: call :meth:`flush` first). Safe to call twice."""
@@ -220,12 +235,14 @@ class BudgetPublisher:
     @property
     def tokens(self) -> float:
         """Bytes the next round could spend before its refill (negative: a small debt)."""
-        return self._engine.bucket.tokens
+        return self._worker.tokens if isinstance(self._worker, ProcessWorker) \
+            else self._engine.bucket.tokens
 
     @property
     def last(self) -> Optional[BudgetTick]:
         """The last completed round's record."""
-        return self._engine.last
+        return self._worker.last if isinstance(self._worker, ProcessWorker) \
+            else self._engine.last
 
     def stats(self) -> dict:
         """Counters, rates, the backlog and the serving-error bound (plain values).
@@ -238,7 +255,8 @@ class BudgetPublisher:
         ``deferred_ticks``: ticks that left their rows in the tracker because the worker had
         not merged the previous hand-off yet.
         """
-        st = self._engine.stats()
+        st = self._worker.stats() if isinstance(self._worker, ProcessWorker) \
+            else self._engine.stats()
         secs = max(1e-9, self._last_t - self._t0)
         steps = (self._last_step - self._first_step + 1) if self._first_step is not None else 0
         t = np.asarray(self._tick_s, dtype=np.float64) * 1e3
@@ -246,6 +264,9 @@ class BudgetPublisher:
             ticks=self._ticks, policy=self.policy.describe(), seconds=secs, steps=steps,
             bytes_per_s=st["bytes"] / secs, bytes_per_step=st["bytes"] / steps if steps else None,
             threaded=self._worker is not None, deferred_ticks=self._skipped,
+            worker="inline" if self._worker is None else
+            "process" if isinstance(self._worker, ProcessWorker) else "thread",
+            worker_pid=self._worker.pid if isinstance(self._worker, ProcessWorker) else None,
             backlog=self._worker.backlog() if self._worker is not None else None,
             worker_s=self._worker.busy_s if self._worker is not None else None,
             tick_ms={"p50": float(np.quantile(t, 0.5)), "p99": float(np.quantile(t, 0.99)),

@@ -44,7 +44,7 @@ from deltastream.publishing.rounds import (
 from deltastream.publishing.table_rows import row_reader
 from deltastream.publishing.token_bucket import TokenBucket
 
-__all__ = ["BudgetEngine", "BudgetTick", "RoundJob"]
+__all__ = ["BudgetEngine", "BudgetTick", "RoundJob", "TableSpec", "table_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,27 @@ class RoundJob:
         return sum(len(t.rows) for t in self.tables)
 
 
+@dataclass(frozen=True)
+class TableSpec:
+    """What a round needs of one tracked table, without the module (picklable: a worker
+    process gets these). ``name``: published name; ``dim``: row width; ``dtype``: row dtype
+    (None: learnt from the first hand-off); ``publish_kwargs``: column-shard keywords."""
+
+    name: str
+    dim: int
+    dtype: Optional[torch.dtype]
+    publish_kwargs: dict[str, int]
+
+
+def table_specs(modules: Mapping[str, Any]) -> dict[str, TableSpec]:
+    """``{fqn: TableSpec}`` of tracked table modules."""
+    out = {}
+    for fqn, m in modules.items():
+        _, dim, dtype, _ = row_reader(m)
+        out[fqn] = TableSpec(table_name(fqn, m), int(dim), dtype, shard_publish_kwargs(m))
+    return out
+
+
 def _quantile(values: list[float], q: float) -> Optional[float]:
     return float(np.quantile(np.asarray(values, dtype=np.float64), q)) if values else None
 
@@ -125,18 +146,18 @@ class BudgetEngine:
     Args:
         publisher: where rows go; its ``dtype`` is the wire dtype rows are costed in.
         policy: the budget and the ranking.
-        modules: ``{fqn: table module}`` (names, widths, column-shard keywords).
+        specs: ``{fqn: TableSpec}`` of the tracked tables (:func:`table_specs`).
         on_round: called with every settled round's record (on the thread that ran it).
     """
 
     def __init__(self, publisher: RowPublisher, policy: BudgetPolicy,
-                 modules: Mapping[str, Any],
+                 specs: Mapping[str, TableSpec],
                  on_round: Optional[Callable[[BudgetTick], None]] = None) -> None:
-        self.publisher, self.policy, self.modules = publisher, policy, dict(modules)
+        self.publisher, self.policy, self.specs = publisher, policy, dict(specs)
         self._on_round = on_round
         self.bucket = TokenBucket(policy.rate, policy.burst)
         self.tables: dict[str, PendingTable] = {}
-        self._names = {fqn: table_name(fqn, m) for fqn, m in self.modules.items()}
+        self._names = {fqn: spec.name for fqn, spec in self.specs.items()}
         self._overhead: dict[str, float] = {}
         self._range = wire.F16_MAX if publisher.dtype == "f16" else None
         self._warned_burst = False
@@ -157,9 +178,10 @@ class BudgetEngine:
     def _table(self, fqn: str, like: torch.Tensor) -> PendingTable:
         t = self.tables.get(fqn)
         if t is None:
-            _, dim, dtype, _ = row_reader(self.modules[fqn])
+            spec = self.specs[fqn]
             t = self.tables[fqn] = PendingTable(
-                dim, like.dtype if like.is_floating_point() else (dtype or torch.float32),
+                spec.dim, like.dtype if like.is_floating_point() else
+                (spec.dtype or torch.float32),
                 new_rows=self.policy.new_rows, range_limit=self._range)
         return t
 
@@ -249,12 +271,11 @@ class BudgetEngine:
             if not len(jt.rows) and jt.tombstones is None:
                 job.done.append(self._record(jt, None))
                 continue
-            module = self.modules[jt.fqn]
             try:
                 res = self.publisher.publish(self._names[jt.fqn], jt.rows.ids,
                                              jt.rows.current, step=job.step, ts=job.ts,
                                              tombstones=jt.tombstones,
-                                             **shard_publish_kwargs(module))
+                                             **self.specs[jt.fqn].publish_kwargs)
             except BaseException as e:
                 error = e
                 job.failed.extend(job.tables[k:])

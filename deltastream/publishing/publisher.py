@@ -36,6 +36,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import numpy as np
@@ -138,6 +139,10 @@ class DeltaPublisher:
                  **producer_config: Any) -> None:
         wire.check_name("model", model)
         self.shard = _check_int("shard", shard, 0, (1 << 31) - 1)
+        self._args = dict(bootstrap_servers=bootstrap_servers, topic=topic, model=model,
+                          shard=shard, dtype=dtype, max_message_bytes=max_message_bytes,
+                          compression=compression, send_timeout=send_timeout,
+                          allow_nonfinite=allow_nonfinite, **producer_config)
         self.epoch = new_epoch() if epoch is None else _check_int("epoch", epoch)
         wire.check_dtype(dtype)
         _check_int("max_message_bytes", max_message_bytes, _MIN_MESSAGE_BYTES, 1 << 30)
@@ -543,6 +548,25 @@ class DeltaPublisher:
                         pending_bytes=self._pending_bytes, buffer_bytes=self._buffer_bytes,
                         epoch=self.epoch, partition=self.partition,
                         partitions=self.partitions, next_seq=dict(self._next_seq))
+
+    def spawn_args(self) -> dict[str, Any]:
+        """Keyword arguments that make an equal publisher in another process: same topic,
+        model, shard, **epoch** and settings (call :meth:`resume_seqs` on it with
+        :meth:`next_seqs` so its messages continue this one's seqs)."""
+        return dict(self._args, epoch=self.epoch)
+
+    def next_seqs(self) -> dict[str, int]:
+        """The seq the next message of each stream (``"<table>"`` or ``"<table>/<shard>"``)
+        gets."""
+        with self._lock:
+            return dict(self._next_seq)
+
+    def resume_seqs(self, next_seqs: Mapping[str, int]) -> None:
+        """Continue the seqs of a publisher of the same epoch that published for this one
+        (a worker process; see :meth:`spawn_args`): a stream's next seq only moves forward."""
+        with self._lock:
+            for stream, seq in next_seqs.items():
+                self._next_seq[stream] = max(self._next_seq.get(stream, 0), int(seq))
 
     def __enter__(self) -> DeltaPublisher:
         return self

@@ -1,4 +1,4 @@
-"""BudgetPublisher (threaded, the default) across a real broker outage: the training loop
+"""BudgetPublisher (threaded, the default, and with a worker process) across a real broker outage: the training loop
 keeps its pace while the broker is down, the pending set stays bounded, a ``flush`` during
 the outage raises and loses nothing, and once the broker is back every row's last value
 reaches a predictor.
@@ -48,7 +48,9 @@ def _step(table: HashTable, g: torch.Generator) -> None:
         table.insert(ids, rows + torch.randn(len(ids), DIM, generator=g))
 
 
-def test_a_broker_outage_never_stalls_the_loop_and_every_row_arrives(own_broker, topic_name):
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_broker_outage_never_stalls_the_loop_and_every_row_arrives(own_broker, topic_name,
+                                                                     worker):
     servers = own_broker.bootstrap_servers
     assert ensure_topic(servers, topic_name, 1) == 1
     table = HashTable(DIM, name="emb", capacity=2 * ROWS)
@@ -57,7 +59,7 @@ def test_a_broker_outage_never_stalls_the_loop_and_every_row_arrives(own_broker,
                            mode=TrackingMode.EMBEDDING)
     pub = DeltaPublisher(servers, topic_name, model="m", shard=0, send_timeout=SEND_TIMEOUT,
                          dtype="f32")
-    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=4_000))
+    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=4_000), worker=worker)
     g = torch.Generator().manual_seed(0)
     errors: list[PublishError] = []
 

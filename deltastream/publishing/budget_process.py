@@ -1,0 +1,469 @@
+"""A budget publisher's rounds in a worker **process**: no GIL shared with training.
+
+:class:`~.budget_worker.BudgetWorker` runs rounds on threads of the training process. Its
+merging, scoring and encoding are many small numpy/torch calls; each needs the GIL
+between calls, and so does every op the training thread dispatches, so the two threads
+take turns and the training step slows by a share of the worker's work even when a core is
+free (BENCHMARKS.md, "trainer-cost"). :class:`ProcessWorker` has the same interface and
+runs the same :class:`~.budget_worker.BudgetWorker` in a child process (spawned, one
+thread of torch), with its own :class:`~deltastream.DeltaPublisher` made from the user's
+(:meth:`~deltastream.DeltaPublisher.spawn_args`: same topic, shard and epoch; its seqs
+continue the user's and are handed back on :meth:`close`). Its steps, in order:
+
+1. the training thread queues a hand-off (:meth:`ProcessWorker.put`, O(1), never blocks);
+2. the parent's *shipper* thread waits for the hand-off's device copies (CUDA), packs its
+   tensors into one shared-memory segment (a file under ``/dev/shm``, mode 0600, unlinked
+   as soon as the child mapped it) and sends their layout through a pipe;
+3. the child copies them out, says the segment is free, and merges them in its worker;
+4. the child reports every settled round (its record and a snapshot of the engine's
+   ``stats()``), every failed round, each flush's record and each drain through the pipe;
+   the parent's *reader* thread keeps them for ``tick`` / ``flush`` / ``stats`` / ``last``,
+   and calls ``on_round`` (in process mode a round record's ``TableRound.result`` is None:
+   the producer's futures stay in the child).
+
+One hand-off is in flight at a time (:meth:`behind` is True meanwhile; the tick leaves its
+rows in the tracker, where they coalesce). A child that dies (killed, out of memory) is an
+error at the next ``tick`` / ``flush``: the rows it held pending are lost to this publisher
+and must be republished (e.g. a full ``publish_delta``); nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import mmap
+import os
+import pickle
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any, Optional
+
+import torch
+
+from deltastream.errors import PublishError
+from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, TableSpec
+from deltastream.publishing.budget_policy import BudgetPolicy
+from deltastream.publishing.budget_worker import BudgetWorker
+from deltastream.publishing.handoff import Handoff, TableHandoff
+
+__all__ = ["ProcessWorker"]
+
+log = logging.getLogger(__name__)
+
+_FIELDS = ("ids", "first", "current", "new", "tombstones")
+_ALIGN = 64
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class _Segment:
+    """The parent's shared-memory file: grown (a new file) when a hand-off does not fit."""
+
+    def __init__(self) -> None:
+        self.path: Optional[str] = None
+        self.map: Optional[mmap.mmap] = None
+        self.size = 0
+
+    def fit(self, nbytes: int) -> bool:
+        """Make room for ``nbytes``; True when that took a new file."""
+        if nbytes <= self.size:
+            return False
+        self.close()
+        self.size = max(1 << 20, 1 << (nbytes - 1).bit_length())
+        fd, self.path = tempfile.mkstemp(prefix="deltastream-handoff-", dir=_shm_dir())
+        try:
+            os.ftruncate(fd, self.size)
+            self.map = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        return True
+
+    def unlink(self) -> None:
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.path = None
+
+    def close(self) -> None:
+        self.unlink()
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        self.size = 0
+
+
+def _layout(h: Handoff) -> tuple[list[tuple], int]:
+    """``[(table, field, offset, shape, dtype name)]`` of ``h``'s host tensors, and bytes."""
+    out, off = [], 0
+    for k, th in enumerate(h.tables):
+        for f in _FIELDS:
+            t = getattr(th, f)
+            if t is None:
+                continue
+            out.append((k, f, off, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+            off += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+    return out, off
+
+
+def _view(buf: Any, off: int, shape: tuple, dtype: str) -> torch.Tensor:
+    dt = getattr(torch, dtype)
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(buf, dtype=dt, count=n, offset=off).view(shape)
+
+
+class ProcessWorker:
+    """Runs a budget publisher's rounds in a child process (see the module docstring);
+    the interface of :class:`~.budget_worker.BudgetWorker` plus :meth:`stats` / ``last``
+    snapshots of the child's engine."""
+
+    def __init__(self, publisher: Any, policy: BudgetPolicy, specs: Mapping[str, TableSpec],
+                 on_round: Optional[Callable[[BudgetTick], None]] = None,
+                 name: str = "budget", start_timeout: float = 120.0) -> None:
+        import multiprocessing as mp
+
+        if not callable(getattr(publisher, "spawn_args", None)):
+            raise TypeError(f"a worker process needs a DeltaPublisher (with spawn_args), got "
+                            f"{type(publisher).__name__}; use the thread worker")
+        self._publisher, self._on_round = publisher, on_round
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_child_main, name=f"deltastream-{name}-worker", daemon=True,
+            args=(child, type(publisher), publisher.spawn_args(), publisher.next_seqs(),
+                  policy, dict(specs), name))
+        self._proc.start()
+        child.close()
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._queue: deque[Handoff] = deque()
+        self._in_flight = False  # a hand-off shipped, not yet copied out by the child
+        self._errors: list[BaseException] = []
+        self._flushes: dict[int, Future] = {}
+        self._settled = 0
+        self._drained = 0
+        self._dead: Optional[str] = None
+        self._death: Optional[PublishError] = None
+        self._closed = False
+        self._seqs: Optional[dict] = None
+        self._stats: dict = {}
+        self.last: Optional[BudgetTick] = None
+        self.busy_s = 0.0
+        self.max_backlog = 0
+        self._seg = _Segment()
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"deltastream-{name}-reader")
+        self._shipper = threading.Thread(target=self._ship, daemon=True,
+                                         name=f"deltastream-{name}-shipper")
+        self._reader.start()
+        with self._cond:  # the child built its publisher (or failed to)
+            if not self._cond.wait_for(lambda: self._stats or self._dead, start_timeout):
+                self._dead = f"did not start within {start_timeout} s"
+        if self._dead is not None:
+            first = self.take_error()
+            self.close()
+            raise RuntimeError(f"budget worker process: {self._dead}") from first
+        self._shipper.start()
+
+    # ------------------------------------------------------------------ training thread
+
+    def put(self, h: Handoff) -> Optional[Future]:
+        """Queue a hand-off (O(1)); for a final one, a future of its round's record."""
+        fut: Optional[Future] = Future() if h.final else None
+        with self._cond:
+            if self._death is not None:
+                raise self._death
+            if self._closed:
+                raise RuntimeError("the budget publisher is closed")
+            if fut is not None:
+                self._flushes[h.tick] = fut
+            self._queue.append(h)
+            self.max_backlog = max(self.max_backlog, len(self._queue))
+            self._cond.notify_all()
+        return fut
+
+    def behind(self) -> bool:
+        """True while an earlier hand-off is not yet in the child (False once the child
+        died: the next hand-off raises why)."""
+        with self._cond:
+            return (bool(self._queue) or self._in_flight) and self._dead is None
+
+    def take_error(self) -> Optional[BaseException]:
+        """The first error since the last call (the others are logged)."""
+        with self._cond:
+            errors, self._errors = self._errors, []
+        for e in errors[1:]:
+            log.warning("budget publisher: another round failed too: %s", e)
+        return errors[0] if errors else None
+
+    def wait_idle(self, tick: int, timeout: Optional[float] = None) -> bool:
+        """Wait until every hand-off up to ``tick`` is merged and its round has settled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._queue and not self._in_flight
+                                       or self._dead is not None, timeout):
+                return False
+            if self._dead is not None:
+                return False
+        self._send(("drain", tick))
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        with self._cond:
+            return self._cond.wait_for(lambda: self._drained >= tick or self._dead is not None,
+                                       left) and self._dead is None
+
+    def backlog(self) -> dict:
+        """Hand-offs waiting to be shipped, rows among them, and the child's backlog."""
+        with self._cond:
+            rows = sum(h.rows for h in self._queue)
+            child = self._stats.get("backlog") or {}
+            return {"handoffs": len(self._queue) + int(self._in_flight), "rows": rows,
+                    "in_flight_rows": child.get("in_flight_rows", 0),
+                    "max_handoffs": self.max_backlog}
+
+    def stats(self) -> dict:
+        """The child engine's ``stats()`` as of its last report."""
+        with self._cond:
+            return dict(self._stats.get("engine", {}))
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The worker process's pid."""
+        return self._proc.pid
+
+    @property
+    def tokens(self) -> float:
+        return float(self.stats().get("tokens", 0.0))
+
+    def close(self, timeout: Optional[float] = 30.0) -> None:
+        """Stop the child after the hand-offs queued so far (no final round), take its
+        seqs back into the user's publisher; safe to call twice."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.wait_for(lambda: not self._queue and not self._in_flight
+                                or self._dead is not None, timeout)
+            self._cond.notify_all()
+        if self._dead is None:
+            try:
+                self._send(("close",))
+            except OSError:
+                pass
+            with self._cond:
+                self._cond.wait_for(lambda: self._seqs is not None or self._dead is not None,
+                                    timeout)
+        if self._seqs:
+            self._publisher.resume_seqs(self._seqs)
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+        self._seg.close()
+
+    # ------------------------------------------------------------------ parent threads
+
+    def _send(self, msg: tuple) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._conn.send_bytes(data)
+
+    def _ship(self) -> None:
+        """Pack queued hand-offs into the segment, one at a time."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: (self._queue and not self._in_flight)
+                                    or self._closed or self._dead is not None)
+                if not self._queue or self._dead is not None:
+                    if self._closed or self._dead is not None:
+                        return
+                    continue
+                h = self._queue.popleft()
+                self._in_flight = True
+            try:
+                h.wait()
+                layout, nbytes = _layout(h)
+                new = self._seg.fit(nbytes)
+                for k, f, off, shape, dtype in layout:
+                    t = getattr(h.tables[k], f)
+                    if t.numel():
+                        _view(self._seg.map, off, shape, dtype).copy_(t)
+                meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
+                            fqns=[th.fqn for th in h.tables], layout=layout)
+                self._send(("handoff", self._seg.path if new else None, meta))
+            except BaseException as e:  # a bug here must not stall ticks forever
+                log.exception("budget publisher: shipping a hand-off to the worker failed")
+                self._fail(f"shipping a hand-off failed: {e}", e)
+                return
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = pickle.loads(self._conn.recv_bytes())
+            except (EOFError, OSError):
+                self._proc.join(5.0)
+                code = self._proc.exitcode
+                if not (self._closed and self._seqs is not None):
+                    self._fail(f"exited (code {code})", None)
+                return
+            kind = msg[0]
+            if kind == "error":
+                with self._cond:
+                    self._errors.append(msg[1])
+                continue
+            with self._cond:
+                if kind == "free":
+                    self._in_flight = False
+                    if msg[1]:  # the child mapped the new file: no one needs its name
+                        self._seg.unlink()
+                elif kind == "round":
+                    _, rec, snap = msg
+                    self._stats, self.last = snap, rec
+                    self.busy_s = float(snap.get("busy_s", self.busy_s))
+                elif kind == "flush":
+                    fut = self._flushes.pop(msg[1], None)
+                    if fut is not None:
+                        (fut.set_exception if isinstance(msg[2], BaseException)
+                         else fut.set_result)(msg[2])
+                elif kind == "drained":
+                    self._drained = max(self._drained, msg[1])
+                    self._stats = msg[2]
+                elif kind == "ready":
+                    self._stats = msg[1]
+                elif kind == "closed":
+                    self._seqs = msg[1]
+                self._cond.notify_all()
+            if kind == "round" and self._on_round is not None:
+                try:
+                    self._on_round(msg[1])
+                except Exception:  # the user's callback must not stop the reader
+                    log.exception("budget publisher: on_round callback failed")
+
+    def _fail(self, why: str, cause: Optional[BaseException]) -> None:
+        err = PublishError(f"budget publisher: the worker process {why}; rows it held "
+                           "pending were not delivered and are lost to this publisher "
+                           "(republish them, e.g. with a full publish_delta)")
+        err.__cause__ = cause
+        with self._cond:
+            self._dead, self._death = why, err
+            self._errors.append(err)
+            for fut in self._flushes.values():
+                fut.set_exception(err)
+            self._flushes.clear()
+            self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------- the child
+
+
+def _lite(rec: BudgetTick) -> BudgetTick:
+    """``rec`` without the producer's futures (they do not cross processes)."""
+    tables = tuple(dataclasses.replace(t, result=None) for t in rec.round.tables)
+    return dataclasses.replace(rec, round=dataclasses.replace(rec.round, tables=tables))
+
+
+def _picklable(e: BaseException) -> BaseException:
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:
+        return PublishError(f"{type(e).__name__}: {e}")
+
+
+def _outcome(f: Future) -> Any:
+    e = f.exception()
+    return _picklable(e) if e is not None else _lite(f.result())
+
+
+def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPolicy,
+                specs: dict, name: str) -> None:
+    """The worker process: one engine and its worker threads, driven through ``conn``."""
+    torch.set_num_threads(1)
+    lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        with lock:
+            conn.send_bytes(data)
+
+    try:
+        publisher = cls(**args)
+        publisher.resume_seqs(seqs)
+    except BaseException as e:
+        send(("error", _picklable(e)))
+        return
+    worker: Optional[BudgetWorker] = None
+
+    def snapshot() -> dict:
+        st = engine.stats()
+        return {"engine": st, "busy_s": worker.busy_s if worker else 0.0,
+                "backlog": worker.backlog() if worker else {}}
+
+    engine = BudgetEngine(publisher, policy, specs,
+                          on_round=lambda rec: send(("round", _lite(rec), snapshot())))
+    worker = BudgetWorker(engine, name)
+    send(("ready", snapshot()))
+    maps: dict[str, mmap.mmap] = {}
+    buf: Optional[mmap.mmap] = None
+    try:
+        while True:
+            if not conn.poll(0.05):
+                e = worker.take_error()
+                if e is not None:
+                    send(("error", _picklable(e)))
+                continue
+            msg = pickle.loads(conn.recv_bytes())
+            if msg[0] == "close":
+                break
+            if msg[0] == "drain":
+                tick = msg[1]
+                threading.Thread(target=lambda t=tick: (worker.wait_idle(t), send(
+                    ("drained", t, snapshot()))), daemon=True).start()
+                continue
+            _, path, meta = msg
+            if path is not None:
+                for m in maps.values():
+                    m.close()
+                with open(path, "r+b") as f:
+                    buf = maps.setdefault(path, mmap.mmap(f.fileno(), 0))
+                maps = {path: buf}
+            h = _unpack(buf, meta)
+            send(("free", path is not None))
+            fut = worker.put(h)
+            if fut is not None:
+                fut.add_done_callback(lambda f, t=h.tick: send(("flush", t, _outcome(f))))
+    except (EOFError, OSError):
+        pass
+    finally:
+        worker.close()
+        try:
+            publisher.close()
+        finally:
+            try:
+                send(("closed", publisher.next_seqs()))
+            except OSError:
+                pass
+            for m in maps.values():
+                m.close()
+
+
+def _unpack(buf: Any, meta: dict) -> Handoff:
+    """The hand-off ``meta`` describes, copied out of ``buf``."""
+    fields: list[dict] = [dict.fromkeys(_FIELDS) for _ in meta["fqns"]]
+    for k, f, off, shape, dtype in meta["layout"]:
+        fields[k][f] = _view(buf, off, tuple(shape), dtype).clone()
+    tables = [TableHandoff(fqn=fqn, **fl) for fqn, fl in zip(meta["fqns"], fields,
+                                                             strict=True)]
+    return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],
+                   tables=tables, final=meta["final"])

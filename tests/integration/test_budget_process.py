@@ -1,0 +1,123 @@
+"""BudgetPublisher(worker="process"): rounds in a real child process, a real broker.
+
+What the process adds over the thread worker, each checked here: the rows still arrive
+(last values, exactly once: seqs continue across the child's publisher and the user's),
+round records reach ``on_round`` in the training process, the hand-off files never stay
+behind, and a child killed with SIGKILL is an error at the next ``tick`` / ``flush``, not
+a stall or a silent loss.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from deltastream import DeltaTracker, HashTable, TrackingMode, wire
+from deltastream.errors import PublishError
+from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+from tests.integration.test_publisher import read_all
+
+pytestmark = pytest.mark.integration
+
+logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+DIM, ROWS = 8, 2000
+
+
+def _setup(servers: str, topic: str):
+    table = HashTable(DIM, name="emb", capacity=2 * ROWS)
+    table.insert(torch.arange(ROWS), torch.zeros(ROWS, DIM))
+    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
+    pub = DeltaPublisher(servers, topic, model="m", shard=0, dtype="f32", send_timeout=5)
+    return table, tracker, pub
+
+
+def _train(table: HashTable, tracker: DeltaTracker, bp: BudgetPublisher, steps: range,
+           g: torch.Generator) -> None:
+    for step in steps:
+        ids = torch.randint(0, ROWS, (200,), generator=g).unique()
+        with torch.no_grad():
+            rows = table(ids)
+            table.insert(ids, rows + torch.randn(len(ids), DIM, generator=g))
+        tracker.step()
+        bp.tick(step)
+
+
+def _handoff_files() -> set[str]:
+    return set(glob.glob("/dev/shm/deltastream-handoff-*"))
+
+
+def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(broker,
+                                                                            topic_name):
+    servers = broker.bootstrap_servers
+    assert ensure_topic(servers, topic_name, 1) == 1
+    table, tracker, pub = _setup(servers, topic_name)
+    before = _handoff_files()
+    rounds = []
+    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000),
+                         worker="process", on_round=rounds.append)
+    g = torch.Generator().manual_seed(0)
+    try:
+        _train(table, tracker, bp, range(1, 61), g)
+        final = bp.flush(60, timeout=60)
+        st = bp.stats()
+        assert st["worker"] == "process" and st["pending"] == 0
+        assert final.round.final and bp.last is not None
+        assert rounds and all(t.result is None for r in rounds for t in r.round.tables)
+        assert st["bytes"] > 0 and st["rows"] > 0
+    finally:
+        bp.close()
+    assert _handoff_files() <= before  # every hand-off file it made is gone
+    # the user's publisher continues the child's seqs: one more message, no repeat
+    held = table.lookup(torch.arange(ROWS))
+    pub.publish("emb", torch.arange(5), held[:5], step=61).wait(10)
+    pub.close(timeout=10)
+    records = read_all(servers, topic_name)
+    batches = [wire.decode(r.value) for r in records]
+    seqs = [b.seq for b in batches]
+    assert seqs == list(range(len(seqs))), seqs[:20]  # in order, none repeated or missing
+    served: dict[int, np.ndarray] = {}
+    for b in batches:
+        for i, row in zip(b.ids.tolist(), b.rows_f32(), strict=True):
+            served[i] = row
+    changed = np.flatnonzero(np.abs(held.numpy()).sum(axis=1) > 0)
+    assert changed.size > 100
+    stale = [i for i in changed.tolist() if not np.array_equal(served.get(i), held[i].numpy())]
+    assert not stale, f"{len(stale)} rows missing or stale, e.g. {stale[:5]}"
+
+
+def test_a_killed_worker_process_is_an_error_at_the_next_tick_not_a_stall(broker, topic_name):
+    servers = broker.bootstrap_servers
+    assert ensure_topic(servers, topic_name, 1) == 1
+    table, tracker, pub = _setup(servers, topic_name)
+    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000),
+                         worker="process")
+    g = torch.Generator().manual_seed(1)
+    try:
+        _train(table, tracker, bp, range(1, 11), g)
+        pid = bp.stats()["worker_pid"]
+        assert pid != os.getpid()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        with pytest.raises((PublishError, RuntimeError), match="worker process"):
+            step = 11
+            while time.monotonic() < deadline:  # ticks go on until the death is seen
+                t0 = time.perf_counter()
+                _train(table, tracker, bp, range(step, step + 1), g)
+                assert time.perf_counter() - t0 < 5.0
+                step += 1
+                time.sleep(0.01)
+        with pytest.raises((PublishError, RuntimeError), match="worker process"):
+            bp.flush(step, timeout=10)
+    finally:
+        bp.close()
+        pub.close(timeout=5)
