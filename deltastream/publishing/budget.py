@@ -60,9 +60,11 @@ broker and returns ``None``. When the worker falls behind, hand-offs coalesce in
 pending set (the newest value of a row wins; memory is bounded by the rows pending, at most
 the tables' rows), nothing is dropped, and the backlog shows in :meth:`~BudgetPublisher.stats`.
 A round that fails puts its rows back in the pending set and its ``PublishError`` is raised
-by the next ``tick`` or ``flush``. A thread, not a process: the worker's numpy and torch
-calls release the GIL for their loops, and a process would have to copy every hand-off
-once more (``BENCHMARKS.md`` has the measured cost). ``threaded=False`` runs each round
+by the next ``tick`` or ``flush``. The worker's many small numpy and torch calls need the
+GIL between them, as does every op the training thread dispatches: ``worker="process"``
+runs the same rounds in a worker process (:mod:`~deltastream.publishing.budget_process`;
+one more copy of each hand-off, no GIL shared; ``BENCHMARKS.md`` compares the two).
+``threaded=False`` runs each round
 inside ``tick`` (for tests and debugging) and returns its record. The clock decides how many
 bytes a round may spend, and ``min_interval_s`` skips ticks that come too soon (they only
 refill; nothing is read).
