@@ -370,8 +370,8 @@ class SharedStorage:
         here instead of SIGBUS on the write."""
         need = HEADER_BYTES + slots * self._row_bytes
         ahead = min(_AHEAD_MAX, max(hugemap.BLOCK, need // 4))
-        if need <= self._backed and need + ahead // 2 <= self._asked:
-            return
+        if need <= self._backed and need + ahead <= self._asked:
+            return  # (asked is block-aligned: a new ask about once per 2 MiB block)
         # to a 2 MiB boundary: every block but the first is collapsed into a huge page
         # before any row in it is written (hugemap)
         self._asked = min(self._buf.nbytes,
