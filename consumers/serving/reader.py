@@ -62,6 +62,7 @@ from consumers.serving.memory import (
     H_ROWCAP,
     H_SEQ,
     H_STATE,
+    H_VERSION_BASE,
     HEADER_BYTES,
     INDEX_MAGIC,
     LAYOUT,
@@ -103,7 +104,9 @@ class ReadInfo:
     """What a read saw.
 
     Attributes:
-        version: number of the published state read (counts applies of this incarnation).
+        version: version of the published state read: one more per apply, and never
+            lower than a version an earlier daemon run published (a shared table's
+            versions start at the wall clock in µs when its daemon first shared it).
         incarnation: id of the writer's incarnation (changes when the daemon restarts).
         rows: ids present in that state.
         applied_at: unix time (s) that state was published; None before the first apply.
@@ -479,7 +482,7 @@ def _info(m: _Mapped, s: int, writer: str) -> Optional[ReadInfo]:
     live = int(hdr[meta_word(c, M_LIVE)])
     if int(hdr[H_PREP]) > s + 1:
         return None
-    return ReadInfo(version=s, incarnation=m.inc, rows=live,
+    return ReadInfo(version=int(hdr[H_VERSION_BASE]) + s, incarnation=m.inc, rows=live,
                     applied_at=applied / 1e9 if applied else None,
                     source_ts=src / 1e9 if src else None, writer=writer)
 

@@ -52,6 +52,7 @@ from consumers.serving.memory import (
     H_NAME_LEN,
     H_PID,
     H_STATE,
+    H_VERSION_BASE,
     HEADER_BYTES,
     INDEX_MAGIC,
     LAYOUT,
@@ -295,6 +296,9 @@ class SharedStorage:
         h = out.hdr
         h[H_LAYOUT], h[H_INCARNATION] = LAYOUT, int(files.inc, 16)
         h[H_PID], h[H_CREATED_NS], h[H_STATE] = os.getpid(), time.time_ns(), STATE_LIVE
+        # A later daemon run starts its versions above every state of this one, as long as
+        # it publishes fewer than one state per µs and the clock does not step back.
+        h[H_VERSION_BASE] = time.time_ns() // 1000
         buf[NAME_OFFSET: NAME_OFFSET + len(raw)] = np.frombuffer(raw, np.uint8)
         h[H_NAME_LEN] = len(raw)
         h[3] = DTYPE_CODES[dtype]
