@@ -79,7 +79,14 @@ from consumers.serving.memory import (
     map_file,
     meta_word,
 )
-from consumers.serving.shm import SHM_ENV, index_file, read_current, rows_file, table_dir
+from consumers.serving.shm import (
+    SHM_ENV,
+    index_file,
+    planted_root,
+    read_current,
+    rows_file,
+    table_dir,
+)
 
 __all__ = ["TableReader", "ReadInfo", "open_table", "RECHECK_S"]
 
@@ -311,9 +318,9 @@ class TableReader:
         :class:`~consumers.errors.ConsumerError` when no writer shares it there."""
         if not isinstance(table, str) or not table:
             raise ValueError(f"table: expected a non-empty str, got {table!r}")
-        dir = table_dir(state_dir, table, shm_dir)
         deadline = time.monotonic() + max(0.0, float(timeout))
         while True:
+            dir = table_dir(state_dir, table, shm_dir)  # where the writer would share it
             try:
                 writers = writers_of(state_dir)
             except FileNotFoundError:  # no state dir (yet)
@@ -325,10 +332,12 @@ class TableReader:
                 except FileNotFoundError:
                     pass  # replaced between reading the pointer and mapping: again
             if time.monotonic() >= deadline:
+                planted = planted_root(state_dir, shm_dir)
                 raise ConsumerError(f"no shared table {table!r} for state dir {state_dir} "
                                     f"(looked in {dir}); is its daemon running with "
                                     "share_tables / --share-tables, and given the same "
-                                    f"shm dir (shm_dir / --shm-dir / {SHM_ENV})?")
+                                    f"shm dir (shm_dir / --shm-dir / {SHM_ENV})?" +
+                                    (f" Refused {planted}" if planted else ""))
             time.sleep(0.05)
 
     @property

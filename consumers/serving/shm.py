@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import time
 import weakref
 from pathlib import Path
@@ -41,7 +42,14 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.serving import hugemap
-from consumers.serving.access import Access, access_of, check_fd, fix_file, make_dir
+from consumers.serving.access import (
+    Access,
+    access_of,
+    check_fd,
+    fix_file,
+    make_dir,
+    writers_of,
+)
 from consumers.serving.backer import Backer, allocate
 from consumers.serving.memory import (
     DTYPE_CODES,
@@ -67,7 +75,8 @@ from consumers.serving.memory import (
 )
 from consumers.serving.mounts import huge_pages
 
-__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current", "remove_tables",
+__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "derived_root", "planted_root", "read_current",
+           "remove_tables",
            "left_behind",
            "rows_file", "index_file", "SHM_BASE", "SHM_ENV"]
 
@@ -78,6 +87,7 @@ SHM_BASE = "/dev/shm"
 SHM_ENV = "DELTASTREAM_SHM_DIR"
 _FILE_RE = re.compile(r"^([0-9a-f]{16})\.(rows|idx-\d{6,})$")
 _hinted: set[Path] = set()  # shm dirs the 4 KiB-page hint was logged for
+_warned: set[Path] = set()  # planted shm paths the fallback warning was logged for
 #: rows backed ahead of the writer (consumers.serving.backer): a quarter of what it has
 #: written, at least one 2 MiB block and at most this many bytes
 _AHEAD_MAX = 64 << 20
@@ -99,14 +109,66 @@ def shm_base(shm_dir: Optional[os.PathLike | str] = None) -> Optional[Path]:
     return Path(os.path.realpath(os.fspath(shm_dir)))
 
 
+def derived_root(state_dir: os.PathLike | str,
+                 shm_dir: Optional[os.PathLike | str] = None) -> Optional[Path]:
+    """``<shm dir>/deltastream-<h>``, the place in the shm dir derived from the state
+    dir's real path (anyone can compute it), or None when there is no shm dir."""
+    base = shm_base(shm_dir)
+    if base is None:
+        return None
+    real = os.path.realpath(os.fspath(state_dir))
+    return base / f"deltastream-{hashlib.sha256(real.encode()).hexdigest()[:16]}"
+
+
+def planted_root(state_dir: os.PathLike | str,
+                 shm_dir: Optional[os.PathLike | str] = None) -> Optional[str]:
+    """Why the shm dir's place for ``state_dir``'s tables cannot be trusted — something
+    there that is not a directory of the state dir's owner (or root) without group/other
+    write bits: another local user may have planted it, since anyone can compute the path —
+    or None (nothing there, or a trusted directory)."""
+    real = os.path.realpath(os.fspath(state_dir))
+    path = derived_root(real, shm_dir)
+    if path is None:
+        return None
+    try:
+        st = os.lstat(path)
+        writers = writers_of(real)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid in writers and \
+            not stat.S_IMODE(st.st_mode) & 0o022:
+        return None
+    what = "directory" if stat.S_ISDIR(st.st_mode) else "link or file"
+    return (f"{path}: a {what} of uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}, "
+            f"not of the state dir's owner (uid {' or '.join(map(str, sorted(writers)))}); "
+            "another user may have planted it")
+
+
 def shm_root(state_dir: os.PathLike | str,
              shm_dir: Optional[os.PathLike | str] = None) -> Path:
-    """Directory of the shared tables of ``state_dir`` (``shm_dir``: see :func:`shm_base`)."""
+    """Directory of the shared tables of ``state_dir`` (``shm_dir``: see :func:`shm_base`).
+
+    ``<shm dir>/deltastream-<h>``, unless another user holds that path
+    (:func:`planted_root`): then ``<state_dir>/shm``, where only the state dir's owner can
+    create anything, with a WARNING naming the planted path (writer and readers decide
+    alike, so readers never map what was planted there). The same when nothing is at that
+    path and ``<state_dir>/shm`` exists (a table shared there, the plant since removed)."""
     real = os.path.realpath(os.fspath(state_dir))
-    base = shm_base(shm_dir)
-    if base is not None:
-        return base / f"deltastream-{hashlib.sha256(real.encode()).hexdigest()[:16]}"
-    return Path(real) / "shm"
+    private = Path(real) / "shm"
+    path = derived_root(real, shm_dir)
+    if path is None:
+        return private
+    planted = planted_root(real, shm_dir)
+    if planted is not None:
+        if path not in _warned:
+            _warned.add(path)
+            log.warning("%s; shared tables of %s live in %s instead (slower when that is "
+                        "not a tmpfs): stop the daemon, remove the planted path, restart",
+                        planted, real, private)
+        return private
+    if not os.path.lexists(path) and os.path.isdir(private) and not os.path.islink(private):
+        return private
+    return path
 
 
 def table_dir(state_dir: os.PathLike | str, name: str,
@@ -260,14 +322,14 @@ class SharedStorage:
             raise ValueError(f"name: shared table names are at most {MAX_NAME_BYTES} bytes "
                              f"of utf-8, got {len(raw)}")
         base = shm_base(shm_dir)
-        location = table_dir(state_dir, name, base)
+        Path(state_dir).mkdir(parents=True, exist_ok=True)  # its owner is the writer
+        location = table_dir(state_dir, name, base)  # (its owner decides what is planted)
         if base is not None and base not in _hinted and huge_pages(base) is False and \
                 not hugemap.collapsing():
             _hinted.add(base)
             log.info("%s is a tmpfs without huge pages: lookups of random ids pay a page "
                      "walk per row; a tmpfs mounted with huge=within_size given as the shm "
                      "dir (--shm-dir, %s) makes them up to 2x faster", base, SHM_ENV)
-        Path(state_dir).mkdir(parents=True, exist_ok=True)  # its owner is the writer
         access = access_of(state_dir)  # no more readable than the state dir
         make_dir(location.parent, access)
         make_dir(location, access)
