@@ -101,8 +101,8 @@ def test_a_planted_shm_dir_does_not_stop_sharing_and_is_never_served(state, capl
         try:
             assert str(planted) in caplog.text and f"uid {NOBODY}" in caplog.text, caplog.text
             assert shm_root(state) == state / "shm" and t.shared.is_relative_to(state)
-            reader = TableReader.open(state, "user")
-            assert (reader.lookup([1, 2]) == 2.0).all()
+            with TableReader.open(state, "user") as reader:
+                assert (reader.lookup([1, 2]) == 2.0).all()
             assert sorted(p.relative_to(planted) for p in planted.rglob("*")) == before
         finally:
             t.unshare()
