@@ -14,22 +14,25 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import pytest
 import torch
 
-from deltastream import DeltaTracker, HashTable, TrackingMode
+from deltastream import HashTable
 from deltastream.errors import PublishError
-from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+from deltastream.publishing.publisher import ensure_topic
 from deltastream.publishing.rounds import SelectionPolicy, publish_delta
-from tests.integration.test_budget_outage import _served
+from tests.integration.test_budget_outage import (
+    DIM,
+    ROWS,
+    SEND_TIMEOUT,
+    assert_every_row_served,
+    tracked_table,
+)
 from tests.integration.test_publisher import read_all
 
 pytestmark = pytest.mark.integration
 
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
-
-DIM, ROWS, SEND_TIMEOUT = 8, 3000, 1.5
 
 
 def _step(table: HashTable, g: torch.Generator, lo: int, hi: int) -> None:
@@ -43,13 +46,7 @@ def _step(table: HashTable, g: torch.Generator, lo: int, hi: int) -> None:
 def test_rows_of_messages_failing_after_the_round_still_reach_a_predictor(own_broker,
                                                                           topic_name):
     servers = own_broker.bootstrap_servers
-    assert ensure_topic(servers, topic_name, 1) == 1
-    table = HashTable(DIM, name="emb", capacity=2 * ROWS)
-    table.insert(torch.arange(ROWS), torch.zeros(ROWS, DIM))
-    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
-    pub = DeltaPublisher(servers, topic_name, model="m", shard=0, send_timeout=SEND_TIMEOUT,
-                         dtype="f32")
+    table, tracker, pub = tracked_table(servers, topic_name)
     policy = SelectionPolicy(k=150)
     g = torch.Generator().manual_seed(0)
     errors: list[PublishError] = []
@@ -97,10 +94,4 @@ def test_rows_of_messages_failing_after_the_round_still_reach_a_predictor(own_br
         lifetimes.append(read_all(servers, topic_name))
     finally:
         pub.close(timeout=5)
-    served = _served(lifetimes)
-    held = table.lookup(torch.arange(ROWS)).numpy()
-    changed = np.flatnonzero(np.abs(held).sum(axis=1) > 0)
-    missing = [i for i in changed.tolist() if i not in served]
-    assert not missing, f"{len(missing)} changed rows never reached a predictor"
-    stale = [i for i in changed.tolist() if not np.array_equal(served[i], held[i])]
-    assert not stale, f"{len(stale)} rows served with an old value, e.g. {stale[:5]}"
+    assert_every_row_served(lifetimes, table)
