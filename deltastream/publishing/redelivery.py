@@ -56,12 +56,26 @@ def hand_back_undelivered(tracker: DeltaTracker, consumer: str,
             by_fqn.setdefault(fqn, []).append(torch.from_numpy(u.ids))
     total = 0
     for fqn, parts in by_fqn.items():
-        read = row_reader(modules[fqn])[0]
-        like = read(torch.zeros(0, dtype=torch.int64))  # [0, dim], the rows' dtype/device
-        ids = torch.cat(parts).unique().to(like.device)
+        module = modules[fqn]
+        read, dim, dtype, _ = row_reader(module)
+        device = _device(module)
+        if dtype is None:  # learnt from a read (of no ids)
+            dtype = read(torch.zeros(0, dtype=torch.int64, device=device)).dtype
+        ids = torch.cat(parts).unique().to(device)
         n = ids.numel()
-        rows = DeltaRows(ids=ids, states=like.new_zeros((n, like.shape[1])),
-                         age=torch.full((n,), age, dtype=torch.int64, device=ids.device))
+        rows = DeltaRows(ids=ids, states=torch.zeros((n, dim), dtype=dtype, device=device),
+                         age=torch.full((n,), age, dtype=torch.int64, device=device))
         tracker.retain(consumer, fqn, rows)
         total += n
     return total
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    """Where ``module``'s rows live: its ``device`` attribute (a HashTable, a TorchRec
+    table), else its first parameter's or buffer's, else the CPU."""
+    dev = getattr(module, "device", None)
+    if isinstance(dev, (torch.device, str)):
+        return torch.device(dev)
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return torch.device("cpu")
