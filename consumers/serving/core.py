@@ -56,6 +56,7 @@ from consumers.serving.memory import (
     H_PREP,
     H_ROWCAP,
     H_SEQ,
+    H_VERSION_BASE,
     M_APPLIED_NS,
     M_BATCHES,
     M_HWM,
@@ -370,6 +371,10 @@ class TableCore:
         tab[...] = self.index.tab
         for w in (H_SEQ, H_PREP, H_IDX_GEN, *range(meta_word(0, 0), meta_word(2, 0))):
             storage.hdr[w] = old.hdr[w]
+        # a regrown table keeps counting from its base; a private one (base 0) being
+        # shared takes the new storage's
+        storage.hdr[H_VERSION_BASE] = int(old.hdr[H_VERSION_BASE]) or int(
+            storage.hdr[H_VERSION_BASE])
         storage.hdr[H_DIM], storage.hdr[H_DTYPE] = old.hdr[H_DIM], old.hdr[H_DTYPE]
         storage.hdr[H_ROWCAP] = storage.cap
         if storage.cap != self.slots.cap:
@@ -380,6 +385,12 @@ class TableCore:
         previous.drop_index(self.idx_gen)
 
     # ------------------------------------------------------------------ views
+
+    @property
+    def version(self) -> int:
+        """The published state's version: its number plus the header's version base
+        (``H_VERSION_BASE``), so it never goes back across daemon runs."""
+        return int(self.view.hdr[H_VERSION_BASE]) + self.seq
 
     def freeze(self, *, track: bool = False) -> FrozenTable:
         """A consistent view of every row now; rows it needs are not reused until it is
@@ -413,7 +424,7 @@ class TableCore:
         return {"hwm": hwm, "free_slots": self.slots.nfree + self.slots.nretired,
                 "buckets": self.index.buckets, "index_gen": self.idx_gen,
                 "migrating": self.growth is not None, "forced": self.forced,
-                "version": self.seq,
+                "version": self.version,
                 "bytes": int(hwm * (self.dim * self.dtype.itemsize + 8 + 4) + idx_bytes)}
 
 

@@ -39,7 +39,7 @@ from consumers.serving.access import check_fd, fix_file
 __all__ = [
     "PAGE", "HEADER_BYTES", "RESERVE_BYTES", "MAGIC", "INDEX_MAGIC", "LAYOUT",
     "H_MAGIC", "H_LAYOUT", "H_DIM", "H_DTYPE", "H_ROWCAP", "H_INCARNATION", "H_PID",
-    "H_CREATED_NS", "H_STATE", "H_NAME_LEN", "H_SEQ", "H_PREP", "H_IDX_GEN", "H_META",
+    "H_CREATED_NS", "H_STATE", "H_NAME_LEN", "H_VERSION_BASE", "H_SEQ", "H_PREP", "H_IDX_GEN", "H_META",
     "M_LIVE", "M_APPLIED_NS", "M_SOURCE_NS", "M_HWM", "M_BATCHES", "NAME_OFFSET",
     "MAX_NAME_BYTES", "STATE_LIVE", "STATE_CLOSED", "STATE_SUPERSEDED", "DTYPE_CODES",
     "reserve", "reserve_array", "reservation_slots", "map_file", "header_array",
@@ -63,6 +63,9 @@ LAYOUT = 1
 
 H_MAGIC, H_LAYOUT, H_DIM, H_DTYPE, H_ROWCAP = 0, 1, 2, 3, 4
 H_INCARNATION, H_PID, H_CREATED_NS, H_STATE, H_NAME_LEN = 5, 6, 7, 8, 9
+# Added to H_SEQ to give readers a version that never goes back across daemon runs: the
+# wall clock in µs when a daemon first shared the table (0 for a private table).
+H_VERSION_BASE = 10
 H_SEQ, H_PREP, H_IDX_GEN = 16, 17, 18  # own cache line: written on every publish
 H_META = 24  # per value copy c: words H_META + 8 c + M_*
 M_LIVE, M_APPLIED_NS, M_SOURCE_NS, M_HWM, M_BATCHES = 0, 1, 2, 3, 4

@@ -62,6 +62,7 @@ from consumers.serving.memory import (
     H_ROWCAP,
     H_SEQ,
     H_STATE,
+    H_VERSION_BASE,
     HEADER_BYTES,
     INDEX_MAGIC,
     LAYOUT,
@@ -78,7 +79,14 @@ from consumers.serving.memory import (
     map_file,
     meta_word,
 )
-from consumers.serving.shm import SHM_ENV, index_file, read_current, rows_file, table_dir
+from consumers.serving.shm import (
+    SHM_ENV,
+    index_file,
+    planted_root,
+    read_current,
+    rows_file,
+    table_dir,
+)
 
 __all__ = ["TableReader", "ReadInfo", "open_table", "RECHECK_S"]
 
@@ -103,7 +111,9 @@ class ReadInfo:
     """What a read saw.
 
     Attributes:
-        version: number of the published state read (counts applies of this incarnation).
+        version: version of the published state read: one more per apply, and never
+            lower than a version an earlier daemon run published (a shared table's
+            versions start at the wall clock in µs when its daemon first shared it).
         incarnation: id of the writer's incarnation (changes when the daemon restarts).
         rows: ids present in that state.
         applied_at: unix time (s) that state was published; None before the first apply.
@@ -308,9 +318,9 @@ class TableReader:
         :class:`~consumers.errors.ConsumerError` when no writer shares it there."""
         if not isinstance(table, str) or not table:
             raise ValueError(f"table: expected a non-empty str, got {table!r}")
-        dir = table_dir(state_dir, table, shm_dir)
         deadline = time.monotonic() + max(0.0, float(timeout))
         while True:
+            dir = table_dir(state_dir, table, shm_dir)  # where the writer would share it
             try:
                 writers = writers_of(state_dir)
             except FileNotFoundError:  # no state dir (yet)
@@ -322,10 +332,12 @@ class TableReader:
                 except FileNotFoundError:
                     pass  # replaced between reading the pointer and mapping: again
             if time.monotonic() >= deadline:
+                planted = planted_root(state_dir, shm_dir)
                 raise ConsumerError(f"no shared table {table!r} for state dir {state_dir} "
                                     f"(looked in {dir}); is its daemon running with "
                                     "share_tables / --share-tables, and given the same "
-                                    f"shm dir (shm_dir / --shm-dir / {SHM_ENV})?")
+                                    f"shm dir (shm_dir / --shm-dir / {SHM_ENV})?" +
+                                    (f" Refused {planted}" if planted else ""))
             time.sleep(0.05)
 
     @property
@@ -479,7 +491,7 @@ def _info(m: _Mapped, s: int, writer: str) -> Optional[ReadInfo]:
     live = int(hdr[meta_word(c, M_LIVE)])
     if int(hdr[H_PREP]) > s + 1:
         return None
-    return ReadInfo(version=s, incarnation=m.inc, rows=live,
+    return ReadInfo(version=int(hdr[H_VERSION_BASE]) + s, incarnation=m.inc, rows=live,
                     applied_at=applied / 1e9 if applied else None,
                     source_ts=src / 1e9 if src else None, writer=writer)
 

@@ -27,7 +27,6 @@ deltastream's magic — never anything else. Modes, group, and what readers veri
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -52,6 +51,7 @@ from consumers.serving.memory import (
     H_NAME_LEN,
     H_PID,
     H_STATE,
+    H_VERSION_BASE,
     HEADER_BYTES,
     INDEX_MAGIC,
     LAYOUT,
@@ -66,54 +66,29 @@ from consumers.serving.memory import (
 )
 from consumers.serving.mounts import huge_pages
 
-__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "read_current", "remove_tables",
+# where the tables live: consumers.serving.shm_place (imported from here before)
+from consumers.serving.shm_place import (
+    SHM_BASE,
+    SHM_ENV,
+    derived_root,
+    planted_root,
+    shm_base,
+    shm_root,
+    table_dir,
+)
+
+__all__ = ["SharedStorage", "table_dir", "shm_root", "shm_base", "derived_root", "planted_root", "read_current",
+           "remove_tables",
            "left_behind",
            "rows_file", "index_file", "SHM_BASE", "SHM_ENV"]
 
 log = logging.getLogger(__name__)
 
-SHM_BASE = "/dev/shm"
-#: environment variable naming another shm dir (for the writer and its readers alike)
-SHM_ENV = "DELTASTREAM_SHM_DIR"
 _FILE_RE = re.compile(r"^([0-9a-f]{16})\.(rows|idx-\d{6,})$")
 _hinted: set[Path] = set()  # shm dirs the 4 KiB-page hint was logged for
 #: rows backed ahead of the writer (consumers.serving.backer): a quarter of what it has
 #: written, at least one 2 MiB block and at most this many bytes
 _AHEAD_MAX = 64 << 20
-
-
-def shm_base(shm_dir: Optional[os.PathLike | str] = None) -> Optional[Path]:
-    """The shm dir shared tables live under: ``shm_dir`` when given, else
-    ``$DELTASTREAM_SHM_DIR`` when set, else ``/dev/shm`` when it exists, else None (then
-    tables live in the state dir). A dir that is given must be an existing directory
-    (``ValueError`` naming where it came from otherwise)."""
-    what = "shm_dir"
-    if shm_dir is None and os.environ.get(SHM_ENV):
-        shm_dir, what = os.environ[SHM_ENV], SHM_ENV
-    if shm_dir is None:
-        return Path(SHM_BASE) if os.path.isdir(SHM_BASE) else None
-    if not isinstance(shm_dir, (str, os.PathLike)) or not os.path.isdir(shm_dir):
-        raise ValueError(f"{what}: expected an existing directory (a tmpfs such as /dev/shm), "
-                         f"got {shm_dir!r}")
-    return Path(os.path.realpath(os.fspath(shm_dir)))
-
-
-def shm_root(state_dir: os.PathLike | str,
-             shm_dir: Optional[os.PathLike | str] = None) -> Path:
-    """Directory of the shared tables of ``state_dir`` (``shm_dir``: see :func:`shm_base`)."""
-    real = os.path.realpath(os.fspath(state_dir))
-    base = shm_base(shm_dir)
-    if base is not None:
-        return base / f"deltastream-{hashlib.sha256(real.encode()).hexdigest()[:16]}"
-    return Path(real) / "shm"
-
-
-def table_dir(state_dir: os.PathLike | str, name: str,
-              shm_dir: Optional[os.PathLike | str] = None) -> Path:
-    """Directory of the files of shared table ``name`` of ``state_dir``."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:48]
-    return shm_root(state_dir, shm_dir) / \
-        f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def rows_file(dir: Path, inc: str) -> Path:
@@ -259,14 +234,14 @@ class SharedStorage:
             raise ValueError(f"name: shared table names are at most {MAX_NAME_BYTES} bytes "
                              f"of utf-8, got {len(raw)}")
         base = shm_base(shm_dir)
-        location = table_dir(state_dir, name, base)
+        Path(state_dir).mkdir(parents=True, exist_ok=True)  # its owner is the writer
+        location = table_dir(state_dir, name, base)  # (its owner decides what is planted)
         if base is not None and base not in _hinted and huge_pages(base) is False and \
                 not hugemap.collapsing():
             _hinted.add(base)
             log.info("%s is a tmpfs without huge pages: lookups of random ids pay a page "
                      "walk per row; a tmpfs mounted with huge=within_size given as the shm "
                      "dir (--shm-dir, %s) makes them up to 2x faster", base, SHM_ENV)
-        Path(state_dir).mkdir(parents=True, exist_ok=True)  # its owner is the writer
         access = access_of(state_dir)  # no more readable than the state dir
         make_dir(location.parent, access)
         make_dir(location, access)
@@ -295,6 +270,9 @@ class SharedStorage:
         h = out.hdr
         h[H_LAYOUT], h[H_INCARNATION] = LAYOUT, int(files.inc, 16)
         h[H_PID], h[H_CREATED_NS], h[H_STATE] = os.getpid(), time.time_ns(), STATE_LIVE
+        # A later daemon run starts its versions above every state of this one, as long as
+        # it publishes fewer than one state per µs and the clock does not step back.
+        h[H_VERSION_BASE] = time.time_ns() // 1000
         buf[NAME_OFFSET: NAME_OFFSET + len(raw)] = np.frombuffer(raw, np.uint8)
         h[H_NAME_LEN] = len(raw)
         h[3] = DTYPE_CODES[dtype]

@@ -165,8 +165,9 @@ class ServingTable:
 
     @property
     def version(self) -> int:
-        """Number of states published so far (each apply publishes one)."""
-        return self._core.seq
+        """Version of the published state: grows by one per apply and never goes back,
+        also across daemon runs of a shared table (see :class:`~consumers.serving.ReadInfo`)."""
+        return self._core.version
 
     def apply(self, batch: DeltaBatch) -> ApplyResult:
         """Apply one wire batch: delete ``batch.tombstones``, then upsert ``ids`` with

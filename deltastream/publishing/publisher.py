@@ -51,6 +51,7 @@ from deltastream.publishing.results import (
     Undelivered,
     describe_undelivered,
     error_reason,
+    undelivered_run,
     wait_future,
 )
 from deltastream.publishing.topics import ensure_topic, load_kafka
@@ -100,6 +101,12 @@ def _check_int(what: str, value: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> i
     if not lo <= int(value) <= hi:
         raise ValueError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
     return int(value)
+
+
+def _message(piece: wire.DeltaBatch, nbytes: int, future: Any) -> SentMessage:
+    """The :class:`SentMessage` of ``piece`` (its ids are views of the piece's)."""
+    return SentMessage(piece.table, piece.shard, piece.seq, piece.ids, piece.tombstones,
+                       piece.col, piece.width, nbytes, future)
 
 
 class DeltaPublisher:
@@ -412,8 +419,11 @@ class DeltaPublisher:
         wire.check_name("table", table)
         step = _check_int("step", step)
         ts = time.time_ns() if ts is None else _check_int("ts", ts)
-        ids_np = self._host_ids(ids, "ids")
-        tomb_np = None if tombstones is None else self._host_ids(tombstones, "tombstones")
+        # Own copies (8 bytes an id): undelivered messages name their ids from them, so a
+        # caller reusing its id buffer cannot change what a PublishError reports.
+        ids_np = np.array(self._host_ids(ids, "ids"))
+        tomb_np = None if tombstones is None else np.array(
+            self._host_ids(tombstones, "tombstones"))
         shard = self.shard if shard is None else _check_int("shard", shard, 0, (1 << 31) - 1)
         # one seq stream per (table, shard); '/' never occurs in a table name
         stream = table if shard == self.shard else f"{table}/{shard}"
@@ -460,11 +470,8 @@ class DeltaPublisher:
                     except (kafka.errors.KafkaError, ValueError, TypeError) as e:
                         reason = f"{error_text(e)}"
                 if reason is not None:
-                    rest = pieces[i:]
-                    unsent = Undelivered(
-                        table, rest[0].seq, rest[-1].seq, sum(p.n for p in rest),
-                        sum(0 if p.tombstones is None else p.tombstones.shape[0]
-                            for p in rest), reason)
+                    unsent = undelivered_run([_message(p, 0, None) for p in pieces[i:]],
+                                             reason)
                     try:
                         self._raise_failures([unsent], f"publish of table {table!r} step "
                                              f"{step} stopped after {i} of {len(pieces)} "
@@ -472,7 +479,7 @@ class DeltaPublisher:
                     except PublishError as e:
                         e.result = result  # what this call did send
                         raise
-                record = SentMessage(table, piece.seq, piece.n, n_tomb, len(value), fut)
+                record = _message(piece, len(value), fut)
                 fut.add_errback(self._on_error, record, self._link.generation)
                 self._pending.append(record)
                 self._pending_bytes += len(value)

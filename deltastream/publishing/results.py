@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
 from deltastream.errors import PublishError
 
 __all__ = [
@@ -25,9 +27,18 @@ __all__ = [
 ]
 
 
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
+
+
 @dataclass(frozen=True)
 class Undelivered:
-    """Messages ``first_seq..last_seq`` of ``table`` (``rows`` rows, ``tombstones`` ids)."""
+    """Messages ``first_seq..last_seq`` of ``table``'s ``shard`` stream that were not
+    delivered: ``rows`` rows (global ``ids``, int64 ``[rows]``) and ``tombstones`` evicted
+    ids (``tombstone_ids``, int64 ``[tombstones]``), columns ``[col, col + width)`` of the
+    table (``width`` ``None``: whole rows). What a trainer needs to send them again: read
+    the current rows of ``ids`` and publish them under ``table`` and ``shard``. No row
+    values are kept: the trainer's table holds the newest ones."""
 
     table: str
     first_seq: int
@@ -35,38 +46,71 @@ class Undelivered:
     rows: int
     tombstones: int
     reason: str
+    shard: int = 0
+    ids: np.ndarray = field(default_factory=lambda: _NO_IDS, repr=False, compare=False)
+    tombstone_ids: np.ndarray = field(default_factory=lambda: _NO_IDS, repr=False, compare=False)
+    col: int = 0
+    width: Optional[int] = None
 
     def __str__(self) -> str:
-        return (f"table {self.table!r} seq {self.first_seq}..{self.last_seq} "
-                f"({self.rows} rows, {self.tombstones} tombstones: {self.reason})")
+        return (f"table {self.table!r} shard {self.shard} seq {self.first_seq}.."
+                f"{self.last_seq} ({self.rows} rows, {self.tombstones} tombstones: "
+                f"{self.reason})")
 
 
 class SentMessage:
-    """One message handed to the producer: its table, seq, content counts, size in bytes,
+    """One message handed to the producer: its table, shard, seq, ids and tombstone ids
+    (views of what the publish call was given, not copies), column range, size in bytes,
     the producer's future, and whether its failure was reported to the caller."""
 
-    __slots__ = ("table", "seq", "rows", "tombstones", "nbytes", "future", "reported")
+    __slots__ = ("table", "shard", "seq", "ids", "tombstone_ids", "col", "width", "nbytes",
+                 "future", "reported")
 
-    def __init__(self, table: str, seq: int, rows: int, tombstones: int, nbytes: int,
-                 future: Any) -> None:
-        self.table, self.seq, self.rows, self.tombstones = table, seq, rows, tombstones
+    def __init__(self, table: str, shard: int, seq: int, ids: np.ndarray,
+                 tombstone_ids: Optional[np.ndarray], col: int, width: Optional[int],
+                 nbytes: int, future: Any) -> None:
+        self.table, self.shard, self.seq, self.ids = table, shard, seq, ids
+        self.tombstone_ids = _NO_IDS if tombstone_ids is None else tombstone_ids
+        self.col, self.width = col, width
         self.nbytes, self.future, self.reported = nbytes, future, False
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def tombstones(self) -> int:
+        return int(self.tombstone_ids.shape[0])
 
 
 def describe_undelivered(records: Iterable[SentMessage],
                          reason_of: Callable[[SentMessage], str]) -> list[Undelivered]:
-    """Group consecutive messages of a table with the same reason into ranges."""
-    out: list[Undelivered] = []
-    for r in sorted(records, key=lambda r: (r.table, r.seq)):
+    """Group consecutive messages of a ``(table, shard)`` stream with the same reason into
+    one :class:`Undelivered` each (their ids concatenated)."""
+    runs: list[list[SentMessage]] = []
+    reasons: list[str] = []
+    for r in sorted(records, key=lambda r: (r.table, r.shard, r.seq)):
         reason = reason_of(r)
-        last = out[-1] if out else None
-        if last and last.table == r.table and last.last_seq + 1 == r.seq \
-                and last.reason == reason:
-            out[-1] = Undelivered(r.table, last.first_seq, r.seq, last.rows + r.rows,
-                                  last.tombstones + r.tombstones, reason)
+        last = runs[-1][-1] if runs else None
+        if last is not None and (last.table, last.shard, last.seq + 1, reasons[-1]) == \
+                (r.table, r.shard, r.seq, reason):
+            runs[-1].append(r)
         else:
-            out.append(Undelivered(r.table, r.seq, r.seq, r.rows, r.tombstones, reason))
-    return out
+            runs.append([r])
+            reasons.append(reason)
+    return [undelivered_run(run, reason) for run, reason in zip(runs, reasons, strict=True)]
+
+
+def undelivered_run(run: list[Any], reason: str) -> Undelivered:
+    """One :class:`Undelivered` for ``run``, consecutive messages of one stream (anything
+    with ``table``, ``shard``, ``seq``, ``ids``, ``tombstone_ids``, ``col``, ``width``)."""
+    first = run[0]
+    ids = first.ids if len(run) == 1 else np.concatenate([r.ids for r in run])
+    tombs = first.tombstone_ids if len(run) == 1 else np.concatenate(
+        [r.tombstone_ids for r in run])
+    return Undelivered(first.table, first.seq, run[-1].seq, int(ids.shape[0]),
+                       int(tombs.shape[0]), reason, shard=first.shard, ids=ids,
+                       tombstone_ids=tombs, col=first.col, width=first.width)
 
 
 def error_reason(record: SentMessage) -> str:

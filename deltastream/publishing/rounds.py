@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import torch
 
+from deltastream.errors import PublishError
+from deltastream.publishing.redelivery import hand_back_undelivered
 from deltastream.publishing.selection import NEW_ROW_POLICIES, Selection, select_changed
 from deltastream.types import DeltaRows
 
@@ -323,7 +325,8 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
         policy: the selection budget; ``None`` = every finite row.
         step: trainer global step carried by the messages (>= 0).
         final: a final flush: publish every finite row whatever ``policy`` says, retain
-            nothing.
+            nothing, then ``publisher.flush()`` (when it has one) so that what failed is
+            known and handed back: repeat a final round until it returns.
         tables: ``{fqn: module}`` where rows are read; default
             ``tracker.get_tracked_modules()``.
         ts: wall clock in ns stamped on the messages; default when the delta is read.
@@ -339,7 +342,10 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             table's selection may then go out twice (upserts are idempotent). Tombstones
             cannot be retained (``retain`` keeps rows): the error's notes name the tables
             whose tombstones were not published. Messages of earlier rounds that failed
-            after they were handed over are named in ``PublishError.undelivered``.
+            after they were handed over are named in ``PublishError.undelivered``, and
+            their ids are retained too (FIRST state zeros, ``age`` ``policy.max_age``:
+            :mod:`~deltastream.publishing.redelivery`), so a later round sends their
+            current value; the trainer only has to go on.
         Any error of ``select_changed`` or the tracker, after the same hand-back.
     """
     policy = SelectionPolicy() if policy is None else policy
@@ -380,6 +386,7 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                                         **shard_publish_kwargs(module))
         except BaseException as e:
             _hand_back(tracker, consumer, pending, e)
+            _hand_back_failed(tracker, consumer, e, names, modules, policy)
             raise
         pending.pop(0)
         done.append(TableRound(
@@ -389,8 +396,37 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             carried=len(sel.leftover), rejected=sel.n_rejected,
             messages=0 if res is None else int(res.messages),
             bytes=0 if res is None else int(res.bytes), ids=sel.ids, result=res))
+    flush = getattr(publisher, "flush", None) if final else None
+    if callable(flush):
+        try:  # a final round ends with every message acknowledged, or handed back
+            flush()
+        except PublishError as e:
+            _hand_back_failed(tracker, consumer, e, names, modules, policy)
+            raise
     return PublishRound(step=step, ts=ts, final=final, seconds=time.monotonic() - t0,
                         tables=tuple(done))
+
+
+def _hand_back_failed(tracker: DeltaTracker, consumer: str, error: BaseException,
+                      names: Mapping[str, str], modules: Mapping[str, torch.nn.Module],
+                      policy: SelectionPolicy) -> None:
+    """After a ``PublishError``: retain the ids of the messages it names as undelivered
+    (sent by this or an earlier round), so a later round publishes their current value."""
+    undelivered = getattr(error, "undelivered", None) if isinstance(error, PublishError) \
+        else None
+    if not undelivered:
+        return
+    streams = {(name, shard_publish_kwargs(modules[fqn]).get("shard")): fqn
+               for fqn, name in names.items()}
+    try:
+        rows = hand_back_undelivered(tracker, consumer, undelivered, streams, modules,
+                                     age=policy.max_age or 0)
+    except Exception:  # keep the original error; this one is logged
+        log.exception("publish round: could not hand back undelivered rows")
+        return
+    if rows:
+        error.add_note(f"publish_delta: {rows} rows of undelivered messages handed back to "
+                       f"consumer {consumer!r}: a later round sends their current value")
 
 
 def _hand_back(tracker: DeltaTracker, consumer: str,

@@ -41,6 +41,31 @@ def _served(lifetimes: list[list]) -> dict[int, np.ndarray]:
     return out
 
 
+def tracked_table(servers: str, topic: str
+                  ) -> tuple[HashTable, DeltaTracker, DeltaPublisher]:
+    """A one-partition ``topic``, a zeroed table ``emb`` of ``ROWS`` rows tracked in
+    EMBEDDING mode for consumer ``"p"``, and an f32 publisher to ``topic``."""
+    assert ensure_topic(servers, topic, 1) == 1
+    table = HashTable(DIM, name="emb", capacity=2 * ROWS)
+    table.insert(torch.arange(ROWS), torch.zeros(ROWS, DIM))
+    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
+    pub = DeltaPublisher(servers, topic, model="m", shard=0, send_timeout=SEND_TIMEOUT,
+                         dtype="f32")
+    return table, tracker, pub
+
+
+def assert_every_row_served(lifetimes: list[list], table: HashTable) -> None:
+    """Every row of ``table`` that changed (not zero) is served with its last value."""
+    served = _served(lifetimes)
+    held = table.lookup(torch.arange(ROWS)).numpy()
+    changed = np.flatnonzero(np.abs(held).sum(axis=1) > 0)
+    missing = [i for i in changed.tolist() if i not in served]
+    assert not missing, f"{len(missing)} changed rows never reached a predictor"
+    stale = [i for i in changed.tolist() if not np.array_equal(served[i], held[i])]
+    assert not stale, f"{len(stale)} rows served with an old value, e.g. {stale[:5]}"
+
+
 def _step(table: HashTable, g: torch.Generator) -> None:
     ids = torch.randint(0, ROWS, (300,), generator=g).unique()
     with torch.no_grad():
@@ -52,13 +77,7 @@ def _step(table: HashTable, g: torch.Generator) -> None:
 def test_a_broker_outage_never_stalls_the_loop_and_every_row_arrives(own_broker, topic_name,
                                                                      worker):
     servers = own_broker.bootstrap_servers
-    assert ensure_topic(servers, topic_name, 1) == 1
-    table = HashTable(DIM, name="emb", capacity=2 * ROWS)
-    table.insert(torch.arange(ROWS), torch.zeros(ROWS, DIM))
-    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
-    pub = DeltaPublisher(servers, topic_name, model="m", shard=0, send_timeout=SEND_TIMEOUT,
-                         dtype="f32")
+    table, tracker, pub = tracked_table(servers, topic_name)
     bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=4_000), worker=worker)
     g = torch.Generator().manual_seed(0)
     errors: list[PublishError] = []
@@ -114,10 +133,4 @@ def test_a_broker_outage_never_stalls_the_loop_and_every_row_arrives(own_broker,
     finally:
         bp.close()
         pub.close(timeout=5)
-    served = _served(lifetimes)
-    held = table.lookup(torch.arange(ROWS)).numpy()
-    changed = np.flatnonzero(np.abs(held).sum(axis=1) > 0)
-    missing = [i for i in changed.tolist() if i not in served]
-    assert not missing, f"{len(missing)} changed rows never reached a predictor"
-    stale = [i for i in changed.tolist() if not np.array_equal(served[i], held[i])]
-    assert not stale, f"{len(stale)} rows served with an old value, e.g. {stale[:5]}"
+    assert_every_row_served(lifetimes, table)

@@ -309,12 +309,18 @@ def test_broker_killed_mid_run_raises_publish_error(own_broker, topic_name):
     own_broker.stop()
     t0 = time.monotonic()
     with pytest.raises(PublishError) as info:
-        pub.publish("t", np.arange(10), np.ones((10, 4)), step=1)
+        ids = np.arange(10, 20)
+        pub.publish("t", ids, np.ones((10, 4)), step=1, tombstones=np.array([3, 4]))
+        ids[:] = -1  # the caller reuses its buffer: the error still names what was sent
         pub.flush()
     assert time.monotonic() - t0 < 1.5 + 3
     (und,) = info.value.undelivered
-    assert (und.table, und.first_seq, und.last_seq, und.rows) == ("t", 1, 1, 10)
-    assert "seq 1..1 (10 rows" in str(info.value)
+    assert (und.table, und.shard, und.first_seq, und.last_seq, und.rows) == ("t", 0, 1, 1, 10)
+    # what a trainer needs to resend: the ids (and evicted ids) of that table and shard
+    assert und.ids.tolist() == list(range(10, 20))
+    assert und.tombstone_ids.tolist() == [3, 4] and und.tombstones == 2
+    assert (und.col, und.width) == (0, None)
+    assert "shard 0 seq 1..1 (10 rows" in str(info.value)
     # reported once: close does not raise again for the same message
     t0 = time.monotonic()
     pub.close(timeout=0.5)

@@ -7,6 +7,7 @@ daemon to newer states."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -79,3 +80,65 @@ def test_a_restart_never_takes_readers_back_in_time(broker, feed, tmp_path):
         stop.set()
         _kill(proc)
         remove_tables(state)  # what a killed daemon left in /dev/shm when the test failed
+
+
+_WATCH = """
+import sys, time
+from pathlib import Path
+import numpy as np
+from consumers.serving import TableReader
+state, stop, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+r = TableReader.open(state, "user", timeout=60)
+ids = np.arange(0, 400)
+seen = []
+while not stop.exists():
+    _, info = r.read(ids)
+    if not seen or seen[-1] != (info.version, info.incarnation):
+        seen.append((info.version, info.incarnation))
+    time.sleep(0.002)
+out.write_text("\\n".join(f"{v} {inc}" for v, inc in seen))
+"""
+
+
+def test_a_readers_version_never_goes_back_across_restarts(broker, feed, tmp_path):
+    """A reader process reads ``ReadInfo.version`` while the daemon is SIGKILLed and
+    restarted (and once stopped cleanly): the versions it sees never decrease, and they
+    come from every daemon run."""
+    state, stop, out = tmp_path / "state", tmp_path / "stop", tmp_path / "versions"
+    feed.fill(3)
+    proc = _start(broker, feed, state, tmp_path / "d0.log")
+    reader = None
+    try:
+        TableReader.open(state, "user", timeout=60)
+        reader = _spawn([sys.executable, "-c", _WATCH, str(state), str(stop), str(out)],
+                        tmp_path / "reader.log")
+        ids = np.arange(0, 400)
+        for run in range(1, 5):
+            feed.fill(5)  # the daemon applies more than its last checkpoint holds
+            watch = TableReader.open(state, "user", timeout=60)
+            _served(watch, ids, feed.expected["user"].lookup(ids), 60)
+            if run == 2:
+                _stop(proc, tmp_path / f"d{run - 1}.log")
+            else:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            proc = _start(broker, feed, state, tmp_path / f"d{run}.log")
+        feed.fill(2)
+        _served(TableReader.open(state, "user", timeout=60), ids,
+                feed.expected["user"].lookup(ids), 60)
+        time.sleep(0.3)
+        stop.touch()
+        assert reader.wait(timeout=60) == 0, (tmp_path / "reader.log").read_text()[-3000:]
+        seen = [(int(v), inc) for v, inc in
+                (line.split() for line in out.read_text().splitlines())]
+        _stop(proc, tmp_path / "d5.log")
+    finally:
+        stop.touch()
+        _kill(proc)
+        if reader is not None:
+            _kill(reader)
+        remove_tables(state)
+    back = [(a, b) for a, b in zip(seen, seen[1:], strict=False) if b[0] < a[0]]
+    assert not back, f"the version went back: {back[:3]}"
+    runs = list(dict.fromkeys(inc for _, inc in seen))
+    assert len(runs) >= 4, f"the reader followed only {len(runs)} daemon runs: {seen[-5:]}"

@@ -16,7 +16,7 @@ import pytest
 
 from consumers.errors import ConsumerError
 from consumers.serving import TableReader
-from consumers.serving.shm import shm_root, table_dir
+from consumers.serving.shm import derived_root, shm_root, table_dir
 from consumers.serving.table import ServingTable
 from tests.other_user import NOBODY, as_nobody, need_root, open_dir, shared_lock_attempt
 
@@ -30,6 +30,7 @@ def state():
     parent = Path(open_dir())
     yield parent / "state"
     shutil.rmtree(shm_root(parent / "state"), ignore_errors=True)
+    shutil.rmtree(derived_root(parent / "state"), ignore_errors=True)  # a plant's too
     shutil.rmtree(parent)
 
 
@@ -81,8 +82,30 @@ def test_a_table_planted_by_another_user_is_refused(state):
     state.mkdir(mode=0o755)
     with as_nobody(_plant(state)) as got:
         assert got == "planted", got
-        with pytest.raises(ConsumerError, match=rf"{shm_root(state)}.*uid {NOBODY}"):
+        with pytest.raises(ConsumerError, match=rf"Refused {derived_root(state)}.*uid {NOBODY}"):
             TableReader.open(state, "user")
+
+
+def test_a_planted_shm_dir_does_not_stop_sharing_and_is_never_served(state, caplog):
+    """Another user creates the state dir's shm path first (with a table of 666.0): the
+    writer shares in the state dir instead, with a WARNING naming the planted path; readers
+    serve the writer's rows, and what was planted is left as it was."""
+    state.mkdir(mode=0o755)
+    planted = derived_root(state)
+    with as_nobody(_plant(state)) as got:
+        assert got == "planted", got
+        before = sorted(p.relative_to(planted) for p in planted.rglob("*"))
+        t = _table(2.0)
+        with caplog.at_level("WARNING", logger="consumers.serving.shm"):
+            t.share(state)
+        try:
+            assert str(planted) in caplog.text and f"uid {NOBODY}" in caplog.text, caplog.text
+            assert shm_root(state) == state / "shm" and t.shared.is_relative_to(state)
+            with TableReader.open(state, "user") as reader:
+                assert (reader.lookup([1, 2]) == 2.0).all()
+            assert sorted(p.relative_to(planted) for p in planted.rglob("*")) == before
+        finally:
+            t.unshare()
 
 
 def test_another_user_cannot_hold_a_killed_writers_table_lock(state):

@@ -136,13 +136,13 @@ def test_files_of_dead_writers_are_removed_and_foreign_files_kept(state):
 
 
 def test_open_errors_and_locations(state, tmp_path, monkeypatch):
-    import consumers.serving.shm as shm
+    import consumers.serving.shm_place as shm_place
 
     with pytest.raises(ConsumerError, match="no shared table 'emb'"):
         TableReader.open(state, "emb", timeout=0.1)
     with pytest.raises(ValueError):
         TableReader.open(state, "")
-    monkeypatch.setattr(shm, "SHM_BASE", str(tmp_path / "no-shm"))  # a host without /dev/shm
+    monkeypatch.setattr(shm_place, "SHM_BASE", str(tmp_path / "no-shm"))  # a host without /dev/shm
     assert shm_root(state) == state.resolve() / "shm"
     monkeypatch.undo()
     assert table_dir(state, "a/b c").name.startswith("a_b_c-")
