@@ -1,5 +1,5 @@
-"""BudgetPublisher (threaded, the default, and with a worker process) across a real broker outage: the training loop
-keeps its pace while the broker is down, the pending set stays bounded, a ``flush`` during
+"""BudgetPublisher (threaded, the default, and with a worker process) across a real broker
+outage: the training loop keeps its pace while the broker is down, the pending set stays bounded, a ``flush`` during
 the outage raises and loses nothing, and once the broker is back every row's last value
 reaches a predictor.
 
