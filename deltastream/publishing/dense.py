@@ -137,7 +137,7 @@ class DensePublisher:
             raise TypeError(f"options must be DenseOptions, got {type(options).__name__}")
         self.model = unwrap(model)[0]
         self._exclude = tuple(tracker.get_tracked_modules()) if tracker is not None else ()
-        dense_entries(self.model, exclude=self._exclude, names=self.options.names)  # check
+        self._entries = self._pick()  # checked here, at construction
         self._active = _publishing_rank(self.options.rank)
         self._clock = clock
         self._copier = DenseCopier()
@@ -145,6 +145,7 @@ class DensePublisher:
         self._last_step: Optional[int] = None
         self._last_t = 0.0
         self._versions = 0  # versions published
+        self._taken = 0  # versions copied
         self._base_step = 0  # the step of the last version published
         self._force_full = True
         self._cond = threading.Condition()
@@ -236,10 +237,18 @@ class DensePublisher:
         return dict(self._stats, active=self._active, copy_ms={
             "p50": float(np.quantile(t, 0.5)), "max": float(t.max())} if t.size else None)
 
+    def _pick(self) -> dict[str, torch.Tensor]:
+        return dense_entries(self.model, exclude=self._exclude, names=self.options.names)
+
     def _take(self, step: int, ts: Optional[int], *, final: bool) -> None:
         t0 = time.perf_counter()
-        entries = dense_entries(self.model, exclude=self._exclude, names=self.options.names)
-        tensors, ready = self._copier.copy(entries)
+        if final or self._taken % self.options.full_every == 0:
+            # looked up again now and then, not per version (half the copy's cost on a
+            # small model): a tensor the model replaces (not updates in place) is seen
+            # within full_every versions
+            self._entries = self._pick()
+        self._taken += 1
+        tensors, ready = self._copier.copy(self._entries)
         self._copy_s.append(time.perf_counter() - t0)
         self._last_step, self._last_t = step, self._clock()
         job = _Version(step=step, ts=time.time_ns() if ts is None else ts, tensors=tensors,

@@ -81,8 +81,8 @@ _RESERVED = {"bootstrap_servers", "enable_idempotence", "acks", "key_serializer"
 _KAFKA_OVERHEAD = 256
 _MIN_MESSAGE_BYTES = 4096
 #: the dense stream's name in :meth:`DeltaPublisher.stats` ``next_seq`` and in results and
-#: errors; the leading ``/`` keeps it apart from every table name
-DENSE_STREAM = "/dense"
+#: errors (:data:`deltastream.dense_wire.STREAM`)
+DENSE_STREAM = dense_wire.STREAM
 _epoch_lock = threading.Lock()
 _last_epoch = 0
 
