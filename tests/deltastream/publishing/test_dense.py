@@ -180,3 +180,16 @@ def test_only_the_chosen_rank_publishes(monkeypatch):
 def test_options_are_checked(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         DenseOptions(**bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_model_is_copied_to_host_asynchronously_and_stays_a_snapshot():
+    model = Model().cuda()
+    copier = DenseCopier()
+    copies, ready = copier.copy(dense_entries(model))
+    want = model.mlp.weight.detach().cpu().clone()
+    _train(model, 0)  # queued after the copy on the training stream
+    assert ready is not None
+    ready.synchronize()
+    assert copies["mlp.weight"].device.type == "cpu" and copies["mlp.weight"].is_pinned()
+    torch.testing.assert_close(copies["mlp.weight"], want)
