@@ -53,6 +53,7 @@ import torch
 
 from deltastream.dense_wire import DENSE_DTYPES
 from deltastream.publishing.dense_snapshot import ChangeFilter, DenseCopier, dense_entries
+from deltastream.tracking.discovery import unwrap
 
 __all__ = ["DenseOptions", "DensePublisher"]
 
@@ -129,8 +130,6 @@ class DensePublisher:
     def __init__(self, publisher: Any, model: torch.nn.Module,
                  options: Optional[DenseOptions] = None, *, tracker: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from deltastream.tracking.discovery import unwrap
-
         self.publisher = publisher
         self.options = DenseOptions() if options is None else options
         if not isinstance(self.options, DenseOptions):
