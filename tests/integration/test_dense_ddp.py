@@ -5,7 +5,6 @@ equals both replicas (DDP keeps them equal)."""
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -17,16 +16,11 @@ from consumers import TopicReader
 from deltastream import DeltaPublisher, ensure_topic
 from deltastream.dense_wire import decode_dense, is_dense
 from deltastream.publishing.dense import DenseOptions, DensePublisher
+from tests.integration.ports import free_port
 
 pytestmark = pytest.mark.integration
 
 WORLD, STEPS = 2, 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, servers: str, topic: str, outdir: str) -> None:
@@ -58,7 +52,7 @@ def _worker(rank: int, port: int, servers: str, topic: str, outdir: str) -> None
 def test_only_rank_0_publishes_dense_versions(broker, topic_name, tmp_path):
     servers = broker.bootstrap_servers
     ensure_topic(servers, topic_name, 2)
-    mp.spawn(_worker, args=(_free_port(), servers, topic_name, str(tmp_path)), nprocs=WORLD,
+    mp.spawn(_worker, args=(free_port(), servers, topic_name, str(tmp_path)), nprocs=WORLD,
              join=True)
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     assert got[0]["stats"]["active"] and not got[1]["stats"]["active"]
