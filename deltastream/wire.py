@@ -75,15 +75,15 @@ import numpy as np
 from deltastream.errors import WireError
 from deltastream.wire_codec import (
     BF16_OVERFLOW,
-    CRC_TRAILER,
+    DENSE_HEAD,
     DTYPES,
     F16_MAX,
     NUMPY_DTYPES,
-    TRAILER_BYTES,
     VERSION,
     VERSIONS,
     Framer,
     Reader,
+    check_crc_trailer,
     max_abs_finite,
     pack_message,
     quantize,
@@ -109,6 +109,7 @@ __all__ = [
     "row_bytes",
     "check_name",
     "check_dtype",
+    "check_int",
     "max_abs_finite",
     "MAX_DIM",
     "MAX_ROWS",
@@ -256,11 +257,16 @@ def parse_headers(headers: Any) -> dict:
     """
     try:
         h = {k: v for k, v in headers or ()}
+        if "kind" in h:  # row records carry no kind header; dense ones do (dense_wire)
+            raise WireError(f"headers: a {h['kind']!r} record, not rows (tell the kinds apart "
+                            "with deltastream.dense_wire.is_dense)")
         out: dict[str, Any] = {"model": h["model"].decode(), "table": h["table"].decode()}
         for k in ("shard", "epoch", "seq"):
             out[k] = int(h[k].decode())
             if out[k] < 0:
                 raise ValueError(f"negative {k}")
+    except WireError:
+        raise
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise WireError(f"headers: missing or malformed ({e!r})") from None
     return out
@@ -284,11 +290,14 @@ def check_dtype(dtype: Any) -> None:
         raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
 
 
-def _check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> None:
+def check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
+    """``value`` as an int, or :class:`WireError` naming ``what`` unless it is an int (not
+    a bool) with ``lo ≤ value ≤ hi``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise WireError(f"{what}: expected an int, got {type(value).__name__}")
     if not lo <= int(value) <= hi:
         raise WireError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
+    return int(value)
 
 
 def _int64_ids(what: str, value: Any) -> np.ndarray:
@@ -305,8 +314,8 @@ def _int64_ids(what: str, value: Any) -> np.ndarray:
 
 def _check_columns(col: Any, width: Any, dim: int) -> None:
     """``0 ≤ col`` and ``col + dim ≤ width ≤ MAX_DIM``, else :class:`WireError`."""
-    _check_int("col", col, 0, MAX_DIM - 1)
-    _check_int("width", width, 1, MAX_DIM)
+    check_int("col", col, 0, MAX_DIM - 1)
+    check_int("width", width, 1, MAX_DIM)
     if not col + dim <= width:
         raise WireError(f"width: expected col + dim = {col} + {dim} ≤ width ≤ {MAX_DIM}, "
                         f"got width {width}")
@@ -320,9 +329,9 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
         raise WireError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
     check_name("model", batch.model)
     check_name("table", batch.table)
-    _check_int("shard", batch.shard, 0, (1 << 31) - 1)
+    check_int("shard", batch.shard, 0, (1 << 31) - 1)
     for name in ("epoch", "seq", "step", "ts"):
-        _check_int(name, getattr(batch, name))
+        check_int(name, getattr(batch, name))
     check_dtype(batch.dtype)
     ids = _int64_ids("ids", batch.ids)
     rows = np.asarray(batch.rows)
@@ -441,6 +450,11 @@ def _bin(msg: dict, key: str, expected: int) -> memoryview:
 
 def _read_map(view: memoryview) -> dict:
     """The message's map with its keys, int types, version and (v2) CRC trailer checked."""
+    if bytes(view[3:3 + len(DENSE_HEAD)]) == DENSE_HEAD:
+        # Another message kind on the same topic: say so rather than "missing fields".
+        raise WireError("kind: a dense-weights message, not rows; decode it with "
+                        "deltastream.dense_wire.decode_dense (tell the kinds apart from the "
+                        "Kafka headers with dense_wire.is_dense)")
     reader = Reader(view, len(_REQUIRED | _OPTIONAL))
     msg = reader.top_map()
     keys = set(msg)
@@ -457,14 +471,7 @@ def _read_map(view: memoryview) -> dict:
                         f"{', '.join(map(str, VERSIONS))})")
     if version == 2:
         # The trailer is the map's last field, byte for byte; the CRC covers all before it.
-        end = len(view) - TRAILER_BYTES
-        if reader.last_key_at != end or bytes(view[end:end + len(CRC_TRAILER)]) != CRC_TRAILER:
-            raise WireError("crc: a v2 message must end with the crc field packed as msgpack "
-                            "uint32 (trailer a3 'crc' ce + 4 bytes)")
-        crc = _crc32c.crc32c(view[:end])
-        if crc != msg["crc"]:
-            raise WireError(f"crc: CRC-32C mismatch (message says {msg['crc']:#010x}, "
-                            f"its bytes give {crc:#010x})")
+        check_crc_trailer(view, reader.last_key_at, msg["crc"])
     else:
         for k in _V2_ONLY:
             if k in msg:
@@ -484,12 +491,12 @@ def decode(data: bytes) -> DecodedBatch:
     msg = _read_map(view)
     check_name("model", msg["model"])
     check_name("table", msg["table"])
-    _check_int("shard", msg["shard"], 0, (1 << 31) - 1)
+    check_int("shard", msg["shard"], 0, (1 << 31) - 1)
     for k in ("epoch", "seq", "step", "ts"):
-        _check_int(k, msg[k])
-    _check_int("n", msg["n"], 0, MAX_ROWS)
-    _check_int("dim", msg["dim"], 1, MAX_DIM)
-    _check_int("crc", msg["crc"], 0, (1 << 32) - 1)
+        check_int(k, msg[k])
+    check_int("n", msg["n"], 0, MAX_ROWS)
+    check_int("dim", msg["dim"], 1, MAX_DIM)
+    check_int("crc", msg["crc"], 0, (1 << 32) - 1)
     dtype = msg["dtype"]
     check_dtype(dtype)
     n, dim = msg["n"], msg["dim"]

@@ -63,6 +63,7 @@ from deltastream.publishing.selection import NEW_ROW_POLICIES, Selection, select
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
+    from deltastream.publishing.dense import DensePublisher
     from deltastream.tracking.tracker import DeltaTracker
 
 __all__ = ["SelectionPolicy", "TableRound", "PublishRound", "RowPublisher", "publish_delta",
@@ -307,7 +308,8 @@ def _rows_at(delta: DeltaRows, ids: torch.Tensor) -> DeltaRows:
 def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                   policy: Optional[SelectionPolicy] = None, *, step: int, final: bool = False,
                   tables: Optional[Mapping[str, torch.nn.Module]] = None,
-                  ts: Optional[int] = None) -> PublishRound:
+                  ts: Optional[int] = None,
+                  dense: Optional[DensePublisher] = None) -> PublishRound:
     """Run one publish round of ``consumer``: select, retain the leftover, publish.
 
     For every table in ``tracker.get_delta(consumer)`` with changed rows or tombstones:
@@ -330,6 +332,9 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
         tables: ``{fqn: module}`` where rows are read; default
             ``tracker.get_tracked_modules()``.
         ts: wall clock in ns stamped on the messages; default when the delta is read.
+        dense: a :class:`~deltastream.publishing.dense.DensePublisher` ticked after the
+            rows (a version when its cadence says so; ``final``: a full version, sent
+            before this returns).
 
     Returns:
         A :class:`PublishRound` with per-table counts, published ids and publisher results.
@@ -396,6 +401,8 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             carried=len(sel.leftover), rejected=sel.n_rejected,
             messages=0 if res is None else int(res.messages),
             bytes=0 if res is None else int(res.bytes), ids=sel.ids, result=res))
+    if dense is not None:  # before the final flush below, which then covers it too
+        (dense.flush if final else dense.tick)(step, ts=ts)
     flush = getattr(publisher, "flush", None) if final else None
     if callable(flush):
         try:  # a final round ends with every message acknowledged, or handed back
