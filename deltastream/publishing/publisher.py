@@ -156,12 +156,11 @@ class DeltaPublisher:
                  max_message_bytes: int = 1 << 20, compression: Optional[str] = None,
                  send_timeout: float = 30.0, allow_nonfinite: bool = False,
                  **producer_config: Any) -> None:
+        # the arguments as given (spawn_args; the epoch is added there)
+        self._args = {k: v for k, v in locals().items() if k not in (
+            "self", "epoch", "producer_config")} | producer_config
         wire.check_name("model", model)
         self.shard = _check_int("shard", shard, 0, (1 << 31) - 1)
-        self._args = dict(bootstrap_servers=bootstrap_servers, topic=topic, model=model,
-                          shard=shard, dtype=dtype, max_message_bytes=max_message_bytes,
-                          compression=compression, send_timeout=send_timeout,
-                          allow_nonfinite=allow_nonfinite, **producer_config)
         self.epoch = new_epoch() if epoch is None else _check_int("epoch", epoch)
         wire.check_dtype(dtype)
         _check_int("max_message_bytes", max_message_bytes, _MIN_MESSAGE_BYTES, 1 << 30)
