@@ -128,7 +128,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     """The human-readable report table (a few sections of ``label  value`` lines)."""
     g = lambda *keys: _get(r, *keys)  # noqa: E731 - short accessor for the table below
     rows: list[tuple[str, str]] = []
-    for add in (_training_rows, _delta_rows, _wire_rows, _serving_rows, _extra_rows):
+    for add in (_training_rows, _delta_rows, _wire_rows, _run_auc_rows, _serving_rows,
+                _extra_rows):
         add(r, g, rows)
     width = max(len(a) for a, _ in rows) + 2
     return "\n".join(a if not b and a.startswith("[") else f"  {a:<{width}}{b}"
@@ -165,7 +166,8 @@ def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
 
     _section(rows, "deltas")
     rows += [
-        ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))),
+        ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))
+         + "  (a row counts once per round it waits: not distinct rows)"),
         ("rows published", _num(g("rows", "published"))),
         ("  of which in the final flush", _num(g("rows", "final_flush"))),
         ("rows carried (retained, Σ rounds)", _num(g("rows", "carried"))),
@@ -178,10 +180,12 @@ def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
             ("publish budget", f"{_bytes(g('budget', 'bytes_per_s'))}/s per trainer "
                                f"(byte-budgeted, every step)"),
             ("sent (excl. final flush)", f"{_bytes(g('budget', 'sent_bytes_per_s'))}/s per "
-                                         f"trainer"),
+                                         f"trainer  (≈ the budget: it is all used)"),
             ("error bound p50 / p99 / max",
              " / ".join(_num(g("budget", "bound", q), ".3g") for q in ("p50", "p99", "max"))
-             + "  (largest pending row error ÷ table RMS row norm)"),
+             + "  (largest error a served row still has ÷ the table's RMS row norm: "
+               "0 = serving exact, 1 = off by a typical row; lower is better, a larger "
+               "budget lowers it)"),
         ]
         for name, b in sorted((g("budget", "table_bounds") or {}).items()):
             rows.append((f"  {name} (L2) p50 / p99 / max",
@@ -205,13 +209,32 @@ def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> Non
     _section(rows, "predictor")
     rows += [
         ("freshness p50 / p95 / p99",
-         " / ".join(_ms(g("freshness_s", q)) for q in ("p50", "p95", "p99"))),
+         " / ".join(_ms(g("freshness_s", q)) for q in ("p50", "p95", "p99"))
+         + "  (trainer read → served; lower is better)"),
         ("freshness max", _ms(g("freshness_s", "max"))),
         ("messages / rows applied", f"{_num(g('predictor', 'messages'))} / "
                                     f"{_num(g('predictor', 'rows'))}"),
         ("duplicates / gaps / quarantined",
          " / ".join(_num(g("predictor", k)) for k in ("duplicates", "gaps", "quarantined"))),
         ("torch imported by the daemon", _num(g("predictor", "torch_imported"))),
+    ]
+
+
+def _run_auc_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of the progressive evaluations: serving vs trainer AUC during training
+    (the staleness the budget leaves), when the run measured any."""
+    ev = [e for e in g("timeline", "auc") or [] if e[2] is not None and e[3] is not None]
+    if not ev:
+        return
+    gap = np.array([e[2] - e[3] for e in ev], np.float64)
+    _section(rows, "serving vs trainer (during training)")
+    rows += [
+        ("evaluations", f"{len(ev)} (steps {ev[0][0]}…{ev[-1][0]}, each on the next "
+                        f"{_num(g('config', 'eval_examples'))} examples of the stream)"),
+        ("AUC trainer / serving, last", f"{ev[-1][2]:.4f} / {ev[-1][3]:.4f}"),
+        ("AUC gap trainer − serving mean / max", f"{gap.mean():.4f} / {gap.max():.4f}"
+         "  (what staleness costs: 0 = serving as good as the trainer; a larger budget "
+         "narrows it)"),
     ]
 
 
@@ -224,11 +247,13 @@ def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
         ("ids missing in serving", _num(g("drift", "missing_in_serving"))),
         ("row drift RMSE / max", f"{_num(g('drift', 'rmse'), '.3g')} / "
                                  f"{_num(g('drift', 'max_abs'), '.3g')}"
-                                 f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')})"),
+                                 f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')}: "
+                                 f"wire rounding only)"),
         ("AUC serving tables", _num(g("auc", "serving"), ".4f")),
         ("AUC trainer tables", _num(g("auc", "trainer"), ".4f")),
         ("AUC trainer (torch model)", _num(g("auc", "trainer_torch"), ".4f")),
-        ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")),
+        ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")
+         + "  (the best any model can do on this stream)"),
         ("held-out examples", _num(g("auc", "examples"))),
     ]
 
@@ -396,12 +421,13 @@ def save_png(fig, path: str | os.PathLike) -> Path:
 
 
 def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[float], *,
-                   bin_s: float = 1.0, title: str = "freshness (trainer read → applied)"
-                   ) -> Optional[Path]:
+                   bin_s: float = 1.0, title: str = "freshness (trainer read → applied)",
+                   flush_t: Optional[float] = None) -> Optional[Path]:
     """PNG: each applied message's freshness over time, with per-bin p50/p99 lines.
 
     ``t``: apply time of each message (s since the run started); ``fresh``: its freshness
-    (s). Returns the path, or None when matplotlib is missing.
+    (s); ``flush_t``: when the final flush started (s), marked with a dashed line. Returns
+    the path, or None when matplotlib is missing.
     """
     plt = pyplot()
     if plt is None:
@@ -424,6 +450,9 @@ def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[
 
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            if flush_t is not None:
+                ax.axvline(flush_t, color="tab:purple", ls="--", lw=1.2, label="final flush")
             ax.legend(loc="upper right", fontsize=8)
         else:
             ax.text(0.5, 0.5, "no messages applied", ha="center", va="center",

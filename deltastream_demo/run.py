@@ -174,6 +174,7 @@ class _Run:
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.finals: dict[int, dict] = {}
         self.result: Optional[dict] = None
+        self.evals: dict[int, dict] = {}  # step -> trainer AUC, then the serving AUC
         self.ready: set[str] = set()
         self.train: dict = {}
         self.serve: dict = {}
@@ -200,6 +201,12 @@ class _Run:
             self.serve = ev
         elif kind == "publish":
             self.pub_events.append((time.time(), int(ev["published"])))
+        elif kind == "eval":  # the predictor scores the same examples with serving tables
+            self.evals[int(ev["step"])] = {k: ev[k] for k in ("step", "t", "n", "auc")}
+            self.control.put(ev)
+        elif kind == "serve_eval":
+            self.evals.setdefault(int(ev["step"]), {}).update(
+                serving_auc=ev["auc"], serving_t=ev["t"], lag=ev["lag"])
         elif kind == "final":
             self.finals[int(ev["rank"])] = ev
         elif kind == "result":
@@ -277,6 +284,7 @@ def _trainer_config(common: dict, opts: DemoOptions) -> dict:
                 hidden=tuple(opts.hidden), batch_size=opts.batch_size,
                 steps=opts.resolved_steps, duration=opts.duration,
                 publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
+                eval_every=opts.eval_every, eval_examples=opts.eval_examples,
                 topk_fraction=float(opts.topk_fraction),
                 publish_budget=float(opts.publish_budget),
                 max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
@@ -369,7 +377,8 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
                 log.warning("%s exited with code %s after reporting", name, p.exitcode)
     report = build_report(opts, run.finals, run.result, topic=topic, servers=servers,
                           embedded=opts.bootstrap_servers is None,
-                          wall_s=time.time() - t0_wall)
+                          wall_s=time.time() - t0_wall,
+                          evals=[run.evals[s] for s in sorted(run.evals)])
     report["plots"] = make_plots(out, report, run.result)
     report["invariants"] = {"problems": rpt.check_report(report)}
     rpt.write_report(report, out)

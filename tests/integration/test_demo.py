@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 SHORT = ["--steps", "60", "--batch-size", "256", "--publish-every", "5", "--snapshot-every",
          "25", "--users", "4000", "--items", "800", "--held-out", "4000", "--dim", "16",
-         "--topk-fraction", "0.3", "--progress", "off", "--timeout", "240"]
+         "--topk-fraction", "0.3", "--progress", "off", "--timeout", "240",
+         "--eval-every", "20", "--eval-examples", "2000"]
 # the tests below run fixed rounds (--topk-fraction every --publish-every steps); the
 # byte-budgeted default has its own test
 ROUNDS = ["--publish-budget", "0"]
@@ -111,12 +112,19 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     assert b["ids"] == d["ids_compared"] and b["gaps"] == 0
     assert 0 < b["base_ids"] <= b["ids"]
 
+    # serving vs trainer AUC during training: every progressive evaluation answered
+    ev = r["timeline"]["auc"]
+    assert [e[0] for e in ev] == list(range(20, 60, 20))  # --eval-every 20, not the last step
+    assert all(0.5 < e[2] <= a["ceiling"] and e[3] is not None for e in ev)
+    assert "AUC gap trainer − serving mean / max" in proc.stdout
+
     # plots
-    assert len(r["plots"]) == 2
+    assert len(r["plots"]) == 4
     for p in r["plots"]:
         data = Path(p).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 2000
-    assert {Path(p).name for p in r["plots"]} == {"freshness.png", "published.png"}
+    assert {Path(p).name for p in r["plots"]} == {"freshness.png", "published.png",
+                                                  "learning.png", "bound.png"}
     assert Path(p).parent == out
 
 
