@@ -80,7 +80,8 @@ def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
     plt = pyplot()
     if plt is None:
         return None
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 6), dpi=100, sharex=True)
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(8, 8), dpi=100, sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 3, 2]})
     try:
         loss = np.asarray(timeline.get("loss") or [], np.float64).reshape(-1, 2)
         a1.plot(loss[:, 0], loss[:, 1], color="tab:blue", lw=1.0, label="training loss "
@@ -95,6 +96,11 @@ def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
             srv = [(r[0], r[3]) for r in ev if r[3] is not None]
             a2.plot([s for s, _ in srv], [v for _, v in srv], color="tab:orange", marker="x",
                     ms=4, label="serving tables, same examples and moment")
+            gap = [(r[0], r[2] - r[3]) for r in ev if r[3] is not None]
+            a3.bar([s for s, _ in gap], [g for _, g in gap], width=0.6 * (
+                gap[1][0] - gap[0][0] if len(gap) > 1 else 1), color="tab:orange",
+                label="trainer − serving AUC")
+            a3.axhline(0, color="black", lw=0.8)
         for key, style, label in (("trainer", "o", "trainer, final held-out"),
                                   ("serving", "x", "serving, final held-out")):
             if auc_final.get(key) is not None and final_step is not None:
@@ -106,8 +112,9 @@ def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
             a2.text(0.5, 0.5, "no AUC measured (--eval-every 0)", ha="center", va="center",
                     transform=a2.transAxes)
         a2.set_ylabel("AUC (higher is better)")
-        a2.set_xlabel("trainer step")
-        for ax in (a1, a2):
+        a3.set_ylabel("AUC lost to\nstaleness")
+        a3.set_xlabel("trainer step")
+        for ax in (a1, a2, a3):
             _flush_mark(ax, final_step)
             ax.grid(True, alpha=0.3)
             # the AUC panel's middle (between the curves and the ceiling) is empty

@@ -450,7 +450,9 @@ def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[
 
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                # minor ticks 20, 50, 200, …: readable without crowding
+                ax.yaxis.set_minor_formatter(FuncFormatter(
+                    lambda v, _: f"{v:g}" if f"{v:e}"[0] in "25" else ""))
             if flush_t is not None:
                 ax.axvline(flush_t, color="tab:purple", ls="--", lw=1.2, label="final flush")
             ax.legend(loc="upper right", fontsize=8)

@@ -165,12 +165,18 @@ def _stop_process(p: mp.process.BaseProcess, grace: float = 5.0) -> None:
 class _Run:
     """State of one demo run in the parent: processes, events and what they reported."""
 
-    def __init__(self, opts: DemoOptions, progress: ProgressLine) -> None:
+    def __init__(self, opts: DemoOptions, progress: ProgressLine, stack: ExitStack) -> None:
         self.opts = opts
         self.progress = progress
         self.ctx = mp.get_context("spawn")
-        self.events = self.ctx.Queue()
-        self.control = self.ctx.Queue()
+        # Queues served by a manager process, not multiprocessing.Queue: those are backed by
+        # named POSIX semaphores (3 each) that only garbage collection unlinks, and the
+        # resource tracker unlinks them too when it outlives its pipe ("leaked semaphore
+        # objects", then "sem_unlink … FileNotFoundError" at exit). A manager's queues use
+        # none; it ignores Ctrl-C and is shut down after the children (``stack``).
+        manager = stack.enter_context(self.ctx.Manager())
+        self.events = manager.Queue()
+        self.control = manager.Queue()
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.finals: dict[int, dict] = {}
         self.result: Optional[dict] = None
@@ -318,9 +324,9 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
     topic = opts.resolved_topic
     child_level = "DEBUG" if opts.log_level == "DEBUG" else "WARNING"
     t0_wall = time.time()
-    run = _Run(opts, progress)
     deadline = time.monotonic() + opts.timeout
     with ExitStack() as stack:
+        run = _Run(opts, progress, stack)
         servers = _broker_and_topic(stack, opts, topic)
         stream_cfg = opts.stream_config().to_dict()
         common = dict(bootstrap_servers=servers, topic=topic, model_name=opts.model_name,
@@ -364,7 +370,7 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
                 _terminate_all(list(run.procs.values()))
             try:
                 run.control.put({"kind": "abort"})
-            except (OSError, ValueError):
+            except (OSError, ValueError, EOFError):  # the manager is gone too
                 pass
             raise
         finally:

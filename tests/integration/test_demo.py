@@ -36,10 +36,27 @@ def _env() -> dict:
     return env
 
 
+# ``python -m deltastream.cli`` that also says on stderr each named semaphore the demo's
+# parent registers with multiprocessing's resource tracker (what it reports as "leaked")
+SEMAPHORE_PROBE = """
+import sys
+from multiprocessing import resource_tracker as rt
+register = rt.register
+def probe(name, rtype):
+    if rtype == "semaphore":
+        print(f"PROBE registered semaphore {name}", file=sys.stderr)
+    register(name, rtype)
+rt.register = probe
+from deltastream.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def _demo(out: Path, *extra: str, timeout: float = 240,
-          env: dict | None = None, rounds: bool = True
+          env: dict | None = None, rounds: bool = True, probe: bool = False
           ) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run([sys.executable, "-m", "deltastream.cli", "--log-level", "WARNING",
+    cli = ["-c", SEMAPHORE_PROBE] if probe else ["-m", "deltastream.cli"]
+    proc = subprocess.run([sys.executable, *cli, "--log-level", "WARNING",
                            "demo", "--out", str(out), *SHORT, *(ROUNDS if rounds else []),
                            *extra],
                           cwd=REPO, env={**_env(), **(env or {})}, capture_output=True,
@@ -172,8 +189,12 @@ def test_short_demo_byte_budget_default(tmp_path):
     """The default: a BudgetPublisher per trainer, ticked every step within --publish-budget
     bytes/s; the report shows the budget, the bytes/s sent and the serving-error bound."""
     out = tmp_path / "demo"
-    proc, r = _demo(out, "--publish-budget", "20000", rounds=False)
+    proc, r = _demo(out, "--publish-budget", "20000", rounds=False, probe=True)
     _check_common(proc, r, out, workers=2, budget=True)
+    # no named semaphore to leak, and none of the messages a leak prints at exit
+    for line in ("PROBE registered semaphore", "leaked semaphore", "sem_unlink",
+                 "Exception ignored"):
+        assert line not in proc.stderr, proc.stderr[-3000:]
     b = r["budget"]
     assert b["bytes_per_s"] == 20000 and b["trainers"] == 2
     # within the rate over the training time, plus a burst (1 s) for each trainer's start
