@@ -367,7 +367,10 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
         except BaseException as e:
             progress.close()
             if isinstance(e, KeyboardInterrupt):  # stop now, all at once, quietly
+                # (no "abort" message: the interrupted call left this thread's connection
+                # to the manager mid-reply)
                 _terminate_all(list(run.procs.values()))
+                raise
             try:
                 run.control.put({"kind": "abort"})
             except (OSError, ValueError, EOFError):  # the manager is gone too
