@@ -18,10 +18,12 @@ Example::
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 from consumers.errors import ConsumerError, SnapshotError
@@ -42,7 +44,7 @@ from deltastream.cliargs import (
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import redacted, secret_values, tls_probe
 
-__all__ = ["main", "build_parser", "parse_shards", "parse_tables"]  # parsers: from options
+__all__ = ["main", "build_parser", "parse_shards", "parse_tables", "os_error_line"]  # parsers: from options
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "deltastream wrote)"
         print(f"deltastream-sync: error: cannot load the state: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, TypeError, OSError, ConsumerError) as e:
+    except OSError as e:
+        print(f"deltastream-sync: error: {os_error_line(e, args)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, TypeError, ConsumerError) as e:
         print(f"deltastream-sync: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if signalled:
@@ -113,6 +118,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              else "")
     daemon.run()
     return EXIT_OK
+
+
+def os_error_line(e: OSError, args: argparse.Namespace) -> str:
+    """One plain line for an ``OSError`` met while starting: the flag and the path or port
+    it is about, what is wrong, no ``[Errno N]``."""
+    what = e.strerror or str(e)
+    if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES) and not e.filename:
+        return (f"--metrics-port {args.metrics_port}: cannot listen on "
+                f"{args.metrics_addr}:{args.metrics_port}: {what.lower()} (another process "
+                f"holds it? pick another port, or 0 for any free one)")
+    path = str(e.filename) if e.filename else None
+    if path is not None:
+        state = Path(args.state_dir)
+        inside = Path(path) == state or state in Path(path).parents \
+            or Path(path) in state.parents
+        if inside and e.errno in (errno.EEXIST, errno.ENOTDIR):
+            return (f"--state-dir {args.state_dir}: {path} exists and is not a directory "
+                    f"(the state dir must be a directory, or a path that does not exist yet)")
+        return f"--state-dir {args.state_dir}: {path}: {what.lower()}" if inside \
+            else f"{path}: {what.lower()}"
+    return what
 
 
 if __name__ == "__main__":

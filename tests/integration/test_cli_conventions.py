@@ -190,6 +190,28 @@ def test_bad_cpus_are_a_usage_error(value, why, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was started or written
 
 
+def test_a_state_dir_that_is_a_file_is_one_plain_line_exit_2(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    r = _run([*SYNC, "--model", "m", "--state-dir", "afile", "--bootstrap-servers",
+              "127.0.0.1:9092"], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE
+    err = _one_line(r, "--state-dir afile", "exists and is not a directory")
+    assert "Errno" not in err
+    assert (tmp_path / "afile").read_text() == "mine"  # what we did not write is kept
+
+
+def test_a_busy_metrics_port_names_the_port_and_the_flag_exit_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = _run([*SYNC, "--model", "m", "--state-dir", "s", "--bootstrap-servers",
+                  "127.0.0.1:9092", "--metrics-port", str(busy)], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE
+    err = _one_line(r, f"--metrics-port {busy}", f"0.0.0.0:{busy}", "address already in use")
+    assert "Errno" not in err
+
+
 def test_topic_partitions_zero_is_a_usage_error():
     r = _run([*DS, "topic", "--bootstrap-servers", "127.0.0.1:9092", "--partitions", "0"])
     assert r.returncode == EXIT_USAGE
