@@ -88,6 +88,24 @@ def merge_bounds(finals: dict[int, dict]) -> list[list]:
     return [by[k] for k in sorted(by, key=lambda k: (k[1], k[0]))]
 
 
+def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
+              evals: Optional[list[dict]]) -> dict:
+    """The report's ``timeline``: publish rounds, freshness per second, rank 0's loss,
+    the progressive evaluations ``[step, t, trainer AUC, serving AUC, lag]`` and the
+    error bound per budget tick."""
+    f0 = finals[sorted(finals)[0]]
+    return {
+        "publish": [[r["step"], r["t"], r["rows"], r["bytes"], int(r["final"])]
+                    for r in rounds],
+        "freshness": [list(s) for s in rpt.freshness_series(
+            result["apply_t"], result["apply_fresh"], bin_s=1.0)],
+        "loss": f0.get("losses", []),
+        "auc": [[e.get("step"), e.get("t"), e.get("auc"), e.get("serving_auc"),
+                 e.get("lag")] for e in evals or []],
+        "bound": merge_bounds(finals),
+    }
+
+
 def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, topic: str,
                  servers: str, embedded: bool, wall_s: float,
                  evals: Optional[list[dict]] = None) -> dict:
@@ -160,16 +178,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "trainers": [{"rank": r, "epoch": finals[r]["epoch"], "offsets": finals[r]["offsets"],
                       "tracker": finals[r].get("tracker"),
                       "publisher": finals[r].get("publisher")} for r in ranks],
-        "timeline": {
-            "publish": [[r["step"], r["t"], r["rows"], r["bytes"], int(r["final"])]
-                        for r in rounds],
-            "freshness": [list(s) for s in rpt.freshness_series(
-                result["apply_t"], result["apply_fresh"], bin_s=1.0)],
-            "loss": f0.get("losses", []),
-            "auc": [[e.get("step"), e.get("t"), e.get("auc"), e.get("serving_auc"),
-                     e.get("lag")] for e in evals or []],
-            "bound": merge_bounds(finals),
-        },
+        "timeline": _timeline(finals, rounds, result, evals),
     }
 
 

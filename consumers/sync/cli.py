@@ -29,6 +29,7 @@ from typing import Any, Optional
 from consumers.errors import ConsumerError, SnapshotError
 from consumers.sync.daemon import SyncDaemon
 from consumers.sync.options import SyncOptions, parse_shards, parse_tables
+from consumers.sync.stall import StartupTimeout
 from deltastream.cliargs import (
     EXIT_CODES,
     EXIT_OK,
@@ -116,7 +117,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f" ({redacted(kafka)})" if kafka else "", args.state_dir, daemon.source,
              f", metrics on port {daemon.metrics_port}" if daemon.metrics_port is not None
              else "")
-    daemon.run()
+    try:
+        daemon.run()
+    except StartupTimeout as e:
+        print(f"deltastream-sync: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if e.kind == "model" else EXIT_UNAVAILABLE
     return EXIT_OK
 
 

@@ -63,6 +63,7 @@ from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
 from consumers.sync.share_gate import ShareGate
 from consumers.sync.source import BROKER_STATES, KafkaSource
+from consumers.sync.stall import StallWatch
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
 from consumers.sync.state_lock import check_owner, lock_state_dir
 
@@ -189,6 +190,8 @@ class SyncDaemon:
         self._c = dict.fromkeys(("internal_errors",), 0)
         self._no_room = False  # the last apply failed for want of memory (retried)
         self._started = time.monotonic()
+        self._stall = StallWatch(o.startup_timeout, self._started)
+        self._next_stall_check = 0.0
         self._stop_event = threading.Event()
         self._loop_lock = threading.Lock()
         self._loop_thread: Optional[int] = None
@@ -325,6 +328,9 @@ class SyncDaemon:
             except Exception as e:  # /dev/shm full: serving in-process goes on
                 log.error("sharing tables failed (retried next round): %s", e)
         now = time.monotonic()
+        if now >= self._next_stall_check:  # why nothing is served, said every minute
+            self._next_stall_check = now + 1.0
+            self._stall.check(now, self.stats(), self._kafka.detail, self.bootstrap_servers)
         self._ckpt.settle()
         if self._ckpt.due_now(now):
             self._checkpoint_locked(wait=False)
