@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
@@ -101,6 +102,29 @@ class EnvDefault:
         return repr(self.raw)
 
 
+def suggest_flags(parser: argparse.ArgumentParser, argv: Sequence[str],
+                  unknown: Sequence[str]) -> str:
+    """`` (did you mean --x?)`` for the unknown ``--flags`` close to a flag of the
+    (sub)command ``argv`` runs, else ``""``."""
+    import difflib
+
+    p = parser
+    for tok in argv:  # walk down to the subcommand named in argv
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and tok in sub.choices:
+            p = sub.choices[tok]
+    known = [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for tok in unknown:
+        name = tok.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.7) \
+            if name.startswith("--") else []
+        hints += [(close[0], name)] if close else []
+    if len(hints) == 1:
+        return f" (did you mean {hints[0][0]}?)"
+    return f" (did you mean {', '.join(f'{c} for {n}' for c, n in hints)}?)" if hints else ""
+
+
 class EnvArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser whose optional flags default from environment variables.
 
@@ -131,6 +155,17 @@ class EnvArgumentParser(argparse.ArgumentParser):
             # say where else the values may come from
             message += " (or set " + ", ".join(self.env_vars(f[2:])[-1] for f in flags) + ")"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+                   namespace: Optional[argparse.Namespace] = None) -> argparse.Namespace:
+        """``argparse``'s, with a suggestion for a misspelt flag (``stats --shards 0``:
+        did you mean --shard?)."""
+        argv = list(sys.argv[1:] if args is None else args)
+        ns, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       f"{suggest_flags(self, argv, extras)}")
+        return ns
 
     def env_vars(self, flag: str, *, local: bool = False) -> list[str]:
         """The variables of ``flag`` (``"state-dir"``), most specific first."""

@@ -128,3 +128,16 @@ def test_render_marks_pass_short_info_and_failures():
     assert "| a | slow | 1 | x/s | 1 | 1 | ≥ 1.5 | **short** |" in md
     assert "| a | info |" in md and "| info |" in md
     assert "FAILED: exit 1: boom" in md
+
+
+def test_demo_help_says_what_the_demo_does_and_draws(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    head = out[out.index("\n\n") + 2:].split("\n\n", 1)[0]  # the paragraph after usage
+    assert head.startswith("Train a small CTR model online")
+    for png in ("learning.png", "published.png", "freshness.png", "bound.png"):
+        assert png in out

@@ -162,3 +162,24 @@ def test_error_text_does_not_double_the_type():
         "KafkaTimeoutError: Unable to bootstrap"
     assert error_text(OSError("disk full")) == "OSError: disk full"
     assert error_text(ValueError()) == "ValueError"
+
+
+def test_a_misspelt_flag_of_the_subcommand_gets_a_suggestion(capsys):
+    p = EnvArgumentParser(prog="tool", env_prefix="T_")
+    sub = p.add_subparsers(dest="cmd")
+    stats = sub.add_parser("stats", env_prefix="T_STATS_")
+    stats.add_argument("--shard")
+    stats.add_argument("--table")
+    sub.add_parser("other").add_argument("--sharding")
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["stats", "--shards", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --shards 0 (did you mean --shard?)" in err
+    with pytest.raises(SystemExit):
+        p.parse_args(["stats", "--tables", "a", "--shards=1"])
+    assert "(did you mean --table for --tables, --shard for --shards?)" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        p.parse_args(["stats", "--bogus", "1"])
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
