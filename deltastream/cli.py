@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import (
+    DEFAULT_MODEL,
     EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -169,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "unless it exists; print its partition count.")
     add_logging_arguments(t, again=p)
     add_kafka_arguments(t)
-    t.add_argument("--model", default="model",
-                   help="model name; the topic defaults to deltas.<model>")
+    t.add_argument("--model", default=DEFAULT_MODEL,
+                   help="model name; the topic defaults to deltas.<model> (the demo's "
+                        "default, so the demo uses this topic)")
     t.add_argument("--topic", default=None, help="topic name (default deltas.<model>)")
     t.add_argument("--partitions", type=positive_int, default=1,
                    help="partitions to create; use at least the number of trainer shards")

@@ -32,7 +32,7 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "existing_dir", "option", "fields_doc", "add_field_flags", "field_values",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
-           "SHARED_FLAGS"]
+           "SHARED_FLAGS", "DEFAULT_MODEL", "suggest_flags"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -100,6 +100,11 @@ class EnvDefault:
 
     def __repr__(self) -> str:
         return repr(self.raw)
+
+
+#: model name of the one-shot tools that need one (``deltastream topic``, ``demo``): the
+#: same, so ``deltastream topic`` makes the topic the demo then uses (``deltas.demo``)
+DEFAULT_MODEL = "demo"
 
 
 def suggest_flags(parser: argparse.ArgumentParser, argv: Sequence[str],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import (
+    DEFAULT_MODEL,
     EnvArgumentParser,
     add_field_flags,
     add_kafka_arguments,
@@ -49,7 +50,7 @@ class DemoOptions:
     kafka_config: Optional[str] = option(None, "The shared --kafka-config FILE.")
     kafka: dict = option(help="Resolved security settings (validated).", factory=dict)
     topic: Optional[str] = option(None, "deltas topic (default deltas.<model>)", flag={})
-    model_name: str = option("demo", "model name carried in every message",
+    model_name: str = option(DEFAULT_MODEL, "model name carried in every message",
                              flag={"name": "--model"})
     workers: int = option(2, "trainer processes (torch.distributed; one shard and partition "
                              "each)", flag={"type": int})

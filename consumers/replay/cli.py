@@ -115,9 +115,12 @@ def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
     p.add_argument("--topic", default=None,
                    help="Deltas topic (default: deltas.<model>)." + extra)
     p.add_argument("--model", default=None,
-                   help="Model name: rebuild applies only its messages, dump/stats show "
-                        "only its messages (default: from a topic named deltas.<model>; "
-                        "dump/stats: all models)." + extra)
+                   help=("With --rebuild: the model whose messages the rebuild compared "
+                         "with A applies (default: the snapshot's meta)."
+                         if for_diff else
+                         "Model name: rebuild applies only its messages, dump/stats show "
+                         "only its messages (default: from a topic named deltas.<model>; "
+                         "dump/stats: all models)."))
     p.add_argument("--timeout", type=_typed(positive_float, "seconds"), default=10.0,
                    metavar="S", help="Seconds to wait for the broker to answer.")
     p.add_argument("--no-progress", action="store_true",

@@ -141,3 +141,11 @@ def test_demo_help_says_what_the_demo_does_and_draws(capsys):
     assert head.startswith("Train a small CTR model online")
     for png in ("learning.png", "published.png", "freshness.png", "bound.png"):
         assert png in out
+
+
+def test_topic_and_demo_default_to_the_same_model():
+    from deltastream.cli import build_parser
+    from deltastream_demo.options import DemoOptions
+
+    topic = build_parser().parse_args(["topic", "--bootstrap-servers", "h:1"])
+    assert topic.model == DemoOptions().model_name  # deltastream topic makes deltas.demo
