@@ -44,6 +44,7 @@ from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
 from consumers.serving.shm import left_behind, remove_tables
+from consumers.serving.stop_mark import clear_stopped, leave_stop_mark
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
@@ -145,6 +146,7 @@ class SyncDaemon:
 
     def _start(self, o: SyncOptions) -> None:
         """Load the state and build the parts (the state dir is locked)."""
+        clear_stopped(self.state_dir)  # readers wait for this daemon's tables again
         self._lock = threading.RLock()  # counters
         if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
@@ -379,6 +381,8 @@ class SyncDaemon:
         self._closed = True
         for t in self._tables.values():
             t.unshare()  # readers keep what they mapped; a restart shares anew
+        if self.options.share_tables:  # readers opened from now on: "stopped", at once
+            leave_stop_mark(self.state_dir)
         self._kafka.mark_stopped()
         if self._metrics is not None:
             self._metrics.close()
