@@ -107,6 +107,24 @@ class EnvDefault:
 DEFAULT_MODEL = "demo"
 
 
+def first_sentence(text: str) -> str:
+    """``text`` up to its first sentence end (a ``.`` before a capital: not ``e.g. x``),
+    for a short ``--help``."""
+    return re.split(r"(?<=\.)(?<!e\.g\.)(?<!i\.e\.)\s+(?=[A-Z(])", text, maxsplit=1)[0]
+
+
+class _HelpEnv(argparse.Action):
+    """``--help-env``: each flag and the variables it reads, most specific first."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        width = max((len(f) for f, _ in parser.env_table), default=0) + 2
+        lines = [f"{f:<{width}}{', else '.join(v)}" for f, v in parser.env_table]
+        sys.stdout.write("environment variables (the command line wins):\n"
+                         + "\n".join(lines) + "\n")
+        parser.exit(0)
+
+
 def suggest_flags(parser: argparse.ArgumentParser, argv: Sequence[str],
                   unknown: Sequence[str]) -> str:
     """`` (did you mean --x?)`` for the unknown ``--flags`` close to a flag of the
@@ -146,11 +164,19 @@ class EnvArgumentParser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, env_prefix: str = ENV_PREFIX,
-                 env_parent: Optional[str] = None, **kwargs: Any) -> None:
+                 env_parent: Optional[str] = None, brief: bool = False,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.env_prefix = env_prefix
         self.env_parent = env_parent
+        # brief: --help gives each flag its first sentence, the variables are behind
+        # --help-env (a tool with many flags: deltastream-sync)
+        self.brief = brief
+        self.env_table: list[tuple[str, list[str]]] = []
+        if brief:
+            super().add_argument("--help-env", action=_HelpEnv, nargs=0,
+                                 help="show the environment variable of each flag and exit")
 
     def error(self, message: str) -> NoReturn:
         """A usage error: one line on stderr, exit code 2."""
@@ -191,7 +217,11 @@ class EnvArgumentParser(argparse.ArgumentParser):
         # ..._MODEL, which is what a user reading --help expects.
         longs = [o for o in action.option_strings if o.startswith("--")]
         names = self.env_vars(longs[0][2:] if longs else action.dest, local=local)
-        action.help = (action.help or "") + " [env " + ", else ".join(names) + "]"
+        if self.brief:
+            self.env_table.append((longs[0] if longs else action.dest, names))
+            action.help = first_sentence(action.help or "")
+        else:
+            action.help = (action.help or "") + " [env " + ", else ".join(names) + "]"
         var = next((n for n in names if n in os.environ), None)
         if var is None:
             return action

@@ -58,11 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     and one flag per :class:`~consumers.sync.options.SyncOptions` field that has one
     (its help, default and type are the field's)."""
     p = EnvArgumentParser(
-        prog="deltastream-sync", env_prefix=ENV_PREFIX,
+        prog="deltastream-sync", env_prefix=ENV_PREFIX, brief=True,
         description="Keep a predictor's serving tables in sync with a deltastream topic: "
                     "read the deltas a trainer publishes, apply them in partition order, and "
                     "checkpoint tables + offsets atomically so a restart resumes exactly "
-                    "where it stopped. SIGTERM/SIGINT write a final checkpoint and exit 0.",
+                    "where it stopped. SIGTERM/SIGINT write a final checkpoint and exit 0. "
+                    "Each flag also reads a variable (--help-env); the full text of each "
+                    "option is in the SyncOptions documentation.",
         epilog=EXIT_CODES + "; deltastream-sync exits 0 when stopped by SIGTERM/SIGINT.")
     add_kafka_arguments(p)
     add_field_flags(p, SyncOptions)
