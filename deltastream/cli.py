@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import (
+    BROKER_TIMEOUT_S,
     DEFAULT_MODEL,
     EXIT_CODES,
     EXIT_INTERRUPTED,
@@ -176,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--topic", default=None, help="topic name (default deltas.<model>)")
     t.add_argument("--partitions", type=positive_int, default=1,
                    help="partitions to create; use at least the number of trainer shards")
-    t.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
-                   help="seconds to reach the broker and see the topic")
+    t.add_argument("--timeout", type=positive_float, default=BROKER_TIMEOUT_S, metavar="S",
+                   help="seconds to reach the broker and see the topic (as deltastream-replay)")
     t.set_defaults(func=_cmd_topic, kafka_prefix="DELTASTREAM_TOPIC_", sub_parser=t)
 
     k = sub.add_parser("broker", env_prefix="DELTASTREAM_BROKER_", epilog=EXIT_CODES,

@@ -32,7 +32,8 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "existing_dir", "option", "fields_doc", "add_field_flags", "field_values",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
-           "SHARED_FLAGS", "DEFAULT_MODEL", "suggest_flags"]
+           "SHARED_FLAGS", "DEFAULT_MODEL", "BROKER_TIMEOUT_S", "suggest_flags",
+           "first_sentence"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -101,6 +102,11 @@ class EnvDefault:
     def __repr__(self) -> str:
         return repr(self.raw)
 
+
+#: seconds a one-shot tool (``deltastream topic``, ``deltastream-replay``) waits for the
+#: broker to answer before exit 3; the sync daemon never gives up (its --request-timeout is
+#: per request, --startup-timeout an overall deadline)
+BROKER_TIMEOUT_S = 30.0
 
 #: model name of the one-shot tools that need one (``deltastream topic``, ``demo``): the
 #: same, so ``deltastream topic`` makes the topic the demo then uses (``deltas.demo``)

@@ -179,7 +179,9 @@ class SyncOptions:
                   "the command line raises smaller values to that).",
         flag={"type": _quarantine_bytes, "metavar": "BYTES"})
     request_timeout: float = option(
-        5.0, "Seconds a broker request may take before the broker counts as down.",
+        5.0, "Seconds one broker request may take before the broker counts as down (then "
+             "retried, forever: see --startup-timeout; the one-shot tools' --timeout is "
+             "their whole wait).",
         flag={"type": positive_float, "metavar": "S"})
     startup_timeout: float = option(
         0.0, "Seconds to start syncing (for scripts): past them, while no broker answers, the "

@@ -149,3 +149,14 @@ def test_topic_and_demo_default_to_the_same_model():
 
     topic = build_parser().parse_args(["topic", "--bootstrap-servers", "h:1"])
     assert topic.model == DemoOptions().model_name  # deltastream topic makes deltas.demo
+
+
+def test_the_one_shot_tools_wait_as_long_for_the_broker():
+    from consumers.replay.cli import build_parser as replay_parser
+    from deltastream.cli import build_parser
+
+    topic = build_parser().parse_args(["topic", "--bootstrap-servers", "h:1"])
+    for sub in ("stats", "dump", "rebuild"):
+        replay = replay_parser().parse_args([sub, "--bootstrap-servers", "h:1",
+                                             *(["--out", "o"] if sub == "rebuild" else [])])
+        assert replay.timeout == topic.timeout, sub
