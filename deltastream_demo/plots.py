@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from deltastream_demo.report import pyplot, save_png
+from deltastream_demo.report import pyplot, save_png, time_bins
 
 __all__ = ["plot_learning", "plot_rates", "plot_bound", "per_second", "steady_ylim"]
 
@@ -32,15 +32,9 @@ def per_second(t: Sequence[float], values: Sequence[float], *, bin_s: float = 1.
                ) -> tuple[np.ndarray, np.ndarray]:
     """``(bin starts s [k], sum of values per bin ÷ bin_s [k])``, every bin from the first
     to the last sample (empty bins are 0: nothing sent is a rate of 0)."""
-    t = np.asarray(t, np.float64)
-    v = np.asarray(values, np.float64)
-    if t.shape != v.shape:
-        raise ValueError(f"t and values must have the same shape, got {t.shape} vs {v.shape}")
-    if not bin_s > 0:
-        raise ValueError(f"bin_s must be > 0, got {bin_s}")
-    if t.size == 0:
+    b, v = time_bins(t, values, bin_s=bin_s)
+    if b.size == 0:
         return np.empty(0), np.empty(0)
-    b = np.floor(t / bin_s).astype(np.int64)
     lo = int(b.min())
     sums = np.bincount(b - lo, weights=v)
     return (lo + np.arange(sums.size)) * bin_s, sums / bin_s

@@ -31,6 +31,7 @@ __all__ = [
     "plot_freshness",
     "plot_published",
     "freshness_series",
+    "time_bins",
     "pyplot",
     "save_png",
     "PNG_MAGIC",
@@ -382,6 +383,19 @@ def pyplot():
     return plt
 
 
+def time_bins(t: Sequence[float], values: Sequence[float], *, bin_s: float,
+              name: str = "values") -> tuple[np.ndarray, np.ndarray]:
+    """``(bin index [m] int64, values [m] float64)`` of samples at times ``t`` (s) in bins
+    of ``bin_s`` s. ``ValueError`` when the shapes differ or ``bin_s`` is not positive."""
+    t = np.asarray(t, np.float64)
+    v = np.asarray(values, np.float64)
+    if t.shape != v.shape:
+        raise ValueError(f"t and {name} must have the same shape, got {t.shape} vs {v.shape}")
+    if not bin_s > 0:
+        raise ValueError(f"bin_s must be > 0, got {bin_s}")
+    return np.floor(t / bin_s).astype(np.int64), v
+
+
 def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
                      ) -> list[tuple[float, int, float, float, float]]:
     """Per time bin: ``(bin start s, samples, p50, p99, max)`` of freshness samples.
@@ -389,15 +403,9 @@ def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
     ``t`` are apply times (s since the run started), ``fresh`` the freshness (s) of each
     applied message. Empty bins are left out.
     """
-    t = np.asarray(t, np.float64)
-    f = np.asarray(fresh, np.float64)
-    if t.shape != f.shape:
-        raise ValueError(f"t and fresh must have the same shape, got {t.shape} vs {f.shape}")
-    if not bin_s > 0:
-        raise ValueError(f"bin_s must be > 0, got {bin_s}")
-    if t.size == 0:
+    b, f = time_bins(t, fresh, bin_s=bin_s, name="fresh")
+    if b.size == 0:
         return []
-    b = np.floor(t / bin_s).astype(np.int64)
     order = np.argsort(b, kind="stable")
     b, f = b[order], f[order]
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
