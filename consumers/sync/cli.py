@@ -45,7 +45,8 @@ from deltastream.cliargs import (
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import redacted, secret_values, tls_probe
 
-__all__ = ["main", "build_parser", "parse_shards", "parse_tables", "os_error_line"]  # parsers: from options
+# parse_shards / parse_tables: from options
+__all__ = ["main", "build_parser", "parse_shards", "parse_tables", "os_error_line"]
 
 log = logging.getLogger(__name__)
 

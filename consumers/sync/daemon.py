@@ -381,7 +381,7 @@ class SyncDaemon:
         self._closed = True
         for t in self._tables.values():
             t.unshare()  # readers keep what they mapped; a restart shares anew
-        if self.options.share_tables:  # readers opened from now on: "stopped", at once
+        if self.options.share_tables:  # readers opened from now on learn it is stopped
             leave_stop_mark(self.state_dir)
         self._kafka.mark_stopped()
         if self._metrics is not None:
