@@ -25,6 +25,11 @@ consumers:
   base snapshot (``consumers.storage.snapshot.write_snapshot``) together with the publisher's next
   offset and seq state, so a new predictor can start from it (``SyncDaemon(base=...)``).
 
+Every ``eval_every`` steps (progressive validation) the ranks score the next
+``eval_examples`` of the stream — not trained on yet — together; rank 0 sends the AUC with
+the MLP's weights, and the parent forwards them to the predictor, which scores the same
+examples with its serving tables at once: serving against trainer AUC over the run.
+
 After the last step: a final flush publishes every retained row, the held-out slice is scored
 with the trainer's own (torch) model, and the shard's rows, the ids it published and the MLP
 weights are dumped (``.npz``) for the predictor's comparison.
