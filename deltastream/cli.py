@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import (
+    BROKER_TIMEOUT_S,
+    DEFAULT_MODEL,
     EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -169,13 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "unless it exists; print its partition count.")
     add_logging_arguments(t, again=p)
     add_kafka_arguments(t)
-    t.add_argument("--model", default="model",
-                   help="model name; the topic defaults to deltas.<model>")
+    t.add_argument("--model", default=DEFAULT_MODEL,
+                   help="model name; the topic defaults to deltas.<model> (the demo's "
+                        "default, so the demo uses this topic)")
     t.add_argument("--topic", default=None, help="topic name (default deltas.<model>)")
     t.add_argument("--partitions", type=positive_int, default=1,
                    help="partitions to create; use at least the number of trainer shards")
-    t.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
-                   help="seconds to reach the broker and see the topic")
+    t.add_argument("--timeout", type=positive_float, default=BROKER_TIMEOUT_S, metavar="S",
+                   help="seconds to reach the broker and see the topic (as deltastream-replay)")
     t.set_defaults(func=_cmd_topic, kafka_prefix="DELTASTREAM_TOPIC_", sub_parser=t)
 
     k = sub.add_parser("broker", env_prefix="DELTASTREAM_BROKER_", epilog=EXIT_CODES,
@@ -192,7 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", env_prefix="DELTASTREAM_DEMO_", epilog=EXIT_CODES,
                        help="train a small CTR model and stream its deltas to a "
-                            "predictor end to end; writes a report")
+                            "predictor end to end; writes a report",
+                       description="Train a small CTR model online on a synthetic click "
+                                   "stream (trainer processes) and stream its deltas through "
+                                   "Kafka to a predictor (a sync daemon); print and write a "
+                                   "report (report.json) and pictures (learning.png: loss "
+                                   "and serving vs trainer AUC over the run; published.png: "
+                                   "bytes/s and rows/s against the budget; freshness.png; "
+                                   "bound.png: the serving-error bound) to --out. About 2 "
+                                   "minutes on 2 cores.")
     add_logging_arguments(d, again=p)
     from deltastream_demo.run import add_demo_arguments
 

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
@@ -31,7 +32,8 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "existing_dir", "option", "fields_doc", "add_field_flags", "field_values",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
-           "SHARED_FLAGS"]
+           "SHARED_FLAGS", "DEFAULT_MODEL", "BROKER_TIMEOUT_S", "suggest_flags",
+           "first_sentence"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -101,6 +103,57 @@ class EnvDefault:
         return repr(self.raw)
 
 
+#: seconds a one-shot tool (``deltastream topic``, ``deltastream-replay``) waits for the
+#: broker to answer before exit 3; the sync daemon never gives up (its --request-timeout is
+#: per request, --startup-timeout an overall deadline)
+BROKER_TIMEOUT_S = 30.0
+
+#: model name of the one-shot tools that need one (``deltastream topic``, ``demo``): the
+#: same, so ``deltastream topic`` makes the topic the demo then uses (``deltas.demo``)
+DEFAULT_MODEL = "demo"
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to its first sentence end (a ``.`` before a capital: not ``e.g. x``),
+    for a short ``--help``."""
+    return re.split(r"(?<=\.)(?<!e\.g\.)(?<!i\.e\.)\s+(?=[A-Z(])", text, maxsplit=1)[0]
+
+
+class _HelpEnv(argparse.Action):
+    """``--help-env``: each flag and the variables it reads, most specific first."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        width = max((len(f) for f, _ in parser.env_table), default=0) + 2
+        lines = [f"{f:<{width}}{', else '.join(v)}" for f, v in parser.env_table]
+        sys.stdout.write("environment variables (the command line wins):\n"
+                         + "\n".join(lines) + "\n")
+        parser.exit(0)
+
+
+def suggest_flags(parser: argparse.ArgumentParser, argv: Sequence[str],
+                  unknown: Sequence[str]) -> str:
+    """`` (did you mean --x?)`` for the unknown ``--flags`` close to a flag of the
+    (sub)command ``argv`` runs, else ``""``."""
+    import difflib
+
+    p = parser
+    for tok in argv:  # walk down to the subcommand named in argv
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and tok in sub.choices:
+            p = sub.choices[tok]
+    known = [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for tok in unknown:
+        name = tok.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.7) \
+            if name.startswith("--") else []
+        hints += [(close[0], name)] if close else []
+    if len(hints) == 1:
+        return f" (did you mean {hints[0][0]}?)"
+    return f" (did you mean {', '.join(f'{c} for {n}' for c, n in hints)}?)" if hints else ""
+
+
 class EnvArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser whose optional flags default from environment variables.
 
@@ -117,11 +170,19 @@ class EnvArgumentParser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, env_prefix: str = ENV_PREFIX,
-                 env_parent: Optional[str] = None, **kwargs: Any) -> None:
+                 env_parent: Optional[str] = None, brief: bool = False,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.env_prefix = env_prefix
         self.env_parent = env_parent
+        # brief: --help gives each flag its first sentence, the variables are behind
+        # --help-env (a tool with many flags: deltastream-sync)
+        self.brief = brief
+        self.env_table: list[tuple[str, list[str]]] = []
+        if brief:
+            super().add_argument("--help-env", action=_HelpEnv, nargs=0,
+                                 help="show the environment variable of each flag and exit")
 
     def error(self, message: str) -> NoReturn:
         """A usage error: one line on stderr, exit code 2."""
@@ -131,6 +192,17 @@ class EnvArgumentParser(argparse.ArgumentParser):
             # say where else the values may come from
             message += " (or set " + ", ".join(self.env_vars(f[2:])[-1] for f in flags) + ")"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+                   namespace: Optional[argparse.Namespace] = None) -> argparse.Namespace:
+        """``argparse``'s, with a suggestion for a misspelt flag (``stats --shards 0``:
+        did you mean --shard?)."""
+        argv = list(sys.argv[1:] if args is None else args)
+        ns, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       f"{suggest_flags(self, argv, extras)}")
+        return ns
 
     def env_vars(self, flag: str, *, local: bool = False) -> list[str]:
         """The variables of ``flag`` (``"state-dir"``), most specific first."""
@@ -151,7 +223,11 @@ class EnvArgumentParser(argparse.ArgumentParser):
         # ..._MODEL, which is what a user reading --help expects.
         longs = [o for o in action.option_strings if o.startswith("--")]
         names = self.env_vars(longs[0][2:] if longs else action.dest, local=local)
-        action.help = (action.help or "") + " [env " + ", else ".join(names) + "]"
+        if self.brief:
+            self.env_table.append((longs[0] if longs else action.dest, names))
+            action.help = first_sentence(action.help or "")
+        else:
+            action.help = (action.help or "") + " [env " + ", else ".join(names) + "]"
         var = next((n for n in names if n in os.environ), None)
         if var is None:
             return action

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from deltastream.cliargs import (
+    DEFAULT_MODEL,
     EnvArgumentParser,
     add_field_flags,
     add_kafka_arguments,
@@ -49,7 +50,7 @@ class DemoOptions:
     kafka_config: Optional[str] = option(None, "The shared --kafka-config FILE.")
     kafka: dict = option(help="Resolved security settings (validated).", factory=dict)
     topic: Optional[str] = option(None, "deltas topic (default deltas.<model>)", flag={})
-    model_name: str = option("demo", "model name carried in every message",
+    model_name: str = option(DEFAULT_MODEL, "model name carried in every message",
                              flag={"name": "--model"})
     workers: int = option(2, "trainer processes (torch.distributed; one shard and partition "
                              "each)", flag={"type": int})
@@ -66,6 +67,12 @@ class DemoOptions:
                                     "'publish')", flag={"type": int})
     snapshot_every: int = option(500, "steps between base snapshots (tracker consumer "
                                       "'snapshot')", flag={"type": int})
+    eval_every: int = option(
+        100, "steps between progressive evaluations during training: the trainer and the "
+             "predictor's serving tables score the same next --eval-examples of the stream "
+             "(AUC over the run; 0 = only the final held-out score)", flag={"type": int})
+    eval_examples: int = option(4096, "examples per progressive evaluation",
+                                flag={"type": int})
     topk_fraction: float = option(
         0.25, "fraction of the changed rows published per round (top by drift, new rows "
               "first; the rest is carried to the next round); 1 = all", flag={"type": float})
@@ -136,6 +143,8 @@ class DemoOptions:
         pos_int("batch_size", 1, 1 << 20)
         pos_int("publish_every")
         pos_int("snapshot_every")
+        pos_int("eval_every", 0)
+        pos_int("eval_examples", 100, 1 << 22)
         if not (isinstance(self.topk_fraction, (int, float)) and 0 < self.topk_fraction <= 1):
             raise ValueError(f"--topk-fraction must be in (0, 1], got {self.topk_fraction!r}")
         b = self.publish_budget

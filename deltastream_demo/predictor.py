@@ -6,7 +6,9 @@
    daemon from it, so the predictor serves exactly this run's messages even on a topic that
    already holds older ones (an external Kafka);
 2. runs the daemon in a thread and reports lag, rows applied and freshness to the parent
-   every ``progress_interval`` seconds;
+   every ``progress_interval`` seconds; on each ``eval`` (the trainer's AUC and MLP at a
+   step) scores the same examples with the serving tables as they are at that moment
+   (:func:`serving_eval`), so the report shows serving against trainer AUC over the run;
 3. on ``finish`` (the trainers' final offsets): waits until it has applied everything up to
    them, stops the daemon (final checkpoint), then scores the held-out slice of the stream
    with the exported MLP and (a) the **serving** tables, (b) the trainers' own rows, and
@@ -45,6 +47,7 @@ from deltastream_demo.scoring import RowTable, auc, logloss, score
 __all__ = [
     "ApplyLog",
     "write_start_base",
+    "serving_eval",
     "row_tolerance",
     "compare_rows",
     "predictor_main",
@@ -316,6 +319,20 @@ def predictor_main(cfg: dict, events: Any, control: Any) -> None:
         raise SystemExit(1) from None
 
 
+def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
+    """A ``serve_eval`` event: the AUC of the serving tables as they are now, with the
+    trainer's MLP of ``msg`` (``dense``), on the ``n`` examples from ``start`` that the
+    trainer scored at step ``step``; ``lag`` = messages not applied yet."""
+    stream = ClickStream(StreamConfig(**cfg["stream"]))
+    ho = stream.batch(int(msg["start"]), int(msg["n"]), salt=1)
+    zeros = RowTable(np.empty(0, np.int64), np.empty((0, cfg["dim"]), np.float32))
+    tables = daemon.tables()  # the live tables: lookups are lock-free
+    logits = score(msg["dense"], (tables.get("user") or zeros).lookup,
+                   (tables.get("item") or zeros).lookup, ho.user_ids, ho.item_ids, ho.dense)
+    return {"kind": "serve_eval", "step": int(msg["step"]), "auc": auc(ho.labels, logits),
+            "t": time.time() - float(cfg["t0"]), "lag": daemon.stats()["lag_total"]}
+
+
 def _predictor(cfg: dict, events: Any, control: Any) -> None:
     torch_at_start = "torch" in sys.modules
     state = Path(cfg["state_dir"])
@@ -345,6 +362,8 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
             elif msg.get("kind") == "abort":
                 daemon.stop()
                 return
+            elif msg.get("kind") == "eval":
+                events.put(serving_eval(msg, daemon, cfg))
         st = daemon.stats()
         events.put({"kind": "serve", "t": time.time(), "lag": st["lag_total"],
                     "messages": st["messages"], "rows": st["rows"],

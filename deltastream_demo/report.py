@@ -31,6 +31,7 @@ __all__ = [
     "plot_freshness",
     "plot_published",
     "freshness_series",
+    "time_bins",
     "pyplot",
     "save_png",
     "PNG_MAGIC",
@@ -128,7 +129,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     """The human-readable report table (a few sections of ``label  value`` lines)."""
     g = lambda *keys: _get(r, *keys)  # noqa: E731 - short accessor for the table below
     rows: list[tuple[str, str]] = []
-    for add in (_training_rows, _delta_rows, _wire_rows, _serving_rows, _extra_rows):
+    for add in (_training_rows, _delta_rows, _wire_rows, _run_auc_rows, _serving_rows,
+                _extra_rows):
         add(r, g, rows)
     width = max(len(a) for a, _ in rows) + 2
     return "\n".join(a if not b and a.startswith("[") else f"  {a:<{width}}{b}"
@@ -165,7 +167,8 @@ def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
 
     _section(rows, "deltas")
     rows += [
-        ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))),
+        ("rows tracked (candidates, Σ rounds)", _num(g("rows", "tracked"))
+         + "  (a row counts once per round it waits: not distinct rows)"),
         ("rows published", _num(g("rows", "published"))),
         ("  of which in the final flush", _num(g("rows", "final_flush"))),
         ("rows carried (retained, Σ rounds)", _num(g("rows", "carried"))),
@@ -178,10 +181,12 @@ def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
             ("publish budget", f"{_bytes(g('budget', 'bytes_per_s'))}/s per trainer "
                                f"(byte-budgeted, every step)"),
             ("sent (excl. final flush)", f"{_bytes(g('budget', 'sent_bytes_per_s'))}/s per "
-                                         f"trainer"),
+                                         f"trainer  (≈ the budget: it is all used)"),
             ("error bound p50 / p99 / max",
              " / ".join(_num(g("budget", "bound", q), ".3g") for q in ("p50", "p99", "max"))
-             + "  (largest pending row error ÷ table RMS row norm)"),
+             + "  (largest error a served row still has ÷ the table's RMS row norm: "
+               "0 = serving exact, 1 = off by a typical row; lower is better, a larger "
+               "budget lowers it)"),
         ]
         for name, b in sorted((g("budget", "table_bounds") or {}).items()):
             rows.append((f"  {name} (L2) p50 / p99 / max",
@@ -205,13 +210,32 @@ def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> Non
     _section(rows, "predictor")
     rows += [
         ("freshness p50 / p95 / p99",
-         " / ".join(_ms(g("freshness_s", q)) for q in ("p50", "p95", "p99"))),
+         " / ".join(_ms(g("freshness_s", q)) for q in ("p50", "p95", "p99"))
+         + "  (trainer read → served; lower is better)"),
         ("freshness max", _ms(g("freshness_s", "max"))),
         ("messages / rows applied", f"{_num(g('predictor', 'messages'))} / "
                                     f"{_num(g('predictor', 'rows'))}"),
         ("duplicates / gaps / quarantined",
          " / ".join(_num(g("predictor", k)) for k in ("duplicates", "gaps", "quarantined"))),
         ("torch imported by the daemon", _num(g("predictor", "torch_imported"))),
+    ]
+
+
+def _run_auc_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of the progressive evaluations: serving vs trainer AUC during training
+    (the staleness the budget leaves), when the run measured any."""
+    ev = [e for e in g("timeline", "auc") or [] if e[2] is not None and e[3] is not None]
+    if not ev:
+        return
+    gap = np.array([e[2] - e[3] for e in ev], np.float64)
+    _section(rows, "serving vs trainer (during training)")
+    rows += [
+        ("evaluations", f"{len(ev)} (steps {ev[0][0]}…{ev[-1][0]}, each on the next "
+                        f"{_num(g('config', 'eval_examples'))} examples of the stream)"),
+        ("AUC trainer / serving, last", f"{ev[-1][2]:.4f} / {ev[-1][3]:.4f}"),
+        ("AUC gap trainer − serving mean / max", f"{gap.mean():.4f} / {gap.max():.4f}"
+         "  (what staleness costs: 0 = serving as good as the trainer; a larger budget "
+         "narrows it)"),
     ]
 
 
@@ -224,11 +248,13 @@ def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
         ("ids missing in serving", _num(g("drift", "missing_in_serving"))),
         ("row drift RMSE / max", f"{_num(g('drift', 'rmse'), '.3g')} / "
                                  f"{_num(g('drift', 'max_abs'), '.3g')}"
-                                 f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')})"),
+                                 f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')}: "
+                                 f"wire rounding only)"),
         ("AUC serving tables", _num(g("auc", "serving"), ".4f")),
         ("AUC trainer tables", _num(g("auc", "trainer"), ".4f")),
         ("AUC trainer (torch model)", _num(g("auc", "trainer_torch"), ".4f")),
-        ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")),
+        ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")
+         + "  (the best any model can do on this stream)"),
         ("held-out examples", _num(g("auc", "examples"))),
     ]
 
@@ -357,6 +383,19 @@ def pyplot():
     return plt
 
 
+def time_bins(t: Sequence[float], values: Sequence[float], *, bin_s: float,
+              name: str = "values") -> tuple[np.ndarray, np.ndarray]:
+    """``(bin index [m] int64, values [m] float64)`` of samples at times ``t`` (s) in bins
+    of ``bin_s`` s. ``ValueError`` when the shapes differ or ``bin_s`` is not positive."""
+    t = np.asarray(t, np.float64)
+    v = np.asarray(values, np.float64)
+    if t.shape != v.shape:
+        raise ValueError(f"t and {name} must have the same shape, got {t.shape} vs {v.shape}")
+    if not bin_s > 0:
+        raise ValueError(f"bin_s must be > 0, got {bin_s}")
+    return np.floor(t / bin_s).astype(np.int64), v
+
+
 def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
                      ) -> list[tuple[float, int, float, float, float]]:
     """Per time bin: ``(bin start s, samples, p50, p99, max)`` of freshness samples.
@@ -364,15 +403,9 @@ def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
     ``t`` are apply times (s since the run started), ``fresh`` the freshness (s) of each
     applied message. Empty bins are left out.
     """
-    t = np.asarray(t, np.float64)
-    f = np.asarray(fresh, np.float64)
-    if t.shape != f.shape:
-        raise ValueError(f"t and fresh must have the same shape, got {t.shape} vs {f.shape}")
-    if not bin_s > 0:
-        raise ValueError(f"bin_s must be > 0, got {bin_s}")
-    if t.size == 0:
+    b, f = time_bins(t, fresh, bin_s=bin_s, name="fresh")
+    if b.size == 0:
         return []
-    b = np.floor(t / bin_s).astype(np.int64)
     order = np.argsort(b, kind="stable")
     b, f = b[order], f[order]
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
@@ -396,12 +429,13 @@ def save_png(fig, path: str | os.PathLike) -> Path:
 
 
 def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[float], *,
-                   bin_s: float = 1.0, title: str = "freshness (trainer read → applied)"
-                   ) -> Optional[Path]:
+                   bin_s: float = 1.0, title: str = "freshness (trainer read → applied)",
+                   flush_t: Optional[float] = None) -> Optional[Path]:
     """PNG: each applied message's freshness over time, with per-bin p50/p99 lines.
 
     ``t``: apply time of each message (s since the run started); ``fresh``: its freshness
-    (s). Returns the path, or None when matplotlib is missing.
+    (s); ``flush_t``: when the final flush started (s), marked with a dashed line. Returns
+    the path, or None when matplotlib is missing.
     """
     plt = pyplot()
     if plt is None:
@@ -424,6 +458,11 @@ def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[
 
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                # minor ticks 20, 50, 200, …: readable without crowding
+                ax.yaxis.set_minor_formatter(FuncFormatter(
+                    lambda v, _: f"{v:g}" if f"{v:e}"[0] in "25" else ""))
+            if flush_t is not None:
+                ax.axvline(flush_t, color="tab:purple", ls="--", lw=1.2, label="final flush")
             ax.legend(loc="upper right", fontsize=8)
         else:
             ax.text(0.5, 0.5, "no messages applied", ha="center", va="center",

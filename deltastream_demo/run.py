@@ -165,15 +165,22 @@ def _stop_process(p: mp.process.BaseProcess, grace: float = 5.0) -> None:
 class _Run:
     """State of one demo run in the parent: processes, events and what they reported."""
 
-    def __init__(self, opts: DemoOptions, progress: ProgressLine) -> None:
+    def __init__(self, opts: DemoOptions, progress: ProgressLine, stack: ExitStack) -> None:
         self.opts = opts
         self.progress = progress
         self.ctx = mp.get_context("spawn")
-        self.events = self.ctx.Queue()
-        self.control = self.ctx.Queue()
+        # Queues served by a manager process, not multiprocessing.Queue: those are backed by
+        # named POSIX semaphores (3 each) that only garbage collection unlinks, and the
+        # resource tracker unlinks them too when it outlives its pipe ("leaked semaphore
+        # objects", then "sem_unlink … FileNotFoundError" at exit). A manager's queues use
+        # none; it ignores Ctrl-C and is shut down after the children (``stack``).
+        manager = stack.enter_context(self.ctx.Manager())
+        self.events = manager.Queue()
+        self.control = manager.Queue()
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.finals: dict[int, dict] = {}
         self.result: Optional[dict] = None
+        self.evals: dict[int, dict] = {}  # step -> trainer AUC, then the serving AUC
         self.ready: set[str] = set()
         self.train: dict = {}
         self.serve: dict = {}
@@ -200,6 +207,12 @@ class _Run:
             self.serve = ev
         elif kind == "publish":
             self.pub_events.append((time.time(), int(ev["published"])))
+        elif kind == "eval":  # the predictor scores the same examples with serving tables
+            self.evals[int(ev["step"])] = {k: ev[k] for k in ("step", "t", "n", "auc")}
+            self.control.put(ev)
+        elif kind == "serve_eval":
+            self.evals.setdefault(int(ev["step"]), {}).update(
+                serving_auc=ev["auc"], serving_t=ev["t"], lag=ev["lag"])
         elif kind == "final":
             self.finals[int(ev["rank"])] = ev
         elif kind == "result":
@@ -277,6 +290,7 @@ def _trainer_config(common: dict, opts: DemoOptions) -> dict:
                 hidden=tuple(opts.hidden), batch_size=opts.batch_size,
                 steps=opts.resolved_steps, duration=opts.duration,
                 publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
+                eval_every=opts.eval_every, eval_examples=opts.eval_examples,
                 topk_fraction=float(opts.topk_fraction),
                 publish_budget=float(opts.publish_budget),
                 max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,
@@ -310,9 +324,9 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
     topic = opts.resolved_topic
     child_level = "DEBUG" if opts.log_level == "DEBUG" else "WARNING"
     t0_wall = time.time()
-    run = _Run(opts, progress)
     deadline = time.monotonic() + opts.timeout
     with ExitStack() as stack:
+        run = _Run(opts, progress, stack)
         servers = _broker_and_topic(stack, opts, topic)
         stream_cfg = opts.stream_config().to_dict()
         common = dict(bootstrap_servers=servers, topic=topic, model_name=opts.model_name,
@@ -353,10 +367,13 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
         except BaseException as e:
             progress.close()
             if isinstance(e, KeyboardInterrupt):  # stop now, all at once, quietly
+                # (no "abort" message: the interrupted call left this thread's connection
+                # to the manager mid-reply)
                 _terminate_all(list(run.procs.values()))
+                raise
             try:
                 run.control.put({"kind": "abort"})
-            except (OSError, ValueError):
+            except (OSError, ValueError, EOFError):  # the manager is gone too
                 pass
             raise
         finally:
@@ -369,7 +386,8 @@ def _run(opts: DemoOptions, out: Path, paths: dict[str, Path],
                 log.warning("%s exited with code %s after reporting", name, p.exitcode)
     report = build_report(opts, run.finals, run.result, topic=topic, servers=servers,
                           embedded=opts.bootstrap_servers is None,
-                          wall_s=time.time() - t0_wall)
+                          wall_s=time.time() - t0_wall,
+                          evals=[run.evals[s] for s in sorted(run.evals)])
     report["plots"] = make_plots(out, report, run.result)
     report["invariants"] = {"problems": rpt.check_report(report)}
     rpt.write_report(report, out)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Optional
 
 from deltastream_demo import report as rpt
 from deltastream_demo.options import DemoOptions
 
-__all__ = ["build_report", "merge_rounds", "make_plots", "budget_summary"]
+__all__ = ["build_report", "merge_rounds", "merge_bounds", "make_plots", "budget_summary"]
 
 
 def merge_rounds(finals: dict[int, dict]) -> list[dict]:
@@ -73,10 +74,44 @@ def _sharding(opts: DemoOptions, f0: dict) -> dict:
     return {}
 
 
+def merge_bounds(finals: dict[int, dict]) -> list[list]:
+    """The serving-error bound per budget tick, ``[step, t s, bound, final]``, the worst
+    trainer per (step, final); empty when no trainer ran a budget."""
+    by: dict[tuple[int, bool], list] = {}
+    for f in finals.values():
+        for step, t, bound, final in f.get("bounds") or []:
+            cur = by.get((int(step), bool(final)))
+            if cur is None:
+                by[(int(step), bool(final))] = [int(step), float(t), float(bound), int(final)]
+            else:
+                cur[1], cur[2] = min(cur[1], float(t)), max(cur[2], float(bound))
+    return [by[k] for k in sorted(by, key=lambda k: (k[1], k[0]))]
+
+
+def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
+              evals: Optional[list[dict]]) -> dict:
+    """The report's ``timeline``: publish rounds, freshness per second, rank 0's loss,
+    the progressive evaluations ``[step, t, trainer AUC, serving AUC, lag]`` and the
+    error bound per budget tick."""
+    f0 = finals[sorted(finals)[0]]
+    return {
+        "publish": [[r["step"], r["t"], r["rows"], r["bytes"], int(r["final"])]
+                    for r in rounds],
+        "freshness": [list(s) for s in rpt.freshness_series(
+            result["apply_t"], result["apply_fresh"], bin_s=1.0)],
+        "loss": f0.get("losses", []),
+        "auc": [[e.get("step"), e.get("t"), e.get("auc"), e.get("serving_auc"),
+                 e.get("lag")] for e in evals or []],
+        "bound": merge_bounds(finals),
+    }
+
+
 def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, topic: str,
-                 servers: str, embedded: bool, wall_s: float) -> dict:
-    """The report dict (``report.json``) from the trainers' final messages and the
-    predictor's result."""
+                 servers: str, embedded: bool, wall_s: float,
+                 evals: Optional[list[dict]] = None) -> dict:
+    """The report dict (``report.json``) from the trainers' final messages, the
+    predictor's result and the progressive evaluations ``evals`` (per step: the trainer's
+    ``auc``, the predictor's ``serving_auc`` and ``lag``)."""
     from deltastream.wire import row_bytes
 
     ranks = sorted(finals)
@@ -143,28 +178,28 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "trainers": [{"rank": r, "epoch": finals[r]["epoch"], "offsets": finals[r]["offsets"],
                       "tracker": finals[r].get("tracker"),
                       "publisher": finals[r].get("publisher")} for r in ranks],
-        "timeline": {
-            "publish": [[r["step"], r["t"], r["rows"], r["bytes"], int(r["final"])]
-                        for r in rounds],
-            "freshness": [list(s) for s in rpt.freshness_series(
-                result["apply_t"], result["apply_fresh"], bin_s=1.0)],
-            "loss": f0.get("losses", []),
-        },
+        "timeline": _timeline(finals, rounds, result, evals),
     }
 
 
 def make_plots(out: Path, report: dict, result: dict) -> list[str]:
-    """Draw ``freshness.png`` and ``published.png`` into ``out``; the paths drawn (none
-    without matplotlib)."""
-    made = []
-    p = rpt.plot_freshness(out / "freshness.png", result["apply_t"], result["apply_fresh"],
-                           bin_s=1.0)
-    if p is not None:
-        made.append(str(p))
-    pub = report["timeline"]["publish"]  # regular rounds by step, then the final flush
-    final = pub[-1][0] if pub and pub[-1][4] else None
-    p = rpt.plot_published(out / "published.png", [r[0] for r in pub], [r[2] for r in pub],
-                           [r[3] for r in pub], final_step=final)
-    if p is not None:
-        made.append(str(p))
-    return made
+    """Draw into ``out``: ``learning.png`` (loss; serving vs trainer AUC over the run),
+    ``published.png`` (bytes/s and rows/s against the budget), ``freshness.png`` and
+    ``bound.png`` (the serving-error bound over time); the paths drawn (none without
+    matplotlib)."""
+    from deltastream_demo import plots
+
+    tl = report["timeline"]
+    flush = [r for r in tl["publish"] if r[4]]
+    budget = report.get("budget") or {}
+    made = [
+        plots.plot_learning(out / "learning.png", tl, report.get("auc") or {},
+                            final_step=report["train"]["steps"]),
+        plots.plot_rates(out / "published.png", tl["publish"],
+                         budget_bytes_per_s=float(budget.get("bytes_per_s") or 0.0),
+                         trainers=int(report["config"]["workers"])),
+        rpt.plot_freshness(out / "freshness.png", result["apply_t"], result["apply_fresh"],
+                           bin_s=1.0, flush_t=min(r[1] for r in flush) if flush else None),
+        plots.plot_bound(out / "bound.png", tl.get("bound") or []),
+    ]
+    return [str(p) for p in made if p is not None]

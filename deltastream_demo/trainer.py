@@ -25,6 +25,11 @@ consumers:
   base snapshot (``consumers.storage.snapshot.write_snapshot``) together with the publisher's next
   offset and seq state, so a new predictor can start from it (``SyncDaemon(base=...)``).
 
+Every ``eval_every`` steps (progressive validation) the ranks score the next
+``eval_examples`` of the stream — not trained on yet — together; rank 0 sends the AUC with
+the MLP's weights, and the parent forwards them to the predictor, which scores the same
+examples with its serving tables at once: serving against trainer AUC over the run.
+
 After the last step: a final flush publishes every retained row, the held-out slice is scored
 with the trainer's own (torch) model, and the shard's rows, the ids it published and the MLP
 weights are dumped (``.npz``) for the predictor's comparison.
@@ -60,7 +65,8 @@ def trainer_main(rank: int, cfg: dict, events: Any) -> None:
 
     ``cfg`` keys: world, master_port, device, bootstrap_servers, topic, model_name, dim,
     hidden, batch_size, steps (or None), duration (s or None), publish_every,
-    snapshot_every, topk_fraction, publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
+    snapshot_every, eval_every (steps, 0 = off), eval_examples, topk_fraction,
+    publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
     seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
     verbose, threads, kafka_config (kafka-python security settings), sharding, model_kind
     (``"torchrec"``: :mod:`deltastream_demo.torchrec_model`). ``events``: queue to the
@@ -174,6 +180,7 @@ class _Trainer:
             name: ServingTable(name, int(cfg["dim"])) for name in self.table_names}
         self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.table_names}
         self.rounds: list[dict] = []
+        self.bounds: list[tuple[int, float, float, bool]] = []  # (step, t s, bound, final)
         self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected", "exact",
                                      "tombstones", "messages", "bytes", "rounds",
                                      "final_flush"), 0)
@@ -236,9 +243,9 @@ class _Trainer:
                 tick = self.budget_rounds.get_nowait()
             except queue.Empty:
                 return rec
-            rec = self._record_round(tick.round, tick.exact)
+            rec = self._record_round(tick.round, tick.exact, tick.bound)
 
-    def _record_round(self, rnd: Any, exact: int) -> dict:
+    def _record_round(self, rnd: Any, exact: int, bound: Optional[float] = None) -> dict:
         for t in rnd.tables:
             if t.result is not None:
                 self.pending.append(t.result)
@@ -247,6 +254,8 @@ class _Trainer:
         final = rnd.final
         rec = dict(step=rnd.step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
                    **rnd.totals(), exact=exact, seconds=rnd.seconds)
+        if bound is not None:  # every budget tick: the serving-error bound over time
+            self.bounds.append((rec["step"], rec["t"], float(bound), bool(final)))
         for k in ("tracked", "published", "carried", "rejected", "exact", "tombstones",
                   "messages", "bytes"):
             self.totals[k] += rec[k]
@@ -334,10 +343,13 @@ class _Trainer:
         self.tracker.step()
         return float(flat[-2]), bool(flat[-1] > 0)
 
-    def _heldout_scores(self, start: int) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's share of the held-out slice scored by the torch model (collective)."""
+    def _heldout_scores(self, start: int, n: Optional[int] = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's share (positions ``[k]``, logits ``[k]``) of the held-out slice of
+        ``n`` examples (default ``heldout``) from ``start``, scored by the torch model
+        (collective)."""
         torch = self.torch
-        n = int(self.cfg["heldout"])
+        n = int(self.cfg["heldout"]) if n is None else int(n)
         ho = self.stream.batch(start, n, salt=1)
         mine = np.arange(self.rank, n, self.world)
         chunks = max(1, math.ceil(n / (self.world * _EVAL_CHUNK)))
@@ -353,6 +365,29 @@ class _Trainer:
         finally:
             self.model.train()
         return mine.astype(np.int64), (np.concatenate(out) if out else np.empty(0, np.float32))
+
+    def evaluate(self, step: int) -> None:
+        """Progressive validation during training (collective): score the next
+        ``eval_examples`` of the stream, which no rank has trained on yet, with the torch
+        model; rank 0 sends the AUC and the MLP weights, so the predictor can score the same
+        examples with its serving tables now (how far serving lags the trainer)."""
+        from deltastream_demo.model import export_dense
+        from deltastream_demo.scoring import auc
+
+        torch = self.torch
+        n = int(self.cfg["eval_examples"])
+        start = step * self.world * int(self.cfg["batch_size"])
+        pos, logits = self._heldout_scores(start, n)
+        full = torch.zeros(n, dtype=torch.float32, device=self.device)
+        full[torch.from_numpy(pos).to(self.device)] = torch.from_numpy(logits).to(self.device)
+        self.dist.all_reduce(full)  # each position is scored by exactly one rank
+        if self.rank != 0:
+            return
+        labels = self.stream.batch(start, n, salt=1).labels
+        self.events.put({"kind": "eval", "step": step, "start": start, "n": n,
+                         "t": time.time() - float(self.cfg["t0"]),
+                         "auc": auc(labels, full.cpu().numpy()),
+                         "dense": export_dense(self.net)})
 
     def _held_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{table: (ids, full rows)}`` this rank reports. Row sharding: its shards. A plan:
@@ -418,6 +453,7 @@ class _Trainer:
         steps = cfg.get("steps")
         duration = cfg.get("duration")
         pub_every = int(cfg["publish_every"])
+        eval_every = int(cfg.get("eval_every") or 0)
         snap_every = int(cfg["snapshot_every"])
         self.events.put({"kind": "ready", "who": f"trainer {self.rank}", "rank": self.rank})
         self.dist.barrier()
@@ -433,6 +469,8 @@ class _Trainer:
                 self.publish_round(step)
             if step % snap_every == 0 and self.plan is None:
                 self.snapshot_round(step)
+            if eval_every and step % eval_every == 0 and not stop:
+                self.evaluate(step)
             now = time.monotonic()
             if self.rank == 0 and (now - last_report >= 0.25 or step == steps):
                 last_report = now
@@ -462,6 +500,7 @@ class _Trainer:
             "examples": step * self.world * int(cfg["batch_size"]),
             "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
             "losses": losses, "rounds": self.rounds, "totals": self.totals,
+            "bounds": self.bounds,
             "left_after_flush": int(left),
             "offsets": {**self.other_offsets, self.partition: int(self.next_offset)},
             "dump": dump, "heldout_start": heldout_start, "snapshots": self.snapshots,

@@ -48,6 +48,7 @@ from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
 from consumers.replay.rebuild import rebuild
 from consumers.sync.options import parse_shards, parse_tables
 from deltastream.cliargs import (
+    BROKER_TIMEOUT_S,
     EXIT_CODES,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -115,11 +116,15 @@ def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
     p.add_argument("--topic", default=None,
                    help="Deltas topic (default: deltas.<model>)." + extra)
     p.add_argument("--model", default=None,
-                   help="Model name: rebuild applies only its messages, dump/stats show "
-                        "only its messages (default: from a topic named deltas.<model>; "
-                        "dump/stats: all models)." + extra)
-    p.add_argument("--timeout", type=_typed(positive_float, "seconds"), default=10.0,
-                   metavar="S", help="Seconds to wait for the broker to answer.")
+                   help=("With --rebuild: the model whose messages the rebuild compared "
+                         "with A applies (default: the snapshot's meta)."
+                         if for_diff else
+                         "Model name: rebuild applies only its messages, dump/stats show "
+                         "only its messages (default: from a topic named deltas.<model>; "
+                         "dump/stats: all models)."))
+    p.add_argument("--timeout", type=_typed(positive_float, "seconds"),
+                   default=BROKER_TIMEOUT_S, metavar="S",
+                   help="Seconds to wait for the broker to answer (as deltastream topic).")
     p.add_argument("--no-progress", action="store_true",
                    help="Never draw a progress bar (it is drawn only when stderr is a "
                         "terminal anyway).")

@@ -37,6 +37,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -87,6 +88,7 @@ from consumers.serving.shm import (
     rows_file,
     table_dir,
 )
+from consumers.serving.stop_mark import STOP_GRACE_S, stopped_at
 
 __all__ = ["TableReader", "ReadInfo", "open_table", "RECHECK_S"]
 
@@ -318,7 +320,8 @@ class TableReader:
         :class:`~consumers.errors.ConsumerError` when no writer shares it there."""
         if not isinstance(table, str) or not table:
             raise ValueError(f"table: expected a non-empty str, got {table!r}")
-        deadline = time.monotonic() + max(0.0, float(timeout))
+        t0 = time.monotonic()
+        deadline = t0 + max(0.0, float(timeout))
         while True:
             dir = table_dir(state_dir, table, shm_dir)  # where the writer would share it
             try:
@@ -331,6 +334,14 @@ class TableReader:
                     return cls(Path(state_dir), table, dir, _Mapped(dir, inc, table, writers))
                 except FileNotFoundError:
                     pass  # replaced between reading the pointer and mapping: again
+            stopped = stopped_at(state_dir, writers) if inc is None and writers else None
+            # a daemon being started clears the mark within the grace: wait for it then
+            if stopped is not None and time.monotonic() >= min(deadline, t0 + STOP_GRACE_S):
+                when = datetime.fromtimestamp(stopped).isoformat(" ", "seconds")
+                raise ConsumerError(
+                    f"no shared table {table!r} for state dir {state_dir}: its daemon stopped "
+                    f"cleanly at {when} (a clean stop removes the shared tables; readers "
+                    "opened before keep its last rows); start it again to share them")
             if time.monotonic() >= deadline:
                 planted = planted_root(state_dir, shm_dir)
                 raise ConsumerError(f"no shared table {table!r} for state dir {state_dir} "

@@ -18,15 +18,18 @@ Example::
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 from consumers.errors import ConsumerError, SnapshotError
 from consumers.sync.daemon import SyncDaemon
 from consumers.sync.options import SyncOptions, parse_shards, parse_tables
+from consumers.sync.stall import StartupTimeout
 from deltastream.cliargs import (
     EXIT_CODES,
     EXIT_OK,
@@ -42,7 +45,8 @@ from deltastream.cliargs import (
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import redacted, secret_values, tls_probe
 
-__all__ = ["main", "build_parser", "parse_shards", "parse_tables"]  # parsers: from options
+# parse_shards / parse_tables: from options
+__all__ = ["main", "build_parser", "parse_shards", "parse_tables", "os_error_line"]
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     and one flag per :class:`~consumers.sync.options.SyncOptions` field that has one
     (its help, default and type are the field's)."""
     p = EnvArgumentParser(
-        prog="deltastream-sync", env_prefix=ENV_PREFIX,
+        prog="deltastream-sync", env_prefix=ENV_PREFIX, brief=True,
         description="Keep a predictor's serving tables in sync with a deltastream topic: "
                     "read the deltas a trainer publishes, apply them in partition order, and "
                     "checkpoint tables + offsets atomically so a restart resumes exactly "
-                    "where it stopped. SIGTERM/SIGINT write a final checkpoint and exit 0.",
+                    "where it stopped. SIGTERM/SIGINT write a final checkpoint and exit 0. "
+                    "Each flag also reads a variable (--help-env); the full text of each "
+                    "option is in the SyncOptions documentation.",
         epilog=EXIT_CODES + "; deltastream-sync exits 0 when stopped by SIGTERM/SIGINT.")
     add_kafka_arguments(p)
     add_field_flags(p, SyncOptions)
@@ -101,7 +107,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "deltastream wrote)"
         print(f"deltastream-sync: error: cannot load the state: {e}{hint}", file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, TypeError, OSError, ConsumerError) as e:
+    except OSError as e:
+        print(f"deltastream-sync: error: {os_error_line(e, args)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, TypeError, ConsumerError) as e:
         print(f"deltastream-sync: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if signalled:
@@ -111,8 +120,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f" ({redacted(kafka)})" if kafka else "", args.state_dir, daemon.source,
              f", metrics on port {daemon.metrics_port}" if daemon.metrics_port is not None
              else "")
-    daemon.run()
+    try:
+        daemon.run()
+    except StartupTimeout as e:
+        print(f"deltastream-sync: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if e.kind == "model" else EXIT_UNAVAILABLE
     return EXIT_OK
+
+
+def os_error_line(e: OSError, args: argparse.Namespace) -> str:
+    """One plain line for an ``OSError`` met while starting: the flag and the path or port
+    it is about, what is wrong, no ``[Errno N]``."""
+    what = e.strerror or str(e)
+    if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES) and not e.filename:
+        return (f"--metrics-port {args.metrics_port}: cannot listen on "
+                f"{args.metrics_addr}:{args.metrics_port}: {what.lower()} (another process "
+                f"holds it? pick another port, or 0 for any free one)")
+    path = str(e.filename) if e.filename else None
+    if path is not None:
+        state = Path(args.state_dir)
+        inside = Path(path) == state or state in Path(path).parents \
+            or Path(path) in state.parents
+        if inside and e.errno in (errno.EEXIST, errno.ENOTDIR):
+            return (f"--state-dir {args.state_dir}: {path} exists and is not a directory "
+                    f"(the state dir must be a directory, or a path that does not exist yet)")
+        return f"--state-dir {args.state_dir}: {path}: {what.lower()}" if inside \
+            else f"{path}: {what.lower()}"
+    return what
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
 from consumers.serving.shm import left_behind, remove_tables
+from consumers.serving.stop_mark import clear_stopped, leave_stop_mark
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
@@ -63,6 +64,7 @@ from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
 from consumers.sync.share_gate import ShareGate
 from consumers.sync.source import BROKER_STATES, KafkaSource
+from consumers.sync.stall import StallWatch
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
 from consumers.sync.state_lock import check_owner, lock_state_dir
 
@@ -144,6 +146,7 @@ class SyncDaemon:
 
     def _start(self, o: SyncOptions) -> None:
         """Load the state and build the parts (the state dir is locked)."""
+        clear_stopped(self.state_dir)  # readers wait for this daemon's tables again
         self._lock = threading.RLock()  # counters
         if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
@@ -189,6 +192,8 @@ class SyncDaemon:
         self._c = dict.fromkeys(("internal_errors",), 0)
         self._no_room = False  # the last apply failed for want of memory (retried)
         self._started = time.monotonic()
+        self._stall = StallWatch(o.startup_timeout, self._started)
+        self._next_stall_check = 0.0
         self._stop_event = threading.Event()
         self._loop_lock = threading.Lock()
         self._loop_thread: Optional[int] = None
@@ -325,6 +330,9 @@ class SyncDaemon:
             except Exception as e:  # /dev/shm full: serving in-process goes on
                 log.error("sharing tables failed (retried next round): %s", e)
         now = time.monotonic()
+        if now >= self._next_stall_check:  # why nothing is served, said every minute
+            self._next_stall_check = now + 1.0
+            self._stall.check(now, self.stats(), self._kafka.detail, self.bootstrap_servers)
         self._ckpt.settle()
         if self._ckpt.due_now(now):
             self._checkpoint_locked(wait=False)
@@ -373,6 +381,8 @@ class SyncDaemon:
         self._closed = True
         for t in self._tables.values():
             t.unshare()  # readers keep what they mapped; a restart shares anew
+        if self.options.share_tables:  # readers opened from now on learn it is stopped
+            leave_stop_mark(self.state_dir)
         self._kafka.mark_stopped()
         if self._metrics is not None:
             self._metrics.close()

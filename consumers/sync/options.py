@@ -179,8 +179,15 @@ class SyncOptions:
                   "the command line raises smaller values to that).",
         flag={"type": _quarantine_bytes, "metavar": "BYTES"})
     request_timeout: float = option(
-        5.0, "Seconds a broker request may take before the broker counts as down.",
+        5.0, "Seconds one broker request may take before the broker counts as down (then "
+             "retried, forever: see --startup-timeout; the one-shot tools' --timeout is "
+             "their whole wait).",
         flag={"type": positive_float, "metavar": "S"})
+    startup_timeout: float = option(
+        0.0, "Seconds to start syncing (for scripts): past them, while no broker answers, the "
+             "topic is missing or it holds only other models' messages, stop with exit code "
+             "3 (2 for other models); 0 = keep retrying (the reason is logged at WARNING "
+             "every minute).", flag={"type": non_negative_float, "metavar": "S"})
     backoff_max: float = option(5.0, "Cap of the exponential reconnect backoff, seconds.",
                                 flag={"type": positive_float, "metavar": "S"})
     probe_interval: float = option(1.0, "Seconds between end-offset refreshes (lag, liveness).")
@@ -256,9 +263,10 @@ class SyncOptions:
         check_positive("backoff_max", self.backoff_max)
         check_positive("probe_interval", self.probe_interval)
         check_positive("freshness_window", self.freshness_window)
-        s = self.summary_interval
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or s < 0:
-            raise ValueError(f"summary_interval: expected seconds ≥ 0, got {s!r}")
+        for name in ("summary_interval", "startup_timeout"):
+            s = getattr(self, name)
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not s >= 0:
+                raise ValueError(f"{name}: expected seconds ≥ 0, got {s!r}")
         if not isinstance(self.share_tables, bool):
             raise TypeError(f"share_tables: expected a bool, got {self.share_tables!r}")
         if self.shm_dir is not None:
@@ -289,7 +297,7 @@ class SyncOptions:
         self._set("state_dir", Path(self.state_dir))
         self._set("consumer_config", dict(self.consumer_config))
         for name in ("checkpoint_interval", "request_timeout", "backoff_max", "probe_interval",
-                     "summary_interval", "freshness_window"):
+                     "summary_interval", "freshness_window", "startup_timeout"):
             self._set(name, float(getattr(self, name)))
         for name in ("checkpoint_messages", "poll_timeout_ms", "max_poll_records"):
             self._set(name, int(getattr(self, name)))

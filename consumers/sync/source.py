@@ -93,6 +93,8 @@ class KafkaSource:
         self._positions: dict[int, int] = {}  # assigned partition -> next offset
         self._ends: dict[int, int] = {}
         self._state = "connecting"
+        self._detail = ""
+        self._wrapped_noted: Optional[int] = None  # partition count of the last shard note
         self._lost: deque = deque(maxlen=_MAX_LOST_EVENTS)
         self._c = dict.fromkeys(("offsets_lost", "disconnects"), 0)
 
@@ -211,9 +213,15 @@ class KafkaSource:
 
     # ------------------------------------------------------------------ connection
 
+    @property
+    def detail(self) -> str:
+        """Why the broker state last changed (e.g. ``connection refused``), or ``""``."""
+        return self._detail
+
     def _set_state(self, state: str, detail: str = "") -> None:
         with self._lock:
             old, self._state = self._state, state
+            self._detail = detail
             if state == "disconnected" and old != "disconnected":
                 self._c["disconnects"] += 1
         if old == state:
@@ -251,6 +259,21 @@ class KafkaSource:
         )
         cfg.update(o.consumer_config)
         return cfg
+
+    def _note_wrapped(self, shards: list[int], nparts: int) -> None:
+        """Say once per partition count that shards beyond it share partitions: shard
+        ``s`` is published to partition ``s % partitions``, so ``--shards 5`` on 2
+        partitions reads partition 1 and applies shard 5's messages only (none, when no
+        trainer publishes as shard 5)."""
+        wrapped = [s for s in shards if s >= nparts]
+        if not wrapped or self._wrapped_noted == nparts:
+            return
+        self._wrapped_noted = nparts
+        log.warning("topic %s has %d partitions: %s read from %s (shard s is published to "
+                    "partition s %% %d); only these shards' messages are applied — is "
+                    "--shards right?", self.topic, nparts,
+                    ", ".join(f"shard {s}" for s in wrapped),
+                    ", ".join(f"partition {s % nparts}" for s in wrapped), nparts)
 
     def _topic_id_of(self, consumer: Any) -> Optional[str]:
         cluster = getattr(consumer, "_cluster", None)  # kafka-python keeps ids there
@@ -313,6 +336,7 @@ class KafkaSource:
                 chosen = sorted(parts)
             else:
                 chosen = sorted({s % nparts for s in shards} & set(parts))
+                self._note_wrapped(sorted(shards), nparts)
             tps = [TopicPartition(self.topic, p) for p in chosen]
             consumer.assign(tps)
             tid = self._topic_id_of(consumer)

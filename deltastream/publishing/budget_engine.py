@@ -93,6 +93,8 @@ class _JobTable:
     rows: TakenRows
     tombstones: Optional[torch.Tensor]
     pending_before: int
+    # pending right after the take: counted here, since hand-offs merge during the send
+    carried: int = 0
 
 
 @dataclass
@@ -255,7 +257,7 @@ class BudgetEngine:
             rows = c.table.take(s if s is not None else np.empty(0, dtype=np.int64))
             tombs = c.table.take_tombstones()
             if len(rows) or tombs is not None or before:
-                job.tables.append(_JobTable(fqn, rows, tombs, before))
+                job.tables.append(_JobTable(fqn, rows, tombs, before, len(c.table)))
         self.select_s += time.monotonic() - t0
         return job
 
@@ -304,7 +306,7 @@ class BudgetEngine:
             fqn=jt.fqn, table=self._names[jt.fqn], tracked=jt.pending_before,
             published=0 if res is None else int(res.rows),
             tombstones=0 if res is None else int(res.tombstones),
-            carried=len(self.tables[jt.fqn]), rejected=0,
+            carried=jt.carried, rejected=0,
             messages=0 if res is None else int(res.messages),
             bytes=0 if res is None else int(res.bytes), ids=jt.rows.ids, result=res)
 

@@ -128,3 +128,35 @@ def test_render_marks_pass_short_info_and_failures():
     assert "| a | slow | 1 | x/s | 1 | 1 | ≥ 1.5 | **short** |" in md
     assert "| a | info |" in md and "| info |" in md
     assert "FAILED: exit 1: boom" in md
+
+
+def test_demo_help_says_what_the_demo_does_and_draws(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    head = out[out.index("\n\n") + 2:].split("\n\n", 1)[0]  # the paragraph after usage
+    assert head.startswith("Train a small CTR model online")
+    for png in ("learning.png", "published.png", "freshness.png", "bound.png"):
+        assert png in out
+
+
+def test_topic_and_demo_default_to_the_same_model():
+    from deltastream.cli import build_parser
+    from deltastream_demo.options import DemoOptions
+
+    topic = build_parser().parse_args(["topic", "--bootstrap-servers", "h:1"])
+    assert topic.model == DemoOptions().model_name  # deltastream topic makes deltas.demo
+
+
+def test_the_one_shot_tools_wait_as_long_for_the_broker():
+    from consumers.replay.cli import build_parser as replay_parser
+    from deltastream.cli import build_parser
+
+    topic = build_parser().parse_args(["topic", "--bootstrap-servers", "h:1"])
+    for sub in ("stats", "dump", "rebuild"):
+        replay = replay_parser().parse_args([sub, "--bootstrap-servers", "h:1",
+                                             *(["--out", "o"] if sub == "rebuild" else [])])
+        assert replay.timeout == topic.timeout, sub

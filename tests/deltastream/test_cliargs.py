@@ -162,3 +162,41 @@ def test_error_text_does_not_double_the_type():
         "KafkaTimeoutError: Unable to bootstrap"
     assert error_text(OSError("disk full")) == "OSError: disk full"
     assert error_text(ValueError()) == "ValueError"
+
+
+def test_a_misspelt_flag_of_the_subcommand_gets_a_suggestion(capsys):
+    p = EnvArgumentParser(prog="tool", env_prefix="T_")
+    sub = p.add_subparsers(dest="cmd")
+    stats = sub.add_parser("stats", env_prefix="T_STATS_")
+    stats.add_argument("--shard")
+    stats.add_argument("--table")
+    sub.add_parser("other").add_argument("--sharding")
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["stats", "--shards", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --shards 0 (did you mean --shard?)" in err
+    with pytest.raises(SystemExit):
+        p.parse_args(["stats", "--tables", "a", "--shards=1"])
+    assert "(did you mean --table for --tables, --shard for --shards?)" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        p.parse_args(["stats", "--bogus", "1"])
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
+
+
+def test_a_brief_parser_gives_one_sentence_per_flag_and_variables_behind_help_env(capsys):
+    from deltastream.cliargs import first_sentence
+
+    assert first_sentence("Kafka settings, e.g. a=b. More here.") == "Kafka settings, e.g. a=b."
+    assert first_sentence("Port (e.g. DELTASTREAM_X). Then (more).") == \
+        "Port (e.g. DELTASTREAM_X)."
+    p = EnvArgumentParser(prog="t", env_prefix="T_", brief=True)
+    p.add_argument("--state-dir", help="Where the state lives. Created if missing.")
+    p.print_help()
+    out = capsys.readouterr().out
+    assert "Where the state lives." in out and "Created" not in out and "T_STATE" not in out
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--help-env"])
+    assert e.value.code == 0
+    assert "--state-dir  T_STATE_DIR" in capsys.readouterr().out

@@ -70,14 +70,34 @@ def test_build_report_adds_up_the_ranks_and_passes_the_checks():
     assert check_report(r) == []
 
 
-def test_make_plots_draws_both_pngs(tmp_path):
+EVALS = [{"step": 10, "t": 1.0, "n": 100, "auc": 0.7, "serving_auc": 0.68, "lag": 3},
+         {"step": 20, "t": 2.0, "n": 100, "auc": 0.72}]  # the predictor never answered
+
+
+def test_make_plots_draws_the_four_pngs(tmp_path):
     opts = DemoOptions(workers=2, batch_size=8, steps=20)
     r = build_report(opts, FINALS, _result(), topic="t", servers="h:1", embedded=False,
-                     wall_s=5.0)
+                     wall_s=5.0, evals=EVALS)
     made = make_plots(tmp_path, r, _result())
-    assert sorted(p.rsplit("/", 1)[1] for p in made) == ["freshness.png", "published.png"]
+    assert sorted(p.rsplit("/", 1)[1] for p in made) == [
+        "bound.png", "freshness.png", "learning.png", "published.png"]
     for p in made:
         assert open(p, "rb").read(8) == PNG_MAGIC
+
+
+def test_timeline_has_the_auc_over_the_run_and_the_worst_bound_per_tick():
+    finals = {r: dict(f) for r, f in FINALS.items()}
+    finals[0]["bounds"] = [[1, 0.1, 0.5, False], [2, 0.2, 0.4, False], [20, 2.1, 0.0, True]]
+    finals[1]["bounds"] = [[1, 0.15, 0.7, False], [2, 0.25, 0.1, False]]
+    opts = DemoOptions(workers=2, batch_size=8, steps=20)
+    r = build_report(opts, finals, _result(), topic="t", servers="h:1", embedded=False,
+                     wall_s=5.0, evals=EVALS)
+    assert r["timeline"]["auc"] == [[10, 1.0, 0.7, 0.68, 3], [20, 2.0, 0.72, None, None]]
+    assert r["timeline"]["bound"] == [[1, 0.1, 0.7, 0], [2, 0.2, 0.4, 0], [20, 2.1, 0.0, 1]]
+    from deltastream_demo.report import format_report
+
+    text = format_report(r)  # only the answered evaluation counts in the gap
+    assert "AUC gap trainer − serving mean / max" in text and "0.0200 / 0.0200" in text
 
 
 def test_budget_section_reports_the_budget_bytes_per_s_and_the_error_bound():

@@ -99,6 +99,14 @@ def test_help_is_plain_text_and_names_variables_and_exit_codes(cmd):
     options = out[out.index("\noptions:"):]
     blocks = re.split(r"\n  (?=-)", options)[1:]  # one per flag
     assert blocks
+    if cmd == SYNC:  # brief: one sentence per flag, the variables behind --help-env
+        env = _run([*cmd, "--help-env"]).stdout
+        for block in blocks:
+            flag = [f for f in block.split()[:3] if f.startswith("--")][0].rstrip(",")
+            if flag not in ("--help", "--help-env"):
+                assert re.search(rf"^{flag} +DELTASTREAM_", env, re.M), (flag, env)
+        assert len(out.splitlines()) < 130  # it was 161 lines, mostly variable names
+        return
     for block in blocks:  # every flag names its DELTASTREAM_ variable(s)
         if not block.startswith("-h, --help"):
             assert "DELTASTREAM_" in re.sub(r"\s+", "", block), block
@@ -188,6 +196,28 @@ def test_bad_cpus_are_a_usage_error(value, why, tmp_path):
     assert r.returncode == EXIT_USAGE
     _one_line(r, "--cpus", why)
     assert not any(tmp_path.iterdir())  # nothing was started or written
+
+
+def test_a_state_dir_that_is_a_file_is_one_plain_line_exit_2(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    r = _run([*SYNC, "--model", "m", "--state-dir", "afile", "--bootstrap-servers",
+              "127.0.0.1:9092"], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE
+    err = _one_line(r, "--state-dir afile", "exists and is not a directory")
+    assert "Errno" not in err
+    assert (tmp_path / "afile").read_text() == "mine"  # what we did not write is kept
+
+
+def test_a_busy_metrics_port_names_the_port_and_the_flag_exit_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = _run([*SYNC, "--model", "m", "--state-dir", "s", "--bootstrap-servers",
+                  "127.0.0.1:9092", "--metrics-port", str(busy)], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE
+    err = _one_line(r, f"--metrics-port {busy}", f"0.0.0.0:{busy}", "address already in use")
+    assert "Errno" not in err
 
 
 def test_topic_partitions_zero_is_a_usage_error():
@@ -476,3 +506,60 @@ def test_ctrl_c_is_exit_130_with_one_line():
                 proc.kill()
     assert proc.returncode == EXIT_INTERRUPTED
     assert err.strip() == "deltastream-replay stats: interrupted", err
+
+
+# --------------------------------------------------------------------------- sync start-up
+
+
+def _last_line(r: subprocess.CompletedProcess) -> str:
+    """The daemon logs at INFO; its error is the last line of stderr."""
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_sync_startup_timeout_without_a_broker_exits_3(tmp_path):
+    port = free_port()
+    r = _run([*SYNC, "--model", "m", "--state-dir", "s", "--bootstrap-servers",
+              f"127.0.0.1:{port}", "--startup-timeout", "1"], cwd=tmp_path)
+    assert r.returncode == EXIT_UNAVAILABLE, r.stderr
+    last = _last_line(r)
+    assert last.startswith("deltastream-sync: error: not syncing after 1 s "
+                           "(--startup-timeout)") and f"127.0.0.1:{port}" in last
+
+
+def test_sync_startup_timeout_on_a_missing_topic_exits_3(broker, topic_name, tmp_path):
+    r = _run([*SYNC, "--model", "m", "--topic", topic_name, "--state-dir", "s",
+              "--bootstrap-servers", broker.bootstrap_servers, "--startup-timeout", "1"],
+             cwd=tmp_path)
+    assert r.returncode == EXIT_UNAVAILABLE, r.stderr
+    assert "topic missing" in _last_line(r)
+
+
+def test_sync_startup_timeout_with_a_wrong_model_exits_2(topic_with_data, tmp_path):
+    servers, topic = topic_with_data
+    r = _run([*SYNC, "--model", "nope", "--topic", topic, "--state-dir", "s",
+              "--bootstrap-servers", servers, "--startup-timeout", "2"], cwd=tmp_path)
+    assert r.returncode == EXIT_USAGE, r.stderr
+    last = _last_line(r)
+    assert f"messages of other models ({MODEL})" in last and "none of model 'nope'" in last
+
+
+def test_sync_shards_beyond_the_partitions_are_named_in_a_warning(topic_with_data,
+                                                                   tmp_path, caplog):
+    """--shards 5 on 2 partitions reads partition 1 (shard s goes to s % partitions): one
+    WARNING says so; the daemon then applies shard 5's messages only (there are none)."""
+    import logging
+
+    from consumers.sync import SyncDaemon
+
+    servers, topic = topic_with_data
+    caplog.set_level(logging.WARNING, logger="consumers.sync.source")
+    d = SyncDaemon(servers, topic, model=MODEL, state_dir=tmp_path / "s", shards=[5])
+    try:
+        assert d.catch_up(timeout=30)
+        st = d.stats()
+    finally:
+        d.stop()
+    warning = [r.getMessage() for r in caplog.records if "--shards right?" in r.getMessage()]
+    assert len(warning) == 1 and "shard 5 read from partition 1" in warning[0]
+    assert st["applied"] == 0 and st["skipped"] == 1  # shard 1's message, not shard 5's

@@ -46,7 +46,13 @@ def _help(entry: str, sub: list[str]) -> str:
     out = subprocess.run([str(exe), *sub, "--help"], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, f"{entry} {' '.join(sub)} --help failed: {out.stderr[-2000:]}"
-    return out.stdout
+    if "--help-env" not in out.stdout:
+        return out.stdout
+    # a brief --help (deltastream-sync): the variables are behind --help-env
+    env_out = subprocess.run([str(exe), *sub, "--help-env"], capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert env_out.returncode == 0, env_out.stderr[-2000:]
+    return out.stdout + env_out.stdout
 
 
 def test_compose_file_has_the_expected_services():

@@ -142,3 +142,33 @@ def test_a_readers_version_never_goes_back_across_restarts(broker, feed, tmp_pat
     assert not back, f"the version went back: {back[:3]}"
     runs = list(dict.fromkeys(inc for _, inc in seen))
     assert len(runs) >= 4, f"the reader followed only {len(runs)} daemon runs: {seen[-5:]}"
+
+
+def test_a_reader_opened_after_a_clean_stop_is_told_at_once(broker, feed, tmp_path):
+    """Decided (issue 31): a clean stop removes the shared tables and leaves a mark; a
+    reader opened afterwards fails within a 5 s grace (for a restart underway) saying the
+    daemon stopped (it used to wait out its 30 s timeout, then blame the flags); one opened
+    before keeps serving the last rows; a reader waiting for the next daemon gets its
+    tables."""
+    from consumers.errors import ConsumerError
+
+    state = tmp_path / "state"
+    feed.fill(3)
+    proc = _start(broker, feed, state, tmp_path / "a.log")
+    try:
+        before = TableReader.open(state, "user", timeout=60)
+        ids = np.arange(0, 400)
+        want = feed.expected["user"].lookup(ids)
+        _served(before, ids, want, 60)
+        _stop(proc, tmp_path / "a.log")
+        t0 = time.monotonic()
+        with pytest.raises(ConsumerError, match="its daemon stopped cleanly at .* start it "
+                                                "again to share them"):
+            TableReader.open(state, "user", timeout=30)
+        assert time.monotonic() - t0 < 15  # the grace, not the 30 s timeout
+        assert np.array_equal(before.lookup(ids), want)  # the last rows, still served
+        proc = _start(broker, feed, state, tmp_path / "b.log")
+        after = TableReader.open(state, "user", timeout=60)  # the mark is gone: it waits
+        _served(after, ids, want, 60)
+    finally:
+        _kill(proc)

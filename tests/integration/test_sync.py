@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -604,11 +605,12 @@ def test_cli_help_lists_every_flag():
                  "--tables", "--checkpoint-interval", "--checkpoint-messages",
                  "--metrics-port", "--base", "--log-level"]:
         assert flag in flags
+    env_out = _cli("--help-env").stdout  # the variables, one line per flag
     for flag in flags:
         assert flag in out.stdout, flag
-        if flag != "--help":  # each flag's own variable, named after the tool
+        if flag not in ("--help", "--help-env"):  # each flag's own variable
             env = "DELTASTREAM_SYNC_" + flag[2:].upper().replace("-", "_")
-            assert env in out.stdout, env
+            assert re.search(rf"^{flag} +{env}\b", env_out, re.M), env
 
 
 @pytest.mark.parametrize("args, message", [

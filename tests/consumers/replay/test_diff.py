@@ -221,3 +221,15 @@ def test_parse_offsets_and_seq_range():
     for bad in ("", "b:c", "20:10", "-1:3"):
         with pytest.raises(ValueError):
             parse_seq_range(bad)
+
+
+def test_diff_model_help_is_about_diff_not_the_other_subcommands(capsys):
+    import pytest as _pytest
+
+    from consumers.replay.cli import build_parser
+
+    with _pytest.raises(SystemExit):
+        build_parser().parse_args(["diff", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    text = out[out.index("--model MODEL ") + len("--model MODEL "):].split("[env")[0]
+    assert text.startswith("With --rebuild:") and "dump" not in text and "stats" not in text

@@ -22,11 +22,14 @@ def test_every_field_has_help_and_the_docstring_lists_it():
 
 
 def test_the_command_line_is_generated_from_the_fields():
+    from deltastream.cliargs import first_sentence
+
     actions = {a.dest: a for a in build_parser()._actions}
     for f in _flag_fields():
         action = actions[f.name]
         assert action.option_strings == ["--" + f.name.replace("_", "-")]
-        assert action.help.startswith(f.metadata["help"])  # then the variables it reads
+        # the first sentence (brief --help; the variables are behind --help-env)
+        assert action.help == first_sentence(f.metadata["help"])
         if "default" not in f.metadata["flag"] and not action.required \
                 and f.default is not dataclasses.MISSING:
             assert action.default == f.default, f.name
