@@ -61,6 +61,8 @@ class Snapshot:
         meta: free JSON-able metadata (topic, model, created_ns, ...).
         path: the directory actually read (``path`` or, after an interrupted write,
             ``path.old``); None for a snapshot built in memory.
+        dense: the dense versions' state (``DenseAssembler.state()`` bytes) of a
+            checkpoint that holds one, else None.
     """
 
     tables: dict[str, ServingTable]
@@ -68,6 +70,7 @@ class Snapshot:
     seqs: dict
     meta: dict
     path: Path | None = field(default=None, compare=False)
+    dense: bytes | None = field(default=None, compare=False)
 
 
 # ----------------------------------------------------------------------------- checks
