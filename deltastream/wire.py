@@ -75,15 +75,15 @@ import numpy as np
 from deltastream.errors import WireError
 from deltastream.wire_codec import (
     BF16_OVERFLOW,
-    CRC_TRAILER,
+    DENSE_HEAD,
     DTYPES,
     F16_MAX,
     NUMPY_DTYPES,
-    TRAILER_BYTES,
     VERSION,
     VERSIONS,
     Framer,
     Reader,
+    check_crc_trailer,
     max_abs_finite,
     pack_message,
     quantize,
@@ -256,11 +256,16 @@ def parse_headers(headers: Any) -> dict:
     """
     try:
         h = {k: v for k, v in headers or ()}
+        if "kind" in h:  # row records carry no kind header; dense ones do (dense_wire)
+            raise WireError(f"headers: a {h['kind']!r} record, not rows (tell the kinds apart "
+                            "with deltastream.dense_wire.is_dense)")
         out: dict[str, Any] = {"model": h["model"].decode(), "table": h["table"].decode()}
         for k in ("shard", "epoch", "seq"):
             out[k] = int(h[k].decode())
             if out[k] < 0:
                 raise ValueError(f"negative {k}")
+    except WireError:
+        raise
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise WireError(f"headers: missing or malformed ({e!r})") from None
     return out
@@ -441,6 +446,11 @@ def _bin(msg: dict, key: str, expected: int) -> memoryview:
 
 def _read_map(view: memoryview) -> dict:
     """The message's map with its keys, int types, version and (v2) CRC trailer checked."""
+    if bytes(view[3:3 + len(DENSE_HEAD)]) == DENSE_HEAD:
+        # Another message kind on the same topic: say so rather than "missing fields".
+        raise WireError("kind: a dense-weights message, not rows; decode it with "
+                        "deltastream.dense_wire.decode_dense (tell the kinds apart from the "
+                        "Kafka headers with dense_wire.is_dense)")
     reader = Reader(view, len(_REQUIRED | _OPTIONAL))
     msg = reader.top_map()
     keys = set(msg)
@@ -457,14 +467,7 @@ def _read_map(view: memoryview) -> dict:
                         f"{', '.join(map(str, VERSIONS))})")
     if version == 2:
         # The trailer is the map's last field, byte for byte; the CRC covers all before it.
-        end = len(view) - TRAILER_BYTES
-        if reader.last_key_at != end or bytes(view[end:end + len(CRC_TRAILER)]) != CRC_TRAILER:
-            raise WireError("crc: a v2 message must end with the crc field packed as msgpack "
-                            "uint32 (trailer a3 'crc' ce + 4 bytes)")
-        crc = _crc32c.crc32c(view[:end])
-        if crc != msg["crc"]:
-            raise WireError(f"crc: CRC-32C mismatch (message says {msg['crc']:#010x}, "
-                            f"its bytes give {crc:#010x})")
+        check_crc_trailer(view, reader.last_key_at, msg["crc"])
     else:
         for k in _V2_ONLY:
             if k in msg:

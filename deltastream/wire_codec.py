@@ -49,6 +49,9 @@ __all__ = [
     "map_header",
     "bin_header",
     "crc_trailer",
+    "join_with_crc",
+    "check_crc_trailer",
+    "DENSE_HEAD",
     "pack_message",
     "Framer",
     "Reader",
@@ -71,6 +74,10 @@ NUMPY_DTYPES = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "i8": "i1"}
 F16_MAX = 65504.0
 #: smallest float32 that rounds to inf in bf16 (0x7F7F8000: a tie that rounds to even = up)
 BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
+#: how every dense-weights message (:mod:`deltastream.dense_wire`) begins after its map16
+#: header: ``v`` 2, then ``kind`` "dense". Row messages have no ``kind``; the row decoder
+#: looks for these bytes to refuse a dense message by name instead of as a malformed row.
+DENSE_HEAD = b"\xa1v\x02\xa4kind\xa5dense"
 _U32 = struct.Struct(">I")
 # Elements per torch cast call: below torch's parallel grain size (32768), so each call
 # runs in this thread instead of waking the intra-op thread pool, which on a machine whose
@@ -211,8 +218,10 @@ def map_header(scalars: dict[str, Any], n_more: int) -> bytes:
     """The message's map16 header (counting the scalars and ``n_more`` fields after them:
     the bins, and the CRC trailer in v2) followed by the scalars."""
     head = msgpack.packb(scalars)
-    # packb writes a fixmap header (< 16 fields): replace it by a map16 header.
-    return b"\xde" + (len(scalars) + n_more).to_bytes(2, "big") + head[1:]
+    # packb writes a fixmap header (< 16 fields) or a map16 one: replace it by a map16
+    # header with the full count.
+    head = head[3:] if head[0] == 0xDE else head[1:]
+    return b"\xde" + (len(scalars) + n_more).to_bytes(2, "big") + head
 
 
 def bin_header(key: str, size: int) -> bytes:
@@ -224,6 +233,37 @@ def crc_trailer(crc: int) -> bytes:
     """The last :data:`TRAILER_BYTES` of a v2 message: key ``"crc"`` and ``crc`` as a
     msgpack uint32 (always 5 bytes, whatever its value)."""
     return CRC_TRAILER + _U32.pack(crc)
+
+
+def join_with_crc(head: bytes, bins: list[tuple[str, int, Any]]) -> bytes:
+    """A v2 message: ``head`` (from :func:`map_header`), then each ``(key, size, buffer)``
+    as a bin32 field, then the CRC trailer over every byte before it.
+
+    The CRC is computed part by part while the parts are listed (the payload is read once
+    for the CRC and once for the join).
+    """
+    parts: list[Any] = [head]
+    crc = _crc32c.crc32c(head)
+    for key, size, buf in bins:
+        hdr = bin_header(key, size)
+        crc = _crc32c.crc32c(buf, _crc32c.crc32c(hdr, crc))
+        parts += [hdr, buf]
+    parts.append(crc_trailer(crc))
+    return b"".join(parts)
+
+
+def check_crc_trailer(view: memoryview, last_key_at: int, crc: Any) -> None:
+    """Raise :class:`WireError` unless the v2 message ``view`` ends with the CRC trailer
+    as its map's last field (``last_key_at`` from :class:`Reader`) and ``crc`` (the value
+    read there) is the CRC-32C of every byte before it."""
+    end = len(view) - TRAILER_BYTES
+    if last_key_at != end or bytes(view[end:end + len(CRC_TRAILER)]) != CRC_TRAILER:
+        raise WireError("crc: a v2 message must end with the crc field packed as msgpack "
+                        "uint32 (trailer a3 'crc' ce + 4 bytes)")
+    got = _crc32c.crc32c(view[:end])
+    if got != crc:
+        raise WireError(f"crc: CRC-32C mismatch (message says {crc:#010x}, "
+                        f"its bytes give {got:#010x})")
 
 
 def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[np.ndarray],
@@ -251,16 +291,8 @@ def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[n
         for (key, size), buf in zip(bins, bufs, strict=True):
             parts += [bin_header(key, size), buf]
         return b"".join(parts)
-    # v2: the CRC covers every byte before the trailer, computed part by part while the
-    # parts are listed (the payload is read once for the CRC and once for the join).
-    parts = [map_header(scalar_fields(head, n, dim), len(bins) + 1)]
-    crc = _crc32c.crc32c(parts[0])
-    for (key, size), buf in zip(bins, bufs, strict=True):
-        hdr = bin_header(key, size)
-        crc = _crc32c.crc32c(buf, _crc32c.crc32c(hdr, crc))
-        parts += [hdr, buf]
-    parts.append(crc_trailer(crc))
-    return b"".join(parts)
+    return join_with_crc(map_header(scalar_fields(head, n, dim), len(bins) + 1),
+                         [(key, size, buf) for (key, size), buf in zip(bins, bufs, strict=True)])
 
 
 class Framer:

@@ -9,7 +9,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from deltastream import wire
+from deltastream import dense_wire, wire
+from deltastream.wire_codec import DENSE_HEAD
 from tests.test_layout import ROOMS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
@@ -64,3 +65,17 @@ def test_the_architecture_table_lists_the_layout_rooms_in_order():
             else:
                 names.append(token if token in tops else prefix + token)
     assert names == list(ROOMS)
+
+
+def test_the_dense_wire_table_lists_exactly_the_encoders_keys_in_order():
+    documented = [re.findall(r"`([^`]+)`", ln.split("|")[1])[0]
+                  for ln in _section("Wire kind dense").splitlines()
+                  if ln.startswith("| `")
+                  and ln.split("|")[2].strip() in ("int", "str", "bin", "bool")]
+    (chunk,) = dense_wire.chunk_version({"w": np.ones((2, 3), np.float32)}, model="m", shard=0,
+                                        epoch=1, seq=0, step=4, ts=5)
+    (msg,) = dense_wire.encode_dense([chunk])
+    assert msg[:3] == b"\xde" + len(documented).to_bytes(2, "big")  # map16, its count
+    assert msg[3:3 + len(DENSE_HEAD)] == DENSE_HEAD  # the head the row decoder refuses
+    assert msg[-9:-4] == b"\xa3crc\xce"
+    assert list(msgpack.unpackb(msg, raw=False).keys()) == documented
