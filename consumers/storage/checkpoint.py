@@ -13,6 +13,8 @@ Layout of a checkpoint directory ``<path>``::
     base-GGGGGG/             a full snapshot (``write_snapshot`` layout, readable on its own)
     seg-GGGGGG-KKKKKK.bin    rows changed after base G: per table upserted ids + rows
                              (storage dtype) and deleted ids
+    dense-NNNNNN.bin         the dense versions' state (optional; the bytes of
+                             ``DenseAssembler.state()``), written only when it changed
 
 Segment files are :mod:`consumers.storage.segments`' format.
 
@@ -92,6 +94,7 @@ CHECKPOINT_FORMAT = "deltastream-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
 _BASE_RE = re.compile(r"^base-(\d{6,})$")
 _SEG_RE = re.compile(r"^seg-(\d{6,})-(\d{6,})\.bin$")
+_DENSE_RE = re.compile(r"^dense-(\d{6,})\.bin$")
 
 
 @dataclass
