@@ -145,6 +145,9 @@ class SharedDense:
         """(epoch, step) of this version."""
         return (self.epoch, self.step)
 
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
 
 class DenseReader:
     """Read-only, zero-copy access to the dense version a daemon shares. Use :meth:`open`.

@@ -287,8 +287,9 @@ class SyncDaemon:
                     break
                 n += 1
                 if debug:
-                    log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
-                              out.kind, out.table, out.shard, out.epoch, out.seq)
+                    log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s %s", p,
+                              rec.offset, out.kind, out.table, out.shard, out.epoch, out.seq,
+                              f"dense {out.dense}" if out.dense else "")
                 if self._ckpt.pending >= self.checkpoint_messages and self._ckpt.due_now():
                     self._checkpoint_locked(wait=False)
                 if self._stop_event.is_set():
