@@ -294,7 +294,7 @@ def test_dense_chunks_go_to_the_assembler_with_or_without_headers(with_headers):
     ap, tables = fresh(dense=dense)
     t, cs, msgs = _dense_msgs()
     outs = [ap.process(m, dense_headers(c) if with_headers else None)
-            for c, m in zip(cs, msgs)]
+            for c, m in zip(cs, msgs, strict=True)]
     assert [o.dense for o in outs] == ["taken"] * (len(msgs) - 1) + ["served"]
     assert {o.kind for o in outs} == {"applied"} and outs[0].table is None
     assert np.array_equal(dense.view()["w"], t["w"]) and tables == {}
