@@ -56,6 +56,8 @@ _EXPORTS = {
     "SelectionPolicy": "publishing.rounds",
     "BudgetPolicy": "publishing.budget_policy",
     "BudgetPublisher": "publishing.budget",
+    "DensePublisher": "publishing.dense",
+    "DenseOptions": "publishing.dense",
     "EmbeddedBroker": "broker",
     "DeltastreamError": "errors",
     "BrokerError": "errors",

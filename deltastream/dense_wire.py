@@ -41,6 +41,7 @@ import numpy as np
 from deltastream.errors import WireError
 from deltastream.wire import check_name
 from deltastream.wire_codec import (
+    DENSE_HEAD,
     DTYPES,
     NUMPY_DTYPES,
     VERSION,
@@ -64,10 +65,15 @@ __all__ = [
     "dense_key",
     "dense_headers",
     "is_dense",
+    "is_dense_payload",
+    "STREAM",
 ]
 
 #: the ``kind`` field and Kafka header value of this message kind
 KIND = "dense"
+#: the dense stream's name where streams are listed by table (publisher stats, replay
+#: stats, errors); the leading ``/`` keeps it apart from every table name
+STREAM = "/dense"
 #: wire dtypes a dense tensor may travel in (no i8: its row-wise scale has no rows here)
 DENSE_DTYPES = ("f32", "bf16", "f16")
 #: longest tensor name (a ``state_dict`` key), in characters
@@ -352,3 +358,10 @@ def is_dense(headers: Any) -> bool:
     """True when a record's Kafka headers (``[(key, bytes)]``) mark it a dense message;
     row records carry no ``kind`` header."""
     return any(k == "kind" and v == KIND.encode() for k, v in headers or ())
+
+
+def is_dense_payload(payload: Any) -> bool:
+    """True when ``payload`` begins like a dense message (for records without headers;
+    :func:`decode_dense` still checks everything)."""
+    return isinstance(payload, (bytes, bytearray, memoryview)) \
+        and bytes(payload[3:3 + len(DENSE_HEAD)]) == DENSE_HEAD

@@ -27,6 +27,7 @@ ROOMS = (
     # trainer side and the shared contract
     "deltastream.errors", "deltastream.types", "deltastream.kafka_config",
     "deltastream.kafka_compat", "deltastream.wire_codec", "deltastream.wire",
+    "deltastream.dense_wire",
     "deltastream.cliargs", "deltastream.clilog", "deltastream.sharding",
     "deltastream.kernels", "deltastream.embedding", "deltastream.tracking",
     "deltastream.publishing", "deltastream.broker", "deltastream",
@@ -44,7 +45,6 @@ MAX_PARAMETERS = 12  # self/cls not counted; a @triton.jit kernel takes every po
 #                      stride as a parameter and is not counted either
 # Functions over a cap, and why they may be; each entry is a debt with its reason.
 LONG_FUNCTIONS = {
-    "deltastream.publishing.publisher:DeltaPublisher.publish": "issue 26 in progress",
     "deltastream.publishing.selection:select_changed": "issue 26 in progress",
     "deltastream.publishing.rounds:publish_delta": "issue 26 in progress",
     "deltastream.publishing.selection_device:select_on_device": "issue 26 in progress",

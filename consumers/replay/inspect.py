@@ -30,6 +30,8 @@ from consumers.replay.plan import (
     plan_read,
     read_records,
 )
+from deltastream import dense_wire
+from deltastream.dense_wire import DenseChunk, decode_dense
 from deltastream.wire import WireError, decode, parse_headers
 
 __all__ = ["dump", "dumps_line", "ShardStats", "TopicStats", "stats"]
@@ -65,7 +67,11 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
     epoch, seq, step, ts, n, dim, col, width, dtype, tombstones`` (count; ``col``/``width``:
     the rows are columns ``[col, col + dim)`` of rows ``width`` wide, a column-wise shard);
     with ``rows`` also ``ids``, ``rows`` (float32 values of those columns, dequantized) and
-    ``deleted`` (tombstone ids). A record that
+    ``deleted`` (tombstone ids). Every line has ``kind``: ``rows``, or ``dense`` for a
+    dense-weights chunk (:mod:`deltastream.dense_wire`), whose line gives ``model, table``
+    (:data:`~deltastream.dense_wire.STREAM`), ``shard, epoch, seq, step, ts, full,
+    base_step, tensors, chunks, index, name, shape, offset, n, dtype`` (and ``values``
+    with ``rows``); the ``tables`` filter keeps them when it names that stream. A record that
     does not decode gives ``partition, offset, bytes, error, head`` (first bytes in hex) and
     whatever its headers say (``model, table, shard, epoch, seq``).
 
@@ -96,6 +102,18 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
                     "timestamp_ms": rec.timestamp,
                     "key": None if rec.key is None else rec.key.decode("utf-8", "replace"),
                     "bytes": len(rec.value) if rec.value is not None else 0}
+            if dense_wire.is_dense(rec.headers) or dense_wire.is_dense_payload(rec.value):
+                try:
+                    c = decode_dense(rec.value)
+                except WireError as e:
+                    yield {**base, "kind": dense_wire.KIND, "error": str(e),
+                           "head": bytes(rec.value[:_HEAD_BYTES]).hex()}
+                    continue
+                models[c.model] = models.get(c.model, 0) + 1
+                if wanted(c.model, dense_wire.STREAM, c.shard, c.seq) \
+                        and in_time(c.ts, from_time, to_time):
+                    yield _dense_line(base, c, rows)
+                continue
             try:
                 b = decode(rec.value)
             except WireError as e:
@@ -113,7 +131,7 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
             if not wanted(b.model, b.table, b.shard, b.seq) \
                     or not in_time(b.ts, from_time, to_time):
                 continue
-            line = {**base, "model": b.model, "table": b.table, "shard": b.shard,
+            line = {**base, "kind": "rows", "model": b.model, "table": b.table, "shard": b.shard,
                     "epoch": b.epoch, "seq": b.seq, "step": b.step, "ts": b.ts,
                     "n": b.n, "dim": b.dim, "col": b.col, "width": b.width, "dtype": b.dtype,
                     "tombstones": 0 if b.tombstones is None else int(b.tombstones.shape[0])}
@@ -126,6 +144,18 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
         check_models(models, model, topic, warn=False)
 
 
+def _dense_line(base: dict, c: DenseChunk, values: bool) -> dict:
+    """A dense chunk's dump line: its version, tensor and chunk (``values``: float32)."""
+    line = {**base, "kind": dense_wire.KIND, "model": c.model, "table": dense_wire.STREAM,
+            "shard": c.shard, "epoch": c.epoch, "seq": c.seq, "step": c.step, "ts": c.ts,
+            "full": c.full, "base_step": c.base_step, "tensors": c.tensors,
+            "chunks": c.chunks, "index": c.index, "name": c.name, "shape": list(c.shape),
+            "offset": c.offset, "n": int(c.values.shape[0]), "dtype": c.dtype}
+    if values:
+        line["values"] = _finite_list(c.values_f32()[None, :])[0]
+    return line
+
+
 def dumps_line(obj: dict) -> str:
     """One JSON line (no NaN/inf tokens; those are strings already)."""
     return json.dumps(obj, separators=(",", ":"), allow_nan=False)
@@ -136,7 +166,8 @@ def dumps_line(obj: dict) -> str:
 
 @dataclass
 class ShardStats:
-    """Figures of one (model, table, shard) stream in a topic range.
+    """Figures of one (model, table, shard) stream in a topic range; the dense-weights
+    stream of a shard is listed as table ``/dense`` (:data:`deltastream.dense_wire.STREAM`).
 
     ``gap_ranges``: ``[epoch, first_missing, last_missing]`` per gap (inclusive). A stream
     whose first message in the range has seq > 0 counts a leading gap only when the read
@@ -168,6 +199,10 @@ class ShardStats:
     #: column ranges ``[col, col + dim, width]`` seen (one ``[0, dim, dim]`` for whole rows)
     columns: list = field(default_factory=list)
     dtypes: list = field(default_factory=list)
+    #: the dense stream (table ``/dense``): versions begun (their first chunk seen), and
+    #: how many of them full; 0 for row streams
+    versions: int = 0
+    full_versions: int = 0
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -307,29 +342,31 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
         result = TopicStats(plan=plan, streams=[])
         for rec in read_records(reader, plan, progress, "stats"):
             result.records += 1
+            dense = dense_wire.is_dense(rec.headers) or dense_wire.is_dense_payload(rec.value)
             try:
-                b = decode(rec.value)
+                b = decode_dense(rec.value) if dense else decode(rec.value)
             except WireError as e:
                 result.undecodable += 1
                 if len(result.undecodable_offsets) < 100:
                     result.undecodable_offsets.append((rec.partition, rec.offset, str(e)))
                 continue
             models[b.model] = models.get(b.model, 0) + 1
+            table = dense_wire.STREAM if dense else b.table
             if (model is not None and b.model != model) \
-                    or (table_set is not None and b.table not in table_set) \
+                    or (table_set is not None and table not in table_set) \
                     or (shard_set is not None and b.shard not in shard_set):
                 result.filtered += 1
                 continue
             if not in_time(b.ts, from_time, to_time):
                 result.outside_time += 1
                 continue
-            key = (b.model, b.table, b.shard)
+            key = (b.model, table, b.shard)
             acc = accs.get(key)
             if acc is None:
-                acc = _Acc(ShardStats(b.model, b.table, b.shard, rec.partition),
+                acc = _Acc(ShardStats(b.model, table, b.shard, rec.partition),
                            plan.start[rec.partition] <= plan.begin[rec.partition])
                 accs[key] = acc
-            _account(acc, b, len(rec.value))
+            (_account_dense if dense else _account)(acc, b, len(rec.value))
     for acc in accs.values():
         acc.merge()
         acc.st.unique_ids = int(acc.uniq.size)
@@ -341,22 +378,37 @@ def stats(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[i
 
 
 def _account(acc: _Acc, b: Any, size: int) -> None:
+    """Count a row message ``b`` of ``size`` bytes."""
     st = acc.st
-    st.messages += 1
     st.rows += b.n
-    st.bytes += size
     if b.tombstones is not None:
         st.tombstones += int(b.tombstones.shape[0])
     acc.add_ids(b.ids)
-    st.ts_min = b.ts if st.ts_min is None else min(st.ts_min, b.ts)
-    st.ts_max = b.ts if st.ts_max is None else max(st.ts_max, b.ts)
-    st.step_min = b.step if st.step_min is None else min(st.step_min, b.step)
-    st.step_max = b.step if st.step_max is None else max(st.step_max, b.step)
     if b.dim not in st.dims:
         st.dims.append(b.dim)
     cols = [b.col, b.col + b.dim, b.dim if b.width is None else b.width]
     if cols not in st.columns:
         st.columns.append(cols)
+    _sequence(acc, b, size)
+
+
+def _account_dense(acc: _Acc, c: DenseChunk, size: int) -> None:
+    """Count a dense chunk ``c`` of ``size`` bytes (a version's first chunk counts it)."""
+    acc.st.versions += int(c.index == 0)
+    acc.st.full_versions += int(c.index == 0 and c.full)
+    _sequence(acc, c, size)
+
+
+def _sequence(acc: _Acc, b: Any, size: int) -> None:
+    """What every message kind counts: messages, bytes, time and step span, dtypes and
+    the seq analysis (gaps, duplicates, stale epochs)."""
+    st = acc.st
+    st.messages += 1
+    st.bytes += size
+    st.ts_min = b.ts if st.ts_min is None else min(st.ts_min, b.ts)
+    st.ts_max = b.ts if st.ts_max is None else max(st.ts_max, b.ts)
+    st.step_min = b.step if st.step_min is None else min(st.step_min, b.step)
+    st.step_max = b.step if st.step_max is None else max(st.step_max, b.step)
     if b.dtype not in st.dtypes:
         st.dtypes.append(b.dtype)
     if acc.cur_epoch is not None and b.epoch < acc.cur_epoch:

@@ -92,6 +92,7 @@ from deltastream.publishing.handoff import Handoff, HostCopier, take_handoff
 from deltastream.publishing.rounds import RowPublisher
 
 if TYPE_CHECKING:
+    from deltastream.publishing.dense import DensePublisher
     from deltastream.tracking.tracker import DeltaTracker
 
 __all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES"]
@@ -119,6 +120,9 @@ class BudgetPublisher:
         on_round: called with each round's :class:`BudgetTick` once it is settled (on
             the worker's thread when threaded): per-round records, e.g. the
             ``PublishResult`` s whose offsets a snapshot needs.
+        dense: a :class:`~deltastream.publishing.dense.DensePublisher` ticked with every
+            :meth:`tick` (its own cadence and worker) and flushed by :meth:`flush` (a final
+            full version after the rows).
 
     See the module docstring for what a tick does, its threads and the bounds it keeps.
     Use it as a context manager, or call :meth:`close`, to stop the worker.
@@ -128,11 +132,13 @@ class BudgetPublisher:
                  policy: BudgetPolicy, *, tables: Optional[Mapping[str, Any]] = None,
                  clock: Callable[[], float] = time.monotonic, start_step: int = 0,
                  threaded: bool = True,
-                 on_round: Optional[Callable[[BudgetTick], None]] = None) -> None:
+                 on_round: Optional[Callable[[BudgetTick], None]] = None,
+                 dense: Optional[DensePublisher] = None) -> None:
         if not isinstance(policy, BudgetPolicy):
             raise TypeError(f"policy must be a BudgetPolicy, got {type(policy).__name__}")
         self.tracker, self.publisher, self.consumer, self.policy = \
             tracker, publisher, consumer, policy
+        self.dense = dense
         self._modules = dict(tracker.get_tracked_modules() if tables is None else tables)
         self._engine = BudgetEngine(publisher, policy, self._modules, on_round)
         self._copier = HostCopier()
@@ -184,6 +190,8 @@ class BudgetPublisher:
             self._last_round_t = now
             out = self._hand_off(int(step), ts, final=False)
         self._tick_s.append(time.perf_counter() - t0)
+        if self.dense is not None:  # its copy time is its own (DensePublisher.stats)
+            self.dense.tick(int(step), ts=ts)
         return out
 
     def flush(self, step: int, *, ts: Optional[int] = None,
@@ -196,7 +204,10 @@ class BudgetPublisher:
                 flush retries them).
             TimeoutError: the worker did not finish within ``timeout`` seconds.
         """
-        return self._hand_off(int(step), ts, final=True, timeout=timeout)
+        out = self._hand_off(int(step), ts, final=True, timeout=timeout)
+        if self.dense is not None:
+            self.dense.flush(int(step), ts=ts, timeout=timeout)
+        return out
 
     def drain(self, timeout: Optional[float] = None) -> Optional[BudgetTick]:
         """Wait until the worker has run a round for every tick so far (threaded mode);

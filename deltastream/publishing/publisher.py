@@ -36,13 +36,15 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import numpy as np
 
-from deltastream import wire
+from deltastream import dense_wire, wire
 from deltastream.errors import PublishError, TopicError, error_text
 from deltastream.kafka_config import check_bootstrap_servers
+from deltastream.publishing.host_arrays import host_ids, host_rows
 from deltastream.publishing.producer_link import ProducerLink
 from deltastream.publishing.results import (
     PublishResult,
@@ -64,6 +66,7 @@ __all__ = [
     "Undelivered",
     "ensure_topic",
     "new_epoch",
+    "DENSE_STREAM",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,9 @@ _RESERVED = {"bootstrap_servers", "enable_idempotence", "acks", "key_serializer"
 # header values are added per table. A one-message batch stays within max_message_bytes.
 _KAFKA_OVERHEAD = 256
 _MIN_MESSAGE_BYTES = 4096
+#: the dense stream's name in :meth:`DeltaPublisher.stats` ``next_seq`` and in results and
+#: errors (:data:`deltastream.dense_wire.STREAM`)
+DENSE_STREAM = dense_wire.STREAM
 _epoch_lock = threading.Lock()
 _last_epoch = 0
 
@@ -99,6 +105,13 @@ def _check_int(what: str, value: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> i
     if not lo <= int(value) <= hi:
         raise ValueError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
     return int(value)
+
+
+def _counts(piece: Any) -> tuple[int, int]:
+    """(rows, tombstones) a message carries: a row batch's, or (0, 0) for a dense chunk."""
+    if not isinstance(piece, wire.DeltaBatch):
+        return 0, 0
+    return piece.n, 0 if piece.tombstones is None else int(piece.tombstones.shape[0])
 
 
 class DeltaPublisher:
@@ -204,7 +217,8 @@ class DeltaPublisher:
         self._framer = wire.Framer(self.max_message_bytes + 8192) if dtype in ("f16", "f32") \
             else None
         self._stats = dict(publishes=0, messages=0, rows=0, tombstones=0, bytes=0,
-                           acked_messages=0, failed_messages=0, blocked_s=0.0)
+                           acked_messages=0, failed_messages=0, blocked_s=0.0,
+                           dense_versions=0)
         log.info("publisher model=%s shard=%d epoch=%d -> %s partition %d/%d dtype=%s",
                  model, self.shard, self.epoch, topic, self.partition, count, dtype)
 
@@ -290,88 +304,6 @@ class DeltaPublisher:
         if self._closed:
             raise PublishError("publisher is closed")
 
-    # ------------------------------------------------------------------ arguments
-
-    @staticmethod
-    def _host_ids(x: Any, what: str) -> np.ndarray:
-        if hasattr(x, "detach"):  # torch tensor, CPU or CUDA (duck-typed: no torch import)
-            x = x.detach().cpu().numpy()
-        arr = np.asarray(x)
-        if arr.ndim != 1:
-            raise ValueError(f"{what}: expected a 1-D array of int64 ids, got shape {arr.shape}")
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"{what}: expected integer ids (int64), got dtype {arr.dtype}")
-        if arr.dtype.kind == "u" and arr.size and arr.dtype.itemsize >= 8 \
-                and int(arr.max()) > (1 << 63) - 1:
-            raise ValueError(f"{what}: id {int(arr.max())} does not fit in int64")
-        return arr.astype(np.int64, copy=False)
-
-    def _host_rows(self, x: Any, n: int, table: str) -> np.ndarray:
-        """Validate rows ``[n, dim]`` and bring them to host memory.
-
-        For wire dtype f16, accelerator tensors are cast on their device (half the copy);
-        float32 host rows stay as they are and are cast message by message in
-        :meth:`publish`, while the piece is hot in cache.
-        """
-        tensor = hasattr(x, "detach")
-        if tensor:
-            x = x.detach()
-            if not x.is_floating_point():
-                raise TypeError(f"rows: expected a float tensor, got {x.dtype}")
-            if x.device.type == "cpu":
-                # Host tensors continue as numpy views: numpy's single-threaded reductions
-                # beat torch's thread pool when the trainer keeps the cores busy.
-                if str(x.dtype) not in ("torch.float32", "torch.float64", "torch.float16"):
-                    x = x.float()  # bfloat16 has no numpy dtype
-                x, tensor = x.numpy(), False
-        if tensor:
-            shape = tuple(x.shape)
-        else:
-            x = np.asarray(x)
-            if x.dtype.kind != "f":
-                raise TypeError(f"rows: expected a float array, got dtype {x.dtype}")
-            shape = x.shape
-        if len(shape) != 2 or shape[0] != n:
-            raise ValueError(f"rows: expected shape [{n}, dim] (one row per id), got "
-                             f"{list(shape)}")
-        dim = shape[1]
-        if not 1 <= dim <= wire.MAX_DIM:
-            raise ValueError(f"rows: expected 1 ≤ dim ≤ {wire.MAX_DIM}, got {dim}")
-        known = self._dims.get(table)
-        if known is not None and known != dim:
-            raise ValueError(f"rows: table {table!r} has dim {known} in this epoch, got {dim}")
-        lo = hi = 0.0
-        if n:
-            if tensor:
-                mn, mx = x.aminmax()  # one pass on the tensor's device, no temporary
-                lo, hi = float(mn), float(mx)
-            else:
-                lo, hi = float(np.min(x)), float(np.max(x))
-        finite = bool(np.isfinite(lo) and np.isfinite(hi))
-        if not finite and (not self.allow_nonfinite or self.dtype == "i8"):
-            host = x.float().cpu().numpy() if tensor else x
-            bad = ~np.isfinite(host).all(axis=1)
-            hint = ("dtype i8 cannot carry them" if self.allow_nonfinite
-                    else "pass allow_nonfinite=True to publish them anyway")
-            raise ValueError(f"rows: {int(bad.sum())} of {n} rows of table {table!r} hold "
-                             f"inf/NaN (first row index {int(np.argmax(bad))}); {hint}")
-        if self.dtype == "f16":
-            top = max(-lo, hi)
-            if not finite:
-                host = x.float().cpu().numpy() if tensor else x
-                top = wire.max_abs_finite(host)[0]
-            if top > wire.F16_MAX:
-                raise ValueError(f"rows: value {top:g} of table {table!r} exceeds the f16 "
-                                 f"range (±{wire.F16_MAX:g}); use dtype='bf16' or 'f32'")
-            if tensor:
-                return x.half().cpu().numpy()
-            return x
-        if tensor:
-            if str(x.dtype) != "torch.float32":
-                x = x.float()
-            return x.cpu().numpy()
-        return x
-
     # ------------------------------------------------------------------ public
 
     def publish(self, table: str, ids: Any, rows: Any, *, step: int,
@@ -407,13 +339,15 @@ class DeltaPublisher:
         wire.check_name("table", table)
         step = _check_int("step", step)
         ts = time.time_ns() if ts is None else _check_int("ts", ts)
-        ids_np = self._host_ids(ids, "ids")
-        tomb_np = None if tombstones is None else self._host_ids(tombstones, "tombstones")
+        ids_np = host_ids(ids, "ids")
+        tomb_np = None if tombstones is None else host_ids(tombstones, "tombstones")
         shard = self.shard if shard is None else _check_int("shard", shard, 0, (1 << 31) - 1)
         # one seq stream per (table, shard); '/' never occurs in a table name
         stream = table if shard == self.shard else f"{table}/{shard}"
         partition = self.partition if shard == self.shard else shard % self.partitions
-        rows_np = self._host_rows(rows, ids_np.shape[0], stream)
+        rows_np = host_rows(rows, ids_np.shape[0], stream, dtype=self.dtype,
+                            allow_nonfinite=self.allow_nonfinite,
+                            known_dim=self._dims.get(stream))
         col = _check_int("col", col, 0, wire.MAX_DIM - 1)
         if width is not None:
             width = _check_int("width", width, 1, wire.MAX_DIM)
@@ -428,59 +362,116 @@ class DeltaPublisher:
                                     tombstones=tomb_np, col=col, width=width)
             limit = self.max_value_bytes(table)
             pieces = wire.split(batch, limit)  # validates; views, no copies
+
+            def frame(piece: wire.DeltaBatch) -> Any:
+                value = None if self._framer is None else self._framer.frame(piece)
+                return value if value is not None \
+                    else wire.encode(piece, max_message_bytes=limit)[0]
+
             key = self._keys.setdefault(stream, wire.message_key(self.model, table, shard))
             result = PublishResult(table=table, partition=partition, epoch=self.epoch,
                                    first_seq=first, last_seq=first - 1, messages=0, rows=0,
                                    tombstones=0, bytes=0)
-            deadline = time.monotonic() + self.send_timeout
-            kafka = load_kafka()
-            for i, piece in enumerate(pieces):
-                value = None if self._framer is None else self._framer.frame(piece)
-                if value is None:
-                    (value,) = wire.encode(piece, max_message_bytes=limit)
-                n_tomb = 0 if piece.tombstones is None else int(piece.tombstones.shape[0])
-                reason = self._recover(deadline)
-                if reason is not None:
-                    pass
-                elif not self._reserve(len(value), deadline):
-                    reason = (f"buffer of {self._buffer_bytes} bytes still full after "
-                              f"{self.send_timeout:g} s (broker slow or down)")
-                elif self._has_new_failures():
-                    reason = "not sent after an earlier message failed"
-                else:
-                    try:
-                        fut = self._link.producer.send(self.topic, value=value, key=key,
-                                                       headers=wire.kafka_headers(piece),
-                                                       partition=partition)
-                    except (kafka.errors.KafkaError, ValueError, TypeError) as e:
-                        reason = f"{error_text(e)}"
-                if reason is not None:
-                    rest = pieces[i:]
-                    unsent = Undelivered(
-                        table, rest[0].seq, rest[-1].seq, sum(p.n for p in rest),
-                        sum(0 if p.tombstones is None else p.tombstones.shape[0]
-                            for p in rest), reason)
-                    try:
-                        self._raise_failures([unsent], f"publish of table {table!r} step "
-                                             f"{step} stopped after {i} of {len(pieces)} "
-                                             "messages")
-                    except PublishError as e:
-                        e.result = result  # what this call did send
-                        raise
-                record = SentMessage(table, piece.seq, piece.n, n_tomb, len(value), fut)
-                fut.add_errback(self._on_error, record, self._link.generation)
-                self._pending.append(record)
-                self._pending_bytes += len(value)
-                result.add(record)
-                self._next_seq[stream] = piece.seq + 1
-                self._dims[stream] = rows_np.shape[1]
-                st = self._stats
-                st["messages"] += 1
-                st["rows"] += piece.n
-                st["tombstones"] += n_tomb
-                st["bytes"] += len(value)
+            try:
+                self._send_pieces(table, stream, pieces, frame, wire.kafka_headers, key,
+                                  partition, result)
+            finally:
+                if result.messages:
+                    self._dims[stream] = rows_np.shape[1]
             self._stats["publishes"] += 1
             return result
+
+    def publish_dense(self, tensors: Mapping[str, Any], *, step: int,
+                      base_step: Optional[int] = None, ts: Optional[int] = None,
+                      dtype: str = "f32") -> PublishResult:
+        """Send one dense version (wire kind dense, :mod:`deltastream.dense_wire`).
+
+        Args:
+            tensors: ``{state_dict key: float array}`` (numpy, any shape), in sending
+                order: every tensor of a full version, or the changed ones.
+            step: trainer global step; the version is ``(epoch, step)``.
+            base_step: the version a partial one builds on; ``None``: a full version.
+            ts: wall clock in ns when the tensors were copied; default now.
+            dtype: ``"f32"``, ``"bf16"`` or ``"f16"``.
+
+        The version's chunks go out in order, on this shard's partition, with their own
+        seq stream (:data:`DENSE_STREAM` in :meth:`stats`); the result's ``table`` is
+        ``DENSE_STREAM``, its ``rows``/``tombstones`` 0. Raises like :meth:`publish`
+        (``WireError``: values the dtype cannot carry, nothing sent).
+        """
+        step = _check_int("step", step)
+        ts = time.time_ns() if ts is None else _check_int("ts", ts)
+        with self._lock:
+            self._check_open()
+            self._reap()
+            self._raise_failures()
+            first = self._next_seq.get(DENSE_STREAM, 0)
+            chunks = dense_wire.chunk_version(
+                tensors, model=self.model, shard=self.shard, epoch=self.epoch, seq=first,
+                step=step, ts=ts, base_step=base_step, dtype=dtype,
+                max_message_bytes=self.max_value_bytes(DENSE_STREAM))
+            result = PublishResult(table=DENSE_STREAM, partition=self.partition,
+                                   epoch=self.epoch, first_seq=first, last_seq=first - 1,
+                                   messages=0, rows=0, tombstones=0, bytes=0)
+            self._send_pieces(DENSE_STREAM, DENSE_STREAM, chunks,
+                              lambda c: dense_wire.encode_dense([c])[0],
+                              dense_wire.dense_headers,
+                              dense_wire.dense_key(self.model, self.shard), self.partition,
+                              result)
+            self._stats["dense_versions"] += 1
+            return result
+
+    def _send_pieces(self, label: str, stream: str, pieces: list, frame: Callable[[Any], Any],
+                     headers: Callable[[Any], list], key: bytes, partition: int,
+                     result: PublishResult) -> None:
+        """Hand ``pieces`` (row batches or dense chunks with consecutive seqs) to the
+        producer in order, under the lock; ``frame(piece)`` gives a message's bytes.
+
+        On a failure raises :class:`PublishError` naming ``label`` and the seqs not sent
+        (``result``: what was); ``stream``'s next seq follows the last one sent."""
+        deadline = time.monotonic() + self.send_timeout
+        kafka = load_kafka()
+        for i, piece in enumerate(pieces):
+            value = frame(piece)
+            n_rows, n_tomb = _counts(piece)
+            reason = self._recover(deadline)
+            if reason is not None:
+                pass
+            elif not self._reserve(len(value), deadline):
+                reason = (f"buffer of {self._buffer_bytes} bytes still full after "
+                          f"{self.send_timeout:g} s (broker slow or down)")
+            elif self._has_new_failures():
+                reason = "not sent after an earlier message failed"
+            else:
+                try:
+                    fut = self._link.producer.send(self.topic, value=value, key=key,
+                                                   headers=headers(piece),
+                                                   partition=partition)
+                except (kafka.errors.KafkaError, ValueError, TypeError) as e:
+                    reason = f"{error_text(e)}"
+            if reason is not None:
+                rest = pieces[i:]
+                counts = [_counts(p) for p in rest]
+                unsent = Undelivered(label, rest[0].seq, rest[-1].seq,
+                                     sum(c[0] for c in counts), sum(c[1] for c in counts),
+                                     reason)
+                try:
+                    self._raise_failures([unsent], f"publish of {label!r} step {piece.step} "
+                                         f"stopped after {i} of {len(pieces)} messages")
+                except PublishError as e:
+                    e.result = result  # what this call did send
+                    raise
+            record = SentMessage(label, piece.seq, n_rows, n_tomb, len(value), fut)
+            fut.add_errback(self._on_error, record, self._link.generation)
+            self._pending.append(record)
+            self._pending_bytes += len(value)
+            result.add(record)
+            self._next_seq[stream] = piece.seq + 1
+            st = self._stats
+            st["messages"] += 1
+            st["rows"] += n_rows
+            st["tombstones"] += n_tomb
+            st["bytes"] += len(value)
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Send everything buffered and wait for the broker's acknowledgements.

@@ -61,6 +61,7 @@ from deltastream.publishing.selection import NEW_ROW_POLICIES, Selection, select
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
+    from deltastream.publishing.dense import DensePublisher
     from deltastream.tracking.tracker import DeltaTracker
 
 __all__ = ["SelectionPolicy", "TableRound", "PublishRound", "RowPublisher", "publish_delta",
@@ -305,7 +306,8 @@ def _rows_at(delta: DeltaRows, ids: torch.Tensor) -> DeltaRows:
 def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                   policy: Optional[SelectionPolicy] = None, *, step: int, final: bool = False,
                   tables: Optional[Mapping[str, torch.nn.Module]] = None,
-                  ts: Optional[int] = None) -> PublishRound:
+                  ts: Optional[int] = None,
+                  dense: Optional[DensePublisher] = None) -> PublishRound:
     """Run one publish round of ``consumer``: select, retain the leftover, publish.
 
     For every table in ``tracker.get_delta(consumer)`` with changed rows or tombstones:
@@ -327,6 +329,9 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
         tables: ``{fqn: module}`` where rows are read; default
             ``tracker.get_tracked_modules()``.
         ts: wall clock in ns stamped on the messages; default when the delta is read.
+        dense: a :class:`~deltastream.publishing.dense.DensePublisher` ticked after the
+            rows (a version when its cadence says so; ``final``: a full version, sent
+            before this returns).
 
     Returns:
         A :class:`PublishRound` with per-table counts, published ids and publisher results.
@@ -389,6 +394,8 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             carried=len(sel.leftover), rejected=sel.n_rejected,
             messages=0 if res is None else int(res.messages),
             bytes=0 if res is None else int(res.bytes), ids=sel.ids, result=res))
+    if dense is not None:
+        (dense.flush if final else dense.tick)(step, ts=ts)
     return PublishRound(step=step, ts=ts, final=final, seconds=time.monotonic() - t0,
                         tables=tuple(done))
 
