@@ -24,8 +24,8 @@ raises on bad data and never applies part of a message:
 A quarantined message's seq is not committed: its data never reached the table, so the next
 message of that stream reports the gap.
 
-Dense chunks (:mod:`deltastream.dense_wire`, told apart by their Kafka headers, or by their
-body when a record has none) go to the :class:`~consumers.dense_assembly.DenseAssembler`
+Dense chunks (:mod:`deltastream.dense_wire`, told apart by their Kafka headers, or by how
+their body begins when a record has none) go to the :class:`~consumers.dense_assembly.DenseAssembler`
 given as ``dense``: same model and shard policy, a damaged chunk quarantined like a damaged
 row message; ``Outcome.dense`` carries the assembler's verdict (``served``: a new complete
 version is served). Without ``dense`` they are quarantined (the row decoder refuses them).
@@ -42,7 +42,7 @@ from consumers.errors import ApplyError
 from consumers.sequencing import SeqTracker
 from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.table import ServingTable
-from deltastream.dense_wire import DenseChunk, decode_dense, is_dense
+from deltastream.dense_wire import decode_dense, is_dense, is_dense_payload
 from deltastream.wire import DecodedBatch, WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
@@ -172,7 +172,8 @@ class Applier:
             size = len(value)
         except TypeError:
             size = 0
-        if self.dense is not None and decoded is None and is_dense(headers):
+        if self.dense is not None and decoded is None \
+                and (is_dense(headers) or is_dense_payload(value)):
             return self._dense(value, size)
         hdr = _headers(headers)
         if hdr is not None and self.shards is not None and hdr["shard"] not in self.shards \
@@ -185,11 +186,6 @@ class Applier:
         try:
             b = decode(value) if decoded is None else decoded
         except WireError as e:
-            if self.dense is not None:  # a dense chunk without its headers?
-                try:
-                    return self._dense(value, size, decode_dense(value))
-                except WireError:
-                    pass
             return self._quarantine(f"decode: {e}", size)
         fields = {"table": b.table, "shard": b.shard, "epoch": b.epoch, "seq": b.seq,
                   "step": b.step, "ts": b.ts}
@@ -205,12 +201,12 @@ class Applier:
             return self._skip_seq(b, verdict.kind, size, fields)
         return self._apply(b, verdict, size, fields)
 
-    def _dense(self, value: Any, size: int, c: Optional[DenseChunk] = None) -> Outcome:
+    def _dense(self, value: Any, size: int) -> Outcome:
         """A dense chunk: decoded, checked against model and shards, handed to the
         assembler. A damaged one is quarantined; its seq is never committed."""
         assert self.dense is not None
         try:
-            c = decode_dense(value) if c is None else c
+            c = decode_dense(value)
         except WireError as e:
             return self._quarantine(f"decode dense: {e}", size)
         fields = {"shard": c.shard, "epoch": c.epoch, "seq": c.seq, "step": c.step,
