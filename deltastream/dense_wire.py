@@ -39,7 +39,7 @@ from typing import Any, Optional
 import numpy as np
 
 from deltastream.errors import WireError
-from deltastream.wire import check_name
+from deltastream.wire import check_int, check_name
 from deltastream.wire_codec import (
     DENSE_HEAD,
     DTYPES,
@@ -82,7 +82,6 @@ MAX_TENSOR_NAME = 1024
 MAX_NDIM = 32
 #: most elements of one tensor (2⁴⁸)
 MAX_ELEMENTS = 1 << 48
-_INT64_MAX = (1 << 63) - 1
 _TENSOR_NAME_RE = re.compile(r"[^\x00-\x1f\x7f]+")
 # Bytes of a message besides its values and its name: keys, ints, shape (≤ 32 × 8), trailer.
 _FIXED_OVERHEAD = 512
@@ -144,14 +143,6 @@ class DenseChunk:
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise WireError(f"{what}: expected an int, got {type(value).__name__}")
-    if not lo <= int(value) <= hi:
-        raise WireError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
-    return int(value)
-
-
 def _check_tensor_name(value: Any) -> None:
     if not isinstance(value, str) or not value or len(value) > MAX_TENSOR_NAME \
             or not _TENSOR_NAME_RE.fullmatch(value):
@@ -169,7 +160,7 @@ def _check_shape(shape: Any) -> int:
     if not isinstance(shape, tuple) or len(shape) > MAX_NDIM:
         raise WireError(f"shape: expected a tuple of at most {MAX_NDIM} ints, got {shape!r}")
     for d in shape:
-        _check_int("shape", d, 0, MAX_ELEMENTS)
+        check_int("shape", d, 0, MAX_ELEMENTS)
     size = math.prod(int(d) for d in shape)
     if size > MAX_ELEMENTS:
         raise WireError(f"shape: {shape} has {size} elements, at most {MAX_ELEMENTS} allowed")
@@ -179,22 +170,22 @@ def _check_shape(shape: Any) -> int:
 def _check_head(c: DenseChunk, n: int) -> None:
     """Every field of ``c`` but ``values`` (``n`` of them carried), in wire order."""
     check_name("model", c.model)
-    _check_int("shard", c.shard, 0, (1 << 31) - 1)
+    check_int("shard", c.shard, 0, (1 << 31) - 1)
     for k in ("epoch", "seq", "step", "ts"):
-        _check_int(k, getattr(c, k))
+        check_int(k, getattr(c, k))
     if not isinstance(c.full, (bool, np.bool_)):
         raise WireError(f"full: expected a bool, got {type(c.full).__name__}")
-    _check_int("base", c.base_step, 0, c.step)
+    check_int("base", c.base_step, 0, c.step)
     if bool(c.full) != (c.base_step == c.step):
         raise WireError(f"base: a {'full' if c.full else 'partial'} version must have base "
                         f"{'==' if c.full else '<'} step, got base {c.base_step}, step {c.step}")
-    _check_int("chunks", c.chunks, 1, (1 << 31) - 1)
-    _check_int("tensors", c.tensors, 1, c.chunks)
-    _check_int("index", c.index, 0, c.chunks - 1)
+    check_int("chunks", c.chunks, 1, (1 << 31) - 1)
+    check_int("tensors", c.tensors, 1, c.chunks)
+    check_int("index", c.index, 0, c.chunks - 1)
     _check_tensor_name(c.name)
     size = _check_shape(c.shape)
-    _check_int("offset", c.offset, 0, size)
-    _check_int("n", n, 0 if size == 0 else 1, size - c.offset)
+    check_int("offset", c.offset, 0, size)
+    check_int("n", n, 0 if size == 0 else 1, size - c.offset)
     _check_dtype(c.dtype)
 
 
@@ -214,7 +205,7 @@ def chunk_version(tensors: Mapping[str, np.ndarray], *, model: str, shard: int, 
     if not tensors:
         raise WireError("tensors: a version needs at least one tensor")
     _check_dtype(dtype)
-    _check_int("max_message_bytes", max_message_bytes, 1)
+    check_int("max_message_bytes", max_message_bytes, 1)
     per = DTYPES[dtype]
     plan: list[tuple[str, np.ndarray, int, int]] = []  # name, flat, offset, n
     for name, arr in tensors.items():
@@ -297,7 +288,7 @@ def _read_map(view: memoryview) -> dict:
         raise WireError(f"message: missing fields {sorted(set(_FIELDS) - keys)}")
     if msg["v"] != VERSION or isinstance(msg["v"], bool):
         raise WireError(f"v: expected {VERSION} for kind dense, got {msg['v']!r}")
-    _check_int("crc", msg["crc"], 0, (1 << 32) - 1)
+    check_int("crc", msg["crc"], 0, (1 << 32) - 1)
     check_crc_trailer(view, reader.last_key_at, msg["crc"])
     return msg
 
@@ -327,7 +318,7 @@ def decode_dense(payload: bytes) -> DenseChunk:
         raise WireError(f"shape: expected a multiple of 8 bytes, got {len(shape_b)}")
     shape = tuple(int(d) for d in np.frombuffer(shape_b, dtype="<i8"))
     _check_dtype(msg["dtype"])
-    n = _check_int("n", msg["n"], 0, MAX_ELEMENTS)
+    n = check_int("n", msg["n"], 0, MAX_ELEMENTS)
     head = DenseChunk(model=msg["model"], shard=msg["shard"], epoch=msg["epoch"],
                       seq=msg["seq"], step=msg["step"], ts=msg["ts"], full=msg["full"],
                       base_step=msg["base"], tensors=msg["tensors"], chunks=msg["chunks"],

@@ -109,6 +109,7 @@ __all__ = [
     "row_bytes",
     "check_name",
     "check_dtype",
+    "check_int",
     "max_abs_finite",
     "MAX_DIM",
     "MAX_ROWS",
@@ -289,11 +290,14 @@ def check_dtype(dtype: Any) -> None:
         raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
 
 
-def _check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> None:
+def check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
+    """``value`` as an int, or :class:`WireError` naming ``what`` unless it is an int (not
+    a bool) with ``lo ≤ value ≤ hi``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise WireError(f"{what}: expected an int, got {type(value).__name__}")
     if not lo <= int(value) <= hi:
         raise WireError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
+    return int(value)
 
 
 def _int64_ids(what: str, value: Any) -> np.ndarray:
@@ -310,8 +314,8 @@ def _int64_ids(what: str, value: Any) -> np.ndarray:
 
 def _check_columns(col: Any, width: Any, dim: int) -> None:
     """``0 ≤ col`` and ``col + dim ≤ width ≤ MAX_DIM``, else :class:`WireError`."""
-    _check_int("col", col, 0, MAX_DIM - 1)
-    _check_int("width", width, 1, MAX_DIM)
+    check_int("col", col, 0, MAX_DIM - 1)
+    check_int("width", width, 1, MAX_DIM)
     if not col + dim <= width:
         raise WireError(f"width: expected col + dim = {col} + {dim} ≤ width ≤ {MAX_DIM}, "
                         f"got width {width}")
@@ -325,9 +329,9 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
         raise WireError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
     check_name("model", batch.model)
     check_name("table", batch.table)
-    _check_int("shard", batch.shard, 0, (1 << 31) - 1)
+    check_int("shard", batch.shard, 0, (1 << 31) - 1)
     for name in ("epoch", "seq", "step", "ts"):
-        _check_int(name, getattr(batch, name))
+        check_int(name, getattr(batch, name))
     check_dtype(batch.dtype)
     ids = _int64_ids("ids", batch.ids)
     rows = np.asarray(batch.rows)
@@ -487,12 +491,12 @@ def decode(data: bytes) -> DecodedBatch:
     msg = _read_map(view)
     check_name("model", msg["model"])
     check_name("table", msg["table"])
-    _check_int("shard", msg["shard"], 0, (1 << 31) - 1)
+    check_int("shard", msg["shard"], 0, (1 << 31) - 1)
     for k in ("epoch", "seq", "step", "ts"):
-        _check_int(k, msg[k])
-    _check_int("n", msg["n"], 0, MAX_ROWS)
-    _check_int("dim", msg["dim"], 1, MAX_DIM)
-    _check_int("crc", msg["crc"], 0, (1 << 32) - 1)
+        check_int(k, msg[k])
+    check_int("n", msg["n"], 0, MAX_ROWS)
+    check_int("dim", msg["dim"], 1, MAX_DIM)
+    check_int("crc", msg["crc"], 0, (1 << 32) - 1)
     dtype = msg["dtype"]
     check_dtype(dtype)
     n, dim = msg["n"], msg["dim"]

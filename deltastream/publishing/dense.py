@@ -241,6 +241,8 @@ class DensePublisher:
         return dense_entries(self.model, exclude=self._exclude, names=self.options.names)
 
     def _take(self, step: int, ts: Optional[int], *, final: bool) -> None:
+        if self._stopping:
+            raise RuntimeError("the dense publisher is closed")
         t0 = time.perf_counter()
         if final or self._taken % self.options.full_every == 0:
             # looked up again now and then, not per version (half the copy's cost on a

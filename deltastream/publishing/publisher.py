@@ -456,8 +456,10 @@ class DeltaPublisher:
                                      sum(c[0] for c in counts), sum(c[1] for c in counts),
                                      reason)
                 try:
-                    self._raise_failures([unsent], f"publish of {label!r} step {piece.step} "
-                                         f"stopped after {i} of {len(pieces)} messages")
+                    what = "dense stream" if label == DENSE_STREAM else "table"
+                    self._raise_failures([unsent], f"publish of {what} {label!r} step "
+                                         f"{piece.step} stopped after {i} of {len(pieces)} "
+                                         "messages")
                 except PublishError as e:
                     e.result = result  # what this call did send
                     raise
@@ -526,7 +528,8 @@ class DeltaPublisher:
         failed messages, pending messages/bytes (awaiting acknowledgement), blocked_s
         (seconds publish waited on a full buffer), reconnects (failed producers replaced),
         epoch, partition, next seq per table (``"<table>/<shard>"`` for rows published with
-        another ``shard``)."""
+        another ``shard``; ``"/dense"`` for the dense stream), dense_versions (versions
+        :meth:`publish_dense` sent; their messages and bytes count in the totals)."""
         with self._lock:
             self._reap()
             return dict(self._stats, pending_messages=len(self._pending),

@@ -139,6 +139,9 @@ def test_a_due_version_waits_while_the_worker_is_busy():
         dense.tick(3)
         dense.wait(10)
     assert [c[0] for c in rec.calls] == [1, 3]
+    _train(model, 4)
+    with pytest.raises(RuntimeError, match="closed"):  # not a version no worker will send
+        dense.tick(4)
 
 
 def test_a_failed_version_is_raised_by_the_next_tick_and_the_next_version_is_full():
