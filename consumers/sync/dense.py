@@ -78,7 +78,10 @@ class DenseSide:
         self._blob: tuple[int, Optional[bytes]] = (self.assembler.generation, state)
 
     def share(self) -> None:
-        """Share every served version now and each new one from now on."""
+        """Share every served version now and each new one from now on (once: the daemon
+        calls this every round while it shares)."""
+        if self._sharing:
+            return
         self._sharing = True
         for shard in self.assembler.views():
             self.served(shard)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from consumers.dense_assembly import DenseAssembler
-from consumers.serving.dense_shm import DenseReader, remove_dense
+from consumers.serving.dense_shm import DenseReader, dense_file, remove_dense
 from consumers.storage.checkpoint import read_checkpoint
 from deltastream.dense_wire import (
     DenseChunk,
@@ -319,3 +319,24 @@ def test_a_reader_process_never_sees_a_mix_of_two_versions(broker, feed, tmp_pat
         remove_dense(tmp_path / "state")
     assert out["mixed"] == 0
     assert len(out["seen"]) >= 3, out  # it did read across switches
+
+
+def test_a_sharing_daemon_writes_a_version_once(broker, feed, tmp_path):
+    """Sharing rounds do not rewrite the shared file: only a new version replaces it."""
+    dense = DenseFeed(feed)
+    dense.version(dense_tensors(20), step=5)
+    feed.producer.flush()
+    d = daemon_for(broker, feed.topic, tmp_path / "state", share_tables=True)
+    try:
+        assert d.catch_up(timeout=60)
+        path = dense_file(tmp_path / "state", 0)
+        inode = os.stat(path).st_ino
+        d.run_for(seconds=0.5)  # several housekeeping rounds
+        assert os.stat(path).st_ino == inode
+        dense.version(dense_tensors(21), step=6)
+        feed.producer.flush()
+        assert d.catch_up(timeout=60)
+        assert os.stat(path).st_ino != inode
+    finally:
+        d.stop()
+        remove_dense(tmp_path / "state")
