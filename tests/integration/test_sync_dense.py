@@ -302,7 +302,7 @@ def test_a_reader_process_never_sees_a_mix_of_two_versions(broker, feed, tmp_pat
         assert d.catch_up(timeout=60)
         runner.start()
         reader = subprocess.Popen(
-            [sys.executable, "-c", READER, str(tmp_path / "state"), "6"], cwd=REPO,
+            [sys.executable, "-c", READER, str(tmp_path / "state"), "3"], cwd=REPO,
             env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
         for step in range(2, 200):
             dense.version(version(step), step=step, max_bytes=16384)
