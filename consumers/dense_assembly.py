@@ -53,6 +53,7 @@ import msgpack
 import numpy as np
 
 from consumers.sequencing import SeqTracker
+from consumers.serving.dense_view import DenseView
 
 __all__ = ["DenseAssembler", "DenseView", "DENSE_VERDICTS"]
 
@@ -63,34 +64,6 @@ _COUNTERS = ("chunks", "versions", "duplicates", "stale", "lost_chunks", "incomp
              "unbased", "refused", "gaps", "missing_chunks", "new_epochs")
 _STATE_VERSION = 1
 _STREAM = ""  # the one dense stream of a shard, in the SeqTracker's (table, shard) keys
-
-
-@dataclass(frozen=True)
-class DenseView:
-    """One complete dense version, read-only.
-
-    version: (epoch, step) of the trainer; ts: trainer wall clock (ns) of the version;
-    shard: the trainer shard that published it; tensors: name -> float32 array in its
-    shape (read-only; never changes).
-    """
-
-    shard: int
-    epoch: int
-    step: int
-    ts: int
-    tensors: Mapping[str, np.ndarray] = field(repr=False)
-
-    @property
-    def version(self) -> tuple[int, int]:
-        """(epoch, step) of this version."""
-        return (self.epoch, self.step)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.tensors[name]
-
-    def names(self) -> list[str]:
-        """Tensor names, sorted."""
-        return sorted(self.tensors)
 
 
 @dataclass

@@ -30,7 +30,6 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Optional
@@ -46,9 +45,10 @@ from consumers.serving.access import (
     make_dir,
     writers_of,
 )
+from consumers.serving.dense_view import DenseView
 from consumers.serving.shm import SHM_ENV, shm_root
 
-__all__ = ["DenseReader", "SharedDense", "share_dense", "remove_dense", "dense_file"]
+__all__ = ["DenseReader", "share_dense", "remove_dense", "dense_file"]
 
 log = logging.getLogger(__name__)
 
@@ -128,31 +128,11 @@ def remove_dense(state_dir: os.PathLike | str,
     return done
 
 
-@dataclass(frozen=True)
-class SharedDense:
-    """One mapped dense version: its trainer (epoch, step), ts (ns) and name -> float32
-    array (read-only views of the one file it was read from)."""
-
-    model: str
-    shard: int
-    epoch: int
-    step: int
-    ts: int
-    tensors: Mapping[str, np.ndarray] = field(repr=False)
-
-    @property
-    def version(self) -> tuple[int, int]:
-        """(epoch, step) of this version."""
-        return (self.epoch, self.step)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.tensors[name]
-
-
 class DenseReader:
     """Read-only, zero-copy access to the dense version a daemon shares. Use :meth:`open`.
 
-    :meth:`current` is the version mapped (a :class:`SharedDense`, one version whole);
+    :meth:`current` is the version mapped (a :class:`~consumers.serving.dense_view.DenseView`,
+    one version whole, its arrays read-only views of the file); ``model`` the model's name;
     ``reader[name]``, ``reader.version`` read it. :meth:`refresh` moves to a newer one.
     """
 
@@ -179,11 +159,12 @@ class DenseReader:
         for name, shape, off in head["tensors"]:
             count = int(np.prod(shape, dtype=np.int64))
             tensors[name] = np.frombuffer(mm, np.float32, count, start + off).reshape(shape)
-        cur = SharedDense(head["model"], head["shard"], head["epoch"], head["step"], head["ts"],
-                          MappingProxyType(tensors))
+        cur = DenseView(head["shard"], head["epoch"], head["step"], head["ts"],
+                        MappingProxyType(tensors))
+        self.model = head["model"]
         self._cur, self._key = cur, (st.st_dev, st.st_ino)  # one version, taken whole
 
-    def current(self) -> SharedDense:
+    def current(self) -> DenseView:
         """The version mapped now (take it once to read several tensors of one version
         while another thread may :meth:`refresh`)."""
         return self._cur

@@ -12,9 +12,9 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from consumers.dense_assembly import DenseView
 from consumers.errors import ConsumerError
 from consumers.serving.dense_shm import DenseReader, remove_dense, share_dense
+from consumers.serving.dense_view import DenseView
 from consumers.serving.shm import shm_root
 from tests.other_user import NOBODY, need_root, open_dir
 
