@@ -58,13 +58,25 @@ class DenseFeed:
         self.seq += len(cs)
         return encode_dense(cs)
 
-    def send(self, msg: bytes) -> None:
+    def send(self, msg: bytes, value: bytes | None = None) -> None:
+        """Send ``msg`` (or ``value`` in its place, e.g. damaged, under its headers)."""
         c = decode_dense(msg)
         partition = self.shard % self.feed.partitions
-        self.feed.producer.send(self.feed.topic, value=msg, key=dense_key(MODEL, self.shard),
-                                headers=dense_headers(c), partition=partition)
+        self.feed.producer.send(self.feed.topic, value=msg if value is None else value,
+                                key=dense_key(MODEL, self.shard), headers=dense_headers(c),
+                                partition=partition)
         self.feed.count[partition] += 1
         self.sent.append(c)
+
+    def second_version_with(self, t1: dict, t2: dict, change) -> None:
+        """Version 10 of ``t1`` whole, then version 20 of ``t2`` with ``change(index,
+        message)`` sent for each chunk (None: the chunk is lost on the way)."""
+        self.version(t1, step=10)
+        for i, m in enumerate(self.chunks(t2, step=20)):
+            value = change(i, m)
+            if value is not None:
+                self.send(m, value)
+        self.feed.producer.flush()
 
     def version(self, tensors: dict, step: int, **kw) -> int:
         """Publish one whole version; returns its chunk count."""
@@ -126,12 +138,7 @@ def test_versions_are_served_whole_and_survive_a_restart(broker, feed, tmp_path)
 def test_a_missing_chunk_is_never_served_and_counted(broker, feed, tmp_path):
     dense = DenseFeed(feed)
     t1, t2, t3 = dense_tensors(3), dense_tensors(4), dense_tensors(5)
-    dense.version(t1, step=10)
-    msgs = dense.chunks(t2, step=20)
-    for i, m in enumerate(msgs):
-        if i != 1:  # lost on the way
-            dense.send(m)
-    feed.producer.flush()
+    dense.second_version_with(t1, t2, lambda i, m: None if i == 1 else m)
     d = daemon_for(broker, feed.topic, tmp_path / "state")
     try:
         assert d.catch_up(timeout=60)
@@ -151,19 +158,15 @@ def test_a_damaged_chunk_is_quarantined_and_its_version_never_served(broker, fee
                                                                      tmp_path):
     dense = DenseFeed(feed)
     t1, t2 = dense_tensors(6), dense_tensors(7)
-    dense.version(t1, step=10)
-    msgs = dense.chunks(t2, step=20)
-    for i, m in enumerate(msgs):
-        if i == 2:
-            bad = bytearray(m)
-            bad[len(bad) // 2] ^= 0xFF  # a flipped byte: the CRC catches it
-            partition = 0
-            feed.producer.send(feed.topic, value=bytes(bad), key=dense_key(MODEL, 0),
-                               headers=dense_headers(decode_dense(m)), partition=partition)
-            feed.count[partition] += 1
-        else:
-            dense.send(m)
-    feed.producer.flush()
+
+    def damage(i: int, m: bytes) -> bytes:
+        if i != 2:
+            return m
+        bad = bytearray(m)
+        bad[len(bad) // 2] ^= 0xFF  # a flipped byte: the CRC catches it
+        return bytes(bad)
+
+    dense.second_version_with(t1, t2, damage)
     d = daemon_for(broker, feed.topic, tmp_path / "state")
     try:
         assert d.catch_up(timeout=60)
