@@ -55,7 +55,7 @@ import numpy as np
 from consumers.sequencing import SeqTracker
 from consumers.serving.dense_view import DenseView
 
-__all__ = ["DenseAssembler", "DenseView", "DENSE_VERDICTS"]
+__all__ = ["DenseAssembler", "DenseView", "DENSE_VERDICTS", "MAX_TENSOR_ELEMENTS"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ _COUNTERS = ("chunks", "versions", "duplicates", "stale", "lost_chunks", "incomp
              "unbased", "refused", "gaps", "missing_chunks", "new_epochs")
 _STATE_VERSION = 1
 _STREAM = ""  # the one dense stream of a shard, in the SeqTracker's (table, shard) keys
+#: most elements of one tensor a predictor assembles (16 GiB of float32): the wire allows
+#: 2⁴⁸, and a buffer that can never be allocated would stall the partition at its chunk
+MAX_TENSOR_ELEMENTS = 1 << 32
 
 
 @dataclass
@@ -187,6 +190,9 @@ class DenseAssembler:
         size = int(np.prod(shape, dtype=np.int64))
         if c.name in b.shapes and b.shapes[c.name] != shape:
             return f"tensor {c.name!r}: shape {shape}, earlier chunks said {b.shapes[c.name]}"
+        if size > MAX_TENSOR_ELEMENTS:
+            return (f"tensor {c.name!r}: {size} elements, more than this predictor "
+                    f"assembles ({MAX_TENSOR_ELEMENTS})")
         if c.name not in b.shapes and len(b.shapes) >= b.tensors:
             return f"tensor {c.name!r} is one more than the version's {b.tensors} tensors"
         n = int(np.asarray(c.values).size)

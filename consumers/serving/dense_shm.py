@@ -48,7 +48,7 @@ from consumers.serving.access import (
 from consumers.serving.dense_view import DenseView
 from consumers.serving.shm import SHM_ENV, shm_root
 
-__all__ = ["DenseReader", "share_dense", "remove_dense", "dense_file"]
+__all__ = ["DenseReader", "share_dense", "remove_dense", "dense_file", "dense_left"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,17 @@ def remove_dense(state_dir: os.PathLike | str,
         p.unlink(missing_ok=True)
         done += 1
     return done
+
+
+def dense_left(state_dir: os.PathLike | str,
+               shm_dir: Optional[os.PathLike | str] = None) -> bool:
+    """True when shared dense files of ``state_dir`` exist (an earlier daemon's: readers
+    may hold a version newer than this daemon's checkpoint)."""
+    try:
+        return any(_NAME_RE.match(p.name) and ".tmp-" not in p.name
+                   for p in (shm_root(state_dir, shm_dir) / "dense").iterdir())
+    except OSError:
+        return False
 
 
 class DenseReader:

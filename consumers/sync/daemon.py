@@ -42,6 +42,7 @@ from typing import Any, Optional
 from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
+from consumers.serving.dense_shm import dense_left
 from consumers.serving.shm import left_behind, remove_tables
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
@@ -138,8 +139,8 @@ class SyncDaemon:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
         self._dense = DenseSide(o.model, start.dense, self.state_dir, o.shm_dir)
         # a killed daemon's shared tables may be newer than the checkpoint: see ShareGate
-        self._share_gate = ShareGate(bool(o.share_tables and
-                                          left_behind(self.state_dir, o.shm_dir)))
+        self._share_gate = ShareGate(bool(o.share_tables and (
+            left_behind(self.state_dir, o.shm_dir) or dense_left(self.state_dir, o.shm_dir))))
         if o.share_tables and not self._share_gate.waiting:
             self._share_tables()
         self._seqs = start.seqs

@@ -151,3 +151,11 @@ def test_state_in_the_middle_of_a_version_resumes_exactly(cut):
 def test_malformed_state_is_refused():
     with pytest.raises(ValueError, match="dense state"):
         DenseAssembler.from_state(b"\x81\xa7version\x09")
+
+
+def test_a_tensor_too_large_to_assemble_is_refused_not_allocated():
+    a = DenseAssembler()
+    c = _chunks(_tensors(14), seq=0, step=10)[0]
+    huge = DenseChunk(**{**c.__dict__, "shape": (1 << 40,)})
+    kind, why = a.offer(huge)
+    assert kind == "refused" and "elements" in why and a.view() is None

@@ -343,3 +343,40 @@ def test_a_sharing_daemon_writes_a_version_once(broker, feed, tmp_path):
     finally:
         d.stop()
         remove_dense(tmp_path / "state")
+
+
+def test_a_restart_after_kill_9_shares_no_older_dense_version(broker, feed, tmp_path):
+    """A killed daemon shared version 20 but checkpointed none: the next one re-reads the
+    topic and would share version 10 on its way; it waits until it has caught up."""
+    dense = DenseFeed(feed)
+    dense.version(dense_tensors(30), step=10)
+    dense.version(dense_tensors(31), step=20)
+    feed.producer.flush()
+    state = tmp_path / "state"
+    p = _spawn_sync(broker.bootstrap_servers, feed.topic, state, tmp_path / "a.log", 0,
+                    "--share-tables", "--checkpoint-interval", "3600",
+                    "--checkpoint-messages", "1000000")
+    try:
+        reader = DenseReader.open(state, 0, timeout=30)
+        deadline = time.monotonic() + 30
+        while reader.version != (1, 20) and time.monotonic() < deadline:
+            reader.refresh()
+            time.sleep(0.02)
+        assert reader.version == (1, 20)
+        os.kill(p.pid, 9)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    d = daemon_for(broker, feed.topic, state, share_tables=True)
+    try:
+        assert d.source == "empty" and d.stats()["share_waiting"]
+        assert not reader.refresh()  # nothing shared before it caught up
+        assert d.catch_up(timeout=60)
+        d.run_for(seconds=0.3)  # the round that opens the gate
+        assert not d.stats()["share_waiting"]
+        reader.refresh()
+        assert reader.version == (1, 20) and same(reader.current(), dense_tensors(31))
+    finally:
+        d.stop()
+        remove_dense(state)
