@@ -53,6 +53,7 @@ import torch
 
 from deltastream.dense_wire import DENSE_DTYPES
 from deltastream.publishing.dense_snapshot import ChangeFilter, DenseCopier, dense_entries
+from deltastream.tracking.discovery import unwrap
 
 __all__ = ["DenseOptions", "DensePublisher"]
 
@@ -129,8 +130,6 @@ class DensePublisher:
     def __init__(self, publisher: Any, model: torch.nn.Module,
                  options: Optional[DenseOptions] = None, *, tracker: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from deltastream.tracking.discovery import unwrap
-
         self.publisher = publisher
         self.options = DenseOptions() if options is None else options
         if not isinstance(self.options, DenseOptions):
@@ -155,7 +154,7 @@ class DensePublisher:
         self._stopping = False
         self._copy_s: deque = deque(maxlen=256)
         self._stats = dict(versions=0, full_versions=0, tensors=0, messages=0, bytes=0,
-                           deferred=0, unchanged=0)
+                           deferred=0, unchanged=0, send_s=0.0)
         self._thread = None
         if self.options.threaded and self._active:
             self._thread = threading.Thread(target=self._run, name="deltastream-dense",
@@ -232,7 +231,8 @@ class DensePublisher:
     def stats(self) -> dict:
         """Counters (versions, full_versions, tensors, messages, bytes sent; deferred:
         due versions left for a later tick; unchanged: versions with nothing changed,
-        not sent) and ``copy_ms`` (training-thread copy time, p50 / max)."""
+        not sent; send_s: seconds spent comparing, encoding and handing versions to the
+        producer, on the worker) and ``copy_ms`` (training-thread copy time, p50 / max)."""
         t = np.asarray(self._copy_s, dtype=np.float64) * 1e3
         return dict(self._stats, active=self._active, copy_ms={
             "p50": float(np.quantile(t, 0.5)), "max": float(t.max())} if t.size else None)
@@ -291,6 +291,13 @@ class DensePublisher:
                     self._cond.notify_all()
 
     def _send(self, job: _Version) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._publish(job)
+        finally:
+            self._stats["send_s"] += time.perf_counter() - t0
+
+    def _publish(self, job: _Version) -> None:
         """Publish ``job``: the changed tensors against the last version, or all of them."""
         if job.ready is not None:
             job.ready.synchronize()

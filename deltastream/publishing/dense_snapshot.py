@@ -71,20 +71,39 @@ class DenseCopier:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._device = HostCopier()
+        self._plan_of: Optional[Mapping[str, torch.Tensor]] = None
+        self._host: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source, buffer)
+        self._on_device: list[tuple[str, torch.Tensor]] = []
+        self._out: dict[str, torch.Tensor] = {}
 
-    def copy(self, entries: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
-        """``({name: host copy}, event or None)``: the copies are valid once the event
-        (CUDA) has completed. Host copies are float32 (bf16/f64 tensors converted)."""
-        out: dict[str, torch.Tensor] = {}
+    def _plan(self, entries: Mapping[str, torch.Tensor]) -> None:
+        """Buffers and copy lists for ``entries``, made once per entries mapping: a
+        version's copy is then one ``copy_`` per tensor and nothing else (on a small
+        model the per-tensor bookkeeping would cost more than the copies)."""
+        self._host, self._on_device, self._out = [], [], {}
         for name, t in entries.items():
             if t.device.type != "cpu":
-                out[name] = self._device.host(t.to(torch.float32, copy=True))
+                self._on_device.append((name, t))
                 continue
             buf = self._buffers.get(name)
             if buf is None or buf.shape != t.shape:
                 buf = self._buffers[name] = torch.empty(t.shape, dtype=torch.float32)
-            buf.copy_(t)
-            out[name] = buf
+            self._host.append((t, buf))
+            self._out[name] = buf
+        self._plan_of = entries
+
+    def copy(self, entries: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+        """``({name: host copy}, event or None)``: the copies are valid once the event
+        (CUDA) has completed. Host copies are float32 (bf16/f64 tensors converted)."""
+        if entries is not self._plan_of:
+            self._plan(entries)
+        for src, buf in self._host:
+            buf.copy_(src)
+        if not self._on_device:
+            return self._out, None
+        out = dict(self._out)
+        for name, t in self._on_device:
+            out[name] = self._device.host(t.to(torch.float32, copy=True))
         return out, self._device.finish()
 
 

@@ -116,6 +116,20 @@ def test_cadence_partial_versions_and_a_full_one_every_n(threaded):
     assert st["copy_ms"]["max"] > 0
 
 
+def test_cadence_in_seconds_and_a_wrapped_model():
+    model, rec, now = Model(), Recorder(), [0.0]
+    wrapped = torch.nn.DataParallel(model)  # its state_dict keys start with "module."
+    dense = DensePublisher(rec, wrapped, DenseOptions(every_steps=None, every_s=2.0,
+                                                      threaded=False), clock=lambda: now[0])
+    for step in range(1, 8):
+        now[0] += 0.75
+        _train(model, step)
+        dense.tick(step)
+    # first at once, then each time 2 s have passed since the last version: 0.75, 3.0, 5.25
+    assert [c[0] for c in rec.calls] == [1, 4, 7]
+    assert "mlp.weight" in rec.calls[0][2]
+
+
 def test_unchanged_weights_send_nothing_and_flush_sends_a_full_version():
     model, rec = Model(), Recorder()
     dense = DensePublisher(rec, model, DenseOptions(every_steps=1, threaded=False))
