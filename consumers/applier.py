@@ -23,6 +23,12 @@ raises on bad data and never applies part of a message:
 
 A quarantined message's seq is not committed: its data never reached the table, so the next
 message of that stream reports the gap.
+
+Dense chunks (:mod:`deltastream.dense_wire`, told apart by their Kafka headers, or by how
+their body begins when a record has none) go to the :class:`~consumers.dense_assembly.DenseAssembler`
+given as ``dense``: same model and shard policy, a damaged chunk quarantined like a damaged
+row message; ``Outcome.dense`` carries the assembler's verdict (``served``: a new complete
+version is served). Without ``dense`` they are quarantined (the row decoder refuses them).
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from consumers.dense_assembly import DenseAssembler
 from consumers.errors import ApplyError
 from consumers.sequencing import SeqTracker
 from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.table import ServingTable
+from deltastream.dense_wire import decode_dense, is_dense, is_dense_payload
 from deltastream.wire import DecodedBatch, WireError, decode, parse_headers
 
 __all__ = ["Applier", "Outcome", "OUTCOME_KINDS"]
@@ -56,6 +64,8 @@ class Outcome:
     ``quarantined`` (undecodable or invalid; ``reason`` says why).
     rows/deleted: rows upserted and ids deleted (applied only); bytes: record size.
     gap: inclusive range of seqs never seen before this one, or None.
+    dense: for a dense chunk, the assembler's verdict (``taken``, ``served``, …; see
+    :mod:`consumers.dense_assembly`); "" for row messages. ``table`` is None for it.
     Fields of the message are None when it could not be decoded.
     """
 
@@ -72,6 +82,7 @@ class Outcome:
     deleted: int = 0
     bytes: int = 0
     gap: Optional[tuple[int, int]] = None
+    dense: str = ""
 
 
 class Applier:
@@ -87,6 +98,7 @@ class Applier:
             batch's dim; a dict = only these tables with these dims (others quarantined).
         shards: None = all shards; a set = apply only these trainer shards (others skipped).
         dtype: storage dtype of tables this applier creates (``"f32"`` or ``"f16"``).
+        dense: where dense chunks go (None: they are quarantined).
 
     One thread calls :meth:`process` (counters are plain ints); other threads may read the
     tables meanwhile (:class:`ServingTable` is safe for that).
@@ -94,7 +106,8 @@ class Applier:
 
     def __init__(self, model: str, tables: dict[str, ServingTable], seqs: SeqTracker, *,
                  table_dims: Optional[dict[str, int]] = None,
-                 shards: Optional[set[int]] = None, dtype: str = "f32"):
+                 shards: Optional[set[int]] = None, dtype: str = "f32",
+                 dense: Optional[DenseAssembler] = None):
         if not isinstance(model, str) or not model:
             raise ValueError(f"model: expected a non-empty str, got {model!r}")
         if not isinstance(tables, dict):
@@ -129,6 +142,7 @@ class Applier:
         self.table_dims = None if table_dims is None else dict(table_dims)
         self.shards = shards
         self.dtype = dtype
+        self.dense = dense
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         #: model name -> records seen of it (this model's included; undecodable ones not)
         self.models: dict[str, int] = {}
@@ -158,6 +172,9 @@ class Applier:
             size = len(value)
         except TypeError:
             size = 0
+        if self.dense is not None and decoded is None \
+                and (is_dense(headers) or is_dense_payload(value)):
+            return self._dense(value, size)
         hdr = _headers(headers)
         if hdr is not None and self.shards is not None and hdr["shard"] not in self.shards \
                 and hdr["model"] == self.model:
@@ -183,6 +200,37 @@ class Applier:
         if verdict.kind in ("duplicate", "stale_epoch"):
             return self._skip_seq(b, verdict.kind, size, fields)
         return self._apply(b, verdict, size, fields)
+
+    def _dense(self, value: Any, size: int) -> Outcome:
+        """A dense chunk: decoded, checked against model and shards, handed to the
+        assembler. A damaged one is quarantined; its seq is never committed."""
+        assert self.dense is not None
+        try:
+            c = decode_dense(value)
+        except WireError as e:
+            return self._quarantine(f"decode dense: {e}", size)
+        fields = {"shard": c.shard, "epoch": c.epoch, "seq": c.seq, "step": c.step,
+                  "ts": c.ts}
+        self.models[c.model] = self.models.get(c.model, 0) + 1
+        if c.model != self.model:
+            return self._foreign(c, size, fields)
+        fields["model"] = c.model
+        if self.shards is not None and c.shard not in self.shards:
+            self.counters["skipped"] += 1
+            return Outcome("skipped", reason=f"shard {c.shard} not served", bytes=size,
+                           **fields)
+        verdict, why = self.dense.offer(c)
+        if verdict == "refused":
+            return self._quarantine(f"dense: {why}", size, dense=verdict, **fields)
+        kind = {"taken": "applied", "served": "applied", "duplicate": "duplicate",
+                "stale": "stale"}.get(verdict, "skipped")
+        if kind == "duplicate":
+            self.counters["duplicates"] += 1
+        elif kind == "stale":
+            self.counters["stale"] += 1
+        elif kind == "skipped":
+            self.counters["skipped"] += 1
+        return Outcome(kind, reason=why, bytes=size, dense=verdict, **fields)
 
     def _refusal(self, b: DecodedBatch, hdr: Optional[dict], size: int,
                  fields: dict) -> Optional[Outcome]:
@@ -236,7 +284,7 @@ class Applier:
             self.counters["tables_created"] += 1
             log.info("table %r created (dim %d, %s)", b.table, table.dim, table.dtype)
         first = self.seqs.get(b.table, b.shard) is None
-        self.seqs.commit(b.table, b.shard, b.epoch, b.seq)
+        self.seqs.commit(b.table, b.shard, b.epoch, b.seq, b.step)
         c = self.counters
         c["applied"] += 1
         c["rows"] += res.upserted

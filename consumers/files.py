@@ -88,7 +88,7 @@ MANIFEST = "manifest.json"
 OWN_FORMATS = ("deltastream-table", "deltastream-snapshot", "deltastream-checkpoint")
 #: names deltastream writes at the top of a table, snapshot or checkpoint directory
 _OWN_NAME = re.compile(r"^(manifest\.json|ids\.npy|rows\.npy|tables|base-\d{6,}|"
-                       r"seg-\d{6,}-\d{6,}\.bin)(\.tmp-\d+-[0-9a-f]+)?$")
+                       r"seg-\d{6,}-\d{6,}\.bin|dense(-\d{6,})?\.bin)(\.tmp-\d+-[0-9a-f]+)?$")
 #: a temp directory of :func:`new_tmp` next to ``<name>``
 _TMP_SUFFIX = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 

@@ -16,6 +16,10 @@ verdict         when                                                      consum
                 ``missing`` = (0, seq-1) when seq > 0                      missing is set
 ``stale_epoch`` epoch < current (a zombie trainer still publishing)        skip, count
 ==============  ========================================================  ===============
+
+:meth:`SeqTracker.commit` also records the trainer ``step`` of the message when given
+(rows carry it since wire v2): :meth:`SeqTracker.steps` is the step each stream's state
+is at, checkpointed with the seqs (the consistent view of dense and sparse state uses it).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class SeqTracker:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
+        self._steps: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -91,13 +96,24 @@ class SeqTracker:
             return SeqVerdict("gap", (last + 1, seq - 1))
         return _OK
 
-    def commit(self, table: str, shard: int, epoch: int, seq: int) -> None:
-        """Record (epoch, seq) of (table, shard) as applied."""
+    def commit(self, table: str, shard: int, epoch: int, seq: int,
+               step: Optional[int] = None) -> None:
+        """Record (epoch, seq) of (table, shard) as applied; ``step``: the message's trainer
+        step (None: unknown, the recorded one is kept)."""
         _check_int("shard", shard)
         _check_int("epoch", epoch)
         _check_int("seq", seq)
+        if step is not None:
+            _check_int("step", step)
         with self._lock:
             self._last[(table, shard)] = (epoch, seq)
+            if step is not None:
+                self._steps[(table, shard)] = step
+
+    def steps(self) -> dict[tuple[str, int], int]:
+        """(table, shard) -> trainer step of the last message applied (where known)."""
+        with self._lock:
+            return dict(self._steps)
 
     def get(self, table: str, shard: int) -> Optional[tuple[int, int]]:
         """(epoch, last seq) of (table, shard), or None when nothing was applied."""
@@ -105,11 +121,14 @@ class SeqTracker:
             return self._last.get((table, shard))
 
     def state(self) -> dict:
-        """JSON-able state: ``{"version": 1, "streams": [{table, shard, epoch, seq}, ...]}``."""
+        """JSON-able state: ``{"version": 1, "streams": [{table, shard, epoch, seq[, step]},
+        ...]}``."""
         with self._lock:
             items = sorted(self._last.items())
+            steps = dict(self._steps)
         return {"version": _STATE_VERSION,
-                "streams": [{"table": t, "shard": s, "epoch": e, "seq": q}
+                "streams": [{"table": t, "shard": s, "epoch": e, "seq": q,
+                             **({"step": steps[(t, s)]} if (t, s) in steps else {})}
                             for (t, s), (e, q) in items]}
 
     @classmethod
@@ -125,5 +144,5 @@ class SeqTracker:
         for s in d["streams"]:
             if not isinstance(s, dict) or not isinstance(s.get("table"), str):
                 raise ValueError(f"seq state: malformed stream entry {s!r}")
-            tr.commit(s["table"], s.get("shard"), s.get("epoch"), s.get("seq"))
+            tr.commit(s["table"], s.get("shard"), s.get("epoch"), s.get("seq"), s.get("step"))
         return tr

@@ -42,7 +42,7 @@ from consumers.sync import SyncDaemon
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import secret_values
 from deltastream_demo.data import ClickStream, StreamConfig
-from deltastream_demo.scoring import RowTable, auc, logloss, score
+from deltastream_demo.scoring import RowTable, auc, logloss, score, weights_from_state_dict
 
 __all__ = [
     "ApplyLog",
@@ -220,14 +220,18 @@ def _drift(daemon_tables: dict[str, ServingTable], trainer: dict[str, RowTable],
 
 
 def _score_all(cfg: dict, weights: dict, serving: dict[str, ServingTable],
-               trainer: dict[str, RowTable], torch_scores: dict) -> dict:
+               trainer: dict[str, RowTable], torch_scores: dict,
+               streamed: Optional[dict] = None) -> dict:
+    """AUCs of the held-out examples: serving tables under the streamed dense weights
+    (``streamed``; the trainer's copy when the trainers published none), trainer tables
+    under the trainer's own weights."""
     stream = ClickStream(StreamConfig(**cfg["stream"]))
     ho = stream.batch(cfg["heldout_start"], cfg["heldout"], salt=1)
     zeros = RowTable(np.empty(0, np.int64), np.empty((0, cfg["dim"]), np.float32))
     s_user = serving.get("user")
     s_item = serving.get("item")
-    serving_logits = score(weights, (s_user or zeros).lookup, (s_item or zeros).lookup,
-                           ho.user_ids, ho.item_ids, ho.dense)
+    serving_logits = score(streamed or weights, (s_user or zeros).lookup,
+                           (s_item or zeros).lookup, ho.user_ids, ho.item_ids, ho.dense)
     trainer_logits = score(weights, trainer["user"].lookup, trainer["item"].lookup,
                            ho.user_ids, ho.item_ids, ho.dense)
     out = {
@@ -240,6 +244,7 @@ def _score_all(cfg: dict, weights: dict, serving: dict[str, ServingTable],
         "logloss_trainer": logloss(ho.labels, trainer_logits),
         "max_logit_diff": float(np.abs(serving_logits - trainer_logits).max()),
         "click_rate": float(ho.labels.mean()),
+        "dense_source": "stream" if streamed else "trainer copy",
     }
     if torch_scores["pos"]:
         pos = np.concatenate(torch_scores["pos"])
@@ -393,7 +398,11 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
     weights, trainer, published, torch_scores = _load_trainer(finish["dumps"], cfg["dim"])
     serving = daemon.tables()
     drift = _drift(serving, trainer, published, cfg["wire_dtype"])
-    aucs = _score_all(cfg, weights, serving, trainer, torch_scores)
+    view = daemon.dense()  # the newest complete dense version streamed, or None
+    streamed = None if view is None else weights_from_state_dict(view.tensors)
+    aucs = _score_all(cfg, weights, serving, trainer, torch_scores, streamed)
+    aucs.update(dense_version=st["dense_version"], dense_age_s=st["dense_age_s"],
+                dense_age_steps=st["dense_age_steps"])
     boot = _bootstrap_check(cfg, trainer, serving) if cfg.get("bootstrap_check", True) \
         else {"skipped": "disabled"}
     result = {

@@ -250,6 +250,10 @@ def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
                                  f"{_num(g('drift', 'max_abs'), '.3g')}"
                                  f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')}: "
                                  f"wire rounding only)"),
+        ("dense weights served", "streamed, version "
+         f"{g('auc', 'dense_version')}, age {_num(g('auc', 'dense_age_s'), '.2f')} s / "
+         f"{_num(g('auc', 'dense_age_steps'))} steps" if g("auc", "dense_source") == "stream"
+         else "the trainer's copy (no dense stream)"),
         ("AUC serving tables", _num(g("auc", "serving"), ".4f")),
         ("AUC trainer tables", _num(g("auc", "trainer"), ".4f")),
         ("AUC trainer (torch model)", _num(g("auc", "trainer_torch"), ".4f")),

@@ -13,11 +13,14 @@ Also the metrics the demo reports: :func:`auc` (rank-based, ties averaged) and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
+from typing import Optional
 
 import numpy as np
 
-__all__ = ["RowTable", "features", "mlp_logits", "score", "auc", "logloss", "DenseWeights"]
+__all__ = ["RowTable", "features", "mlp_logits", "score", "auc", "logloss", "DenseWeights",
+           "weights_from_state_dict"]
 
 #: ``{"w0": [h1, in], "b0": [h1], "w1": ..., ...}`` float32 arrays, layer i = ``w{i}``/``b{i}``
 DenseWeights = Mapping[str, np.ndarray]
@@ -104,6 +107,26 @@ def mlp_logits(weights: DenseWeights, x: np.ndarray) -> np.ndarray:
         if i < n_layers - 1:
             np.maximum(h, 0.0, out=h)
     return h.reshape(-1)
+
+
+_MLP_KEY = re.compile(r"(?:^|\.)mlp\.(\d+)\.(weight|bias)$")
+
+
+def weights_from_state_dict(tensors: Mapping[str, np.ndarray]) -> Optional[DenseWeights]:
+    """The click MLP's ``{"w0", "b0", …}`` from ``state_dict``-named tensors (a streamed
+    dense version: ``mlp.<j>.weight`` / ``mlp.<j>.bias``, layers in ``j`` order), or None
+    when they hold no MLP."""
+    layers: dict[int, dict[str, np.ndarray]] = {}
+    for name, a in tensors.items():
+        m = _MLP_KEY.search(name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = np.asarray(a, np.float32)
+    if not layers or any(len(p) != 2 for p in layers.values()):
+        return None
+    out: dict[str, np.ndarray] = {}
+    for i, j in enumerate(sorted(layers)):
+        out[f"w{i}"], out[f"b{i}"] = layers[j]["weight"], layers[j]["bias"]
+    return out
 
 
 def score(weights: DenseWeights, user_lookup: Callable[[np.ndarray], np.ndarray],

@@ -33,7 +33,8 @@ ROOMS = (
     "deltastream.publishing", "deltastream.broker", "deltastream",
     # predictor side: durable files, then the serving table, then what stores and feeds it
     "consumers.errors", "consumers.cpus", "consumers.sched_policy", "consumers.files",
-    "consumers.serving", "consumers.storage", "consumers.sequencing", "consumers.quarantine",
+    "consumers.serving", "consumers.storage", "consumers.sequencing",
+    "consumers.dense_assembly", "consumers.quarantine",
     "consumers.topic", "consumers.applier", "consumers.sync", "consumers.replay", "consumers",
     "deltastream_demo",
 )

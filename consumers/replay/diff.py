@@ -2,7 +2,9 @@
 
 A row differs when any element differs by more than the tolerance (absolute; 0 means
 exactly equal values, NaN equal to NaN); values are compared as float32 whatever the
-storage dtype. :class:`DiffReport` renders as text or JSON (``deltastream-replay diff``).
+storage dtype. The dense versions both sides serve are compared too
+(:mod:`consumers.replay.dense_diff`). :class:`DiffReport` renders as text or JSON
+(``deltastream-replay diff``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from consumers.errors import ReplayError
 from consumers.files import PathLike
+from consumers.replay.dense_diff import DenseDiff, diff_dense
 from consumers.replay.rebuild import rebuild
 from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import Snapshot, read_snapshot
@@ -73,7 +76,8 @@ class TableDiff:
 
 @dataclass
 class DiffReport:
-    """All tables of A and B compared. ``equal`` when no table differs."""
+    """All tables of A and B compared, and their dense versions (``dense``: None when
+    neither holds any). ``equal`` when nothing differs."""
 
     a: str
     b: str
@@ -81,10 +85,11 @@ class DiffReport:
     tables: list
     offsets_a: Optional[dict] = None
     offsets_b: Optional[dict] = None
+    dense: Optional[DenseDiff] = None
 
     @property
     def equal(self) -> bool:
-        return all(t.equal for t in self.tables)
+        return all(t.equal for t in self.tables) and (self.dense is None or self.dense.equal)
 
     def to_json(self) -> dict:
         return {"a": self.a, "b": self.b, "tolerance": self.tolerance, "equal": self.equal,
@@ -92,7 +97,8 @@ class DiffReport:
                 else {str(k): v for k, v in self.offsets_a.items()},
                 "offsets_b": None if self.offsets_b is None
                 else {str(k): v for k, v in self.offsets_b.items()},
-                "tables": [t.to_json() for t in self.tables]}
+                "tables": [t.to_json() for t in self.tables],
+                "dense": None if self.dense is None else self.dense.to_json()}
 
     def format_text(self) -> str:
         out = [f"A = {self.a}", f"B = {self.b}"]
@@ -122,9 +128,12 @@ class DiffReport:
                 if sample:
                     out.append(f"  {label}: {', '.join(map(str, sample))}"
                                + (" ..." if count > len(sample) else ""))
+        if self.dense is not None:
+            out.append(self.dense.format_text())
         n_diff = sum(not t.equal for t in self.tables)
         out.append("no differences" if self.equal else
-                   f"{n_diff} of {len(self.tables)} tables differ")
+                   f"{n_diff} of {len(self.tables)} tables differ"
+                   + ("" if self.dense is None or self.dense.equal else ", dense differs"))
         return "\n".join(out)
 
 
@@ -193,6 +202,8 @@ def diff_snapshots(a: Union[PathLike, Snapshot], b: Union[PathLike, Snapshot], *
                       a_label=str(sa.path if sa.path is not None else "A"),
                       b_label=str(sb.path if sb.path is not None else "B"))
     rep.offsets_a, rep.offsets_b = dict(sa.offsets), dict(sb.offsets)
+    rep.dense = diff_dense(sa.dense, sb.dense, tolerance=rep.tolerance, a_label=rep.a,
+                           b_label=rep.b)
     return rep
 
 
@@ -229,4 +240,6 @@ def diff_with_rebuild(snapshot: Union[PathLike, Snapshot], *,
     rep = diff_tables(snap.tables, res.tables, tolerance=tolerance, a_label=label,
                       b_label=f"rebuild of {topic} up to {snap.offsets}")
     rep.offsets_a, rep.offsets_b = dict(snap.offsets), dict(res.offsets)
+    rep.dense = diff_dense(snap.dense, res.dense, tolerance=rep.tolerance, a_label=label,
+                           b_label=rep.b)
     return rep

@@ -11,6 +11,12 @@ clock is monotonic. Messages before ``from_time`` are left out for good: such a 
 holds only the rows written inside the window (meta ``range`` says so). Records that do not
 decode have no ``ts``; they go to the Applier anyway, which quarantines and counts them.
 
+Dense chunks go to a :class:`~consumers.dense_assembly.DenseAssembler` (restored from a base
+that holds dense state), exactly as in the daemon; the snapshot holds its state (the newest
+complete version and one being assembled), and ``to_time`` / ``from_time`` apply to a
+chunk's version ``ts`` (the same for every chunk of a version, so a version is in or out
+whole). :attr:`RebuildResult.dense` is the assembler.
+
 Messages of other models are skipped and counted (``foreign_model``); a range that holds
 records but none of ``model`` is refused with :class:`~consumers.errors.ReplayError` naming
 the models found (a wrong ``--model`` must not write an empty snapshot). ``out`` is checked
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from consumers.applier import Applier
+from consumers.dense_assembly import DenseAssembler
 from consumers.errors import ReplayError
 from consumers.files import PathLike, check_replaceable
 from consumers.replay.plan import (
@@ -43,6 +50,7 @@ from consumers.sequencing import SeqTracker
 from consumers.serving.dtypes import STORAGE_DTYPES
 from consumers.serving.table import ServingTable
 from consumers.storage.snapshot import Snapshot, read_snapshot, write_snapshot
+from deltastream.dense_wire import decode_dense, is_dense, is_dense_payload
 from deltastream.wire import WireError, decode
 
 __all__ = ["REBUILD_KIND", "RebuildResult", "rebuild"]
@@ -65,6 +73,7 @@ class RebuildResult:
             (messages left out by the time bounds) and ``records`` (records read).
         meta: the snapshot meta. path: the snapshot written, or None.
         quarantined: ``(partition, offset, reason)`` of the first 100 quarantined records.
+        dense: the dense versions assembled (``dense.view()``: the newest complete one).
     """
 
     tables: dict[str, ServingTable]
@@ -75,6 +84,7 @@ class RebuildResult:
     meta: dict
     path: Optional[Path] = None
     quarantined: list = field(default_factory=list)
+    dense: DenseAssembler = field(default_factory=DenseAssembler)
 
 
 def rebuild(bootstrap_servers: str, topic: str, *, model: str,
@@ -119,16 +129,22 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
     tables: dict[str, ServingTable] = {}
     seqs = SeqTracker()
     base_path = None
+    dense = DenseAssembler()
     if base is not None:
         snap = base if isinstance(base, Snapshot) else read_snapshot(base)
         base_path, tables, seqs = _base_state(snap, model, topic)
+        try:
+            dense = DenseAssembler.from_state(snap.dense)
+        except ValueError as e:
+            raise ReplayError(f"base {base_path}: {e}") from None
         from_offsets = dict(snap.offsets)
         if partitions is None and shards is None and snap.offsets:
             partitions = sorted(snap.offsets)
     try:
         applier = Applier(model, tables, seqs,
                           table_dims=None if table_dims is None else dict(table_dims),
-                          shards=None if shards is None else set(shards), dtype=dtype)
+                          shards=None if shards is None else set(shards), dtype=dtype,
+                          dense=dense)
     except (TypeError, ValueError) as e:
         raise ReplayError(str(e)) from None
     t0 = time.monotonic()
@@ -149,9 +165,11 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
             "range": _range_meta(plan, from_time, to_time), "base": base_path,
             "counters": counters, "written_at": time.time()}
     result = RebuildResult(tables=tables, offsets=resume, seqs=seqs.state(), plan=plan,
-                           counters=counters, meta=meta, quarantined=quarantined)
+                           counters=counters, meta=meta, quarantined=quarantined,
+                           dense=dense)
     if out is not None:
-        write_snapshot(out, tables=tables, offsets=resume, seqs=result.seqs, meta=meta)
+        write_snapshot(out, tables=tables, offsets=resume, seqs=result.seqs, meta=meta,
+                       dense=dense.state() if len(dense.seqs) else None)
         result.path = Path(out)
         log.info("snapshot written to %s (%d tables, offsets %s)", out, len(tables), resume)
     return result
@@ -207,6 +225,19 @@ class _Run:
     quarantined: list = field(default_factory=list)
 
 
+def _ts(rec: Any) -> tuple[Optional[int], Any]:
+    """(trainer ts, decoded row batch or None) of a record; ts None when it does not
+    decode (the applier quarantines it and says why). A dense chunk's ts is its
+    version's."""
+    try:
+        if is_dense(rec.headers) or is_dense_payload(rec.value):
+            return decode_dense(rec.value).ts, None
+        batch = decode(rec.value)  # decoded once: the applier is handed it
+        return batch.ts, batch
+    except WireError:
+        return None, None
+
+
 def _apply_range(reader: Any, plan: ReadPlan, applier: Applier, from_time: Optional[int],
                  to_time: Optional[int], progress: bool) -> _Run:
     """Feed the records of ``plan`` to ``applier``, leaving out those outside the time
@@ -217,13 +248,10 @@ def _apply_range(reader: Any, plan: ReadPlan, applier: Applier, from_time: Optio
         run.records += 1
         batch = None
         if timed:
-            try:
-                batch = decode(rec.value)  # decoded once: the applier is handed it
-            except WireError:
-                pass  # the applier quarantines it and says why
-            if batch is not None and not in_time(batch.ts, from_time, to_time):
+            ts, batch = _ts(rec)
+            if ts is not None and not in_time(ts, from_time, to_time):
                 run.outside += 1
-                if to_time is not None and batch.ts > to_time:
+                if to_time is not None and ts > to_time:
                     run.resume[rec.partition] = min(run.resume[rec.partition], rec.offset)
                 continue
         res = applier.process(rec.value, rec.headers, decoded=batch)

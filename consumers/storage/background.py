@@ -70,18 +70,21 @@ class CheckpointWriter:
             return self._thread is not None
 
     def submit(self, *, tables: dict[str, ServingTable], offsets: dict[int, int], seqs: dict,
-               meta: dict, on_done: Optional[Callable[[Outcome], None]] = None) -> bool:
+               meta: dict, on_done: Optional[Callable[[Outcome], None]] = None,
+               dense: Optional[bytes] = None) -> bool:
         """Freeze a checkpoint of ``tables`` + offsets + seqs + meta now and write it in the
         background; False (nothing frozen) while the previous one is still being written.
         Call from the thread that applies. ``on_done(outcome)`` runs in the writing thread
         once the write ended (committed and durable, or failed), before :meth:`wait`
         returns, instead of :meth:`results`; a failure is then the caller's to report
         (logged here at DEBUG only). Without ``on_done`` a failure is logged at ERROR.
+        ``dense``: the dense versions' state (see :meth:`CheckpointStore.write`).
         Raises what :meth:`CheckpointStore.prepare` raises (bad arguments)."""
         with self._cond:
             if self._thread is not None:
                 return False
-            prep = self.store.prepare(tables=tables, offsets=offsets, seqs=seqs, meta=meta)
+            prep = self.store.prepare(tables=tables, offsets=offsets, seqs=seqs, meta=meta,
+                                      dense=dense)
             self._thread = threading.Thread(target=self._run, args=(prep, on_done),
                                             name=f"checkpoint {self.store.path}", daemon=True)
             self._thread.start()

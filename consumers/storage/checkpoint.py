@@ -13,6 +13,8 @@ Layout of a checkpoint directory ``<path>``::
     base-GGGGGG/             a full snapshot (``write_snapshot`` layout, readable on its own)
     seg-GGGGGG-KKKKKK.bin    rows changed after base G: per table upserted ids + rows
                              (storage dtype) and deleted ids
+    dense-NNNNNN.bin         the dense versions' state (optional; the bytes of
+                             ``DenseAssembler.state()``), written only when it changed
 
 Segment files are :mod:`consumers.storage.segments`' format.
 
@@ -92,6 +94,7 @@ CHECKPOINT_FORMAT = "deltastream-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
 _BASE_RE = re.compile(r"^base-(\d{6,})$")
 _SEG_RE = re.compile(r"^seg-(\d{6,})-(\d{6,})\.bin$")
+_DENSE_RE = re.compile(r"^dense-(\d{6,})\.bin$")
 
 
 @dataclass
@@ -126,6 +129,7 @@ class PreparedCheckpoint:
     seqs: dict
     meta: dict
     prepared_at: float = field(default_factory=time.perf_counter)
+    dense: Optional[bytes] = None
 
     def release(self) -> None:
         """Let the tables reuse the rows the views pinned (idempotent)."""
@@ -173,7 +177,17 @@ def _read_chain(root: Path, body: dict) -> Snapshot:
         index = int(_SEG_RE.match(s["file"]).group(2))  # type: ignore[union-attr]
         parts = parse_segment(read_verified(path, s), path, base["gen"], index)
         apply_segment(tables, parts, path)
-    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root)
+    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root,
+                    dense=_read_dense(root, body.get("dense")))
+
+
+def _read_dense(root: Path, entry: Any) -> Optional[bytes]:
+    """The dense state a manifest's ``dense`` entry names (verified), or None."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or not _DENSE_RE.match(str(entry.get("file"))):
+        raise SnapshotError(f"{root / MANIFEST}: malformed dense entry {entry!r:.200}")
+    return bytes(read_verified(root / entry["file"], entry))
 
 
 def read_checkpoint(path: PathLike, body: Optional[dict] = None) -> Snapshot:
@@ -234,6 +248,8 @@ class CheckpointStore:
         self.max_segments = max_segments
         self._base: Optional[dict] = None  # committed base entry
         self._segs: list[dict] = []  # committed segment entries
+        self._dense: Optional[dict] = None  # committed dense entry
+        self._dense_data: Optional[bytes] = None  # ... and the bytes it holds
         self._tracked: dict[str, ServingTable] = {}
         self._need_base = True
         self._next_gen = 1
@@ -273,6 +289,8 @@ class CheckpointStore:
         if self._base is not None:
             names.add(self._base["dir"])
         names.update(s["file"] for s in self._segs)
+        if self._dense is not None:
+            names.add(self._dense["file"])
         return names
 
     def _clean(self, *, legacy: bool) -> None:
@@ -281,7 +299,7 @@ class CheckpointStore:
         for p in self.path.iterdir():
             if p.name in keep:
                 continue
-            ours = p.name.startswith(("base-", "seg-", MANIFEST + ".tmp-"))
+            ours = p.name.startswith(("base-", "seg-", "dense-", MANIFEST + ".tmp-"))
             if ours or (legacy and p.name == "tables"):
                 try:
                     if p.is_dir():
@@ -300,6 +318,7 @@ class CheckpointStore:
         (:func:`~consumers.storage.checkpoint_dir.remove_checkpoint_dir`)."""
         removed = remove_checkpoint_dir(self.path)
         self._base, self._segs, self._tracked = None, [], {}
+        self._dense = self._dense_data = None
         self._need_base, self._next_gen, self._next_seg = True, 1, 1
         return removed
 
@@ -329,6 +348,7 @@ class CheckpointStore:
             self._next_seg = 1 + max((int(_SEG_RE.match(s["file"]).group(2))  # type: ignore
                                       for s in self._segs), default=0)
             self._need_base = False
+            self._dense, self._dense_data = body.get("dense"), snap.dense
             self._clean(legacy=True)
         else:
             snap = read_saved(self.path, body)  # full format: rewritten as a base next time
@@ -351,7 +371,7 @@ class CheckpointStore:
         return "segment"
 
     def write(self, *, tables: dict[str, ServingTable], offsets: dict[int, int], seqs: dict,
-              meta: dict) -> CheckpointResult:
+              meta: dict, dense: Optional[bytes] = None) -> CheckpointResult:
         """Checkpoint ``tables`` + next offset per partition + seq state + meta atomically.
 
         Writes the rows changed since the previous write as a segment, or a new base (see
@@ -360,11 +380,14 @@ class CheckpointStore:
         was committed (or the commit is not known durable): the next write is a base.
         Call from the one thread that applies to ``tables``. Lookups of the tables never
         wait for it (it reads frozen views); = :meth:`finish` of :meth:`prepare`.
+        ``dense``: the dense versions' state of the same instant (None: none kept; bytes
+        equal to the committed ones are not written again).
         """
-        return self.finish(self.prepare(tables=tables, offsets=offsets, seqs=seqs, meta=meta))
+        return self.finish(self.prepare(tables=tables, offsets=offsets, seqs=seqs, meta=meta,
+                                        dense=dense))
 
     def prepare(self, *, tables: dict[str, ServingTable], offsets: dict[int, int],
-                seqs: dict, meta: dict) -> PreparedCheckpoint:
+                seqs: dict, meta: dict, dense: Optional[bytes] = None) -> PreparedCheckpoint:
         """Freeze what :meth:`write` would write, now: decide base or segment and take
         frozen views of the tables (O(changes), no row copied) — in the thread that
         applies, between two applies. :meth:`finish` then writes it from any thread while
@@ -389,7 +412,7 @@ class CheckpointStore:
             self._need_base = True  # changes may have been taken: rewrite all
             raise
         return PreparedCheckpoint(kind, dict(tables), views, offs, copy.deepcopy(seqs),
-                                  copy.deepcopy(meta))
+                                  copy.deepcopy(meta), dense=dense)
 
     def finish(self, prep: PreparedCheckpoint) -> CheckpointResult:
         """Write and commit the prepared checkpoint ``prep`` (see :meth:`write`), then
@@ -408,9 +431,29 @@ class CheckpointStore:
         res.seconds = time.perf_counter() - prep.prepared_at
         return res
 
-    def _commit(self, base: dict, segs: list[dict], offs: dict, seqs: dict, meta: dict) -> int:
+    def _write_dense(self, data: Optional[bytes]) -> Optional[dict]:
+        """The dense entry the next manifest lists: the committed one when ``data`` is
+        what it holds, else a new file written (and its name made durable) now."""
+        if data is None or data is self._dense_data or data == self._dense_data:
+            return None if data is None else self._dense
+        taken = {int(m.group(1)) for p in self.path.iterdir()
+                 for m in [_DENSE_RE.match(p.name.split(".tmp-")[0])] if m}
+        fname = f"dense-{max(taken, default=0) + 1:06d}.bin"
+        try:
+            entry = write_chunks(self.path / fname, [data])
+        except BaseException:
+            (self.path / fname).unlink(missing_ok=True)
+            raise
+        fsync_dir(self.path)
+        return {"file": fname, **entry}
+
+    def _commit(self, base: dict, segs: list[dict], offs: dict, seqs: dict, meta: dict,
+                dense: Optional[bytes] = None) -> int:
+        entry = self._write_dense(dense)
         body = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_FORMAT_VERSION,
                 "base": base, "segments": segs, "offsets": offs, "seqs": seqs, "meta": meta}
+        if entry is not None:
+            body["dense"] = entry
         data = json.dumps(seal(body), indent=1, sort_keys=True).encode()
         tmp = self.path / f"{MANIFEST}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
@@ -423,6 +466,9 @@ class CheckpointStore:
             tmp.unlink(missing_ok=True)
             raise
         fsync_dir(self.path)  # the rename is durable: the commit point
+        old, self._dense, self._dense_data = self._dense, entry, dense
+        if old is not None and old != entry:  # no longer listed: only now that it is durable
+            (self.path / old["file"]).unlink(missing_ok=True)
         return len(data)
 
     def _write_first(self, prep: PreparedCheckpoint) -> CheckpointResult:
@@ -475,7 +521,7 @@ class CheckpointStore:
         fsync_dir(self.path)
         base = {"dir": name, "gen": gen, "manifest": info["manifest"], "bytes": info["bytes"]}
         try:
-            mbytes = self._commit(base, [], offs, seqs, meta)
+            mbytes = self._commit(base, [], offs, seqs, meta, prep.dense)
         except BaseException:
             self._drop_uncommitted(name)  # a full disk must not fill up with orphan bases
             raise
@@ -508,7 +554,8 @@ class CheckpointStore:
             fsync_dir(self.path)  # the new name is durable before a manifest lists it
             segs.append({"file": fname, **entry})
             nbytes = entry["bytes"]
-        nbytes += self._commit(self._base, segs, prep.offsets, prep.seqs, prep.meta)
+        nbytes += self._commit(self._base, segs, prep.offsets, prep.seqs, prep.meta,
+                               prep.dense)
         self._segs = segs
         ups = sum(v.n for v in changes.values())
         dels = sum(int(v.deleted.shape[0]) for v in changes.values())

@@ -30,6 +30,8 @@ from consumers.files import (
     check_format,
     fsync_dir,
     read_manifest,
+    read_verified,
+    write_chunks,
     write_manifest,
 )
 from consumers.serving.table import ServingTable
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "deltastream-snapshot"
 SNAPSHOT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
+#: the dense versions' state in a snapshot directory (optional)
+DENSE_FILE = "dense.bin"
 
 
 @dataclass
@@ -61,6 +65,8 @@ class Snapshot:
         meta: free JSON-able metadata (topic, model, created_ns, ...).
         path: the directory actually read (``path`` or, after an interrupted write,
             ``path.old``); None for a snapshot built in memory.
+        dense: the dense versions' state (``DenseAssembler.state()`` bytes) of a
+            checkpoint that holds one, else None.
     """
 
     tables: dict[str, ServingTable]
@@ -68,6 +74,7 @@ class Snapshot:
     seqs: dict
     meta: dict
     path: Path | None = field(default=None, compare=False)
+    dense: bytes | None = field(default=None, compare=False)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -125,14 +132,16 @@ def check_contents(tables: Any, offsets: Any, seqs: Any, meta: Any) -> dict[str,
 
 
 def write_full(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
-               seqs: dict, meta: dict, exports: Optional[dict[str, Any]] = None) -> dict:
+               seqs: dict, meta: dict, exports: Optional[dict[str, Any]] = None,
+               dense: Optional[bytes] = None) -> dict:
     """Write a full snapshot into the new directory ``dir`` (files and directories fsynced).
 
     ``offs``: as :func:`check_contents` returns them. ``exports``: name -> a frozen view
     (:meth:`ServingTable.frozen`, e.g. with change tracking restarted) or (ids, rows)
     already exported; tables missing there are frozen now. Rows are written chunk by chunk
     from the views (no second copy of a table in memory; the tables keep serving and
-    applying meanwhile). Returns the entry (size, checksum) of its manifest and the total
+    applying meanwhile). ``dense``: the dense versions' state, written as ``dense.bin``
+    (None: none). Returns the entry (size, checksum) of its manifest and the total
     bytes of its files as ``{"manifest": ..., "bytes": ...}``.
     """
     dir.mkdir()
@@ -156,6 +165,9 @@ def write_full(dir: Path, tables: dict[str, ServingTable], offs: dict[str, int],
     fsync_dir(dir / "tables")
     body = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_FORMAT_VERSION,
             "tables": entries, "offsets": offs, "seqs": seqs, "meta": meta}
+    if dense is not None:
+        body["dense"] = {"file": DENSE_FILE, **write_chunks(dir / DENSE_FILE, [dense])}
+        total += body["dense"]["bytes"]
     entry = write_manifest(dir, body)
     fsync_dir(dir)
     return {"manifest": entry, "bytes": total + entry["bytes"]}
@@ -200,7 +212,12 @@ def read_full(root: Path, body: dict) -> Snapshot:
         if table.name in tables:
             raise SnapshotError(f"{where}: table {table.name!r} listed twice")
         tables[table.name] = table
-    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root)
+    dense = body.get("dense")
+    if dense is not None and (not isinstance(dense, dict) or dense.get("file") != DENSE_FILE):
+        raise SnapshotError(f"{where}: malformed dense entry {dense!r:.200}")
+    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root,
+                    dense=None if dense is None else bytes(read_verified(root / DENSE_FILE,
+                                                                         dense)))
 
 
 def read_saved(root: Path, body: dict) -> Snapshot:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Optional
 
 from consumers.errors import SnapshotError
 from consumers.files import MANIFEST, PathLike, read_manifest, resolve_dir, write_dir_atomic
@@ -40,16 +41,17 @@ log = logging.getLogger(__name__)
 
 
 def write_snapshot(path: PathLike, *, tables: dict[str, ServingTable], offsets: dict[int, int],
-                   seqs: dict, meta: dict) -> None:
+                   seqs: dict, meta: dict, dense: Optional[bytes] = None) -> None:
     """Write tables + offsets + seq state + meta to directory ``path`` as one atomic unit.
 
     After a crash at any instant, :func:`read_snapshot` returns either the previous or this
     snapshot, complete. Each table is exported under its own lock (consistent per table);
-    callers that apply and checkpoint in one thread get a consistent whole.
+    callers that apply and checkpoint in one thread get a consistent whole. ``dense``:
+    the dense versions' state (``DenseAssembler.state()``), or None.
     """
     path = Path(path)
     offs = check_contents(tables, offsets, seqs, meta)
-    write_dir_atomic(path, lambda tmp: write_full(tmp, tables, offs, seqs, meta))
+    write_dir_atomic(path, lambda tmp: write_full(tmp, tables, offs, seqs, meta, dense=dense))
     log.debug("snapshot written to %s: %d tables, offsets %s", path, len(tables), offs)
 
 

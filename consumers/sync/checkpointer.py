@@ -115,14 +115,15 @@ class Checkpointer:
 
     def checkpoint(self, tables: dict[str, ServingTable], offsets: dict[int, int],
                    seqs: dict, meta: dict, *, commit: Optional[Mapping[int, int]] = None,
-                   wait: bool = True) -> bool:
+                   wait: bool = True, dense: Optional[bytes] = None) -> bool:
         """Start checkpoint number ``total + 1`` (loop thread, between records; call
         :meth:`ready` first, and number ``meta`` after it). ``wait``: until it is durable —
         True when written; else True when started. Failures are counted and logged, never
-        raised; its records are pending again when it fails."""
+        raised; its records are pending again when it fails. ``dense``: the dense
+        versions' state of the same instant."""
         n = self.total + 1
         log.debug("checkpoint %d begin (%s): offsets %s", n, self.store.plan(tables), offsets)
-        if not self.start(tables, offsets, seqs, meta, commit=commit,
+        if not self.start(tables, offsets, seqs, meta, commit=commit, dense=dense,
                           tag=(n, self.pending, time.monotonic())):
             return False
         self.pending, self.dirty = 0, False  # in flight; given back if it fails
@@ -198,7 +199,7 @@ class Checkpointer:
 
     def start(self, tables: dict[str, ServingTable], offsets: dict[int, int], seqs: dict,
               meta: dict, *, commit: Optional[Mapping[int, int]] = None,
-              tag: Any = None) -> bool:
+              tag: Any = None, dense: Optional[bytes] = None) -> bool:
         """Flush the quarantine, then freeze one checkpoint and write it in the background;
         once durable, commit ``commit`` (partition -> next offset) to the consumer group.
         False when nothing was started: one is in flight, or the quarantine could not be
@@ -220,7 +221,8 @@ class Checkpointer:
         with self._lock:
             self._last_mono = time.monotonic()
         return self.writer.submit(tables=tables, offsets=offsets, seqs=seqs, meta=meta,
-                                  on_done=lambda out: self._done(out, tag, commit))
+                                  on_done=lambda out: self._done(out, tag, commit),
+                                  dense=dense)
 
     def _done(self, out: Outcome, tag: Any, commit: Optional[dict[int, int]]) -> None:
         """In the writing thread, once the write ended: count it, commit the offsets."""

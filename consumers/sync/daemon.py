@@ -37,17 +37,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import fields
 from typing import Any, Optional
 
 from consumers.applier import Applier, Outcome
 from consumers.cpus import pin_thread
 from consumers.quarantine import Quarantine
+from consumers.serving.dense_shm import dense_left
 from consumers.serving.shm import left_behind, remove_tables
 from consumers.serving.stop_mark import clear_stopped, leave_stop_mark
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
+from consumers.sync.dense import ConsistentView, DenseSide
 from consumers.sync.failures import FailureLog
 from consumers.sync.group_offsets import GroupCommitter, default_group_id
 from consumers.sync.metrics import (
@@ -59,7 +60,7 @@ from consumers.sync.metrics import (
     summary_line,
     total_lag,
 )
-from consumers.sync.options import SyncOptions, check_positive
+from consumers.sync.options import OPTION_NAMES, SyncOptions, check_positive
 from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
 from consumers.sync.share_gate import ShareGate
@@ -71,27 +72,6 @@ from consumers.sync.state_lock import check_owner, lock_state_dir
 __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
 log = logging.getLogger(__name__)
-
-_OPTION_NAMES = frozenset(f.name for f in fields(SyncOptions))
-
-
-def _options(bootstrap_servers: Any, topic: Any, settings: dict[str, Any]) -> SyncOptions:
-    """SyncOptions from ``SyncDaemon``'s keyword form: keywords that name no field are
-    ``KafkaConsumer`` settings."""
-    known = {k: v for k, v in settings.items() if k in _OPTION_NAMES}
-    extra = {k: v for k, v in settings.items() if k not in _OPTION_NAMES}
-    if extra and "consumer_config" in known:
-        raise TypeError(f"unknown SyncDaemon settings {sorted(extra)} (with consumer_config "
-                        "given, every KafkaConsumer setting goes there)")
-    if extra:
-        known["consumer_config"] = extra
-    for name in ("model", "state_dir"):
-        if name not in known:
-            raise TypeError(f"SyncDaemon() missing required keyword argument: {name!r}")
-    if "base_any_topic" in known:
-        known["base_any_topic"] = bool(known["base_any_topic"])
-    return SyncOptions(bootstrap_servers, topic, **known)
-
 
 #: sub-paths of ``state_dir``
 CHECKPOINT_DIR = "checkpoint"
@@ -127,7 +107,7 @@ class SyncDaemon:
                                 "settings as arguments, not both")
             o = options
         else:
-            o = _options(options, topic, settings)
+            o = SyncOptions.from_keywords(options, topic, settings)
         self.options = o  #: the validated settings
         self.checkpoint_path = self.state_dir / CHECKPOINT_DIR
         # validates its arguments; nothing is read or written before load/write
@@ -152,6 +132,7 @@ class SyncDaemon:
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
                         self._store.reset() or "(nothing there)")
             remove_tables(self.state_dir, o.shm_dir)  # shared copies of the old state
+            DenseSide.reset(self.state_dir, o.shm_dir)
         start = load_start_state(self._store, o.base, model=o.model, topic=o.topic,
                                  table_dims=o.tables, base_any_topic=o.base_any_topic)
         self.source = start.source  #: where the state came from: checkpoint | base | empty
@@ -159,14 +140,15 @@ class SyncDaemon:
         for name, dim in (o.tables or {}).items():
             if name not in self._tables:
                 self._tables[name] = ServingTable(name, dim, dtype=o.dtype)
+        self._dense = DenseSide(o.model, start.dense, self.state_dir, o.shm_dir)
         # a killed daemon's shared tables may be newer than the checkpoint: see ShareGate
-        self._share_gate = ShareGate(bool(o.share_tables and
-                                          left_behind(self.state_dir, o.shm_dir)))
+        self._share_gate = ShareGate(bool(o.share_tables and (
+            left_behind(self.state_dir, o.shm_dir) or dense_left(self.state_dir, o.shm_dir))))
         if o.share_tables and not self._share_gate.waiting:
             self._share_tables()
         self._seqs = start.seqs
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
-                                shards=o.shards, dtype=o.dtype)
+                                shards=o.shards, dtype=o.dtype, dense=self._dense.assembler)
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
         self._fresh = FreshnessWindow(o.freshness_window)
         self._fresh_hist = FreshnessHistogram()
@@ -209,14 +191,16 @@ class SyncDaemon:
     def __getattr__(self, name: str) -> Any:
         """The settings read as attributes (``daemon.topic``, ``daemon.shards``, ...)."""
         options = self.__dict__.get("options")
-        if options is not None and name in _OPTION_NAMES:
+        if options is not None and name in OPTION_NAMES:
             return getattr(options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _share_tables(self) -> None:
-        """Share the tables not shared yet (new ones) with reader processes."""
+        """Share the tables not shared yet (new ones) and the dense versions with reader
+        processes."""
         for t in [t for t in self._tables.values() if t.shared is None]:
             t.share(self.state_dir, shm_dir=self.options.shm_dir)
+        self._dense.share()
 
     def _moved(self) -> None:
         """The source changed position or log identity: the next checkpoint must say so."""
@@ -238,7 +222,7 @@ class SyncDaemon:
         commit = {p: offsets[p] for p in self._kafka.positions() if p in offsets} \
             if self._kafka.state == "connected" else None
         return self._ckpt.checkpoint(dict(self._tables), offsets, self._seqs.state(), meta,
-                                     commit=commit, wait=wait)
+                                     commit=commit, wait=wait, dense=self._dense.state())
 
     def checkpoint(self) -> bool:
         """Write a checkpoint now. True when written.
@@ -273,6 +257,8 @@ class SyncDaemon:
             self._no_room = False
             self._failures.recovered("apply", f"partition {partition} offset {rec.offset}: "
                                      "applying works again")
+        if out.dense == "served":
+            self._dense.served(out.shard)
         if out.kind == "applied":
             if out.ts is not None:
                 self._fresh_hist.observe(self._fresh.add_ts(out.ts))
@@ -307,8 +293,9 @@ class SyncDaemon:
                     break
                 n += 1
                 if debug:
-                    log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s", p, rec.offset,
-                              out.kind, out.table, out.shard, out.epoch, out.seq)
+                    log.debug("partition %d offset %d: %s %s/%s epoch %s seq %s %s", p,
+                              rec.offset, out.kind, out.table, out.shard, out.epoch, out.seq,
+                              f"dense {out.dense}" if out.dense else "")
                 if self._ckpt.pending >= self.checkpoint_messages and self._ckpt.due_now():
                     self._checkpoint_locked(wait=False)
                 if self._stop_event.is_set():
@@ -381,6 +368,7 @@ class SyncDaemon:
         self._closed = True
         for t in self._tables.values():
             t.unshare()  # readers keep what they mapped; a restart shares anew
+        self._dense.unshare()
         if self.options.share_tables:  # readers opened from now on learn it is stopped
             leave_stop_mark(self.state_dir)
         self._kafka.mark_stopped()
@@ -512,6 +500,20 @@ class SyncDaemon:
                            "message arrives)")
         return t
 
+    def dense(self, shard: Optional[int] = None) -> Any:
+        """The newest complete dense version (a read-only
+        :class:`~consumers.dense_assembly.DenseView`: ``.version`` (epoch, step), ``.ts``,
+        ``view[name]`` → float32 array) of ``shard`` (None: the one shard publishing
+        them), or None before the first. Safe from any thread; never half a version."""
+        return self._dense.assembler.view(shard)
+
+    def consistent(self, *, shard: Optional[int] = None, max_ahead: Optional[int] = None,
+                   timeout: float = 0.0) -> ConsistentView:
+        """The dense version and each shard's sparse step at one instant, with the policy
+        ``max_ahead`` (see :mod:`consumers.sync.dense`; the README states the guarantee)."""
+        return self._dense.consistent(self._seqs, shard=shard, max_ahead=max_ahead,
+                                      timeout=timeout)
+
     def tables(self) -> dict[str, ServingTable]:
         """name -> :class:`ServingTable` (a new dict; the tables are the live ones)."""
         return dict(self._tables)
@@ -543,7 +545,8 @@ class SyncDaemon:
         ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
         :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``,
         ``share_waiting`` (True while the tables are not shared yet because an earlier
-        daemon's shared tables may be newer: see ``share_tables``), ``uptime_s``.
+        daemon's shared tables may be newer: see ``share_tables``), ``uptime_s``; the
+        ``dense_*`` keys of :meth:`consumers.sync.dense.DenseSide.stats`.
         """
         a = self._applier.counters
         p50, p99 = self._fresh.quantiles((0.5, 0.99))
@@ -590,6 +593,7 @@ class SyncDaemon:
                 "uptime_s": time.monotonic() - self._started,
             }
         out["tables"] = {name: len(t) for name, t in list(self._tables.items())}
+        out.update(self._dense.stats(self._seqs))
         return out
 
     def __repr__(self) -> str:

@@ -213,6 +213,10 @@ _COUNTERS = {
     "group_commits": ("group_commits", "next offsets committed to the consumer group"),
     "group_commit_errors": ("group_commit_errors",
                             "failed commits of next offsets to the consumer group"),
+    "dense_versions": ("dense_versions", "complete dense versions served"),
+    "dense_incomplete": ("dense_versions_incomplete",
+                         "dense versions never served because chunks were missing"),
+    "dense_missing_chunks": ("dense_missing_chunks", "dense chunks missing in seq gaps"),
 }
 #: stats key -> (metric name, help) for values that go up and down
 _GAUGES = {
@@ -223,6 +227,12 @@ _GAUGES = {
     "uptime_s": ("uptime_seconds", "seconds since the daemon started"),
     "quarantine_backlog": ("quarantine_backlog_records",
                            "quarantine lines kept in memory because writing them failed"),
+    "dense_age_s": ("dense_age_seconds", "now minus the trainer timestamp of the served "
+                    "dense version"),
+    "dense_age_steps": ("dense_age_steps", "newest trainer step applied minus the served "
+                        "dense version's step"),
+    "dense_sparse_steps": ("dense_sparse_step_distance", "newest sparse (row) step applied "
+                           "minus the served dense version's step"),
 }
 _PREFIX = "deltastream_sync_"
 #: stats key -> (metric name, help, label) for counters by label

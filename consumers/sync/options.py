@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,7 +38,7 @@ from deltastream.cliargs import (
 )
 from deltastream.kafka_config import check_bootstrap_servers
 
-__all__ = ["SyncOptions", "check_positive", "parse_shards", "parse_tables"]
+__all__ = ["SyncOptions", "OPTION_NAMES", "check_positive", "parse_shards", "parse_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -305,5 +305,26 @@ class SyncOptions:
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # normalizing a frozen instance once, at birth
 
+    @classmethod
+    def from_keywords(cls, bootstrap_servers: Any, topic: Any,
+                      settings: dict[str, Any]) -> SyncOptions:
+        """SyncOptions from ``SyncDaemon``'s keyword form: keywords that name no field are
+        ``KafkaConsumer`` settings."""
+        known = {k: v for k, v in settings.items() if k in OPTION_NAMES}
+        extra = {k: v for k, v in settings.items() if k not in OPTION_NAMES}
+        if extra and "consumer_config" in known:
+            raise TypeError(f"unknown SyncDaemon settings {sorted(extra)} (with "
+                            "consumer_config given, every KafkaConsumer setting goes there)")
+        if extra:
+            known["consumer_config"] = extra
+        for name in ("model", "state_dir"):
+            if name not in known:
+                raise TypeError(f"SyncDaemon() missing required keyword argument: {name!r}")
+        if "base_any_topic" in known:
+            known["base_any_topic"] = bool(known["base_any_topic"])
+        return cls(bootstrap_servers, topic, **known)
+
 
 SyncOptions.__doc__ = (SyncOptions.__doc__ or "") + fields_doc(SyncOptions)
+#: the names of SyncOptions' fields (every setting of the daemon)
+OPTION_NAMES = frozenset(f.name for f in fields(SyncOptions))

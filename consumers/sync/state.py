@@ -41,6 +41,7 @@ class StartState:
         partitions: partition count when the checkpoint was written (None: unknown).
         checkpoints: checkpoints written before (across restarts).
         written_at: wall time of the loaded checkpoint (None: unknown or no checkpoint).
+        dense: the dense versions' state of the checkpoint (None: none kept).
     """
 
     source: str = "empty"
@@ -51,6 +52,7 @@ class StartState:
     partitions: Optional[int] = None
     checkpoints: int = 0
     written_at: Optional[float] = None
+    dense: Optional[bytes] = None
 
 
 def load_start_state(store: CheckpointStore, base: Optional[BaseArg], *, model: str,
@@ -90,6 +92,7 @@ def load_start_state(store: CheckpointStore, base: Optional[BaseArg], *, model: 
     out.tables = dict(snap.tables)
     out.offsets = dict(snap.offsets)
     out.seqs = SeqTracker.from_state(snap.seqs)
+    out.dense = snap.dense
     log.info("state from %s %s: %d tables (%s rows), offsets %s, %d seq streams",
              out.source, snap.path or base, len(out.tables),
              sum(len(t) for t in out.tables.values()), out.offsets, len(out.seqs))

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from consumers.applier import Applier, Outcome
+from consumers.dense_assembly import DenseAssembler
 from consumers.sequencing import SeqTracker
 from consumers.serving.table import ServingTable
+from deltastream.dense_wire import chunk_version, dense_headers, encode_dense
 from deltastream.wire import DeltaBatch, decode, encode, kafka_headers
 
 
@@ -274,3 +276,47 @@ def test_same_records_give_bit_identical_tables():
     for r in records[half:]:
         ap2.process(r)
     assert {n: t.digest() for n, t in saved.items()} == digests
+
+
+# ----------------------------------------------------------------------------- dense chunks
+
+
+def _dense_msgs(model="m", shard=0, step=5):
+    t = {"w": np.arange(40, dtype=np.float32).reshape(8, 5), "b": np.ones(3, np.float32)}
+    cs = chunk_version(t, model=model, shard=shard, epoch=1, seq=0, step=step, ts=9,
+                       max_message_bytes=600)
+    return t, cs, encode_dense(cs)
+
+
+@pytest.mark.parametrize("with_headers", [True, False])
+def test_dense_chunks_go_to_the_assembler_with_or_without_headers(with_headers):
+    dense = DenseAssembler()
+    ap, tables = fresh(dense=dense)
+    t, cs, msgs = _dense_msgs()
+    outs = [ap.process(m, dense_headers(c) if with_headers else None)
+            for c, m in zip(cs, msgs, strict=True)]
+    assert [o.dense for o in outs] == ["taken"] * (len(msgs) - 1) + ["served"]
+    assert {o.kind for o in outs} == {"applied"} and outs[0].table is None
+    assert np.array_equal(dense.view()["w"], t["w"]) and tables == {}
+    assert ap.counters["quarantined"] == 0
+
+
+def test_dense_chunks_of_another_model_or_shard_are_skipped_and_damaged_ones_quarantined():
+    dense = DenseAssembler()
+    ap, _ = fresh(dense=dense, shards={1})
+    _, cs, msgs = _dense_msgs(model="other")
+    assert ap.process(msgs[0], dense_headers(cs[0])).model == "other"
+    _, cs, msgs = _dense_msgs(shard=0)
+    assert ap.process(msgs[0], dense_headers(cs[0])).reason == "shard 0 not served"
+    bad = bytearray(msgs[1])
+    bad[-1] ^= 1
+    out = ap.process(bytes(bad), dense_headers(cs[1]))
+    assert out.kind == "quarantined" and out.reason.startswith("decode dense:")
+    assert dense.view() is None and ap.counters["skipped"] == 2
+
+
+def test_without_an_assembler_a_dense_chunk_is_quarantined_never_read_as_rows():
+    ap, tables = fresh()
+    _, _, msgs = _dense_msgs()
+    out = ap.process(msgs[0])
+    assert out.kind == "quarantined" and "dense" in out.reason and tables == {}

@@ -83,3 +83,15 @@ def test_arguments_validated():
         tr.check("a", 0, 0, -1)
     with pytest.raises(ValueError, match="epoch"):
         tr.commit("a", 0, True, 0)
+
+
+def test_steps_are_recorded_and_survive_the_state():
+    tr = SeqTracker()
+    tr.commit("user", 0, 1, 0, step=10)
+    tr.commit("user", 0, 1, 1)  # a message without a step keeps the recorded one
+    tr.commit("item", 1, 1, 0, step=12)
+    assert tr.steps() == {("user", 0): 10, ("item", 1): 12}
+    again = SeqTracker.from_state(tr.state())
+    assert again.steps() == tr.steps() and again.get("user", 0) == (1, 1)
+    old = {"version": 1, "streams": [{"table": "user", "shard": 0, "epoch": 1, "seq": 3}]}
+    assert SeqTracker.from_state(old).steps() == {}  # a state written before steps

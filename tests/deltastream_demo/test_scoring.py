@@ -7,8 +7,15 @@ import pytest
 import torch
 
 from deltastream_demo.data import ClickStream, StreamConfig
-from deltastream_demo.model import CTRModel, export_dense, local_tables
-from deltastream_demo.scoring import RowTable, auc, logloss, mlp_logits, score
+from deltastream_demo.model import CTRModel, click_mlp, export_dense, local_tables
+from deltastream_demo.scoring import (
+    RowTable,
+    auc,
+    logloss,
+    mlp_logits,
+    score,
+    weights_from_state_dict,
+)
 
 SMALL = StreamConfig(seed=3, n_users=2000, n_items=500)
 
@@ -57,3 +64,24 @@ def test_numpy_scoring_matches_the_torch_model():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="w0"):
         mlp_logits({"b0": np.zeros(1)}, np.zeros((1, 1)))
+
+
+def test_streamed_state_dict_names_give_the_exported_mlp():
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mlp = click_mlp(4, 2, (8, 5), torch.device("cpu"))
+
+    net = Net()
+    streamed = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    w = weights_from_state_dict(streamed)
+    linears = [m for m in net.mlp if isinstance(m, torch.nn.Linear)]
+    assert sorted(w) == ["b0", "b1", "b2", "w0", "w1", "w2"]
+    for i, lin in enumerate(linears):
+        assert np.array_equal(w[f"w{i}"], lin.weight.detach().numpy())
+        assert np.array_equal(w[f"b{i}"], lin.bias.detach().numpy())
+    x = np.random.default_rng(0).standard_normal((7, 14)).astype(np.float32)
+    with torch.no_grad():
+        want = net.mlp(torch.from_numpy(x)).squeeze(1).numpy()
+    assert np.allclose(mlp_logits(w, x), want, atol=1e-5)
+    assert weights_from_state_dict({"other.weight": np.ones(3, np.float32)}) is None

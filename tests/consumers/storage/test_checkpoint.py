@@ -416,3 +416,45 @@ def test_read_checkpoint_and_store_validate(tmp_path):
     assert CheckpointStore(tmp_path / "none").load() is None
     with pytest.raises(TypeError, match="tables"):
         CheckpointStore(tmp_path / "x").write(tables={"a": 1}, offsets={}, seqs={}, meta={})
+
+
+# ----------------------------------------------------------------------------- dense state
+
+
+def _dense_files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name.startswith("dense-"))
+
+
+def test_dense_state_is_checkpointed_with_the_tables_and_written_only_when_changed(tmp_path):
+    path = tmp_path / "ckpt"
+    t = ServingTable("user", 4)
+    t.upsert(np.arange(5), np.ones((5, 4), np.float32))
+    store = CheckpointStore(path)
+    store.write(tables={"user": t}, offsets={0: 5}, seqs={}, meta={}, dense=b"state-1")
+    assert read_checkpoint(path).dense == b"state-1" and _dense_files(path) == ["dense-000001.bin"]
+    t.upsert(np.arange(2), np.zeros((2, 4), np.float32))
+    store.write(tables={"user": t}, offsets={0: 6}, seqs={}, meta={}, dense=b"state-1")
+    assert _dense_files(path) == ["dense-000001.bin"]  # unchanged: not written again
+    store.write(tables={"user": t}, offsets={0: 7}, seqs={}, meta={}, dense=b"state-2")
+    assert _dense_files(path) == ["dense-000002.bin"]  # the old one went once unlisted
+    again = CheckpointStore(path)
+    snap = again.load()
+    assert snap.dense == b"state-2" and snap.offsets == {0: 7}
+    again.write(tables=snap.tables, offsets={0: 8}, seqs={}, meta={}, dense=b"state-2")
+    assert _dense_files(path) == ["dense-000002.bin"]
+    assert read_checkpoint(path).dense == b"state-2"
+
+
+def test_a_damaged_dense_file_is_refused_naming_it(tmp_path):
+    path = tmp_path / "ckpt"
+    CheckpointStore(path).write(tables={}, offsets={}, seqs={}, meta={}, dense=b"abcdef")
+    f = path / "dense-000001.bin"
+    f.write_bytes(b"abcdeX")
+    with pytest.raises(SnapshotError, match="dense-000001.bin"):
+        CheckpointStore(path).load()
+
+
+def test_a_checkpoint_without_dense_state_loads_none(tmp_path):
+    path = tmp_path / "ckpt"
+    CheckpointStore(path).write(tables={}, offsets={0: 1}, seqs={}, meta={})
+    assert read_checkpoint(path).dense is None and _dense_files(path) == []

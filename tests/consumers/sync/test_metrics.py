@@ -119,7 +119,9 @@ def _stats(**over):
          "uptime_s": 60.0, "tables": {"user": 100, "item": 7},
          "write_errors": {"quarantine": 2, "checkpoint": 0},
          "foreign_models": {"other": 5}, "quarantine_backlog": 1, "group_commits": 3,
-         "group_commit_errors": 0}
+         "group_commit_errors": 0, "dense_versions": 4, "dense_incomplete": 1,
+         "dense_missing_chunks": 2, "dense_age_s": 7.5, "dense_age_steps": 12,
+         "dense_sparse_steps": 9}
     h = FreshnessHistogram()
     for v in (0.004, 0.3, 1.2):
         h.observe(v)
@@ -169,6 +171,10 @@ def test_collector_exposes_counters_gauges_and_labels():
     assert s["deltastream_sync_broker_connected"] == 1
     assert "# TYPE deltastream_sync_duplicates_total counter" in text
     assert "# TYPE deltastream_sync_checkpoint_age_seconds gauge" in text
+    assert s["deltastream_sync_dense_age_seconds"] == 7.5
+    assert s["deltastream_sync_dense_age_steps"] == 12
+    assert s["deltastream_sync_dense_sparse_step_distance"] == 9
+    assert s["deltastream_sync_dense_versions_incomplete_total"] == 1
 
 
 def test_exposed_names_follow_prometheus_conventions():
