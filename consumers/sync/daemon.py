@@ -60,7 +60,7 @@ from consumers.sync.metrics import (
     summary_line,
     total_lag,
 )
-from consumers.sync.options import OPTION_NAMES, SyncOptions, check_positive
+from consumers.sync.options import OptionAttributes, SyncOptions, check_positive
 from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
 from consumers.sync.share_gate import ShareGate
@@ -78,7 +78,7 @@ CHECKPOINT_DIR = "checkpoint"
 QUARANTINE_FILE = "quarantine.jsonl"
 
 
-class SyncDaemon:
+class SyncDaemon(OptionAttributes):
     """Consume a deltas topic into serving tables, with atomic checkpoints.
 
     Args:
@@ -187,13 +187,6 @@ class SyncDaemon:
         if o.metrics_port is not None:
             self._metrics = MetricsServer(self.stats, o.metrics_port, o.metrics_addr)
             self.metrics_port = self._metrics.port
-
-    def __getattr__(self, name: str) -> Any:
-        """The settings read as attributes (``daemon.topic``, ``daemon.shards``, ...)."""
-        options = self.__dict__.get("options")
-        if options is not None and name in OPTION_NAMES:
-            return getattr(options, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _share_tables(self) -> None:
         """Share the tables not shared yet (new ones) and the dense versions with reader

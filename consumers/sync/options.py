@@ -38,7 +38,7 @@ from deltastream.cliargs import (
 )
 from deltastream.kafka_config import check_bootstrap_servers
 
-__all__ = ["SyncOptions", "OPTION_NAMES", "check_positive", "parse_shards", "parse_tables"]
+__all__ = ["SyncOptions", "OPTION_NAMES", "OptionAttributes", "check_positive", "parse_shards", "parse_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -328,3 +328,14 @@ class SyncOptions:
 SyncOptions.__doc__ = (SyncOptions.__doc__ or "") + fields_doc(SyncOptions)
 #: the names of SyncOptions' fields (every setting of the daemon)
 OPTION_NAMES = frozenset(f.name for f in fields(SyncOptions))
+
+
+class OptionAttributes:
+    """Reads an object's settings as its attributes (``daemon.topic``, ``daemon.shards``,
+    ...) from its ``options`` (a :class:`SyncOptions`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if options is not None and name in OPTION_NAMES:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
