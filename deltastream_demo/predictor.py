@@ -338,6 +338,21 @@ def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
             "t": time.time() - float(cfg["t0"]), "lag": daemon.stats()["lag_total"]}
 
 
+def _drain(daemon: SyncDaemon, finish: dict, start_offsets: dict) -> None:
+    """Wait until ``daemon`` applied everything up to the trainers' final offsets
+    (``finish["offsets"]``, within ``finish["timeout"]`` s; TimeoutError otherwise)."""
+    target = {int(p): int(o) for p, o in finish["offsets"].items()}
+    deadline = time.monotonic() + float(finish.get("timeout", 60.0))
+    while True:
+        pos = daemon.stats()["positions"]
+        if all(pos.get(p, start_offsets.get(p, 0)) >= o for p, o in target.items()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"predictor did not reach the final offsets {target} within "
+                               f"{finish.get('timeout', 60.0)} s (at {pos})")
+        time.sleep(0.05)
+
+
 def _predictor(cfg: dict, events: Any, control: Any) -> None:
     torch_at_start = "torch" in sys.modules
     state = Path(cfg["state_dir"])
@@ -377,17 +392,7 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
         if not runner.is_alive():
             raise RuntimeError("the sync daemon thread stopped unexpectedly")
 
-    # ---- drain: everything up to the trainers' final offsets
-    target = {int(p): int(o) for p, o in finish["offsets"].items()}
-    deadline = time.monotonic() + float(finish.get("timeout", 60.0))
-    while True:
-        pos = daemon.stats()["positions"]
-        if all(pos.get(p, start_offsets.get(p, 0)) >= o for p, o in target.items()):
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"predictor did not reach the final offsets {target} within "
-                               f"{finish.get('timeout', 60.0)} s (at {pos})")
-        time.sleep(0.05)
+    _drain(daemon, finish, start_offsets)
     daemon.stop()
     runner.join(timeout=30)
     st = daemon.stats()

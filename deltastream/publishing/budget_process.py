@@ -47,7 +47,7 @@ import torch
 from deltastream.errors import PublishError
 from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, TableSpec
 from deltastream.publishing.budget_policy import BudgetPolicy
-from deltastream.publishing.budget_worker import BudgetWorker
+from deltastream.publishing.budget_worker import BudgetWorker, first_error
 from deltastream.publishing.handoff import Handoff, TableHandoff
 
 __all__ = ["ProcessWorker"]
@@ -203,9 +203,7 @@ class ProcessWorker:
         """The first error since the last call (the others are logged)."""
         with self._cond:
             errors, self._errors = self._errors, []
-        for e in errors[1:]:
-            log.warning("budget publisher: another round failed too: %s", e)
-        return errors[0] if errors else None
+        return first_error(errors)
 
     def wait_idle(self, tick: int, timeout: Optional[float] = None) -> bool:
         """Wait until every hand-off up to ``tick`` is merged and its round has settled."""

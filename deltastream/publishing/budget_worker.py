@@ -30,9 +30,17 @@ from typing import Optional
 from deltastream.publishing.budget_engine import BudgetEngine, RoundJob
 from deltastream.publishing.handoff import Handoff
 
-__all__ = ["BudgetWorker"]
+__all__ = ["BudgetWorker", "first_error"]
 
 log = logging.getLogger(__name__)
+
+
+def first_error(errors: list[BaseException]) -> Optional[BaseException]:
+    """The first of the rounds' ``errors`` (the training thread raises it); the others are
+    logged."""
+    for e in errors[1:]:
+        log.warning("budget publisher: another round failed too: %s", e)
+    return errors[0] if errors else None
 
 
 class BudgetWorker:
@@ -84,9 +92,7 @@ class BudgetWorker:
         """The first error of the rounds since the last call (the others are logged)."""
         with self._cond:
             errors, self._errors = self._errors, []
-        for e in errors[1:]:
-            log.warning("budget publisher: another round failed too: %s", e)
-        return errors[0] if errors else None
+        return first_error(errors)
 
     def wait_idle(self, tick: int, timeout: Optional[float] = None) -> bool:
         """Wait until every hand-off up to ``tick`` is merged and its round has settled."""
