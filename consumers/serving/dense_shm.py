@@ -108,8 +108,9 @@ def share_dense(state_dir: os.PathLike | str, model: str, view: Any,
 
 def remove_dense(state_dir: os.PathLike | str,
                  shm_dir: Optional[os.PathLike | str] = None) -> int:
-    """Remove the shared dense files of ``state_dir`` (a reset): only names this module
-    writes whose content starts with its magic. Returns the files removed."""
+    """Remove the shared dense files of ``state_dir`` (a reset, a clean stop): only names
+    this module writes whose content starts with its magic, then its dir and the state
+    dir's shm dir when nothing else is left in them. Returns the files removed."""
     dir = shm_root(state_dir, shm_dir) / "dense"
     done = 0
     try:
@@ -125,6 +126,11 @@ def remove_dense(state_dir: os.PathLike | str,
                 continue
         p.unlink(missing_ok=True)
         done += 1
+    for d in (dir, dir.parent):  # only when nothing else is left there
+        try:
+            d.rmdir()
+        except OSError:
+            break
     return done
 
 

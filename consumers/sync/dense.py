@@ -87,7 +87,10 @@ class DenseSide:
             self.served(shard)
 
     def unshare(self) -> None:
-        """Stop sharing new versions (readers keep the files: the last version stays)."""
+        """Stop sharing (a clean stop): the shared files go, as the tables' do; readers
+        that mapped a version keep it."""
+        if self._sharing:
+            remove_dense(self.state_dir, self.shm_dir)
         self._sharing = False
 
     @staticmethod

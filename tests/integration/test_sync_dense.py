@@ -380,3 +380,23 @@ def test_a_restart_after_kill_9_shares_no_older_dense_version(broker, feed, tmp_
     finally:
         d.stop()
         remove_dense(state)
+
+
+def test_a_clean_stop_leaves_no_dense_file_or_dir_behind(broker, feed, tmp_path):
+    """A clean stop removes what the daemon shared, as it does for tables (issue 27 item 9:
+    nothing of a stopped daemon stays in /dev/shm); a reader opened before keeps its
+    version."""
+    dense = DenseFeed(feed)
+    dense.version(dense_tensors(30), step=5)
+    feed.producer.flush()
+    state = tmp_path / "state"
+    d = daemon_for(broker, feed.topic, state, share_tables=True)
+    try:
+        assert d.catch_up(timeout=60)
+        root = dense_file(state, 0).parent.parent
+        reader = DenseReader.open(state, 0, timeout=10)
+        before = {n: np.array(reader[n]) for n in reader.names()}
+    finally:
+        d.stop()
+    assert not root.exists(), sorted(str(p) for p in root.rglob("*"))
+    assert all(np.array_equal(reader[n], v) for n, v in before.items())
