@@ -153,13 +153,16 @@ class BudgetPublisher:
         if worker not in WORKERS:
             raise ValueError(f"worker must be one of {WORKERS}, got {worker!r}")
         specs = table_specs(self._modules)
-        self._engine = BudgetEngine(publisher, policy, specs, on_round)
         self._copier = HostCopier()
+        self._mode = worker if threaded else "inline"
         self._worker: Optional[BudgetWorker | ProcessWorker] = None
-        if threaded and worker == "process":
+        if self._mode == "process":  # the engine lives in the child; its reports here
             self._worker = ProcessWorker(publisher, policy, specs, on_round, consumer)
-        elif threaded:
-            self._worker = BudgetWorker(self._engine, consumer)
+            self._state: BudgetEngine | ProcessWorker = self._worker
+        else:
+            self._engine = self._state = BudgetEngine(publisher, policy, specs, on_round)
+            if threaded:
+                self._worker = BudgetWorker(self._engine, consumer)
         self._clock = clock
         self._t0 = clock()
         self._last_t = self._t0
@@ -248,14 +251,12 @@ class BudgetPublisher:
     @property
     def tokens(self) -> float:
         """Bytes the next round could spend before its refill (negative: a small debt)."""
-        return self._worker.tokens if isinstance(self._worker, ProcessWorker) \
-            else self._engine.bucket.tokens
+        return self._state.tokens
 
     @property
     def last(self) -> Optional[BudgetTick]:
         """The last completed round's record."""
-        return self._worker.last if isinstance(self._worker, ProcessWorker) \
-            else self._engine.last
+        return self._state.last
 
     def stats(self) -> dict:
         """Counters, rates, the backlog and the serving-error bound (plain values).
@@ -268,8 +269,7 @@ class BudgetPublisher:
         ``deferred_ticks``: ticks that left their rows in the tracker because the worker had
         not merged the previous hand-off yet.
         """
-        st = self._worker.stats() if isinstance(self._worker, ProcessWorker) \
-            else self._engine.stats()
+        st = self._state.stats()
         secs = max(1e-9, self._last_t - self._t0)
         steps = (self._last_step - self._first_step + 1) if self._first_step is not None else 0
         t = np.asarray(self._tick_s, dtype=np.float64) * 1e3
@@ -277,9 +277,7 @@ class BudgetPublisher:
             ticks=self._ticks, policy=self.policy.describe(), seconds=secs, steps=steps,
             bytes_per_s=st["bytes"] / secs, bytes_per_step=st["bytes"] / steps if steps else None,
             threaded=self._worker is not None, deferred_ticks=self._skipped,
-            worker="inline" if self._worker is None else
-            "process" if isinstance(self._worker, ProcessWorker) else "thread",
-            worker_pid=self._worker.pid if isinstance(self._worker, ProcessWorker) else None,
+            worker=self._mode, worker_pid=getattr(self._worker, "pid", None),
             backlog=self._worker.backlog() if self._worker is not None else None,
             worker_s=self._worker.busy_s if self._worker is not None else None,
             tick_ms={"p50": float(np.quantile(t, 0.5)), "p99": float(np.quantile(t, 0.99)),

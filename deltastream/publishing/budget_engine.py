@@ -362,6 +362,11 @@ class BudgetEngine:
 
     # ------------------------------------------------------------------ reading
 
+    @property
+    def tokens(self) -> float:
+        """Bytes the next round could spend before its refill (negative: a small debt)."""
+        return self.bucket.tokens
+
     def pending_rows(self) -> int:
         """Rows waiting to be published."""
         return sum(len(t) for t in self.tables.values())

@@ -412,8 +412,7 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                           on_round=lambda rec: send(("round", _lite(rec), snapshot())))
     worker = BudgetWorker(engine, name)
     send(("ready", snapshot()))
-    maps: dict[str, mmap.mmap] = {}
-    buf: Optional[mmap.mmap] = None
+    buf: Optional[mmap.mmap] = None  # the parent's current hand-off file
     try:
         while True:
             if not conn.poll(0.05):
@@ -430,12 +429,11 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                     ("drained", t, snapshot()))), daemon=True).start()
                 continue
             _, path, meta = msg
-            if path is not None:
-                for m in maps.values():
-                    m.close()
+            if path is not None:  # a new (larger) file: the old one is done with
+                if buf is not None:
+                    buf.close()
                 with open(path, "r+b") as f:
-                    buf = maps.setdefault(path, mmap.mmap(f.fileno(), 0))
-                maps = {path: buf}
+                    buf = mmap.mmap(f.fileno(), 0)
             h = _unpack(buf, meta)
             send(("free", path is not None))
             fut = worker.put(h)
@@ -452,8 +450,8 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                 send(("closed", publisher.next_seqs()))
             except OSError:
                 pass
-            for m in maps.values():
-                m.close()
+            if buf is not None:
+                buf.close()
 
 
 def _unpack(buf: Any, meta: dict) -> Handoff:
