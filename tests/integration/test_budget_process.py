@@ -19,27 +19,15 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream import DeltaTracker, HashTable, TrackingMode, wire
+from deltastream import DeltaTracker, HashTable, wire
 from deltastream.errors import PublishError
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
-from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+from tests.integration.test_budget_outage import DIM, ROWS, assert_every_row_served, tracked_table
 from tests.integration.test_publisher import read_all
 
 pytestmark = pytest.mark.integration
 
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
-
-DIM, ROWS = 8, 2000
-
-
-def _setup(servers: str, topic: str):
-    table = HashTable(DIM, name="emb", capacity=2 * ROWS)
-    table.insert(torch.arange(ROWS), torch.zeros(ROWS, DIM))
-    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
-    pub = DeltaPublisher(servers, topic, model="m", shard=0, dtype="f32", send_timeout=5)
-    return table, tracker, pub
-
 
 def _train(table: HashTable, tracker: DeltaTracker, bp: BudgetPublisher, steps: range,
            g: torch.Generator) -> None:
@@ -59,8 +47,7 @@ def _handoff_files() -> set[str]:
 def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(broker,
                                                                             topic_name):
     servers = broker.bootstrap_servers
-    assert ensure_topic(servers, topic_name, 1) == 1
-    table, tracker, pub = _setup(servers, topic_name)
+    table, tracker, pub = tracked_table(servers, topic_name)
     before = _handoff_files()
     rounds = []
     bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000),
@@ -85,20 +72,13 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     batches = [wire.decode(r.value) for r in records]
     seqs = [b.seq for b in batches]
     assert seqs == list(range(len(seqs))), seqs[:20]  # in order, none repeated or missing
-    served: dict[int, np.ndarray] = {}
-    for b in batches:
-        for i, row in zip(b.ids.tolist(), b.rows_f32(), strict=True):
-            served[i] = row
-    changed = np.flatnonzero(np.abs(held.numpy()).sum(axis=1) > 0)
-    assert changed.size > 100
-    stale = [i for i in changed.tolist() if not np.array_equal(served.get(i), held[i].numpy())]
-    assert not stale, f"{len(stale)} rows missing or stale, e.g. {stale[:5]}"
+    assert np.count_nonzero(np.abs(held.numpy()).sum(axis=1)) > 100
+    assert_every_row_served([records], table)
 
 
 def test_a_killed_worker_process_is_an_error_at_the_next_tick_not_a_stall(broker, topic_name):
     servers = broker.bootstrap_servers
-    assert ensure_topic(servers, topic_name, 1) == 1
-    table, tracker, pub = _setup(servers, topic_name)
+    table, tracker, pub = tracked_table(servers, topic_name)
     bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000),
                          worker="process")
     g = torch.Generator().manual_seed(1)
