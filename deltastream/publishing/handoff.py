@@ -112,11 +112,15 @@ class HostCopier:
         return event
 
 
-def _current_rows(module: Any, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """The rows of ``ids`` now, as a new tensor on the table's device (a gather)."""
+def _current_rows(module: Any, ids: torch.Tensor, first: torch.Tensor,
+                  known: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The rows of ``ids`` now, as a new tensor on the table's device (a gather);
+    ``known``: their storage positions, when the tracker has them (no probe)."""
     where = row_storage(module)
     if where is not None:
         storage, positions = where
+        if known is not None:
+            return storage.index_select(0, known)
         pos = positions(ids)
         # an id the table does not hold (a scan path, an eval-mode read) takes the reader;
         # on CUDA the tracker's ids are trusted: checking would synchronize the stream
@@ -152,7 +156,10 @@ def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any
                                  "table is published with publish_delta)")
             first = d.states if d.states is not None else torch.empty(
                 0, row_reader(modules[fqn])[1])
-            cur = _current_rows(modules[fqn], d.ids, first) if len(d) else first
+            module = modules[fqn]
+            known = tracker.row_positions(fqn, d.ids) if module is tracker.table(fqn) \
+                else None
+            cur = _current_rows(module, d.ids, first, known) if len(d) else first
             out.append(TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(first),
                                     current=copier.host(cur), new=copier.host(d.new),
                                     tombstones=copier.host(d.tombstones)))

@@ -1,13 +1,14 @@
 """Lookups recorded as row positions, and the FIRST state of each touched row.
 
 A :class:`~deltastream.HashTable` reports the storage positions each training lookup
-resolved (its lookup hook). The tracker keeps them, borrowed and unsorted, in a
-:class:`PendingLookups` per table, and at the next flush turns them into the distinct
-touched positions (:func:`mark_positions`: a bool mark per position, no sort) and, in
-EMBEDDING mode, each one's earliest recorded row (:func:`first_states`). Both have a numpy
-path for CPU tensors and a torch path for any device. A TorchRec shard on the CPU (a fused
-kernel: no output rows to borrow) keeps :class:`UniqueLookups` instead: only the positions
-new since the flush, their rows gathered from the weight at the lookup.
+resolved (its lookup hook); an ``nn.Embedding``/``EmbeddingBag`` or a TorchRec shard is
+seen the same way (a row's position is its id). On CUDA the tracker keeps the positions,
+borrowed and unsorted, in a :class:`PendingLookups` per table (a hook must not sync), and
+at the next flush turns them into the distinct touched positions (:func:`mark_positions`:
+a bool mark per position, no sort) and, in EMBEDDING mode, each one's earliest recorded row
+(:func:`first_states`). On the CPU it keeps :class:`UniqueLookups` instead: at each lookup
+only the positions new since the flush, with a copy of their rows (from the forward's
+output, or from the weight for a fused kernel or a pooled bag).
 """
 
 from __future__ import annotations
@@ -94,52 +95,73 @@ class PendingLookups:
 
 
 class UniqueLookups(PendingLookups):
-    """:class:`PendingLookups` of a CPU table whose rows the tracker gathers itself (a
-    TorchRec shard in a fused kernel: no forward output to borrow; id = position).
+    """:class:`PendingLookups` of a CPU table that keeps each touched position once, with
+    its FIRST row copied at the lookup: a TorchRec shard in a fused kernel (no forward
+    output to borrow: rows are gathered from the weight; id = position) or a
+    :class:`~deltastream.HashTable` (rows taken from the forward's output).
 
     :meth:`add` keeps only the positions no earlier lookup had since the last flush
-    (``marks`` stay set until the drain) and gathers their rows from the weight into one
-    arena, in lookup order: a row looked up again costs no gather and no copy. Repeats
-    inside one lookup are kept (copies of the same row: dropping them costs more than their
-    cache-hot gather). The drain maps each marked position to an arena row (``slot``) and
-    gathers the arena once, in ascending position order; no sort.
+    (``marks`` stay set until the drain) and copies their rows into one arena, in lookup
+    order: a row looked up again costs no gather and no copy, and the work of a flush is
+    spread over the lookups (a read no longer pays for every lookup since the last one).
+    Repeats inside one lookup are kept (copies of the same row: dropping them costs more
+    than their cache-hot gather). The drain maps each touched position to an arena row
+    (``slot``) and gathers the arena once, in ascending id order. Its work follows the
+    positions touched, not the table's capacity, except for a table whose ids are its
+    positions (``ids_ascending``), where one pass over the marks replaces a sort.
     """
 
-    __slots__ = ("arena", "used", "slot")
+    __slots__ = ("arena", "used", "slot", "drained")
 
     def __init__(self, capacity: int, device: torch.device) -> None:
         super().__init__(capacity, device)
         self.slot: Optional[np.ndarray] = None  # arena row per position (at the drain)
         self.arena: Optional[torch.Tensor] = None
+        #: ``(ids, positions)`` of the last drain of a hashed table, aligned (None when a
+        #: row was freed since: positions may then hold other ids)
+        self.drained: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def reset(self) -> None:
         super().reset()
         self.used = 0  # arena rows in use
         self.marks.zero_()
 
-    def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
-        """Record a lookup of int64 CPU ``positions`` (repeats allowed); with ``weight``
-        (the table's ``[capacity, dim]`` rows, before the update) gather the FIRST state of
-        each new position."""
+    def grow(self, capacity: int) -> None:
+        """Make ``marks`` cover ``capacity`` positions, keeping the marks set (a table
+        that grew between two flushes)."""
+        if self.marks.numel() < capacity:
+            grown = torch.zeros(capacity, dtype=torch.bool)
+            grown[:self.marks.numel()] = self.marks
+            self.marks = grown
+
+    def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor] = None,
+            rows: Optional[torch.Tensor] = None) -> None:
+        """Record a lookup of int64 CPU ``positions`` ``[n]`` (repeats allowed, each
+        ``< marks.numel()``: :meth:`grow` first). With ``weight`` (the table's
+        ``[capacity, dim]`` rows, before the update) or ``rows`` (the lookup's output
+        ``[n, dim]``, row ``i`` the row at ``positions[i]``) keep the FIRST state of each
+        new position; with neither, the positions only."""
         m, q = self.marks.numpy(), positions.numpy()
-        q = q[~m[q]]  # a copy: the caller may reuse its buffer
-        if q.size == 0:
+        fresh = np.flatnonzero(~m[q])  # occurrences of positions new since the flush
+        if fresh.size == 0:
             return
-        m[q] = True
-        k = q.size
-        self.pos.append(torch.from_numpy(q))
+        qf = q[fresh]  # a copy: the caller may reuse its buffer
+        m[qf] = True
+        k = qf.size
+        self.pos.append(torch.from_numpy(qf))
         self.n += k
-        if weight is None:
+        src, at = (weight, qf) if weight is not None else (rows, fresh)
+        if src is None:
             return
         need = self.used + k
-        if self.arena is None or self.arena.shape[0] < need or self.arena.dtype != weight.dtype:
+        if self.arena is None or self.arena.shape[0] < need or self.arena.dtype != src.dtype:
             grown = torch.empty((max(need, 2 * (0 if self.arena is None else
-                                                self.arena.shape[0]), 1024), weight.shape[1]),
-                                dtype=weight.dtype)
+                                                self.arena.shape[0]), 1024), src.shape[1]),
+                                dtype=src.dtype)
             if self.used:
                 grown[:self.used] = self.arena[:self.used]
             self.arena = grown
-        torch.index_select(weight, 0, torch.from_numpy(q), out=self.arena[self.used:need])
+        torch.index_select(src, 0, torch.from_numpy(at), out=self.arena[self.used:need])
         self.used = need
         self.n_states += k
 
@@ -147,18 +169,29 @@ class UniqueLookups(PendingLookups):
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """:meth:`PendingLookups.drain`: the ids ascending, their FIRST states gathered once
         from the arena."""
-        touched = np.flatnonzero(self.marks.numpy())  # each position once, ascending
+        m = self.marks.numpy()
+        runs = [p.numpy() for p in self.pos]
+        allpos = runs[0] if len(runs) == 1 else np.concatenate(runs)
+        if self.slot is None or self.slot.size < m.size:
+            self.slot = np.empty(m.size, dtype=np.int64)
+        slot = self.slot
+        slot[allpos] = np.arange(allpos.size)  # a repeat: the later copy of the same row
+        if getattr(table, "ids_ascending", False):
+            touched = np.flatnonzero(m)  # each position once, ascending = ids ascending
+            ids = table.ids_at(torch.from_numpy(touched.astype(np.int64, copy=False)))
+            src = slot[touched]
+        else:
+            touched = allpos[slot[allpos] == np.arange(allpos.size)]  # each position once
+            ids, order = sort_ids_with_perm(table.ids_at(torch.from_numpy(touched)))
+            order = order.numpy()
+            src = slot[touched][order]
+            self.drained = (ids, torch.from_numpy(touched[order]))
+        m[allpos] = False
         states = None
         if with_states and self.arena is not None:
-            # the arena row of each position: a repeat is one lookup's copy of the same row
-            runs = [p.numpy() for p in self.pos]
-            allpos = runs[0] if len(runs) == 1 else np.concatenate(runs)
-            if self.slot is None:
-                self.slot = np.empty(self.marks.numel(), dtype=np.int64)
-            self.slot[allpos] = np.arange(allpos.size)
-            states = self.arena.index_select(0, torch.from_numpy(self.slot[touched]))
-        ids = table.ids_at(torch.from_numpy(touched.astype(np.int64, copy=False)))
-        self.reset()
+            states = self.arena.index_select(0, torch.from_numpy(src))
+        PendingLookups.reset(self)  # the marks are clear already
+        self.used = 0
         return ids, states
 
 

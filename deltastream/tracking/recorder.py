@@ -117,11 +117,12 @@ class Recorder:
     def _add_pending(self, fqn: str, row_map: Any, info: Optional[TrackedTable] = None
                      ) -> None:
         self.row_maps[fqn] = row_map
-        # a TorchRec shard on the CPU: repeats add nothing to the ids nor to the FIRST states,
-        # skipping them saves the gather of their rows (on CUDA every lookup is recorded: a
-        # boolean selection has a data-dependent size, no sync in a hook)
-        unique = (info is not None and info.kind == "torchrec"
-                  and row_map.device.type == "cpu")
+        # On the CPU repeats add nothing to the ids nor to the FIRST states: keeping each
+        # position once, its row copied at the lookup, spreads a read's work over the steps
+        # (a hand-off per budget tick pays O(rows), not O(lookups)) and holds no borrowed
+        # outputs. On CUDA every lookup is recorded as is: a boolean selection has a
+        # data-dependent size, and a hook must not sync.
+        unique = row_map.device.type == "cpu"
         self.pending[fqn] = (UniqueLookups if unique else PendingLookups)(
             int(row_map.capacity), row_map.device)
 
@@ -168,53 +169,47 @@ class Recorder:
 
     def _record_dense(self, fqn: str, info: TrackedTable, ids: torch.Tensor,
                       output: Any) -> None:
-        p = self.pending[fqn]
-        if isinstance(p, UniqueLookups):
-            self._record_unique(fqn, info, p, ids)
-            return
-        # a copy: the caller may reuse its id buffer before the flush
-        pos = ids.to(torch.int64, copy=True)
+        unique = isinstance(self.pending[fqn], UniqueLookups)
+        # kept as is (CUDA): a copy, the caller may reuse its id buffer before the flush
+        pos = ids.to(torch.int64, copy=not unique)
         rows = None
         if self.with_states and not self.touched.is_degraded(fqn):
             if info.kind in ("embedding_bag", "torchrec"):
                 # pooled output / a fused kernel (no output here): FIRST is the table's own
-                # rows, before the update
-                rows = info.module.weight.detach().index_select(0, pos)
-            elif isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
+                # rows, before the update (the CPU path gathers the new positions' only)
+                rows = info.module.weight.detach()
+                if not unique:
+                    rows = rows.index_select(0, pos)
+                self.record_positions(fqn, pos, rows, whole_table=unique)
+                return
+            if isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
                 rows = output.detach().reshape(pos.numel(), info.dim)
             else:
                 self.degrade(fqn, "forward output is not [*ids.shape, dim]")
         self.record_positions(fqn, pos, rows)
 
-    def _record_unique(self, fqn: str, info: TrackedTable, p: UniqueLookups,
-                       ids: torch.Tensor) -> None:
-        """A lookup of a TorchRec shard on the CPU: its new positions, and their rows
-        before the update (FIRST) read from the weight."""
-        weight = None
-        if self.with_states:
-            if self.touched.is_degraded(fqn) or p.stateless:
-                p.stateless = True
-            else:
-                weight = info.module.weight.detach()
-        p.add(ids.to(torch.int64), weight)
-        self.counts["lookups_recorded"] += 1
-        self.counts["ids_recorded"] += int(ids.numel())
-        self.enforce_bound_if_set()
-
     def record_positions(self, fqn: str, positions: torch.Tensor,
-                         rows: Optional[torch.Tensor]) -> None:
-        """A training lookup of a positional table: keep its positions (no copy, sort or
-        sync) and, in EMBEDDING mode, borrow its output rows."""
+                         rows: Optional[torch.Tensor], whole_table: bool = False) -> None:
+        """A training lookup of a positional table: its int64 ``positions`` ``[n]`` and, in
+        EMBEDDING mode, the rows before the update: ``rows`` ``[n, dim]`` (the forward's
+        output; a CUDA table borrows it, checked for in-place changes at the flush through
+        its version counter) or, with ``whole_table``, the table's ``[capacity, dim]``
+        weight. No copy, sort or sync on CUDA; on the CPU only the positions new since the
+        flush are kept, with a copy of their rows (:class:`UniqueLookups`)."""
         n = positions.numel()
         p = self.pending[fqn]
-        p.pos.append(positions)
-        p.n += n
-        if self.with_states:
-            if self.touched.is_degraded(fqn) or p.stateless or rows is None:
-                p.stateless = True
-            else:
-                # Borrowed: the forward's own output, checked for in-place changes at the
-                # flush through its version counter.
+        keep = self.with_states and not (self.touched.is_degraded(fqn) or p.stateless
+                                         or rows is None)
+        if self.with_states and not keep:
+            p.stateless = True
+        if isinstance(p, UniqueLookups):
+            p.grow(int(self.row_maps[fqn].capacity))
+            src = rows.detach() if keep else None
+            p.add(positions, *((src, None) if whole_table else (None, src)))
+        else:
+            p.pos.append(positions)
+            p.n += n
+            if keep:
                 states = rows.detach()
                 p.states.append(states)
                 p.versions.append(states._version)
@@ -264,6 +259,8 @@ class Recorder:
         boundary, and nothing reads the records at or after it separately.
         """
         p = self.pending.get(fqn)
+        if isinstance(p, UniqueLookups):
+            p.drained = None  # a flush may precede freeing rows: their positions go stale
         if p is None or p.n == 0:
             return
         want_states = False
@@ -279,6 +276,14 @@ class Recorder:
                 want_states = not self.touched.is_degraded(fqn)
         ids, states = p.drain(self.row_maps[fqn], want_states)
         self.touched.append_unique(self.idx, fqn, ids, states)
+
+    def drained_positions(self, fqn: str, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """The storage positions of ``ids`` (int64, aligned) when ``ids`` is the very
+        tensor the last flush of positional table ``fqn`` recorded and no row was freed
+        since, else None (the caller looks them up)."""
+        p = self.pending.get(fqn)
+        drained = p.drained if isinstance(p, UniqueLookups) else None
+        return drained[1] if drained is not None and drained[0] is ids else None
 
     def flush_all(self) -> None:
         """Flush every positional table's pending lookups."""

@@ -102,8 +102,7 @@ class DeltaTracker:
             ``torch.compile``/``DistributedModelParallel`` wrapper of it: keys are the inner
             model's FQNs; a TorchRec table's key is ``<collection>.embedding_bags.<table>``
             or ``.embeddings.<table>``, plus ``#<shard_id>`` per shard when this rank holds
-            several column shards of it). Modules inside
-            a tracked module are not tracked again.
+            several column shards of it). Modules inside a tracked module are not tracked.
         consumers: consumer names, each with its own read cursor (default ``["default"]``).
         delete_on_read: drop records once every consumer has read them.
         auto_compact: compact the unread interval at every :meth:`step` (otherwise at reads).
@@ -412,6 +411,12 @@ class DeltaTracker:
         if info is None:
             raise KeyError(f"unknown table {fqn!r}; tracked: {sorted(self._tables)}")
         return info.module
+
+    def row_positions(self, fqn: str, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """Storage positions of ``ids`` (int64, aligned) if ``ids`` is the tensor a read of
+        CPU HashTable ``fqn`` just returned (one flush, no row freed since), else None."""
+        with self._lock:
+            return self._rec.drained_positions(fqn, ids)
 
     def step(self) -> None:
         """Mark the end of a training step (compacts the unread interval if auto_compact)."""

@@ -47,3 +47,38 @@ def test_unique_lookups_arena_grows_and_reset_forgets():
     p.add(torch.tensor([1, 2]), w)
     p.reset()
     assert p.n == 0 and not p.marks.any()
+
+
+class _Hashed:
+    """Position -> id map of a hash table: ids in no particular order of positions."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = torch.tensor(ids)
+
+    def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.ids.index_select(0, positions)
+
+
+def test_unique_lookups_from_output_rows_sorted_by_id():
+    """A HashTable's lookups: rows from the forward's output, ids not in position order;
+    the drain sorts by id and pairs each id with the row of its earliest lookup."""
+    p = UniqueLookups(6, torch.device("cpu"))
+    table = _Hashed([50, 10, 40, 20, 30, 60])
+    out1 = torch.tensor([[4.0], [1.0], [4.0]])  # positions 4, 1, 4: one lookup's copies
+    p.add(torch.tensor([4, 1, 4]), rows=out1)
+    out1.mul_(0)  # the output changed after the lookup: the copy is unaffected
+    p.add(torch.tensor([1, 0, 3]), rows=torch.tensor([[-1.0], [0.0], [3.0]]))  # 1 again
+    ids, states = p.drain(table, with_states=True)
+    assert ids.tolist() == [10, 20, 30, 50]  # positions 1, 3, 4, 0
+    assert states.flatten().tolist() == [1.0, 3.0, 4.0, 0.0]
+    assert not p.marks.any() and p.n == 0
+
+
+def test_unique_lookups_grow_keeps_marks_of_the_interval():
+    """The table grew between two lookups: marks set before the growth still hold."""
+    p = UniqueLookups(4, torch.device("cpu"))
+    p.add(torch.tensor([3]), rows=torch.tensor([[3.0]]))
+    p.grow(9)
+    p.add(torch.tensor([8, 3]), rows=torch.tensor([[8.0], [-3.0]]))  # 3: not new
+    ids, states = p.drain(_Hashed(list(range(100, 109))), with_states=True)
+    assert ids.tolist() == [103, 108] and states.flatten().tolist() == [3.0, 8.0]

@@ -196,7 +196,7 @@ def test_consumers_a_b_a_same_with_and_without_delete_on_read(auto_compact):
     reads = ["A", "B", "A", "A", "B", "B", "A"]
     for n, consumer in enumerate(reads):
         for _ in range(n % 3 + 1):
-            u = torch.randint(0, 40, (12,), generator=g)
+            u = torch.randint(0, 15, (12,), generator=g)
             with keep.pause(), drop.pause():
                 tr.net.user(u)  # insert unseen ids (not recorded) so their value can be read
             for x in u.unique().tolist():
@@ -464,8 +464,10 @@ def test_max_tracked_rows_compaction_suffices_without_degrading():
     # 150: compaction leaves 100 rows, within the quarter of headroom it must leave free
     t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB, max_tracked_rows=150)
     first = table(torch.arange(100)).detach().clone()
-    for _ in range(20):  # the same 100 ids every step: 2000 rows recorded, 100 unique
+    for s in range(20):  # the same 100 ids every step: 2000 rows recorded, 100 unique
         table(torch.arange(100))
+        table(torch.tensor([1000 + s]))
+        table.evict(torch.tensor([1000 + s]))  # a row freed: the lookups become a record
         t.step()
     st = t.stats()
     assert st["degradations"] == 0 and st["bound_compactions"] >= 1
@@ -537,25 +539,41 @@ def test_cuda_embedding_mode():
     assert t.get_delta()["user"].tombstones.tolist() == [1]
 
 
-def test_lookup_output_modified_in_place_degrades_instead_of_lying(caplog):
-    """States are borrowed from the lookup output; an in-place change is detected."""
+def test_lookup_output_modified_in_place_on_cpu_keeps_exact_first_states():
+    """On the CPU a lookup's rows are copied at the lookup: changing its output in place
+    afterwards changes nothing the tracker reports."""
     table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=4))
     t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
     with torch.no_grad():
         out = table(torch.tensor([1, 2]))
         before = out.clone()
-        ok = table(torch.tensor([3]))  # untouched output: its states stay valid
+        out.mul_(0)  # the user scales the lookup result in place
+    d = t.get_delta()["t"]
+    assert d.ids.tolist() == [1, 2] and torch.equal(d.states, before)
+    assert t.stats()["states_modified"] == 0 and t.stats()["degradations"] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the borrowing path)")
+def test_lookup_output_modified_in_place_degrades_instead_of_lying(caplog):
+    """On CUDA states are borrowed from the lookup output; an in-place change is detected."""
+    table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=4),
+                      device="cuda")
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
+    with torch.no_grad():
+        out = table(torch.tensor([1, 2], device="cuda"))
+        before = out.clone()
+        ok = table(torch.tensor([3], device="cuda"))  # untouched output: its states stay valid
     d = t.get_delta()["t"]
     assert torch.equal(d.states[:2], before) and torch.equal(d.states[2], ok[0])
     with torch.no_grad():
-        out = table(torch.tensor([1, 2]))
+        out = table(torch.tensor([1, 2], device="cuda"))
         out.mul_(0)  # the user scales the lookup result in place
     with caplog.at_level(logging.WARNING, logger="deltastream.tracking.store"):
         d = t.get_delta()["t"]
     assert d.ids.tolist() == [1, 2] and d.states is None  # ids kept, states not trusted
     assert t.stats()["states_modified"] == 1
     assert any("modified in place" in r.getMessage() for r in caplog.records)
-    table(torch.tensor([4]))  # everything was read: states are tracked again
+    table(torch.tensor([4], device="cuda"))  # everything was read: states are tracked again
     assert t.get_delta()["t"].states.shape == (1, DIM)
 
 
@@ -566,7 +584,9 @@ def test_bound_compaction_never_changes_what_consumers_read(delete_on_read):
     # item (plain SGD) on the lookups path, as every lookup is then a record on its own
     kw = dict(consumers=["A", "B"], mode=EMB, delete_on_read=delete_on_read,
               sparse_updates_only=True)
-    bounded = DeltaTracker(tr.net, max_tracked_rows=150, **kw)
+    # 100: the rows the two cursors keep apart cross it (a CPU table records each row once
+    # per read interval, so a bound of 150 is never reached here), yet compaction suffices
+    bounded = DeltaTracker(tr.net, max_tracked_rows=100, **kw)
     free = DeltaTracker(tr.net, **kw)
     g = torch.Generator().manual_seed(9)
     for n, consumer in enumerate(["A", "A", "B", "A", "B", "B", "A"]):
@@ -710,3 +730,20 @@ def test_position_marking_torch_path_matches_cpu_path():
             first_run.setdefault(x, st[j])
     assert torch.equal(results[0], torch.stack([first_run[x] for x in want.tolist()]))
     assert torch.equal(sorted_ids.sort_ids(want.flip(0)), want)
+
+
+def test_row_positions_of_a_delta_just_read_and_never_stale():
+    """row_positions gives the storage positions of the ids get_delta returned (no probe),
+    and None once they may be stale (a row freed) or for any other tensor."""
+    table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=5))
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
+    table(torch.tensor([30, 10, 20, 10]))
+    d = t.get_delta()["t"]
+    pos = t.row_positions("t", d.ids)
+    assert d.ids.tolist() == [10, 20, 30]
+    assert torch.equal(pos, table.positions(d.ids))
+    assert t.row_positions("t", d.ids.clone()) is None  # not the tensor the read returned
+    table(torch.tensor([40, 50]))
+    d = t.get_delta()["t"]
+    table.evict(torch.tensor([40]))  # position of 40 may now be reused
+    assert t.row_positions("t", d.ids) is None
