@@ -10,7 +10,8 @@ under its lock from its hooks (``record_*``) and at read boundaries (:meth:`Reco
 How each table's changes are recorded (its ``path``):
 
 * ``lookups``: every training lookup is recorded. A positional table (HashTable) keeps the
-  positions its forward resolved and, in EMBEDDING mode, borrows the forward's output rows;
+  positions its forward resolved and, in EMBEDDING mode, the forward's output rows (on the
+  CPU a copy of the rows of positions new since the last flush; on CUDA borrowed);
   an ``nn.Embedding``/``EmbeddingBag`` is handled the same way (:class:`DenseRows`: a row's
   position is its id), its rows being the forward's output (``nn.Embedding``) or the
   table's own rows gathered at the lookup (``nn.EmbeddingBag``, whose output is pooled);
