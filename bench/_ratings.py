@@ -13,6 +13,11 @@ its wheel. :func:`load_ratings` finds it, in order:
    bench-out/cache``: then ``make bench`` finds it);
 4. an installed ``recbole`` package (located, not imported).
 
+``--dataset ml-latest-small`` names the second log instead: MovieLens latest-small (2016)
+from the Debian package ``r-cran-dslabs`` (:mod:`bench._dslabs`), fetched with ``apt-get
+download`` into the cache directory when missing. MovieLens-100K (``ml-100k``, the default)
+is the log the publishing defaults were chosen on; latest-small is held out.
+
 With none of these, the wheel is fetched into the cache directory from the package index
 pip is configured with (:func:`fetch_wheel`, ``pip download --no-deps recbole==1.2.1``);
 when that fails too, :class:`LogUnavailable` says why and how to get a log
@@ -32,14 +37,18 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from bench import _dslabs
+
 __all__ = ["Ratings", "load_ratings", "find_source", "fetch_wheel", "parse_log",
-           "LogUnavailable", "HOW_TO_GET", "RECBOLE_INTER", "RECBOLE_SPEC"]
+           "time_ordered", "LogUnavailable", "HOW_TO_GET", "RECBOLE_INTER", "RECBOLE_SPEC",
+           "DATASETS"]
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +127,20 @@ def parse_log(data: bytes, source: str) -> Ratings:
         items.append(f[1].strip())
     if not users:
         raise ValueError(f"{source}: the log has a header but no interactions")
+    return time_ordered(np.asarray(users, dtype=object).astype(str),
+                        np.asarray(items, dtype=object).astype(str),
+                        np.asarray(ratings, dtype=np.float32),
+                        np.asarray(ts, dtype=np.int64), source)
+
+
+def time_ordered(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, ts: np.ndarray,
+                 source: str) -> Ratings:
+    """:class:`Ratings` of ``[n]`` arrays in any order: sorted by time (ties keep the given
+    order), user and item ids (any sortable values) mapped to ``0..n-1``."""
     t = np.asarray(ts, dtype=np.int64)
-    order = np.argsort(t, kind="stable")  # time order; ties keep the file's order
-    _, u = np.unique(np.asarray(users, dtype=object).astype(str), return_inverse=True)
-    _, i = np.unique(np.asarray(items, dtype=object).astype(str), return_inverse=True)
+    order = np.argsort(t, kind="stable")
+    _, u = np.unique(users, return_inverse=True)
+    _, i = np.unique(items, return_inverse=True)
     return Ratings(users=u.astype(np.int64)[order], items=i.astype(np.int64)[order],
                    ratings=np.asarray(ratings, dtype=np.float32)[order], ts=t[order],
                    source=source)
@@ -195,33 +214,67 @@ def _read(kind: str, path: str) -> bytes:
     return Path(path).read_bytes()
 
 
+#: the logs ``--dataset`` names; the first is the default, the one the publishing defaults
+#: were chosen on; the second was kept out of that choice (see :mod:`bench._dslabs`)
+DATASETS = ("ml-100k", "ml-latest-small")
+
+
 def load_ratings(log_path: Optional[str], wheel: Optional[str],
                  cache_dir: str | os.PathLike = "bench-out/cache", *,
-                 fetch: bool = True) -> Ratings:
-    """The log (see the module docstring), converted once and cached.
+                 fetch: bool = True, dataset: str = DATASETS[0]) -> Ratings:
+    """The log (see the module docstring; ``dataset`` ``"ml-latest-small"``: the Debian
+    package of :mod:`bench._dslabs`, fetched into ``cache_dir`` when missing), converted
+    once and cached.
 
     Raises:
         LogUnavailable: no source, and ``fetch`` is off or fetching failed.
+        ValueError: an unknown ``dataset``.
     """
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    if dataset == "ml-latest-small" and not log_path:
+        return _load_dslabs(cache_dir, fetch)
     src = find_source(log_path, wheel, cache_dir)
     if src is None:
         if not fetch:
             raise LogUnavailable(HOW_TO_GET)
         src = "wheel", str(fetch_wheel(cache_dir))
     kind, path = src
-    st = Path(path).stat()
-    key = hashlib.sha1(f"{kind}:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
-    cache = Path(cache_dir) / f"ratings-{key.hexdigest()[:16]}.npz"
     label = {"wheel": f"MovieLens-100K from the wheel {Path(path).name} ({RECBOLE_INTER})",
              "package": f"MovieLens-100K from the installed recbole package ({path})",
              "log": f"log {Path(path).name}"}[kind]
+    return _cached(cache_dir, kind, Path(path), label,
+                   lambda: parse_log(_read(kind, path), label))
+
+
+def _load_dslabs(cache_dir: str | os.PathLike, fetch: bool) -> Ratings:
+    deb = _dslabs.find_deb(cache_dir)
+    if deb is None:
+        if not fetch:
+            raise LogUnavailable(_dslabs.HOW_TO_GET)
+        try:
+            deb = _dslabs.fetch_deb(cache_dir)
+        except RuntimeError as e:
+            raise LogUnavailable(str(e)) from None
+    label = f"MovieLens latest-small (2016) from the Debian package {deb.name}"
+    return _cached(cache_dir, "deb", deb, label,
+                   lambda: time_ordered(*_dslabs.ratings_from_deb(deb), source=label))
+
+
+def _cached(cache_dir: str | os.PathLike, kind: str, path: Path, label: str,
+            convert: Callable[[], Ratings]) -> Ratings:
+    """The ratings of file ``path`` from the ``.npz`` cache, else ``convert()``-ed and
+    cached; a cache of another version of the file, or of another label, is redone."""
+    st = path.stat()
+    digest = hashlib.sha1(f"{kind}:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    cache = Path(cache_dir) / f"ratings-{digest.hexdigest()[:16]}.npz"
     if cache.is_file():  # a cache written for another label is converted again
         with np.load(cache) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.get("source") == label:
                 return Ratings(users=z["users"], items=z["items"], ratings=z["ratings"],
                                ts=z["ts"], source=label)
-    r = parse_log(_read(kind, path), label)
+    r = convert()
     cache.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, users=r.users, items=r.items, ratings=r.ratings, ts=r.ts,

@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import Loopback, result
-from bench._ratings import LogUnavailable, Ratings, load_ratings
+from bench._ratings import DATASETS, LogUnavailable, Ratings, load_ratings
 from deltastream_demo.report import pyplot, save_png
 
 __all__ = ["main", "run"]
@@ -112,6 +112,9 @@ class Policy:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="deltastream bench freshness-per-byte", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", choices=DATASETS, default=None,
+                   help=f"a named public log (default {DATASETS[0]}, the one the defaults were "
+                   f"chosen on; {DATASETS[1]} is held out), fetched into --cache when missing")
     p.add_argument("--log", default=None, help="a user-supplied interaction log (user, item, "
                    "rating, timestamp per line)")
     p.add_argument("--wheel", default=None, help="a downloaded recbole wheel (its bundled "
@@ -145,6 +148,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-out", help="directory of the PNG")
     args = p.parse_args(argv)
+    if args.dataset and (args.log or args.wheel):
+        p.error("--dataset names a log: give it, or --log / --wheel, not both")
     if min(args.batch_size, args.dim) <= 0 or args.lr <= 0 or args.init_std < 0:
         p.error("--batch-size, --dim, --lr must be positive, --init-std >= 0")
     if any(f > 1 for f in args.fractions):
@@ -380,7 +385,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """Run the benchmark; return the result records ([] when no log is available)."""
     args = _parse(argv)
     try:
-        data = load_ratings(args.log, args.wheel, args.cache)
+        data = load_ratings(args.log, args.wheel, args.cache,
+                            dataset=args.dataset or DATASETS[0])
     except LogUnavailable as e:  # measuring nothing must not pass for a result
         raise SystemExit(f"deltastream bench freshness-per-byte: error: {e}") from None
     policies = _policies(args)
@@ -394,8 +400,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with torch_threads(1):
         torch.manual_seed(args.seed)
         r = run(args, data, policies)
-    r["dataset"] = "MovieLens-100K (recbole)" if "MovieLens" in data.source \
-        else Path(args.log or "log").name
+    r["dataset"] = Path(args.log).name if args.log else \
+        {"ml-100k": "MovieLens-100K (recbole)",
+         "ml-latest-small": "MovieLens latest-small 2016 (dslabs)"}[args.dataset or DATASETS[0]]
     png = _plot(Path(args.out) / "freshness_per_byte.png", args, r, policies)
     by = {p.label: p for p in policies}
     base = by[BASELINE].sent["bytes"]
