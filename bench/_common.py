@@ -213,10 +213,13 @@ class Loopback:
     """In-process stand-in for ``DeltaPublisher``: each batch is encoded in the wire format
     (``dtype``; the encoded bytes are counted), decoded and applied to ``serving`` (table
     name -> ``consumers.ServingTable``). One seq counter over all tables (shard 0, epoch 1).
-    ``ids``/``rows``/``tombstones`` may be numpy arrays or CPU tensors."""
+    ``ids``/``rows``/``tombstones`` may be numpy arrays or CPU tensors. With ``keep`` (a
+    list), every encoded message is also appended to it as ``(step, table, message)``."""
 
-    def __init__(self, serving: dict, dtype: str, *, model: str = "bench") -> None:
+    def __init__(self, serving: dict, dtype: str, *, model: str = "bench",
+                 keep: list | None = None) -> None:
         self.serving, self.dtype, self.model, self.seq = serving, dtype, model, 0
+        self.keep = keep
 
     def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
                 ts: int | None = None) -> LoopbackSent:
@@ -232,6 +235,8 @@ class Loopback:
         for msg in msgs:
             self.seq += 1
             self.serving[table].apply(wire.decode(msg))
+            if self.keep is not None:
+                self.keep.append((step, table, msg))
         return LoopbackSent(rows=len(ids),
                             tombstones=0 if tombstones is None else len(tombstones),
                             messages=len(msgs), bytes=sum(len(m) for m in msgs))

@@ -107,6 +107,8 @@ class Policy:
                                                 "rounds": 0})
     table_rows: dict = field(default_factory=dict)  #: rows published per table
     logits: list = field(default_factory=list)
+    #: ``(step, table, encoded message)`` of everything sent, when a list (``--transport``)
+    messages: list | None = None
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -146,6 +148,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "bytes of touched/1 must be <= this")
     p.add_argument("--tolerance", type=float, default=0.002)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--transport", action="store_true", help="also measure what Kafka's "
+                   "compression and cheaper ids would save on the messages of touched/1, "
+                   "--policy and the cheapest policy within tolerance (bench._transport)")
     p.add_argument("--out", default="bench-out", help="directory of the PNG")
     args = p.parse_args(argv)
     if args.dataset and (args.log or args.wheel):
@@ -212,7 +217,8 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
                            mode=TrackingMode.EMBEDDING)
     tables = dict(model.items())
     serving = {p.label: {n: ServingTable(n, dims[n]) for n in dims} for p in policies}
-    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf") for p in policies}
+    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf", keep=p.messages)
+             for p in policies}
     # rounds inside tick: the prequential score of step s+1 must see step s's round
     budgets = {p.label: BudgetPublisher(tracker, sinks[p.label], p.label, p.budget,
                                         tables=tables, threaded=False)
@@ -333,6 +339,27 @@ def _max_error(model, serving: dict) -> float:
     return worst
 
 
+def _transport_record(p: Policy, base: int, common: dict) -> dict:
+    """``transport@LABEL``: what compression and cheaper ids would save on ``p``'s
+    messages (bytes after the best per-message codec vs the bytes sent)."""
+    from bench._transport import summarize
+
+    t = summarize(p.messages or [])
+    sent = max(1, t["bytes"])
+    codec, packed = min(t["per_message"].items(), key=lambda kv: kv[1])
+    note = (f"{p.label}: {t['bytes']:,} B in {t['messages']:,} messages; compressed per "
+            "message " + ", ".join(f"{k} {v / sent:.3f}" for k, v in t["per_message"].items())
+            + "; per step " + ", ".join(f"{k} {v / sent:.3f}" for k, v in t["per_step"].items())
+            + f" (× bytes sent); ids {t['ids'] / sent:.1%} of the bytes, sorted delta varint "
+            f"{t['ids_delta_varint'] / max(1, t['ids']):.3f} × their 8 bytes (hashed ids "
+            f"{t['ids_hashed_delta_varint'] / max(1, t['ids']):.3f}); rows {t['rows_bytes'] / sent:.1%}, "
+            f"other {t['other'] / sent:.1%}")
+    return result(f"transport@{p.label}", float(packed), float(t["bytes"]), None, "bytes",
+                  ratio=packed / sent, higher_is_better=False, note=note, policy=p.label,
+                  codec=codec, bytes_ratio_sent=t["bytes"] / base if base else math.nan,
+                  transport=t, **common)
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -393,6 +420,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     labels = [p.label for p in policies]
     if args.policy not in labels:
         raise SystemExit(f"--policy {args.policy!r} is not among the policies {labels}")
+    if args.transport:  # keep every message (full/N: not analysed)
+        for p in policies:
+            p.messages = [] if p.family != "full" else None
     import torch
 
     from bench._common import torch_threads
@@ -433,6 +463,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                           note=f"cheapest policy within tolerance of the trainer, picked after "
                                f"the run (flatters): {best.label} (gap "
                                f"{tr - best.sent['auc']:+.4f})", policy=best.label, **common))
+    if args.transport:
+        picked = [BASELINE, head.label] + ([best.label] if ok_pol else [])
+        out += [_transport_record(by[label], base, common) for label in dict.fromkeys(picked)]
     for p in policies:
         s = p.sent
         extra = ""
