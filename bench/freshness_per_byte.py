@@ -350,6 +350,8 @@ def _transport_record(p: Policy, base: int, common: dict) -> dict:
     note = (f"{p.label}: {t['bytes']:,} B in {t['messages']:,} messages; compressed per "
             "message " + ", ".join(f"{k} {v / sent:.3f}" for k, v in t["per_message"].items())
             + "; per step " + ", ".join(f"{k} {v / sent:.3f}" for k, v in t["per_step"].items())
+            + "; per message, ids hashed " + ", ".join(
+                f"{k} {v / sent:.3f}" for k, v in t["per_message_hashed"].items())
             + f" (× bytes sent); ids {t['ids'] / sent:.1%} of the bytes, sorted delta varint "
             f"{t['ids_delta_varint'] / max(1, t['ids']):.3f} × their 8 bytes (hashed ids "
             f"{t['ids_hashed_delta_varint'] / max(1, t['ids']):.3f}); rows {t['rows_bytes'] / sent:.1%}, "

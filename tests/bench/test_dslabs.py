@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
-from bench import _dslabs, _rdata, _ratings
+from bench import _dslabs, _ratings, _rdata
 
 # ---------------------------------------------------------------- an R serialization writer
 

