@@ -435,7 +435,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     r["dataset"] = Path(args.log).name if args.log else \
         {"ml-100k": "MovieLens-100K (recbole)",
          "ml-latest-small": "MovieLens latest-small 2016 (dslabs)"}[args.dataset or DATASETS[0]]
-    png = _plot(Path(args.out) / "freshness_per_byte.png", args, r, policies)
+    # one plot per named log (bench all runs both); the default log keeps the old name
+    png_name = "freshness_per_byte.png" if args.dataset in (None, DATASETS[0]) \
+        else f"freshness_per_byte_{args.dataset}.png"
+    png = _plot(Path(args.out) / png_name, args, r, policies)
     by = {p.label: p for p in policies}
     base = by[BASELINE].sent["bytes"]
     tr = r["trainer_auc"]

@@ -130,6 +130,18 @@ def test_render_marks_pass_short_info_and_failures():
     assert "FAILED: exit 1: boom" in md
 
 
+def test_bench_all_runs_freshness_on_both_logs_and_passes_each_runs_arguments():
+    from bench import run_all
+
+    assert run_all.RUNS["freshness-per-byte"] == [[], ["--dataset", "ml-latest-small"]]
+    # the arguments reach the benchmark's own parser: a bad one fails that run, by name
+    results, err, _ = run_all.run_one("codec", args=["--rows", "many"])
+    assert results == [] and "exit 2" in err
+    results, err, _ = run_all.run_one("codec", args=["--rows", "2000", "--repeat", "1",
+                                                     "--rounds", "1"])
+    assert err == "" and results
+
+
 def test_demo_help_says_what_the_demo_does_and_draws(capsys):
     import pytest
 
