@@ -12,7 +12,9 @@ Format: R Internals, "Serialization Formats" and "Lazy loading".
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -147,7 +149,8 @@ def unserialize(data: bytes):
 def lazyload_object(rdx: bytes, rdb: bytes, name: str):
     """Object ``name`` of a lazy-load database: ``rdx`` the bytes of ``Rdata.rdx``,
     ``rdb`` those of ``Rdata.rdb``. Raises ``KeyError`` naming the objects it holds when
-    ``name`` is not one, ``ValueError`` when an entry is compressed other than with zlib."""
+    ``name`` is not one, ``ValueError`` when the entry does not unpack (``zlib.error``, ``lzma.LZMAError``,
+    ``OSError`` from bzip2 are passed on)."""
     index = unserialize(gzip.decompress(rdx) if rdx[:2] == b"\x1f\x8b" else rdx)
     entries = dict(zip(index.attrs["names"], index.value, strict=True))
     variables = entries["variables"]
@@ -159,10 +162,14 @@ def lazyload_object(rdx: bytes, rdb: bytes, name: str):
     if len(blob) != length:
         raise ValueError(f"the database is truncated: {name!r} needs bytes {offset}.."
                          f"{offset + length}, it has {len(rdb)}")
-    # 4 bytes: the serialized length; then zlib ('Z', the default) or a type byte first
-    if blob[4:5] not in (b"x",):
-        raise ValueError(f"{name!r} is compressed with type {blob[4:5]!r}; only zlib is read")
-    return unserialize(zlib.decompress(blob[4:]))
+    # 4 bytes: the serialized length; then a zlib stream (R's default), or a type byte
+    # and the data (LazyDataCompression: '2' bzip2, 'X' xz, 'Z' zlib, '0' none)
+    body, kind = blob[5:], blob[4:5]
+    unpack = {b"2": bz2.decompress, b"X": lzma.decompress, b"Z": zlib.decompress,
+              b"0": bytes}.get(kind)
+    if unpack is None:
+        body, unpack = blob[4:], zlib.decompress
+    return unserialize(unpack(body))
 
 
 def data_frame_columns(frame) -> dict:

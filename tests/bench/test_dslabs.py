@@ -5,8 +5,10 @@ of the real data)."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import struct
 import tarfile
 import zlib
@@ -72,11 +74,13 @@ def _frame(cols: dict[str, bytes], n: int) -> bytes:
                                        ("row.names", _ints([_rdata.NA_INTEGER, -n]))])
 
 
-def _lazyload(objects: dict[str, bytes]) -> tuple[bytes, bytes]:
-    """(Rdata.rdx, Rdata.rdb) holding ``objects`` (serialized), as R's makeLazyLoadDB."""
+def _lazyload(objects: dict[str, bytes], kind: bytes = b"") -> tuple[bytes, bytes]:
+    """(Rdata.rdx, Rdata.rdb) holding ``objects`` (serialized), as R's makeLazyLoadDB:
+    zlib (``kind`` empty, R's default) or a type byte: ``X`` xz, ``2`` bzip2, ``0`` none."""
+    pack = {b"": zlib.compress, b"X": lzma.compress, b"2": bz2.compress, b"0": bytes}[kind]
     rdb, where = b"", {}
     for name, ser in objects.items():
-        blob = struct.pack(">I", len(ser)) + zlib.compress(ser)
+        blob = struct.pack(">I", len(ser)) + kind + pack(ser)
         where[name] = (len(rdb), len(blob))
         rdb += blob
     variables = _list([_ints(list(v)) for v in where.values()], [("names", _strs(list(where)))])
@@ -133,6 +137,13 @@ def test_a_data_frame_is_read_back_column_by_column():
     assert cols["title"] == ["a", "b", "b", None]
     with pytest.raises(ValueError, match="not an R data frame"):
         _rdata.data_frame_columns(_rdata.unserialize(_serialize(_ints([1]))))
+
+
+@pytest.mark.parametrize("kind", [b"", b"X", b"2", b"0"])
+def test_each_lazy_load_compression_is_read(kind):
+    rdx, rdb = _lazyload({"x": _serialize(_ints([1])), "movielens": _movielens()}, kind)
+    frame = _rdata.lazyload_object(rdx, rdb, "movielens")
+    assert _rdata.data_frame_columns(frame)["timestamp"].tolist() == TS
 
 
 def test_unsupported_input_is_refused_by_name():
