@@ -479,7 +479,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                f"{tr - best.sent['auc']:+.4f})", policy=best.label, **common))
     if args.transport:
         picked = [BASELINE, head.label] + ([best.label] if ok_pol else [])
-        out += [_transport_record(by[label], base, common) for label in dict.fromkeys(picked)]
+        out += [_transport_record(by[label], base, common) for label in dict.fromkeys(picked)
+                if by[label].messages is not None]  # full/N: its messages were not kept
     for p in policies:
         s = p.sent
         extra = ""
