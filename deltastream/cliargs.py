@@ -33,7 +33,7 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
            "SHARED_FLAGS", "DEFAULT_MODEL", "BROKER_TIMEOUT_S", "suggest_flags",
-           "first_sentence"]
+           "first_sentence", "SERVICE", "ONE_SHOT", "DEFAULT_LOG_LEVELS", "chosen_log_level"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -107,6 +107,16 @@ class EnvDefault:
 #: broker to answer before exit 3; the sync daemon never gives up (its --request-timeout is
 #: per request, --startup-timeout an overall deadline)
 BROKER_TIMEOUT_S = 30.0
+
+#: kinds of command, for their default ``--log-level`` (:data:`DEFAULT_LOG_LEVELS`)
+SERVICE, ONE_SHOT = "service", "one-shot"
+
+#: the default log level of each kind of command (README "Logging"). A service (the sync
+#: daemon, the broker, the demo) runs for minutes to months: its INFO lines (started, caught
+#: up, periodic summaries, stopping) are the operator's record of it. A one-shot tool
+#: (``deltastream-replay``, ``topic``, ``bench``) answers on stdout, so what it writes on
+#: stderr should be only what went wrong.
+DEFAULT_LOG_LEVELS = {SERVICE: "INFO", ONE_SHOT: "WARNING"}
 
 #: model name of the one-shot tools that need one (``deltastream topic``, ``demo``): the
 #: same, so ``deltastream topic`` makes the topic the demo then uses (``deltas.demo``)
@@ -431,17 +441,27 @@ def kafka_settings(args: argparse.Namespace, parser: argparse.ArgumentParser,
         parser.error(str(e))
 
 
-def add_logging_arguments(parser: EnvArgumentParser, *, default: str = "INFO",
+def add_logging_arguments(parser: EnvArgumentParser, *, kind: Optional[str] = SERVICE,
                           again: Optional[EnvArgumentParser] = None) -> None:
-    """``--log-level`` and ``-v/--verbose``. ``again``: the parent parser, whose same flags
-    these repeat on a subcommand (they override the ones given before it; the variables
-    are the parent's)."""
+    """``--log-level`` and ``-v/--verbose``, defaulting to the level of the command's
+    ``kind`` (:data:`DEFAULT_LOG_LEVELS`; None: a parent whose subcommands each have their
+    own). ``again``: the parent parser, whose same flags these repeat on a subcommand (they
+    override the ones given before it; the variables are the parent's). Read the level with
+    :func:`chosen_log_level`."""
+    level = DEFAULT_LOG_LEVELS[kind] if kind else None
+    if again is not None:
+        parser.set_defaults(log_level_default=level)
     kw: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again
-                          else {"default": default})
+                          else {"default": level})
+    if kind is None:
+        why = (f" (default: the subcommand's, see its --help: {DEFAULT_LOG_LEVELS[SERVICE]} "
+               f"for services, {DEFAULT_LOG_LEVELS[ONE_SHOT]} for one-shot tools)")
+    else:  # a flag of its own gets "(default: …)" from the help formatter
+        why = f" (default for this command: {level})" if again is not None else ""
     where = (" Also accepted before the subcommand [env "
              + ", else ".join(again.env_vars("log-level")) + "]." if again else "")
     parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                        help="Logging level (logs go to stderr)." + where, **kw)
+                        help="Logging level, on stderr" + why + "." + where, **kw)
     kw_v: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again else {})
     where_v = (" Also accepted before the subcommand [env "
                + ", else ".join(again.env_vars("verbose")) + "]." if again else "")
@@ -449,3 +469,10 @@ def add_logging_arguments(parser: EnvArgumentParser, *, default: str = "INFO",
                         help="Also show the Kafka client library's (kafka-python) own log "
                              "lines; they are hidden otherwise, and failures are reported "
                              "in one line." + where_v, **kw_v)
+
+
+def chosen_log_level(args: argparse.Namespace) -> str:
+    """The level of ``--log-level`` (or its variables), else the default of the command's
+    kind set by :func:`add_logging_arguments`."""
+    return (args.log_level or getattr(args, "log_level_default", None)
+            or DEFAULT_LOG_LEVELS[SERVICE])

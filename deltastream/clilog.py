@@ -4,6 +4,9 @@
   (with tracebacks); the tools report broker trouble themselves in one line. So the
   ``kafka`` logger does not reach the terminal unless ``-v/--verbose``; its last
   warning or error is kept (:func:`last_kafka_error`) for the tools' one-line messages.
+* The level is ``--log-level``, its variables, else the default of the command's kind
+  (:data:`deltastream.cliargs.DEFAULT_LOG_LEVELS`: INFO for services, WARNING for one-shot
+  tools); every CLI entry point sets it up with :func:`setup_cli_logging`.
 * Secret values (SASL and key passwords) are replaced by ``***`` in every line any logger
   writes (:func:`setup_logging` ``secrets=``): kafka-python logs its whole configuration at
   DEBUG.
@@ -11,12 +14,15 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Iterable
 from typing import Optional
 
-__all__ = ["setup_logging", "last_kafka_error", "kafka_hint", "hide_secrets", "RedactSecrets"]
+from deltastream.cliargs import chosen_log_level
+
+__all__ = ["setup_cli_logging", "setup_logging", "last_kafka_error", "kafka_hint", "hide_secrets", "RedactSecrets"]
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +117,10 @@ def setup_logging(level: str = "INFO", *, verbose: bool = False,
         # kept for last_kafka_error(); never printed
         kafka.setLevel(logging.WARNING)
         kafka.propagate = False
+
+
+def setup_cli_logging(args: argparse.Namespace, *, fmt: str = DEFAULT_FORMAT,
+                      secrets: Iterable[str] = ()) -> None:
+    """:func:`setup_logging` for a CLI whose parser has
+    :func:`deltastream.cliargs.add_logging_arguments`: the level given, else its kind's."""
+    setup_logging(chosen_log_level(args), verbose=args.verbose, fmt=fmt, secrets=secrets)

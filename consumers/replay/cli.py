@@ -55,6 +55,7 @@ from deltastream.cliargs import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    ONE_SHOT,
     EnvArgumentParser,
     add_kafka_arguments,
     add_logging_arguments,
@@ -63,7 +64,7 @@ from deltastream.cliargs import (
     positive_float,
     positive_int,
 )
-from deltastream.clilog import kafka_hint, setup_logging
+from deltastream.clilog import kafka_hint, setup_cli_logging
 from deltastream.errors import error_text
 from deltastream.kafka_config import secret_values
 
@@ -252,14 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "an offset or a point in time, dump decoded messages, count "
                           "per-stream stats, diff snapshots.",
                           epilog=EXIT_CODES + " (diff: 1 when the snapshots differ).")
-    add_logging_arguments(p, default="WARNING")
+    add_logging_arguments(p, kind=ONE_SHOT)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     def command(name: str, **kw: Any) -> EnvArgumentParser:
         sp = sub.add_parser(name, env_prefix=f"{ENV_PREFIX}{name.upper()}_",
                             env_parent=ENV_PREFIX, epilog=EXIT_CODES, **kw)
-        add_logging_arguments(sp, again=p)
+        add_logging_arguments(sp, kind=ONE_SHOT, again=p)
         return sp
 
     for add in (_add_rebuild, _add_dump, _add_stats, _add_diff):
@@ -420,8 +421,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.kafka = kafka_settings(args, parser, ENV_PREFIX)
     except SystemExit as e:  # --help (0) or a usage error (2, message already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
-    setup_logging(args.log_level, verbose=args.verbose,
-                  fmt=f"{PROG}: %(levelname)s: %(message)s", secrets=secret_values(args.kafka))
+    setup_cli_logging(args, fmt=f"{PROG}: %(levelname)s: %(message)s",
+                      secrets=secret_values(args.kafka))
     where = f"{PROG} {args.command}: error"
     try:
         return _COMMANDS[args.command](args)
