@@ -66,7 +66,7 @@ from deltastream.cliargs import (
 )
 from deltastream.clilog import kafka_hint, setup_cli_logging
 from deltastream.errors import error_text
-from deltastream.kafka_config import secret_values
+from deltastream.kafka_config import refused_everywhere, secret_values
 
 __all__ = ["main", "build_parser"]
 
@@ -272,10 +272,20 @@ class _Usage(Exception):
     """A usage error found after parsing (missing combination of flags)."""
 
 
-def _topic_model(args: argparse.Namespace, *, need_model: bool) -> tuple[str, Optional[str]]:
+def _check_broker(args: argparse.Namespace, what: str = "") -> None:
+    """A usage error without ``--bootstrap-servers``; :class:`BrokerUnavailable` when
+    nothing listens there, after a grace of 5 s (a broker started just before) or
+    ``--timeout`` if shorter, not after ``--timeout`` of retries."""
     if not args.bootstrap_servers:
-        raise _Usage("no broker given: pass --bootstrap-servers HOST:PORT or set "
+        raise _Usage(f"{what}no broker given: pass --bootstrap-servers HOST:PORT or set "
                      f"{ENV_PREFIX}BOOTSTRAP_SERVERS or DELTASTREAM_BOOTSTRAP_SERVERS")
+    problem = refused_everywhere(args.bootstrap_servers, grace=min(5.0, args.timeout))
+    if problem:
+        raise BrokerUnavailable(problem)
+
+
+def _topic_model(args: argparse.Namespace, *, need_model: bool) -> tuple[str, Optional[str]]:
+    _check_broker(args)
     topic, model = args.topic, args.model
     if not topic:
         if not model:
@@ -392,10 +402,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.rebuild:
         if args.b is not None:
             raise _Usage("diff: give either two snapshots or one snapshot with --rebuild")
-        if not args.bootstrap_servers:
-            raise _Usage("diff --rebuild: no broker given: pass --bootstrap-servers "
-                         f"HOST:PORT or set {ENV_PREFIX}BOOTSTRAP_SERVERS or "
-                         "DELTASTREAM_BOOTSTRAP_SERVERS")
+        _check_broker(args, "diff --rebuild: ")
         rep = diff_with_rebuild(_snapshot_arg(args.a), bootstrap_servers=args.bootstrap_servers,
                                 topic=args.topic, model=args.model, tolerance=args.tolerance,
                                 progress=_progress(args), timeout=args.timeout,
