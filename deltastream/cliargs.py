@@ -33,7 +33,8 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
            "SHARED_FLAGS", "DEFAULT_MODEL", "BROKER_TIMEOUT_S", "suggest_flags",
-           "first_sentence", "SERVICE", "ONE_SHOT", "DEFAULT_LOG_LEVELS", "chosen_log_level"]
+           "first_sentence", "SERVICE", "ONE_SHOT", "DEFAULT_LOG_LEVELS", "LOG_LEVELS",
+           "VERBOSE_LOG_LEVEL", "chosen_log_level"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -117,6 +118,13 @@ SERVICE, ONE_SHOT = "service", "one-shot"
 #: (``deltastream-replay``, ``topic``, ``bench``) answers on stdout, so what it writes on
 #: stderr should be only what went wrong.
 DEFAULT_LOG_LEVELS = {SERVICE: "INFO", ONE_SHOT: "WARNING"}
+
+#: the ``--log-level`` choices, most verbose first
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+#: the level ``-v`` lowers a command's default to: ``-v`` asks for kafka-python's own lines,
+#: and it logs its connections at INFO
+VERBOSE_LOG_LEVEL = "INFO"
 
 #: model name of the one-shot tools that need one (``deltastream topic``, ``demo``): the
 #: same, so ``deltastream topic`` makes the topic the demo then uses (``deltas.demo``)
@@ -443,24 +451,25 @@ def kafka_settings(args: argparse.Namespace, parser: argparse.ArgumentParser,
 
 def add_logging_arguments(parser: EnvArgumentParser, *, kind: Optional[str] = SERVICE,
                           again: Optional[EnvArgumentParser] = None) -> None:
-    """``--log-level`` and ``-v/--verbose``, defaulting to the level of the command's
-    ``kind`` (:data:`DEFAULT_LOG_LEVELS`; None: a parent whose subcommands each have their
-    own). ``again``: the parent parser, whose same flags these repeat on a subcommand (they
-    override the ones given before it; the variables are the parent's). Read the level with
-    :func:`chosen_log_level`."""
+    """``--log-level`` and ``-v/--verbose``; without a level given (flag or variable) the
+    command logs at its ``kind``'s (:data:`DEFAULT_LOG_LEVELS`; None: a parent whose
+    subcommands each have their own). ``again``: the parent parser, whose same flags these
+    repeat on a subcommand (they override the ones given before it; the variables are the
+    parent's). Read the level with :func:`chosen_log_level`."""
     level = DEFAULT_LOG_LEVELS[kind] if kind else None
-    if again is not None:
+    if level:
         parser.set_defaults(log_level_default=level)
     kw: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again
-                          else {"default": level})
-    if kind is None:
+                          else {"default": None})
+    if level:
+        lowered = f", {VERBOSE_LOG_LEVEL} with -v" if _above(level, VERBOSE_LOG_LEVEL) else ""
+        why = f" (default for this command: {level}{lowered})"
+    else:
         why = (f" (default: the subcommand's, see its --help: {DEFAULT_LOG_LEVELS[SERVICE]} "
                f"for services, {DEFAULT_LOG_LEVELS[ONE_SHOT]} for one-shot tools)")
-    else:  # a flag of its own gets "(default: …)" from the help formatter
-        why = f" (default for this command: {level})" if again is not None else ""
     where = (" Also accepted before the subcommand [env "
              + ", else ".join(again.env_vars("log-level")) + "]." if again else "")
-    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    parser.add_argument("--log-level", choices=LOG_LEVELS,
                         help="Logging level, on stderr" + why + "." + where, **kw)
     kw_v: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again else {})
     where_v = (" Also accepted before the subcommand [env "
@@ -473,6 +482,16 @@ def add_logging_arguments(parser: EnvArgumentParser, *, kind: Optional[str] = SE
 
 def chosen_log_level(args: argparse.Namespace) -> str:
     """The level of ``--log-level`` (or its variables), else the default of the command's
-    kind set by :func:`add_logging_arguments`."""
-    return (args.log_level or getattr(args, "log_level_default", None)
-            or DEFAULT_LOG_LEVELS[SERVICE])
+    kind set by :func:`add_logging_arguments`, at most :data:`VERBOSE_LOG_LEVEL` with
+    ``-v``."""
+    if args.log_level:
+        return args.log_level
+    level = getattr(args, "log_level_default", None) or DEFAULT_LOG_LEVELS[SERVICE]
+    if getattr(args, "verbose", False) and _above(level, VERBOSE_LOG_LEVEL):
+        return VERBOSE_LOG_LEVEL
+    return level
+
+
+def _above(level: str, other: str) -> bool:
+    """Whether ``level`` is less verbose than ``other`` (WARNING above INFO)."""
+    return LOG_LEVELS.index(level) > LOG_LEVELS.index(other)

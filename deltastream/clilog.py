@@ -20,9 +20,10 @@ import sys
 from collections.abc import Iterable
 from typing import Optional
 
-from deltastream.cliargs import chosen_log_level
+from deltastream.cliargs import DEFAULT_LOG_LEVELS, SERVICE, chosen_log_level
 
-__all__ = ["setup_cli_logging", "setup_logging", "last_kafka_error", "kafka_hint", "hide_secrets", "RedactSecrets"]
+__all__ = ["setup_cli_logging", "setup_logging", "last_kafka_error", "kafka_hint",
+           "hide_secrets", "RedactSecrets"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,10 @@ def kafka_hint(message: str) -> str:
     return f" (kafka: {hint})"
 
 
-def setup_logging(level: str = "INFO", *, verbose: bool = False,
+def setup_logging(level: Optional[str] = None, *, verbose: bool = False,
                   fmt: str = DEFAULT_FORMAT, secrets: Iterable[str] = ()) -> None:
-    """Log to stderr at ``level``; kafka-python's own lines only with ``verbose``.
+    """Log to stderr at ``level`` (None: a service's, INFO); kafka-python's own lines only
+    with ``verbose``. A CLI calls :func:`setup_cli_logging`.
 
     Idempotent: a second call replaces the handler it installed before.
     """
@@ -106,7 +108,7 @@ def setup_logging(level: str = "INFO", *, verbose: bool = False,
     handler.setFormatter(logging.Formatter(fmt))
     handler.addFilter(_redactor)
     root.addHandler(handler)
-    root.setLevel(getattr(logging, level))
+    root.setLevel(getattr(logging, level or DEFAULT_LOG_LEVELS[SERVICE]))
     kafka = logging.getLogger("kafka")
     if _tail not in kafka.handlers:
         kafka.addHandler(_tail)

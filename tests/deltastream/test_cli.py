@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from deltastream.cli import bench_names, main
-from deltastream.cliargs import DEFAULT_LOG_LEVELS, ONE_SHOT, SERVICE, chosen_log_level
+from deltastream.cliargs import (
+    DEFAULT_LOG_LEVELS,
+    ONE_SHOT,
+    SERVICE,
+    VERBOSE_LOG_LEVEL,
+    chosen_log_level,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench._common import result  # noqa: E402
@@ -199,6 +205,8 @@ def test_each_command_logs_at_its_kinds_level_unless_told(tool, argv, kind, monk
     assert level([]) == DEFAULT_LOG_LEVELS[kind]
     assert level(["--log-level", "ERROR"]) == "ERROR"
     assert level(["--log-level", "DEBUG"], before=True) == "DEBUG"
+    assert level(["-v"]) == VERBOSE_LOG_LEVEL  # kafka-python's lines are INFO lines
+    assert level(["-v", "--log-level", "ERROR"]) == "ERROR"
     monkeypatch.setenv("DELTASTREAM_LOG_LEVEL", "ERROR")
     assert level([]) == "ERROR"
     assert level(["--log-level", "INFO"]) == "INFO"
