@@ -33,6 +33,7 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
            "SHARED_FLAGS", "DEFAULT_MODEL", "BROKER_TIMEOUT_S", "suggest_flags",
+           "subcommand_parser",
            "first_sentence", "SERVICE", "ONE_SHOT", "DEFAULT_LOG_LEVELS", "LOG_LEVELS",
            "VERBOSE_LOG_LEVEL", "chosen_log_level"]
 
@@ -149,17 +150,25 @@ class _HelpEnv(argparse.Action):
         parser.exit(0)
 
 
+def subcommand_parser(parser: argparse.ArgumentParser,
+                      argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``argv`` runs: ``parser``, or the (sub)subcommand
+    named in ``argv``."""
+    p = parser
+    for tok in argv:  # walk down to the subcommand named in argv
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and tok in sub.choices:
+            p = sub.choices[tok]
+    return p
+
+
 def suggest_flags(parser: argparse.ArgumentParser, argv: Sequence[str],
                   unknown: Sequence[str]) -> str:
     """`` (did you mean --x?)`` for the unknown ``--flags`` close to a flag of the
     (sub)command ``argv`` runs, else ``""``."""
     import difflib
 
-    p = parser
-    for tok in argv:  # walk down to the subcommand named in argv
-        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if sub is not None and tok in sub.choices:
-            p = sub.choices[tok]
+    p = subcommand_parser(parser, argv)
     known = [o for a in p._actions for o in a.option_strings if o.startswith("--")]
     hints = []
     for tok in unknown:
@@ -217,9 +226,9 @@ class EnvArgumentParser(argparse.ArgumentParser):
         did you mean --shard?)."""
         argv = list(sys.argv[1:] if args is None else args)
         ns, extras = self.parse_known_args(argv, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}"
-                       f"{suggest_flags(self, argv, extras)}")
+        if extras:  # the subcommand's error: its name, its --help
+            subcommand_parser(self, argv).error(f"unrecognized arguments: {' '.join(extras)}"
+                                                f"{suggest_flags(self, argv, extras)}")
         return ns
 
     def env_vars(self, flag: str, *, local: bool = False) -> list[str]:
