@@ -66,7 +66,7 @@ from deltastream.cliargs import (
 )
 from deltastream.clilog import kafka_hint, setup_cli_logging
 from deltastream.errors import error_text
-from deltastream.kafka_config import refused_everywhere, secret_values
+from deltastream.kafka_config import REFUSED_GRACE_S, refused_everywhere, secret_values
 
 __all__ = ["main", "build_parser"]
 
@@ -274,12 +274,13 @@ class _Usage(Exception):
 
 def _check_broker(args: argparse.Namespace, what: str = "") -> None:
     """A usage error without ``--bootstrap-servers``; :class:`BrokerUnavailable` when
-    nothing listens there, after a grace of 5 s (a broker started just before) or
-    ``--timeout`` if shorter, not after ``--timeout`` of retries."""
+    nothing listens there, after :data:`REFUSED_GRACE_S` (a broker started just before)
+    or ``--timeout`` if shorter, not after ``--timeout`` of retries."""
     if not args.bootstrap_servers:
         raise _Usage(f"{what}no broker given: pass --bootstrap-servers HOST:PORT or set "
                      f"{ENV_PREFIX}BOOTSTRAP_SERVERS or DELTASTREAM_BOOTSTRAP_SERVERS")
-    problem = refused_everywhere(args.bootstrap_servers, grace=min(5.0, args.timeout))
+    problem = refused_everywhere(args.bootstrap_servers,
+                                 grace=min(REFUSED_GRACE_S, args.timeout))
     if problem:
         raise BrokerUnavailable(problem)
 
