@@ -307,7 +307,7 @@ def serve_foreground(port: int, *, out: Optional[TextIO] = None) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m deltastream.broker [flags]``: the same as ``deltastream broker [flags]``."""
     from deltastream.cliargs import EXIT_CODES, EnvArgumentParser, add_logging_arguments
-    from deltastream.clilog import setup_logging
+    from deltastream.clilog import setup_cli_logging
 
     p = EnvArgumentParser(prog="python -m deltastream.broker", env_prefix="DELTASTREAM_BROKER_",
                           description="Run the embedded broker in the foreground.",
@@ -315,7 +315,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     add_logging_arguments(p)
     add_broker_arguments(p)
     args = p.parse_args(argv)
-    setup_logging(args.log_level, verbose=args.verbose)
+    setup_cli_logging(args)
     return serve_foreground(args.port)
 
 

@@ -26,6 +26,8 @@ from deltastream.cliargs import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    ONE_SHOT,
+    SERVICE,
     EnvArgumentParser,
     add_kafka_arguments,
     add_logging_arguments,
@@ -33,7 +35,7 @@ from deltastream.cliargs import (
     positive_float,
     positive_int,
 )
-from deltastream.clilog import kafka_hint, setup_logging
+from deltastream.clilog import kafka_hint, setup_cli_logging
 from deltastream.errors import DeltastreamError, error_text
 from deltastream.kafka_config import refused_everywhere, secret_values, tls_probe
 
@@ -145,7 +147,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``deltastream``."""
     p = EnvArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EXIT_CODES)
-    add_logging_arguments(p)
+    add_logging_arguments(p, kind=None)  # each subcommand's kind
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser("bench", env_prefix="DELTASTREAM_BENCH_", epilog=EXIT_CODES,
@@ -156,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"${BENCH_DIR_ENV}, else the checkout this package was "
                                    "installed from (pip install -e .), else the current "
                                    "directory.")
-    add_logging_arguments(b, again=p)
+    add_logging_arguments(b, kind=ONE_SHOT, again=p)
     b.add_argument("name", help="benchmark name, 'list' or 'all'")
     b.add_argument("--json", action="store_true", help="print one JSON object per figure")
     b.add_argument("--write", default=None, metavar="FILE",
@@ -169,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="create the deltas topic if missing (idempotent)",
                        description="Create the deltas topic with --partitions partitions "
                                    "unless it exists; print its partition count.")
-    add_logging_arguments(t, again=p)
+    add_logging_arguments(t, kind=ONE_SHOT, again=p)
     add_kafka_arguments(t)
     t.add_argument("--model", default=DEFAULT_MODEL,
                    help="model name; the topic defaults to deltas.<model> (the demo's "
@@ -187,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "memory, 127.0.0.1 only) for trying the tools; print its "
                                    "bootstrap address on stdout once it answers; SIGTERM or "
                                    "Ctrl-C stops it (exit 0). Its data is gone when it stops.")
-    add_logging_arguments(k, again=p)
+    add_logging_arguments(k, kind=SERVICE, again=p)
     from deltastream.broker import add_broker_arguments
 
     add_broker_arguments(k)
@@ -204,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "bytes/s and rows/s against the budget; freshness.png; "
                                    "bound.png: the serving-error bound) to --out. About 2 "
                                    "minutes on 2 cores.")
-    add_logging_arguments(d, again=p)
+    add_logging_arguments(d, kind=SERVICE, again=p)
     from deltastream_demo.run import add_demo_arguments
 
     add_demo_arguments(d)
@@ -218,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # the demo reads its Kafka settings itself (deltastream_demo.run); topic here, before any logging
     args.kafka = (kafka_settings(args, args.sub_parser, args.kafka_prefix)
                   if args.command == "topic" else {})
-    setup_logging(args.log_level, verbose=args.verbose, secrets=secret_values(args.kafka))
+    setup_cli_logging(args, secrets=secret_values(args.kafka))
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

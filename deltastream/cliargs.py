@@ -33,7 +33,9 @@ __all__ = ["EnvArgumentParser", "ListAction", "env_name", "positive_float",
            "add_kafka_arguments", "kafka_settings", "add_logging_arguments", "EXIT_OK",
            "EXIT_FAILED", "EXIT_USAGE", "EXIT_UNAVAILABLE", "EXIT_INTERRUPTED", "EXIT_CODES",
            "SHARED_FLAGS", "DEFAULT_MODEL", "BROKER_TIMEOUT_S", "suggest_flags",
-           "first_sentence"]
+           "subcommand_parser",
+           "first_sentence", "SERVICE", "ONE_SHOT", "DEFAULT_LOG_LEVELS", "LOG_LEVELS",
+           "VERBOSE_LOG_LEVEL", "chosen_log_level"]
 
 ENV_PREFIX = "DELTASTREAM_"
 
@@ -108,6 +110,23 @@ class EnvDefault:
 #: per request, --startup-timeout an overall deadline)
 BROKER_TIMEOUT_S = 30.0
 
+#: kinds of command, for their default ``--log-level`` (:data:`DEFAULT_LOG_LEVELS`)
+SERVICE, ONE_SHOT = "service", "one-shot"
+
+#: the default log level of each kind of command (README "Logging"). A service (the sync
+#: daemon, the broker, the demo) runs for minutes to months: its INFO lines (started, caught
+#: up, periodic summaries, stopping) are the operator's record of it. A one-shot tool
+#: (``deltastream-replay``, ``topic``, ``bench``) answers on stdout, so what it writes on
+#: stderr should be only what went wrong.
+DEFAULT_LOG_LEVELS = {SERVICE: "INFO", ONE_SHOT: "WARNING"}
+
+#: the ``--log-level`` choices, most verbose first
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+#: the level ``-v`` lowers a command's default to: ``-v`` asks for kafka-python's own lines,
+#: and it logs its connections at INFO
+VERBOSE_LOG_LEVEL = "INFO"
+
 #: model name of the one-shot tools that need one (``deltastream topic``, ``demo``): the
 #: same, so ``deltastream topic`` makes the topic the demo then uses (``deltas.demo``)
 DEFAULT_MODEL = "demo"
@@ -131,17 +150,25 @@ class _HelpEnv(argparse.Action):
         parser.exit(0)
 
 
+def subcommand_parser(parser: argparse.ArgumentParser,
+                      argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``argv`` runs: ``parser``, or the (sub)subcommand
+    named in ``argv``."""
+    p = parser
+    for tok in argv:  # walk down to the subcommand named in argv
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is not None and tok in sub.choices:
+            p = sub.choices[tok]
+    return p
+
+
 def suggest_flags(parser: argparse.ArgumentParser, argv: Sequence[str],
                   unknown: Sequence[str]) -> str:
     """`` (did you mean --x?)`` for the unknown ``--flags`` close to a flag of the
     (sub)command ``argv`` runs, else ``""``."""
     import difflib
 
-    p = parser
-    for tok in argv:  # walk down to the subcommand named in argv
-        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if sub is not None and tok in sub.choices:
-            p = sub.choices[tok]
+    p = subcommand_parser(parser, argv)
     known = [o for a in p._actions for o in a.option_strings if o.startswith("--")]
     hints = []
     for tok in unknown:
@@ -199,9 +226,9 @@ class EnvArgumentParser(argparse.ArgumentParser):
         did you mean --shard?)."""
         argv = list(sys.argv[1:] if args is None else args)
         ns, extras = self.parse_known_args(argv, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}"
-                       f"{suggest_flags(self, argv, extras)}")
+        if extras:  # the subcommand's error: its name, its --help
+            subcommand_parser(self, argv).error(f"unrecognized arguments: {' '.join(extras)}"
+                                                f"{suggest_flags(self, argv, extras)}")
         return ns
 
     def env_vars(self, flag: str, *, local: bool = False) -> list[str]:
@@ -431,17 +458,28 @@ def kafka_settings(args: argparse.Namespace, parser: argparse.ArgumentParser,
         parser.error(str(e))
 
 
-def add_logging_arguments(parser: EnvArgumentParser, *, default: str = "INFO",
+def add_logging_arguments(parser: EnvArgumentParser, *, kind: Optional[str] = SERVICE,
                           again: Optional[EnvArgumentParser] = None) -> None:
-    """``--log-level`` and ``-v/--verbose``. ``again``: the parent parser, whose same flags
-    these repeat on a subcommand (they override the ones given before it; the variables
-    are the parent's)."""
+    """``--log-level`` and ``-v/--verbose``; without a level given (flag or variable) the
+    command logs at its ``kind``'s (:data:`DEFAULT_LOG_LEVELS`; None: a parent whose
+    subcommands each have their own). ``again``: the parent parser, whose same flags these
+    repeat on a subcommand (they override the ones given before it; the variables are the
+    parent's). Read the level with :func:`chosen_log_level`."""
+    level = DEFAULT_LOG_LEVELS[kind] if kind else None
+    if level:
+        parser.set_defaults(log_level_default=level)
     kw: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again
-                          else {"default": default})
+                          else {"default": None})
+    if level:
+        lowered = f", {VERBOSE_LOG_LEVEL} with -v" if _above(level, VERBOSE_LOG_LEVEL) else ""
+        why = f" (default for this command: {level}{lowered})"
+    else:
+        why = (f" (default: the subcommand's, see its --help: {DEFAULT_LOG_LEVELS[SERVICE]} "
+               f"for services, {DEFAULT_LOG_LEVELS[ONE_SHOT]} for one-shot tools)")
     where = (" Also accepted before the subcommand [env "
              + ", else ".join(again.env_vars("log-level")) + "]." if again else "")
-    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                        help="Logging level (logs go to stderr)." + where, **kw)
+    parser.add_argument("--log-level", choices=LOG_LEVELS,
+                        help="Logging level, on stderr" + why + "." + where, **kw)
     kw_v: dict[str, Any] = ({"default": argparse.SUPPRESS, "env": False} if again else {})
     where_v = (" Also accepted before the subcommand [env "
                + ", else ".join(again.env_vars("verbose")) + "]." if again else "")
@@ -449,3 +487,20 @@ def add_logging_arguments(parser: EnvArgumentParser, *, default: str = "INFO",
                         help="Also show the Kafka client library's (kafka-python) own log "
                              "lines; they are hidden otherwise, and failures are reported "
                              "in one line." + where_v, **kw_v)
+
+
+def chosen_log_level(args: argparse.Namespace) -> str:
+    """The level of ``--log-level`` (or its variables), else the default of the command's
+    kind set by :func:`add_logging_arguments`, at most :data:`VERBOSE_LOG_LEVEL` with
+    ``-v``."""
+    if args.log_level:
+        return args.log_level
+    level = getattr(args, "log_level_default", None) or DEFAULT_LOG_LEVELS[SERVICE]
+    if getattr(args, "verbose", False) and _above(level, VERBOSE_LOG_LEVEL):
+        return VERBOSE_LOG_LEVEL
+    return level
+
+
+def _above(level: str, other: str) -> bool:
+    """Whether ``level`` is less verbose than ``other`` (WARNING above INFO)."""
+    return LOG_LEVELS.index(level) > LOG_LEVELS.index(other)

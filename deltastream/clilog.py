@@ -4,6 +4,9 @@
   (with tracebacks); the tools report broker trouble themselves in one line. So the
   ``kafka`` logger does not reach the terminal unless ``-v/--verbose``; its last
   warning or error is kept (:func:`last_kafka_error`) for the tools' one-line messages.
+* The level is ``--log-level``, its variables, else the default of the command's kind
+  (:data:`deltastream.cliargs.DEFAULT_LOG_LEVELS`: INFO for services, WARNING for one-shot
+  tools); every CLI entry point sets it up with :func:`setup_cli_logging`.
 * Secret values (SASL and key passwords) are replaced by ``***`` in every line any logger
   writes (:func:`setup_logging` ``secrets=``): kafka-python logs its whole configuration at
   DEBUG.
@@ -11,12 +14,16 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Iterable
 from typing import Optional
 
-__all__ = ["setup_logging", "last_kafka_error", "kafka_hint", "hide_secrets", "RedactSecrets"]
+from deltastream.cliargs import DEFAULT_LOG_LEVELS, SERVICE, chosen_log_level
+
+__all__ = ["setup_cli_logging", "setup_logging", "last_kafka_error", "kafka_hint",
+           "hide_secrets", "RedactSecrets"]
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +91,10 @@ def kafka_hint(message: str) -> str:
     return f" (kafka: {hint})"
 
 
-def setup_logging(level: str = "INFO", *, verbose: bool = False,
+def setup_logging(level: Optional[str] = None, *, verbose: bool = False,
                   fmt: str = DEFAULT_FORMAT, secrets: Iterable[str] = ()) -> None:
-    """Log to stderr at ``level``; kafka-python's own lines only with ``verbose``.
+    """Log to stderr at ``level`` (None: a service's, INFO); kafka-python's own lines only
+    with ``verbose``. A CLI calls :func:`setup_cli_logging`.
 
     Idempotent: a second call replaces the handler it installed before.
     """
@@ -100,7 +108,7 @@ def setup_logging(level: str = "INFO", *, verbose: bool = False,
     handler.setFormatter(logging.Formatter(fmt))
     handler.addFilter(_redactor)
     root.addHandler(handler)
-    root.setLevel(getattr(logging, level))
+    root.setLevel(getattr(logging, level or DEFAULT_LOG_LEVELS[SERVICE]))
     kafka = logging.getLogger("kafka")
     if _tail not in kafka.handlers:
         kafka.addHandler(_tail)
@@ -111,3 +119,10 @@ def setup_logging(level: str = "INFO", *, verbose: bool = False,
         # kept for last_kafka_error(); never printed
         kafka.setLevel(logging.WARNING)
         kafka.propagate = False
+
+
+def setup_cli_logging(args: argparse.Namespace, *, fmt: str = DEFAULT_FORMAT,
+                      secrets: Iterable[str] = ()) -> None:
+    """:func:`setup_logging` for a CLI whose parser has
+    :func:`deltastream.cliargs.add_logging_arguments`: the level given, else its kind's."""
+    setup_logging(chosen_log_level(args), verbose=args.verbose, fmt=fmt, secrets=secrets)

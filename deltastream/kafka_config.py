@@ -45,7 +45,7 @@ from deltastream.errors import KafkaConfigError
 
 __all__ = ["check_bootstrap_servers", "split_bootstrap_servers", "bootstrap_list", "security_config",
            "read_properties", "check_security", "secret_values", "redacted", "tls_probe",
-           "refused_everywhere",
+           "refused_everywhere", "REFUSED_GRACE_S",
            "SECURITY_SETTINGS", "ENV_NAMES", "KafkaConfigError"]
 
 log = logging.getLogger(__name__)
@@ -327,8 +327,12 @@ def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in config.items()}
 
 
+#: seconds a one-shot tool lets a refusing address refuse before it says nothing listens
+REFUSED_GRACE_S = 5.0
+
+
 def refused_everywhere(bootstrap_servers: BootstrapServers, timeout: float = 2.0,
-                       grace: float = 5.0) -> Optional[str]:
+                       grace: float = REFUSED_GRACE_S) -> Optional[str]:
     """One line when every bootstrap server keeps refusing TCP connections for ``grace``
     seconds (nothing listens there: a one-shot tool can say so in seconds instead of
     retrying until its timeout; the grace covers a broker started just before, e.g. in the

@@ -55,6 +55,7 @@ from deltastream.cliargs import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    ONE_SHOT,
     EnvArgumentParser,
     add_kafka_arguments,
     add_logging_arguments,
@@ -63,9 +64,9 @@ from deltastream.cliargs import (
     positive_float,
     positive_int,
 )
-from deltastream.clilog import kafka_hint, setup_logging
+from deltastream.clilog import kafka_hint, setup_cli_logging
 from deltastream.errors import error_text
-from deltastream.kafka_config import secret_values
+from deltastream.kafka_config import REFUSED_GRACE_S, refused_everywhere, secret_values
 
 __all__ = ["main", "build_parser"]
 
@@ -252,14 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "an offset or a point in time, dump decoded messages, count "
                           "per-stream stats, diff snapshots.",
                           epilog=EXIT_CODES + " (diff: 1 when the snapshots differ).")
-    add_logging_arguments(p, default="WARNING")
+    add_logging_arguments(p, kind=ONE_SHOT)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     def command(name: str, **kw: Any) -> EnvArgumentParser:
         sp = sub.add_parser(name, env_prefix=f"{ENV_PREFIX}{name.upper()}_",
                             env_parent=ENV_PREFIX, epilog=EXIT_CODES, **kw)
-        add_logging_arguments(sp, again=p)
+        add_logging_arguments(sp, kind=ONE_SHOT, again=p)
         return sp
 
     for add in (_add_rebuild, _add_dump, _add_stats, _add_diff):
@@ -271,10 +272,21 @@ class _Usage(Exception):
     """A usage error found after parsing (missing combination of flags)."""
 
 
-def _topic_model(args: argparse.Namespace, *, need_model: bool) -> tuple[str, Optional[str]]:
+def _check_broker(args: argparse.Namespace, what: str = "") -> None:
+    """A usage error without ``--bootstrap-servers``; :class:`BrokerUnavailable` when
+    nothing listens there, after :data:`REFUSED_GRACE_S` (a broker started just before)
+    or ``--timeout`` if shorter, not after ``--timeout`` of retries."""
     if not args.bootstrap_servers:
-        raise _Usage("no broker given: pass --bootstrap-servers HOST:PORT or set "
+        raise _Usage(f"{what}no broker given: pass --bootstrap-servers HOST:PORT or set "
                      f"{ENV_PREFIX}BOOTSTRAP_SERVERS or DELTASTREAM_BOOTSTRAP_SERVERS")
+    problem = refused_everywhere(args.bootstrap_servers,
+                                 grace=min(REFUSED_GRACE_S, args.timeout))
+    if problem:
+        raise BrokerUnavailable(problem)
+
+
+def _topic_model(args: argparse.Namespace, *, need_model: bool) -> tuple[str, Optional[str]]:
+    _check_broker(args)
     topic, model = args.topic, args.model
     if not topic:
         if not model:
@@ -391,10 +403,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.rebuild:
         if args.b is not None:
             raise _Usage("diff: give either two snapshots or one snapshot with --rebuild")
-        if not args.bootstrap_servers:
-            raise _Usage("diff --rebuild: no broker given: pass --bootstrap-servers "
-                         f"HOST:PORT or set {ENV_PREFIX}BOOTSTRAP_SERVERS or "
-                         "DELTASTREAM_BOOTSTRAP_SERVERS")
+        _check_broker(args, "diff --rebuild: ")
         rep = diff_with_rebuild(_snapshot_arg(args.a), bootstrap_servers=args.bootstrap_servers,
                                 topic=args.topic, model=args.model, tolerance=args.tolerance,
                                 progress=_progress(args), timeout=args.timeout,
@@ -420,8 +429,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.kafka = kafka_settings(args, parser, ENV_PREFIX)
     except SystemExit as e:  # --help (0) or a usage error (2, message already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USAGE)
-    setup_logging(args.log_level, verbose=args.verbose,
-                  fmt=f"{PROG}: %(levelname)s: %(message)s", secrets=secret_values(args.kafka))
+    setup_cli_logging(args, fmt=f"{PROG}: %(levelname)s: %(message)s",
+                      secrets=secret_values(args.kafka))
     where = f"{PROG} {args.command}: error"
     try:
         return _COMMANDS[args.command](args)

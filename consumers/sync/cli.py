@@ -42,7 +42,7 @@ from deltastream.cliargs import (
     field_values,
     kafka_settings,
 )
-from deltastream.clilog import setup_logging
+from deltastream.clilog import setup_cli_logging
 from deltastream.kafka_config import redacted, secret_values, tls_probe
 
 # parse_shards / parse_tables: from options
@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     kafka = kafka_settings(args, parser, ENV_PREFIX)
     # kafka-python logs every failed reconnect; the daemon logs each state change once
-    setup_logging(args.log_level, verbose=args.verbose, secrets=secret_values(kafka))
+    setup_cli_logging(args, secrets=secret_values(kafka))
     settings = field_values(args, SyncOptions)
     topic = settings["topic"] = args.topic or f"deltas.{args.model}"
     problem = tls_probe(args.bootstrap_servers, kafka, args.request_timeout)

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from deltastream.cli import bench_names, main
+from deltastream.cliargs import (
+    DEFAULT_LOG_LEVELS,
+    ONE_SHOT,
+    SERVICE,
+    VERBOSE_LOG_LEVEL,
+    chosen_log_level,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench._common import result  # noqa: E402
@@ -172,3 +182,51 @@ def test_the_one_shot_tools_wait_as_long_for_the_broker():
         replay = replay_parser().parse_args([sub, "--bootstrap-servers", "h:1",
                                              *(["--out", "o"] if sub == "rebuild" else [])])
         assert replay.timeout == topic.timeout, sub
+
+
+_LOG_CASES = [  # (tool, argv, kind): services log at INFO, one-shot tools at WARNING
+    ("deltastream", ["topic", "--bootstrap-servers", "h:1"], ONE_SHOT),
+    ("deltastream", ["bench", "list"], ONE_SHOT),
+    ("deltastream", ["broker"], SERVICE),
+    ("deltastream", ["demo"], SERVICE),
+    ("replay", ["stats", "--bootstrap-servers", "h:1"], ONE_SHOT),
+    ("sync", ["--bootstrap-servers", "h:1", "--model", "m", "--state-dir", "s"], SERVICE),
+]
+
+
+def _parse(tool: str, argv: list[str]):
+    from consumers.replay.cli import build_parser as replay_parser
+    from consumers.sync.cli import build_parser as sync_parser
+    from deltastream.cli import build_parser
+
+    parser = {"deltastream": build_parser, "replay": replay_parser, "sync": sync_parser}[tool]
+    return parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("tool, argv, kind", _LOG_CASES,
+                         ids=[f"{t} {a[0]}" for t, a, _ in _LOG_CASES])
+def test_each_command_logs_at_its_kinds_level_unless_told(tool, argv, kind, monkeypatch):
+    for var in [v for v in os.environ if v.endswith("LOG_LEVEL")]:
+        monkeypatch.delenv(var)
+
+    def level(flag: list[str], before: bool = False) -> str:
+        """The level of ``argv`` with ``flag`` before or after its subcommand (sync: last)."""
+        at = len(argv) if tool == "sync" else 0 if before else 1
+        return chosen_log_level(_parse(tool, [*argv[:at], *flag, *argv[at:]]))
+
+    assert level([]) == DEFAULT_LOG_LEVELS[kind]
+    assert level(["--log-level", "ERROR"]) == "ERROR"
+    assert level(["--log-level", "DEBUG"], before=True) == "DEBUG"
+    assert level(["-v"]) == VERBOSE_LOG_LEVEL  # kafka-python's lines are INFO lines
+    assert level(["-v", "--log-level", "ERROR"]) == "ERROR"
+    monkeypatch.setenv("DELTASTREAM_LOG_LEVEL", "ERROR")
+    assert level([]) == "ERROR"
+    assert level(["--log-level", "INFO"]) == "INFO"
+
+
+@pytest.mark.parametrize("cmd, kind", [("topic", ONE_SHOT), ("broker", SERVICE)])
+def test_a_subcommands_help_gives_its_default_log_level(cmd, kind, capsys):
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"default for this command: {DEFAULT_LOG_LEVELS[kind]}" in out

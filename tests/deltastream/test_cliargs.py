@@ -176,6 +176,7 @@ def test_a_misspelt_flag_of_the_subcommand_gets_a_suggestion(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: --shards 0 (did you mean --shard?)" in err
+    assert err.startswith("tool stats: error:") and "(see tool stats --help)" in err
     with pytest.raises(SystemExit):
         p.parse_args(["stats", "--tables", "a", "--shards=1"])
     assert "(did you mean --table for --tables, --shard for --shards?)" in \

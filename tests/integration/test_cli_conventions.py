@@ -289,14 +289,18 @@ def test_kafka_python_is_quiet_unless_verbose(broker, topic_name):
     assert r.returncode == 0 and " kafka." in r.stderr  # -v shows kafka-python's lines
 
 
-@pytest.mark.parametrize("cmd", [["topic"], ["demo", "--steps", "10"]])
+@pytest.mark.parametrize("cmd", [
+    [*DS, "topic"], [*DS, "demo", "--steps", "10", "--out", "o"],
+    [*REPLAY, "stats", "--topic", "t"], [*REPLAY, "dump", "--topic", "t"],
+    [*REPLAY, "rebuild", "--model", "m", "--out", "o"],
+    [*REPLAY, "diff", "snap", "--rebuild", "--model", "m"]],
+    ids=["topic", "demo", "replay stats", "replay dump", "replay rebuild", "replay diff"])
 def test_a_refused_address_is_one_line_exit_3_at_once(cmd, tmp_path):
     """Nothing listens there: the one-shot tools say so after a 5 s grace (a broker started
     just before in the background gets that long to listen), not after their 30 s timeout."""
     port = free_port()
-    extra = ["--out", str(tmp_path / "o")] if cmd[0] == "demo" else []
     t0 = time.monotonic()
-    r = _run([*DS, *cmd, "--bootstrap-servers", f"127.0.0.1:{port}", *extra])
+    r = _run([*cmd, "--bootstrap-servers", f"127.0.0.1:{port}"], cwd=tmp_path)
     assert r.returncode == EXIT_UNAVAILABLE
     assert time.monotonic() - t0 < 15  # the tools' own timeouts are 30 s
     err = _one_line(r, f"nothing listens on 127.0.0.1:{port} (connection refused for 5 s)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -412,24 +413,29 @@ def test_cli_exit_codes_and_messages(stream, tmp_path):
     assert r.returncode == 1 and "DIFFERENT" in r.stdout, r.stdout + r.stderr
     r = _cli("diff", str(tmp_path / "b"), "--rebuild", "--bootstrap-servers", stream.bootstrap)
     assert r.returncode == 0 and "no differences" in r.stdout, r.stdout + r.stderr
-    # 3: unreachable broker, missing topic; 2: bad offsets argument, out-of-range offsets,
-    # no broker given, a bad bootstrap address
-    for args, code, needle in [
-        (["stats", "--bootstrap-servers", "127.0.0.1:1", "--topic", "x", "--timeout", "1"],
-         3, "no Kafka broker answered"),
-        (["stats", "--bootstrap-servers", stream.bootstrap, "--topic", "deltas.nope"],
-         3, "does not exist"),
-        (["rebuild", *src, "--out", str(tmp_path / "c"), "--from-offsets", "0:5"],
-         2, "PARTITION=OFFSET"),
-        (["dump", *src, "--from-offsets", "0=100000"], 2, "beyond the end"),
-        (["stats", "--topic", stream.topic], 2, "--bootstrap-servers"),
-        (["stats", "--bootstrap-servers", "127.0.0.1:99999", "--topic", "x"], 2,
-         "port 99999 is outside 1..65535"),
-    ]:
-        r = _cli(*args)
-        assert r.returncode == code, (args, r.stdout, r.stderr)
-        assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-        assert "Traceback" not in r.stderr
+    # 3: nothing listens, a listener that never answers, missing topic; 2: bad offsets
+    # argument, out-of-range offsets, no broker given, a bad bootstrap address
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    mute = f"127.0.0.1:{silent.getsockname()[1]}"
+    with silent:
+        for args, code, needle in [
+            (["stats", "--bootstrap-servers", "127.0.0.1:1", "--topic", "x", "--timeout", "1"],
+             3, "nothing listens on 127.0.0.1:1 (connection refused for 1 s)"),
+            (["stats", "--bootstrap-servers", mute, "--topic", "x", "--timeout", "1"],
+             3, f"no Kafka broker answered at {mute} within 1 s"),
+            (["stats", "--bootstrap-servers", stream.bootstrap, "--topic", "deltas.nope"],
+             3, "does not exist"),
+            (["rebuild", *src, "--out", str(tmp_path / "c"), "--from-offsets", "0:5"],
+             2, "PARTITION=OFFSET"),
+            (["dump", *src, "--from-offsets", "0=100000"], 2, "beyond the end"),
+            (["stats", "--topic", stream.topic], 2, "--bootstrap-servers"),
+            (["stats", "--bootstrap-servers", "127.0.0.1:99999", "--topic", "x"], 2,
+             "port 99999 is outside 1..65535"),
+        ]:
+            r = _cli(*args)
+            assert r.returncode == code, (args, r.stdout, r.stderr)
+            assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert "Traceback" not in r.stderr
     assert not (tmp_path / "c").exists()
 
 
