@@ -27,12 +27,17 @@ from deltastream.kafka_config import check_bootstrap_servers
 from deltastream_demo.data import StreamConfig
 
 __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_STEPS",
-           "DEFAULT_BUDGET", "WIRE_DTYPES", "SHARDINGS", "MODEL_KINDS"]
+           "DEFAULT_BUDGET", "DEFAULT_DENSE_EVERY", "WIRE_DTYPES", "SHARDINGS", "MODEL_KINDS"]
 
 DEFAULT_STEPS = 2400
 #: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
 #: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``)
 DEFAULT_BUDGET = 50_000.0
+#: steps between dense (MLP) versions: half of --eval-every's default, so every progressive
+#: evaluation scores with a version at most ~50 steps old; the demo MLP is ~34 KB in f32 and
+#: Adam changes every tensor every step (each version is its full size), so at ~20 steps/s
+#: this is ~14 KB/s, well under the rows' default budget of 50 KB/s
+DEFAULT_DENSE_EVERY = 50
 WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
 SHARDINGS = ("row", "table", "column")
 MODEL_KINDS = ("hashtable", "torchrec")
@@ -81,6 +86,11 @@ class DemoOptions:
                         "serving error per byte within this budget "
                         "(deltastream.BudgetPublisher); 0 = rounds of --topk-fraction every "
                         "--publish-every steps", flag={"type": float})
+    dense_every: int = option(
+        DEFAULT_DENSE_EVERY, "steps between dense versions: rank 0 publishes the MLP "
+                             "(deltastream.DensePublisher, f32, a full version every 10) and "
+                             "the predictor scores with the newest one it has assembled",
+        flag={"type": int})
     dim: int = option(32, "embedding width", flag={"type": int})
     wire_dtype: str = option("f16", "row dtype on the wire", flag={"choices": list(WIRE_DTYPES)})
     max_message_bytes: int = option(1 << 20, "largest Kafka message the publisher sends "
@@ -152,6 +162,7 @@ class DemoOptions:
                                                                           and b >= 0):
             raise ValueError(f"--publish-budget must be a finite number of bytes/s >= 0 "
                              f"(0 = rounds of --topk-fraction), got {b!r}")
+        pos_int("dense_every")
         pos_int("dim", 1, 4096)
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"--wire-dtype must be one of {WIRE_DTYPES}, got "
