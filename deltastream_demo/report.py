@@ -280,8 +280,9 @@ def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
                                  f"{_num(g('drift', 'max_abs'), '.3g')}"
                                  f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')}: "
                                  f"wire rounding only)"),
-        ("dense weights served", "streamed, version "
-         f"{g('auc', 'dense_version')}, age {_num(g('auc', 'dense_age_s'), '.2f')} s / "
+        ("dense weights served", "streamed, version of step "
+         f"{(g('auc', 'dense_version') or [None, None])[1]}, age "
+         f"{_num(g('auc', 'dense_age_s'), '.2f')} s / "
          f"{_num(g('auc', 'dense_age_steps'))} steps" if g("auc", "dense_source") == "stream"
          else "none: no dense version reached the predictor (not scored)"),
         ("AUC serving (tables + streamed MLP)", _num(g("auc", "serving"), ".4f")),
