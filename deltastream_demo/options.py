@@ -37,7 +37,7 @@ DEFAULT_BUDGET = 50_000.0
 #: evaluation scores with an MLP about 50 steps old. Adam changes every tensor every step,
 #: so every version is the whole MLP (~35 KB in f32 at the default sizes): on 2 cores
 #: ``make demo`` sent 49 versions, 1.66 MiB in 57 s (~30 KB/s from one trainer), on top of
-#: the rows' budget (not charged to it), and well under it
+#: the rows' budget (not charged to it)
 DEFAULT_DENSE_EVERY = 50
 WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
 SHARDINGS = ("row", "table", "column")
