@@ -275,8 +275,17 @@ def _score_all(cfg: dict, trainer_weights: DenseWeights, serving: dict[str, Serv
     return out
 
 
-def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict) -> dict:
-    """Start a fresh daemon from the merged latest base snapshots; compare after catch-up."""
+def _same_dense(a: Any, b: Any) -> bool:
+    """Whether two dense versions are the same version with equal tensors."""
+    return a is not None and b is not None and a.version == b.version and \
+        sorted(a.tensors) == sorted(b.tensors) and all(
+            np.array_equal(a[k], b[k]) for k in a.tensors)
+
+
+def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict,
+                     main_dense: Any) -> dict:
+    """Start a fresh daemon from the merged latest base snapshots; compare its rows and
+    dense version (``main_dense``: the main predictor's) after catch-up."""
     snaps = sorted(Path(cfg["snapshot_dir"]).glob("shard-*"))
     snaps = [p for p in snaps if p.is_dir() and not p.name.endswith((".old",))
              and ".tmp" not in p.name]
@@ -296,7 +305,11 @@ def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict)
     finally:
         d.stop()
     tables = d.tables()
-    out = {"snapshot_steps": steps, "base_ids": base_ids, "caught_up": bool(ok),
+    # the snapshots hold no dense state: the fresh daemon assembles the versions after them
+    dense = d.dense()
+    out = {"dense_step": None if dense is None else dense.step,
+           "dense_same_as_main": _same_dense(dense, main_dense),
+           "snapshot_steps": steps, "base_ids": base_ids, "caught_up": bool(ok),
            "seconds": time.monotonic() - t0, "messages": st["messages"],
            "gaps": st["gaps"], "duplicates": st["duplicates"]}
     # every trainer row must be there; values within the wire tolerance (rows published after
@@ -434,11 +447,11 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
     serving = daemon.tables()
     drift = _drift(serving, trainer, published, cfg["wire_dtype"])
     # served: the newest complete dense version the daemon assembled from the stream
-    aucs = _score_all(cfg, weights, serving, trainer, torch_scores,
-                      _served_weights(daemon.dense()))
+    served = daemon.dense()
+    aucs = _score_all(cfg, weights, serving, trainer, torch_scores, _served_weights(served))
     aucs.update(dense_version=st["dense_version"], dense_age_s=st["dense_age_s"],
                 dense_age_steps=st["dense_age_steps"])
-    boot = _bootstrap_check(cfg, trainer, serving) if cfg.get("bootstrap_check", True) \
+    boot = _bootstrap_check(cfg, trainer, serving, served) if cfg.get("bootstrap_check", True) \
         else {"skipped": "disabled"}
     result = {
         "kind": "result", "who": "predictor",

@@ -310,7 +310,10 @@ def _extra_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
         elif isinstance(boot, Mapping):
             rows.append(("new predictor from snapshot",
                          f"{_num(boot.get('ids'))} ids, max |Δ| vs trainer "
-                         f"{_num(boot.get('max_abs'), '.3g')}"))
+                         f"{_num(boot.get('max_abs'), '.3g')}; dense version of step "
+                         f"{_num(boot.get('dense_step'))}"
+                         + (" (the main predictor's)" if boot.get("dense_same_as_main")
+                            else " (NOT the main predictor's)")))
     problems = r.get("invariants", {}).get("problems") if isinstance(r.get("invariants"),
                                                                      Mapping) else None
     if problems is not None:

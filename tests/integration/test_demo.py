@@ -138,6 +138,8 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     assert b["caught_up"] and b["missing"] == 0 and b["violations"] == 0
     assert b["ids"] == d["ids_compared"] and b["gaps"] == 0
     assert 0 < b["base_ids"] <= b["ids"]
+    # ... and, from the stream after the snapshots, to the same dense version
+    assert b["dense_same_as_main"] and b["dense_step"] == a["dense_version"][1]
 
     # serving vs trainer AUC during training: every progressive evaluation answered
     ev = r["timeline"]["auc"]
