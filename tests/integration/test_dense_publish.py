@@ -123,3 +123,95 @@ def test_dense_versions_reach_the_topic_and_assemble_to_the_model(broker, topic_
     assert all("frozen.weight" != c.name for c in decoded if not c.full)  # … without frozen
     assert max(len(c.values) for c in decoded) < 256 * 8  # mlp.0.weight took several chunks
     assert stats["versions"] == len(versions)
+
+
+class _Wide(torch.nn.Module):
+    """More changed rows per step than the budget buys, and an MLP of ~18 KB per version."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(5000, 16)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(),
+                                       torch.nn.Linear(256, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.emb(ids)).squeeze(-1)
+
+    def train_step(self, opt: torch.optim.Optimizer) -> None:
+        """One SGD step on 512 random ids."""
+        loss = (self(torch.randint(0, 5000, (512,))) - 1.0).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _budget_run(servers: str, topic: str, charge: bool, steps: int, per_step: float
+                ) -> tuple[dict, list[int]]:
+    """``steps`` budget ticks (synchronous) with a DensePublisher every 10 steps; the
+    budget's stats and the dense bytes sent, as they stood at each tick."""
+    torch.manual_seed(0)
+    model = _Wide()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = DeltaTracker(model, consumers=["pub"], mode=TrackingMode.EMBEDDING)
+    sent = []
+    with DeltaPublisher(servers, topic, model="m", shard=0, dtype="f32",
+                        max_message_bytes=1 << 16) as pub, \
+            DensePublisher(pub, model, DenseOptions(every_steps=10, threaded=False),
+                           tracker=tracker) as dense:
+        budget = BudgetPublisher(tracker, pub, "pub", BudgetPolicy(
+            bytes_per_step=per_step, charge_dense=charge), threaded=False, dense=dense)
+        for step in range(1, steps + 1):
+            model.train_step(opt)
+            tracker.step()
+            sent.append(dense.sent_bytes)  # before this tick's hand-off
+            budget.tick(step)
+        stats = budget.stats()
+        budget.close()
+    return stats, sent
+
+
+def test_a_budget_shared_with_the_dense_versions_holds_for_rows_and_dense_together(
+        broker, topic_name):
+    servers = broker.bootstrap_servers
+    ensure_topic(servers, topic_name, 1)
+    steps, per_step = 40, 3000.0
+    burst = BudgetPolicy(bytes_per_step=per_step).burst
+    shared, sent = _budget_run(servers, topic_name, True, steps, per_step)
+    # every version sent before the last tick is charged, once
+    assert shared["charged_bytes"] == sent[-1] > 0
+    version = max(np.diff([0, *sent]))  # the largest version
+    # rows + dense within the budget: the bucket's bound (refills + burst), plus the last
+    # charge, which may leave a debt
+    assert shared["bytes"] + shared["charged_bytes"] <= per_step * steps + burst + version
+    own, sent_own = _budget_run(servers, topic_name, False, steps, per_step)
+    # not shared: the rows spend the whole budget and the dense versions come on top
+    assert own["charged_bytes"] == 0 and own["bytes"] > shared["bytes"]
+    assert own["bytes"] + sent_own[-1] > per_step * steps + burst + version
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_the_dense_charge_reaches_the_budget_worker(broker, topic_name, worker):
+    servers = broker.bootstrap_servers
+    ensure_topic(servers, topic_name, 1)
+    torch.manual_seed(0)
+    model = _Wide()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracker = DeltaTracker(model, consumers=["pub"], mode=TrackingMode.EMBEDDING)
+    with DeltaPublisher(servers, topic_name, model="m", shard=0, dtype="f32",
+                        max_message_bytes=1 << 16) as pub, \
+            DensePublisher(pub, model, DenseOptions(every_steps=3, threaded=False),
+                           tracker=tracker) as dense:
+        with BudgetPublisher(tracker, pub, "pub", BudgetPolicy(
+                bytes_per_step=3000.0, charge_dense=True), worker=worker,
+                dense=dense) as budget:
+            for step in range(1, 11):
+                model.train_step(opt)
+                tracker.step()
+                budget.tick(step)
+            before = dense.sent_bytes
+            budget.flush(10)  # its hand-off carries what was not charged yet
+            stats = budget.stats()
+    # every version sent before the flush charged once, wherever the rounds ran; the
+    # flush's own final version is not (a final flush is outside the budget)
+    assert stats["worker"] == worker and stats["charged_bytes"] == before > 0
+    assert dense.sent_bytes > before
