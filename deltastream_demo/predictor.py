@@ -6,8 +6,8 @@
    daemon from it, so the predictor serves exactly this run's messages even on a topic that
    already holds older ones (an external Kafka);
 2. runs the daemon in a thread and reports lag, rows applied and freshness to the parent
-   every ``progress_interval`` seconds; on each ``eval`` (the trainer's AUC and MLP at a
-   step) scores the same examples with the serving tables and the dense version the daemon
+   every ``progress_interval`` seconds; on each ``eval`` (the trainer's AUC at a step)
+   scores the same examples with the serving tables and the dense version the daemon
    has assembled from the stream, as they are at that moment (:func:`serving_eval`), so the
    report shows serving against trainer AUC over the run and the dense version's age;
 3. on ``finish`` (the trainers' final offsets): waits until it has applied everything up to
@@ -359,12 +359,12 @@ def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
     """A ``serve_eval`` event: the AUC of the serving tables as they are now under the
     dense version the daemon serves now, on the ``n`` examples from ``start`` that the
     trainer scored at step ``step``; ``lag`` = messages not applied yet; ``dense_step``
-    and ``dense_age_s`` (now − the version's trainer clock), ``dense_age_steps`` (``step``
-    − its step). Before the first dense version: ``auc`` and the dense figures None."""
+    (the version's step) and ``dense_age_s`` (now − its trainer clock). Before the first
+    dense version: ``auc`` and the dense figures None."""
     now = time.time()
     out = {"kind": "serve_eval", "step": int(msg["step"]), "t": now - float(cfg["t0"]),
            "lag": daemon.stats()["lag_total"], "auc": None, "dense_step": None,
-           "dense_age_s": None, "dense_age_steps": None}
+           "dense_age_s": None}
     view = daemon.dense()  # read once: the version scored is the one reported
     weights = _served_weights(view)
     if weights is None:
@@ -376,8 +376,7 @@ def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
     logits = score(weights, (tables.get("user") or zeros).lookup,
                    (tables.get("item") or zeros).lookup, ho.user_ids, ho.item_ids, ho.dense)
     out.update(auc=auc(ho.labels, logits), dense_step=int(view.step),
-               dense_age_s=max(0.0, now - view.ts / 1e9),
-               dense_age_steps=int(msg["step"]) - int(view.step))
+               dense_age_s=max(0.0, now - view.ts / 1e9))
     return out
 
 
