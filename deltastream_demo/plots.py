@@ -135,7 +135,7 @@ def plot_rates(path: str | os.PathLike, publish: Sequence[Sequence[float]], *,
         ft = float(flush[:, 1].min()) if flush.size else None
         x, kib = per_second(steady[:, 1], steady[:, 3] / 1024.0)
         _, rps = per_second(steady[:, 1], steady[:, 2])
-        a1.step(x, kib, where="post", color="tab:blue", lw=1.0, label="sent, per second")
+        a1.step(x, kib, where="post", color="tab:blue", lw=1.0, label="rows sent, per second")
         top = steady_ylim(kib)
         if budget_bytes_per_s > 0:
             b = budget_bytes_per_s * trainers / 1024.0
@@ -150,7 +150,8 @@ def plot_rates(path: str | os.PathLike, publish: Sequence[Sequence[float]], *,
                                 "(off scale) ")
             _flush_mark(a2, ft, f"final flush: {int(flush[:, 2].sum()):,} rows (off scale) ")
         a1.set_ylabel("KiB/s published")
-        a1.set_title("published per second (all trainers), against the budget")
+        a1.set_title("rows published per second (all trainers), against the budget\n"
+                      "(dense versions apart: the report's [dense weights])")
         a2.set_ylabel("rows/s published")
         a2.set_xlabel("time since start (s)")
         for ax in (a1, a2):
