@@ -70,7 +70,8 @@ def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
     """PNG, two panels over trainer steps: the training loss (rank 0's batch loss), and
     AUC of the trainer vs serving (its tables under the dense version streamed to it) on
     the same next examples of the stream (``timeline["auc"]`` rows ``[step, t, trainer,
-    serving, lag, dense step, dense age s]``), and the AUC lost to staleness, with the final
+    serving, lag, dense step, dense age steps, dense age s]``), and the AUC lost to
+    staleness, with the final
     held-out AUCs and the ceiling (the true model) from ``auc_final``."""
     plt = pyplot()
     if plt is None:

@@ -358,14 +358,17 @@ def predictor_main(cfg: dict, events: Any, control: Any) -> None:
 def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
     """A ``serve_eval`` event: the AUC of the serving tables as they are now under the
     dense version the daemon serves now, on the ``n`` examples from ``start`` that the
-    trainer scored at step ``step``; ``lag`` = messages not applied yet; ``dense_step``
-    (the version's step) and ``dense_age_s`` (now − its trainer clock). Before the first
-    dense version: ``auc`` and the dense figures None."""
+    trainer scored at step ``step`` (the request reaches the predictor later: its state may
+    be newer than ``step``); ``lag`` = messages not applied yet; ``dense_step`` (the
+    version's step), ``dense_age_steps`` (the newest row step applied − its step, read at
+    the same instant: ``daemon.consistent()``) and ``dense_age_s`` (now − its trainer
+    clock). Before the first dense version: ``auc`` and the dense figures None."""
     now = time.time()
     out = {"kind": "serve_eval", "step": int(msg["step"]), "t": now - float(cfg["t0"]),
            "lag": daemon.stats()["lag_total"], "auc": None, "dense_step": None,
-           "dense_age_s": None}
-    view = daemon.dense()  # read once: the version scored is the one reported
+           "dense_age_steps": None, "dense_age_s": None}
+    pair = daemon.consistent()  # read once: the version scored is the one reported
+    view = pair.dense
     weights = _served_weights(view)
     if weights is None:
         return out
@@ -376,7 +379,7 @@ def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
     logits = score(weights, (tables.get("user") or zeros).lookup,
                    (tables.get("item") or zeros).lookup, ho.user_ids, ho.item_ids, ho.dense)
     out.update(auc=auc(ho.labels, logits), dense_step=int(view.step),
-               dense_age_s=max(0.0, now - view.ts / 1e9))
+               dense_age_steps=pair.ahead_steps, dense_age_s=max(0.0, now - view.ts / 1e9))
     return out
 
 

@@ -249,9 +249,10 @@ def _run_auc_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
     if not ev:
         return
     gap = np.array([e[2] - e[3] for e in ev], np.float64)
-    # [step, t, trainer, serving, lag, dense step, dense age s]: the version scored with
-    age = np.array([[e[0] - e[5], e[6]] for e in ev if len(e) > 6 and e[5] is not None],
-                   np.float64).reshape(-1, 2)
+    # [step, t, trainer, serving, lag, dense step, dense age steps, dense age s]: the
+    # version scored with (its age in steps: None before the first rows)
+    age = np.array([[np.nan if e[6] is None else e[6], e[7]] for e in ev
+                    if len(e) > 7 and e[5] is not None], np.float64).reshape(-1, 2)
     # answered (a lag) but not scored: the predictor had no dense version yet
     unscored = sum(1 for e in g("timeline", "auc") if e[3] is None and e[4] is not None)
     _section(rows, "serving vs trainer (during training)")
@@ -259,14 +260,28 @@ def _run_auc_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
         ("evaluations", f"{len(ev)} (steps {ev[0][0]}…{ev[-1][0]}, each on the next "
                         f"{_num(g('config', 'eval_examples'))} examples of the stream)"
          + (f"; {unscored} not scored: no dense version yet" if unscored else "")),
-        ("dense version age mean / max", f"{age[:, 0].mean():.0f} / {age[:, 0].max():.0f} "
-         f"steps, {age[:, 1].mean():.2f} / {age[:, 1].max():.2f} s  (the streamed MLP the "
-         "predictor scored with, behind the trainer's)" if age.size else "n/a"),
+        ("dense version age mean / max", f"{_num(_nan_mean(age[:, 0]), '.0f')} / "
+         f"{_num(_nan_max(age[:, 0]), '.0f')} steps, {age[:, 1].mean():.2f} / "
+         f"{age[:, 1].max():.2f} s  (the streamed MLP the predictor scored with: steps "
+         "behind the newest rows it served with it, seconds since the trainer took it)"
+         if age.size else "n/a"),
         ("AUC trainer / serving, last", f"{ev[-1][2]:.4f} / {ev[-1][3]:.4f}"),
         ("AUC gap trainer − serving mean / max", f"{gap.mean():.4f} / {gap.max():.4f}"
          "  (what staleness costs: 0 = serving as good as the trainer; a larger budget "
          "narrows it)"),
     ]
+
+
+def _nan_mean(x: np.ndarray) -> Optional[float]:
+    """Mean of the finite values (None without one)."""
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else None
+
+
+def _nan_max(x: np.ndarray) -> Optional[float]:
+    """Largest finite value (None without one)."""
+    x = x[np.isfinite(x)]
+    return float(x.max()) if x.size else None
 
 
 def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:

@@ -213,7 +213,8 @@ class _Run:
         elif kind == "serve_eval":
             self.evals.setdefault(int(ev["step"]), {}).update(
                 serving_auc=ev["auc"], serving_t=ev["t"], lag=ev["lag"],
-                dense_step=ev["dense_step"], dense_age_s=ev["dense_age_s"])
+                dense_step=ev["dense_step"], dense_age_steps=ev["dense_age_steps"],
+                dense_age_s=ev["dense_age_s"])
         elif kind == "final":
             self.finals[int(ev["rank"])] = ev
         elif kind == "result":

@@ -107,8 +107,8 @@ def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
               evals: Optional[list[dict]]) -> dict:
     """The report's ``timeline``: publish rounds, freshness per second, rank 0's loss,
     the progressive evaluations ``[step, t, trainer AUC, serving AUC, lag, dense step,
-    dense age s]`` (the dense version the predictor scored with) and the error bound per
-    budget tick."""
+    dense age steps, dense age s]`` (the dense version the predictor scored with) and the
+    error bound per budget tick."""
     f0 = finals[sorted(finals)[0]]
     return {
         "publish": [[r["step"], r["t"], r["rows"], r["bytes"], int(r["final"])]
@@ -117,7 +117,8 @@ def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
             result["apply_t"], result["apply_fresh"], bin_s=1.0)],
         "loss": f0.get("losses", []),
         "auc": [[e.get("step"), e.get("t"), e.get("auc"), e.get("serving_auc"),
-                 e.get("lag"), e.get("dense_step"), e.get("dense_age_s")]
+                 e.get("lag"), e.get("dense_step"), e.get("dense_age_steps"),
+                 e.get("dense_age_s")]
                 for e in evals or []],
         "bound": merge_bounds(finals),
     }

@@ -82,7 +82,7 @@ def test_build_report_adds_up_the_ranks_and_passes_the_checks():
 
 
 EVALS = [{"step": 10, "t": 1.0, "n": 100, "auc": 0.7, "serving_auc": 0.68, "lag": 3,
-          "dense_step": 5, "dense_age_s": 0.25},
+          "dense_step": 5, "dense_age_steps": 4, "dense_age_s": 0.25},
          {"step": 20, "t": 2.0, "n": 100, "auc": 0.72}]  # the predictor never answered
 
 
@@ -104,17 +104,17 @@ def test_timeline_has_the_auc_over_the_run_and_the_worst_bound_per_tick():
     opts = DemoOptions(workers=2, batch_size=8, steps=20)
     r = build_report(opts, finals, _result(), topic="t", servers="h:1", embedded=False,
                      wall_s=5.0, evals=EVALS)
-    assert r["timeline"]["auc"] == [[10, 1.0, 0.7, 0.68, 3, 5, 0.25],
-                                    [20, 2.0, 0.72, None, None, None, None]]
+    assert r["timeline"]["auc"] == [[10, 1.0, 0.7, 0.68, 3, 5, 4, 0.25],
+                                    [20, 2.0, 0.72, None, None, None, None, None]]
     assert r["timeline"]["bound"] == [[1, 0.1, 0.7, 0], [2, 0.2, 0.4, 0], [20, 2.1, 0.0, 1]]
     from deltastream_demo.report import format_report
 
     text = format_report(r)  # only the answered evaluation counts in the gap
     assert "AUC gap trainer − serving mean / max" in text and "0.0200 / 0.0200" in text
-    # the dense version scored with at step 10 was step 5's, 0.25 s old
-    assert "dense version age mean / max" in text and "5 / 5 steps, 0.25 / 0.25 s" in text
+    # the dense version scored with at step 10 was step 5's, 4 steps behind the rows, 0.25 s
+    assert "dense version age mean / max" in text and "4 / 4 steps, 0.25 / 0.25 s" in text
     assert "not scored" not in text  # step 20 was not answered at all: not counted
-    r["timeline"]["auc"].append([30, 3.0, 0.73, None, 2, None, None])  # answered, no version
+    r["timeline"]["auc"].append([30, 3.0, 0.73, None, 2, None, None, None])  # no version
     assert "1 not scored: no dense version yet" in format_report(r)
 
 
