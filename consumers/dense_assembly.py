@@ -35,7 +35,8 @@ carry are shared with its base (they did not change; nothing is copied).
 
 State (:meth:`DenseAssembler.state` / :meth:`DenseAssembler.from_state`): seqs, the served
 version and the version being built, as bytes, checkpointed with the tables so a restart
-in the middle of a multi-chunk version resumes it exactly.
+in the middle of a multi-chunk version resumes it exactly. :func:`merge_states` joins the
+states of disjoint trainer shards (per-shard base snapshots given to one daemon).
 
 numpy + msgpack only (no torch).
 """
@@ -55,7 +56,8 @@ import numpy as np
 from consumers.sequencing import SeqTracker
 from consumers.serving.dense_view import DenseView
 
-__all__ = ["DenseAssembler", "DenseView", "DENSE_VERDICTS", "MAX_TENSOR_ELEMENTS"]
+__all__ = ["DenseAssembler", "DenseView", "DENSE_VERDICTS", "MAX_TENSOR_ELEMENTS",
+           "merge_states"]
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +249,27 @@ class DenseAssembler:
 
     # ------------------------------------------------------------------ state
 
+    def shards(self) -> set[int]:
+        """Trainer shards this assembler holds anything of (seqs, a served version, a
+        version being built)."""
+        with self._lock:
+            served = set(self._served)
+        return served | set(self._building) | {int(st["shard"])
+                                               for st in self.seqs.state()["streams"]}
+
+    def absorb(self, other: DenseAssembler) -> None:
+        """Take over ``other``'s shards whole (seqs, served and building versions; not its
+        counters). ``ValueError`` when a shard is held by both: the states would overlap."""
+        both = self.shards() & other.shards()
+        if both:
+            raise ValueError(f"dense shard(s) {sorted(both)} held by both")
+        for st in other.seqs.state()["streams"]:
+            self.seqs.commit(st["table"], st["shard"], st["epoch"], st["seq"], st.get("step"))
+        self._building.update(other._building)
+        with self._lock:
+            self._served.update(other.views())
+        self.generation += 1
+
     def state(self) -> bytes:
         """The assembler's state as bytes (msgpack; arrays as raw little-endian f32)."""
         def arrays(d: Mapping[str, np.ndarray]) -> dict:
@@ -286,6 +309,27 @@ class DenseAssembler:
                 msgpack.UnpackException) as e:
             raise ValueError(f"dense state: malformed ({type(e).__name__}: {e})") from None
         return out
+
+
+def merge_states(states: list[tuple[str, bytes]]) -> bytes:
+    """One state (:meth:`DenseAssembler.state` bytes) holding the shards of every
+    ``(label, state)`` given: the dense part of per-shard base snapshots merged into one
+    base. ``ValueError`` naming both labels when two hold the same shard, or naming the
+    label of a malformed state."""
+    out = DenseAssembler()
+    owner: dict[int, str] = {}
+    for label, data in states:
+        try:
+            part = DenseAssembler.from_state(data)
+        except ValueError as e:
+            raise ValueError(f"{label}: {e}") from None
+        for shard in sorted(part.shards()):
+            if shard in owner:
+                raise ValueError(f"dense shard {shard} has state in both {owner[shard]} and "
+                                 f"{label}")
+            owner[shard] = label
+        out.absorb(part)
+    return out.state()
 
 
 def _arrays(d: dict, *, readonly: bool) -> dict[str, np.ndarray]:

@@ -68,8 +68,10 @@ def _legend(ax: Any, loc: str) -> None:
 def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
                   final_step: Optional[int] = None) -> Optional[Path]:
     """PNG, two panels over trainer steps: the training loss (rank 0's batch loss), and
-    AUC of the trainer vs the serving tables on the same next examples of the stream
-    (``timeline["auc"]`` rows ``[step, t, trainer, serving, lag]``), with the final
+    AUC of the trainer vs serving (its tables under the dense version streamed to it) on
+    the same next examples of the stream (``timeline["auc"]`` rows ``[step, t, trainer,
+    serving, lag, dense step, dense age steps, dense age s]``), and the AUC lost to
+    staleness, with the final
     held-out AUCs and the ceiling (the true model) from ``auc_final``."""
     plt = pyplot()
     if plt is None:
@@ -86,10 +88,11 @@ def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
         if ev:
             x = [r[0] for r in ev]
             a2.plot(x, [r[2] for r in ev], color="tab:green", marker="o", ms=3,
-                    label="trainer tables (next examples)")
+                    label="trainer: its tables + MLP (next examples)")
             srv = [(r[0], r[3]) for r in ev if r[3] is not None]
             a2.plot([s for s, _ in srv], [v for _, v in srv], color="tab:orange", marker="x",
-                    ms=4, label="serving tables, same examples and moment")
+                    ms=4, label="serving: tables + streamed MLP, same examples, "
+                                "same moment")
             gap = [(r[0], r[2] - r[3]) for r in ev if r[3] is not None]
             a3.bar([s for s, _ in gap], [g for _, g in gap], width=0.6 * (
                 gap[1][0] - gap[0][0] if len(gap) > 1 else 1), color="tab:orange",
@@ -106,7 +109,7 @@ def plot_learning(path: str | os.PathLike, timeline: dict, auc_final: dict, *,
             a2.text(0.5, 0.5, "no AUC measured (--eval-every 0)", ha="center", va="center",
                     transform=a2.transAxes)
         a2.set_ylabel("AUC (higher is better)")
-        a3.set_ylabel("AUC lost to\nstaleness")
+        a3.set_ylabel("AUC lost to\nstaleness\n(rows + MLP)")
         a3.set_xlabel("trainer step")
         for ax in (a1, a2, a3):
             _flush_mark(ax, final_step)
@@ -133,7 +136,7 @@ def plot_rates(path: str | os.PathLike, publish: Sequence[Sequence[float]], *,
         ft = float(flush[:, 1].min()) if flush.size else None
         x, kib = per_second(steady[:, 1], steady[:, 3] / 1024.0)
         _, rps = per_second(steady[:, 1], steady[:, 2])
-        a1.step(x, kib, where="post", color="tab:blue", lw=1.0, label="sent, per second")
+        a1.step(x, kib, where="post", color="tab:blue", lw=1.0, label="rows sent, per second")
         top = steady_ylim(kib)
         if budget_bytes_per_s > 0:
             b = budget_bytes_per_s * trainers / 1024.0
@@ -148,7 +151,8 @@ def plot_rates(path: str | os.PathLike, publish: Sequence[Sequence[float]], *,
                                 "(off scale) ")
             _flush_mark(a2, ft, f"final flush: {int(flush[:, 2].sum()):,} rows (off scale) ")
         a1.set_ylabel("KiB/s published")
-        a1.set_title("published per second (all trainers), against the budget")
+        a1.set_title("rows published per second (all trainers), against the budget\n"
+                      "(dense versions apart: the report's [dense weights])")
         a2.set_ylabel("rows/s published")
         a2.set_xlabel("time since start (s)")
         for ax in (a1, a2):

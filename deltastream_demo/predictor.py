@@ -6,13 +6,16 @@
    daemon from it, so the predictor serves exactly this run's messages even on a topic that
    already holds older ones (an external Kafka);
 2. runs the daemon in a thread and reports lag, rows applied and freshness to the parent
-   every ``progress_interval`` seconds; on each ``eval`` (the trainer's AUC and MLP at a
-   step) scores the same examples with the serving tables as they are at that moment
-   (:func:`serving_eval`), so the report shows serving against trainer AUC over the run;
+   every ``progress_interval`` seconds; on each ``eval`` (the trainer's AUC at a step)
+   scores the same examples with the serving tables and the dense version the daemon
+   has assembled from the stream, as they are at that moment (:func:`serving_eval`), so the
+   report shows serving against trainer AUC over the run and the dense version's age;
 3. on ``finish`` (the trainers' final offsets): waits until it has applied everything up to
    them, stops the daemon (final checkpoint), then scores the held-out slice of the stream
-   with the exported MLP and (a) the **serving** tables, (b) the trainers' own rows, and
-   measures trainer-vs-serving row drift for every published id;
+   with (a) the **serving** tables under the newest streamed dense version
+   (``daemon.dense()``), (b) the trainers' own rows under the trainers' own MLP (their
+   ``.npz`` dumps: the comparison line, never what is served), and measures
+   trainer-vs-serving row drift for every published id;
 4. starts a second, fresh daemon from the trainers' latest base snapshots (merged into one
    directory) and checks that it converges to the trainers' rows too;
 5. sends a ``result`` message and exits. The result records whether torch was ever imported
@@ -42,7 +45,14 @@ from consumers.sync import SyncDaemon
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import secret_values
 from deltastream_demo.data import ClickStream, StreamConfig
-from deltastream_demo.scoring import RowTable, auc, logloss, score, weights_from_state_dict
+from deltastream_demo.scoring import (
+    DenseWeights,
+    RowTable,
+    auc,
+    logloss,
+    score,
+    weights_from_state_dict,
+)
 
 __all__ = [
     "ApplyLog",
@@ -170,7 +180,8 @@ def _quantiles(x: np.ndarray) -> dict:
 
 
 def _load_trainer(dumps: list[str], dim: int) -> tuple[dict, dict[str, RowTable], dict, dict]:
-    """Dense weights, trainer RowTables, published ids per table and torch held-out scores."""
+    """The trainer's MLP, trainer RowTables, published ids per table and torch held-out
+    scores (the comparison side: nothing here is served)."""
     parts: dict[str, list] = {}
     published: dict[str, list] = {}
     weights: dict[str, np.ndarray] = {}
@@ -219,33 +230,40 @@ def _drift(daemon_tables: dict[str, ServingTable], trainer: dict[str, RowTable],
     return tot
 
 
-def _score_all(cfg: dict, weights: dict, serving: dict[str, ServingTable],
+def _served_weights(view: Any) -> Optional[DenseWeights]:
+    """The click MLP of a streamed dense version (None: no version yet, or none with the
+    MLP)."""
+    return None if view is None else weights_from_state_dict(view.tensors)
+
+
+def _score_all(cfg: dict, trainer_weights: DenseWeights, serving: dict[str, ServingTable],
                trainer: dict[str, RowTable], torch_scores: dict,
-               streamed: Optional[dict] = None) -> dict:
-    """AUCs of the held-out examples: serving tables under the streamed dense weights
-    (``streamed``; the trainer's copy when the trainers published none), trainer tables
-    under the trainer's own weights."""
+               served: Optional[DenseWeights]) -> dict:
+    """AUCs of the held-out examples: the serving tables under the dense version streamed
+    to the predictor (``served``; None: no serving AUC, and ``dense_source`` "none"), and
+    the trainer's tables under the trainer's own MLP (the comparison line)."""
     stream = ClickStream(StreamConfig(**cfg["stream"]))
     ho = stream.batch(cfg["heldout_start"], cfg["heldout"], salt=1)
-    zeros = RowTable(np.empty(0, np.int64), np.empty((0, cfg["dim"]), np.float32))
-    s_user = serving.get("user")
-    s_item = serving.get("item")
-    serving_logits = score(streamed or weights, (s_user or zeros).lookup,
-                           (s_item or zeros).lookup, ho.user_ids, ho.item_ids, ho.dense)
-    trainer_logits = score(weights, trainer["user"].lookup, trainer["item"].lookup,
+    trainer_logits = score(trainer_weights, trainer["user"].lookup, trainer["item"].lookup,
                            ho.user_ids, ho.item_ids, ho.dense)
     out = {
         "examples": len(ho),
         "heldout_start": cfg["heldout_start"],
-        "serving": auc(ho.labels, serving_logits),
+        "serving": None,
         "trainer": auc(ho.labels, trainer_logits),
         "ceiling": auc(ho.labels, ho.true_logits),
-        "logloss_serving": logloss(ho.labels, serving_logits),
         "logloss_trainer": logloss(ho.labels, trainer_logits),
-        "max_logit_diff": float(np.abs(serving_logits - trainer_logits).max()),
         "click_rate": float(ho.labels.mean()),
-        "dense_source": "stream" if streamed else "trainer copy",
+        "dense_source": "none",
     }
+    if served is not None:
+        zeros = RowTable(np.empty(0, np.int64), np.empty((0, cfg["dim"]), np.float32))
+        serving_logits = score(served, (serving.get("user") or zeros).lookup,
+                               (serving.get("item") or zeros).lookup, ho.user_ids,
+                               ho.item_ids, ho.dense)
+        out.update(serving=auc(ho.labels, serving_logits), dense_source="stream",
+                   logloss_serving=logloss(ho.labels, serving_logits),
+                   max_logit_diff=float(np.abs(serving_logits - trainer_logits).max()))
     if torch_scores["pos"]:
         pos = np.concatenate(torch_scores["pos"])
         lg = np.concatenate(torch_scores["logit"])
@@ -257,8 +275,17 @@ def _score_all(cfg: dict, weights: dict, serving: dict[str, ServingTable],
     return out
 
 
-def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict) -> dict:
-    """Start a fresh daemon from the merged latest base snapshots; compare after catch-up."""
+def _same_dense(a: Any, b: Any) -> bool:
+    """Whether two dense versions are the same version with equal tensors."""
+    return a is not None and b is not None and a.version == b.version and \
+        sorted(a.tensors) == sorted(b.tensors) and all(
+            np.array_equal(a[k], b[k]) for k in a.tensors)
+
+
+def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict,
+                     main_dense: Any) -> dict:
+    """Start a fresh daemon from the merged latest base snapshots; compare its rows and
+    dense version (``main_dense``: the main predictor's) after catch-up."""
     snaps = sorted(Path(cfg["snapshot_dir"]).glob("shard-*"))
     snaps = [p for p in snaps if p.is_dir() and not p.name.endswith((".old",))
              and ".tmp" not in p.name]
@@ -278,7 +305,11 @@ def _bootstrap_check(cfg: dict, trainer: dict[str, RowTable], main_tables: dict)
     finally:
         d.stop()
     tables = d.tables()
-    out = {"snapshot_steps": steps, "base_ids": base_ids, "caught_up": bool(ok),
+    # the snapshots hold no dense state: the fresh daemon assembles the versions after them
+    dense = d.dense()
+    out = {"dense_step": None if dense is None else dense.step,
+           "dense_same_as_main": _same_dense(dense, main_dense),
+           "snapshot_steps": steps, "base_ids": base_ids, "caught_up": bool(ok),
            "seconds": time.monotonic() - t0, "messages": st["messages"],
            "gaps": st["gaps"], "duplicates": st["duplicates"]}
     # every trainer row must be there; values within the wire tolerance (rows published after
@@ -325,17 +356,31 @@ def predictor_main(cfg: dict, events: Any, control: Any) -> None:
 
 
 def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
-    """A ``serve_eval`` event: the AUC of the serving tables as they are now, with the
-    trainer's MLP of ``msg`` (``dense``), on the ``n`` examples from ``start`` that the
-    trainer scored at step ``step``; ``lag`` = messages not applied yet."""
+    """A ``serve_eval`` event: the AUC of the serving tables as they are now under the
+    dense version the daemon serves now, on the ``n`` examples from ``start`` that the
+    trainer scored at step ``step`` (the request reaches the predictor later: its state may
+    be newer than ``step``); ``lag`` = messages not applied yet; ``dense_step`` (the
+    version's step), ``dense_age_steps`` (the newest row step applied − its step, read at
+    the same instant: ``daemon.consistent()``) and ``dense_age_s`` (now − its trainer
+    clock). Before the first dense version: ``auc`` and the dense figures None."""
+    now = time.time()
+    out = {"kind": "serve_eval", "step": int(msg["step"]), "t": now - float(cfg["t0"]),
+           "lag": daemon.stats()["lag_total"], "auc": None, "dense_step": None,
+           "dense_age_steps": None, "dense_age_s": None}
+    pair = daemon.consistent()  # read once: the version scored is the one reported
+    view = pair.dense
+    weights = _served_weights(view)
+    if weights is None:
+        return out
     stream = ClickStream(StreamConfig(**cfg["stream"]))
     ho = stream.batch(int(msg["start"]), int(msg["n"]), salt=1)
     zeros = RowTable(np.empty(0, np.int64), np.empty((0, cfg["dim"]), np.float32))
     tables = daemon.tables()  # the live tables: lookups are lock-free
-    logits = score(msg["dense"], (tables.get("user") or zeros).lookup,
+    logits = score(weights, (tables.get("user") or zeros).lookup,
                    (tables.get("item") or zeros).lookup, ho.user_ids, ho.item_ids, ho.dense)
-    return {"kind": "serve_eval", "step": int(msg["step"]), "auc": auc(ho.labels, logits),
-            "t": time.time() - float(cfg["t0"]), "lag": daemon.stats()["lag_total"]}
+    out.update(auc=auc(ho.labels, logits), dense_step=int(view.step),
+               dense_age_steps=pair.ahead_steps, dense_age_s=max(0.0, now - view.ts / 1e9))
+    return out
 
 
 def _drain(daemon: SyncDaemon, finish: dict, start_offsets: dict) -> None:
@@ -403,18 +448,20 @@ def _predictor(cfg: dict, events: Any, control: Any) -> None:
     weights, trainer, published, torch_scores = _load_trainer(finish["dumps"], cfg["dim"])
     serving = daemon.tables()
     drift = _drift(serving, trainer, published, cfg["wire_dtype"])
-    view = daemon.dense()  # the newest complete dense version streamed, or None
-    streamed = None if view is None else weights_from_state_dict(view.tensors)
-    aucs = _score_all(cfg, weights, serving, trainer, torch_scores, streamed)
+    # served: the newest complete dense version the daemon assembled from the stream
+    served = daemon.dense()
+    aucs = _score_all(cfg, weights, serving, trainer, torch_scores, _served_weights(served))
     aucs.update(dense_version=st["dense_version"], dense_age_s=st["dense_age_s"],
                 dense_age_steps=st["dense_age_steps"])
-    boot = _bootstrap_check(cfg, trainer, serving) if cfg.get("bootstrap_check", True) \
+    boot = _bootstrap_check(cfg, trainer, serving, served) if cfg.get("bootstrap_check", True) \
         else {"skipped": "disabled"}
     result = {
         "kind": "result", "who": "predictor",
         "stats": {k: st[k] for k in ("messages", "applied", "rows", "deleted", "bytes",
                                      "duplicates", "gaps", "quarantined", "offsets_lost",
-                                     "checkpoints", "new_epochs", "stale", "tables")},
+                                     "checkpoints", "new_epochs", "stale", "tables",
+                                     "dense_versions", "dense_incomplete", "dense_unbased",
+                                     "dense_gaps")},
         "freshness": _quantiles(fresh),
         "apply_t": (t_apply - float(cfg["t0"])).tolist(),
         "apply_fresh": fresh.tolist(),

@@ -129,8 +129,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     """The human-readable report table (a few sections of ``label  value`` lines)."""
     g = lambda *keys: _get(r, *keys)  # noqa: E731 - short accessor for the table below
     rows: list[tuple[str, str]] = []
-    for add in (_training_rows, _delta_rows, _wire_rows, _run_auc_rows, _serving_rows,
-                _extra_rows):
+    for add in (_training_rows, _delta_rows, _wire_rows, _dense_rows, _run_auc_rows,
+                _serving_rows, _extra_rows):
         add(r, g, rows)
     width = max(len(a) for a, _ in rows) + 2
     return "\n".join(a if not b and a.startswith("[") else f"  {a:<{width}}{b}"
@@ -221,6 +221,27 @@ def _wire_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> Non
     ]
 
 
+def _dense_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
+    """Report rows of the dense (MLP) versions: published by one trainer, assembled by the
+    predictor."""
+    if not isinstance(g("dense"), Mapping):
+        return
+    copy = g("dense", "copy_ms") or {}
+    _section(rows, "dense weights (the MLP, streamed)")
+    rows += [
+        ("versions published (full)", f"{_num(g('dense', 'versions'))} "
+         f"({_num(g('dense', 'full_versions'))}), one every "
+         f"{_num(g('dense', 'every_steps'))} steps; {_num(g('dense', 'deferred'))} deferred"),
+        ("dense bytes / messages", f"{_bytes(g('dense', 'bytes'))} / "
+                                   f"{_num(g('dense', 'messages'))}"),
+        ("copy on the training thread p50 / max", f"{_num(copy.get('p50'), '.3f')} / "
+                                                  f"{_num(copy.get('max'), '.3f')} ms"),
+        ("versions served by the predictor", _num(g("dense", "served"))
+         + f"  (never complete {_num(g('dense', 'incomplete'))}, without their base "
+           f"{_num(g('dense', 'unbased'))})"),
+    ]
+
+
 def _run_auc_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
     """Report rows of the progressive evaluations: serving vs trainer AUC during training
     (the staleness the budget leaves), when the run measured any."""
@@ -228,15 +249,39 @@ def _run_auc_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
     if not ev:
         return
     gap = np.array([e[2] - e[3] for e in ev], np.float64)
+    # [step, t, trainer, serving, lag, dense step, dense age steps, dense age s]: the
+    # version scored with (its age in steps: None before the first rows)
+    age = np.array([[np.nan if e[6] is None else e[6], e[7]] for e in ev
+                    if len(e) > 7 and e[5] is not None], np.float64).reshape(-1, 2)
+    # answered (a lag) but not scored: the predictor had no dense version yet
+    unscored = sum(1 for e in g("timeline", "auc") if e[3] is None and e[4] is not None)
     _section(rows, "serving vs trainer (during training)")
     rows += [
         ("evaluations", f"{len(ev)} (steps {ev[0][0]}…{ev[-1][0]}, each on the next "
-                        f"{_num(g('config', 'eval_examples'))} examples of the stream)"),
+                        f"{_num(g('config', 'eval_examples'))} examples of the stream)"
+         + (f"; {unscored} not scored: no dense version yet" if unscored else "")),
+        ("dense version age mean / max", f"{_num(_nan_mean(age[:, 0]), '.0f')} / "
+         f"{_num(_nan_max(age[:, 0]), '.0f')} steps, {age[:, 1].mean():.2f} / "
+         f"{age[:, 1].max():.2f} s  (the streamed MLP the predictor scored with: steps "
+         "behind the newest rows it served with it, seconds since the trainer took it)"
+         if age.size else "n/a"),
         ("AUC trainer / serving, last", f"{ev[-1][2]:.4f} / {ev[-1][3]:.4f}"),
         ("AUC gap trainer − serving mean / max", f"{gap.mean():.4f} / {gap.max():.4f}"
          "  (what staleness costs: 0 = serving as good as the trainer; a larger budget "
          "narrows it)"),
     ]
+
+
+def _nan_mean(x: np.ndarray) -> Optional[float]:
+    """Mean of the finite values (None without one)."""
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else None
+
+
+def _nan_max(x: np.ndarray) -> Optional[float]:
+    """Largest finite value (None without one)."""
+    x = x[np.isfinite(x)]
+    return float(x.max()) if x.size else None
 
 
 def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> None:
@@ -250,12 +295,13 @@ def _serving_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> 
                                  f"{_num(g('drift', 'max_abs'), '.3g')}"
                                  f"  (tolerance {_num(g('drift', 'tolerance'), '.3g')}: "
                                  f"wire rounding only)"),
-        ("dense weights served", "streamed, version "
-         f"{g('auc', 'dense_version')}, age {_num(g('auc', 'dense_age_s'), '.2f')} s / "
+        ("dense weights served", "streamed, version of step "
+         f"{(g('auc', 'dense_version') or [None, None])[1]}, age "
+         f"{_num(g('auc', 'dense_age_s'), '.2f')} s / "
          f"{_num(g('auc', 'dense_age_steps'))} steps" if g("auc", "dense_source") == "stream"
-         else "the trainer's copy (no dense stream)"),
-        ("AUC serving tables", _num(g("auc", "serving"), ".4f")),
-        ("AUC trainer tables", _num(g("auc", "trainer"), ".4f")),
+         else "none: no dense version reached the predictor (not scored)"),
+        ("AUC serving (tables + streamed MLP)", _num(g("auc", "serving"), ".4f")),
+        ("AUC trainer (its tables + its MLP)", _num(g("auc", "trainer"), ".4f")),
         ("AUC trainer (torch model)", _num(g("auc", "trainer_torch"), ".4f")),
         ("AUC ceiling (true model)", _num(g("auc", "ceiling"), ".4f")
          + "  (the best any model can do on this stream)"),
@@ -279,7 +325,10 @@ def _extra_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
         elif isinstance(boot, Mapping):
             rows.append(("new predictor from snapshot",
                          f"{_num(boot.get('ids'))} ids, max |Δ| vs trainer "
-                         f"{_num(boot.get('max_abs'), '.3g')}"))
+                         f"{_num(boot.get('max_abs'), '.3g')}; dense version of step "
+                         f"{_num(boot.get('dense_step'))}"
+                         + (" (the main predictor's)" if boot.get("dense_same_as_main")
+                            else " (NOT the main predictor's)")))
     problems = r.get("invariants", {}).get("problems") if isinstance(r.get("invariants"),
                                                                      Mapping) else None
     if problems is not None:
@@ -311,8 +360,9 @@ def check_report(r: Mapping[str, Any], *, auc_tolerance: float = 0.002) -> list[
     rejected = tracked (every candidate accounted for); nothing carried after the final flush;
     bytes per row at least the row payload; freshness quantiles present, positive and
     ordered; every published id present in serving with drift within the wire dtype's
-    tolerance; the predictor saw no gaps or quarantined messages; AUC with serving tables
-    within ``auc_tolerance`` of AUC with the trainer's tables.
+    tolerance; the predictor saw no gaps or quarantined messages; it scored with a dense
+    version streamed to it; AUC with serving tables within ``auc_tolerance`` of AUC with
+    the trainer's tables.
     """
     p: list[str] = []
     for sec in ("config", "train", "rows", "wire", "freshness_s", "drift", "auc", "predictor"):
@@ -360,6 +410,9 @@ def check_report(r: Mapping[str, Any], *, auc_tolerance: float = 0.002) -> list[
             p.append(f"predictor counted {pr[k]} {k}")
     if pr.get("torch_imported"):
         p.append("the predictor's daemon process imported torch")
+    if auc.get("dense_source") != "stream":
+        p.append(f"the predictor scored with no streamed dense version (dense_source "
+                 f"{auc.get('dense_source')!r})")
     a_s, a_t = auc.get("serving"), auc.get("trainer")
     if a_s is None or a_t is None:
         p.append(f"AUC missing: serving {a_s}, trainer {a_t}")

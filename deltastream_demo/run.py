@@ -212,7 +212,9 @@ class _Run:
             self.control.put(ev)
         elif kind == "serve_eval":
             self.evals.setdefault(int(ev["step"]), {}).update(
-                serving_auc=ev["auc"], serving_t=ev["t"], lag=ev["lag"])
+                serving_auc=ev["auc"], serving_t=ev["t"], lag=ev["lag"],
+                dense_step=ev["dense_step"], dense_age_steps=ev["dense_age_steps"],
+                dense_age_s=ev["dense_age_s"])
         elif kind == "final":
             self.finals[int(ev["rank"])] = ev
         elif kind == "result":
@@ -291,6 +293,7 @@ def _trainer_config(common: dict, opts: DemoOptions) -> dict:
                 steps=opts.resolved_steps, duration=opts.duration,
                 publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
                 eval_every=opts.eval_every, eval_examples=opts.eval_examples,
+                dense_every=opts.dense_every,
                 topk_fraction=float(opts.topk_fraction),
                 publish_budget=float(opts.publish_budget),
                 max_message_bytes=opts.max_message_bytes, lr_sparse=opts.lr_sparse,

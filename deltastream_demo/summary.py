@@ -16,7 +16,8 @@ from typing import Optional
 from deltastream_demo import report as rpt
 from deltastream_demo.options import DemoOptions
 
-__all__ = ["build_report", "merge_rounds", "merge_bounds", "make_plots", "budget_summary"]
+__all__ = ["build_report", "merge_rounds", "merge_bounds", "make_plots", "budget_summary",
+           "dense_summary"]
 
 
 def merge_rounds(finals: dict[int, dict]) -> list[dict]:
@@ -62,6 +63,20 @@ def budget_summary(budget: float, stats: list, train_s: float) -> dict | None:
     }
 
 
+def dense_summary(every_steps: int, finals: dict[int, dict], stats: dict) -> dict:
+    """The report's ``dense`` section: the cadence (steps), what the publishing rank sent
+    (its ``DensePublisher.stats()``: versions, full ones, messages, bytes, deferred, the
+    training thread's copy time in ms) and what the predictor's daemon assembled
+    (``stats``: versions served, never complete, without their base)."""
+    pub = next((f["dense"] for f in finals.values() if (f.get("dense") or {}).get("active")),
+               {})
+    return {"every_steps": int(every_steps),
+            **{k: pub.get(k) for k in ("versions", "full_versions", "messages", "bytes",
+                                       "deferred", "copy_ms")},
+            "served": stats.get("dense_versions"), "incomplete": stats.get("dense_incomplete"),
+            "unbased": stats.get("dense_unbased")}
+
+
 def _sharding(opts: DemoOptions, f0: dict) -> dict:
     """The report's ``sharding`` key, the plan one line per table: ``--sharding
     table|column``, or DMP's plan with ``--model-kind torchrec``; none for HashTables
@@ -91,7 +106,8 @@ def merge_bounds(finals: dict[int, dict]) -> list[list]:
 def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
               evals: Optional[list[dict]]) -> dict:
     """The report's ``timeline``: publish rounds, freshness per second, rank 0's loss,
-    the progressive evaluations ``[step, t, trainer AUC, serving AUC, lag]`` and the
+    the progressive evaluations ``[step, t, trainer AUC, serving AUC, lag, dense step,
+    dense age steps, dense age s]`` (the dense version the predictor scored with) and the
     error bound per budget tick."""
     f0 = finals[sorted(finals)[0]]
     return {
@@ -101,7 +117,9 @@ def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
             result["apply_t"], result["apply_fresh"], bin_s=1.0)],
         "loss": f0.get("losses", []),
         "auc": [[e.get("step"), e.get("t"), e.get("auc"), e.get("serving_auc"),
-                 e.get("lag")] for e in evals or []],
+                 e.get("lag"), e.get("dense_step"), e.get("dense_age_steps"),
+                 e.get("dense_age_s")]
+                for e in evals or []],
         "bound": merge_bounds(finals),
     }
 
@@ -169,6 +187,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
         "freshness_s": result["freshness"],
         "drift": {k: v for k, v in result["drift"].items()},
         "auc": auc,
+        "dense": dense_summary(opts.dense_every, finals, result["stats"]),
         "predictor": dict(result["stats"], torch_imported=result["torch_imported"]),
         **_sharding(opts, f0),
         "snapshot": {"count": int(f0["snapshots"]["count"]),

@@ -25,14 +25,22 @@ consumers:
   base snapshot (``consumers.storage.snapshot.write_snapshot``) together with the publisher's next
   offset and seq state, so a new predictor can start from it (``SyncDaemon(base=...)``).
 
-Every ``eval_every`` steps (progressive validation) the ranks score the next
-``eval_examples`` of the stream — not trained on yet — together; rank 0 sends the AUC with
-the MLP's weights, and the parent forwards them to the predictor, which scores the same
-examples with its serving tables at once: serving against trainer AUC over the run.
+The MLP is replicated on every rank (its gradients are all-reduced), so one rank publishes
+it: a :class:`~deltastream.DensePublisher` (``DenseOptions(rank=0)``, a version every
+``dense_every`` steps) ticked by the publish path above (``BudgetPublisher(dense=)`` or
+``publish_delta(dense=)``), on the same :class:`~deltastream.DeltaPublisher` as the rows;
+the final flush sends a last full version. The predictor scores with the versions it
+assembles from the stream.
 
-After the last step: a final flush publishes every retained row, the held-out slice is scored
-with the trainer's own (torch) model, and the shard's rows, the ids it published and the MLP
-weights are dumped (``.npz``) for the predictor's comparison.
+Every ``eval_every`` steps (progressive validation) the ranks score the next
+``eval_examples`` of the stream — not trained on yet — together; rank 0 sends the AUC, and
+the parent forwards it to the predictor, which scores the same examples with its serving
+tables and the dense version it holds at once: serving against trainer AUC over the run.
+
+After the last step: a final flush publishes every retained row and a full dense version,
+the held-out slice is scored with the trainer's own (torch) model, and the shard's rows, the
+ids it published and the MLP weights are dumped (``.npz``) for the predictor's comparison
+lines (the trainer's AUC and row drift; never what the predictor serves with).
 """
 
 from __future__ import annotations
@@ -65,7 +73,8 @@ def trainer_main(rank: int, cfg: dict, events: Any) -> None:
 
     ``cfg`` keys: world, master_port, device, bootstrap_servers, topic, model_name, dim,
     hidden, batch_size, steps (or None), duration (s or None), publish_every,
-    snapshot_every, eval_every (steps, 0 = off), eval_examples, topk_fraction,
+    snapshot_every, eval_every (steps, 0 = off), eval_examples, dense_every (steps),
+    topk_fraction,
     publish_budget (bytes/s, 0 = rounds), wire_dtype, max_message_bytes, lr_sparse, lr_dense,
     seed, stream (StreamConfig kwargs), heldout, work_dir, snapshot_dir, t0, log_level,
     verbose, threads, kafka_config (kafka-python security settings), sharding, model_kind
@@ -97,6 +106,8 @@ class _Trainer:
             BudgetPublisher,
             DeltaPublisher,
             DeltaTracker,
+            DenseOptions,
+            DensePublisher,
             RowWiseAdagrad,
             TrackingMode,
         )
@@ -160,6 +171,13 @@ class _Trainer:
                                         max_message_bytes=int(cfg["max_message_bytes"]),
                                         **(cfg.get("kafka_config") or {}))
         self.partition = self.publisher.partition
+        # the MLP is the model's only dense part (the tables go as rows); under the name
+        # "mlp" its tensors are named as in the model's state_dict ("mlp.0.weight" …)
+        # without building the sharded tables' state_dict. Only rank 0 publishes: every rank
+        # holds the same weights
+        self.dense_pub = DensePublisher(
+            self.publisher, torch.nn.ModuleDict({"mlp": self.net.mlp}),
+            DenseOptions(every_steps=int(cfg["dense_every"]), rank=0))
         frac = float(cfg["topk_fraction"])
         self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
         budget = float(cfg.get("publish_budget") or 0.0)
@@ -167,7 +185,7 @@ class _Trainer:
         self.budget_rounds: queue.SimpleQueue = queue.SimpleQueue()
         self.budget = BudgetPublisher(self.tracker, self.publisher, "publish",
                                       BudgetPolicy(bytes_per_s=budget),
-                                      tables=self.fqn_table,
+                                      tables=self.fqn_table, dense=self.dense_pub,
                                       on_round=self.budget_rounds.put) if budget > 0 else None
         self.next_offset = self._end_offset()
         # next offsets of other partitions: a plan's shards publish under their own shard
@@ -227,7 +245,8 @@ class _Trainer:
 
         if self.budget is None:
             rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy,
-                                step=step, final=final, tables=self.fqn_table)
+                                step=step, final=final, tables=self.fqn_table,
+                                dense=self.dense_pub)
             return self._record_round(rnd, 0)
         if final:
             self.budget.flush(step)
@@ -369,9 +388,8 @@ class _Trainer:
     def evaluate(self, step: int) -> None:
         """Progressive validation during training (collective): score the next
         ``eval_examples`` of the stream, which no rank has trained on yet, with the torch
-        model; rank 0 sends the AUC and the MLP weights, so the predictor can score the same
-        examples with its serving tables now (how far serving lags the trainer)."""
-        from deltastream_demo.model import export_dense
+        model; rank 0 sends the AUC, so the predictor can score the same examples with its
+        serving tables and dense version now (how far serving lags the trainer)."""
         from deltastream_demo.scoring import auc
 
         torch = self.torch
@@ -386,8 +404,7 @@ class _Trainer:
         labels = self.stream.batch(start, n, salt=1).labels
         self.events.put({"kind": "eval", "step": step, "start": start, "n": n,
                          "t": time.time() - float(self.cfg["t0"]),
-                         "auc": auc(labels, full.cpu().numpy()),
-                         "dense": export_dense(self.net)})
+                         "auc": auc(labels, full.cpu().numpy())})
 
     def _held_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{table: (ids, full rows)}`` this rank reports. Row sharding: its shards. A plan:
@@ -484,7 +501,11 @@ class _Trainer:
         self.publish_round(step, final=True)
         if self.budget is not None:
             self.budget.close()
+        self.dense_pub.close()
         self._settle()
+        # the dense chunks' offsets are not among the rows' results: everything is
+        # acknowledged now, so the partition's end covers them (the predictor drains to it)
+        self.next_offset = max(self.next_offset, self._end_offset())
         flush_s = time.monotonic() - t_flush
         left = sum(len(d) for d in self.tracker.get_delta("publish").values())
         heldout_start = step * self.world * int(cfg["batch_size"])
@@ -507,6 +528,7 @@ class _Trainer:
             "rows_held": {n: len(ids) for n, (ids, _) in held.items()},
             "tracker": _plain(tstats), "publisher": _plain(pstats),
             "epoch": self.publisher.epoch,
+            "dense": _plain(self.dense_pub.stats()),
             "budget": None if self.budget is None else _plain(self.budget.stats()),
             **({} if self.plan is None else {"plan": self.plan.describe()}),
             **({} if self.model_plan is None else {"model_plan": self.model_plan}),

@@ -6,13 +6,19 @@ serves all shards starts from their union. :func:`merge_snapshots` builds it in 
 refuses anything that does not add up — the same id in two snapshots of a table, a
 (table, shard) seq stream in two, two different offsets for one partition, a table with two
 widths or dtypes, different models or topics — with a ``SnapshotError`` naming both paths.
+
+The dense versions' state (``Snapshot.dense``) is kept: the one snapshot's that holds it
+as it is, several joined by the ``merge_dense`` the caller gives
+(:func:`consumers.dense_assembly.merge_states`: this layer does not read that format).
+Without one, snapshots of which more than one holds dense state are refused rather than
+merged without it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -43,16 +49,40 @@ def _same_meta(snaps: Sequence[Snapshot], key: str) -> Any:
     return next(iter(seen), None)
 
 
-def merge_snapshots(snaps: Sequence[Snapshot]) -> Snapshot:
-    """The union of disjoint snapshots (tables, offsets, seq state) as one in-memory
-    :class:`Snapshot` (``path`` None; ``meta["sources"]`` lists the paths).
+#: joins the dense states of several snapshots, ``[(path, state bytes)]`` -> state bytes;
+#: ``ValueError`` when they overlap
+DenseMerge = Callable[[list[tuple[str, bytes]]], bytes]
 
+
+def _merged_dense(snaps: Sequence[Snapshot], merge_dense: Optional[DenseMerge]
+                  ) -> Optional[bytes]:
+    """The dense state of the union (see the module docstring)."""
+    held = [(_label(s, i), s.dense) for i, s in enumerate(snaps) if s.dense is not None]
+    if len(held) <= 1:
+        return held[0][1] if held else None
+    names = ", ".join(label for label, _ in held)
+    if merge_dense is None:
+        raise SnapshotError(f"cannot merge: {names} each hold dense versions' state, and no "
+                            "merge_dense was given to join them")
+    try:
+        return merge_dense(held)
+    except ValueError as e:
+        raise SnapshotError(f"cannot merge the dense state of {names}: {e}") from None
+
+
+def merge_snapshots(snaps: Sequence[Snapshot], *,
+                    merge_dense: Optional[DenseMerge] = None) -> Snapshot:
+    """The union of disjoint snapshots (tables, offsets, seq state, dense state) as one
+    in-memory :class:`Snapshot` (``path`` None; ``meta["sources"]`` lists the paths).
+
+    ``merge_dense`` joins the dense states when several snapshots hold one.
     Raises ``SnapshotError`` when two snapshots overlap (see the module docstring).
     """
     if not snaps:
         raise SnapshotError("no snapshots to merge")
     if len(snaps) == 1:
         return snaps[0]
+    dense = _merged_dense(snaps, merge_dense)
     model = _same_meta(snaps, "model")
     topic = _same_meta(snaps, "topic")
     offsets: dict[int, int] = {}
@@ -102,4 +132,4 @@ def merge_snapshots(snaps: Sequence[Snapshot]) -> Snapshot:
             "sources": [_label(s, i) for i, s in enumerate(snaps)]}
     log.info("merged %d snapshots: %d tables, %d rows, offsets %s", len(snaps), len(tables),
              sum(len(t) for t in tables.values()), offsets)
-    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta)
+    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, dense=dense)

@@ -3,7 +3,9 @@
 :func:`read_base` reads every directory given (a checkpoint, a ``deltastream-replay
 rebuild`` output, a trainer's snapshot or a ``ServingTable.save`` directory), checks that
 each belongs to the daemon's model and topic, and merges several into one
-(:func:`consumers.storage.merge.merge_snapshots`: disjoint ids, shards and partitions).
+(:func:`consumers.storage.merge.merge_snapshots`: disjoint ids, shards and partitions; the
+dense versions' states of disjoint trainer shards joined by
+:func:`consumers.dense_assembly.merge_states`).
 
 A snapshot records the topic it was taken from (``meta["topic"]``). One of another topic is
 refused (``ValueError`` naming both) unless ``any_topic`` — its offsets would point into a
@@ -18,6 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Union
 
+from consumers.dense_assembly import merge_states
 from consumers.files import PathLike
 from consumers.storage.full_format import Snapshot
 from consumers.storage.merge import merge_snapshots
@@ -71,4 +74,4 @@ def read_base(base: BaseArg, *, model: str, topic: str, any_topic: bool = False)
             log.warning("base %s is a snapshot of topic %r; starting from it on topic %r as "
                         "asked (its offsets are used as they are)", path, btopic, topic)
         snaps.append(snap)
-    return merge_snapshots(snaps)
+    return merge_snapshots(snaps, merge_dense=merge_states)

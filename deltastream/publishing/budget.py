@@ -27,6 +27,11 @@ budget** — bytes per second per trainer, or bytes per step — and calls
    charged the bytes actually sent (an estimate short by a message header leaves a small
    debt, repaid next tick). Rows whose delivery fails are pending again.
 
+With ``BudgetPolicy.charge_dense`` the budget is shared with the dense versions of
+``dense=``: the bytes of the versions sent since the last hand-off are charged to the bucket
+when the next hand-off is merged (a debt the rows repay), so rows and dense weights
+together stay within the budget; the versions keep their own cadence.
+
 **The error bound.** After a tick every row predictors serve is exact (wire rounding
 aside) except the rows left pending, so the largest error among them *is* the current
 serving-error bound. It is reported per tick (``BudgetTick.bound``, normalized;
@@ -132,7 +137,8 @@ class BudgetPublisher:
             ``PublishResult`` s whose offsets a snapshot needs.
         dense: a :class:`~deltastream.publishing.dense.DensePublisher` ticked with every
             :meth:`tick` (its own cadence and worker) and flushed by :meth:`flush` (a final
-            full version after the rows).
+            full version after the rows); with ``policy.charge_dense`` its bytes are
+            charged to the budget.
 
     See the module docstring for what a tick does, its threads and the bounds it keeps.
     Use it as a context manager, or call :meth:`close`, to stop the worker.
@@ -173,6 +179,7 @@ class BudgetPublisher:
         self._tick = 0
         self._ticks = 0
         self._skipped = 0  # ticks whose hand-off waited for a busy worker
+        self._dense_charged = 0  # the dense publisher's bytes already charged
         self._tick_s: deque = deque(maxlen=policy.window)  # training-thread seconds per tick
 
     # ------------------------------------------------------------------ public
@@ -291,12 +298,22 @@ class BudgetPublisher:
         if e is not None:
             raise e
 
+    def _dense_charge(self) -> int:
+        """Bytes of the dense versions sent since the last hand-off, when the policy
+        charges them to the budget (0 otherwise)."""
+        if self.dense is None or not self.policy.charge_dense:
+            return 0
+        sent = self.dense.sent_bytes
+        out, self._dense_charged = sent - self._dense_charged, sent
+        return out
+
     def _hand_off(self, step: int, ts: Optional[int], *, final: bool,
                   timeout: Optional[float] = None) -> Optional[BudgetTick]:
         tables = take_handoff(self.tracker, self.consumer, self._modules, self._copier)
         self._tick += 1
         h = Handoff(tick=self._tick, step=step, ts=time.time_ns() if ts is None else ts,
-                    units=self._units, tables=tables, final=final, ready=self._copier.finish())
+                    units=self._units, tables=tables, final=final, ready=self._copier.finish(),
+                    charged=self._dense_charge())
         self._units = 0.0
         if self._worker is None:
             eng = self._engine

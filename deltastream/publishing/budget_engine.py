@@ -169,7 +169,7 @@ class BudgetEngine:
         self.n = dict.fromkeys(("ticks", "rounds", "bytes", "rows", "messages", "tombstones",
                                 "overdue_rows", "rejected", "out_of_range", "exact",
                                 "final_bytes", "final_rows", "failed_rounds",
-                                "coalesced_rows"), 0)
+                                "coalesced_rows", "charged_bytes"), 0)
         self.select_s = 0.0
         self.send_s = 0.0
         self._bounds: deque = deque(maxlen=policy.window)
@@ -188,9 +188,14 @@ class BudgetEngine:
         return t
 
     def merge(self, h: Handoff) -> None:
-        """Fold hand-off ``h`` into the pending rows and refill the bucket with its units."""
+        """Fold hand-off ``h`` into the pending rows, refill the bucket with its units and
+        charge it the bytes sent outside the rounds (``h.charged``)."""
         h.wait()
         self.bucket.refill(h.units)
+        if h.charged:
+            self.bucket.spend(int(h.charged))
+            with self._lock:
+                self.n["charged_bytes"] += int(h.charged)
         rejected = out_of_range = exact = coalesced = 0
         for th in h.tables:
             t = self._table(th.fqn, th.current)

@@ -61,6 +61,11 @@ class BudgetPolicy:
             the most error removed per byte, so a dim-1 bias row that is off by as much
             of its scale as a dim-32 row goes first: it costs 10 bytes, not 72); False:
             by score alone.
+        charge_dense: the dense versions of ``BudgetPublisher(dense=)`` spend this budget
+            too: the bytes of each version sent are taken from the bucket at the next
+            tick, so rows and dense weights together stay within it (the rows get what
+            the versions leave; the versions keep their own cadence). False (default):
+            the budget is the rows'.
 
     Raises:
         ValueError / TypeError: naming the bad field and what was expected.
@@ -78,6 +83,7 @@ class BudgetPolicy:
     min_interval_s: Optional[float] = None
     window: int = 1024
     per_byte: bool = True
+    charge_dense: bool = False
 
     def __post_init__(self) -> None:
         if (self.bytes_per_s is None) == (self.bytes_per_step is None):
@@ -112,8 +118,10 @@ class BudgetPolicy:
             object.__setattr__(self, "min_interval_s",
                                0.0 if self.bytes_per_step is not None else DEFAULT_INTERVAL_S)
         _real("min_interval_s", self.min_interval_s, 0.0)
-        if not isinstance(self.per_byte, bool):
-            raise TypeError(f"BudgetPolicy.per_byte must be a bool, got {self.per_byte!r}")
+        for name in ("per_byte", "charge_dense"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"BudgetPolicy.{name} must be a bool, got "
+                                f"{getattr(self, name)!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, numbers.Integral) \
                 or self.window < 1:
             raise ValueError(f"BudgetPolicy.window must be an int >= 1, got {self.window!r}")
@@ -141,4 +149,5 @@ class BudgetPolicy:
                 "burst_bytes": self.burst, "scale": self.scale, "weights": dict(self.weights),
                 "min_error": self.min_error, "max_age": self.max_age,
                 "overdue_share": self.overdue_share, "new_rows": self.new_rows,
-                "per_byte": self.per_byte, "min_interval_s": self.min_interval_s}
+                "per_byte": self.per_byte, "min_interval_s": self.min_interval_s,
+                "charge_dense": self.charge_dense}

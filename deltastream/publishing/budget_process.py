@@ -298,7 +298,8 @@ class ProcessWorker:
                     if t.numel():
                         _view(self._seg.map, off, shape, dtype).copy_(t)
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
-                            fqns=[th.fqn for th in h.tables], layout=layout)
+                            charged=h.charged, fqns=[th.fqn for th in h.tables],
+                            layout=layout)
                 self._send(("handoff", self._seg.path if new else None, meta))
             except BaseException as e:  # a bug here must not stall ticks forever
                 log.exception("budget publisher: shipping a hand-off to the worker failed")
@@ -462,4 +463,4 @@ def _unpack(buf: Any, meta: dict) -> Handoff:
     tables = [TableHandoff(fqn=fqn, **fl) for fqn, fl in zip(meta["fqns"], fields,
                                                              strict=True)]
     return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],
-                   tables=tables, final=meta["final"])
+                   tables=tables, final=meta["final"], charged=meta["charged"])

@@ -237,6 +237,11 @@ class DensePublisher:
         return dict(self._stats, active=self._active, copy_ms={
             "p50": float(np.quantile(t, 0.5)), "max": float(t.max())} if t.size else None)
 
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes of the versions sent so far (what ``BudgetPolicy.charge_dense`` charges)."""
+        return int(self._stats["bytes"])
+
     def _pick(self) -> dict[str, torch.Tensor]:
         return dense_entries(self.model, exclude=self._exclude, names=self.options.names)
 

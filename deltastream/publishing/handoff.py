@@ -55,7 +55,9 @@ class Handoff:
 
     ``tick``: the tick's number (1, 2, …); ``units``: budget units (seconds or steps) the
     bucket gains with it; ``final``: a flush (publish everything). ``ready``: a CUDA event
-    recorded after the device → host copies (None on CPU)."""
+    recorded after the device → host copies (None on CPU). ``charged``: bytes sent outside
+    the rounds since the last hand-off that the bucket pays for too (dense versions, with
+    ``BudgetPolicy.charge_dense``)."""
 
     tick: int
     step: int
@@ -64,6 +66,7 @@ class Handoff:
     tables: list[TableHandoff] = field(default_factory=list)
     final: bool = False
     ready: Any = None
+    charged: int = 0
 
     @property
     def rows(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumers.dense_assembly import DenseAssembler
+from consumers.dense_assembly import DenseAssembler, merge_states
 from deltastream.dense_wire import DenseChunk, chunk_version, decode_dense, encode_dense
 
 MODEL = "m"
@@ -20,9 +20,10 @@ def _tensors(seed: int) -> dict[str, np.ndarray]:
 
 
 def _chunks(tensors: dict, *, seq: int, step: int, epoch: int = 1,
-            base_step: int | None = None, max_bytes: int = 700) -> list[DenseChunk]:
+            base_step: int | None = None, max_bytes: int = 700,
+            shard: int = 0) -> list[DenseChunk]:
     """Chunks of one version as a predictor decodes them (encoded, then decoded)."""
-    cs = chunk_version(tensors, model=MODEL, shard=0, epoch=epoch, seq=seq, step=step,
+    cs = chunk_version(tensors, model=MODEL, shard=shard, epoch=epoch, seq=seq, step=step,
                        ts=step * 10**9, base_step=base_step, max_message_bytes=max_bytes)
     return [decode_dense(m) for m in encode_dense(cs)]
 
@@ -159,3 +160,33 @@ def test_a_tensor_too_large_to_assemble_is_refused_not_allocated():
     huge = DenseChunk(**{**c.__dict__, "shape": (1 << 40,)})
     kind, why = a.offer(huge)
     assert kind == "refused" and "elements" in why and a.view() is None
+
+
+def test_merged_states_of_two_shards_serve_both_and_resume_the_version_being_built():
+    t0, t1, t2 = _tensors(20), _tensors(21), _tensors(22)
+    a0, a1 = DenseAssembler(), DenseAssembler()
+    first = _chunks(t0, seq=0, step=10, shard=0)
+    for c in first:
+        a0.offer(c)
+    second = _chunks(t2, seq=len(first), step=20, shard=0)
+    for c in second[:2]:  # shard 0 is in the middle of its next version
+        a0.offer(c)
+    for c in _chunks(t1, seq=0, step=12, shard=1):
+        a1.offer(c)
+    merged = DenseAssembler.from_state(merge_states([("a", a0.state()), ("b", a1.state())]))
+    assert merged.shards() == {0, 1}
+    assert _same(merged.view(0), t0) and _same(merged.view(1), t1)
+    assert [merged.offer(c)[0] for c in second[2:]][-1] == "served"  # resumed, not lost
+    assert _same(merged.view(0), t2) and merged.counters["gaps"] == 0
+    assert merged.offer(second[0])[0] == "duplicate"  # the seqs came along too
+
+
+def test_merged_states_refuse_a_shard_held_twice_naming_both():
+    a, b = DenseAssembler(), DenseAssembler()
+    for c in _chunks(_tensors(23), seq=0, step=10):
+        a.offer(c)
+    b.offer(_chunks(_tensors(24), seq=0, step=11)[0])  # shard 0 building here
+    with pytest.raises(ValueError, match="shard 0 has state in both x and y"):
+        merge_states([("x", a.state()), ("y", b.state())])
+    with pytest.raises(ValueError, match="^z: dense state: malformed"):
+        merge_states([("x", a.state()), ("z", b"junk")])

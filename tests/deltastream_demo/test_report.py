@@ -27,7 +27,7 @@ def _good_report() -> dict:
         "freshness_s": {"p50": 0.01, "p95": 0.02, "p99": 0.03},
         "drift": {"ids_compared": 60, "missing_in_serving": 0, "missing_in_trainer": 0,
                   "max_abs": 1e-4, "tolerance": 2e-4, "rmse": 1e-5},
-        "auc": {"serving": 0.70, "trainer": 0.7001},
+        "auc": {"serving": 0.70, "trainer": 0.7001, "dense_source": "stream"},
         "predictor": {"gaps": 0, "quarantined": 0, "torch_imported": False},
     }
 
@@ -44,6 +44,7 @@ def test_check_report_accepts_a_consistent_report_and_names_each_violation():
         (("drift", "max_abs"), 1.0, "differ"),
         (("drift", "missing_in_serving"), 3, "missing in the serving"),
         (("auc", "serving"), 0.69, "AUC"),
+        (("auc", "dense_source"), "none", "no streamed dense version"),
         (("predictor", "torch_imported"), True, "torch"),
         (("wire", "bytes_per_row"), 10.0, "bytes per row"),
     ]

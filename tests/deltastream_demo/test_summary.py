@@ -25,7 +25,11 @@ def _final(rank: int, rounds: list[dict]) -> dict:
             "offsets": {rank: len(rounds)}, "dump": f"trainer-{rank}.npz",
             "heldout_start": 320, "rows_held": {"user": 10 + rank, "item": 5},
             "snapshots": {"count": 1, "last_step": 10, "seconds": 0.2 * (rank + 1)},
-            "tracker": {}, "publisher": {}, "epoch": 100 + rank}
+            "tracker": {}, "publisher": {}, "epoch": 100 + rank,
+            # DensePublisher.stats(): rank 0 publishes the MLP, the other rank's is inactive
+            "dense": {"active": rank == 0, "versions": 3 - 3 * rank, "full_versions": 1 - rank,
+                      "messages": 3 - 3 * rank, "bytes": 900 - 900 * rank, "deferred": 0,
+                      "copy_ms": {"p50": 0.01, "max": 0.02} if rank == 0 else None}}
 
 
 def _result() -> dict:
@@ -33,9 +37,11 @@ def _result() -> dict:
                                  "item": {"ids_compared": 9, "missing_in_serving": 1}},
                       "ids_compared": 29, "missing_in_serving": 0, "missing_in_trainer": 0,
                       "max_abs": 1e-4, "tolerance": 2e-4, "rmse": 1e-5},
-            "auc": {"serving": 0.7, "trainer": 0.7001},
+            "auc": {"serving": 0.7, "trainer": 0.7001, "dense_source": "stream",
+                    "dense_version": [100, 20], "dense_age_s": 0.5, "dense_age_steps": 0},
             "freshness": {"p50": 0.01, "p95": 0.02, "p99": 0.03, "max": 0.05},
-            "stats": {"gaps": 0, "quarantined": 0, "messages": 6}, "torch_imported": False,
+            "stats": {"gaps": 0, "quarantined": 0, "messages": 6, "dense_versions": 3,
+                      "dense_incomplete": 0, "dense_unbased": 0}, "torch_imported": False,
             "bootstrap": {"ids": 15}, "apply_t": [0.5, 1.2, 1.4, 2.5],
             "apply_fresh": [0.01, 0.02, 0.03, 0.01]}
 
@@ -67,10 +73,16 @@ def test_build_report_adds_up_the_ranks_and_passes_the_checks():
     assert r["config"]["topic"] == "deltas.demo" and r["config"]["embedded_broker"] is True
     assert [t["rank"] for t in r["trainers"]] == [0, 1]
     assert r["timeline"]["publish"][-1] == [20, 2.1, 9, 720, 1]
+    # the dense section: the publishing rank's figures, the predictor's versions served
+    assert r["dense"] == {"every_steps": opts.dense_every, "versions": 3, "full_versions": 1,
+                          "messages": 3, "bytes": 900, "deferred": 0,
+                          "copy_ms": {"p50": 0.01, "max": 0.02}, "served": 3,
+                          "incomplete": 0, "unbased": 0}
     assert check_report(r) == []
 
 
-EVALS = [{"step": 10, "t": 1.0, "n": 100, "auc": 0.7, "serving_auc": 0.68, "lag": 3},
+EVALS = [{"step": 10, "t": 1.0, "n": 100, "auc": 0.7, "serving_auc": 0.68, "lag": 3,
+          "dense_step": 5, "dense_age_steps": 4, "dense_age_s": 0.25},
          {"step": 20, "t": 2.0, "n": 100, "auc": 0.72}]  # the predictor never answered
 
 
@@ -92,12 +104,18 @@ def test_timeline_has_the_auc_over_the_run_and_the_worst_bound_per_tick():
     opts = DemoOptions(workers=2, batch_size=8, steps=20)
     r = build_report(opts, finals, _result(), topic="t", servers="h:1", embedded=False,
                      wall_s=5.0, evals=EVALS)
-    assert r["timeline"]["auc"] == [[10, 1.0, 0.7, 0.68, 3], [20, 2.0, 0.72, None, None]]
+    assert r["timeline"]["auc"] == [[10, 1.0, 0.7, 0.68, 3, 5, 4, 0.25],
+                                    [20, 2.0, 0.72, None, None, None, None, None]]
     assert r["timeline"]["bound"] == [[1, 0.1, 0.7, 0], [2, 0.2, 0.4, 0], [20, 2.1, 0.0, 1]]
     from deltastream_demo.report import format_report
 
     text = format_report(r)  # only the answered evaluation counts in the gap
     assert "AUC gap trainer − serving mean / max" in text and "0.0200 / 0.0200" in text
+    # the dense version scored with at step 10 was step 5's, 4 steps behind the rows, 0.25 s
+    assert "dense version age mean / max" in text and "4 / 4 steps, 0.25 / 0.25 s" in text
+    assert "not scored" not in text  # step 20 was not answered at all: not counted
+    r["timeline"]["auc"].append([30, 3.0, 0.73, None, 2, None, None, None])  # no version
+    assert "1 not scored: no dense version yet" in format_report(r)
 
 
 def test_budget_section_reports_the_budget_bytes_per_s_and_the_error_bound():

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHORT = ["--steps", "60", "--batch-size", "256", "--publish-every", "5", "--snapshot-every",
          "25", "--users", "4000", "--items", "800", "--held-out", "4000", "--dim", "16",
          "--topk-fraction", "0.3", "--progress", "off", "--timeout", "240",
-         "--eval-every", "20", "--eval-examples", "2000"]
+         "--eval-every", "20", "--eval-examples", "2000", "--dense-every", "10"]
 # the tests below run fixed rounds (--topk-fraction every --publish-every steps); the
 # byte-budgeted default has its own test
 ROUNDS = ["--publish-budget", "0"]
@@ -71,7 +71,8 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert r["invariants"]["problems"] == [] and check_report(r) == []
     # the printed table is the report
-    assert "AUC serving tables" in proc.stdout and "freshness p50 / p95 / p99" in proc.stdout
+    assert "AUC serving (tables + streamed MLP)" in proc.stdout
+    assert "freshness p50 / p95 / p99" in proc.stdout
 
     # training
     t = r["train"]
@@ -92,9 +93,10 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     else:
         assert rows["rounds"] == 60 // 5 + 1
 
-    # what the wire carried is what the predictor applied
+    # what the wire carried is what the predictor applied: row messages and dense chunks
     wire, pred = r["wire"], r["predictor"]
-    assert wire["messages"] == pred["messages"] == pred["applied"]
+    assert wire["messages"] == pred["applied"]  # row messages
+    assert wire["messages"] + r["dense"]["messages"] == pred["messages"]
     assert pred["rows"] == rows["published"]
     assert wire["bytes_per_row"] >= wire["row_payload_bytes"]
     assert pred["gaps"] == pred["duplicates"] == pred["quarantined"] == 0
@@ -121,6 +123,14 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     assert a["numpy_vs_torch_max_diff"] < 1e-3
     assert 0.5 < a["trainer"] <= a["ceiling"]
 
+    # the predictor scored with the MLP streamed to it, not a copy of the trainer's: the
+    # final full version of the last step, and every version published was served
+    assert a["dense_source"] == "stream" and a["dense_version"][1] == t["steps"]
+    assert a["dense_age_steps"] == 0 and a["dense_age_s"] >= 0
+    dense = r["dense"]
+    assert dense["versions"] >= 2 and dense["served"] == dense["versions"]
+    assert dense["incomplete"] == dense["unbased"] == 0 and dense["bytes"] > 0
+
     # a new predictor started from the trainers' base snapshots converges to the same rows
     s = r["snapshot"]
     assert s["count"] == 60 // 25 and s["last_step"] == 50
@@ -128,11 +138,20 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     assert b["caught_up"] and b["missing"] == 0 and b["violations"] == 0
     assert b["ids"] == d["ids_compared"] and b["gaps"] == 0
     assert 0 < b["base_ids"] <= b["ids"]
+    # ... and, from the stream after the snapshots, to the same dense version
+    assert b["dense_same_as_main"] and b["dense_step"] == a["dense_version"][1]
 
     # serving vs trainer AUC during training: every progressive evaluation answered
     ev = r["timeline"]["auc"]
     assert [e[0] for e in ev] == list(range(20, 61, 20))  # --eval-every 20
-    assert all(0.5 < e[2] <= a["ceiling"] and e[3] is not None for e in ev)
+    assert all(0.5 < e[2] <= a["ceiling"] and e[4] is not None for e in ev)
+    # ... scored with the dense version the predictor held then: none before the first one
+    # arrived (a loaded machine delays it; never scored with another MLP), a streamed one
+    # from then on (a published step; the request reaches the predictor later than e[0])
+    scored = [e for e in ev if e[3] is not None]
+    assert scored and scored == ev[len(ev) - len(scored):]
+    assert all(e[5] is None for e in ev[:len(ev) - len(scored)])
+    assert all(1 <= e[5] <= t["steps"] and e[6] is not None and e[7] >= 0 for e in scored)
     assert "AUC gap trainer − serving mean / max" in proc.stdout
 
     # plots

@@ -79,3 +79,43 @@ def test_a_daemon_from_a_rebuild_snapshot_ends_where_a_whole_rebuild_does(versio
     assert rep.dense is not None and rep.dense.equal and rep.equal, rep.format_text()
     rep = diff_with_rebuild(tmp_path / "state" / "checkpoint", bootstrap_servers=servers)
     assert rep.equal and rep.dense.equal, rep.format_text()
+
+
+def test_a_daemon_from_per_shard_rebuilds_keeps_the_dense_version(broker, topic_name,
+                                                                   tmp_path):
+    """Two trainer shards, shard 0 publishes the dense versions (one DDP rank); a rebuild
+    per shard gives one base each. A daemon given both bases serves shard 0's dense
+    version at once, and the partial version published after the rebuilds on top of it
+    (the merge of the bases used to drop the dense state: nothing served, that partial
+    version unbased until the next full one)."""
+    servers = broker.bootstrap_servers
+    ensure_topic(servers, topic_name, 2)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((40, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    pubs = [DeltaPublisher(servers, topic_name, model=MODEL, shard=s, dtype="f32",
+                           max_message_bytes=4096) for s in (0, 1)]
+    try:
+        for s, pub in enumerate(pubs):
+            pub.publish("user", np.arange(s, 6, 2), np.ones((3, 4), np.float32), step=1)
+        pubs[0].publish_dense({"w": w, "b": b}, step=2)
+        for pub in pubs:
+            pub.flush()
+        bases = [tmp_path / f"shard-{s}" for s in (0, 1)]
+        for s, base in enumerate(bases):
+            rebuild(servers, topic_name, model=MODEL, shards=[s], out=base)
+        pubs[0].publish_dense({"b": b + 1}, step=4, base_step=2)
+        pubs[0].flush()
+    finally:
+        for pub in pubs:
+            pub.close()
+    d = daemon_for(broker, topic_name, tmp_path / "state", base=[str(p) for p in bases])
+    try:
+        assert d.dense() is not None and d.dense().step == 2  # from the bases
+        assert len(d.tables()["user"]) == 6
+        assert d.catch_up(timeout=60)
+        v = d.dense()
+        assert v.step == 4 and np.array_equal(v["b"], b + 1) and np.array_equal(v["w"], w)
+        assert d.stats()["dense_unbased"] == 0
+    finally:
+        d.stop()

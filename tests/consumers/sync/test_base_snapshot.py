@@ -8,17 +8,55 @@ import logging
 import numpy as np
 import pytest
 
+from consumers.dense_assembly import DenseAssembler
+from consumers.errors import SnapshotError
 from consumers.serving.table import ServingTable
-from consumers.storage.snapshot import write_snapshot
+from consumers.storage.merge import merge_snapshots
+from consumers.storage.snapshot import read_snapshot, write_snapshot
 from consumers.sync.base_snapshot import read_base
+from deltastream.dense_wire import chunk_version, decode_dense, encode_dense
 
 
-def _snap(path, ids, *, topic="deltas.m", model="m", partition=0):
+def _snap(path, ids, *, topic="deltas.m", model="m", partition=0, dense=None):
     ids = np.asarray(ids, np.int64)
     t = ServingTable.from_arrays("user", ids, np.ones((ids.size, 2), np.float32))
     meta = {k: v for k, v in (("topic", topic), ("model", model)) if v is not None}
-    write_snapshot(path, tables={"user": t}, offsets={partition: 3}, seqs={}, meta=meta)
+    write_snapshot(path, tables={"user": t}, offsets={partition: 3}, seqs={}, meta=meta,
+                   dense=dense)
     return path
+
+
+def _dense_state(shard: int, step: int) -> tuple[bytes, np.ndarray]:
+    """An assembler's state serving one version of ``shard`` at ``step``, and its tensor."""
+    w = np.full((3, 2), float(step), np.float32)
+    a = DenseAssembler()
+    for m in encode_dense(chunk_version({"mlp.0.weight": w}, model="m", shard=shard, epoch=1,
+                                        seq=0, step=step, ts=1, max_message_bytes=4096)):
+        a.offer(decode_dense(m))
+    return a.state(), w
+
+
+def test_merged_bases_keep_the_dense_state_of_each_trainer_shard(tmp_path):
+    d0, w0 = _dense_state(0, 7)
+    d1, w1 = _dense_state(1, 9)
+    a = _snap(tmp_path / "a", [0, 2], dense=d0)
+    b = _snap(tmp_path / "b", [1], partition=1)
+    c = _snap(tmp_path / "c", [5], partition=2, dense=d1)
+    one = DenseAssembler.from_state(read_base([a, b], model="m", topic="deltas.m").dense)
+    assert one.view(0).step == 7 and np.array_equal(one.view(0)["mlp.0.weight"], w0)
+    both = DenseAssembler.from_state(read_base([a, b, c], model="m", topic="deltas.m").dense)
+    assert {s: v.step for s, v in both.views().items()} == {0: 7, 1: 9}
+    assert np.array_equal(both.view(1)["mlp.0.weight"], w1)
+    # without a way to join two dense states the merge refuses, never drops them
+    with pytest.raises(SnapshotError, match="each hold dense versions' state"):
+        merge_snapshots([read_snapshot(a), read_snapshot(c)])
+
+
+def test_merged_bases_with_one_shards_dense_state_twice_are_refused(tmp_path):
+    a = _snap(tmp_path / "a", [0], dense=_dense_state(0, 7)[0])
+    b = _snap(tmp_path / "b", [1], partition=1, dense=_dense_state(0, 8)[0])
+    with pytest.raises(SnapshotError, match="dense shard 0 has state in both .*a and .*b"):
+        read_base([a, b], model="m", topic="deltas.m")
 
 
 def test_one_or_several_bases(tmp_path):
