@@ -1,0 +1,380 @@
+/* deltastream.tracking.native: the FIRST-row bookkeeping of a CPU table's lookups in C.
+ *
+ * The numpy twin, and what each argument means, is deltastream/tracking/fresh_rows.py (read
+ * it first); a test runs both on the same lookups and compares. Per lookup, one pass over
+ * the ids marks each position no earlier lookup of the interval had, gives it the next arena
+ * row (slot) and copies its row there (from the table or from the lookup's output); per
+ * read, one pass over the marks yields the marked positions ascending with their arena
+ * rows, and clears the marks. numpy needs a
+ * temporary per step for the same work (mask, negation, compression, scatter, gather); here
+ * the ids are read once and a row is prefetched AHEAD ids before it is copied (the rows of a
+ * large table are cache misses: the prefetch overlaps them).
+ *
+ * Rows are opaque bytes (any dtype: f32, f16, bf16, ...; any width): buffers are uint8
+ * views, a row is row_bytes = len(src) / its rows bytes.
+ *
+ * Python API (buffers: C-contiguous, e.g. numpy arrays):
+ *   mark_fresh(marks, slot, order, ids, src, by_occurrence, arena, used) -> used'
+ *       marks: bool/uint8 [capacity] (writable), slot: int64 [capacity] (writable), order:
+ *       writable int64 [>= used + n], ids: int32 or int64 [n], src: uint8 rows or None,
+ *       arena: writable uint8 [rows * row_bytes] (rows >= used + n) or None (with src None).
+ *       Each id not marked yet is marked, slot[id] = used', order[used'] = id (then used' +=
+ *       1) and, with src, a row is copied to arena row slot[id]: src row id (src: the table,
+ *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
+ *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
+ *       naming it, raised before anything is written.
+ *   drain_marked(marks, slot, arena, out_ids, out_rows) -> k
+ *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
+ *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
+ *       and, with an arena, each one's arena row; clears the marks. A slot outside the arena
+ *       is a ValueError (marks left as they were).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
+
+#define AHEAD 16      /* rows between a row's prefetch and its copy */
+#define MARK_AHEAD 32 /* ids between the prefetch of an id's mark and its test */
+
+static char code_of(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return f[0] && !f[1] ? f[0] : '?';
+}
+
+static int get_buf(PyObject *obj, Py_buffer *v, int writable, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous%s array", what,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* Buffers of one call, released together. */
+typedef struct {
+    Py_buffer b[6]; /* the most one call takes */
+    int n;
+} Bufs;
+
+#define BAD ((Py_buffer *)-1) /* take() failed (an error is set) */
+
+static Py_buffer *take(Bufs *bs, PyObject *obj, int writable, const char *what) {
+    if (obj == Py_None)
+        return NULL;
+    if (bs->n >= (int)(sizeof bs->b / sizeof bs->b[0])) {
+        PyErr_SetString(PyExc_SystemError, "native: too many buffers in one call");
+        return BAD;
+    }
+    Py_buffer *v = &bs->b[bs->n];
+    if (get_buf(obj, v, writable, what) < 0)
+        return BAD;
+    bs->n++;
+    return v;
+}
+
+static void release(Bufs *bs) {
+    for (int i = 0; i < bs->n; i++)
+        PyBuffer_Release(&bs->b[i]);
+}
+
+static int check_item(const Py_buffer *v, Py_ssize_t size, const char *codes, const char *what) {
+    char c = code_of(v);
+    if (v->itemsize != size || !strchr(codes, c)) {
+        PyErr_Format(PyExc_ValueError, "%s: wrong element type (format %s, %zd bytes)", what,
+                     v->format ? v->format : "B", v->itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+/* row_bytes of src over its rows, or -1 with an error set. */
+static Py_ssize_t row_bytes_of(const Py_buffer *w, Py_ssize_t rows) {
+    if (rows == 0 || w->len % rows || w->len == 0) {
+        PyErr_Format(PyExc_ValueError, "src: %zd bytes are not %zd rows", w->len, rows);
+        return -1;
+    }
+    return w->len / rows;
+}
+
+/* The high bit of each byte of w that is not zero (exact: no borrow between bytes). */
+static inline uint64_t nonzero_bytes(uint64_t w) {
+    const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL;
+    return (((w & lo7) + lo7) | w) & ~lo7;
+}
+
+/* Writes the marked positions of m [cap] ascending to o (room for m_out); returns how many,
+ * or -1 when there are more than m_out. Eight marks are tested at once and the marked ones
+ * of a word are taken by their bit index: no branch per clear mark (most are clear). */
+static Py_ssize_t collect_marked(const uint8_t *m, Py_ssize_t cap, int64_t *o,
+                                 Py_ssize_t m_out) {
+    Py_ssize_t j = 0, p = 0;
+    for (; p + 8 <= cap; p += 8) {
+        uint64_t word;
+        memcpy(&word, m + p, 8);
+        uint64_t y = nonzero_bytes(word);
+        while (y) {
+            if (j >= m_out)
+                return -1;
+            o[j++] = p + (__builtin_ctzll(y) >> 3);
+            y &= y - 1;
+        }
+    }
+    for (; p < cap; p++) {
+        if (!m[p])
+            continue;
+        if (j >= m_out)
+            return -1;
+        o[j++] = p;
+    }
+    return j;
+}
+
+/* The first index of an id outside [0, capacity), or -1. */
+static Py_ssize_t first_out_of_range(const void *ids, int wide, Py_ssize_t n, uint64_t capacity) {
+    uint64_t bad = 0;
+    if (wide) {
+        const int64_t *q = (const int64_t *)ids;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (uint64_t)q[i] >= capacity;
+    } else {
+        const int32_t *q = (const int32_t *)ids;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (uint64_t)(int64_t)q[i] >= capacity;
+    }
+    if (!bad)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t id = wide ? ((const int64_t *)ids)[i] : ((const int32_t *)ids)[i];
+        if ((uint64_t)id >= capacity)
+            return i;
+    }
+    return -1;
+}
+
+/* One row: the usual widths (32 or 64 f32 / 16-bit values, ...) with a constant size, which
+ * the compiler inlines as a few vector moves instead of a call to memcpy. */
+static inline void copy_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
+    switch (rb) {
+    case 64:
+        memcpy(dst, src, 64);
+        return;
+    case 128:
+        memcpy(dst, src, 128);
+        return;
+    case 256:
+        memcpy(dst, src, 256);
+        return;
+    default:
+        memcpy(dst, src, (size_t)rb);
+    }
+}
+
+/* Copy n rows of rb bytes, src row of the i-th being rows_at[i] (an index into src), the
+ * i-th to dst row i; row i + AHEAD is prefetched before row i is copied. */
+static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, Py_ssize_t n,
+                      Py_ssize_t rb) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) {
+            const uint8_t *r = src + (uint64_t)rows_at[i + AHEAD] * rb;
+            PREFETCH(r);
+            PREFETCH(r + rb - 1);
+        }
+        copy_row(dst + i * rb, src + (uint64_t)rows_at[i] * rb, rb);
+    }
+}
+
+/* The ids are taken CHUNK at a time: the marking pass collects the chunk's new positions,
+ * then their rows are copied with prefetching (only new rows: a repeat's row is not
+ * fetched at all). */
+#define CHUNK 512
+
+#define MARK_LOOP(T)                                                                     \
+    do {                                                                                 \
+        const T *q = (const T *)ids->buf;                                                \
+        int64_t from[CHUNK];                                                             \
+        for (Py_ssize_t lo = 0; lo < n; lo += CHUNK) {                                   \
+            Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n, k = 0;                      \
+            for (Py_ssize_t i = lo; i < hi; i++) {                                       \
+                if (i + MARK_AHEAD < n)                                                  \
+                    PREFETCH(m + (uint64_t)q[i + MARK_AHEAD]);                           \
+                uint64_t p = (uint64_t)q[i];                                             \
+                if (m[p])                                                                \
+                    continue;                                                            \
+                m[p] = 1;                                                                \
+                s[p] = used + k;                                                         \
+                o[used + k] = (int64_t)p;                                                \
+                from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
+            }                                                                            \
+            if (w != NULL)                                                               \
+                copy_rows(a + (uint64_t)used * rb, w, from, k, rb);                      \
+            used += k;                                                                   \
+        }                                                                                \
+    } while (0)
+
+static PyObject *mark_fresh(PyObject *self, PyObject *args) {
+    PyObject *o_marks, *o_slot, *o_order, *o_ids, *o_src, *o_arena;
+    int by_occurrence;
+    Py_ssize_t used;
+    if (!PyArg_ParseTuple(args, "OOOOOpOn", &o_marks, &o_slot, &o_order, &o_ids, &o_src,
+                          &by_occurrence, &o_arena, &used))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *marks = take(&bs, o_marks, 1, "marks");
+    Py_buffer *slot = marks == BAD ? NULL : take(&bs, o_slot, 1, "slot");
+    Py_buffer *order = slot == BAD ? NULL : take(&bs, o_order, 1, "order");
+    Py_buffer *ids = order == BAD ? NULL : take(&bs, o_ids, 0, "ids");
+    Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
+    Py_buffer *arena = src == BAD ? NULL : take(&bs, o_arena, 1, "arena");
+    if (marks == BAD || slot == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
+        goto done;
+    if (!marks || !slot || !order || !ids) {
+        PyErr_SetString(PyExc_TypeError, "marks, slot, order and ids are required");
+        goto done;
+    }
+    if (check_item(marks, 1, "?bB", "marks") < 0 || check_item(slot, 8, "ql", "slot") < 0 ||
+        check_item(order, 8, "ql", "order") < 0)
+        goto done;
+    int wide = ids->itemsize == 8;
+    if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
+        goto done;
+    Py_ssize_t cap = marks->len, n = ids->len / ids->itemsize, rb = 0;
+    if (n == 0) {
+        ret = PyLong_FromSsize_t(used);
+        goto done;
+    }
+    if (slot->len / 8 != cap || used < 0 || order->len / 8 < used + n) {
+        PyErr_Format(PyExc_ValueError, "slot: %zd entries for %zd marks; order: %zd entries for "
+                     "%zd + %zd rows", slot->len / 8, cap, order->len / 8, used, n);
+        goto done;
+    }
+    if ((src == NULL) != (arena == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "src and arena: both or neither");
+        goto done;
+    }
+    if (src != NULL) {
+        if ((rb = row_bytes_of(src, by_occurrence ? n : cap)) < 0)
+            goto done;
+        if (arena->len % rb || arena->len / rb < used + n) {
+            PyErr_Format(PyExc_ValueError, "arena: %zd bytes do not hold %zd rows of %zd bytes",
+                         arena->len, used + n, rb);
+            goto done;
+        }
+    }
+    Py_ssize_t bad = first_out_of_range(ids->buf, wide, n, (uint64_t)cap);
+    if (bad >= 0) {
+        long long id = wide ? ((const int64_t *)ids->buf)[bad] : ((const int32_t *)ids->buf)[bad];
+        PyErr_Format(PyExc_IndexError, "lookup id %lld (at %zd) is outside the table's rows "
+                     "[0, %zd)", id, bad, cap);
+        goto done;
+    }
+    uint8_t *m = (uint8_t *)marks->buf, *a = arena ? (uint8_t *)arena->buf : NULL;
+    int64_t *s = (int64_t *)slot->buf, *o = (int64_t *)order->buf;
+    const uint8_t *w = src ? (const uint8_t *)src->buf : NULL;
+    if (wide)
+        MARK_LOOP(int64_t);
+    else
+        MARK_LOOP(int32_t);
+    ret = PyLong_FromSsize_t(used);
+done:
+    release(&bs);
+    return ret;
+}
+
+static PyObject *drain_marked(PyObject *self, PyObject *args) {
+    PyObject *o_marks, *o_slot, *o_arena, *o_ids, *o_rows;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_marks, &o_slot, &o_arena, &o_ids, &o_rows))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *marks = take(&bs, o_marks, 1, "marks");
+    Py_buffer *slot = marks == BAD ? NULL : take(&bs, o_slot, 0, "slot");
+    Py_buffer *arena = slot == BAD ? NULL : take(&bs, o_arena, 0, "arena");
+    Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
+    Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
+    if (marks == BAD || slot == BAD || arena == BAD || out == BAD || rows == BAD)
+        goto done;
+    if (!marks || !slot || !out) {
+        PyErr_SetString(PyExc_TypeError, "marks, slot and out_ids are required");
+        goto done;
+    }
+    if (check_item(marks, 1, "?bB", "marks") < 0 || check_item(slot, 8, "ql", "slot") < 0 ||
+        check_item(out, 8, "ql", "out_ids") < 0)
+        goto done;
+    Py_ssize_t cap = marks->len, m_out = out->len / 8, rb = 0, arena_rows = 0;
+    if (slot->len / 8 != cap || (arena == NULL) != (rows == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "slot must match marks; arena and out_rows: both or "
+                        "neither");
+        goto done;
+    }
+    if (arena != NULL) {
+        rb = m_out ? rows->len / m_out : 0;
+        if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb) {
+            PyErr_Format(PyExc_ValueError, "out_rows: %zd bytes are not %zd rows (arena %zd "
+                         "bytes)", rows->len, m_out, arena->len);
+            goto done;
+        }
+        arena_rows = arena->len / rb;
+    }
+    uint8_t *m = (uint8_t *)marks->buf;
+    const int64_t *s = (const int64_t *)slot->buf;
+    int64_t *o = (int64_t *)out->buf;
+    /* positions first, then their rows; the marks change only once everything is valid */
+    Py_ssize_t j = collect_marked(m, cap, o, m_out);
+    if (j < 0) {
+        PyErr_Format(PyExc_ValueError, "out_ids: %zd entries, fewer than the marked positions",
+                     m_out);
+        goto done;
+    }
+    if (arena != NULL) { /* each position's arena row (checked), then the rows, prefetched */
+        uint8_t *r = (uint8_t *)rows->buf;
+        const uint8_t *a = (const uint8_t *)arena->buf;
+        for (Py_ssize_t i = 0; i < j; i += CHUNK) {
+            int64_t at[CHUNK];
+            Py_ssize_t c = j - i < CHUNK ? j - i : CHUNK;
+            for (Py_ssize_t t = 0; t < c; t++) {
+                at[t] = s[o[i + t]];
+                if ((uint64_t)at[t] >= (uint64_t)arena_rows) {
+                    PyErr_Format(PyExc_ValueError, "slot of position %lld is %lld, outside "
+                                 "the arena's %zd rows", (long long)o[i + t], (long long)at[t],
+                                 arena_rows);
+                    goto done; /* the marks are untouched: nothing is lost */
+                }
+            }
+            copy_rows(r + i * rb, a, at, c, rb);
+        }
+    }
+    for (Py_ssize_t i = 0; i < j; i++) /* last: only a drain that succeeds clears them */
+        m[o[i]] = 0;
+    ret = PyLong_FromSsize_t(j);
+done:
+    release(&bs);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"mark_fresh", mark_fresh, METH_VARARGS,
+     "mark_fresh(marks, slot, order, ids, src, by_occurrence, arena, used) -> used: mark new "
+     "ids, copy their rows"},
+    {"drain_marked", drain_marked, METH_VARARGS,
+     "drain_marked(marks, slot, arena, out_ids, out_rows) -> k: marked positions ascending"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native",
+                                    "FIRST-row bookkeeping of TorchRec shards on the CPU.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit_native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,145 @@
+"""deltastream.tracking.fresh_rows: the C code and numpy keep the same FIRST rows (the
+contract), for every row dtype, width and id dtype; bad input is an error that changes
+nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from deltastream.tracking import fresh_rows
+from deltastream.tracking.fresh_rows import FreshRows
+
+
+def _interval(lookups: list[torch.Tensor], weight: torch.Tensor | None, capacity: int,
+              switch_at: int | None = None, by_occurrence: bool = False):
+    """Record ``lookups`` (the weight moving after each, as an optimizer moves it), then
+    drain in position order. ``switch_at``: the other path takes over from that lookup on;
+    ``by_occurrence``: rows come from each lookup's output, not from the table."""
+    f = FreshRows(capacity)
+    for i, q in enumerate(lookups):
+        if i == switch_at:
+            fresh_rows.use_native(not fresh_rows.native_enabled())
+        if by_occurrence:  # the lookup's output: the rows at its ids, as they are now
+            f.add(q, weight[q.long()], by_occurrence=True)
+        else:
+            f.add(q, weight)
+        if weight is not None:
+            weight.index_add_(0, q.long(), torch.ones(q.numel(), weight.shape[1],
+                                                       dtype=weight.dtype))
+    return f.drain(weight is not None) + (f.marks,)
+
+
+def _expected(lookups: list[torch.Tensor], weight0: torch.Tensor | None):
+    """Each distinct id ascending, and its row before the first lookup that had it."""
+    ids = torch.unique(torch.cat(lookups).long())
+    return ids, None if weight0 is None else weight0[ids]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dim", [1, 3, 32, 33, 64])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("by_occurrence", [False, True])
+def test_first_rows_exact_on_both_paths(fresh_path, dtype, dim, id_dtype, by_occurrence):
+    g = torch.Generator().manual_seed(dim)
+    capacity = 3000
+    # Zipf-like: many repeats inside and across lookups, and ids near both ends
+    # (several arena growths: the first holds 1024 rows)
+    lookups = [(torch.rand(700, generator=g) ** 4 * capacity).to(id_dtype) for _ in range(6)]
+    lookups.append(torch.tensor([0, capacity - 1, capacity - 1], dtype=id_dtype))
+    weight = torch.randn(capacity, dim, generator=g).to(dtype)
+    want_ids, want_rows = _expected(lookups, weight.clone())
+    ids, rows, marks = _interval(lookups, weight, capacity, by_occurrence=by_occurrence)
+    assert torch.equal(ids, want_ids)
+    assert rows.dtype == dtype and torch.equal(rows, want_rows)  # bit for bit
+    assert not marks.any()
+
+
+def test_both_paths_agree_and_may_follow_each_other():
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    was = fresh_rows.native_enabled()
+    try:
+        g = torch.Generator().manual_seed(7)
+        lookups = [torch.randint(0, 5000, (900,), generator=g) for _ in range(8)]
+        w0 = torch.randn(5000, 16, generator=g)
+        results = []
+        for native, switch in ((True, None), (False, None), (True, 4), (False, 4)):
+            fresh_rows.use_native(native)
+            results.append(_interval(lookups, w0.clone(), 5000, switch)[:2])
+            fresh_rows.use_native(native)
+            results.append(_unordered(lookups, w0.clone(), 5000, switch))
+        want_ids, want_rows = results[0]
+        for ids, rows in results[2::2]:
+            assert torch.equal(ids, want_ids) and torch.equal(rows, want_rows)
+        for ids, rows in results[1::2]:  # each position once, in some lookup order
+            order = ids.argsort()
+            assert torch.equal(ids[order], want_ids) and torch.equal(rows[order], want_rows)
+    finally:
+        fresh_rows.use_native(was)
+
+
+def _unordered(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int,
+               switch_at: int | None):
+    """:func:`_interval`, drained in lookup order (:meth:`FreshRows.drain_unordered`)."""
+    f = FreshRows(capacity)
+    for i, q in enumerate(lookups):
+        if i == switch_at:
+            fresh_rows.use_native(not fresh_rows.native_enabled())
+        f.add(q, weight)
+        weight.index_add_(0, q, torch.ones(q.numel(), weight.shape[1]))
+    touched, at = f.drain_unordered()
+    assert not f.marks.any()
+    return torch.from_numpy(touched), f.rows(at)
+
+
+def test_ids_only(fresh_path):
+    lookups = [torch.tensor([9, 4, 9]), torch.tensor([4, 2])]
+    ids, rows, marks = _interval(lookups, None, 10)
+    assert ids.tolist() == [2, 4, 9] and rows is None and not marks.any()
+
+
+@pytest.mark.parametrize("bad", [10, -1, 2**40])
+def test_an_id_outside_the_table_is_named_and_changes_nothing(fresh_path, bad):
+    f = FreshRows(10)
+    w = torch.randn(10, 4)
+    assert f.add(torch.tensor([3]), w) == 1
+    with pytest.raises(IndexError, match=rf"lookup id {bad} \(at 2\) is outside the table's "
+                                         r"rows \[0, 10\)"):
+        f.add(torch.tensor([5, 6, bad, 7]), w)
+    assert f.marks.nonzero().flatten().tolist() == [3]  # 5 and 6 were not marked
+    ids, rows = f.drain(True)
+    assert ids.tolist() == [3] and torch.equal(rows, w[[3]])
+
+
+def test_a_weight_seen_before_is_read_where_it_is_now(fresh_path):
+    f = FreshRows(4)
+    w = torch.zeros(4, 2)
+    f.add(torch.tensor([0]), w)
+    w = torch.ones(4, 2)  # another tensor (the old one freed): its rows are read, not stale ones
+    f.add(torch.tensor([1]), w)
+    ids, rows = f.drain(True)
+    assert ids.tolist() == [0, 1] and rows.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_native_refuses_short_buffers_and_a_bad_slot():
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    from deltastream.tracking import native
+
+    marks, slot = np.zeros(10, dtype=bool), np.zeros(10, dtype=np.int64)
+    order, w = np.zeros(3, dtype=np.int64), np.zeros(10 * 8, dtype=np.uint8)
+    with pytest.raises(ValueError, match="do not hold 3 rows"):
+        native.mark_fresh(marks, slot, order, np.array([1, 2, 3]), w, False,
+                          np.zeros(16, np.uint8), 0)
+    with pytest.raises(ValueError, match="order: 3 entries for 1 \\+ 3 rows"):
+        native.mark_fresh(marks, slot, order, np.array([1, 2, 3]), None, False, None, 1)
+    assert not marks.any()
+    marks[4], slot[4] = True, 99  # a slot past the arena: refused, the mark kept
+    with pytest.raises(ValueError, match="slot of position 4 is 99"):
+        native.drain_marked(marks, slot, np.zeros(80, np.uint8), np.zeros(1, np.int64),
+                            np.zeros(8, np.uint8))
+    assert marks[4]
+    with pytest.raises(ValueError, match="fewer than the marked positions"):
+        native.drain_marked(np.arange(10) < 2, slot, None, np.zeros(1, np.int64), None)
