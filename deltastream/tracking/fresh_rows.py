@@ -1,5 +1,5 @@
-"""The FIRST rows of a TorchRec shard on the CPU: mark each lookup's new positions and copy
-their rows into an arena; at the read, the marked positions ascending with their rows.
+"""The FIRST rows of a CPU table's lookups: mark each lookup's new positions and copy their
+rows into an arena; at the read, the touched positions with their rows.
 
 Two implementations with the same results: the C extension :mod:`deltastream.tracking.native`
 (built from ``native.c`` at install when a C compiler is there; one pass over the ids per
@@ -9,12 +9,12 @@ scatter per lookup, a ``flatnonzero`` and a gather per read). Without the extens
 numpy runs. Either path may follow the other inside one interval: both keep the same state.
 
 The state (a :class:`FreshRows` per table, held by
-:class:`~deltastream.tracking.positions.UniqueLookups`): ``marks`` (bool
-``[capacity]``, True for each position looked up since the last read), ``slot`` (int64
-``[capacity]``: ``slot[p]`` is an arena row holding ``p``'s row as it was at its first
-lookup, valid where marked), ``arena`` (``[rows, dim]``, the table's dtype) and ``used``
-(arena rows written; at least the number of marked positions: numpy keeps a lookup's repeats
-of a new position, the C code does not).
+:class:`~deltastream.tracking.positions.UniqueLookups`): ``marks`` (bool ``[capacity]``,
+True for each position looked up since the last read), ``slot`` (int64 ``[capacity]``:
+``slot[p]`` is an arena row holding ``p``'s row as it was at its first lookup, valid where
+marked), ``order`` (the position of each arena row), ``arena`` (``[rows, dim]``, the rows'
+dtype) and ``used`` (arena rows written; at least the number of marked positions: numpy
+keeps a lookup's repeats of a new position, the C code does not).
 """
 
 from __future__ import annotations
