@@ -9,12 +9,12 @@ scatter per lookup, a ``flatnonzero`` and a gather per read). Without the extens
 numpy runs. Either path may follow the other inside one interval: both keep the same state.
 
 The state (a :class:`FreshRows` per table, held by
-:class:`~deltastream.tracking.positions.UniqueLookups`): ``marks`` (bool ``[capacity]``,
-True for each position looked up since the last read), ``slot`` (int64 ``[capacity]``:
-``slot[p]`` is an arena row holding ``p``'s row as it was at its first lookup, valid where
-marked), ``order`` (the position of each arena row), ``arena`` (``[rows, dim]``, the rows'
-dtype) and ``used`` (arena rows written; at least the number of marked positions: numpy
-keeps a lookup's repeats of a new position, the C code does not).
+:class:`~deltastream.tracking.positions.UniqueLookups`): ``slot`` (int32 ``[capacity]``:
+0 while position ``p`` was not looked up since the last drain, else 1 + the arena row holding
+``p``'s row as it was at its first lookup: one array is both the mark and the map), ``order``
+(the position of each arena row), ``arena`` (``[rows, dim]``, the rows' dtype) and ``used``
+(arena rows written; at least the positions marked: numpy keeps a lookup's repeats of a new
+position, the C code does not).
 """
 
 from __future__ import annotations
@@ -81,16 +81,14 @@ class FreshRows:
         capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
     """
 
-    __slots__ = ("marks", "slot", "order", "arena", "used", "_np_marks", "_arena_bytes",
-                 "_src_key", "_src_bytes")
+    __slots__ = ("marks", "slot", "order", "arena", "used", "_arena_bytes", "_src_key",
+                 "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
-        self.marks = torch.zeros(capacity, dtype=torch.bool)
-        self._np_marks = self.marks.numpy()
-        #: arena row holding each marked position's row (int64 [capacity]; valid where marked)
-        self.slot = np.empty(capacity, dtype=np.int64)
-        #: the position of each arena row (int64 [>= used])
-        self.order = np.empty(0, dtype=np.int64)
+        #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
+        self.marks = torch.zeros(capacity, dtype=torch.int32)
+        self.slot = self.marks.numpy()
+        self.order = np.empty(0, dtype=np.int64)  # the position of each arena row
         self.arena: Optional[torch.Tensor] = None  # [>= used, dim], the rows' dtype
         self._arena_bytes: Optional[np.ndarray] = None
         self._src_key: Optional[tuple] = None  # (address, shape, dtype) of the table seen
@@ -101,18 +99,15 @@ class FreshRows:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
         between two drains)."""
         old = self.marks.numel()
-        if capacity <= old:
-            return
-        marks = torch.zeros(capacity, dtype=torch.bool)
-        marks[:old] = self.marks
-        slot = np.empty(capacity, dtype=np.int64)
-        slot[:old] = self.slot
-        self.marks, self._np_marks, self.slot = marks, marks.numpy(), slot
+        if capacity > old:
+            marks = torch.zeros(capacity, dtype=torch.int32)
+            marks[:old] = self.marks
+            self.marks, self.slot = marks, marks.numpy()
 
     def clear(self) -> None:
         """Forget every lookup (the arena is kept for the next interval)."""
-        if self.used:  # something may be marked (a drain leaves the marks clear)
-            self._np_marks[:] = False
+        if self.used:  # something may be marked (a drain leaves nothing marked)
+            self.slot[:] = 0
         self.used = 0
 
     def add(self, ids: torch.Tensor, src: Optional[torch.Tensor] = None,
@@ -121,15 +116,18 @@ class FreshRows:
         the caller may reuse the buffer); with ``src`` keep the row of each new position as
         it is now: ``src[id]`` (``src``: the table's ``[capacity, dim]`` weight, before the
         update) or, with ``by_occurrence``, ``src[i]`` for ``ids[i]`` (``src``: the lookup's
-        output ``[n, dim]``). Returns how many positions were new. An id outside ``[0, capacity)`` is an ``IndexError``
-        naming it, raised before anything changes."""
+        output ``[n, dim]``). Returns how many positions were new. An id outside ``[0,
+        capacity)`` is an ``IndexError`` naming it, raised before anything changes."""
         n = ids.numel()
         if n == 0:
             return 0
+        if self.used + n >= 2**31 - 1:  # slot is int32
+            raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
+                                f"int32 slot can name; read more often")
         self._reserve(self.used + n, src)
         if _use and (src is None or src.is_contiguous()):
             used = native.mark_fresh(
-                self._np_marks, self.slot, self.order, ids.contiguous().numpy(),
+                self.slot, self.order, ids.contiguous().numpy(),
                 None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
                 None if src is None else self._arena_bytes, self.used)
             new = used - self.used  # the C code keeps no repeats
@@ -163,63 +161,61 @@ class FreshRows:
 
     def drain(self, with_rows: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The marked positions (int64 ``[k]``, ascending) and, with ``with_rows``, each
-        one's FIRST row (``[k, dim]``); the marks are clear afterwards. One pass over the
-        marks: for a table whose ids are its positions (else :meth:`drain_unordered`)."""
+        one's FIRST row (``[k, dim]``); nothing is marked afterwards. One pass over the
+        capacity: for a table whose ids are its positions (else :meth:`drain_unordered`)."""
         arena = self.arena if with_rows else None
         used = self.used
         if used == 0:  # nothing marked
             return torch.empty(0, dtype=torch.int64), None if arena is None else arena[:0].clone()
         if not _use:
-            touched = np.flatnonzero(self._np_marks)
-            rows = None if arena is None else self.rows(self.slot[touched])
+            touched = np.flatnonzero(self.slot)
+            rows = None if arena is None else self.rows(self.slot[touched].astype(np.int64) - 1)
             self._unmark(touched)
             return torch.from_numpy(touched.astype(np.int64, copy=False)), rows
         ids = torch.empty(used, dtype=torch.int64)
         rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
-        k = native.drain_marked(self._np_marks, self.slot,
-                                None if arena is None else self._arena_bytes, ids.numpy(),
-                                None if rows is None else _bytes(rows))
+        k = native.drain_marked(self.slot, None if arena is None else self._arena_bytes,
+                                ids.numpy(), None if rows is None else _bytes(rows))
         self.used = 0
         return ids[:k], None if rows is None else rows[:k]
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the
-        arena row holding its FIRST row (:meth:`rows` gathers them); the marks are clear
+        arena row holding its FIRST row (:meth:`rows` gathers them); nothing is marked
         afterwards. Work in the positions touched, not the capacity."""
         allpos = self.order[:self.used]
-        first = self.slot[allpos] == np.arange(allpos.size)  # one copy of each repeat
-        touched = allpos[first]
+        at = np.flatnonzero(self.slot[allpos] == np.arange(1, allpos.size + 1))  # one copy each
+        touched = allpos[at]
         self._unmark(touched)
-        return touched, np.flatnonzero(first)
+        return touched, at
 
     def rows(self, arena_rows: np.ndarray) -> torch.Tensor:
         """The arena's rows ``arena_rows`` (int64 ``[k]``) as ``[k, dim]``."""
         return self.arena.index_select(0, torch.from_numpy(arena_rows))
 
     def _unmark(self, touched: np.ndarray) -> None:
-        m = self._np_marks
-        if touched.size * 16 < m.size:  # few: clear them, else clear everything
-            m[touched] = False
+        s = self.slot
+        if touched.size * 16 < s.size:  # few: clear them, else clear everything
+            s[touched] = 0
         else:
-            m[:] = False
+            s[:] = 0
         self.used = 0
 
 
 def _mark_numpy(f: FreshRows, ids: torch.Tensor, src: Optional[torch.Tensor],
                 by_occurrence: bool) -> tuple[int, int]:
     """:meth:`FreshRows.add` in numpy: the new ``used`` and the new positions."""
-    m, q, used = f._np_marks, ids.numpy(), f.used
-    _check_range(q, m.size)
-    fresh = np.flatnonzero(~m[q])  # occurrences of positions new since the drain
+    s, q, used = f.slot, ids.numpy(), f.used
+    _check_range(q, s.size)
+    fresh = np.flatnonzero(s[q] == 0)  # occurrences of positions new since the drain
     k = fresh.size
     if k == 0:
         return used, 0
     qf = q[fresh].astype(np.int64, copy=False)  # a copy: the caller may reuse its buffer
-    m[qf] = True
-    rows = np.arange(used, used + k)
-    f.slot[qf] = rows  # a repeat: its later copy, the same row
+    rows = np.arange(used + 1, used + k + 1, dtype=np.int32)
+    s[qf] = rows  # a repeat: its later copy, the same row
     f.order[used:used + k] = qf
     if src is not None:
         at = fresh if by_occurrence else qf
         torch.index_select(src, 0, torch.from_numpy(at), out=f.arena[used:used + k])
-    return used + k, int(np.count_nonzero(f.slot[qf] == rows))  # one per new position
+    return used + k, int(np.count_nonzero(s[qf] == rows))  # one per new position

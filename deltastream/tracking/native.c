@@ -1,33 +1,36 @@
 /* deltastream.tracking.native: the FIRST-row bookkeeping of a CPU table's lookups in C.
  *
  * The numpy twin, and what each argument means, is deltastream/tracking/fresh_rows.py (read
- * it first); a test runs both on the same lookups and compares. Per lookup, one pass over
+ * it first); a test runs both on the same lookups and compares. The state of a table is one
+ * int32 per position, slot[p]: 0 while p was not looked up since the last drain, else 1 +
+ * the arena row holding p's row as it was then (one array is both the mark and the map: a
+ * lookup reads and writes one entry, a drain scans it in order). Per lookup, one pass over
  * the ids marks each position no earlier lookup of the interval had, gives it the next arena
- * row (slot) and copies its row there (from the table or from the lookup's output); per
- * read, one pass over the marks yields the marked positions ascending with their arena
- * rows, and clears the marks. numpy needs a
- * temporary per step for the same work (mask, negation, compression, scatter, gather); here
- * the ids are read once and a row is prefetched AHEAD ids before it is copied (the rows of a
- * large table are cache misses: the prefetch overlaps them).
+ * row and copies its row there (from the table or from the lookup's output); per read, one
+ * pass over slot yields the marked positions ascending with their arena rows, and clears
+ * them. numpy needs a temporary per step for the same work (mask, compression, scatter,
+ * gather); here the ids are read once, and the entry of an id and a row are prefetched
+ * ahead of their use (the rows of a large table are cache misses: prefetching overlaps
+ * them).
  *
  * Rows are opaque bytes (any dtype: f32, f16, bf16, ...; any width): buffers are uint8
  * views, a row is row_bytes = len(src) / its rows bytes.
  *
  * Python API (buffers: C-contiguous, e.g. numpy arrays):
- *   mark_fresh(marks, slot, order, ids, src, by_occurrence, arena, used) -> used'
- *       marks: bool/uint8 [capacity] (writable), slot: int64 [capacity] (writable), order:
- *       writable int64 [>= used + n], ids: int32 or int64 [n], src: uint8 rows or None,
- *       arena: writable uint8 [rows * row_bytes] (rows >= used + n) or None (with src None).
- *       Each id not marked yet is marked, slot[id] = used', order[used'] = id (then used' +=
- *       1) and, with src, a row is copied to arena row slot[id]: src row id (src: the table,
+ *   mark_fresh(slot, order, ids, src, by_occurrence, arena, used) -> used'
+ *       slot: writable int32 [capacity], order: writable int64 [>= used + n], ids: int32 or
+ *       int64 [n], src: uint8 rows or None, arena: writable uint8 [rows * row_bytes]
+ *       (rows >= used + n) or None (with src None); used + n < 2**31 - 1. Each id with
+ *       slot[id] == 0 gets slot[id] = used' + 1, order[used'] = id (then used' += 1) and,
+ *       with src, a row copied to arena row used': src row id (src: the table,
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   drain_marked(marks, slot, arena, out_ids, out_rows) -> k
+ *   drain_marked(slot, arena, out_ids, out_rows) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
- *       and, with an arena, each one's arena row; clears the marks. A slot outside the arena
- *       is a ValueError (marks left as they were).
+ *       and, with an arena, each one's arena row; then clears slot. A slot outside the
+ *       arena is a ValueError (slot left as it was).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,12 +40,14 @@
 
 #if defined(__GNUC__)
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, 3)
 #else
 #define PREFETCH(p) ((void)0)
+#define PREFETCH_W(p) ((void)0)
 #endif
 
 #define AHEAD 16      /* rows between a row's prefetch and its copy */
-#define MARK_AHEAD 32 /* ids between the prefetch of an id's mark and its test */
+#define MARK_AHEAD 32 /* ids between the prefetch of an id's slot entry and its test */
 
 static char code_of(const Py_buffer *v) {
     const char *f = v->format ? v->format : "B";
@@ -64,7 +69,7 @@ static int get_buf(PyObject *obj, Py_buffer *v, int writable, const char *what) 
 
 /* Buffers of one call, released together. */
 typedef struct {
-    Py_buffer b[6]; /* the most one call takes */
+    Py_buffer b[5]; /* the most one call takes */
     int n;
 } Bufs;
 
@@ -106,39 +111,6 @@ static Py_ssize_t row_bytes_of(const Py_buffer *w, Py_ssize_t rows) {
         return -1;
     }
     return w->len / rows;
-}
-
-/* The high bit of each byte of w that is not zero (exact: no borrow between bytes). */
-static inline uint64_t nonzero_bytes(uint64_t w) {
-    const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL;
-    return (((w & lo7) + lo7) | w) & ~lo7;
-}
-
-/* Writes the marked positions of m [cap] ascending to o (room for m_out); returns how many,
- * or -1 when there are more than m_out. Eight marks are tested at once and the marked ones
- * of a word are taken by their bit index: no branch per clear mark (most are clear). */
-static Py_ssize_t collect_marked(const uint8_t *m, Py_ssize_t cap, int64_t *o,
-                                 Py_ssize_t m_out) {
-    Py_ssize_t j = 0, p = 0;
-    for (; p + 8 <= cap; p += 8) {
-        uint64_t word;
-        memcpy(&word, m + p, 8);
-        uint64_t y = nonzero_bytes(word);
-        while (y) {
-            if (j >= m_out)
-                return -1;
-            o[j++] = p + (__builtin_ctzll(y) >> 3);
-            y &= y - 1;
-        }
-    }
-    for (; p < cap; p++) {
-        if (!m[p])
-            continue;
-        if (j >= m_out)
-            return -1;
-        o[j++] = p;
-    }
-    return j;
 }
 
 /* The first index of an id outside [0, capacity), or -1. */
@@ -208,12 +180,11 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, 
             Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n, k = 0;                      \
             for (Py_ssize_t i = lo; i < hi; i++) {                                       \
                 if (i + MARK_AHEAD < n)                                                  \
-                    PREFETCH(m + (uint64_t)q[i + MARK_AHEAD]);                           \
+                    PREFETCH_W(s + (uint64_t)q[i + MARK_AHEAD]);                         \
                 uint64_t p = (uint64_t)q[i];                                             \
-                if (m[p])                                                                \
+                if (s[p])                                                                \
                     continue;                                                            \
-                m[p] = 1;                                                                \
-                s[p] = used + k;                                                         \
+                s[p] = (int32_t)(used + k + 1);                                          \
                 o[used + k] = (int64_t)p;                                                \
                 from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
             }                                                                            \
@@ -224,40 +195,38 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, 
     } while (0)
 
 static PyObject *mark_fresh(PyObject *self, PyObject *args) {
-    PyObject *o_marks, *o_slot, *o_order, *o_ids, *o_src, *o_arena;
+    PyObject *o_slot, *o_order, *o_ids, *o_src, *o_arena;
     int by_occurrence;
     Py_ssize_t used;
-    if (!PyArg_ParseTuple(args, "OOOOOpOn", &o_marks, &o_slot, &o_order, &o_ids, &o_src,
-                          &by_occurrence, &o_arena, &used))
+    if (!PyArg_ParseTuple(args, "OOOOpOn", &o_slot, &o_order, &o_ids, &o_src, &by_occurrence,
+                          &o_arena, &used))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
-    Py_buffer *marks = take(&bs, o_marks, 1, "marks");
-    Py_buffer *slot = marks == BAD ? NULL : take(&bs, o_slot, 1, "slot");
+    Py_buffer *slot = take(&bs, o_slot, 1, "slot");
     Py_buffer *order = slot == BAD ? NULL : take(&bs, o_order, 1, "order");
     Py_buffer *ids = order == BAD ? NULL : take(&bs, o_ids, 0, "ids");
     Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
     Py_buffer *arena = src == BAD ? NULL : take(&bs, o_arena, 1, "arena");
-    if (marks == BAD || slot == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
+    if (slot == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
         goto done;
-    if (!marks || !slot || !order || !ids) {
-        PyErr_SetString(PyExc_TypeError, "marks, slot, order and ids are required");
+    if (!slot || !order || !ids) {
+        PyErr_SetString(PyExc_TypeError, "slot, order and ids are required");
         goto done;
     }
-    if (check_item(marks, 1, "?bB", "marks") < 0 || check_item(slot, 8, "ql", "slot") < 0 ||
-        check_item(order, 8, "ql", "order") < 0)
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0)
         goto done;
     int wide = ids->itemsize == 8;
     if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
         goto done;
-    Py_ssize_t cap = marks->len, n = ids->len / ids->itemsize, rb = 0;
+    Py_ssize_t cap = slot->len / 4, n = ids->len / ids->itemsize, rb = 0;
     if (n == 0) {
         ret = PyLong_FromSsize_t(used);
         goto done;
     }
-    if (slot->len / 8 != cap || used < 0 || order->len / 8 < used + n) {
-        PyErr_Format(PyExc_ValueError, "slot: %zd entries for %zd marks; order: %zd entries for "
-                     "%zd + %zd rows", slot->len / 8, cap, order->len / 8, used, n);
+    if (used < 0 || used + n >= INT32_MAX || order->len / 8 < used + n) {
+        PyErr_Format(PyExc_ValueError, "order: %zd entries for %zd + %zd rows (at most 2**31 - "
+                     "2)", order->len / 8, used, n);
         goto done;
     }
     if ((src == NULL) != (arena == NULL)) {
@@ -280,8 +249,9 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
                      "[0, %zd)", id, bad, cap);
         goto done;
     }
-    uint8_t *m = (uint8_t *)marks->buf, *a = arena ? (uint8_t *)arena->buf : NULL;
-    int64_t *s = (int64_t *)slot->buf, *o = (int64_t *)order->buf;
+    uint8_t *a = arena ? (uint8_t *)arena->buf : NULL;
+    int32_t *s = (int32_t *)slot->buf;
+    int64_t *o = (int64_t *)order->buf;
     const uint8_t *w = src ? (const uint8_t *)src->buf : NULL;
     if (wide)
         MARK_LOOP(int64_t);
@@ -293,30 +263,45 @@ done:
     return ret;
 }
 
+/* Copies the rows of the c positions collected last (arena rows at[0..c)) to output rows
+ * [j - c, j) after checking each arena row; -1 (error set) for one outside the arena. */
+static int flush_rows(uint8_t *r, const uint8_t *a, Py_ssize_t arena_rows, const int64_t *o,
+                      const int64_t *at, Py_ssize_t c, Py_ssize_t j, Py_ssize_t rb) {
+    for (Py_ssize_t t = 0; t < c; t++) {
+        if ((uint64_t)at[t] >= (uint64_t)arena_rows) {
+            PyErr_Format(PyExc_ValueError, "slot of position %lld names arena row %lld, outside "
+                         "the arena's %zd rows", (long long)o[j - c + t], (long long)at[t],
+                         arena_rows);
+            return -1;
+        }
+    }
+    if (a != NULL)
+        copy_rows(r + (j - c) * rb, a, at, c, rb);
+    return 0;
+}
+
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
-    PyObject *o_marks, *o_slot, *o_arena, *o_ids, *o_rows;
-    if (!PyArg_ParseTuple(args, "OOOOO", &o_marks, &o_slot, &o_arena, &o_ids, &o_rows))
+    PyObject *o_slot, *o_arena, *o_ids, *o_rows;
+    if (!PyArg_ParseTuple(args, "OOOO", &o_slot, &o_arena, &o_ids, &o_rows))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
-    Py_buffer *marks = take(&bs, o_marks, 1, "marks");
-    Py_buffer *slot = marks == BAD ? NULL : take(&bs, o_slot, 0, "slot");
+    Py_buffer *slot = take(&bs, o_slot, 1, "slot");
     Py_buffer *arena = slot == BAD ? NULL : take(&bs, o_arena, 0, "arena");
     Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
     Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
-    if (marks == BAD || slot == BAD || arena == BAD || out == BAD || rows == BAD)
+    if (slot == BAD || arena == BAD || out == BAD || rows == BAD)
         goto done;
-    if (!marks || !slot || !out) {
-        PyErr_SetString(PyExc_TypeError, "marks, slot and out_ids are required");
+    if (!slot || !out) {
+        PyErr_SetString(PyExc_TypeError, "slot and out_ids are required");
         goto done;
     }
-    if (check_item(marks, 1, "?bB", "marks") < 0 || check_item(slot, 8, "ql", "slot") < 0 ||
-        check_item(out, 8, "ql", "out_ids") < 0)
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(out, 8, "ql", "out_ids") < 0)
         goto done;
-    Py_ssize_t cap = marks->len, m_out = out->len / 8, rb = 0, arena_rows = 0;
-    if (slot->len / 8 != cap || (arena == NULL) != (rows == NULL)) {
-        PyErr_SetString(PyExc_ValueError, "slot must match marks; arena and out_rows: both or "
-                        "neither");
+    Py_ssize_t cap = slot->len / 4, m_out = out->len / 8, rb = 0;
+    Py_ssize_t arena_rows = INT32_MAX; /* without an arena: any slot value names a row */
+    if ((arena == NULL) != (rows == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "arena and out_rows: both or neither");
         goto done;
     }
     if (arena != NULL) {
@@ -328,36 +313,42 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         }
         arena_rows = arena->len / rb;
     }
-    uint8_t *m = (uint8_t *)marks->buf;
-    const int64_t *s = (const int64_t *)slot->buf;
+    int32_t *s = (int32_t *)slot->buf;
     int64_t *o = (int64_t *)out->buf;
-    /* positions first, then their rows; the marks change only once everything is valid */
-    Py_ssize_t j = collect_marked(m, cap, o, m_out);
-    if (j < 0) {
-        PyErr_Format(PyExc_ValueError, "out_ids: %zd entries, fewer than the marked positions",
-                     m_out);
-        goto done;
-    }
-    if (arena != NULL) { /* each position's arena row (checked), then the rows, prefetched */
-        uint8_t *r = (uint8_t *)rows->buf;
-        const uint8_t *a = (const uint8_t *)arena->buf;
-        for (Py_ssize_t i = 0; i < j; i += CHUNK) {
-            int64_t at[CHUNK];
-            Py_ssize_t c = j - i < CHUNK ? j - i : CHUNK;
-            for (Py_ssize_t t = 0; t < c; t++) {
-                at[t] = s[o[i + t]];
-                if ((uint64_t)at[t] >= (uint64_t)arena_rows) {
-                    PyErr_Format(PyExc_ValueError, "slot of position %lld is %lld, outside "
-                                 "the arena's %zd rows", (long long)o[i + t], (long long)at[t],
-                                 arena_rows);
-                    goto done; /* the marks are untouched: nothing is lost */
-                }
+    uint8_t *r = rows ? (uint8_t *)rows->buf : NULL;
+    const uint8_t *a = arena ? (const uint8_t *)arena->buf : NULL;
+    /* one pass in position order, rows copied CHUNK at a time; slot is cleared only once
+     * every entry proved valid, so an error loses nothing */
+    int64_t at[CHUNK];
+    Py_ssize_t j = 0, c = 0;
+    for (Py_ssize_t p = 0; p < cap; p++) {
+        if (p + 2 <= cap) { /* two clear entries at once: most of a large table is clear */
+            uint64_t pair;
+            memcpy(&pair, s + p, 8);
+            if (!pair) {
+                p++;
+                continue;
             }
-            copy_rows(r + i * rb, a, at, c, rb);
+        }
+        if (!s[p])
+            continue;
+        if (j >= m_out) {
+            PyErr_Format(PyExc_ValueError, "out_ids: %zd entries, fewer than the marked "
+                         "positions", m_out);
+            goto done;
+        }
+        o[j++] = p;
+        at[c++] = (int64_t)s[p] - 1;
+        if (c == CHUNK) {
+            if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
+                goto done;
+            c = 0;
         }
     }
-    for (Py_ssize_t i = 0; i < j; i++) /* last: only a drain that succeeds clears them */
-        m[o[i]] = 0;
+    if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < j; i++)
+        s[o[i]] = 0;
     ret = PyLong_FromSsize_t(j);
 done:
     release(&bs);
@@ -366,10 +357,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"mark_fresh", mark_fresh, METH_VARARGS,
-     "mark_fresh(marks, slot, order, ids, src, by_occurrence, arena, used) -> used: mark new "
+     "mark_fresh(slot, order, ids, src, by_occurrence, arena, used) -> used: mark new "
      "ids, copy their rows"},
     {"drain_marked", drain_marked, METH_VARARGS,
-     "drain_marked(marks, slot, arena, out_ids, out_rows) -> k: marked positions ascending"},
+     "drain_marked(slot, arena, out_ids, out_rows) -> k: marked positions ascending"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -128,18 +128,19 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
         pytest.skip("deltastream.tracking.native is not built")
     from deltastream.tracking import native
 
-    marks, slot = np.zeros(10, dtype=bool), np.zeros(10, dtype=np.int64)
+    slot = np.zeros(10, dtype=np.int32)
     order, w = np.zeros(3, dtype=np.int64), np.zeros(10 * 8, dtype=np.uint8)
     with pytest.raises(ValueError, match="do not hold 3 rows"):
-        native.mark_fresh(marks, slot, order, np.array([1, 2, 3]), w, False,
-                          np.zeros(16, np.uint8), 0)
-    with pytest.raises(ValueError, match="order: 3 entries for 1 \\+ 3 rows"):
-        native.mark_fresh(marks, slot, order, np.array([1, 2, 3]), None, False, None, 1)
-    assert not marks.any()
-    marks[4], slot[4] = True, 99  # a slot past the arena: refused, the mark kept
-    with pytest.raises(ValueError, match="slot of position 4 is 99"):
-        native.drain_marked(marks, slot, np.zeros(80, np.uint8), np.zeros(1, np.int64),
+        native.mark_fresh(slot, order, np.array([1, 2, 3]), w, False, np.zeros(16, np.uint8), 0)
+    with pytest.raises(ValueError, match=r"order: 3 entries for 1 \+ 3 rows"):
+        native.mark_fresh(slot, order, np.array([1, 2, 3]), None, False, None, 1)
+    assert not slot.any()
+    slot[4] = 100  # names arena row 99, past the arena: refused, the mark kept
+    with pytest.raises(ValueError, match="slot of position 4 names arena row 99"):
+        native.drain_marked(slot, np.zeros(80, np.uint8), np.zeros(1, np.int64),
                             np.zeros(8, np.uint8))
-    assert marks[4]
+    assert slot[4] == 100
+    slot[:2] = 1
     with pytest.raises(ValueError, match="fewer than the marked positions"):
-        native.drain_marked(np.arange(10) < 2, slot, None, np.zeros(1, np.int64), None)
+        native.drain_marked(slot, None, np.zeros(2, np.int64), None)
+    assert slot.tolist()[:5] == [1, 1, 0, 0, 100]
