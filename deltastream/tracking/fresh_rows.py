@@ -14,7 +14,8 @@ The state (a :class:`FreshRows` per table, held by
 ``p``'s row as it was at its first lookup: one array is both the mark and the map), ``order``
 (the position of each arena row), ``arena`` (``[rows, dim]``, the rows' dtype) and ``used``
 (arena rows written; at least the positions marked: numpy keeps a lookup's repeats of a new
-position, the C code does not).
+position, the C code does not). The C code also keeps a bit per position (``bits``, set iff
+``slot`` is not 0: a lookup tests 1/32 of the memory), brought up to date after numpy ran.
 """
 
 from __future__ import annotations
@@ -81,13 +82,17 @@ class FreshRows:
         capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
     """
 
-    __slots__ = ("marks", "slot", "order", "arena", "used", "_arena_bytes", "_src_key",
-                 "_src_bytes")
+    __slots__ = ("marks", "slot", "bits", "bits_valid", "order", "arena", "used",
+                 "_arena_bytes", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
         self.marks = torch.zeros(capacity, dtype=torch.int32)
         self.slot = self.marks.numpy()
+        #: the C code's marks: bit ``p & 7`` of byte ``p >> 3`` set iff ``slot[p] != 0``
+        #: (numpy does not keep them: ``bits_valid`` says whether they are up to date)
+        self.bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
+        self.bits_valid = True
         self.order = np.empty(0, dtype=np.int64)  # the position of each arena row
         self.arena: Optional[torch.Tensor] = None  # [>= used, dim], the rows' dtype
         self._arena_bytes: Optional[np.ndarray] = None
@@ -102,12 +107,16 @@ class FreshRows:
         if capacity > old:
             marks = torch.zeros(capacity, dtype=torch.int32)
             marks[:old] = self.marks
-            self.marks, self.slot = marks, marks.numpy()
+            bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
+            bits[:self.bits.size] = self.bits  # positions past the old capacity: clear
+            self.marks, self.slot, self.bits = marks, marks.numpy(), bits
 
     def clear(self) -> None:
         """Forget every lookup (the arena is kept for the next interval)."""
         if self.used:  # something may be marked (a drain leaves nothing marked)
             self.slot[:] = 0
+            self.bits[:] = 0
+            self.bits_valid = True
         self.used = 0
 
     def add(self, ids: torch.Tensor, src: Optional[torch.Tensor] = None,
@@ -126,15 +135,23 @@ class FreshRows:
                                 f"int32 slot can name; read more often")
         self._reserve(self.used + n, src)
         if _use and (src is None or src.is_contiguous()):
+            self._valid_bits()
             used = native.mark_fresh(
-                self.slot, self.order, ids.contiguous().numpy(),
+                self.slot, self.bits, self.order, ids.contiguous().numpy(),
                 None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
                 None if src is None else self._arena_bytes, self.used)
             new = used - self.used  # the C code keeps no repeats
         else:
             used, new = _mark_numpy(self, ids, src, by_occurrence)
+            self.bits_valid = self.bits_valid and new == 0
         self.used = used
         return new
+
+    def _valid_bits(self) -> None:
+        """Bring the bits up to date after numpy marked positions (a switch of path)."""
+        if not self.bits_valid:
+            self.bits[:] = np.packbits(self.slot != 0, bitorder="little")
+            self.bits_valid = True
 
     def _bytes_of(self, src: torch.Tensor, by_occurrence: bool) -> np.ndarray:
         if by_occurrence:  # a lookup's output: new every time
@@ -172,10 +189,12 @@ class FreshRows:
             rows = None if arena is None else self.rows(self.slot[touched].astype(np.int64) - 1)
             self._unmark(touched)
             return torch.from_numpy(touched.astype(np.int64, copy=False)), rows
+        self._valid_bits()
         ids = torch.empty(used, dtype=torch.int64)
         rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
-        k = native.drain_marked(self.slot, None if arena is None else self._arena_bytes,
-                                ids.numpy(), None if rows is None else _bytes(rows))
+        k = native.drain_marked(self.slot, self.bits,
+                                None if arena is None else self._arena_bytes, ids.numpy(),
+                                None if rows is None else _bytes(rows))
         self.used = 0
         return ids[:k], None if rows is None else rows[:k]
 
@@ -199,6 +218,8 @@ class FreshRows:
             s[touched] = 0
         else:
             s[:] = 0
+        self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
+        self.bits_valid = True
         self.used = 0
 
 

@@ -3,12 +3,13 @@
  * The numpy twin, and what each argument means, is deltastream/tracking/fresh_rows.py (read
  * it first); a test runs both on the same lookups and compares. The state of a table is one
  * int32 per position, slot[p]: 0 while p was not looked up since the last drain, else 1 +
- * the arena row holding p's row as it was then (one array is both the mark and the map: a
- * lookup reads and writes one entry, a drain scans it in order). Per lookup, one pass over
+ * the arena row holding p's row as it was then; and a bit per position, set iff slot[p] !=
+ * 0 (1/32 of slot's size: the test of every looked-up id mostly hits the cache, slot is
+ * written for new positions only, and a drain scans the bits). Per lookup, one pass over
  * the ids marks each position no earlier lookup of the interval had, gives it the next arena
  * row and copies its row there (from the table or from the lookup's output); per read, one
- * pass over slot yields the marked positions ascending with their arena rows, and clears
- * them. numpy needs a temporary per step for the same work (mask, compression, scatter,
+ * pass over the bits yields the marked positions ascending with their arena rows, and
+ * clears them. numpy needs a temporary per step for the same work (mask, compression, scatter,
  * gather); here the ids are read once, and the entry of an id and a row are prefetched
  * ahead of their use (the rows of a large table are cache misses: prefetching overlaps
  * them).
@@ -17,20 +18,21 @@
  * views, a row is row_bytes = len(src) / its rows bytes.
  *
  * Python API (buffers: C-contiguous, e.g. numpy arrays):
- *   mark_fresh(slot, order, ids, src, by_occurrence, arena, used) -> used'
- *       slot: writable int32 [capacity], order: writable int64 [>= used + n], ids: int32 or
+ *   mark_fresh(slot, bits, order, ids, src, by_occurrence, arena, used) -> used'
+ *       slot: writable int32 [capacity], bits: writable uint8 [ceil(capacity / 8)] (bit
+ *       p & 7 of byte p >> 3 for position p), order: writable int64 [>= used + n], ids: int32 or
  *       int64 [n], src: uint8 rows or None, arena: writable uint8 [rows * row_bytes]
- *       (rows >= used + n) or None (with src None); used + n < 2**31 - 1. Each id with
- *       slot[id] == 0 gets slot[id] = used' + 1, order[used'] = id (then used' += 1) and,
+ *       (rows >= used + n) or None (with src None); used + n < 2**31 - 1. Each id whose bit
+ *       is clear gets its bit, slot[id] = used' + 1, order[used'] = id (then used' += 1) and,
  *       with src, a row copied to arena row used': src row id (src: the table,
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   drain_marked(slot, arena, out_ids, out_rows) -> k
+ *   drain_marked(slot, bits, arena, out_ids, out_rows) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
- *       and, with an arena, each one's arena row; then clears slot. A slot outside the
- *       arena is a ValueError (slot left as it was).
+ *       and, with an arena, each one's arena row; then clears slot and bits. A set bit
+ *       whose slot names no arena row is a ValueError (both left as they were).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,6 +46,10 @@
 #else
 #define PREFETCH(p) ((void)0)
 #define PREFETCH_W(p) ((void)0)
+#endif
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "drain_marked reads the bits as little-endian words"
 #endif
 
 #define AHEAD 16      /* rows between a row's prefetch and its copy */
@@ -69,7 +75,7 @@ static int get_buf(PyObject *obj, Py_buffer *v, int writable, const char *what) 
 
 /* Buffers of one call, released together. */
 typedef struct {
-    Py_buffer b[5]; /* the most one call takes */
+    Py_buffer b[6]; /* the most one call takes */
     int n;
 } Bufs;
 
@@ -111,6 +117,16 @@ static Py_ssize_t row_bytes_of(const Py_buffer *w, Py_ssize_t rows) {
         return -1;
     }
     return w->len / rows;
+}
+
+/* bits: uint8 [ceil(capacity / 8)], bit p & 7 of byte p >> 3 set iff slot[p] != 0. */
+static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {
+    if (bits->itemsize != 1 || bits->len != (capacity + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "bits: %zd bytes for %zd positions (want %zd)",
+                     bits->len, capacity, (capacity + 7) / 8);
+        return -1;
+    }
+    return 0;
 }
 
 /* The first index of an id outside [0, capacity), or -1. */
@@ -180,10 +196,12 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, 
             Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n, k = 0;                      \
             for (Py_ssize_t i = lo; i < hi; i++) {                                       \
                 if (i + MARK_AHEAD < n)                                                  \
-                    PREFETCH_W(s + (uint64_t)q[i + MARK_AHEAD]);                         \
+                    PREFETCH(bt + ((uint64_t)q[i + MARK_AHEAD] >> 3));                   \
                 uint64_t p = (uint64_t)q[i];                                             \
-                if (s[p])                                                                \
+                uint8_t bit = (uint8_t)(1u << (p & 7));                                  \
+                if (bt[p >> 3] & bit)                                                    \
                     continue;                                                            \
+                bt[p >> 3] |= bit;                                                       \
                 s[p] = (int32_t)(used + k + 1);                                          \
                 o[used + k] = (int64_t)p;                                                \
                 from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
@@ -195,26 +213,28 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, 
     } while (0)
 
 static PyObject *mark_fresh(PyObject *self, PyObject *args) {
-    PyObject *o_slot, *o_order, *o_ids, *o_src, *o_arena;
+    PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena;
     int by_occurrence;
     Py_ssize_t used;
-    if (!PyArg_ParseTuple(args, "OOOOpOn", &o_slot, &o_order, &o_ids, &o_src, &by_occurrence,
-                          &o_arena, &used))
+    if (!PyArg_ParseTuple(args, "OOOOOpOn", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
+                          &by_occurrence, &o_arena, &used))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
     Py_buffer *slot = take(&bs, o_slot, 1, "slot");
-    Py_buffer *order = slot == BAD ? NULL : take(&bs, o_order, 1, "order");
+    Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
+    Py_buffer *order = bits == BAD ? NULL : take(&bs, o_order, 1, "order");
     Py_buffer *ids = order == BAD ? NULL : take(&bs, o_ids, 0, "ids");
     Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
     Py_buffer *arena = src == BAD ? NULL : take(&bs, o_arena, 1, "arena");
-    if (slot == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
+    if (slot == BAD || bits == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
         goto done;
-    if (!slot || !order || !ids) {
-        PyErr_SetString(PyExc_TypeError, "slot, order and ids are required");
+    if (!slot || !bits || !order || !ids) {
+        PyErr_SetString(PyExc_TypeError, "slot, bits, order and ids are required");
         goto done;
     }
-    if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0)
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0 ||
+        check_bits(bits, slot->len / 4) < 0)
         goto done;
     int wide = ids->itemsize == 8;
     if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
@@ -249,7 +269,7 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
                      "[0, %zd)", id, bad, cap);
         goto done;
     }
-    uint8_t *a = arena ? (uint8_t *)arena->buf : NULL;
+    uint8_t *a = arena ? (uint8_t *)arena->buf : NULL, *bt = (uint8_t *)bits->buf;
     int32_t *s = (int32_t *)slot->buf;
     int64_t *o = (int64_t *)order->buf;
     const uint8_t *w = src ? (const uint8_t *)src->buf : NULL;
@@ -281,24 +301,26 @@ static int flush_rows(uint8_t *r, const uint8_t *a, Py_ssize_t arena_rows, const
 }
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
-    PyObject *o_slot, *o_arena, *o_ids, *o_rows;
-    if (!PyArg_ParseTuple(args, "OOOO", &o_slot, &o_arena, &o_ids, &o_rows))
+    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
     Py_buffer *slot = take(&bs, o_slot, 1, "slot");
-    Py_buffer *arena = slot == BAD ? NULL : take(&bs, o_arena, 0, "arena");
+    Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
+    Py_buffer *arena = bits == BAD ? NULL : take(&bs, o_arena, 0, "arena");
     Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
     Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
-    if (slot == BAD || arena == BAD || out == BAD || rows == BAD)
+    if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD)
         goto done;
-    if (!slot || !out) {
-        PyErr_SetString(PyExc_TypeError, "slot and out_ids are required");
+    if (!slot || !bits || !out) {
+        PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
         goto done;
     }
-    if (check_item(slot, 4, "i", "slot") < 0 || check_item(out, 8, "ql", "out_ids") < 0)
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(out, 8, "ql", "out_ids") < 0 ||
+        check_bits(bits, slot->len / 4) < 0)
         goto done;
-    Py_ssize_t cap = slot->len / 4, m_out = out->len / 8, rb = 0;
+    Py_ssize_t m_out = out->len / 8, rb = 0;
     Py_ssize_t arena_rows = INT32_MAX; /* without an arena: any slot value names a row */
     if ((arena == NULL) != (rows == NULL)) {
         PyErr_SetString(PyExc_ValueError, "arena and out_rows: both or neither");
@@ -314,41 +336,39 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         arena_rows = arena->len / rb;
     }
     int32_t *s = (int32_t *)slot->buf;
+    uint8_t *bt = (uint8_t *)bits->buf;
     int64_t *o = (int64_t *)out->buf;
     uint8_t *r = rows ? (uint8_t *)rows->buf : NULL;
     const uint8_t *a = arena ? (const uint8_t *)arena->buf : NULL;
-    /* one pass in position order, rows copied CHUNK at a time; slot is cleared only once
-     * every entry proved valid, so an error loses nothing */
+    /* the set bits in order (64 positions per word), rows copied CHUNK at a time; nothing
+     * is cleared before every entry proved valid, so an error loses nothing */
     int64_t at[CHUNK];
-    Py_ssize_t j = 0, c = 0;
-    for (Py_ssize_t p = 0; p < cap; p++) {
-        if (p + 2 <= cap) { /* two clear entries at once: most of a large table is clear */
-            uint64_t pair;
-            memcpy(&pair, s + p, 8);
-            if (!pair) {
-                p++;
-                continue;
-            }
-        }
-        if (!s[p])
-            continue;
-        if (j >= m_out) {
-            PyErr_Format(PyExc_ValueError, "out_ids: %zd entries, fewer than the marked "
-                         "positions", m_out);
-            goto done;
-        }
-        o[j++] = p;
-        at[c++] = (int64_t)s[p] - 1;
-        if (c == CHUNK) {
-            if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
+    Py_ssize_t j = 0, c = 0, nb = bits->len;
+    for (Py_ssize_t b = 0; b < nb; b += 8) {
+        uint64_t word = 0;
+        memcpy(&word, bt + b, nb - b < 8 ? (size_t)(nb - b) : 8); /* little-endian bit order */
+        while (word) {
+            Py_ssize_t p = b * 8 + __builtin_ctzll(word);
+            word &= word - 1;
+            if (j >= m_out) {
+                PyErr_Format(PyExc_ValueError, "out_ids: %zd entries, fewer than the marked "
+                             "positions", m_out);
                 goto done;
-            c = 0;
+            }
+            o[j++] = p;
+            at[c++] = (int64_t)s[p] - 1; /* a set bit over a 0 slot is -1: refused below */
+            if (c == CHUNK) {
+                if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
+                    goto done;
+                c = 0;
+            }
         }
     }
     if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < j; i++)
         s[o[i]] = 0;
+    memset(bt, 0, (size_t)nb);
     ret = PyLong_FromSsize_t(j);
 done:
     release(&bs);
@@ -357,10 +377,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"mark_fresh", mark_fresh, METH_VARARGS,
-     "mark_fresh(slot, order, ids, src, by_occurrence, arena, used) -> used: mark new "
+     "mark_fresh(slot, bits, order, ids, src, by_occurrence, arena, used) -> used: mark new "
      "ids, copy their rows"},
     {"drain_marked", drain_marked, METH_VARARGS,
-     "drain_marked(slot, arena, out_ids, out_rows) -> k: marked positions ascending"},
+     "drain_marked(slot, bits, arena, out_ids, out_rows) -> k: marked positions ascending"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -128,19 +128,22 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
         pytest.skip("deltastream.tracking.native is not built")
     from deltastream.tracking import native
 
-    slot = np.zeros(10, dtype=np.int32)
+    slot, bits = np.zeros(10, dtype=np.int32), np.zeros(2, dtype=np.uint8)
     order, w = np.zeros(3, dtype=np.int64), np.zeros(10 * 8, dtype=np.uint8)
+    ids = np.array([1, 2, 3])
     with pytest.raises(ValueError, match="do not hold 3 rows"):
-        native.mark_fresh(slot, order, np.array([1, 2, 3]), w, False, np.zeros(16, np.uint8), 0)
+        native.mark_fresh(slot, bits, order, ids, w, False, np.zeros(16, np.uint8), 0)
     with pytest.raises(ValueError, match=r"order: 3 entries for 1 \+ 3 rows"):
-        native.mark_fresh(slot, order, np.array([1, 2, 3]), None, False, None, 1)
-    assert not slot.any()
-    slot[4] = 100  # names arena row 99, past the arena: refused, the mark kept
+        native.mark_fresh(slot, bits, order, ids, None, False, None, 1)
+    with pytest.raises(ValueError, match=r"bits: 1 bytes for 10 positions \(want 2\)"):
+        native.mark_fresh(slot, bits[:1], order, ids, None, False, None, 0)
+    assert not slot.any() and not bits.any()
+    slot[4], bits[0] = 100, 1 << 4  # names arena row 99, past the arena: refused, kept
     with pytest.raises(ValueError, match="slot of position 4 names arena row 99"):
-        native.drain_marked(slot, np.zeros(80, np.uint8), np.zeros(1, np.int64),
+        native.drain_marked(slot, bits, np.zeros(80, np.uint8), np.zeros(1, np.int64),
                             np.zeros(8, np.uint8))
-    assert slot[4] == 100
-    slot[:2] = 1
+    assert slot[4] == 100 and bits[0] == 1 << 4
+    slot[:2], bits[0] = 1, bits[0] | 3
     with pytest.raises(ValueError, match="fewer than the marked positions"):
-        native.drain_marked(slot, None, np.zeros(2, np.int64), None)
-    assert slot.tolist()[:5] == [1, 1, 0, 0, 100]
+        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None)
+    assert slot.tolist()[:5] == [1, 1, 0, 0, 100] and bits[0] == 0b10011
