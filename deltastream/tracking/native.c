@@ -40,6 +40,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #if defined(__GNUC__)
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
 #define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, 3)
@@ -283,21 +287,17 @@ done:
     return ret;
 }
 
-/* Copies the rows of the c positions collected last (arena rows at[0..c)) to output rows
- * [j - c, j) after checking each arena row; -1 (error set) for one outside the arena. */
-static int flush_rows(uint8_t *r, const uint8_t *a, Py_ssize_t arena_rows, const int64_t *o,
-                      const int64_t *at, Py_ssize_t c, Py_ssize_t j, Py_ssize_t rb) {
-    for (Py_ssize_t t = 0; t < c; t++) {
-        if ((uint64_t)at[t] >= (uint64_t)arena_rows) {
-            PyErr_Format(PyExc_ValueError, "slot of position %lld names arena row %lld, outside "
-                         "the arena's %zd rows", (long long)o[j - c + t], (long long)at[t],
-                         arena_rows);
-            return -1;
-        }
+/* One row to a destination that is not read again soon: with full 16-byte pieces at 16-byte
+ * aligned addresses, streaming stores (no read of the destination's lines first). */
+static inline void put_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
+#if defined(__SSE2__)
+    if (!(rb & 15) && !((uintptr_t)dst & 15)) {
+        for (Py_ssize_t b = 0; b < rb; b += 16)
+            _mm_stream_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
+        return;
     }
-    if (a != NULL)
-        copy_rows(r + (j - c) * rb, a, at, c, rb);
-    return 0;
+#endif
+    copy_row(dst, src, rb);
 }
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
@@ -306,6 +306,7 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
+    int64_t *dest = NULL;
     Py_buffer *slot = take(&bs, o_slot, 1, "slot");
     Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
     Py_buffer *arena = bits == BAD ? NULL : take(&bs, o_arena, 0, "arena");
@@ -320,57 +321,67 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     if (check_item(slot, 4, "i", "slot") < 0 || check_item(out, 8, "ql", "out_ids") < 0 ||
         check_bits(bits, slot->len / 4) < 0)
         goto done;
+    /* m_out = the arena rows written (the caller's used): every slot names one of them */
     Py_ssize_t m_out = out->len / 8, rb = 0;
-    Py_ssize_t arena_rows = INT32_MAX; /* without an arena: any slot value names a row */
     if ((arena == NULL) != (rows == NULL)) {
         PyErr_SetString(PyExc_ValueError, "arena and out_rows: both or neither");
         goto done;
     }
     if (arena != NULL) {
         rb = m_out ? rows->len / m_out : 0;
-        if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb) {
+        if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb ||
+            arena->len / rb < m_out) {
             PyErr_Format(PyExc_ValueError, "out_rows: %zd bytes are not %zd rows (arena %zd "
                          "bytes)", rows->len, m_out, arena->len);
             goto done;
         }
-        arena_rows = arena->len / rb;
+        dest = (int64_t *)PyMem_Malloc((size_t)(m_out ? m_out : 1) * sizeof(int64_t));
+        if (dest == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(dest, 0xff, (size_t)m_out * sizeof(int64_t)); /* -1: no position's row */
     }
     int32_t *s = (int32_t *)slot->buf;
     uint8_t *bt = (uint8_t *)bits->buf;
     int64_t *o = (int64_t *)out->buf;
-    uint8_t *r = rows ? (uint8_t *)rows->buf : NULL;
-    const uint8_t *a = arena ? (const uint8_t *)arena->buf : NULL;
-    /* the set bits in order (64 positions per word), rows copied CHUNK at a time; nothing
-     * is cleared before every entry proved valid, so an error loses nothing */
-    int64_t at[CHUNK];
-    Py_ssize_t j = 0, c = 0, nb = bits->len;
+    /* the set bits in order (64 positions per word): position j of the output, and the
+     * output row of each arena row; nothing is cleared before every entry proved valid */
+    Py_ssize_t j = 0, nb = bits->len;
     for (Py_ssize_t b = 0; b < nb; b += 8) {
         uint64_t word = 0;
         memcpy(&word, bt + b, nb - b < 8 ? (size_t)(nb - b) : 8); /* little-endian bit order */
         while (word) {
             Py_ssize_t p = b * 8 + __builtin_ctzll(word);
             word &= word - 1;
-            if (j >= m_out) {
-                PyErr_Format(PyExc_ValueError, "out_ids: %zd entries, fewer than the marked "
-                             "positions", m_out);
+            int64_t at = (int64_t)s[p] - 1; /* a set bit over a 0 slot is -1 */
+            if (j >= m_out || at < 0 || at >= m_out || (dest != NULL && dest[at] >= 0)) {
+                PyErr_Format(PyExc_ValueError, "slot of position %zd names arena row %lld: "
+                             "not one of the %zd rows written, or another position's", p,
+                             (long long)at, m_out);
                 goto done;
             }
+            if (dest != NULL)
+                dest[at] = j;
             o[j++] = p;
-            at[c++] = (int64_t)s[p] - 1; /* a set bit over a 0 slot is -1: refused below */
-            if (c == CHUNK) {
-                if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
-                    goto done;
-                c = 0;
-            }
         }
     }
-    if (flush_rows(r, a, arena_rows, o, at, c, j, rb) < 0)
-        goto done;
+    if (dest != NULL) { /* the arena read in order, each row streamed to its output row */
+        uint8_t *r = (uint8_t *)rows->buf;
+        const uint8_t *a = (const uint8_t *)arena->buf;
+        for (Py_ssize_t i = 0; i < m_out; i++)
+            if (dest[i] >= 0)
+                put_row(r + dest[i] * rb, a + i * rb, rb);
+#if defined(__SSE2__)
+        _mm_sfence(); /* the streamed rows are visible before the caller reads them */
+#endif
+    }
     for (Py_ssize_t i = 0; i < j; i++)
         s[o[i]] = 0;
     memset(bt, 0, (size_t)nb);
     ret = PyLong_FromSsize_t(j);
 done:
+    PyMem_Free(dest);
     release(&bs);
     return ret;
 }

@@ -143,7 +143,9 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
         native.drain_marked(slot, bits, np.zeros(80, np.uint8), np.zeros(1, np.int64),
                             np.zeros(8, np.uint8))
     assert slot[4] == 100 and bits[0] == 1 << 4
-    slot[:2], bits[0] = 1, bits[0] | 3
-    with pytest.raises(ValueError, match="fewer than the marked positions"):
-        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None)
-    assert slot.tolist()[:5] == [1, 1, 0, 0, 100] and bits[0] == 0b10011
+    slot[4], slot[:2], bits[0] = 0, 1, 0b11  # two positions naming one row: refused, kept
+    with pytest.raises(ValueError, match="slot of position 1 names arena row 0: not one of "
+                                         "the 2 rows written, or another position's"):
+        native.drain_marked(slot, bits, np.zeros(16, np.uint8), np.zeros(2, np.int64),
+                            np.zeros(16, np.uint8))
+    assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
