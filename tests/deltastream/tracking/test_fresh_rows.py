@@ -4,12 +4,20 @@ nothing."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from deltastream.tracking import fresh_rows
 from deltastream.tracking.fresh_rows import FreshRows
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _interval(lookups: list[torch.Tensor], weight: torch.Tensor | None, capacity: int,
@@ -149,3 +157,36 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
         native.drain_marked(slot, bits, np.zeros(16, np.uint8), np.zeros(2, np.int64),
                             np.zeros(16, np.uint8))
     assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
+
+
+def test_without_the_extension_numpy_runs(tmp_path):
+    """An install without a C compiler: the module still imports, numpy does the work."""
+    script = tmp_path / "no_native.py"
+    script.write_text(textwrap.dedent("""
+        import importlib.abc, sys
+        import torch
+
+        class NoNative(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "deltastream.tracking.native":
+                    raise ImportError("not built (test)")
+
+        sys.meta_path.insert(0, NoNative())
+        from deltastream.tracking import fresh_rows
+        assert not fresh_rows.NATIVE_AVAILABLE and not fresh_rows.native_enabled()
+        try:
+            fresh_rows.use_native(True)
+        except RuntimeError as e:
+            assert "not built (test)" in str(e)
+        else:
+            raise AssertionError("use_native(True) without the extension")
+        f = fresh_rows.FreshRows(6)
+        w = torch.arange(12.0).reshape(6, 2)
+        f.add(torch.tensor([5, 1, 5]), w)
+        ids, rows = f.drain(True)
+        assert ids.tolist() == [1, 5] and rows.tolist() == [[2.0, 3.0], [10.0, 11.0]]
+        print("ok")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
