@@ -139,6 +139,7 @@ class FreshRows:
             used = native.mark_fresh(
                 self.slot, self.bits, self.order, ids.contiguous().numpy(),
                 None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
+                0 if src is None else src.shape[1] * src.element_size(),
                 None if src is None else self._arena_bytes, self.used)
             new = used - self.used  # the C code keeps no repeats
         else:

@@ -15,14 +15,15 @@
  * them).
  *
  * Rows are opaque bytes (any dtype: f32, f16, bf16, ...; any width): buffers are uint8
- * views, a row is row_bytes = len(src) / its rows bytes.
+ * views, a row is row_bytes bytes.
  *
  * Python API (buffers: C-contiguous, e.g. numpy arrays):
- *   mark_fresh(slot, bits, order, ids, src, by_occurrence, arena, used) -> used'
+ *   mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used'
  *       slot: writable int32 [capacity], bits: writable uint8 [ceil(capacity / 8)] (bit
- *       p & 7 of byte p >> 3 for position p), order: writable int64 [>= used + n], ids: int32 or
- *       int64 [n], src: uint8 rows or None, arena: writable uint8 [rows * row_bytes]
- *       (rows >= used + n) or None (with src None); used + n < 2**31 - 1. Each id whose bit
+ *       p & 7 of byte p >> 3 for position p), order: writable int64 [>= used + n], ids:
+ *       int32 or int64 [n], src: uint8 rows of row_bytes or None, arena: writable uint8
+ *       [rows * row_bytes] (rows >= used + n) or None (with src None); used + n < 2**31 -
+ *       1. Each id whose bit
  *       is clear gets its bit, slot[id] = used' + 1, order[used'] = id (then used' += 1) and,
  *       with src, a row copied to arena row used': src row id (src: the table,
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
@@ -112,15 +113,6 @@ static int check_item(const Py_buffer *v, Py_ssize_t size, const char *codes, co
         return -1;
     }
     return 0;
-}
-
-/* row_bytes of src over its rows, or -1 with an error set. */
-static Py_ssize_t row_bytes_of(const Py_buffer *w, Py_ssize_t rows) {
-    if (rows == 0 || w->len % rows || w->len == 0) {
-        PyErr_Format(PyExc_ValueError, "src: %zd bytes are not %zd rows", w->len, rows);
-        return -1;
-    }
-    return w->len / rows;
 }
 
 /* bits: uint8 [ceil(capacity / 8)], bit p & 7 of byte p >> 3 set iff slot[p] != 0. */
@@ -219,9 +211,9 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, 
 static PyObject *mark_fresh(PyObject *self, PyObject *args) {
     PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena;
     int by_occurrence;
-    Py_ssize_t used;
-    if (!PyArg_ParseTuple(args, "OOOOOpOn", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
-                          &by_occurrence, &o_arena, &used))
+    Py_ssize_t used, rb;
+    if (!PyArg_ParseTuple(args, "OOOOOpnOn", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
+                          &by_occurrence, &rb, &o_arena, &used))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -243,7 +235,7 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
     int wide = ids->itemsize == 8;
     if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
         goto done;
-    Py_ssize_t cap = slot->len / 4, n = ids->len / ids->itemsize, rb = 0;
+    Py_ssize_t cap = slot->len / 4, n = ids->len / ids->itemsize;
     if (n == 0) {
         ret = PyLong_FromSsize_t(used);
         goto done;
@@ -258,8 +250,12 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
         goto done;
     }
     if (src != NULL) {
-        if ((rb = row_bytes_of(src, by_occurrence ? n : cap)) < 0)
+        Py_ssize_t src_rows = by_occurrence ? n : cap;
+        if (rb <= 0 || src->len / rb < src_rows) {
+            PyErr_Format(PyExc_ValueError, "src: %zd bytes do not hold %zd rows of %zd bytes",
+                         src->len, src_rows, rb);
             goto done;
+        }
         if (arena->len % rb || arena->len / rb < used + n) {
             PyErr_Format(PyExc_ValueError, "arena: %zd bytes do not hold %zd rows of %zd bytes",
                          arena->len, used + n, rb);
@@ -388,7 +384,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"mark_fresh", mark_fresh, METH_VARARGS,
-     "mark_fresh(slot, bits, order, ids, src, by_occurrence, arena, used) -> used: mark new "
+     "mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used: "
+     "mark new "
      "ids, copy their rows"},
     {"drain_marked", drain_marked, METH_VARARGS,
      "drain_marked(slot, bits, arena, out_ids, out_rows) -> k: marked positions ascending"},

@@ -139,12 +139,14 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
     slot, bits = np.zeros(10, dtype=np.int32), np.zeros(2, dtype=np.uint8)
     order, w = np.zeros(3, dtype=np.int64), np.zeros(10 * 8, dtype=np.uint8)
     ids = np.array([1, 2, 3])
-    with pytest.raises(ValueError, match="do not hold 3 rows"):
-        native.mark_fresh(slot, bits, order, ids, w, False, np.zeros(16, np.uint8), 0)
+    with pytest.raises(ValueError, match="arena: 16 bytes do not hold 3 rows"):
+        native.mark_fresh(slot, bits, order, ids, w, False, 8, np.zeros(16, np.uint8), 0)
+    with pytest.raises(ValueError, match="src: 80 bytes do not hold 10 rows of 16 bytes"):
+        native.mark_fresh(slot, bits, order, ids, w, False, 16, np.zeros(64, np.uint8), 0)
     with pytest.raises(ValueError, match=r"order: 3 entries for 1 \+ 3 rows"):
-        native.mark_fresh(slot, bits, order, ids, None, False, None, 1)
+        native.mark_fresh(slot, bits, order, ids, None, False, 0, None, 1)
     with pytest.raises(ValueError, match=r"bits: 1 bytes for 10 positions \(want 2\)"):
-        native.mark_fresh(slot, bits[:1], order, ids, None, False, None, 0)
+        native.mark_fresh(slot, bits[:1], order, ids, None, False, 0, None, 0)
     assert not slot.any() and not bits.any()
     slot[4], bits[0] = 100, 1 << 4  # names arena row 99, past the arena: refused, kept
     with pytest.raises(ValueError, match="slot of position 4 names arena row 99"):
