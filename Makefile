@@ -19,7 +19,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
 		consumers/serving/native_loops.c consumers/serving/native_warm.c \
-		consumers/serving/native_loops.h
+		consumers/serving/native_loops.h deltastream/tracking/native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
@@ -36,12 +36,13 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/deltastream bench all --write BENCHMARKS.md
 
-# The C extension built with AddressSanitizer, the serving tests run against it (python is
-# not instrumented: libasan is preloaded, and processes the tests start inherit it through
-# the environment); the ordinary build is put back afterwards, pass or fail.
+# The C extensions built with AddressSanitizer, the tests of their callers run against them
+# (python is not instrumented: libasan is preloaded, and processes the tests start inherit it
+# through the environment); the ordinary build is put back afterwards, pass or fail.
 CC ?= cc
 ASAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -g -O1
-ASAN_TESTS ?= tests/consumers/serving
+ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows.py \
+	tests/deltastream/tracking/test_positions.py
 asan-test: $(STAMP)
 	@lib="$$($(CC) -print-file-name=libasan.so)"; \
 	if [ ! -e "$$lib" ]; then echo "asan-test: skipped: $(CC) has no libasan.so"; exit 0; fi; \
@@ -56,4 +57,5 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache build consumers/serving/native*.so
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache build consumers/serving/native*.so \
+		deltastream/tracking/native*.so

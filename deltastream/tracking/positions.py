@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from deltastream.tracking.fresh_rows import FreshRows
 from deltastream.tracking.sorted_ids import sort_ids, sort_ids_with_perm
 
 __all__ = ["PendingLookups", "UniqueLookups", "mark_positions", "mark_positions_torch", "first_states",
@@ -100,98 +101,68 @@ class UniqueLookups(PendingLookups):
     output to borrow: rows are gathered from the weight; id = position) or a
     :class:`~deltastream.HashTable` (rows taken from the forward's output).
 
-    :meth:`add` keeps only the positions no earlier lookup had since the last flush
-    (``marks`` stay set until the drain) and copies their rows into one arena, in lookup
-    order: a row looked up again costs no gather and no copy, and the work of a flush is
-    spread over the lookups (a read no longer pays for every lookup since the last one).
-    Repeats inside one lookup are kept (copies of the same row: dropping them costs more
-    than their cache-hot gather). The drain maps each touched position to an arena row
-    (``slot``) and gathers the arena once, in ascending id order. Its work follows the
-    positions touched, not the table's capacity, except for a table whose ids are its
-    positions (``ids_ascending``), where one pass over the marks replaces a sort.
+    :meth:`add` keeps only the positions no earlier lookup had since the last flush and
+    copies their rows into one arena: a row looked up again costs no gather and no copy,
+    and the work of a flush is spread over the lookups (a read no longer pays for every
+    lookup since the last one). The drain returns the touched ids ascending with their
+    arena rows, gathered once. For a table whose ids are its positions (``ids_ascending``)
+    one pass over the marks gives them in order; otherwise the drain's work follows the
+    positions touched, not the table's capacity (their ids are sorted). The bookkeeping is
+    a :class:`~deltastream.tracking.fresh_rows.FreshRows` (C when built, else numpy).
     """
 
-    __slots__ = ("arena", "used", "slot", "drained")
+    __slots__ = ("fresh", "drained")
 
     def __init__(self, capacity: int, device: torch.device) -> None:
-        super().__init__(capacity, device)
-        self.slot: Optional[np.ndarray] = None  # arena row per position (at the drain)
-        self.arena: Optional[torch.Tensor] = None
+        self.fresh: Optional[FreshRows] = None
+        super().__init__(0, device)  # the marks are the FreshRows'
+        self.fresh = FreshRows(capacity)
+        self.marks = self.fresh.marks
         #: ``(ids, positions)`` of the last drain of a hashed table, aligned (None when a
         #: row was freed since: positions may then hold other ids)
         self.drained: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def reset(self) -> None:
         super().reset()
-        self.used = 0  # arena rows in use
-        self.marks.zero_()
+        if self.fresh is not None:
+            self.fresh.clear()
 
     def grow(self, capacity: int) -> None:
-        """Make ``marks`` cover ``capacity`` positions, keeping the marks set (a table
-        that grew between two flushes)."""
-        if self.marks.numel() < capacity:
-            grown = torch.zeros(capacity, dtype=torch.bool)
-            grown[:self.marks.numel()] = self.marks
-            self.marks = grown
+        """Cover ``capacity`` positions, keeping the marks set (a table that grew between
+        two flushes)."""
+        self.fresh.grow(capacity)
+        self.marks = self.fresh.marks
 
     def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor] = None,
             rows: Optional[torch.Tensor] = None) -> None:
-        """Record a lookup of int64 CPU ``positions`` ``[n]`` (repeats allowed, each
-        ``< marks.numel()``: :meth:`grow` first). With ``weight`` (the table's
-        ``[capacity, dim]`` rows, before the update) or ``rows`` (the lookup's output
-        ``[n, dim]``, row ``i`` the row at ``positions[i]``) keep the FIRST state of each
-        new position; with neither, the positions only."""
-        m, q = self.marks.numpy(), positions.numpy()
-        fresh = np.flatnonzero(~m[q])  # occurrences of positions new since the flush
-        if fresh.size == 0:
-            return
-        qf = q[fresh]  # a copy: the caller may reuse its buffer
-        m[qf] = True
-        k = qf.size
-        self.pos.append(torch.from_numpy(qf))
+        """Record a lookup of int32/int64 CPU ``positions`` ``[n]`` (repeats allowed, each
+        ``< marks.numel()``: :meth:`grow` first; ``IndexError`` otherwise, nothing
+        recorded). With ``weight`` (the table's ``[capacity, dim]`` rows, before the update)
+        or ``rows`` (the lookup's output ``[n, dim]``, row ``i`` the row at
+        ``positions[i]``) keep the FIRST state of each new position; with neither, the
+        positions only."""
+        src = weight if weight is not None else rows
+        k = self.fresh.add(positions, src, by_occurrence=weight is None)
         self.n += k
-        src, at = (weight, qf) if weight is not None else (rows, fresh)
-        if src is None:
-            return
-        need = self.used + k
-        if self.arena is None or self.arena.shape[0] < need or self.arena.dtype != src.dtype:
-            grown = torch.empty((max(need, 2 * (0 if self.arena is None else
-                                                self.arena.shape[0]), 1024), src.shape[1]),
-                                dtype=src.dtype)
-            if self.used:
-                grown[:self.used] = self.arena[:self.used]
-            self.arena = grown
-        torch.index_select(src, 0, torch.from_numpy(at), out=self.arena[self.used:need])
-        self.used = need
-        self.n_states += k
+        if src is not None:
+            self.n_states += k
 
     def drain(self, table: Any, with_states: bool
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """:meth:`PendingLookups.drain`: the ids ascending, their FIRST states gathered once
         from the arena."""
-        m = self.marks.numpy()
-        runs = [p.numpy() for p in self.pos]
-        allpos = runs[0] if len(runs) == 1 else np.concatenate(runs)
-        if self.slot is None or self.slot.size < m.size:
-            self.slot = np.empty(m.size, dtype=np.int64)
-        slot = self.slot
-        slot[allpos] = np.arange(allpos.size)  # a repeat: the later copy of the same row
-        if getattr(table, "ids_ascending", False):
-            touched = np.flatnonzero(m)  # each position once, ascending = ids ascending
-            ids = table.ids_at(torch.from_numpy(touched.astype(np.int64, copy=False)))
-            src = slot[touched]
+        f = self.fresh
+        with_states = with_states and f.arena is not None
+        if getattr(table, "ids_ascending", False):  # ascending positions = ascending ids
+            touched, states = f.drain(with_states)
+            ids = table.ids_at(touched)
         else:
-            touched = allpos[slot[allpos] == np.arange(allpos.size)]  # each position once
+            touched, src = f.drain_unordered()
             ids, order = sort_ids_with_perm(table.ids_at(torch.from_numpy(touched)))
             order = order.numpy()
-            src = slot[touched][order]
             self.drained = (ids, torch.from_numpy(touched[order]))
-        m[allpos] = False
-        states = None
-        if with_states and self.arena is not None:
-            states = self.arena.index_select(0, torch.from_numpy(src))
+            states = f.rows(src[order]) if with_states else None
         PendingLookups.reset(self)  # the marks are clear already
-        self.used = 0
         return ids, states
 
 

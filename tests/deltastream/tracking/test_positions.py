@@ -17,7 +17,7 @@ class _Rows:
         return positions + 100
 
 
-def test_unique_lookups_keep_each_position_once_with_its_first_row():
+def test_unique_lookups_keep_each_position_once_with_its_first_row(fresh_path):
     w = torch.arange(40, dtype=torch.float32).reshape(10, 4)
     p = UniqueLookups(10, torch.device("cpu"))
     buf = torch.tensor([7, 2, 7, 2, 5])
@@ -25,7 +25,7 @@ def test_unique_lookups_keep_each_position_once_with_its_first_row():
     buf[:] = 0  # the caller reuses its buffer: the recorded positions are a copy
     w[[2, 5, 7]] += 100.0  # the update after the lookup: FIRST keeps the rows before it
     p.add(torch.tensor([5, 2, 9, 9]), w)  # 5 and 2 again: nothing new; 9 is new
-    assert p.n == p.n_states == 7  # 7, 2, 7, 2, 5, 9, 9: repeats inside one lookup stay
+    assert p.n == p.n_states == 4  # 7, 2, 5, then 9: each position once
     ids, states = p.drain(_Rows(), with_states=True)
     assert ids.tolist() == [102, 105, 107, 109]
     torch.testing.assert_close(states, torch.arange(40, dtype=torch.float32).reshape(10, 4)
@@ -36,7 +36,7 @@ def test_unique_lookups_keep_each_position_once_with_its_first_row():
     assert ids.tolist() == [102] and states is None
 
 
-def test_unique_lookups_arena_grows_and_reset_forgets():
+def test_unique_lookups_arena_grows_and_reset_forgets(fresh_path):
     w = torch.randn(5000, 3)
     p = UniqueLookups(5000, torch.device("cpu"))
     for lo in range(0, 5000, 700):  # past the first arena (1024 rows)
@@ -59,7 +59,7 @@ class _Hashed:
         return self.ids.index_select(0, positions)
 
 
-def test_unique_lookups_from_output_rows_sorted_by_id():
+def test_unique_lookups_from_output_rows_sorted_by_id(fresh_path):
     """A HashTable's lookups: rows from the forward's output, ids not in position order;
     the drain sorts by id and pairs each id with the row of its earliest lookup."""
     p = UniqueLookups(6, torch.device("cpu"))
@@ -74,7 +74,7 @@ def test_unique_lookups_from_output_rows_sorted_by_id():
     assert not p.marks.any() and p.n == 0
 
 
-def test_unique_lookups_grow_keeps_marks_of_the_interval():
+def test_unique_lookups_grow_keeps_marks_of_the_interval(fresh_path):
     """The table grew between two lookups: marks set before the growth still hold."""
     p = UniqueLookups(4, torch.device("cpu"))
     p.add(torch.tensor([3]), rows=torch.tensor([[3.0]]))

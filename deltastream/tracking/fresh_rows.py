@@ -1,0 +1,243 @@
+"""The FIRST rows of a CPU table's lookups: mark each lookup's new positions and copy their
+rows into an arena; at the read, the touched positions with their rows.
+
+Two implementations with the same results: the C extension :mod:`deltastream.tracking.native`
+(built from ``native.c`` at install when a C compiler is there; one pass over the ids per
+lookup, one over the marks per read, no temporaries) and numpy (a mask, a compression and a
+scatter per lookup, a ``flatnonzero`` and a gather per read). Without the extension (or with
+``DELTASTREAM_NATIVE=0`` in the environment, or after :func:`use_native(False) <use_native>`)
+numpy runs. Either path may follow the other inside one interval: both keep the same state.
+
+The state (a :class:`FreshRows` per table, held by
+:class:`~deltastream.tracking.positions.UniqueLookups`): ``slot`` (int32 ``[capacity]``:
+0 while position ``p`` was not looked up since the last drain, else 1 + the arena row holding
+``p``'s row as it was at its first lookup: one array is both the mark and the map), ``order``
+(the position of each arena row), ``arena`` (``[rows, dim]``, the rows' dtype) and ``used``
+(arena rows written; at least the positions marked: numpy keeps a lookup's repeats of a new
+position, the C code does not). The C code also keeps a bit per position (``bits``, set iff
+``slot`` is not 0: a lookup tests 1/32 of the memory), brought up to date after numpy ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+from typing import Optional
+
+import numpy as np
+import torch
+
+__all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "FreshRows"]
+
+log = logging.getLogger(__name__)
+
+native: Optional[ModuleType]
+try:
+    from deltastream.tracking import native
+except ImportError as e:  # not built (no compiler at install): numpy it is
+    native = None
+    _WHY = str(e)
+else:
+    _WHY = ""
+
+#: whether the C extension was built and imports
+NATIVE_AVAILABLE = native is not None
+
+_use = NATIVE_AVAILABLE and os.environ.get("DELTASTREAM_NATIVE", "1") != "0"
+if not NATIVE_AVAILABLE:
+    log.info("native FIRST-row tracking unavailable (%s): numpy runs", _WHY)
+
+
+def native_enabled() -> bool:
+    """Whether the C code runs now."""
+    return _use
+
+
+def use_native(on: bool) -> None:
+    """Switch to the C code (``on``; ``RuntimeError`` when it is not built) or to numpy.
+    Process-wide; meant for tests and benchmarks."""
+    global _use
+    if on and not NATIVE_AVAILABLE:
+        raise RuntimeError(f"deltastream.tracking.native is not built ({_WHY})")
+    _use = bool(on)
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """A C-contiguous CPU tensor's memory as uint8 (any dtype, bf16 included: no copy)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _check_range(q: np.ndarray, capacity: int) -> None:
+    if q.size and (int(q.min()) < 0 or int(q.max()) >= capacity):
+        at = int(np.flatnonzero((q < 0) | (q >= capacity))[0])
+        raise IndexError(f"lookup id {int(q[at])} (at {at}) is outside the table's rows "
+                         f"[0, {capacity})")
+
+
+class FreshRows:
+    """The positions of one table looked up since the last drain, and the FIRST row of each.
+
+    Args:
+        capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
+    """
+
+    __slots__ = ("marks", "slot", "bits", "bits_valid", "order", "arena", "used",
+                 "_arena_bytes", "_src_key", "_src_bytes")
+
+    def __init__(self, capacity: int) -> None:
+        #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
+        self.marks = torch.zeros(capacity, dtype=torch.int32)
+        self.slot = self.marks.numpy()
+        #: the C code's marks: bit ``p & 7`` of byte ``p >> 3`` set iff ``slot[p] != 0``
+        #: (numpy does not keep them: ``bits_valid`` says whether they are up to date)
+        self.bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
+        self.bits_valid = True
+        self.order = np.empty(0, dtype=np.int64)  # the position of each arena row
+        self.arena: Optional[torch.Tensor] = None  # [>= used, dim], the rows' dtype
+        self._arena_bytes: Optional[np.ndarray] = None
+        self._src_key: Optional[tuple] = None  # (address, shape, dtype) of the table seen
+        self._src_bytes: Optional[np.ndarray] = None  # its bytes (keeps that memory alive)
+        self.used = 0  # arena rows written (>= the marked positions)
+
+    def grow(self, capacity: int) -> None:
+        """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
+        between two drains)."""
+        old = self.marks.numel()
+        if capacity > old:
+            marks = torch.zeros(capacity, dtype=torch.int32)
+            marks[:old] = self.marks
+            bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
+            bits[:self.bits.size] = self.bits  # positions past the old capacity: clear
+            self.marks, self.slot, self.bits = marks, marks.numpy(), bits
+
+    def clear(self) -> None:
+        """Forget every lookup (the arena is kept for the next interval)."""
+        if self.used:  # something may be marked (a drain leaves nothing marked)
+            self.slot[:] = 0
+            self.bits[:] = 0
+            self.bits_valid = True
+        self.used = 0
+
+    def add(self, ids: torch.Tensor, src: Optional[torch.Tensor] = None,
+            by_occurrence: bool = False) -> int:
+        """Record a lookup of ``ids`` (int32/int64 CPU ``[n]``, repeats allowed; not kept:
+        the caller may reuse the buffer); with ``src`` keep the row of each new position as
+        it is now: ``src[id]`` (``src``: the table's ``[capacity, dim]`` weight, before the
+        update) or, with ``by_occurrence``, ``src[i]`` for ``ids[i]`` (``src``: the lookup's
+        output ``[n, dim]``). Returns how many positions were new. An id outside ``[0,
+        capacity)`` is an ``IndexError`` naming it, raised before anything changes."""
+        n = ids.numel()
+        if n == 0:
+            return 0
+        if self.used + n >= 2**31 - 1:  # slot is int32
+            raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
+                                f"int32 slot can name; read more often")
+        self._reserve(self.used + n, src)
+        if _use and (src is None or src.is_contiguous()):
+            self._valid_bits()
+            used = native.mark_fresh(
+                self.slot, self.bits, self.order, ids.contiguous().numpy(),
+                None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
+                0 if src is None else src.shape[1] * src.element_size(),
+                None if src is None else self._arena_bytes, self.used)
+            new = used - self.used  # the C code keeps no repeats
+        else:
+            used, new = _mark_numpy(self, ids, src, by_occurrence)
+            self.bits_valid = self.bits_valid and new == 0
+        self.used = used
+        return new
+
+    def _valid_bits(self) -> None:
+        """Bring the bits up to date after numpy marked positions (a switch of path)."""
+        if not self.bits_valid:
+            self.bits[:] = np.packbits(self.slot != 0, bitorder="little")
+            self.bits_valid = True
+
+    def _bytes_of(self, src: torch.Tensor, by_occurrence: bool) -> np.ndarray:
+        if by_occurrence:  # a lookup's output: new every time
+            return _bytes(src)
+        key = (src.data_ptr(), src.shape, src.dtype)
+        if key != self._src_key:  # the address cannot be reused while the view holds it
+            self._src_bytes, self._src_key = _bytes(src), key
+        return self._src_bytes
+
+    def _reserve(self, need: int, src: Optional[torch.Tensor]) -> None:
+        """Room for ``need`` rows in ``order`` and (with ``src``) in an arena of ``src``'s
+        dtype and width (rows in use moved over; at least doubled: amortized growth)."""
+        if self.order.size < need:
+            order = np.empty(max(need, 2 * self.order.size, 1024), dtype=np.int64)
+            order[:self.used] = self.order[:self.used]
+            self.order = order
+        old = self.arena
+        if src is None or (old is not None and old.shape[0] >= need and old.dtype == src.dtype):
+            return
+        grown = torch.empty((self.order.size, src.shape[1]), dtype=src.dtype)
+        if self.used and old is not None:
+            grown[:self.used] = old[:self.used]
+        self.arena, self._arena_bytes = grown, _bytes(grown)
+
+    def drain(self, with_rows: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The marked positions (int64 ``[k]``, ascending) and, with ``with_rows``, each
+        one's FIRST row (``[k, dim]``); nothing is marked afterwards. One pass over the
+        capacity: for a table whose ids are its positions (else :meth:`drain_unordered`)."""
+        arena = self.arena if with_rows else None
+        used = self.used
+        if used == 0:  # nothing marked
+            return torch.empty(0, dtype=torch.int64), None if arena is None else arena[:0].clone()
+        if not _use:
+            touched = np.flatnonzero(self.slot)
+            rows = None if arena is None else self.rows(self.slot[touched].astype(np.int64) - 1)
+            self._unmark(touched)
+            return torch.from_numpy(touched.astype(np.int64, copy=False)), rows
+        self._valid_bits()
+        ids = torch.empty(used, dtype=torch.int64)
+        rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
+        k = native.drain_marked(self.slot, self.bits,
+                                None if arena is None else self._arena_bytes, ids.numpy(),
+                                None if rows is None else _bytes(rows))
+        self.used = 0
+        return ids[:k], None if rows is None else rows[:k]
+
+    def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(positions, arena_rows)``: each marked position once, in lookup order, and the
+        arena row holding its FIRST row (:meth:`rows` gathers them); nothing is marked
+        afterwards. Work in the positions touched, not the capacity."""
+        allpos = self.order[:self.used]
+        at = np.flatnonzero(self.slot[allpos] == np.arange(1, allpos.size + 1))  # one copy each
+        touched = allpos[at]
+        self._unmark(touched)
+        return touched, at
+
+    def rows(self, arena_rows: np.ndarray) -> torch.Tensor:
+        """The arena's rows ``arena_rows`` (int64 ``[k]``) as ``[k, dim]``."""
+        return self.arena.index_select(0, torch.from_numpy(arena_rows))
+
+    def _unmark(self, touched: np.ndarray) -> None:
+        s = self.slot
+        if touched.size * 16 < s.size:  # few: clear them, else clear everything
+            s[touched] = 0
+        else:
+            s[:] = 0
+        self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
+        self.bits_valid = True
+        self.used = 0
+
+
+def _mark_numpy(f: FreshRows, ids: torch.Tensor, src: Optional[torch.Tensor],
+                by_occurrence: bool) -> tuple[int, int]:
+    """:meth:`FreshRows.add` in numpy: the new ``used`` and the new positions."""
+    s, q, used = f.slot, ids.numpy(), f.used
+    _check_range(q, s.size)
+    fresh = np.flatnonzero(s[q] == 0)  # occurrences of positions new since the drain
+    k = fresh.size
+    if k == 0:
+        return used, 0
+    qf = q[fresh].astype(np.int64, copy=False)  # a copy: the caller may reuse its buffer
+    rows = np.arange(used + 1, used + k + 1, dtype=np.int32)
+    s[qf] = rows  # a repeat: its later copy, the same row
+    f.order[used:used + k] = qf
+    if src is not None:
+        at = fresh if by_occurrence else qf
+        torch.index_select(src, 0, torch.from_numpy(at), out=f.arena[used:used + k])
+    return used + k, int(np.count_nonzero(s[qf] == rows))  # one per new position

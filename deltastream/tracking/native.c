@@ -1,0 +1,399 @@
+/* deltastream.tracking.native: the FIRST-row bookkeeping of a CPU table's lookups in C.
+ *
+ * The numpy twin, and what each argument means, is deltastream/tracking/fresh_rows.py (read
+ * it first); a test runs both on the same lookups and compares. The state of a table is one
+ * int32 per position, slot[p]: 0 while p was not looked up since the last drain, else 1 +
+ * the arena row holding p's row as it was then; and a bit per position, set iff slot[p] !=
+ * 0 (1/32 of slot's size: the test of every looked-up id mostly hits the cache, slot is
+ * written for new positions only, and a drain scans the bits). Per lookup, one pass over
+ * the ids marks each position no earlier lookup of the interval had, gives it the next arena
+ * row and copies its row there (from the table or from the lookup's output); per read, one
+ * pass over the bits yields the marked positions ascending with their arena rows, and
+ * clears them. numpy needs a temporary per step for the same work (mask, compression, scatter,
+ * gather); here the ids are read once, and the entry of an id and a row are prefetched
+ * ahead of their use (the rows of a large table are cache misses: prefetching overlaps
+ * them).
+ *
+ * Rows are opaque bytes (any dtype: f32, f16, bf16, ...; any width): buffers are uint8
+ * views, a row is row_bytes bytes.
+ *
+ * Python API (buffers: C-contiguous, e.g. numpy arrays):
+ *   mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used'
+ *       slot: writable int32 [capacity], bits: writable uint8 [ceil(capacity / 8)] (bit
+ *       p & 7 of byte p >> 3 for position p), order: writable int64 [>= used + n], ids:
+ *       int32 or int64 [n], src: uint8 rows of row_bytes or None, arena: writable uint8
+ *       [rows * row_bytes] (rows >= used + n) or None (with src None); used + n < 2**31 -
+ *       1. Each id whose bit
+ *       is clear gets its bit, slot[id] = used' + 1, order[used'] = id (then used' += 1) and,
+ *       with src, a row copied to arena row used': src row id (src: the table,
+ *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
+ *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
+ *       naming it, raised before anything is written.
+ *   drain_marked(slot, bits, arena, out_ids, out_rows) -> k
+ *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
+ *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
+ *       and, with an arena, each one's arena row; then clears slot and bits. A set bit
+ *       whose slot names no arena row is a ValueError (both left as they were).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, 3)
+#else
+#define PREFETCH(p) ((void)0)
+#define PREFETCH_W(p) ((void)0)
+#endif
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "drain_marked reads the bits as little-endian words"
+#endif
+
+#define AHEAD 16      /* rows between a row's prefetch and its copy */
+#define MARK_AHEAD 32 /* ids between the prefetch of an id's slot entry and its test */
+
+static char code_of(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    return f[0] && !f[1] ? f[0] : '?';
+}
+
+static int get_buf(PyObject *obj, Py_buffer *v, int writable, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous%s array", what,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* Buffers of one call, released together. */
+typedef struct {
+    Py_buffer b[6]; /* the most one call takes */
+    int n;
+} Bufs;
+
+#define BAD ((Py_buffer *)-1) /* take() failed (an error is set) */
+
+static Py_buffer *take(Bufs *bs, PyObject *obj, int writable, const char *what) {
+    if (obj == Py_None)
+        return NULL;
+    if (bs->n >= (int)(sizeof bs->b / sizeof bs->b[0])) {
+        PyErr_SetString(PyExc_SystemError, "native: too many buffers in one call");
+        return BAD;
+    }
+    Py_buffer *v = &bs->b[bs->n];
+    if (get_buf(obj, v, writable, what) < 0)
+        return BAD;
+    bs->n++;
+    return v;
+}
+
+static void release(Bufs *bs) {
+    for (int i = 0; i < bs->n; i++)
+        PyBuffer_Release(&bs->b[i]);
+}
+
+static int check_item(const Py_buffer *v, Py_ssize_t size, const char *codes, const char *what) {
+    char c = code_of(v);
+    if (v->itemsize != size || !strchr(codes, c)) {
+        PyErr_Format(PyExc_ValueError, "%s: wrong element type (format %s, %zd bytes)", what,
+                     v->format ? v->format : "B", v->itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+/* bits: uint8 [ceil(capacity / 8)], bit p & 7 of byte p >> 3 set iff slot[p] != 0. */
+static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {
+    if (bits->itemsize != 1 || bits->len != (capacity + 7) / 8) {
+        PyErr_Format(PyExc_ValueError, "bits: %zd bytes for %zd positions (want %zd)",
+                     bits->len, capacity, (capacity + 7) / 8);
+        return -1;
+    }
+    return 0;
+}
+
+/* The first index of an id outside [0, capacity), or -1. */
+static Py_ssize_t first_out_of_range(const void *ids, int wide, Py_ssize_t n, uint64_t capacity) {
+    uint64_t bad = 0;
+    if (wide) {
+        const int64_t *q = (const int64_t *)ids;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (uint64_t)q[i] >= capacity;
+    } else {
+        const int32_t *q = (const int32_t *)ids;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (uint64_t)(int64_t)q[i] >= capacity;
+    }
+    if (!bad)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t id = wide ? ((const int64_t *)ids)[i] : ((const int32_t *)ids)[i];
+        if ((uint64_t)id >= capacity)
+            return i;
+    }
+    return -1;
+}
+
+/* One row: the usual widths (32 or 64 f32 / 16-bit values, ...) with a constant size, which
+ * the compiler inlines as a few vector moves instead of a call to memcpy. */
+static inline void copy_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
+    switch (rb) {
+    case 64:
+        memcpy(dst, src, 64);
+        return;
+    case 128:
+        memcpy(dst, src, 128);
+        return;
+    case 256:
+        memcpy(dst, src, 256);
+        return;
+    default:
+        memcpy(dst, src, (size_t)rb);
+    }
+}
+
+/* Copy n rows of rb bytes, src row of the i-th being rows_at[i] (an index into src), the
+ * i-th to dst row i; row i + AHEAD is prefetched before row i is copied. */
+static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, Py_ssize_t n,
+                      Py_ssize_t rb) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) {
+            const uint8_t *r = src + (uint64_t)rows_at[i + AHEAD] * rb;
+            PREFETCH(r);
+            PREFETCH(r + rb - 1);
+        }
+        copy_row(dst + i * rb, src + (uint64_t)rows_at[i] * rb, rb);
+    }
+}
+
+/* The ids are taken CHUNK at a time: the marking pass collects the chunk's new positions,
+ * then their rows are copied with prefetching (only new rows: a repeat's row is not
+ * fetched at all). */
+#define CHUNK 512
+
+#define MARK_LOOP(T)                                                                     \
+    do {                                                                                 \
+        const T *q = (const T *)ids->buf;                                                \
+        int64_t from[CHUNK];                                                             \
+        for (Py_ssize_t lo = 0; lo < n; lo += CHUNK) {                                   \
+            Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n, k = 0;                      \
+            for (Py_ssize_t i = lo; i < hi; i++) {                                       \
+                if (i + MARK_AHEAD < n)                                                  \
+                    PREFETCH(bt + ((uint64_t)q[i + MARK_AHEAD] >> 3));                   \
+                uint64_t p = (uint64_t)q[i];                                             \
+                uint8_t bit = (uint8_t)(1u << (p & 7));                                  \
+                if (bt[p >> 3] & bit)                                                    \
+                    continue;                                                            \
+                bt[p >> 3] |= bit;                                                       \
+                s[p] = (int32_t)(used + k + 1);                                          \
+                o[used + k] = (int64_t)p;                                                \
+                from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
+            }                                                                            \
+            if (w != NULL)                                                               \
+                copy_rows(a + (uint64_t)used * rb, w, from, k, rb);                      \
+            used += k;                                                                   \
+        }                                                                                \
+    } while (0)
+
+static PyObject *mark_fresh(PyObject *self, PyObject *args) {
+    PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena;
+    int by_occurrence;
+    Py_ssize_t used, rb;
+    if (!PyArg_ParseTuple(args, "OOOOOpnOn", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
+                          &by_occurrence, &rb, &o_arena, &used))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *slot = take(&bs, o_slot, 1, "slot");
+    Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
+    Py_buffer *order = bits == BAD ? NULL : take(&bs, o_order, 1, "order");
+    Py_buffer *ids = order == BAD ? NULL : take(&bs, o_ids, 0, "ids");
+    Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
+    Py_buffer *arena = src == BAD ? NULL : take(&bs, o_arena, 1, "arena");
+    if (slot == BAD || bits == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
+        goto done;
+    if (!slot || !bits || !order || !ids) {
+        PyErr_SetString(PyExc_TypeError, "slot, bits, order and ids are required");
+        goto done;
+    }
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0 ||
+        check_bits(bits, slot->len / 4) < 0)
+        goto done;
+    int wide = ids->itemsize == 8;
+    if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
+        goto done;
+    Py_ssize_t cap = slot->len / 4, n = ids->len / ids->itemsize;
+    if (n == 0) {
+        ret = PyLong_FromSsize_t(used);
+        goto done;
+    }
+    if (used < 0 || used + n >= INT32_MAX || order->len / 8 < used + n) {
+        PyErr_Format(PyExc_ValueError, "order: %zd entries for %zd + %zd rows (at most 2**31 - "
+                     "2)", order->len / 8, used, n);
+        goto done;
+    }
+    if ((src == NULL) != (arena == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "src and arena: both or neither");
+        goto done;
+    }
+    if (src != NULL) {
+        Py_ssize_t src_rows = by_occurrence ? n : cap;
+        if (rb <= 0 || src->len / rb < src_rows) {
+            PyErr_Format(PyExc_ValueError, "src: %zd bytes do not hold %zd rows of %zd bytes",
+                         src->len, src_rows, rb);
+            goto done;
+        }
+        if (arena->len % rb || arena->len / rb < used + n) {
+            PyErr_Format(PyExc_ValueError, "arena: %zd bytes do not hold %zd rows of %zd bytes",
+                         arena->len, used + n, rb);
+            goto done;
+        }
+    }
+    Py_ssize_t bad = first_out_of_range(ids->buf, wide, n, (uint64_t)cap);
+    if (bad >= 0) {
+        long long id = wide ? ((const int64_t *)ids->buf)[bad] : ((const int32_t *)ids->buf)[bad];
+        PyErr_Format(PyExc_IndexError, "lookup id %lld (at %zd) is outside the table's rows "
+                     "[0, %zd)", id, bad, cap);
+        goto done;
+    }
+    uint8_t *a = arena ? (uint8_t *)arena->buf : NULL, *bt = (uint8_t *)bits->buf;
+    int32_t *s = (int32_t *)slot->buf;
+    int64_t *o = (int64_t *)order->buf;
+    const uint8_t *w = src ? (const uint8_t *)src->buf : NULL;
+    if (wide)
+        MARK_LOOP(int64_t);
+    else
+        MARK_LOOP(int32_t);
+    ret = PyLong_FromSsize_t(used);
+done:
+    release(&bs);
+    return ret;
+}
+
+/* One row to a destination that is not read again soon: with full 16-byte pieces at 16-byte
+ * aligned addresses, streaming stores (no read of the destination's lines first). */
+static inline void put_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
+#if defined(__SSE2__)
+    if (!(rb & 15) && !((uintptr_t)dst & 15)) {
+        for (Py_ssize_t b = 0; b < rb; b += 16)
+            _mm_stream_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
+        return;
+    }
+#endif
+    copy_row(dst, src, rb);
+}
+
+static PyObject *drain_marked(PyObject *self, PyObject *args) {
+    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    int64_t *dest = NULL;
+    Py_buffer *slot = take(&bs, o_slot, 1, "slot");
+    Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
+    Py_buffer *arena = bits == BAD ? NULL : take(&bs, o_arena, 0, "arena");
+    Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
+    Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
+    if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD)
+        goto done;
+    if (!slot || !bits || !out) {
+        PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
+        goto done;
+    }
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(out, 8, "ql", "out_ids") < 0 ||
+        check_bits(bits, slot->len / 4) < 0)
+        goto done;
+    /* m_out = the arena rows written (the caller's used): every slot names one of them */
+    Py_ssize_t m_out = out->len / 8, rb = 0;
+    if ((arena == NULL) != (rows == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "arena and out_rows: both or neither");
+        goto done;
+    }
+    if (arena != NULL) {
+        rb = m_out ? rows->len / m_out : 0;
+        if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb ||
+            arena->len / rb < m_out) {
+            PyErr_Format(PyExc_ValueError, "out_rows: %zd bytes are not %zd rows (arena %zd "
+                         "bytes)", rows->len, m_out, arena->len);
+            goto done;
+        }
+        dest = (int64_t *)PyMem_Malloc((size_t)(m_out ? m_out : 1) * sizeof(int64_t));
+        if (dest == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memset(dest, 0xff, (size_t)m_out * sizeof(int64_t)); /* -1: no position's row */
+    }
+    int32_t *s = (int32_t *)slot->buf;
+    uint8_t *bt = (uint8_t *)bits->buf;
+    int64_t *o = (int64_t *)out->buf;
+    /* the set bits in order (64 positions per word): position j of the output, and the
+     * output row of each arena row; nothing is cleared before every entry proved valid */
+    Py_ssize_t j = 0, nb = bits->len;
+    for (Py_ssize_t b = 0; b < nb; b += 8) {
+        uint64_t word = 0;
+        memcpy(&word, bt + b, nb - b < 8 ? (size_t)(nb - b) : 8); /* little-endian bit order */
+        while (word) {
+            Py_ssize_t p = b * 8 + __builtin_ctzll(word);
+            word &= word - 1;
+            int64_t at = (int64_t)s[p] - 1; /* a set bit over a 0 slot is -1 */
+            if (j >= m_out || at < 0 || at >= m_out || (dest != NULL && dest[at] >= 0)) {
+                PyErr_Format(PyExc_ValueError, "slot of position %zd names arena row %lld: "
+                             "not one of the %zd rows written, or another position's", p,
+                             (long long)at, m_out);
+                goto done;
+            }
+            if (dest != NULL)
+                dest[at] = j;
+            o[j++] = p;
+        }
+    }
+    if (dest != NULL) { /* the arena read in order, each row streamed to its output row */
+        uint8_t *r = (uint8_t *)rows->buf;
+        const uint8_t *a = (const uint8_t *)arena->buf;
+        for (Py_ssize_t i = 0; i < m_out; i++)
+            if (dest[i] >= 0)
+                put_row(r + dest[i] * rb, a + i * rb, rb);
+#if defined(__SSE2__)
+        _mm_sfence(); /* the streamed rows are visible before the caller reads them */
+#endif
+    }
+    for (Py_ssize_t i = 0; i < j; i++)
+        s[o[i]] = 0;
+    memset(bt, 0, (size_t)nb);
+    ret = PyLong_FromSsize_t(j);
+done:
+    PyMem_Free(dest);
+    release(&bs);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"mark_fresh", mark_fresh, METH_VARARGS,
+     "mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used: "
+     "mark new "
+     "ids, copy their rows"},
+    {"drain_marked", drain_marked, METH_VARARGS,
+     "drain_marked(slot, bits, arena, out_ids, out_rows) -> k: marked positions ascending"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native",
+                                    "FIRST-row bookkeeping of TorchRec shards on the CPU.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit_native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,194 @@
+"""deltastream.tracking.fresh_rows: the C code and numpy keep the same FIRST rows (the
+contract), for every row dtype, width and id dtype; bad input is an error that changes
+nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from deltastream.tracking import fresh_rows
+from deltastream.tracking.fresh_rows import FreshRows
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _interval(lookups: list[torch.Tensor], weight: torch.Tensor | None, capacity: int,
+              switch_at: int | None = None, by_occurrence: bool = False):
+    """Record ``lookups`` (the weight moving after each, as an optimizer moves it), then
+    drain in position order. ``switch_at``: the other path takes over from that lookup on;
+    ``by_occurrence``: rows come from each lookup's output, not from the table."""
+    f = FreshRows(capacity)
+    for i, q in enumerate(lookups):
+        if i == switch_at:
+            fresh_rows.use_native(not fresh_rows.native_enabled())
+        if by_occurrence:  # the lookup's output: the rows at its ids, as they are now
+            f.add(q, weight[q.long()], by_occurrence=True)
+        else:
+            f.add(q, weight)
+        if weight is not None:
+            weight.index_add_(0, q.long(), torch.ones(q.numel(), weight.shape[1],
+                                                       dtype=weight.dtype))
+    return f.drain(weight is not None) + (f.marks,)
+
+
+def _expected(lookups: list[torch.Tensor], weight0: torch.Tensor | None):
+    """Each distinct id ascending, and its row before the first lookup that had it."""
+    ids = torch.unique(torch.cat(lookups).long())
+    return ids, None if weight0 is None else weight0[ids]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dim", [1, 3, 32, 33, 64])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("by_occurrence", [False, True])
+def test_first_rows_exact_on_both_paths(fresh_path, dtype, dim, id_dtype, by_occurrence):
+    g = torch.Generator().manual_seed(dim)
+    capacity = 3000
+    # Zipf-like: many repeats inside and across lookups, and ids near both ends
+    # (several arena growths: the first holds 1024 rows)
+    lookups = [(torch.rand(700, generator=g) ** 4 * capacity).to(id_dtype) for _ in range(6)]
+    lookups.append(torch.tensor([0, capacity - 1, capacity - 1], dtype=id_dtype))
+    weight = torch.randn(capacity, dim, generator=g).to(dtype)
+    want_ids, want_rows = _expected(lookups, weight.clone())
+    ids, rows, marks = _interval(lookups, weight, capacity, by_occurrence=by_occurrence)
+    assert torch.equal(ids, want_ids)
+    assert rows.dtype == dtype and torch.equal(rows, want_rows)  # bit for bit
+    assert not marks.any()
+
+
+def test_both_paths_agree_and_may_follow_each_other():
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    was = fresh_rows.native_enabled()
+    try:
+        g = torch.Generator().manual_seed(7)
+        lookups = [torch.randint(0, 5000, (900,), generator=g) for _ in range(8)]
+        w0 = torch.randn(5000, 16, generator=g)
+        results = []
+        for native, switch in ((True, None), (False, None), (True, 4), (False, 4)):
+            fresh_rows.use_native(native)
+            results.append(_interval(lookups, w0.clone(), 5000, switch)[:2])
+            fresh_rows.use_native(native)
+            results.append(_unordered(lookups, w0.clone(), 5000, switch))
+        want_ids, want_rows = results[0]
+        for ids, rows in results[2::2]:
+            assert torch.equal(ids, want_ids) and torch.equal(rows, want_rows)
+        for ids, rows in results[1::2]:  # each position once, in some lookup order
+            order = ids.argsort()
+            assert torch.equal(ids[order], want_ids) and torch.equal(rows[order], want_rows)
+    finally:
+        fresh_rows.use_native(was)
+
+
+def _unordered(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int,
+               switch_at: int | None):
+    """:func:`_interval`, drained in lookup order (:meth:`FreshRows.drain_unordered`)."""
+    f = FreshRows(capacity)
+    for i, q in enumerate(lookups):
+        if i == switch_at:
+            fresh_rows.use_native(not fresh_rows.native_enabled())
+        f.add(q, weight)
+        weight.index_add_(0, q, torch.ones(q.numel(), weight.shape[1]))
+    touched, at = f.drain_unordered()
+    assert not f.marks.any()
+    return torch.from_numpy(touched), f.rows(at)
+
+
+def test_ids_only(fresh_path):
+    lookups = [torch.tensor([9, 4, 9]), torch.tensor([4, 2])]
+    ids, rows, marks = _interval(lookups, None, 10)
+    assert ids.tolist() == [2, 4, 9] and rows is None and not marks.any()
+
+
+@pytest.mark.parametrize("bad", [10, -1, 2**40])
+def test_an_id_outside_the_table_is_named_and_changes_nothing(fresh_path, bad):
+    f = FreshRows(10)
+    w = torch.randn(10, 4)
+    assert f.add(torch.tensor([3]), w) == 1
+    with pytest.raises(IndexError, match=rf"lookup id {bad} \(at 2\) is outside the table's "
+                                         r"rows \[0, 10\)"):
+        f.add(torch.tensor([5, 6, bad, 7]), w)
+    assert f.marks.nonzero().flatten().tolist() == [3]  # 5 and 6 were not marked
+    ids, rows = f.drain(True)
+    assert ids.tolist() == [3] and torch.equal(rows, w[[3]])
+
+
+def test_a_weight_seen_before_is_read_where_it_is_now(fresh_path):
+    f = FreshRows(4)
+    w = torch.zeros(4, 2)
+    f.add(torch.tensor([0]), w)
+    w = torch.ones(4, 2)  # another tensor (the old one freed): its rows are read, not stale ones
+    f.add(torch.tensor([1]), w)
+    ids, rows = f.drain(True)
+    assert ids.tolist() == [0, 1] and rows.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_native_refuses_short_buffers_and_a_bad_slot():
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    from deltastream.tracking import native
+
+    slot, bits = np.zeros(10, dtype=np.int32), np.zeros(2, dtype=np.uint8)
+    order, w = np.zeros(3, dtype=np.int64), np.zeros(10 * 8, dtype=np.uint8)
+    ids = np.array([1, 2, 3])
+    with pytest.raises(ValueError, match="arena: 16 bytes do not hold 3 rows"):
+        native.mark_fresh(slot, bits, order, ids, w, False, 8, np.zeros(16, np.uint8), 0)
+    with pytest.raises(ValueError, match="src: 80 bytes do not hold 10 rows of 16 bytes"):
+        native.mark_fresh(slot, bits, order, ids, w, False, 16, np.zeros(64, np.uint8), 0)
+    with pytest.raises(ValueError, match=r"order: 3 entries for 1 \+ 3 rows"):
+        native.mark_fresh(slot, bits, order, ids, None, False, 0, None, 1)
+    with pytest.raises(ValueError, match=r"bits: 1 bytes for 10 positions \(want 2\)"):
+        native.mark_fresh(slot, bits[:1], order, ids, None, False, 0, None, 0)
+    assert not slot.any() and not bits.any()
+    slot[4], bits[0] = 100, 1 << 4  # names arena row 99, past the arena: refused, kept
+    with pytest.raises(ValueError, match="slot of position 4 names arena row 99"):
+        native.drain_marked(slot, bits, np.zeros(80, np.uint8), np.zeros(1, np.int64),
+                            np.zeros(8, np.uint8))
+    assert slot[4] == 100 and bits[0] == 1 << 4
+    slot[4], slot[:2], bits[0] = 0, 1, 0b11  # two positions naming one row: refused, kept
+    with pytest.raises(ValueError, match="slot of position 1 names arena row 0: not one of "
+                                         "the 2 rows written, or another position's"):
+        native.drain_marked(slot, bits, np.zeros(16, np.uint8), np.zeros(2, np.int64),
+                            np.zeros(16, np.uint8))
+    assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
+
+
+def test_without_the_extension_numpy_runs(tmp_path):
+    """An install without a C compiler: the module still imports, numpy does the work."""
+    script = tmp_path / "no_native.py"
+    script.write_text(textwrap.dedent("""
+        import importlib.abc, sys
+        import torch
+
+        class NoNative(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "deltastream.tracking.native":
+                    raise ImportError("not built (test)")
+
+        sys.meta_path.insert(0, NoNative())
+        from deltastream.tracking import fresh_rows
+        assert not fresh_rows.NATIVE_AVAILABLE and not fresh_rows.native_enabled()
+        try:
+            fresh_rows.use_native(True)
+        except RuntimeError as e:
+            assert "not built (test)" in str(e)
+        else:
+            raise AssertionError("use_native(True) without the extension")
+        f = fresh_rows.FreshRows(6)
+        w = torch.arange(12.0).reshape(6, 2)
+        f.add(torch.tensor([5, 1, 5]), w)
+        ids, rows = f.drain(True)
+        assert ids.tolist() == [1, 5] and rows.tolist() == [[2.0, 3.0], [10.0, 11.0]]
+        print("ok")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
