@@ -103,6 +103,12 @@ def _int_list(text: str) -> list[int]:
     return out
 
 
+def _step(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"expected a trainer step, an int ≥ 0, got {text!r}")
+    return int(text)
+
+
 def _name_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
@@ -172,6 +178,9 @@ def _add_rebuild(command: Any) -> None:
                        "applied.")
     _add_source(r)
     _add_range(r)
+    r.add_argument("--to-step", type=_typed(_step, "step"), default=None, metavar="STEP",
+                   help="Use only messages of trainer step STEP or earlier (the state the "
+                        "trainers had published at that step, dense versions included).")
     r.add_argument("--out", required=True, metavar="DIR", env_local=True,
                    help="Snapshot directory to write (replaced atomically).")
     r.add_argument("--base", default=None, metavar="DIR",
@@ -313,7 +322,8 @@ def _range_kwargs(args: argparse.Namespace) -> dict:
 def _cmd_rebuild(args: argparse.Namespace) -> int:
     topic, model = _topic_model(args, need_model=True)
     res = rebuild(args.bootstrap_servers, topic, model=model, out=args.out, base=args.base,
-                  table_dims=args.tables, shards=args.shards, dtype=args.dtype,
+                  to_step=args.to_step, table_dims=args.tables, shards=args.shards,
+                  dtype=args.dtype,
                   progress=_progress(args), timeout=args.timeout, kafka_config=args.kafka,
                   **_range_kwargs(args))
     c = res.counters

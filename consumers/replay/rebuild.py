@@ -17,6 +17,11 @@ complete version and one being assembled), and ``to_time`` / ``from_time`` apply
 chunk's version ``ts`` (the same for every chunk of a version, so a version is in or out
 whole). :attr:`RebuildResult.dense` is the assembler.
 
+``to_step`` cuts by trainer step instead of by clock: only messages whose ``step`` is at most
+``to_step`` are applied (a dense chunk's step is its version's), and a partition resumes
+at its first message past it, as with ``to_time``; exact as long as each trainer shard's
+steps never go back along its partition (they are the trainer's global step).
+
 Messages of other models are skipped and counted (``foreign_model``); a range that holds
 records but none of ``model`` is refused with :class:`~consumers.errors.ReplayError` naming
 the models found (a wrong ``--model`` must not write an empty snapshot). ``out`` is checked
@@ -93,6 +98,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
             from_offsets: Optional[Mapping[int, int]] = None,
             to_offsets: Optional[Mapping[int, int]] = None,
             from_time: Optional[int] = None, to_time: Optional[int] = None,
+            to_step: Optional[int] = None,
             table_dims: Optional[Mapping[str, int]] = None,
             shards: Optional[Iterable[int]] = None, dtype: str = "f32",
             progress: bool = False, timeout: float = 10.0,
@@ -110,6 +116,8 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         partitions, from_offsets, to_offsets: see :func:`plan_read`.
         from_time, to_time: ns; only messages with ``from_time <= ts <= to_time`` are
             applied (see the module docstring for resume offsets).
+        to_step: only messages of trainer step ``<= to_step`` are applied (the same
+            resume rule as ``to_time``).
         table_dims: ``{name: dim}`` to accept only these tables (as the daemon's
             ``tables=``); None accepts every table of ``model``.
         shards: trainer shards to apply (others skipped); also picks the partitions.
@@ -124,6 +132,9 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
         something that is not a deltastream snapshot.
     """
     _check_arguments(model, dtype, from_time, to_time, base is not None and bool(from_offsets))
+    if to_step is not None and (not isinstance(to_step, int) or isinstance(to_step, bool)
+                                or to_step < 0):
+        raise ReplayError(f"to_step: expected an int >= 0, got {to_step!r}")
     if out is not None:
         check_replaceable(Path(out))  # before reading: a bad --out must not cost a replay
     tables: dict[str, ServingTable] = {}
@@ -151,7 +162,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
     with open_reader(bootstrap_servers, topic, timeout, kafka_config) as reader:
         plan = plan_read(reader, partitions=partitions, shards=shards,
                          from_offsets=from_offsets, to_offsets=to_offsets)
-        run = _apply_range(reader, plan, applier, from_time, to_time, progress)
+        run = _apply_range(reader, plan, applier, (from_time, to_time, to_step), progress)
     resume, quarantined = run.resume, run.quarantined
     check_models(applier.models, model, topic)
     counters = dict(applier.counters)
@@ -162,7 +173,7 @@ def rebuild(bootstrap_servers: str, topic: str, *, model: str,
     meta = {"kind": REBUILD_KIND, "tool": "deltastream-replay rebuild", "model": model,
             "topic": topic, "partitions": plan.partition_count,
             "shards": None if shards is None else sorted(set(shards)),
-            "range": _range_meta(plan, from_time, to_time), "base": base_path,
+            "range": _range_meta(plan, from_time, to_time, to_step), "base": base_path,
             "counters": counters, "written_at": time.time()}
     result = RebuildResult(tables=tables, offsets=resume, seqs=seqs.state(), plan=plan,
                            counters=counters, meta=meta, quarantined=quarantined,
@@ -189,11 +200,12 @@ def _check_arguments(model: Any, dtype: Any, from_time: Optional[int], to_time: 
                           "are where the rebuild starts")
 
 
-def _range_meta(plan: ReadPlan, from_time: Optional[int], to_time: Optional[int]) -> dict:
-    """The ``meta["range"]`` of a rebuild snapshot: offsets read and the time bounds."""
+def _range_meta(plan: ReadPlan, from_time: Optional[int], to_time: Optional[int],
+                to_step: Optional[int]) -> dict:
+    """The ``meta["range"]`` of a rebuild snapshot: offsets read, the time and step bounds."""
     return {"start": {str(p): o for p, o in plan.start.items()},
             "stop": {str(p): o for p, o in plan.stop.items()},
-            "from_time": from_time, "to_time": to_time}
+            "from_time": from_time, "to_time": to_time, "to_step": to_step}
 
 
 def _base_state(snap: Snapshot, model: str,
@@ -225,33 +237,41 @@ class _Run:
     quarantined: list = field(default_factory=list)
 
 
-def _ts(rec: Any) -> tuple[Optional[int], Any]:
-    """(trainer ts, decoded row batch or None) of a record; ts None when it does not
-    decode (the applier quarantines it and says why). A dense chunk's ts is its
-    version's."""
+def _stamp(rec: Any) -> tuple[Optional[int], Optional[int], Any]:
+    """(trainer ts, trainer step, decoded row batch or None) of a record; ts and step None
+    when it does not decode (the applier quarantines it and says why). A dense chunk's ts
+    and step are its version's."""
     try:
         if is_dense(rec.headers) or is_dense_payload(rec.value):
-            return decode_dense(rec.value).ts, None
+            chunk = decode_dense(rec.value)
+            return chunk.ts, chunk.step, None
         batch = decode(rec.value)  # decoded once: the applier is handed it
-        return batch.ts, batch
+        return batch.ts, batch.step, batch
     except WireError:
-        return None, None
+        return None, None, None
 
 
-def _apply_range(reader: Any, plan: ReadPlan, applier: Applier, from_time: Optional[int],
-                 to_time: Optional[int], progress: bool) -> _Run:
-    """Feed the records of ``plan`` to ``applier``, leaving out those outside the time
-    bounds (a record past ``to_time`` is where its partition resumes)."""
+def _apply_range(reader: Any, plan: ReadPlan, applier: Applier,
+                 bounds: tuple[Optional[int], Optional[int], Optional[int]],
+                 progress: bool) -> _Run:
+    """Feed the records of ``plan`` to ``applier``, leaving out those outside ``bounds``
+    = ``(from_time, to_time, to_step)`` (a record past ``to_time`` or ``to_step`` is where
+    its partition resumes)."""
+    from_time, to_time, to_step = bounds
     run = _Run(resume=dict(plan.stop))
-    timed = from_time is not None or to_time is not None
+    bounded = any(b is not None for b in bounds)
     for rec in read_records(reader, plan, progress, "rebuild"):
         run.records += 1
         batch = None
-        if timed:
-            ts, batch = _ts(rec)
-            if ts is not None and not in_time(ts, from_time, to_time):
+        if bounded:
+            ts, step, batch = _stamp(rec)
+            if ts is None:
+                pass  # does not decode: the applier quarantines it
+            elif not in_time(ts, from_time, to_time) or (to_step is not None
+                                                          and step > to_step):
                 run.outside += 1
-                if to_time is not None and ts > to_time:
+                if (to_time is not None and ts > to_time) or (to_step is not None
+                                                              and step > to_step):
                     run.resume[rec.partition] = min(run.resume[rec.partition], rec.offset)
                 continue
         res = applier.process(rec.value, rec.headers, decoded=batch)

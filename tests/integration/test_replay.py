@@ -295,6 +295,32 @@ def test_rebuild_up_to_a_time_and_resume(stream, tmp_path):
         rebuild(stream.bootstrap, stream.topic, model=MODEL, from_time=hi, to_time=lo)
 
 
+def _step_of(value: bytes):
+    try:
+        return wire.decode(value).step
+    except wire.WireError:
+        return None
+
+
+def test_rebuild_up_to_a_step_and_resume(stream, tmp_path):
+    """--to-step: the tables the trainers had published by step 4; a partition resumes at
+    its first message past it; a rebuild on top reaches the full state."""
+    res = rebuild(stream.bootstrap, stream.topic, model=MODEL, to_step=4, out=tmp_path / "s4")
+    _assert_same(res.tables, _reference(
+        stream, keep=lambda p, off, v: _step_of(v) is None or _step_of(v) <= 4))
+    later = {p: [off for off, v, _ in recs if (_step_of(v) or 0) > 4]
+             for p, recs in stream.records.items()}
+    assert all(later.values())  # the cut leaves messages out on both partitions
+    assert res.offsets == {p: offs[0] for p, offs in later.items()}
+    assert res.counters["outside_time"] == sum(len(offs) for offs in later.values())
+    assert read_snapshot(tmp_path / "s4").meta["range"]["to_step"] == 4
+    cont = rebuild(stream.bootstrap, stream.topic, model=MODEL, base=tmp_path / "s4")
+    _assert_same(cont.tables, _reference(stream))
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ReplayError, match="to_step"):
+            rebuild(stream.bootstrap, stream.topic, model=MODEL, to_step=bad)
+
+
 # ----------------------------------------------------------------------------- dump / stats
 
 
@@ -403,6 +429,9 @@ def test_cli_exit_codes_and_messages(stream, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["offsets"] == {"0": 5, "1": 4}
     assert "rebuilt 2 tables" in r.stderr and "\x1b" not in r.stderr  # no bar off a tty
+    r = _cli("rebuild", *src, "--out", str(tmp_path / "s4"), "--to-step", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    assert read_snapshot(tmp_path / "s4").meta["range"]["to_step"] == 4
     r = _cli("dump", *src, "--table", "user", "--shard", "0", "--limit", "3")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
@@ -427,6 +456,8 @@ def test_cli_exit_codes_and_messages(stream, tmp_path):
              3, "does not exist"),
             (["rebuild", *src, "--out", str(tmp_path / "c"), "--from-offsets", "0:5"],
              2, "PARTITION=OFFSET"),
+            (["rebuild", *src, "--out", str(tmp_path / "c"), "--to-step", "-3"],
+             2, "expected a trainer step"),
             (["dump", *src, "--from-offsets", "0=100000"], 2, "beyond the end"),
             (["stats", "--topic", stream.topic], 2, "--bootstrap-servers"),
             (["stats", "--bootstrap-servers", "127.0.0.1:99999", "--topic", "x"], 2,
