@@ -1,5 +1,5 @@
 """deltastream-replay rebuild and diff with dense versions: a rebuild assembles them as the
-daemon does and writes their state in its snapshot, --to-time cuts between versions, a
+daemon does and writes their state in its snapshot, --to-time and --to-step cut between versions, a
 daemon resumes from that snapshot to the same state, and diff compares dense versions."""
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ def test_rebuild_assembles_dense_versions_and_to_time_cuts_between_them(versions
     rep = diff_snapshots(tmp_path / "early", tmp_path / "whole")
     assert not rep.dense.equal and rep.dense.versions_a[0][1] == 4
     assert "dense: DIFFERENT" in rep.format_text()
+    # by step: versions 2 and 4 (and the rows of steps 1, 3) are in, 6 and step 7 are not
+    by_step = rebuild(servers, topic, model=MODEL, to_step=5)
+    v = by_step.dense.view()
+    assert v.step == 4 and np.array_equal(v["b"], t["b"] + 1)
+    assert by_step.tables["user"].lookup(np.arange(3)).tolist() == early.tables[
+        "user"].lookup(np.arange(3)).tolist()
+    assert by_step.offsets == early.offsets  # both resume at version 6's first chunk
 
 
 def test_a_daemon_from_a_rebuild_snapshot_ends_where_a_whole_rebuild_does(versions,
