@@ -14,43 +14,16 @@ it (or with ``DELTASTREAM_NATIVE=0`` in the environment, or after :func:`use_nat
 
 from __future__ import annotations
 
-import logging
-import os
-from types import ModuleType
-from typing import Optional
+from deltastream.native_ext import NativeExtension
 
 __all__ = ["NATIVE_AVAILABLE", "native", "native_enabled", "use_native"]
 
-log = logging.getLogger(__name__)
-
-native: Optional[ModuleType]
-try:
-    from consumers.serving import native
-except ImportError as e:  # not built (no compiler at install): numpy it is
-    native = None
-    _WHY = str(e)
-else:
-    _WHY = ""
-
+_EXT = NativeExtension("consumers.serving.native", "native lookup probe", "lookups use numpy")
+#: the extension module, None when it is not built
+native = _EXT.module
 #: whether the C extension was built and imports
-NATIVE_AVAILABLE = native is not None
-
-_use = NATIVE_AVAILABLE and os.environ.get("DELTASTREAM_NATIVE", "1") != "0"
-if not NATIVE_AVAILABLE:
-    log.info("native lookup probe unavailable (%s): lookups use numpy", _WHY)
-elif not _use:
-    log.info("native lookup probe disabled by DELTASTREAM_NATIVE=0: lookups use numpy")
-
-
-def native_enabled() -> bool:
-    """Whether tables run the native code now."""
-    return _use
-
-
-def use_native(on: bool) -> None:
-    """Switch tables to the native code (``on``; ``RuntimeError`` when it is not built)
-    or to numpy. Process-wide; meant for tests and benchmarks."""
-    global _use
-    if on and not NATIVE_AVAILABLE:
-        raise RuntimeError(f"the native lookup probe is not built ({_WHY})")
-    _use = bool(on)
+NATIVE_AVAILABLE = _EXT.available
+#: whether tables run the native code now
+native_enabled = _EXT.enabled
+#: switch tables to the native code (``RuntimeError`` when it is not built) or to numpy
+use_native = _EXT.use

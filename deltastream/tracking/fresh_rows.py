@@ -20,47 +20,25 @@ position, the C code does not). The C code also keeps a bit per position (``bits
 
 from __future__ import annotations
 
-import logging
-import os
-from types import ModuleType
 from typing import Optional
 
 import numpy as np
 import torch
 
+from deltastream.native_ext import NativeExtension
+
 __all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "FreshRows"]
 
-log = logging.getLogger(__name__)
-
-native: Optional[ModuleType]
-try:
-    from deltastream.tracking import native
-except ImportError as e:  # not built (no compiler at install): numpy it is
-    native = None
-    _WHY = str(e)
-else:
-    _WHY = ""
-
+_EXT = NativeExtension("deltastream.tracking.native", "native FIRST-row tracking",
+                       "numpy runs")
+#: the extension module, None when it is not built
+native = _EXT.module
 #: whether the C extension was built and imports
-NATIVE_AVAILABLE = native is not None
-
-_use = NATIVE_AVAILABLE and os.environ.get("DELTASTREAM_NATIVE", "1") != "0"
-if not NATIVE_AVAILABLE:
-    log.info("native FIRST-row tracking unavailable (%s): numpy runs", _WHY)
-
-
-def native_enabled() -> bool:
-    """Whether the C code runs now."""
-    return _use
-
-
-def use_native(on: bool) -> None:
-    """Switch to the C code (``on``; ``RuntimeError`` when it is not built) or to numpy.
-    Process-wide; meant for tests and benchmarks."""
-    global _use
-    if on and not NATIVE_AVAILABLE:
-        raise RuntimeError(f"deltastream.tracking.native is not built ({_WHY})")
-    _use = bool(on)
+NATIVE_AVAILABLE = _EXT.available
+#: whether the C code runs now
+native_enabled = _EXT.enabled
+#: switch to the C code (``RuntimeError`` when it is not built) or to numpy
+use_native = _EXT.use
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:
@@ -134,7 +112,7 @@ class FreshRows:
             raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
                                 f"int32 slot can name; read more often")
         self._reserve(self.used + n, src)
-        if _use and (src is None or src.is_contiguous()):
+        if native_enabled() and (src is None or src.is_contiguous()):
             self._valid_bits()
             used = native.mark_fresh(
                 self.slot, self.bits, self.order, ids.contiguous().numpy(),
@@ -185,7 +163,7 @@ class FreshRows:
         used = self.used
         if used == 0:  # nothing marked
             return torch.empty(0, dtype=torch.int64), None if arena is None else arena[:0].clone()
-        if not _use:
+        if not native_enabled():
             touched = np.flatnonzero(self.slot)
             rows = None if arena is None else self.rows(self.slot[touched].astype(np.int64) - 1)
             self._unmark(touched)
