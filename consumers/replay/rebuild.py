@@ -264,14 +264,12 @@ def _apply_range(reader: Any, plan: ReadPlan, applier: Applier,
         run.records += 1
         batch = None
         if bounded:
-            ts, step, batch = _stamp(rec)
-            if ts is None:
-                pass  # does not decode: the applier quarantines it
-            elif not in_time(ts, from_time, to_time) or (to_step is not None
-                                                          and step > to_step):
+            ts, step, batch = _stamp(rec)  # None: does not decode, the applier quarantines
+            past = ts is not None and ((to_time is not None and ts > to_time)
+                                       or (to_step is not None and step > to_step))
+            if past or (ts is not None and not in_time(ts, from_time, to_time)):
                 run.outside += 1
-                if (to_time is not None and ts > to_time) or (to_step is not None
-                                                              and step > to_step):
+                if past:
                     run.resume[rec.partition] = min(run.resume[rec.partition], rec.offset)
                 continue
         res = applier.process(rec.value, rec.headers, decoded=batch)
