@@ -173,21 +173,19 @@ class Recorder:
         unique = isinstance(self.pending[fqn], UniqueLookups)
         # kept as is (CUDA): a copy, the caller may reuse its id buffer before the flush
         pos = ids.to(torch.int64, copy=not unique)
-        rows = None
+        rows, whole = None, False
         if self.with_states and not self.touched.is_degraded(fqn):
             if info.kind in ("embedding_bag", "torchrec"):
                 # pooled output / a fused kernel (no output here): FIRST is the table's own
                 # rows, before the update (the CPU path gathers the new positions' only)
-                rows = info.module.weight.detach()
+                rows, whole = info.module.weight.detach(), unique
                 if not unique:
                     rows = rows.index_select(0, pos)
-                self.record_positions(fqn, pos, rows, whole_table=unique)
-                return
-            if isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
+            elif isinstance(output, torch.Tensor) and output.numel() == pos.numel() * info.dim:
                 rows = output.detach().reshape(pos.numel(), info.dim)
             else:
                 self.degrade(fqn, "forward output is not [*ids.shape, dim]")
-        self.record_positions(fqn, pos, rows)
+        self.record_positions(fqn, pos, rows, whole_table=whole)
 
     def record_positions(self, fqn: str, positions: torch.Tensor,
                          rows: Optional[torch.Tensor], whole_table: bool = False) -> None:
@@ -206,7 +204,8 @@ class Recorder:
         if isinstance(p, UniqueLookups):
             p.grow(int(self.row_maps[fqn].capacity))
             src = rows.detach() if keep else None
-            p.add(positions, *((src, None) if whole_table else (None, src)))
+            p.add(positions, weight=src if whole_table else None,
+                  rows=None if whole_table else src)
         else:
             p.pos.append(positions)
             p.n += n
