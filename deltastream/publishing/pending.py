@@ -221,10 +221,14 @@ class PendingTable:
                 new = new | back
         pos, _ = self._index.probe(ids)
         had = pos >= 0
-        slot_of_had = pos.clamp(min=0)
+        at = had.nonzero().squeeze(1)
+        slots_had = pos.index_select(0, at)
         # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
-        served = torch.where(had[:, None], self._served.index_select(0, slot_of_had), first)
-        is_new = torch.where(had, self._new.index_select(0, slot_of_had), new)
+        # (only the rows pending already are gathered and copied over)
+        served = first.clone()
+        served.index_copy_(0, at, self._served.index_select(0, slots_had).to(first.dtype))
+        is_new = new.clone()
+        is_new.index_copy_(0, at, self._new.index_select(0, slots_had))
         err, norm, ok = self._score(current, served, is_new)
         if self.range_limit is not None:
             big = ok & (current.abs().amax(dim=1).to(torch.float64) > self.range_limit)
