@@ -6,6 +6,7 @@ between modules, no module reaches into another module's private names, no modul
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,12 @@ def test_allow_list_has_no_stale_entries():
 def test_no_module_over_600_lines():
     long = {n: len(p.read_text().splitlines()) for n, p in _modules().items()}
     assert {n: k for n, k in long.items() if k > MAX_LINES} == {}
+
+
+def test_no_test_hooks_in_the_packages():
+    """A test's need (a delay, a pause, a debug switch) lives in tests/, not in the code
+    that ships: no "test hook" and no ``*_DEBUG_*``/``*_TEST_*`` environment switch."""
+    marks = re.compile(r"test[ -]hook|DELTASTREAM_\w*(DEBUG|TEST)", re.IGNORECASE)
+    found = [f"{n}:{i}" for n, p in _modules().items()
+             for i, line in enumerate(p.read_text().splitlines(), 1) if marks.search(line)]
+    assert found == []
