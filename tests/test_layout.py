@@ -50,8 +50,6 @@ LONG_FUNCTIONS = {
     "deltastream.publishing.selection:select_changed": "issue 26 in progress",
     "deltastream.publishing.rounds:publish_delta": "issue 26 in progress",
     "deltastream.publishing.selection_device:select_on_device": "issue 26 in progress",
-    "deltastream_demo.trainer:_Trainer.__init__":
-        "the demo trainer's logic belongs to issue 26's work (the file moved as is)",
     # public keyword APIs (consumers.rebuild, replay dump/stats): five of their parameters
     # are the read range they share; one settings object for it would change the API
     "consumers.replay.rebuild:rebuild": "public keyword API (16 parameters)",
