@@ -30,6 +30,9 @@ from deltastream.tracking.sorted_ids import sort_ids_with_perm
 
 __all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows"]
 
+#: an arena and order holding more than this after a drain, 4x what it used, are released
+KEEP_BYTES = 64 << 20
+
 _EXT = NativeExtension("deltastream.tracking.native", "native FIRST-row tracking",
                        "numpy runs")
 #: the extension module, None when it is not built
@@ -168,6 +171,7 @@ class FreshRows:
             touched = np.flatnonzero(self.slot)
             rows = None if arena is None else self.rows(self.slot[touched].astype(np.int64) - 1)
             self._unmark(touched)
+            self._drained(used)
             return torch.from_numpy(touched.astype(np.int64, copy=False)), rows
         self._valid_bits()
         ids = torch.empty(used, dtype=torch.int64)
@@ -175,7 +179,7 @@ class FreshRows:
         k = native.drain_marked(self.slot, self.bits,
                                 None if arena is None else self._arena_bytes, ids.numpy(),
                                 None if rows is None else as_bytes(rows))
-        self.used = 0
+        self._drained(used)
         return ids[:k], None if rows is None else rows[:k]
 
     def drain_by_key(self, keys: torch.Tensor, with_rows: bool
@@ -187,11 +191,13 @@ class FreshRows:
         not the capacity (the C code sorts the ids and copies the rows in one call)."""
         arena = self.arena if with_rows else None
         if not native_enabled() or self.used == 0:
+            used = self.used
             touched, src = self.drain_unordered()
             ids, order = sort_ids_with_perm(keys.index_select(0, torch.from_numpy(touched)))
             order = order.numpy()
-            return ids, torch.from_numpy(touched[order]), \
-                None if arena is None else self.rows(src[order])
+            rows = None if arena is None else self.rows(src[order])
+            self._drained(used)
+            return ids, torch.from_numpy(touched[order]), rows
         self._valid_bits()
         used = self.used
         ids = torch.empty(used, dtype=torch.int64)
@@ -200,7 +206,7 @@ class FreshRows:
         k = native.drain_by_key(self.slot, self.bits, self.order, used, keys.numpy(),
                                 None if arena is None else self._arena_bytes, ids.numpy(),
                                 pos.numpy(), None if rows is None else as_bytes(rows))
-        self.used = 0
+        self._drained(used)
         return ids[:k], pos[:k], None if rows is None else rows[:k]
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
@@ -226,6 +232,18 @@ class FreshRows:
         self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
         self.bits_valid = True
         self.used = 0
+
+    def _drained(self, used: int) -> None:
+        """After a drain of ``used`` arena rows: nothing is marked; an arena (and order)
+        over 4x what this interval used and over :data:`KEEP_BYTES` is released (one
+        interval of many lookups, a long pause between reads, must not hold its memory for
+        the rest of the run; the next lookups reserve what they need)."""
+        self.used = 0
+        held = self.order.nbytes + (0 if self.arena is None
+                                    else self.arena.numel() * self.arena.element_size())
+        if held > KEEP_BYTES and self.order.size > 4 * max(used, 1):
+            self.order = np.empty(0, dtype=np.int64)
+            self.arena, self._arena_bytes = None, None
 
 
 def _mark_numpy(f: FreshRows, ids: torch.Tensor, src: Optional[torch.Tensor],

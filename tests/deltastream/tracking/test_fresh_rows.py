@@ -248,3 +248,26 @@ def test_without_the_extension_numpy_runs(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("by_key", [False, True])
+def test_an_arena_far_larger_than_an_interval_needs_is_released(fresh_path, monkeypatch, by_key):
+    """One interval with many lookups (a long pause between reads) must not hold its
+    memory for the rest of the run: after a drain that used a quarter of it or less, an
+    arena over KEEP_BYTES is released, and the next interval still keeps exact rows."""
+    monkeypatch.setattr(fresh_rows, "KEEP_BYTES", 1 << 16)
+    f = FreshRows(100_000)
+    w = torch.randn(100_000, 8)
+    keys = torch.arange(100_000) * 3
+
+    def drain():
+        return f.drain_by_key(keys, True)[2] if by_key else f.drain(True)[1]
+
+    f.add(torch.arange(50_000), w)
+    assert torch.equal(drain(), w[:50_000])  # used it all: kept
+    assert f.arena is not None and f.arena.shape[0] >= 50_000
+    f.add(torch.tensor([7, 3]), w)
+    assert torch.equal(drain(), w[[3, 7]])
+    assert f.arena is None and f.order.size == 0  # 2 rows used of 50K+: released
+    f.add(torch.tensor([9, 1]), w)
+    assert torch.equal(drain(), w[[1, 9]])
