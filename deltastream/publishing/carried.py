@@ -1,0 +1,249 @@
+"""The rows :func:`~deltastream.publish_delta` carries between rounds, kept scored and ordered.
+
+A round of a count or error budget publishes some of a table's candidates and carries the
+rest to the next round. Re-reading and re-scoring every carried row each round costs
+O(rows carried); yet a carried row's drift ``‖current − FIRST‖`` changes only when the row
+changes, and the tracker reports every row that changed. :class:`CarriedTable` keeps one
+table's carried rows in slots — id, FIRST state (what predictors hold), ``new`` flag, the
+round it was first a candidate (``birth``: its age is ``round − birth``) and its drift —
+and keeps them ordered by drift, one :class:`~deltastream.publishing.score_order.ScoreOrder`
+per ``(birth, new)`` group. A row's priority key
+(:func:`~deltastream.publishing.selection_rules.priority_keys`) is a function of its drift,
+age and ``new`` flag only, increasing in the drift within a group; so the rows a budget
+takes are found from the groups' heads (:func:`top_slots`), and a round reads the rows
+that changed plus about the rows it takes, not every carried row.
+
+:class:`CarriedState` holds these tables per consumer of one tracker, with the round count.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from deltastream.embedding.hash_index import HashIndex
+from deltastream.publishing.score_order import ScoreOrder
+from deltastream.types import DeltaRows
+
+__all__ = ["CarriedTable", "CarriedState", "carried_state", "top_slots"]
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+#: ``(birth, new, drifts float64 [m]) -> float64 priority keys [m]`` of one group's rows
+KeyFn = Callable[[int, bool, np.ndarray], np.ndarray]
+
+
+class CarriedTable:
+    """One table's carried rows (see the module docstring).
+
+    Args:
+        dim: row width. dtype: the FIRST states' dtype.
+        new_rows: the ``new_rows`` rule the drifts were computed under.
+    """
+
+    def __init__(self, dim: int, dtype: torch.dtype, new_rows: str,
+                 capacity: int = 1024) -> None:
+        self.dim, self.dtype, self.new_rows = dim, dtype, new_rows
+        self._index = HashIndex(capacity, torch.device("cpu"), name="carried")
+        self._ids = torch.zeros(capacity, dtype=torch.int64)
+        self._first = torch.zeros(capacity, dim, dtype=dtype)
+        self._new = np.zeros(capacity, dtype=bool)
+        self._birth = np.zeros(capacity, dtype=np.int64)
+        self._drift = np.zeros(capacity, dtype=np.float64)
+        self._stamp = np.zeros(capacity, dtype=np.int64)  # ScoreOrder liveness
+        self._live = np.zeros(capacity, dtype=bool)
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack
+        self._nfree = capacity
+        self.groups: dict[tuple[int, bool], ScoreOrder] = {}
+        self._group_live: dict[tuple[int, bool], int] = {}
+
+    def __len__(self) -> int:
+        return self._index.live
+
+    @property
+    def stamps(self) -> np.ndarray:
+        """Each slot's stamp (for :meth:`ScoreOrder.top`)."""
+        return self._stamp
+
+    def live_slots(self) -> np.ndarray:
+        """Every carried slot (O(capacity): for a round that takes them all)."""
+        return np.flatnonzero(self._live)
+
+    def find(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slot of each id of int64 ``ids`` ``[n]`` (-1 when not carried)."""
+        return self._index.probe(ids)[0]
+
+    def columns(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """``(FIRST [n, dim], new bool np [n], birth int64 np [n])`` of ``slots``."""
+        s = slots.numpy()
+        return self._first.index_select(0, slots), self._new[s], self._birth[s]
+
+    # ------------------------------------------------------------------ slots
+
+    def _grow(self, n: int) -> None:
+        old = self._ids.shape[0]
+        cap = max(2 * old, old + n)
+
+        def grown(x: Any, fill: Any = 0) -> Any:
+            if isinstance(x, np.ndarray):
+                out = np.full((cap,) + x.shape[1:], fill, dtype=x.dtype)
+            else:
+                out = torch.full((cap,) + tuple(x.shape[1:]), fill, dtype=x.dtype)
+            out[:old] = x
+            return out
+
+        self._ids, self._first = grown(self._ids), grown(self._first)
+        self._new, self._live = grown(self._new, False), grown(self._live, False)
+        self._birth, self._drift, self._stamp = (grown(self._birth), grown(self._drift),
+                                                 grown(self._stamp))
+        extra = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
+        self._free = np.concatenate([extra, self._free[:self._nfree]])
+        self._nfree += cap - old
+
+    def _entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = torch.from_numpy(self.live_slots())
+        return self._ids.index_select(0, slots), slots
+
+    def add(self, ids: torch.Tensor, first: torch.Tensor, new: np.ndarray, birth: np.ndarray,
+            drift: np.ndarray) -> None:
+        """Carry rows of ``ids`` (int64 ``[n]``, unique, not carried yet) with their FIRST
+        states ``[n, dim]``, ``new`` flags, birth rounds and drifts (float64)."""
+        n = int(ids.numel())
+        if n == 0:
+            return
+        if n > self._nfree:
+            self._grow(n)
+        self._nfree -= n
+        s = self._free[self._nfree:self._nfree + n].copy()
+        slots = torch.from_numpy(s)
+        self._index.reserve(n, self._entries)
+        self._index.insert(ids, slots)
+        self._ids.index_copy_(0, slots, ids)
+        self._first.index_copy_(0, slots, first.to(self.dtype))
+        self._new[s], self._birth[s], self._drift[s], self._live[s] = new, birth, drift, True
+        self._stamp[s] += 1
+        for key, where in _by_group(birth, new):
+            at = s[where]
+            order = self.groups.setdefault(key, ScoreOrder())
+            self._group_live[key] = self._group_live.get(key, 0) + int(at.size)
+            order.add(self._drift[at], at, self._stamp[at], self._stamp, self._group_live[key])
+
+    def remove(self, slots: np.ndarray) -> None:
+        """Stop carrying ``slots`` (unique, live)."""
+        if slots.size == 0:
+            return
+        self._index.remove(self._ids.index_select(0, torch.from_numpy(slots)))
+        self._stamp[slots] += 1
+        self._live[slots] = False
+        for key, where in _by_group(self._birth[slots], self._new[slots]):
+            left = self._group_live[key] - int(where.size)
+            if left:
+                self._group_live[key] = left
+            else:
+                del self._group_live[key], self.groups[key]
+        if self._nfree + slots.size > self._free.size:
+            grown = np.zeros(max(2 * self._free.size, self._nfree + slots.size), np.int64)
+            grown[:self._nfree] = self._free[:self._nfree]
+            self._free = grown
+        self._free[self._nfree:self._nfree + slots.size] = slots
+        self._nfree += int(slots.size)
+
+    def take(self, slots: np.ndarray, round_: int) -> tuple[DeltaRows, np.ndarray]:
+        """Remove ``slots`` and return their rows, ids ascending, as ``(DeltaRows with FIRST
+        states, new flags and ages at round ``round_``, drifts float64)``."""
+        s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        ids, order = torch.sort(self._ids.index_select(0, s))
+        s = s.index_select(0, order)
+        sn = s.numpy()
+        rows = DeltaRows(ids=ids, states=self._first.index_select(0, s),
+                         new=torch.from_numpy(self._new[sn].copy()),
+                         age=torch.from_numpy(round_ - self._birth[sn]))
+        drift = self._drift[sn].copy()
+        self.remove(sn)
+        return rows, drift
+
+
+def _by_group(birth: np.ndarray, new: np.ndarray):
+    """``((birth, new), positions)`` of each group present in ``birth``/``new`` ``[n]``."""
+    code = birth * 2 + new
+    uniq, inverse = np.unique(code, return_inverse=True)
+    if uniq.size == 1:
+        yield (int(uniq[0]) >> 1, bool(uniq[0] & 1)), np.arange(code.size)
+        return
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(uniq.size + 1))
+    for i, c in enumerate(uniq.tolist()):
+        yield (c >> 1, bool(c & 1)), order[bounds[i]:bounds[i + 1]]
+
+
+def top_slots(table: CarriedTable, cap: int, key: KeyFn,
+              eligible_from: Callable[[bool], Optional[float]]) -> np.ndarray:
+    """The (at most ``cap``) eligible carried slots of highest priority ``key``.
+
+    ``eligible_from(new)``: the least drift a row of a group with that ``new`` flag needs to
+    be eligible (None: every row is). Reads each group's best rows, more of a group only
+    while its next row could still outrank the ``cap``-th best row read so far: about
+    ``cap`` rows plus a few per group, not every carried row. Rows of exactly equal key at
+    the boundary: either may be taken (as in ``select_changed``)."""
+    if cap <= 0 or not table.groups:
+        return _EMPTY
+    groups = list(table.groups.items())
+    want = {g: max(64, 2 * cap // len(groups)) for g, _ in groups}
+    while True:
+        keys, slots, edge = [], [], {}
+        for g, order in groups:
+            d, s, more = order.top(want[g] + 1, table.stamps)
+            floor = eligible_from(g[1])
+            if floor is not None:
+                ok = int(np.count_nonzero(d >= floor))  # drifts descend: a prefix
+                more = more and ok == d.size
+                d, s = d[:ok], s[:ok]
+            if d.size > want[g]:
+                more = True
+            d, s = d[:want[g]], s[:want[g]]
+            k = key(g[0], g[1], d)
+            keys.append(k)
+            slots.append(s)
+            if more:  # the group's next row is at most its last read row's key
+                edge[g] = float(k[-1]) if k.size else np.inf
+        k, s = np.concatenate(keys), np.concatenate(slots)
+        if not edge:
+            return s if k.size <= cap else s[np.argpartition(-k, cap - 1)[:cap]]
+        kth = float(np.partition(k, k.size - cap)[k.size - cap]) if k.size >= cap else -np.inf
+        if kth >= max(edge.values()):  # no unread row outranks the cap-th read one
+            return s[np.argpartition(-k, cap - 1)[:cap]]
+        for g, e in edge.items():
+            if e > kth:
+                want[g] *= 4
+
+
+class CarriedState:
+    """The carried tables of every consumer of one tracker, and each consumer's round."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[str, CarriedTable]] = {}
+        self.rounds: dict[str, int] = {}
+
+    def next_round(self, consumer: str) -> int:
+        """Count a round of ``consumer``; returns its number (1, 2, ...)."""
+        self.rounds[consumer] = self.rounds.get(consumer, 0) + 1
+        return self.rounds[consumer]
+
+    def of(self, consumer: str) -> dict[str, CarriedTable]:
+        """``{fqn: CarriedTable}`` of ``consumer`` (created empty)."""
+        return self.tables.setdefault(consumer, {})
+
+
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def carried_state(tracker: Any) -> CarriedState:
+    """The :class:`CarriedState` of ``tracker`` (created on first use, gone with it)."""
+    state = _STATES.get(tracker)
+    if state is None:
+        state = _STATES[tracker] = CarriedState()
+    return state

@@ -1,0 +1,151 @@
+"""One table's selection in a :func:`~deltastream.publish_delta` round, from carried rows.
+
+:func:`select_carried` makes the same choice as
+:func:`~deltastream.publishing.selection.select_changed` on the union of the rows the
+round carries (:class:`~deltastream.publishing.carried.CarriedTable`) and the tracker's
+delta, at a cost that follows what changed: only the delta's rows are read and scored
+(a carried row's drift changes only when the row changes, and the tracker reports every
+row that changed), the budget is taken from the carried groups' heads
+(:func:`~deltastream.publishing.carried.top_slots`), and the selected rows are read to be
+published. The leftover stays carried (nothing is handed back to the tracker).
+
+Union rules (those of the tracker's ``retain``): a carried row keeps its FIRST state (what
+predictors hold), its birth round (its age) and ORs the delta's ``new`` flag; a tombstone
+(evicted id) ends the id's carried row, and so does an id inserted again (``new`` in the
+delta: it was evicted in between).
+
+What it covers: count budgets (``k``, ``fraction``), absolute thresholds, ``max_bytes``,
+``max_age`` and both ``new_rows`` rules, on CPU tables in EMBEDDING mode.
+:func:`carries` says when a round needs the full path instead (``weights``, ``relative``,
+ID_ONLY deltas, a final round, a CUDA table).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from deltastream.kernels.runtime import use_kernels
+from deltastream.publishing.carried import CarriedTable, top_slots
+from deltastream.publishing.selection import DEFAULT_CHUNK_ROWS, read_drift
+from deltastream.publishing.selection_checks import check_delta, raise_failed
+from deltastream.publishing.selection_rules import (
+    Budget,
+    Selection,
+    leftover_rows,
+    priority_keys,
+    warn_rejected,
+)
+from deltastream.publishing.table_rows import read_rows, row_reader
+from deltastream.types import DeltaRows
+
+__all__ = ["carries", "drop_gone", "select_carried"]
+
+log = logging.getLogger(__name__)
+
+
+def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *,
+            final: bool, weighted: bool) -> bool:
+    """Whether this round of a table can run from carried rows (else: the full path)."""
+    if final or weighted or budget.relative or delta.states is None:
+        return False  # the weights hook and ‖current‖ see every candidate; ID_ONLY: no drift
+    if budget.k is None and budget.fraction is None and budget.threshold is None \
+            and budget.max_bytes is None:
+        return False  # no budget: every row goes out, nothing is carried
+    if delta.ids.device.type != "cpu" or use_kernels(delta.ids):
+        return False  # the kernel path scores on the device
+    return carried is None or (carried.dtype == delta.states.dtype
+                               and carried.new_rows == budget.new_rows
+                               and carried.dim == delta.states.shape[1])
+
+
+def drop_gone(carried: CarriedTable, delta: DeltaRows) -> None:
+    """End the carried rows of ids the delta reports evicted, or inserted again."""
+    if delta.tombstones is not None and delta.tombstones.numel():
+        pos = carried.find(delta.tombstones.to(torch.int64))
+        carried.remove(pos[pos >= 0].numpy())
+    if delta.new is not None and len(delta) and len(carried):
+        pos = carried.find(delta.ids)
+        again = (pos >= 0) & delta.new
+        if bool(again.any()):
+            carried.remove(pos[again].numpy())
+
+
+@torch.no_grad()
+def select_carried(carried: CarriedTable, delta: DeltaRows, table: Any, budget: Budget,
+                   round_: int) -> tuple[Selection, DeltaRows, int]:
+    """Choose this round's rows of one table from ``carried`` ∪ ``delta`` (see the module
+    docstring); ``round_`` is the round's number (a row's age is ``round_ − birth``).
+
+    Returns ``(selection, taken, candidates)``: the selection (its ``leftover`` empty: the
+    rest stays in ``carried``), the selected rows with their FIRST states, ``new`` flags
+    and ages (to hand back if publishing fails) and how many candidates the round had.
+    """
+    read, dim, table_dtype, fresh = row_reader(table)
+    raise_failed(check_delta(delta, dim))
+    drop_gone(carried, delta)
+    ids = delta.ids
+    pos = carried.find(ids)
+    hit = (pos >= 0).nonzero().squeeze(1)
+    slots = pos.index_select(0, hit)
+    # the union: a carried row keeps its FIRST state and birth, ORs the delta's new flag
+    c_first, c_new, c_birth = carried.columns(slots)
+    first = delta.states.index_copy(0, hit, c_first.to(delta.states.dtype))
+    new = np.zeros(len(delta), dtype=bool) if delta.new is None else delta.new.numpy().copy()
+    new[hit.numpy()] |= c_new
+    birth = round_ - (np.zeros(len(delta), np.int64) if delta.age is None
+                      else delta.age.to(torch.int64).numpy())
+    birth[hit.numpy()] = c_birth
+    candidates = len(carried) + len(delta) - int(hit.numel())
+    zero_new = torch.from_numpy(new) if budget.new_rows == "drift" else None
+    drift = read_drift(read, fresh, table_dtype, dim, ids, first, zero_new, False,
+                       DEFAULT_CHUNK_ROWS)
+    ok = drift.finite
+    rejected = ids[~ok] if not bool(ok.all()) else ids.new_empty(0)
+    warn_rejected(rejected.numel(), len(delta), log)
+    carried.remove(slots.numpy())  # scored again: carried anew with the union's state
+    keep = ok.nonzero().squeeze(1)
+    kn = keep.numpy()
+    carried.add(ids.index_select(0, keep), first.index_select(0, keep), new[kn], birth[kn],
+                drift.score.index_select(0, keep).to(torch.float64).numpy())
+
+    cap = budget.cap(candidates - rejected.numel(), dim)
+    taken, scores = carried.take(top_slots(carried, cap, _key_fn(budget, round_),
+                                           _floor_fn(budget, drift.score.dtype)), round_)
+    taken.tombstones = delta.tombstones
+    rows = read_rows(read, taken.ids, dim, drift.table_dtype, ids.device)
+    log.debug("select_carried: %d candidates (%d changed) -> %d selected, %d carried, "
+              "%d rejected", candidates, len(delta), len(taken), len(carried),
+              rejected.numel())
+    sel = Selection(ids=taken.ids, rows=rows, scores=torch.from_numpy(scores).float(),
+                    leftover=leftover_rows(delta, ids.new_empty(0), dim), rejected=rejected,
+                    tombstones=delta.tombstones)
+    return sel, taken, candidates
+
+
+def _key_fn(budget: Budget, round_: int):
+    """The priority keys of a ``(birth, new)`` group's drifts (``select_changed``'s)."""
+    tier_new = budget.new_rows == "first"
+
+    def key(birth: int, new: bool, drift: np.ndarray) -> np.ndarray:
+        m = int(drift.size)
+        return priority_keys(torch.from_numpy(drift),
+                             torch.full((m,), new) if tier_new else None,
+                             torch.full((m,), round_ - birth, dtype=torch.int64),
+                             budget.max_age, m, torch.device("cpu")).numpy()
+
+    return key
+
+
+def _floor_fn(budget: Budget, dtype: torch.dtype):
+    """The least drift that makes a row of a group eligible (None: every row is): the
+    threshold as ``select_changed`` compares it, in the drift's dtype; a row of the new
+    tier passes any threshold."""
+    if budget.threshold is None:
+        return lambda new: None
+    floor = float(torch.tensor(float(budget.threshold), dtype=dtype))
+    tier_new = budget.new_rows == "first"
+    return lambda new: None if tier_new and new else floor

@@ -1,0 +1,185 @@
+"""publish_delta rounds from carried rows: the choice of a full re-score, at the cost of what
+changed. The publisher here records what it is handed (pure selection logic; the broker
+tests of publish_delta are in test_rounds.py and tests/integration/)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from deltastream import DeltaTracker, HashTable, TrackingMode, publish_delta, select_changed
+from deltastream.publishing.rounds import SelectionPolicy
+
+DIM = 6
+
+
+class _Recorder:
+    """A RowPublisher that keeps what each call hands it: ``(table, ids, rows, tombs)``."""
+
+    dtype = "f16"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[int], torch.Tensor, list[int]]] = []
+
+    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None, **kw):
+        tombs = [] if tombstones is None else sorted(tombstones.tolist())
+        self.sent.append((table, ids.tolist(), rows.clone(), tombs))
+        return SimpleNamespace(rows=int(ids.numel()), tombstones=len(tombs), messages=1,
+                               bytes=int(ids.numel()) * (8 + 2 * DIM))
+
+
+def _reference_round(tracker: DeltaTracker, pub: _Recorder, policy: SelectionPolicy,
+                     tables: dict) -> None:
+    """The loop publish_delta has always run: the full delta (every carried row read and
+    scored again), select_changed, retain the leftover."""
+    for fqn, delta in tracker.get_delta("p").items():
+        n_tomb = 0 if delta.tombstones is None else int(delta.tombstones.numel())
+        if len(delta) == 0 and n_tomb == 0:
+            continue
+        sel = policy.select(delta, tables[fqn], fqn=fqn, wire_dtype=pub.dtype)
+        if len(sel.leftover):
+            tracker.retain("p", fqn, sel.leftover)
+        if len(sel) or n_tomb:
+            pub.publish(tables[fqn].name, sel.ids, sel.rows, step=0,
+                        tombstones=sel.tombstones if n_tomb else None)
+
+
+def _model(n: int, seed: int) -> torch.nn.ModuleDict:
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.nn.ModuleDict()
+    for name in ("u", "v"):
+        t = HashTable(DIM, name=name, capacity=8 * n)
+        t.insert(torch.arange(n), torch.randn(n, DIM, generator=gen))
+        out[name] = t
+    return out
+
+
+def _steps(rng: np.random.Generator, n: int, rounds: int, steps: int):
+    """A random sequence of table changes per round: per step, per table, the ids looked up
+    and moved (Zipf-like: some hot, most cold), ids inserted, ids evicted."""
+    plan, next_id = [], n
+    for _ in range(rounds):
+        rnd = []
+        for _ in range(steps):
+            step = {}
+            for name in ("u", "v"):
+                touch = np.unique(np.minimum(rng.zipf(1.3, size=rng.integers(1, 40)) - 1,
+                                             next_id - 1))
+                fresh = np.arange(next_id, next_id + rng.integers(0, 4))
+                next_id += fresh.size
+                evict = rng.choice(next_id, size=rng.integers(0, 3), replace=False)
+                step[name] = (touch, fresh, evict, rng.normal(size=(touch.size, DIM)),
+                              rng.normal(size=(fresh.size, DIM)))
+            rnd.append(step)
+        plan.append(rnd)
+    return plan
+
+
+def _apply(model: torch.nn.ModuleDict, tracker: DeltaTracker, step: dict) -> None:
+    with torch.no_grad():
+        for name, (touch, fresh, evict, moves, values) in step.items():
+            t = model[name]
+            ids = torch.from_numpy(touch)
+            live = ids[t.contains(ids)]
+            if live.numel():
+                rows = t(live)  # a recorded lookup, then the "optimizer" moves the rows
+                move = torch.from_numpy(moves[:live.numel()]).float()
+                t.insert(live, rows + move)
+            if fresh.size:
+                t.insert(torch.from_numpy(fresh), torch.from_numpy(values).float())
+            t.evict(torch.from_numpy(evict))
+    tracker.step()
+
+
+POLICIES = [
+    SelectionPolicy(k=7),
+    SelectionPolicy(fraction=0.3, max_age=3),
+    SelectionPolicy(k=5, max_age=None),
+    SelectionPolicy(threshold=1.5),
+    SelectionPolicy(threshold=1.0, max_bytes=8 * (8 + 2 * DIM), max_age=2),
+    SelectionPolicy(fraction=0.5, new_rows="drift"),
+    SelectionPolicy(max_bytes=12 * (8 + 2 * DIM), max_age=4, new_rows="drift"),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(
+    f"{k}={v}" for k, v in vars(p).items() if v is not None and k != "relative"))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rounds_choose_what_a_full_rescore_chooses(policy, seed):
+    """Twin models take the same random changes; one publishes with publish_delta (carried
+    rows kept scored between rounds), the other re-scores every candidate each round. Every
+    round hands the publisher the same ids, values and tombstones."""
+    n, rounds = 300, 12
+    plan = _steps(np.random.default_rng(seed), n, rounds, steps=3)
+    runs = []
+    for _ in range(2):
+        model = _model(n, seed)
+        tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+        runs.append((model, tracker, _Recorder()))
+    (m_new, t_new, p_new), (m_ref, t_ref, p_ref) = runs
+    tables = t_ref.get_tracked_modules()
+    carried_some = False
+    for r, rnd in enumerate(plan):
+        for step in rnd:
+            _apply(m_new, t_new, step)
+            _apply(m_ref, t_ref, step)
+        final = r == rounds - 1
+        got = publish_delta(t_new, p_new, "p", policy, step=r, final=final)
+        carried_some |= got.carried > 0
+        if final:
+            _reference_final(t_ref, p_ref, tables)
+        else:
+            _reference_round(t_ref, p_ref, policy, tables)
+        assert len(p_new.sent) == len(p_ref.sent), r
+        for a, b in zip(p_new.sent, p_ref.sent, strict=True):
+            assert a[0] == b[0] and a[1] == b[1] and a[3] == b[3], (r, a[0])
+            torch.testing.assert_close(a[2], b[2], rtol=0, atol=0)
+        p_new.sent.clear()
+        p_ref.sent.clear()
+    assert carried_some  # the budget did carry rows across rounds
+
+
+def _reference_final(tracker: DeltaTracker, pub: _Recorder, tables: dict) -> None:
+    for fqn, delta in tracker.get_delta("p").items():
+        n_tomb = 0 if delta.tombstones is None else int(delta.tombstones.numel())
+        if len(delta) or n_tomb:
+            sel = select_changed(delta, tables[fqn], wire_dtype=pub.dtype)
+            pub.publish(tables[fqn].name, sel.ids, sel.rows, step=0,
+                        tombstones=sel.tombstones if n_tomb else None)
+
+
+class _CountingTable(HashTable):
+    """A HashTable that counts the rows read through ``lookup`` (where rounds read)."""
+
+    read = 0
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        type(self).read += int(ids.numel())
+        return super().lookup(ids)
+
+
+def test_a_round_reads_the_changed_rows_and_the_rows_it_takes_not_the_carried_set():
+    carried, changed, k = 5000, 20, 50
+    model = torch.nn.ModuleDict({"t": _CountingTable(DIM, name="t", capacity=4 * carried)})
+    table = model["t"]
+    gen = torch.Generator().manual_seed(3)
+    table.insert(torch.arange(carried + k), torch.randn(carried + k, DIM, generator=gen))
+    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+    policy, pub = SelectionPolicy(k=k), _Recorder()
+
+    def move(ids: torch.Tensor) -> None:
+        with torch.no_grad():
+            table.insert(ids, table(ids) + torch.randn(ids.numel(), DIM, generator=gen))
+
+    move(torch.arange(carried + k))
+    publish_delta(tracker, pub, "p", policy, step=1)  # k out, the rest carried
+    for step in range(2, 5):
+        move(torch.randint(0, carried + k, (changed,), generator=gen).unique())
+        _CountingTable.read = 0
+        rnd = publish_delta(tracker, pub, "p", policy, step=step)
+        assert rnd.published == k and rnd.carried >= carried - 3 * k
+        # the changed rows are scored, the k taken rows read to be published: nothing else
+        assert _CountingTable.read <= changed + k, _CountingTable.read
