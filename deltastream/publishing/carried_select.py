@@ -17,7 +17,10 @@ delta: it was evicted in between).
 What it covers: count budgets (``k``, ``fraction``), absolute thresholds, ``max_bytes``,
 ``max_age`` and both ``new_rows`` rules, on CPU tables in EMBEDDING mode.
 :func:`carries` says when a round needs the full path instead (``weights``, ``relative``,
-ID_ONLY deltas, a final round, a CUDA table).
+ID_ONLY deltas, a final round, a CUDA table) or gains nothing from carried rows (a count
+budget that takes a quarter of the candidates or more: that round publishes O(candidates)
+rows, and re-scoring every candidate costs no more than keeping the rows it takes in
+order).
 """
 
 from __future__ import annotations
@@ -42,9 +45,12 @@ from deltastream.publishing.selection_rules import (
 from deltastream.publishing.table_rows import read_rows, row_reader
 from deltastream.types import DeltaRows
 
-__all__ = ["carries", "drop_gone", "select_carried"]
+__all__ = ["carries", "drop_gone", "select_carried", "TAKE_SHARE"]
 
 log = logging.getLogger(__name__)
+
+#: a count budget that takes at least 1 / TAKE_SHARE of the candidates runs the full path
+TAKE_SHARE = 4
 
 
 def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *,
@@ -57,9 +63,17 @@ def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *
         return False  # no budget: every row goes out, nothing is carried
     if delta.ids.device.type != "cpu" or use_kernels(delta.ids):
         return False  # the kernel path scores on the device
-    return carried is None or (carried.dtype == delta.states.dtype
-                               and carried.new_rows == budget.new_rows
-                               and carried.dim == delta.states.shape[1])
+    if carried is not None and not (carried.dtype == delta.states.dtype
+                                    and carried.new_rows == budget.new_rows
+                                    and carried.dim == delta.states.shape[1]):
+        return False
+    # A count budget that takes a large share of the candidates publishes O(candidates)
+    # rows anyway: re-scoring them all costs at most TAKE_SHARE times what it publishes,
+    # and less than keeping every row it takes in order first.
+    if budget.threshold is None:
+        n = len(delta) + (0 if carried is None else len(carried))
+        return budget.cap(n, int(delta.states.shape[1])) * TAKE_SHARE < n
+    return True
 
 
 def drop_gone(carried: CarriedTable, delta: DeltaRows) -> None:
