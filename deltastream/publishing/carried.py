@@ -33,8 +33,8 @@ __all__ = ["CarriedTable", "CarriedState", "carried_state", "top_slots"]
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
-#: ``(birth, new, drifts float64 [m]) -> float64 priority keys [m]`` of one group's rows
-KeyFn = Callable[[int, bool, np.ndarray], np.ndarray]
+#: ``(births int64 [m], new flags bool [m], drifts float64 [m]) -> float64 keys [m]``
+KeyFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 class CarriedTable:
@@ -63,6 +63,11 @@ class CarriedTable:
 
     def __len__(self) -> int:
         return self._index.live
+
+    @property
+    def group_sizes(self) -> dict[tuple[int, bool], int]:
+        """Carried rows per ``(birth, new)`` group (read only)."""
+        return self._group_live
 
     @property
     def stamps(self) -> np.ndarray:
@@ -180,37 +185,67 @@ def _by_group(birth: np.ndarray, new: np.ndarray):
         yield (c >> 1, bool(c & 1)), order[bounds[i]:bounds[i + 1]]
 
 
+def _tagged(groups: list[tuple[int, bool]], sizes: list[int]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Births and new flags of ``sizes[i]`` rows of each group ``groups[i]``."""
+    births = np.repeat(np.array([g[0] for g in groups], dtype=np.int64), sizes)
+    return births, np.repeat(np.array([g[1] for g in groups], dtype=bool), sizes)
+
+
 def top_slots(table: CarriedTable, cap: int, key: KeyFn,
               eligible_from: Callable[[bool], Optional[float]]) -> np.ndarray:
     """The (at most ``cap``) eligible carried slots of highest priority ``key``.
 
     ``eligible_from(new)``: the least drift a row of a group with that ``new`` flag needs to
-    be eligible (None: every row is). Reads each group's best rows, more of a group only
-    while its next row could still outrank the ``cap``-th best row read so far: about
-    ``cap`` rows plus a few per group, not every carried row. Rows of exactly equal key at
-    the boundary: either may be taken (as in ``select_changed``)."""
+    be eligible (None: every row is). A group whose lowest possible key (drift 0) is at
+    least every other group's highest (drift ``inf``) — a tier of its own, e.g. new or
+    overdue rows of one age — is taken whole while it fits. Of the others, each group's
+    best rows are read, more of a group only while its next row could still outrank the
+    ``cap``-th best row read so far: about ``cap`` rows plus a few per group, not every
+    carried row. Rows of exactly equal key at the boundary: either may be taken (as in
+    ``select_changed``)."""
     if cap <= 0 or not table.groups:
         return _EMPTY
-    groups = list(table.groups.items())
-    want = {g: max(64, 2 * cap // len(groups)) for g, _ in groups}
+    groups = list(table.groups)
+    b = key(*_tagged(groups, [2] * len(groups)), np.tile([0.0, np.inf], len(groups)))
+    bounds = dict(zip(groups, b.reshape(-1, 2).tolist(), strict=True))
+    rest = sorted(groups, key=lambda g: -bounds[g][1])
+    whole = []
+    while rest and eligible_from(rest[0][1]) is None:
+        g, n = rest[0], table.group_sizes[rest[0]]
+        if n > cap or (len(rest) > 1 and bounds[g][0] < bounds[rest[1]][1]):
+            break
+        whole.append(table.groups[g].top(n, table.stamps)[1])
+        cap -= n
+        rest.pop(0)
+    if cap > 0 and rest:
+        whole.append(_best_of(table, rest, cap, key, eligible_from))
+    return np.concatenate(whole) if whole else _EMPTY
+
+
+def _best_of(table: CarriedTable, groups: list[tuple[int, bool]], cap: int, key: KeyFn,
+             eligible_from: Callable[[bool], Optional[float]]) -> np.ndarray:
+    """The ``cap`` eligible slots of highest key among ``groups`` (see :func:`top_slots`)."""
+    want = dict.fromkeys(groups, max(64, 2 * cap // len(groups)))
     while True:
-        keys, slots, edge = [], [], {}
-        for g, order in groups:
-            d, s, more = order.top(want[g] + 1, table.stamps)
+        drifts, slots, more = [], [], []
+        for g in groups:
+            d, s, rest = table.groups[g].top(want[g] + 1, table.stamps)
             floor = eligible_from(g[1])
             if floor is not None:
                 ok = int(np.count_nonzero(d >= floor))  # drifts descend: a prefix
-                more = more and ok == d.size
+                rest = rest and ok == d.size
                 d, s = d[:ok], s[:ok]
-            if d.size > want[g]:
-                more = True
-            d, s = d[:want[g]], s[:want[g]]
-            k = key(g[0], g[1], d)
-            keys.append(k)
-            slots.append(s)
-            if more:  # the group's next row is at most its last read row's key
-                edge[g] = float(k[-1]) if k.size else np.inf
-        k, s = np.concatenate(keys), np.concatenate(slots)
+            more.append(rest or d.size > want[g])
+            drifts.append(d[:want[g]])
+            slots.append(s[:want[g]])
+        sizes = [d.size for d in drifts]
+        k = key(*_tagged(groups, sizes), np.concatenate(drifts))
+        s = np.concatenate(slots)
+        ends = np.cumsum(sizes)
+        # a group's next row is at most its last read row's key
+        edge = {g: float(k[e - 1]) if n else np.inf
+                for g, m, n, e in zip(groups, more, sizes, ends, strict=True) if m}
         if not edge:
             return s if k.size <= cap else s[np.argpartition(-k, cap - 1)[:cap]]
         kth = float(np.partition(k, k.size - cap)[k.size - cap]) if k.size >= cap else -np.inf

@@ -17,10 +17,10 @@ delta: it was evicted in between).
 What it covers: count budgets (``k``, ``fraction``), absolute thresholds, ``max_bytes``,
 ``max_age`` and both ``new_rows`` rules, on CPU tables in EMBEDDING mode.
 :func:`carries` says when a round needs the full path instead (``weights``, ``relative``,
-ID_ONLY deltas, a final round, a CUDA table) or gains nothing from carried rows (a count
-budget that takes a quarter of the candidates or more: that round publishes O(candidates)
-rows, and re-scoring every candidate costs no more than keeping the rows it takes in
-order).
+ID_ONLY deltas, a final round, a CUDA table) or gains nothing from carried rows: when the
+rows that changed plus the rows a count budget takes are a quarter of the candidates or
+more, the round is O(candidates) anyway, and re-scoring every candidate in bulk costs less
+than keeping each row it reads and takes in order (both paths choose the same rows).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ __all__ = ["carries", "drop_gone", "select_carried", "TAKE_SHARE"]
 
 log = logging.getLogger(__name__)
 
-#: a count budget that takes at least 1 / TAKE_SHARE of the candidates runs the full path
+#: rounds run from carried rows when the candidates outnumber TAKE_SHARE times the rows a
+#: round reads and takes (the changed rows plus a count budget's cap)
 TAKE_SHARE = 4
 
 
@@ -67,13 +68,19 @@ def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *
                                     and carried.new_rows == budget.new_rows
                                     and carried.dim == delta.states.shape[1]):
         return False
-    # A count budget that takes a large share of the candidates publishes O(candidates)
-    # rows anyway: re-scoring them all costs at most TAKE_SHARE times what it publishes,
-    # and less than keeping every row it takes in order first.
-    if budget.threshold is None:
-        n = len(delta) + (0 if carried is None else len(carried))
-        return budget.cap(n, int(delta.states.shape[1])) * TAKE_SHARE < n
-    return True
+    # Keeping rows scored and ordered costs a few times more per row than re-scoring them
+    # in bulk, so carried rows pay only when the round would otherwise re-score many more
+    # rows than it reads and takes: a budget that takes a large share of the candidates
+    # publishes O(candidates) rows anyway. Half the margin to stay (no flip-flop: a switch
+    # costs one pass over the carried rows).
+    n = len(delta) + (0 if carried is None else len(carried))
+    # rows the tracker carried (age > 0: the full path retained them) are read once, then
+    # carried here; the rows that changed are read every round
+    changed = len(delta) if delta.age is None else int(torch.count_nonzero(delta.age == 0))
+    work = changed + (0 if budget.threshold is not None
+                      else budget.cap(n, int(delta.states.shape[1])))
+    share = TAKE_SHARE / 2 if carried is not None and len(carried) else TAKE_SHARE
+    return n > share * work
 
 
 def drop_gone(carried: CarriedTable, delta: DeltaRows) -> None:
@@ -144,12 +151,11 @@ def _key_fn(budget: Budget, round_: int):
     """The priority keys of a ``(birth, new)`` group's drifts (``select_changed``'s)."""
     tier_new = budget.new_rows == "first"
 
-    def key(birth: int, new: bool, drift: np.ndarray) -> np.ndarray:
-        m = int(drift.size)
+    def key(birth: np.ndarray, new: np.ndarray, drift: np.ndarray) -> np.ndarray:
         return priority_keys(torch.from_numpy(drift),
-                             torch.full((m,), new) if tier_new else None,
-                             torch.full((m,), round_ - birth, dtype=torch.int64),
-                             budget.max_age, m, torch.device("cpu")).numpy()
+                             torch.from_numpy(new) if tier_new else None,
+                             torch.from_numpy(round_ - birth), budget.max_age,
+                             int(drift.size), torch.device("cpu")).numpy()
 
     return key
 
