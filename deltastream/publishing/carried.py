@@ -131,11 +131,17 @@ class CarriedTable:
         self._first.index_copy_(0, slots, first.to(self.dtype))
         self._new[s], self._birth[s], self._drift[s], self._live[s] = new, birth, drift, True
         self._stamp[s] += 1
-        for key, where in _by_group(birth, new):
-            at = s[where]
-            order = self.groups.setdefault(key, ScoreOrder())
-            self._group_live[key] = self._group_live.get(key, 0) + int(at.size)
-            order.add(self._drift[at], at, self._stamp[at], self._stamp, self._group_live[key])
+        self._join(s)
+
+    def rescore(self, slots: np.ndarray, new: np.ndarray, drift: np.ndarray) -> None:
+        """Carried ``slots`` (unique) changed: their new drifts (float64) and ``new`` flags
+        (their FIRST states and births stay); they are ordered anew."""
+        if slots.size == 0:
+            return
+        self._leave(slots)
+        self._new[slots], self._drift[slots] = new, drift
+        self._stamp[slots] += 1  # their older entries in the orders are dead now
+        self._join(slots)
 
     def remove(self, slots: np.ndarray) -> None:
         """Stop carrying ``slots`` (unique, live)."""
@@ -144,18 +150,30 @@ class CarriedTable:
         self._index.remove(self._ids.index_select(0, torch.from_numpy(slots)))
         self._stamp[slots] += 1
         self._live[slots] = False
-        for key, where in _by_group(self._birth[slots], self._new[slots]):
-            left = self._group_live[key] - int(where.size)
-            if left:
-                self._group_live[key] = left
-            else:
-                del self._group_live[key], self.groups[key]
+        self._leave(slots)
         if self._nfree + slots.size > self._free.size:
             grown = np.zeros(max(2 * self._free.size, self._nfree + slots.size), np.int64)
             grown[:self._nfree] = self._free[:self._nfree]
             self._free = grown
         self._free[self._nfree:self._nfree + slots.size] = slots
         self._nfree += int(slots.size)
+
+    def _join(self, slots: np.ndarray) -> None:
+        """Enter ``slots`` (their current stamps) in their groups' orders."""
+        for key, where in _by_group(self._birth[slots], self._new[slots]):
+            at = slots[where]
+            order = self.groups.setdefault(key, ScoreOrder())
+            self._group_live[key] = self._group_live.get(key, 0) + int(at.size)
+            order.add(self._drift[at], at, self._stamp[at], self._stamp, self._group_live[key])
+
+    def _leave(self, slots: np.ndarray) -> None:
+        """Count ``slots`` out of their groups (their entries die with their stamps)."""
+        for key, where in _by_group(self._birth[slots], self._new[slots]):
+            left = self._group_live[key] - int(where.size)
+            if left:
+                self._group_live[key] = left
+            else:
+                del self._group_live[key], self.groups[key]
 
     def take(self, slots: np.ndarray, round_: int) -> tuple[DeltaRows, np.ndarray]:
         """Remove ``slots`` and return their rows, ids ascending, as ``(DeltaRows with FIRST

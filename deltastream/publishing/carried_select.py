@@ -18,9 +18,9 @@ What it covers: count budgets (``k``, ``fraction``), absolute thresholds, ``max_
 ``max_age`` and both ``new_rows`` rules, on CPU tables in EMBEDDING mode.
 :func:`carries` says when a round needs the full path instead (``weights``, ``relative``,
 ID_ONLY deltas, a final round, a CUDA table) or gains nothing from carried rows: when the
-rows that changed plus the rows a count budget takes are a quarter of the candidates or
-more, the round is O(candidates) anyway, and re-scoring every candidate in bulk costs less
-than keeping each row it reads and takes in order (both paths choose the same rows).
+rows that changed plus the rows a count budget takes are more than 1 / ``TAKE_SHARE`` of
+the candidates, re-scoring every candidate in bulk costs less than keeping each row the
+round reads and takes in order (both paths choose the same rows).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ __all__ = ["carries", "drop_gone", "select_carried", "TAKE_SHARE"]
 log = logging.getLogger(__name__)
 
 #: rounds run from carried rows when the candidates outnumber TAKE_SHARE times the rows a
-#: round reads and takes (the changed rows plus a count budget's cap)
-TAKE_SHARE = 4
+#: round reads and takes (the changed rows plus a count budget's cap): a carried row costs
+#: about 6x a row re-scored in bulk (CPU profile of a trainer-cost-like run, 2026-11-26)
+TAKE_SHARE = 8
 
 
 def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *,
@@ -68,8 +69,8 @@ def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *
                                     and carried.new_rows == budget.new_rows
                                     and carried.dim == delta.states.shape[1]):
         return False
-    # Keeping rows scored and ordered costs a few times more per row than re-scoring them
-    # in bulk, so carried rows pay only when the round would otherwise re-score many more
+    # Keeping rows scored and ordered costs several times more per row than re-scoring
+    # them in bulk, so carried rows pay only when the round would otherwise re-score many more
     # rows than it reads and takes: a budget that takes a large share of the candidates
     # publishes O(candidates) rows anyway. Half the margin to stay (no flip-flop: a switch
     # costs one pass over the carried rows).
@@ -124,14 +125,19 @@ def select_carried(carried: CarriedTable, delta: DeltaRows, table: Any, budget: 
     zero_new = torch.from_numpy(new) if budget.new_rows == "drift" else None
     drift = read_drift(read, fresh, table_dtype, dim, ids, first, zero_new, False,
                        DEFAULT_CHUNK_ROWS)
-    ok = drift.finite
-    rejected = ids[~ok] if not bool(ok.all()) else ids.new_empty(0)
+    ok = drift.finite.numpy()
+    rejected = ids[~drift.finite] if not ok.all() else ids.new_empty(0)
     warn_rejected(rejected.numel(), len(delta), log)
-    carried.remove(slots.numpy())  # scored again: carried anew with the union's state
-    keep = ok.nonzero().squeeze(1)
-    kn = keep.numpy()
-    carried.add(ids.index_select(0, keep), first.index_select(0, keep), new[kn], birth[kn],
-                drift.score.index_select(0, keep).to(torch.float64).numpy())
+    # carried rows that changed are ordered anew (a non-finite one ends); the others join
+    d64 = drift.score.to(torch.float64).numpy()
+    hn, sn = hit.numpy(), slots.numpy()
+    carried.remove(sn[~ok[hn]])
+    carried.rescore(sn[ok[hn]], new[hn[ok[hn]]], d64[hn[ok[hn]]])
+    ok[hn] = False
+    join = np.flatnonzero(ok)
+    tj = torch.from_numpy(join)
+    carried.add(ids.index_select(0, tj), first.index_select(0, tj), new[join], birth[join],
+                d64[join])
 
     cap = budget.cap(candidates - rejected.numel(), dim)
     taken, scores = carried.take(top_slots(carried, cap, _key_fn(budget, round_),

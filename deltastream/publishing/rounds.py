@@ -11,6 +11,19 @@ with the bookkeeping done once: table names, the wire dtype the byte budget is c
 counters per table and in total, and no row lost when publishing fails part-way (the rows
 not handed to the publisher go back to the tracker before the error propagates).
 
+Carried rows: re-reading and re-scoring the whole leftover every round costs O(rows
+carried). Where it pays (a budget that takes a small share of its candidates, the usual
+case with a large carried set), the leftover is not handed back with ``retain`` but kept
+by ``publish_delta`` itself, per tracker and consumer, scored and ordered
+(:mod:`~deltastream.publishing.carried`, :mod:`~deltastream.publishing.carried_select`):
+a round then reads the rows changed since the last round plus the rows it takes, and
+makes the same choice as the loop above (``tests/deltastream/publishing/
+test_rounds_carried.py`` compares them on random sequences). Other rounds run the loop
+above, the carried rows joining their delta first (older FIRST state and age win, as with
+``retain``). So ``tracker.get_delta(consumer)`` called by someone else between rounds does
+not see the rows ``publish_delta`` carries, and ``tracker.clear(consumer)`` does not drop
+them; they still go out in a later round.
+
 :class:`SelectionPolicy` holds ``select_changed``'s budget arguments, checked when it is
 built, so a bad policy fails at start-up rather than at the first round.
 
@@ -324,10 +337,10 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
     For every table in ``tracker.get_delta(consumer)`` with changed rows or tombstones:
     ``policy.select`` picks the rows (current values read from the table: a HashTable, a
     ShardedEmbedding shard, an ``nn.Embedding`` or ``nn.EmbeddingBag``), the leftover is
-    handed back with ``tracker.retain`` (it comes back next round, older FIRST state, ``age
-    + 1``), and the selected rows (``[n, dim]`` in the table's width, float32/float16; other
-    float dtypes as float32) and the delta's tombstones are published under
-    :func:`table_name`.
+    carried to the next round (older FIRST state, ``age + 1``: kept by this function, or
+    handed back with ``tracker.retain``; see the module docstring), and the selected rows
+    (``[n, dim]`` in the table's width, float32/float16; other float dtypes as float32)
+    and the delta's tombstones are published under :func:`table_name`.
 
     Args:
         tracker: a :class:`~deltastream.DeltaTracker` with ``consumer``.

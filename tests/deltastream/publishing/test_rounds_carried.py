@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from deltastream import DeltaTracker, HashTable, TrackingMode, publish_delta, select_changed
+from deltastream.publishing import carried_select
 from deltastream.publishing.rounds import SelectionPolicy
 
 DIM = 6
@@ -113,11 +114,14 @@ POLICIES = {
 
 @pytest.mark.parametrize("policies", POLICIES.values(), ids=POLICIES.keys())
 @pytest.mark.parametrize("seed", [0, 1])
-def test_rounds_choose_what_a_full_rescore_chooses(policies, seed):
+@pytest.mark.parametrize("share", [0, carried_select.TAKE_SHARE], ids=["carried", "default"])
+def test_rounds_choose_what_a_full_rescore_chooses(policies, seed, share, monkeypatch):
     """Twin models take the same random changes; one publishes with publish_delta (carried
     rows kept scored between rounds), the other re-scores every candidate each round. Every
     round hands the publisher the same ids, values and tombstones (a round's policy cycles
-    through ``policies``)."""
+    through ``policies``). ``share`` 0: every round that can runs from carried rows; the
+    default: rounds switch between both paths as the carried set grows and shrinks."""
+    monkeypatch.setattr(carried_select, "TAKE_SHARE", share)
     n, rounds = 300, 12
     plan = _steps(np.random.default_rng(seed), n, rounds, steps=3)
     runs = []
