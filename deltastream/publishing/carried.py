@@ -280,6 +280,8 @@ class CarriedState:
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, CarriedTable]] = {}
         self.rounds: dict[str, int] = {}
+        #: ``{(consumer, fqn): rows}`` the table's last round from carried rows read
+        self.changed: dict[tuple[str, str], int] = {}
 
     def next_round(self, consumer: str) -> int:
         """Count a round of ``consumer``; returns its number (1, 2, ...)."""

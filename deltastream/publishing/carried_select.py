@@ -56,8 +56,12 @@ TAKE_SHARE = 8
 
 
 def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *,
-            final: bool, weighted: bool) -> bool:
-    """Whether this round of a table can run from carried rows (else: the full path)."""
+            final: bool, weighted: bool, changed_before: int = 0) -> bool:
+    """Whether this round of a table can run from carried rows (else: the full path).
+
+    ``changed_before``: rows the table's last round from carried rows read (the rows that
+    changed then), an estimate of what such a round reads while the full path runs (its
+    delta mixes the changed rows with the rows the tracker carried)."""
     if final or weighted or budget.relative or delta.states is None:
         return False  # the weights hook and ‖current‖ see every candidate; ID_ONLY: no drift
     if budget.k is None and budget.fraction is None and budget.threshold is None \
@@ -65,23 +69,25 @@ def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *
         return False  # no budget: every row goes out, nothing is carried
     if delta.ids.device.type != "cpu" or use_kernels(delta.ids):
         return False  # the kernel path scores on the device
-    if carried is not None and not (carried.dtype == delta.states.dtype
-                                    and carried.new_rows == budget.new_rows
-                                    and carried.dim == delta.states.shape[1]):
+    inside = carried is not None and len(carried) > 0
+    if inside and not (carried.dtype == delta.states.dtype
+                       and carried.new_rows == budget.new_rows
+                       and carried.dim == delta.states.shape[1]):
         return False
     # Keeping rows scored and ordered costs several times more per row than re-scoring
-    # them in bulk, so carried rows pay only when the round would otherwise re-score many more
-    # rows than it reads and takes: a budget that takes a large share of the candidates
-    # publishes O(candidates) rows anyway. Half the margin to stay (no flip-flop: a switch
-    # costs one pass over the carried rows).
-    n = len(delta) + (0 if carried is None else len(carried))
-    # rows the tracker carried (age > 0: the full path retained them) are read once, then
-    # carried here; the rows that changed are read every round
-    changed = len(delta) if delta.age is None else int(torch.count_nonzero(delta.age == 0))
+    # them in bulk, so carried rows pay only when the round would otherwise re-score many
+    # more rows than it reads and takes: a budget that takes a large share of the
+    # candidates publishes O(candidates) rows anyway. A quarter of the margin less to stay
+    # (no flip-flop: a switch costs one pass over the carried rows).
+    n = len(delta) + (len(carried) if inside else 0)
+    if inside:
+        changed = len(delta)
+    else:  # rows the tracker carried (age > 0) would be read once, then carried here
+        changed = max(changed_before, len(delta) if delta.age is None
+                      else int(torch.count_nonzero(delta.age == 0)))
     work = changed + (0 if budget.threshold is not None
                       else budget.cap(n, int(delta.states.shape[1])))
-    share = TAKE_SHARE / 2 if carried is not None and len(carried) else TAKE_SHARE
-    return n > share * work
+    return n > (0.75 * TAKE_SHARE if inside else TAKE_SHARE) * work
 
 
 def drop_gone(carried: CarriedTable, delta: DeltaRows) -> None:

@@ -420,9 +420,9 @@ class _Round:
         self.policy, self.modules, self.names = policy, modules, names
         self.step, self.ts, self.final = step, ts, final
         self.budget = policy.budget(publisher.dtype)
-        state = carried_state(tracker)
-        self.number = state.next_round(consumer)
-        self.carried = state.of(consumer)
+        self.state = carried_state(tracker)
+        self.number = self.state.next_round(consumer)
+        self.carried = self.state.of(consumer)
 
     def run(self, deltas: Mapping[str, DeltaRows]) -> list[TableRound]:
         """Every table of ``deltas`` (and every table with carried rows) in turn; on an
@@ -454,9 +454,12 @@ class _Round:
         if fqn not in self.modules:
             raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(self.modules)}")
         module = self.modules[fqn]
+        seen = (self.consumer, fqn)
         if carries(self.budget, delta, carried, final=self.final,
-                   weighted=self.policy.weights is not None):
-            if carried is None:
+                   weighted=self.policy.weights is not None,
+                   changed_before=self.state.changed.get(seen, 0)):
+            self.state.changed[seen] = len(delta)
+            if carried is None or not len(carried):  # (re)made for this policy's rules
                 carried = self.carried[fqn] = CarriedTable(
                     int(delta.states.shape[1]), delta.states.dtype, self.budget.new_rows)
             sel, taken, tracked = select_carried(carried, delta, module, self.budget,
