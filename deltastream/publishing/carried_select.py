@@ -149,7 +149,12 @@ def select_carried(carried: CarriedTable, delta: DeltaRows, table: Any, budget: 
     taken, scores = carried.take(top_slots(carried, cap, _key_fn(budget, round_),
                                            _floor_fn(budget, drift.score.dtype)), round_)
     taken.tombstones = delta.tombstones
-    rows = read_rows(read, taken.ids, dim, drift.table_dtype, ids.device)
+    try:
+        rows = read_rows(read, taken.ids, dim, drift.table_dtype, ids.device)
+    except BaseException:  # nothing handed over: the taken rows stay carried
+        carried.add(taken.ids, taken.states, taken.new.numpy(), round_ - taken.age.numpy(),
+                    scores)
+        raise
     log.debug("select_carried: %d candidates (%d changed) -> %d selected, %d carried, "
               "%d rejected", candidates, len(delta), len(taken), len(carried),
               rejected.numel())

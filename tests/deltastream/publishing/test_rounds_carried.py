@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream import DeltaTracker, HashTable, TrackingMode, publish_delta, select_changed
+from deltastream import (
+    DeltaTracker,
+    HashTable,
+    PublishError,
+    TrackingMode,
+    publish_delta,
+    select_changed,
+)
 from deltastream.publishing import carried_select
 from deltastream.publishing.rounds import SelectionPolicy
 
@@ -197,3 +204,95 @@ def test_a_round_reads_the_changed_rows_and_the_rows_it_takes_not_the_carried_se
         assert rnd.published == k and rnd.carried >= carried - step * k
         # the changed rows are scored, the k taken rows read to be published: nothing else
         assert _CountingTable.read <= changed + k, _CountingTable.read
+
+
+class _FailingReads(HashTable):
+    """A HashTable whose ``lookup`` raises while ``broken`` is set (a table read failing)."""
+
+    broken = False
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if type(self).broken:
+            raise RuntimeError("table read failed")
+        return super().lookup(ids)
+
+
+def test_a_round_whose_table_read_fails_loses_no_carried_row(monkeypatch):
+    monkeypatch.setattr(carried_select, "TAKE_SHARE", 0)  # every round from carried rows
+    n, k = 200, 10
+    model = torch.nn.ModuleDict({"t": _FailingReads(DIM, name="t", capacity=4 * n)})
+    table = model["t"]
+    table.insert(torch.arange(n), torch.randn(n, DIM, generator=torch.Generator().manual_seed(5)))
+    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+    with torch.no_grad():
+        table.insert(torch.arange(n), table(torch.arange(n)) + 1.0)
+    pub = _Recorder()
+    first = publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=1)
+    assert (first.published, first.carried) == (k, n - k)
+    _FailingReads.broken = True  # no row changed: the round only reads the rows it takes
+    try:
+        with pytest.raises(RuntimeError, match="table read failed"):
+            publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=2)
+    finally:
+        _FailingReads.broken = False
+    last = publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=3, final=True)
+    assert last.published == n - k
+    assert sorted(i for _, ids, _, _ in pub.sent for i in ids) == list(range(n))
+
+
+class _FailsOnce(_Recorder):
+    """A recorder whose ``fail_at``-th publish call raises PublishError (nothing sent)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.calls, self.fail_at = 0, fail_at
+
+    def publish(self, table, ids, rows, **kw):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise PublishError("broker gone")
+        return super().publish(table, ids, rows, **kw)
+
+
+def test_a_failed_publish_from_carried_rows_hands_back_every_row(monkeypatch):
+    """Rounds from carried rows (three tables); the second table's publish fails: its
+    selection and the third table's changed rows go back, the carried rows stay carried,
+    and a final round publishes every row with its last value."""
+    monkeypatch.setattr(carried_select, "TAKE_SHARE", 0)
+    n, k = 120, 7
+    model = _model(n, seed=4)
+    model["w"] = HashTable(DIM, name="w", capacity=8 * n)
+    model["w"].insert(torch.arange(n), torch.randn(n, DIM))
+    before = {name: dict(zip(model[name].ids().tolist(), model[name].lookup(model[name].ids()),
+                             strict=True)) for name in ("u", "v", "w")}
+    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+    rng = np.random.default_rng(4)
+    plan = _steps(rng, n, rounds=4, steps=2)
+    pub = _FailsOnce(fail_at=3 * 2 + 2)  # round 3, table "v"
+    for r, rnd in enumerate(plan):
+        for step in rnd:
+            _apply(model, tracker, {**step, "w": step["u"]})
+        if r == 2:
+            with pytest.raises(PublishError, match="broker gone") as info:
+                publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=r)
+            assert any("retained for the next round" in note for note in info.value.__notes__)
+        else:
+            publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=r)
+    publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=9, final=True)
+    assert publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=10).tables == ()
+    looked_up = {name: {int(i) for rnd in plan for step in rnd for i in step[src][0]}
+                 for name, src in (("u", "u"), ("v", "v"), ("w", "u"))}
+    for name in ("u", "v", "w"):  # every row moved after a lookup: its value now went last
+        last: dict[int, torch.Tensor] = {}
+        for table, ids, rows, _ in pub.sent:
+            if table == name:
+                last.update(zip(ids, rows, strict=True))
+        live = model[name].ids()
+        changed = 0
+        for i, row in zip(live.tolist(), model[name].lookup(live), strict=True):
+            if i not in looked_up[name] or (i in before[name]
+                                            and torch.equal(before[name][i], row)):
+                continue
+            changed += 1
+            torch.testing.assert_close(last[i], row, rtol=0, atol=0)
+        assert changed > 2 * k, name
