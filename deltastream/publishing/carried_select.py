@@ -133,7 +133,7 @@ def select_carried(carried: CarriedTable, delta: DeltaRows, table: Any, budget: 
                        DEFAULT_CHUNK_ROWS)
     ok = drift.finite.numpy()
     rejected = ids[~drift.finite] if not ok.all() else ids.new_empty(0)
-    warn_rejected(rejected.numel(), len(delta), log)
+    warn_rejected(rejected.numel(), candidates, log)
     # carried rows that changed are ordered anew (a non-finite one ends); the others join
     d64 = drift.score.to(torch.float64).numpy()
     hn, sn = hit.numpy(), slots.numpy()
