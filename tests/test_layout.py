@@ -47,9 +47,6 @@ MAX_PARAMETERS = 12  # self/cls not counted; a @triton.jit kernel takes every po
 #                      stride as a parameter and is not counted either
 # Functions over a cap, and why they may be; each entry is a debt with its reason.
 LONG_FUNCTIONS = {
-    "deltastream.publishing.selection:select_changed": "issue 26 in progress",
-    "deltastream.publishing.rounds:publish_delta": "issue 26 in progress",
-    "deltastream.publishing.selection_device:select_on_device": "issue 26 in progress",
     # public keyword APIs (consumers.rebuild, replay dump/stats): five of their parameters
     # are the read range they share; one settings object for it would change the API
     "consumers.replay.rebuild:rebuild": "public keyword API (16 parameters)",
