@@ -97,19 +97,6 @@ def new_epoch() -> int:
         return _last_epoch
 
 
-_NO_IDS = np.zeros(0, dtype=np.int64)  # a dense chunk carries no ids
-
-
-def _message(piece: Any, label: str, nbytes: int, future: Any) -> SentMessage:
-    """The :class:`SentMessage` of ``piece``: a row batch's (its ids are views of the
-    piece's) or a dense chunk's (no ids) under ``label``."""
-    if not isinstance(piece, wire.DeltaBatch):
-        return SentMessage(label, piece.shard, piece.seq, _NO_IDS, None, 0, None, nbytes,
-                           future)
-    return SentMessage(label, piece.shard, piece.seq, piece.ids, piece.tombstones,
-                       piece.col, piece.width, nbytes, future)
-
-
 class DeltaPublisher:
     """Send changed rows of one trainer shard to a Kafka topic, in wire format v2.
 
@@ -383,7 +370,7 @@ class DeltaPublisher:
                 except (kafka.errors.KafkaError, ValueError, TypeError) as e:
                     reason = f"{error_text(e)}"
             if reason is not None:
-                unsent = undelivered_run([_message(p, label, 0, None) for p in pieces[i:]],
+                unsent = undelivered_run([SentMessage.of(p, label, 0, None) for p in pieces[i:]],
                                          reason)
                 try:
                     what = "dense stream" if label == DENSE_STREAM else "table"
@@ -393,7 +380,7 @@ class DeltaPublisher:
                 except PublishError as e:
                     e.result = result  # what this call did send
                     raise
-            record = _message(piece, label, len(value), fut)
+            record = SentMessage.of(piece, label, len(value), fut)
             fut.add_errback(self._on_error, record, self._link.generation)
             self._flight.add(record)
             result.add(record)
