@@ -304,6 +304,18 @@ static inline void put_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
     copy_row(dst, src, rb);
 }
 
+/* The arena read in order, arena row i streamed to output row dest[i] (skipped when
+ * dest[i] < 0): sequential reads, and writes that do not pull the output's lines in. */
+static void scatter_arena(uint8_t *out, const uint8_t *arena, const int64_t *dest, Py_ssize_t n,
+                          Py_ssize_t rb) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (dest[i] >= 0)
+            put_row(out + dest[i] * rb, arena + i * rb, rb);
+#if defined(__SSE2__)
+    _mm_sfence(); /* the streamed rows are visible before the caller reads them */
+#endif
+}
+
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
     PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows;
     if (!PyArg_ParseTuple(args, "OOOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows))
@@ -370,16 +382,8 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
             o[j++] = p;
         }
     }
-    if (dest != NULL) { /* the arena read in order, each row streamed to its output row */
-        uint8_t *r = (uint8_t *)rows->buf;
-        const uint8_t *a = (const uint8_t *)arena->buf;
-        for (Py_ssize_t i = 0; i < m_out; i++)
-            if (dest[i] >= 0)
-                put_row(r + dest[i] * rb, a + i * rb, rb);
-#if defined(__SSE2__)
-        _mm_sfence(); /* the streamed rows are visible before the caller reads them */
-#endif
-    }
+    if (dest != NULL)
+        scatter_arena((uint8_t *)rows->buf, (const uint8_t *)arena->buf, dest, m_out, rb);
     for (Py_ssize_t i = 0; i < j; i++)
         s[o[i]] = 0;
     memset(bt, 0, (size_t)nb);
@@ -547,16 +551,8 @@ static PyObject *drain_by_key(PyObject *self, PyObject *args) {
         if (rows != NULL)
             dest[sv[i]] = i;
     }
-    if (rows != NULL) { /* the arena read in order, each row streamed to its output row */
-        uint8_t *r = (uint8_t *)rows->buf;
-        const uint8_t *ar = (const uint8_t *)arena->buf;
-        for (Py_ssize_t a = 0; a < used; a++)
-            if (dest[a] >= 0)
-                put_row(r + dest[a] * rb, ar + a * rb, rb);
-#if defined(__SSE2__)
-        _mm_sfence();
-#endif
-    }
+    if (rows != NULL)
+        scatter_arena((uint8_t *)rows->buf, (const uint8_t *)arena->buf, dest, used, rb);
     ret = PyLong_FromSsize_t(n);
 done:
     PyMem_Free(kb);
