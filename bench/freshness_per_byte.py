@@ -139,6 +139,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--init-std", type=float, default=0.1, help="std of new embedding rows")
     p.add_argument("--positive", type=float, default=4.0, help="rating >= this is a positive")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "i8"], default="f16")
+    p.add_argument("--wire-version", type=int, choices=[2, 3], default=2,
+                   help="wire version of every policy's messages (3: ids as varint gaps)")
     p.add_argument("--full-every", type=_list(int), default=[1, 4, 16])
     p.add_argument("--touched-every", type=_list(int), default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--fractions", type=_list(float), default=[0.05, 0.1, 0.2, 0.4])
@@ -226,8 +228,8 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
                            mode=TrackingMode.EMBEDDING)
     tables = dict(model.items())
     serving = {p.label: {n: ServingTable(n, dims[n]) for n in dims} for p in policies}
-    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf", keep=p.messages)
-             for p in policies}
+    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf", keep=p.messages,
+                               wire_version=args.wire_version) for p in policies}
     # rounds inside tick: the prequential score of step s+1 must see step s's round
     budgets = {p.label: BudgetPublisher(tracker, sinks[p.label], p.label, p.budget,
                                         tables=tables, threaded=False)
@@ -453,6 +455,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tr = r["trainer_auc"]
     common = dict(source=data.source, interactions=r["examples"], steps=r["steps"],
                   batch_size=args.batch_size, dim=args.dim, dtype=args.dtype,
+                  wire_version=args.wire_version,
                   trainer_auc=tr, tolerance=args.tolerance, seconds=r["seconds"],
                   positives=r["positives"], plot=str(png) if png else None)
     head = by[args.policy]

@@ -161,6 +161,8 @@ class BudgetEngine:
         self.tables: dict[str, PendingTable] = {}
         self._names = {fqn: spec.name for fqn, spec in self.specs.items()}
         self._overhead: dict[str, float] = {}
+        # bytes of one row's id as last sent, per table: 8, fewer with wire v3's varints
+        self._id_cost: dict[str, float] = {}
         self._range = wire.F16_MAX if publisher.dtype == "f16" else None
         self._warned_burst = False
         self._exact_since = 0  # exact rows merged since the last round
@@ -222,15 +224,20 @@ class BudgetEngine:
         return t.scale.value if self.policy.scale == "table" and t.scale.value else 1.0
 
     def _candidates(self) -> tuple[list[str], list[Candidate]]:
-        pol, dtype = self.policy, self.publisher.dtype
+        pol = self.policy
         fqns, cands = [], []
         for fqn, t in self.tables.items():
             fqns.append(fqn)
             cands.append(Candidate(table=t, scale=self._scale(t),
                                    weight=float(pol.weights.get(self._names[fqn], 1.0)),
-                                   row_cost=wire.row_bytes(t.dim, dtype),
+                                   row_cost=self._row_cost(fqn, t.dim),
                                    overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
         return fqns, cands
+
+    def _row_cost(self, fqn: str, dim: int) -> float:
+        """Wire bytes of one row of table ``fqn``: its values (and i8 scale) plus its id's
+        bytes per row in the table's last round (8 until one is sent)."""
+        return wire.row_bytes(dim, self.publisher.dtype) - 8 + self._id_cost.get(fqn, 8.0)
 
     def start(self, tick: int, step: int, ts: int, final: bool) -> RoundJob:
         """Choose the round's rows and take them out of the pending set."""
@@ -305,7 +312,9 @@ class BudgetEngine:
     def _record(self, jt: _JobTable, res: Any) -> TableRound:
         n = len(jt.rows)
         if res is not None and int(res.messages) and n:
-            cost = wire.row_bytes(self.tables[jt.fqn].dim, self.publisher.dtype)
+            version = getattr(self.publisher, "wire_version", wire.VERSION)
+            self._id_cost[jt.fqn] = wire.id_bytes(jt.rows.ids.cpu().numpy(), version) / n
+            cost = self._row_cost(jt.fqn, self.tables[jt.fqn].dim)
             self._overhead[jt.fqn] = max(0.0, (int(res.bytes) - n * cost) / int(res.messages))
         return TableRound(
             fqn=jt.fqn, table=self._names[jt.fqn], tracked=jt.pending_before,

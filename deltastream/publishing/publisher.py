@@ -122,7 +122,7 @@ def _message(piece: Any, label: str, nbytes: int, future: Any) -> SentMessage:
 
 
 class DeltaPublisher:
-    """Send changed rows of one trainer shard to a Kafka topic, in wire format v2.
+    """Send changed rows of one trainer shard to a Kafka topic, in wire format v2 (or v3).
 
     Example::
 
@@ -145,6 +145,8 @@ class DeltaPublisher:
             failed producer, a message may take to be acknowledged (delivery timeout), and
             the constructor may take to reach the broker.
         allow_nonfinite: publish inf/NaN rows instead of raising (not with dtype i8).
+        wire_version: 2, or 3: ids as sorted varint gaps when shorter (1–2 bytes for dense
+            ids instead of 8); every consumer must read v3 (deltastream ≥ issue 29) first.
         producer_config: more kafka-python ``KafkaProducer`` settings (``linger_ms``,
             ``batch_size``, security, …). ``buffer_memory`` (bytes, default
             ``max(32 MiB, 4 × max_message_bytes)``) bounds the bytes awaiting
@@ -155,7 +157,7 @@ class DeltaPublisher:
                  epoch: Optional[int] = None, dtype: str = "f16",
                  max_message_bytes: int = 1 << 20, compression: Optional[str] = None,
                  send_timeout: float = 30.0, allow_nonfinite: bool = False,
-                 **producer_config: Any) -> None:
+                 wire_version: int = wire.VERSION, **producer_config: Any) -> None:
         # the arguments as given (spawn_args; the epoch is added there)
         self._args = {k: v for k, v in locals().items() if k not in (
             "self", "epoch", "producer_config")} | producer_config
@@ -163,6 +165,7 @@ class DeltaPublisher:
         self.shard = _check_int("shard", shard, 0, (1 << 31) - 1)
         self.epoch = new_epoch() if epoch is None else _check_int("epoch", epoch)
         wire.check_dtype(dtype)
+        self.wire_version = _check_int("wire_version", wire_version, 2, max(wire.VERSIONS))
         _check_int("max_message_bytes", max_message_bytes, _MIN_MESSAGE_BYTES, 1 << 30)
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression: expected one of {_COMPRESSIONS}, got "
@@ -224,8 +227,8 @@ class DeltaPublisher:
         self._failed: list[SentMessage] = []
         self._fail_lock = threading.Lock()
         # f16/f32 messages are framed in place (bf16/i8 go through wire.encode)
-        self._framer = wire.Framer(self.max_message_bytes + 8192) if dtype in ("f16", "f32") \
-            else None
+        self._framer = wire.Framer(self.max_message_bytes + 8192, self.wire_version) \
+            if dtype in ("f16", "f32") else None
         self._stats = dict(publishes=0, messages=0, rows=0, tombstones=0, bytes=0,
                            acked_messages=0, failed_messages=0, blocked_s=0.0,
                            dense_versions=0)
@@ -378,7 +381,8 @@ class DeltaPublisher:
             def frame(piece: wire.DeltaBatch) -> Any:
                 value = None if self._framer is None else self._framer.frame(piece)
                 return value if value is not None \
-                    else wire.encode(piece, max_message_bytes=limit)[0]
+                    else wire.encode(piece, max_message_bytes=limit,
+                                     version=self.wire_version)[0]
 
             key = self._keys.setdefault(stream, wire.message_key(self.model, table, shard))
             result = PublishResult(table=table, partition=partition, epoch=self.epoch,
