@@ -364,8 +364,9 @@ def _transport_record(p: Policy, base: int, common: dict) -> dict:
             + "; per message, ids hashed " + ", ".join(
                 f"{k} {v / sent:.3f}" for k, v in t["per_message_hashed"].items())
             + f" (× bytes sent); ids {t['ids'] / sent:.1%} of the bytes, sorted delta varint "
-            f"{t['ids_delta_varint'] / max(1, t['ids']):.3f} × their 8 bytes (hashed ids "
-            f"{t['ids_hashed_delta_varint'] / max(1, t['ids']):.3f}); rows {t['rows_bytes'] / sent:.1%}, "
+            f"{t['ids_delta_varint'] / max(1, t['ids_raw']):.3f} × their 8 bytes (hashed ids "
+            f"{t['ids_hashed_delta_varint'] / max(1, t['ids_raw']):.3f}); rows "
+            f"{t['rows_bytes'] / sent:.1%}, "
             f"other {t['other'] / sent:.1%}")
     return result(f"transport@{p.label}", float(packed), float(t["bytes"]), None, "bytes",
                   ratio=packed / sent, higher_is_better=False, note=note, policy=p.label,

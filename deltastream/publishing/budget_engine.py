@@ -396,6 +396,9 @@ class BudgetEngine:
                 "bound": {"last": b[-1] if b else None, "p50": _quantile(b, 0.5),
                           "p99": _quantile(b, 0.99), "max": max(b) if b else None,
                           "ticks": len(b)},
+                # wire bytes a row of each table is costed at (values + learnt id bytes)
+                "row_bytes": {self._names[fqn]: self._row_cost(fqn, t.dim)
+                              for fqn, t in self.tables.items()},
                 "table_bounds": {name: {"last": v[-1], "p50": _quantile(list(v), 0.5),
                                         "p99": _quantile(list(v), 0.99), "max": max(v)}
                                  for name, v in sorted(self._table_bounds.items()) if v},

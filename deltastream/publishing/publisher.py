@@ -168,8 +168,7 @@ class DeltaPublisher:
         self.wire_version = _check_int("wire_version", wire_version, 2, max(wire.VERSIONS))
         _check_int("max_message_bytes", max_message_bytes, _MIN_MESSAGE_BYTES, 1 << 30)
         if compression not in _COMPRESSIONS:
-            raise ValueError(f"compression: expected one of {_COMPRESSIONS}, got "
-                             f"{compression!r}")
+            raise ValueError(f"compression: expected one of {_COMPRESSIONS}, got {compression!r}")
         if isinstance(send_timeout, bool) or not isinstance(send_timeout, (int, float)) \
                 or not send_timeout > 0:
             raise ValueError(f"send_timeout: expected positive seconds, got {send_timeout!r}")

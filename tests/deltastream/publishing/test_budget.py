@@ -33,8 +33,10 @@ class Sent:
 class Loopback:
     """Encode with deltastream.wire, decode, apply to serving tables; count the bytes."""
 
-    def __init__(self, serving: dict, dtype: str = "f32", fail_on: str | None = None) -> None:
+    def __init__(self, serving: dict, dtype: str = "f32", fail_on: str | None = None,
+                 wire_version: int = 2) -> None:
         self.serving, self.dtype, self.seq, self.fail_on = serving, dtype, 0, fail_on
+        self.wire_version = wire_version
         self.calls: list[tuple[str, list[int]]] = []
 
     def publish(self, table, ids, rows, *, step, tombstones=None, ts=None):
@@ -47,7 +49,7 @@ class Loopback:
                                 rows=rows.numpy(), dtype=self.dtype,
                                 tombstones=None if tombstones is None else
                                 tombstones.cpu().numpy())
-        msgs = wire.encode(batch)
+        msgs = wire.encode(batch, version=self.wire_version)
         for m in msgs:
             self.seq += 1
             self.serving[table].apply(wire.decode(m))
@@ -212,6 +214,32 @@ def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
     assert st["bound"]["ticks"] == 200
     assert st["bound"]["p50"] <= st["bound"]["p99"] <= st["bound"]["max"]
     assert set(st["table_bounds"]) == {"emb", "bias"}
+
+
+def test_wire_v3_rows_are_costed_at_their_varint_ids_so_the_budget_buys_more_rows():
+    """v3 sends these dense ids in ~1-2 bytes instead of 8: the budget learns each table's
+    id bytes per row, still spends its rate, and publishes more rows for it than v2."""
+    rate, steps, got = 300.0, 120, {}
+    for version in (2, 3):
+        model, tracker, serving, pub = _setup({"emb": 4, "bias": 1})
+        pub.wire_version = version
+        bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate))
+        g = torch.Generator().manual_seed(1)
+        for step in range(1, steps + 1):
+            ids = torch.randint(0, 100, (30,), generator=g).unique()
+            _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 4, generator=g))
+            _move(model["bias"], ids, 0.1 * torch.randn(len(ids), 1, generator=g))
+            tracker.step()
+            _tick(bp, step)
+        got[version] = st = bp.stats()
+        assert 0.9 * rate <= st["bytes_per_step"] <= rate + bp.policy.burst / steps
+        for name, dim in (("emb", 4), ("bias", 1)):
+            values = wire.row_bytes(dim, "f32") - 8
+            if version == 2:
+                assert st["row_bytes"][name] == wire.row_bytes(dim, "f32")
+            else:  # at least one byte an id, fewer than 8
+                assert values + 1 <= st["row_bytes"][name] < values + 8
+    assert got[3]["rows"] > got[2]["rows"]
 
 
 def test_the_reported_bound_is_the_largest_served_error_after_every_tick():
