@@ -89,7 +89,7 @@ from deltastream.wire_codec import (
     pack_message,
     quantize,
     read_varint_ids,
-    varint_ids,
+    varint_ids_size,
 )
 
 __all__ = [
@@ -250,7 +250,7 @@ def id_bytes(ids: np.ndarray, version: int = VERSION) -> int:
     n = int(np.asarray(ids).shape[0])
     if version < COMPACT_IDS_VERSION:
         return 8 * n
-    return min(8 * n, int(varint_ids(np.sort(np.asarray(ids, dtype=np.int64))).size))
+    return min(8 * n, varint_ids_size(np.sort(np.asarray(ids, dtype=np.int64))))
 
 
 def message_key(model: str, table: str, shard: int) -> bytes:

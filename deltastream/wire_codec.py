@@ -49,6 +49,7 @@ __all__ = [
     "id_field",
     "COMPACT_IDS_VERSION",
     "varint_ids",
+    "varint_ids_size",
     "read_varint_ids",
     "map_header",
     "bin_header",
@@ -69,6 +70,8 @@ VERSIONS = (1, 2, 3)
 COMPACT_IDS_VERSION = 3
 #: most bytes one LEB128 varint of a uint64 takes
 _VARINT_MAX = 10
+#: the smallest value of each varint length past one byte: 2^7, 2^14, … 2^63
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, _VARINT_MAX)], dtype=np.uint64)
 #: how every v2 message ends, before the 4 CRC bytes: the key ``"crc"`` (fixstr) and the
 #: msgpack uint32 type byte
 CRC_TRAILER = b"\xa3crc\xce"
@@ -193,22 +196,32 @@ def varint_ids(ids: np.ndarray) -> np.ndarray:
     each gap to the previous id (≥ 1, as uint64), each a canonical LEB128 varint (7 bits a
     byte, low first, high bit set on every byte but a value's last). Small dense ids cost
     1–2 bytes instead of 8; hashed ids up to 10 (the encoder then keeps them raw)."""
+    v, lens = _gaps(ids)
+    if not v.size:
+        return np.empty(0, np.uint8)
+    j = np.arange(int(lens.max()))
+    # [n, longest] bytes of every value, continuation bits set; a row-major boolean
+    # selection keeps each value's own bytes, in order
+    mat = ((v[:, None] >> (7 * j).astype(np.uint64)) & np.uint64(0x7F)).astype(np.uint8)
+    mat |= np.where(j < lens[:, None] - 1, 0x80, 0).astype(np.uint8)
+    return mat[j < lens[:, None]]
+
+
+def _gaps(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uint64 values :func:`varint_ids` writes: zigzag first id, then the gaps; their
+    varint lengths in bytes) of strictly ascending int64 ``ids``."""
     u = np.ascontiguousarray(ids, dtype="<i8").view(np.uint64)
     if not u.size:
-        return np.empty(0, np.uint8)
+        return u, np.zeros(0, np.int64)
     first = int(u[:1].view(np.int64)[0])
     zig = np.array([(first << 1) ^ (first >> 63)], dtype=np.uint64)  # -1 -> 1, 1 -> 2
     v = np.concatenate([zig, np.diff(u)])  # uint64 differences wrap: the true gaps
-    lens = np.ones(v.size, np.int64)
-    for k in range(1, _VARINT_MAX):
-        lens += v >= np.uint64(1 << (7 * k))
-    starts = np.cumsum(lens) - lens
-    out = np.empty(int(lens.sum()), np.uint8)
-    for j in range(int(lens.max())):
-        m = lens > j
-        byte = (v[m] >> np.uint64(7 * j)) & np.uint64(0x7F)
-        out[starts[m] + j] = byte.astype(np.uint8) | np.where(lens[m] > j + 1, 0x80, 0)
-    return out
+    return v, np.searchsorted(_VARINT_STEPS, v, side="right") + 1
+
+
+def varint_ids_size(ids: np.ndarray) -> int:
+    """``len(varint_ids(ids))`` without writing the bytes."""
+    return int(_gaps(ids)[1].sum())
 
 
 def read_varint_ids(buf: memoryview, n: int) -> np.ndarray:
@@ -227,11 +240,11 @@ def read_varint_ids(buf: memoryview, n: int) -> np.ndarray:
         raise WireError("idv: a varint exceeds 64 bits")
     if bool(np.any((lens > 1) & (last == 0))):
         raise WireError("idv: a varint is not in its shortest form")
-    starts = ends - lens + 1
-    v = np.zeros(n, np.uint64)
-    for j in range(int(lens.max())):
-        m = lens > j
-        v[m] |= (b[starts[m] + j] & np.uint8(0x7F)).astype(np.uint64) << np.uint64(7 * j)
+    j = np.arange(int(lens.max()))
+    mine = j < lens[:, None]  # [n, longest]: which bytes belong to each value
+    at = np.where(mine, (ends - lens + 1)[:, None] + j, 0)
+    parts = (b[at] & np.uint8(0x7F)).astype(np.uint64) << (7 * j).astype(np.uint64)
+    v = np.where(mine, parts, np.uint64(0)).sum(axis=1, dtype=np.uint64)  # disjoint bits
     z = int(v[0])
     v[0] = np.array([(z >> 1) ^ -(z & 1)], dtype=np.int64).view(np.uint64)[0]
     ids = np.cumsum(v, dtype=np.uint64).view(np.int64)  # wraps like int64 addition
