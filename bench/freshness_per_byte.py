@@ -19,7 +19,8 @@ serving AUC within ``--tolerance`` 0.002 of it).
 
 One training run feeds **one DeltaTracker with one consumer per policy**, so every policy
 sees the same trajectory; each policy's rows are encoded with :mod:`deltastream.wire`
-(``--dtype``; the encoded bytes are what is counted), decoded and applied to its own
+(``--dtype``, ``--wire-version``: 3 sends dense ids as varints, 1–2 bytes instead of 8; the
+encoded bytes are what is counted), decoded and applied to its own
 :class:`consumers.ServingTable` s — what a predictor would hold (no broker: it does not
 change which bytes arrive).
 
@@ -62,7 +63,8 @@ policy within tolerance: what Kafka's codecs and cheaper ids would save on the v
 messages sent (:mod:`bench._transport`).
 
 Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
-recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--transport]``
+recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--wire-version 3]
+[--transport]``
 (about a minute per log on 2 cores).
 """
 
