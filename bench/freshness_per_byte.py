@@ -500,7 +500,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             extra = (f"; serving-error bound (normalized) p50/p99/max {b['p50']:.3g}/"
                      f"{b['p99']:.3g}/{b['max']:.3g}; overdue rows {st['overdue_rows']}")
             rec.update(bound=b, table_bounds=st["table_bounds"],
-                       overdue_rows=st["overdue_rows"], bytes_per_step=st["bytes_per_step"])
+                       overdue_rows=st["overdue_rows"], bytes_per_step=st["bytes_per_step"],
+                       # CPU per published row: choosing (scores, orders), and sending
+                       # (here: encode, decode and apply in the loopback)
+                       select_us_per_row=1e6 * st["select_s"] / max(1, s["rows"]),
+                       send_us_per_row=1e6 * st["send_s"] / max(1, s["rows"]))
         out.append(result(
             f"freshness_auc@{p.label}", s["auc"], tr, None, "AUC",
             baseline_desc="the trainer's own AUC on the same ratings",

@@ -1,11 +1,11 @@
-"""Wire format v2: one Kafka message is one msgpack map carrying a batch of rows.
+"""Wire format v2 (and v3): one Kafka message is one msgpack map carrying a batch of rows.
 
 Torch-free: predictor hosts import this with numpy and msgpack only.
 
 Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arrays, never lists):
 
 ===============  ====  ================================================================
-``v``            int   schema version: 2 (decoders also read 1)
+``v``            int   schema version: 2 or 3 (decoders also read 1)
 ``model``        str   model name; ``table``: table name (≤ 255 chars, no ``/``)
 ``shard``        int   trainer shard that owns the rows
 ``epoch``        int   trainer incarnation, new on every trainer start
@@ -16,6 +16,7 @@ Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arr
 ``width``        int   ``width`` wide (column-wise shards); default 0 and ``dim``
 ``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8`` (see below)
 ``ids``          bin   n × int64
+``idv``          bin   v3, instead of ``ids`` when shorter: varint ids (see below)
 ``rows``         bin   n × dim × itemsize, row-major
 ``scale``        bin   n × float32, only for ``i8``
 ``del``          bin   m × int64 tombstones (ids the trainer evicted), optional
@@ -29,6 +30,12 @@ and values, so a flipped model/table/shard/epoch/seq/step/ts is detected like a 
 row. **v1** (still decoded; written only by ``encode(..., version=1)``, for tests): ``crc``
 may sit anywhere and covers the bins ``ids``, ``rows``, ``scale``, ``del`` only; v1 has no
 ``col``/``width``.
+**v3** (``encode(..., version=3)``, ``DeltaPublisher(wire_version=3)``) is v2 whose ids may
+travel as ``idv``: n LEB128 varints, the zigzag of the first id then each gap to the
+previous one (:func:`~deltastream.wire_codec.varint_ids`), written when shorter than 8 n
+bytes (dense ids: 1–2 bytes each). Exactly one of ``ids``/``idv`` is present; the decoder
+refuses an ``idv`` of another count, a varint not in its shortest form or over 64 bits, and
+ids that do not ascend within int64, naming ``idv``.
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):

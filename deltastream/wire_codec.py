@@ -13,7 +13,9 @@ writers lay a message out with the same helpers (:func:`map_header`, :func:`bin_
   sends: no temporary array, no join copy).
 
 :func:`pack_message` also writes version 1 (``version=1``: ``crc`` the last scalar, before
-the bins, covering only the bins), so that decoding v1 stays tested.
+the bins, covering only the bins), so that decoding v1 stays tested, and both writers write
+version 3: v2 with the ids as ``idv`` varints when that is shorter (:func:`id_field`,
+:func:`varint_ids`; :func:`read_varint_ids` is their strict reader).
 
 :class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
 
