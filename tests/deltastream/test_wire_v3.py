@@ -34,6 +34,20 @@ def test_varint_ids_round_trip_any_int64_ids(values):
     np.testing.assert_array_equal(back, ids)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40), st.integers(0, 12))
+def test_any_bytes_read_as_varint_ids_are_refused_or_their_one_encoding(data, n):
+    """Arbitrary bytes: a WireError naming idv, or ids whose encoding is exactly those bytes
+    (one id set, one byte string: the form is canonical)."""
+    try:
+        ids = read_varint_ids(memoryview(data), n)
+    except WireError as e:
+        assert str(e).startswith("idv: ")
+    else:
+        assert ids.size == n and bool(np.all(np.diff(ids) > 0))
+        assert varint_ids(ids).tobytes() == data
+
+
 def test_varint_ids_cost_what_leb128_of_the_gaps_costs():
     # zigzag(3) = 6 (1 byte), gaps 1 (1), 127 (1), 128 (2), 2^14 (3)
     ids = np.cumsum([3, 1, 127, 128, 1 << 14]).astype(np.int64)
