@@ -19,7 +19,8 @@ serving AUC within ``--tolerance`` 0.002 of it).
 
 One training run feeds **one DeltaTracker with one consumer per policy**, so every policy
 sees the same trajectory; each policy's rows are encoded with :mod:`deltastream.wire`
-(``--dtype``, ``--wire-version``: 3 sends dense ids as varints, 1–2 bytes instead of 8; the
+(``--dtype``, ``--wire-version``: 3 sends dense ids as varints, 1–2 bytes instead of 8;
+``--wide-dtype i8``: budgets send the dim-32 tables as i8, the bias tables in ``--dtype``; the
 encoded bytes are what is counted), decoded and applied to its own
 :class:`consumers.ServingTable` s — what a predictor would hold (no broker: it does not
 change which bytes arrive).
@@ -143,6 +144,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "i8"], default="f16")
     p.add_argument("--wire-version", type=int, choices=[2, 3], default=2,
                    help="wire version of every policy's messages (3: ids as varint gaps)")
+    p.add_argument("--wide-dtype", choices=["i8"], default=None,
+                   help="budget policies send the tables wider than 4 in this dtype "
+                   "(BudgetPolicy.wide_dtype)")
     p.add_argument("--full-every", type=_list(int), default=[1, 4, 16])
     p.add_argument("--touched-every", type=_list(int), default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--fractions", type=_list(float), default=[0.05, 0.1, 0.2, 0.4])
@@ -179,6 +183,7 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
     from deltastream.publishing.budget import BudgetPolicy
     from deltastream.publishing.rounds import SelectionPolicy
 
+    wide = {"wide_dtype": args.wide_dtype}
     out = [Policy(f"full/{n}", "full", n, every=n) for n in args.full_every]
     out += [Policy(f"touched/{n}", "touched", n, every=n, select=SelectionPolicy())
             for n in sorted(set(args.touched_every) | {1})]
@@ -189,13 +194,15 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
                    select=SelectionPolicy(threshold=e, new_rows="drift"))
             for e in args.thresholds]
     out += [Policy(f"budget={b:g}", "budget", b,
-                   budget=BudgetPolicy(bytes_per_step=b, max_age=args.max_age))
+                   budget=BudgetPolicy(bytes_per_step=b, max_age=args.max_age, **wide))
             for b in args.budgets]
     out += [Policy(f"budget-raw={b:g}", "budget-raw", b,
-                   budget=BudgetPolicy(bytes_per_step=b, scale="none", max_age=args.max_age))
+                   budget=BudgetPolicy(bytes_per_step=b, scale="none", max_age=args.max_age,
+                                       **wide))
             for b in args.raw_budgets]
     out += [Policy(f"budget-by-error={b:g}", "budget-by-error", b,
-                   budget=BudgetPolicy(bytes_per_step=b, per_byte=False, max_age=args.max_age))
+                   budget=BudgetPolicy(bytes_per_step=b, per_byte=False, max_age=args.max_age,
+                                       **wide))
             for b in args.by_error_budgets]
     return out
 
@@ -458,7 +465,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tr = r["trainer_auc"]
     common = dict(source=data.source, interactions=r["examples"], steps=r["steps"],
                   batch_size=args.batch_size, dim=args.dim, dtype=args.dtype,
-                  wire_version=args.wire_version,
+                  wire_version=args.wire_version, wide_dtype=args.wide_dtype,
                   trainer_auc=tr, tolerance=args.tolerance, seconds=r["seconds"],
                   positives=r["positives"], plot=str(png) if png else None)
     head = by[args.policy]

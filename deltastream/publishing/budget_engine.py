@@ -163,7 +163,6 @@ class BudgetEngine:
         self._overhead: dict[str, float] = {}
         # bytes of one row's id as last sent, per table: 8, fewer with wire v3's varints
         self._id_cost: dict[str, float] = {}
-        self._range = wire.F16_MAX if publisher.dtype == "f16" else None
         self._warned_burst = False
         self._exact_since = 0  # exact rows merged since the last round
         self._lock = threading.Lock()  # counters and bounds, read by stats()
@@ -186,7 +185,8 @@ class BudgetEngine:
             t = self.tables[fqn] = PendingTable(
                 spec.dim, like.dtype if like.is_floating_point() else
                 (spec.dtype or torch.float32),
-                new_rows=self.policy.new_rows, range_limit=self._range)
+                new_rows=self.policy.new_rows,
+                range_limit=wire.F16_MAX if self._dtype(spec.dim) == "f16" else None)
         return t
 
     def merge(self, h: Handoff) -> None:
@@ -234,10 +234,16 @@ class BudgetEngine:
                                    overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
         return fqns, cands
 
+    def _dtype(self, dim: int) -> str:
+        """Wire dtype of a table's rows: the policy's ``wide_dtype`` where a row costs fewer
+        bytes in it, else the publisher's."""
+        base, wide = self.publisher.dtype, self.policy.wide_dtype
+        return wide if wide and wire.row_bytes(dim, wide) < wire.row_bytes(dim, base) else base
+
     def _row_cost(self, fqn: str, dim: int) -> float:
         """Wire bytes of one row of table ``fqn``: its values (and i8 scale) plus its id's
         bytes per row in the table's last round (8 until one is sent)."""
-        return wire.row_bytes(dim, self.publisher.dtype) - 8 + self._id_cost.get(fqn, 8.0)
+        return wire.row_bytes(dim, self._dtype(dim)) - 8 + self._id_cost.get(fqn, 8.0)
 
     def start(self, tick: int, step: int, ts: int, final: bool) -> RoundJob:
         """Choose the round's rows and take them out of the pending set."""
@@ -285,11 +291,14 @@ class BudgetEngine:
             if not len(jt.rows) and jt.tombstones is None:
                 job.done.append(self._record(jt, None))
                 continue
+            kwargs = dict(self.specs[jt.fqn].publish_kwargs)
+            dtype = self._dtype(self.specs[jt.fqn].dim)
+            if dtype != self.publisher.dtype:  # a publisher that takes one dtype is asked none
+                kwargs["dtype"] = dtype
             try:
                 res = self.publisher.publish(self._names[jt.fqn], jt.rows.ids,
                                              jt.rows.current, step=job.step, ts=job.ts,
-                                             tombstones=jt.tombstones,
-                                             **self.specs[jt.fqn].publish_kwargs)
+                                             tombstones=jt.tombstones, **kwargs)
             except BaseException as e:
                 error = e
                 job.failed.extend(job.tables[k:])

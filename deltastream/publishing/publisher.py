@@ -1,4 +1,4 @@
-"""Publish changed embedding rows to Kafka as wire messages (format v2).
+"""Publish changed embedding rows to Kafka as wire messages (format v2 or v3).
 
 :class:`DeltaPublisher` is the trainer-side end of the transport: one publisher per trainer
 shard, on kafka-python's idempotent producer (``acks="all"``). Every message of
@@ -320,7 +320,8 @@ class DeltaPublisher:
 
     def publish(self, table: str, ids: Any, rows: Any, *, step: int,
                 tombstones: Any = None, ts: Optional[int] = None, col: int = 0,
-                width: Optional[int] = None, shard: Optional[int] = None) -> PublishResult:
+                width: Optional[int] = None, shard: Optional[int] = None,
+                dtype: Optional[str] = None) -> PublishResult:
         """Send ``rows`` of ``ids`` (and evicted ``tombstones``) of ``table``.
 
         Args:
@@ -336,6 +337,7 @@ class DeltaPublisher:
                 rank holding several shards of one table (column shards) publishes each
                 under its own shard id: every ``(table, shard)`` is its own seq stream,
                 Kafka key and partition (``shard % partitions``).
+            dtype: this call's wire dtype, default the publisher's ``dtype``.
 
         Returns:
             A :class:`PublishResult`; its ``offsets`` are known after :meth:`flush` or
@@ -349,6 +351,8 @@ class DeltaPublisher:
                 next publish, so consumers see a seq gap only where a sent message failed.
         """
         wire.check_name("table", table)
+        dtype = self.dtype if dtype is None else dtype
+        wire.check_dtype(dtype)
         step = _check_int("step", step)
         ts = time.time_ns() if ts is None else _check_int("ts", ts)
         # Own copies (8 bytes an id): undelivered messages name their ids from them, so a
@@ -359,7 +363,7 @@ class DeltaPublisher:
         # one seq stream per (table, shard); '/' never occurs in a table name
         stream = table if shard == self.shard else f"{table}/{shard}"
         partition = self.partition if shard == self.shard else shard % self.partitions
-        rows_np = host_rows(rows, ids_np.shape[0], stream, dtype=self.dtype,
+        rows_np = host_rows(rows, ids_np.shape[0], stream, dtype=dtype,
                             allow_nonfinite=self.allow_nonfinite,
                             known_dim=self._dims.get(stream))
         col = _check_int("col", col, 0, wire.MAX_DIM - 1)
@@ -372,16 +376,15 @@ class DeltaPublisher:
             first = self._next_seq.get(stream, 0)
             batch = wire.DeltaBatch(model=self.model, table=table, shard=shard,
                                     epoch=self.epoch, seq=first, step=step, ts=ts,
-                                    ids=ids_np, rows=rows_np, dtype=self.dtype,
+                                    ids=ids_np, rows=rows_np, dtype=dtype,
                                     tombstones=tomb_np, col=col, width=width)
             limit = self.max_value_bytes(table)
             pieces = wire.split(batch, limit)  # validates; views, no copies
 
             def frame(piece: wire.DeltaBatch) -> Any:
-                value = None if self._framer is None else self._framer.frame(piece)
-                return value if value is not None \
-                    else wire.encode(piece, max_message_bytes=limit,
-                                     version=self.wire_version)[0]
+                value = self._framer.frame(piece) if self._framer and dtype == self.dtype else None
+                return value if value is not None else wire.encode(
+                    piece, max_message_bytes=limit, version=self.wire_version)[0]
 
             key = self._keys.setdefault(stream, wire.message_key(self.model, table, shard))
             result = PublishResult(table=table, partition=partition, epoch=self.epoch,

@@ -1,8 +1,8 @@
 """deltastream-replay against a real broker: rebuild, dump, stats, diff, CLI exit codes.
 
 One realistic stream is published once per module (2 tables, 2 trainer shards on 2
-partitions, two epochs of shard 0 — the second in wire v3, varint ids —, tombstones, f16
-and f32 on the wire, one garbage
+partitions, two epochs of shard 0 — the second in wire v3, varint ids, its user rows i8 —,
+tombstones, f16, f32 and i8 on the wire, one garbage
 record, and a hand-made epoch with a seq gap and a duplicate). References are built
 independently: records read with a plain KafkaConsumer and applied one by one, in
 partition order, through the same Applier the daemon uses.
@@ -91,7 +91,8 @@ def _publish_stream(bootstrap: str, topic: str) -> int:
                     cand = np.array(sorted(have - set(ids.tolist())), np.int64)
                     tomb = cand[:4] if cand.size else None
                 res = pub.publish(table, ids, rows, step=step, ts=_ts(step, shard),
-                                  tombstones=tomb)
+                                  tombstones=tomb,
+                                  dtype="i8" if version == 3 and table == "user" else None)
                 produced += res.messages
                 have |= set(ids.tolist())
                 if tomb is not None:
@@ -215,6 +216,8 @@ def test_rebuild_whole_topic_is_bit_identical_to_applier_and_daemon(stream, tmp_
     # both wire versions are in the topic (the byte after map16 + "v" is the version)
     assert {v[5] for _, _, v, _ in stream.ordered() if v[:5] == b"\xde\x00" + v[2:3] + b"\xa1v"} \
         == {2, 3}
+    assert {wire.decode(v).dtype for _, _, v, _ in stream.ordered() if _ts_of(v) is not None} \
+        == {"f16", "f32", "i8"}
     assert set(res.tables) == {"user", "item"}
     assert res.offsets == stream.ends()
     c = res.counters

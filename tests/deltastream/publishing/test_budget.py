@@ -38,15 +38,19 @@ class Loopback:
         self.serving, self.dtype, self.seq, self.fail_on = serving, dtype, 0, fail_on
         self.wire_version = wire_version
         self.calls: list[tuple[str, list[int]]] = []
+        self.dtypes: dict[str, set] = {}  # table -> wire dtypes of its messages
 
-    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None):
+    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None, dtype=None):
+        assert dtype != self.dtype  # the budget names a dtype only where it is not ours
+        dtype = dtype or self.dtype
+        self.dtypes.setdefault(table, set()).add(dtype)
         if table == self.fail_on:
             raise PublishError(f"broker down for {table}")
         ids, rows = ids.cpu(), rows.cpu()
         self.calls.append((table, ids.tolist()))
         batch = wire.DeltaBatch(model="m", table=table, shard=0, epoch=1, seq=self.seq,
                                 step=step, ts=ts or time.time_ns(), ids=ids.numpy(),
-                                rows=rows.numpy(), dtype=self.dtype,
+                                rows=rows.numpy(), dtype=dtype,
                                 tombstones=None if tombstones is None else
                                 tombstones.cpu().numpy())
         msgs = wire.encode(batch, version=self.wire_version)
@@ -130,6 +134,7 @@ def _served_error(model, serving) -> dict[str, np.ndarray]:
     ({"bytes_per_step": 10, "max_age": -1}, "max_age"),
     ({"bytes_per_step": 10, "new_rows": "zero"}, "new_rows"),
     ({"bytes_per_step": 10, "window": 0}, "window"),
+    ({"bytes_per_step": 10, "wide_dtype": "f64"}, "wide_dtype must be None or one of"),
 ])
 def test_policy_names_the_bad_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -240,6 +245,32 @@ def test_wire_v3_rows_are_costed_at_their_varint_ids_so_the_budget_buys_more_row
             else:  # at least one byte an id, fewer than 8
                 assert values + 1 <= st["row_bytes"][name] < values + 8
     assert got[3]["rows"] > got[2]["rows"]
+
+
+@pytest.mark.parametrize("wide", [None, "i8"])
+def test_wide_dtype_sends_wide_tables_in_it_and_costs_them_so(wide):
+    """``wide_dtype="i8"``: a dim-8 table's rows go as i8 (8 + 4 bytes instead of 32 in
+    f32), a dim-1 table stays f32 (i8 would cost 5 bytes, not 4); the budget costs each at
+    its own dtype, and after a flush predictors hold every row within i8's bound."""
+    model, tracker, serving, pub = _setup({"emb": 8, "bias": 1})
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=300, wide_dtype=wide))
+    g = torch.Generator().manual_seed(3)
+    for step in range(1, 41):
+        ids = torch.randint(0, 100, (20,), generator=g).unique()
+        _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 8, generator=g))
+        _move(model["bias"], ids, 0.1 * torch.randn(len(ids), 1, generator=g))
+        tracker.step()
+        _tick(bp, step)
+    bp.flush(41)
+    want = {"emb": wide or "f32", "bias": "f32"}
+    assert pub.dtypes == {name: {d} for name, d in want.items()}
+    assert bp.stats()["row_bytes"] == {name: float(wire.row_bytes(dim, want[name]))
+                                       for name, dim in (("emb", 8), ("bias", 1))}
+    err = _served_error(model, serving)
+    assert err["bias"].max() == 0.0
+    rows = model["emb"].lookup(model["emb"].ids()).numpy()
+    bound = np.abs(rows).max(axis=1) / 254 * np.sqrt(8) * (1 + 1e-5)  # L2 of [8] elements
+    assert np.all(err["emb"] <= bound) and (err["emb"].max() > 0) == (wide == "i8")
 
 
 def test_the_reported_bound_is_the_largest_served_error_after_every_tick():
