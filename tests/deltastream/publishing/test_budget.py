@@ -111,6 +111,17 @@ def _move(table: HashTable, ids, delta) -> None:
         table.insert(ids, rows + torch.as_tensor(delta, dtype=torch.float32))
 
 
+def _train(model, tracker, bp: BudgetPublisher, steps: int, seed: int) -> None:
+    """``steps`` steps, each moving ~30 random ids of every table by N(0, 0.1), then a tick."""
+    g = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
+        ids = torch.randint(0, 100, (30,), generator=g).unique()
+        for t in model.values():
+            _move(t, ids, 0.1 * torch.randn(len(ids), t.embedding_dim, generator=g))
+        tracker.step()
+        _tick(bp, step)
+
+
 def _served_error(model, serving) -> dict[str, np.ndarray]:
     out = {}
     for name, t in model.items():
@@ -229,13 +240,7 @@ def test_wire_v3_rows_are_costed_at_their_varint_ids_so_the_budget_buys_more_row
         model, tracker, serving, pub = _setup({"emb": 4, "bias": 1})
         pub.wire_version = version
         bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate))
-        g = torch.Generator().manual_seed(1)
-        for step in range(1, steps + 1):
-            ids = torch.randint(0, 100, (30,), generator=g).unique()
-            _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 4, generator=g))
-            _move(model["bias"], ids, 0.1 * torch.randn(len(ids), 1, generator=g))
-            tracker.step()
-            _tick(bp, step)
+        _train(model, tracker, bp, steps, seed=1)
         got[version] = st = bp.stats()
         assert 0.9 * rate <= st["bytes_per_step"] <= rate + bp.policy.burst / steps
         for name, dim in (("emb", 4), ("bias", 1)):
@@ -254,13 +259,7 @@ def test_wide_dtype_sends_wide_tables_in_it_and_costs_them_so(wide):
     its own dtype, and after a flush predictors hold every row within i8's bound."""
     model, tracker, serving, pub = _setup({"emb": 8, "bias": 1})
     bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=300, wide_dtype=wide))
-    g = torch.Generator().manual_seed(3)
-    for step in range(1, 41):
-        ids = torch.randint(0, 100, (20,), generator=g).unique()
-        _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 8, generator=g))
-        _move(model["bias"], ids, 0.1 * torch.randn(len(ids), 1, generator=g))
-        tracker.step()
-        _tick(bp, step)
+    _train(model, tracker, bp, 40, seed=3)
     bp.flush(41)
     want = {"emb": wide or "f32", "bias": "f32"}
     assert pub.dtypes == {name: {d} for name, d in want.items()}
