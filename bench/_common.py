@@ -8,7 +8,7 @@ these run on are shared and noisy: the ratio is what is compared with the goal.
 Also here: :func:`zipf_ids` (the Zipf id workload), :func:`add_threads_flag` with
 :func:`torch_threads` (the common ``--threads`` option). This module must not import torch at
 import time: torch-free benchmarks (apply, codec) import it too, so the torch helpers import it
-inside. Plots use :func:`deltastream_demo.report.pyplot`.
+inside. Plots use :func:`deltastream_demo.plots.pyplot`.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ import numpy as np
 
 from bench._common import Loopback, result
 from bench._ratings import DATASETS, LogUnavailable, Ratings, load_ratings
-from deltastream_demo.report import pyplot, save_png
+from deltastream_demo.plots import pyplot, save_png
 
 __all__ = ["main", "run"]
 

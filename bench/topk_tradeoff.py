@@ -76,7 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import Loopback, result
-from deltastream_demo.report import pyplot, save_png
+from deltastream_demo.plots import pyplot, save_png
 
 __all__ = ["main"]
 

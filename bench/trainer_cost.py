@@ -114,10 +114,14 @@ class _Run:
         self.tracker.close()
 
 
-def _prefill(run: _Run, model: TableCTR, n: int, step: int) -> None:
-    """Make ``n`` fresh user rows pending in ``run``'s budget (not timed)."""
+def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) -> None:
+    """Make ``n`` fresh user rows pending in ``run``'s budget (not timed); the other runs'
+    trackers do not see these lookups (each would otherwise hold, and read, ``n`` rows)."""
     base = (1 << 61) + step * (n + 1)
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.ExitStack() as paused:
+        for other in runs:
+            if other is not run:
+                paused.enter_context(other.tracker.pause())
         for start in range(0, n, 1 << 18):
             ids = torch.arange(base + start, base + min(n, start + (1 << 18)))
             model.user(ids)
@@ -163,7 +167,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     try:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
             if r.budget is not None and args.pending:
-                _prefill(r, model, args.pending, k)
+                _prefill(r, runs, model, args.pending, k)
         for _ in range(args.rounds):
             for r in runs:
                 r.idle()

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Optional
 
 from deltastream.kafka_config import check_bootstrap_servers, security_config
@@ -411,16 +411,20 @@ def _flag_fields(settings: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(settings) if f.metadata.get("flag") is not None]
 
 
-def add_field_flags(parser: argparse.ArgumentParser, settings: type) -> None:
+def add_field_flags(parser: argparse.ArgumentParser, settings: type,
+                    helps: Optional[Mapping[str, str]] = None) -> None:
     """One ``--flag`` per field of the dataclass ``settings`` that has ``flag`` metadata
     (argparse keywords; see :func:`option`) and ``help`` metadata: flag ``--a-b`` for field
-    ``a_b`` unless ``flag`` names it, the field's default unless ``flag`` gives one."""
+    ``a_b`` unless ``flag`` names it, the field's default unless ``flag`` gives one.
+    ``helps``: ``{field: help}`` for fields whose flag means something else on this
+    parser (a subcommand's variant of a shared flag)."""
     for f in _flag_fields(settings):
         kw = dict(f.metadata["flag"])
         name = kw.pop("name", "--" + f.name.replace("_", "-"))
         if "default" not in kw and not kw.get("required") and kw.get("action") != "store_true":
             kw["default"] = None if f.default is dataclasses.MISSING else f.default
-        parser.add_argument(name, dest=f.name, help=f.metadata.get("help"), **kw)
+        help_text = (helps or {}).get(f.name, f.metadata.get("help"))
+        parser.add_argument(name, dest=f.name, help=help_text, **kw)
 
 
 def field_values(args: argparse.Namespace, settings: type) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The demo's over-the-run pictures (matplotlib Agg; torch-free; optional like the others).
 
-Each takes the report's ``timeline`` (see :func:`deltastream_demo.summary.build_report`) and
-draws one PNG whose axes fit the steady state: the final flush, which sends every retained
+The first three take the report's ``timeline`` (see
+:func:`deltastream_demo.summary.build_report`) and each draws one PNG whose axes fit the steady state: the final flush, which sends every retained
 row at once, is marked with a dashed line and its size written on the picture instead of
 stretching the axis.
 
@@ -9,11 +9,18 @@ stretching the axis.
   predictor's serving tables on the same examples at the same moments (progressive
   validation): the gap is what serving loses to staleness;
 * :func:`plot_rates` — bytes/s and rows/s published per second, against the byte budget;
-* :func:`plot_bound` — the serving-error bound after each budget tick.
+* :func:`plot_bound` — the serving-error bound after each budget tick;
+* :func:`plot_freshness` — predictor freshness over time (from per-record samples, binned by
+  :func:`freshness_series`), and :func:`plot_published` — rows published per step.
+
+:func:`pyplot` gives matplotlib's Agg backend (no display needed), or ``None`` with a
+warning when matplotlib is not installed: plots are optional, the report says they were
+skipped; :func:`save_png` writes a figure.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,9 +28,171 @@ from typing import Any, Optional
 
 import numpy as np
 
-from deltastream_demo.report import pyplot, save_png, time_bins
+__all__ = ["plot_learning", "plot_rates", "plot_bound", "per_second", "steady_ylim",
+           "plot_freshness", "plot_published", "freshness_series", "time_bins", "pyplot",
+           "save_png"]
 
-__all__ = ["plot_learning", "plot_rates", "plot_bound", "per_second", "steady_ylim"]
+log = logging.getLogger(__name__)
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), or ``None`` with a
+    warning when matplotlib is not installed (plots are optional)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: plots are skipped "
+                    "(pip install 'deltastream[plots]')")
+        return None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def time_bins(t: Sequence[float], values: Sequence[float], *, bin_s: float,
+              name: str = "values") -> tuple[np.ndarray, np.ndarray]:
+    """``(bin index [m] int64, values [m] float64)`` of samples at times ``t`` (s) in bins
+    of ``bin_s`` s. ``ValueError`` when the shapes differ or ``bin_s`` is not positive."""
+    t = np.asarray(t, np.float64)
+    v = np.asarray(values, np.float64)
+    if t.shape != v.shape:
+        raise ValueError(f"t and {name} must have the same shape, got {t.shape} vs {v.shape}")
+    if not bin_s > 0:
+        raise ValueError(f"bin_s must be > 0, got {bin_s}")
+    return np.floor(t / bin_s).astype(np.int64), v
+
+
+def freshness_series(t: np.ndarray, fresh: np.ndarray, *, bin_s: float = 1.0
+                     ) -> list[tuple[float, int, float, float, float]]:
+    """Per time bin: ``(bin start s, samples, p50, p99, max)`` of freshness samples.
+
+    ``t`` are apply times (s since the run started), ``fresh`` the freshness (s) of each
+    applied message. Empty bins are left out.
+    """
+    b, f = time_bins(t, fresh, bin_s=bin_s, name="fresh")
+    if b.size == 0:
+        return []
+    order = np.argsort(b, kind="stable")
+    b, f = b[order], f[order]
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    ends = np.r_[starts[1:], b.size]
+    out = []
+    for s, e in zip(starts, ends, strict=True):  # one iteration per time bin, not per sample
+        chunk = f[s:e]
+        p50, p99 = np.quantile(chunk, [0.5, 0.99])
+        out.append((float(b[s] * bin_s), int(e - s), float(p50), float(p99),
+                    float(chunk.max())))
+    return out
+
+
+def save_png(fig, path: str | os.PathLike) -> Path:
+    """Lay out ``fig`` and write it to ``path`` as PNG (parent directories made)."""
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def plot_freshness(path: str | os.PathLike, t: Sequence[float], fresh: Sequence[float], *,
+                   bin_s: float = 1.0, title: str = "freshness (trainer read → applied)",
+                   flush_t: Optional[float] = None) -> Optional[Path]:
+    """PNG: each applied message's freshness over time, with per-bin p50/p99 lines.
+
+    ``t``: apply time of each message (s since the run started); ``fresh``: its freshness
+    (s); ``flush_t``: when the final flush started (s), marked with a dashed line. Returns
+    the path, or None when matplotlib is missing.
+    """
+    plt = pyplot()
+    if plt is None:
+        return None
+    t = np.asarray(t, np.float64)
+    f = np.asarray(fresh, np.float64) * 1e3
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    try:
+        if t.size:
+            ax.scatter(t, f, s=6, alpha=0.4, color="tab:blue", label="message", lw=0)
+            series = freshness_series(t, f / 1e3, bin_s=bin_s)
+            if series:
+                xs = [s[0] + bin_s / 2 for s in series]
+                ax.plot(xs, [s[2] * 1e3 for s in series], color="tab:green", lw=1.5,
+                        label=f"p50 per {bin_s:g} s")
+                ax.plot(xs, [s[3] * 1e3 for s in series], color="tab:red", lw=1.5,
+                        label=f"p99 per {bin_s:g} s")
+            if (f > 0).all():
+                from matplotlib.ticker import FuncFormatter
+
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                # minor ticks 20, 50, 200, …: readable without crowding
+                ax.yaxis.set_minor_formatter(FuncFormatter(
+                    lambda v, _: f"{v:g}" if f"{v:e}"[0] in "25" else ""))
+            if flush_t is not None:
+                ax.axvline(flush_t, color="tab:purple", ls="--", lw=1.2, label="final flush")
+            ax.legend(loc="upper right", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no messages applied", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("freshness (ms)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        return save_png(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_published(path: str | os.PathLike, steps: Sequence[int], rows: Sequence[int],
+                   nbytes: Sequence[int], *, title: str = "published per interval",
+                   final_step: Optional[int] = None) -> Optional[Path]:
+    """PNG: rows (bars) and bytes (line, right axis) published per publish interval.
+
+    ``steps[i]`` is the trainer step of interval ``i``; ``rows``/``nbytes`` are summed over
+    shards. When the last entry is the final flush, pass its step as ``final_step``: it is
+    drawn apart. Returns the path, or None without matplotlib.
+    """
+    plt = pyplot()
+    if plt is None:
+        return None
+    x = np.asarray(steps, np.float64)
+    r = np.asarray(rows, np.float64)
+    b = np.asarray(nbytes, np.float64)
+    if not (x.shape == r.shape == b.shape):
+        raise ValueError(f"steps, rows, nbytes must have equal lengths, got "
+                         f"{x.shape}, {r.shape}, {b.shape}")
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    try:
+        if x.size:
+            last = np.zeros(x.shape, bool)
+            if final_step is not None and x.size and x[-1] == final_step:
+                last[-1] = True  # the final flush: drawn apart, after the last round
+            gaps = np.diff(np.unique(x))
+            width = float(np.median(gaps)) if gaps.size else 1.0
+            xs = np.where(last, x + width, x)
+            ax.bar(xs[~last], r[~last], width=width * 0.8, color="tab:blue", alpha=0.6,
+                   label="rows")
+            if last.any():
+                # wide enough to see next to hundreds of regular rounds
+                span = float(xs.max() - xs.min()) if xs.size > 1 else width
+                wide = max(width * 0.8, span / 80.0)
+                ax.bar(xs[last] + wide / 2, r[last], width=wide, color="tab:purple",
+                       alpha=0.8, label="rows (final flush)")
+            ax2 = ax.twinx()
+            ax2.plot(xs, b / 1024.0, color="tab:orange", marker=".", lw=1.2, label="KiB")
+            ax2.set_ylabel("KiB published", color="tab:orange")
+            ax2.set_ylim(bottom=0)
+            ax.legend(loc="upper left", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "nothing published", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.set_xlabel("trainer step")
+        ax.set_ylabel("rows published", color="tab:blue")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        return save_png(fig, path)
+    finally:
+        plt.close(fig)
+
 
 _FLUSH = {"color": "tab:purple", "ls": "--", "lw": 1.2}
 

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from deltastream_demo import plots
 from deltastream_demo import report as rpt
 from deltastream_demo.options import DemoOptions
 
@@ -113,7 +114,7 @@ def _timeline(finals: dict[int, dict], rounds: list[dict], result: dict,
     return {
         "publish": [[r["step"], r["t"], r["rows"], r["bytes"], int(r["final"])]
                     for r in rounds],
-        "freshness": [list(s) for s in rpt.freshness_series(
+        "freshness": [list(s) for s in plots.freshness_series(
             result["apply_t"], result["apply_fresh"], bin_s=1.0)],
         "loss": f0.get("losses", []),
         "auc": [[e.get("step"), e.get("t"), e.get("auc"), e.get("serving_auc"),
@@ -206,8 +207,6 @@ def make_plots(out: Path, report: dict, result: dict) -> list[str]:
     ``published.png`` (bytes/s and rows/s against the budget), ``freshness.png`` and
     ``bound.png`` (the serving-error bound over time); the paths drawn (none without
     matplotlib)."""
-    from deltastream_demo import plots
-
     tl = report["timeline"]
     flush = [r for r in tl["publish"] if r[4]]
     budget = report.get("budget") or {}
@@ -217,7 +216,7 @@ def make_plots(out: Path, report: dict, result: dict) -> list[str]:
         plots.plot_rates(out / "published.png", tl["publish"],
                          budget_bytes_per_s=float(budget.get("bytes_per_s") or 0.0),
                          trainers=int(report["config"]["workers"])),
-        rpt.plot_freshness(out / "freshness.png", result["apply_t"], result["apply_fresh"],
+        plots.plot_freshness(out / "freshness.png", result["apply_t"], result["apply_fresh"],
                            bin_s=1.0, flush_t=min(r[1] for r in flush) if flush else None),
         plots.plot_bound(out / "bound.png", tl.get("bound") or []),
     ]

@@ -49,7 +49,6 @@ import datetime
 import logging
 import math
 import os
-import queue
 import signal
 import time
 from pathlib import Path
@@ -59,12 +58,12 @@ import numpy as np
 
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import secret_values
+from deltastream_demo.trainer_publishing import SNAPSHOT_PREFIX, TrainerPublishing
 
 __all__ = ["trainer_main", "SNAPSHOT_PREFIX"]
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_PREFIX = "shard-"
 _EVAL_CHUNK = 8192
 
 
@@ -100,38 +99,50 @@ class _Trainer:
         import torch
         import torch.distributed as dist
 
-        from consumers import ServingTable
-        from deltastream import (
-            BudgetPolicy,
-            BudgetPublisher,
-            DeltaPublisher,
-            DeltaTracker,
-            DenseOptions,
-            DensePublisher,
-            RowWiseAdagrad,
-            TrackingMode,
-        )
-        from deltastream.publishing.rounds import SelectionPolicy
-        from deltastream_demo.data import ClickStream, StreamConfig
-        from deltastream_demo.model import TABLE_NAMES, CTRModel, local_tables
+        from deltastream import DeltaTracker, RowWiseAdagrad, TrackingMode
 
         self.torch, self.dist = torch, dist
         self.rank, self.cfg, self.events = rank, cfg, events
         self.world = int(cfg["world"])
         torch.set_num_threads(int(cfg.get("threads", 1)))
+        self._join_process_group()
+        torch.manual_seed(int(cfg["seed"]))  # same MLP init on every rank
+        self._build_model()
+        self.sparse_opt = None if self.torchrec else RowWiseAdagrad(
+            self.model, lr=float(cfg["lr_sparse"]))
+        self.dense = self.net.dense_parameters()
+        self.dense_opt = torch.optim.Adam(self.dense, lr=float(cfg["lr_dense"]))
+        self.tracker = DeltaTracker(self.model, consumers=["publish", "snapshot"],
+                                    delete_on_read=True, mode=TrackingMode.EMBEDDING)
+        # tracker key -> table (a HashTable, or a TorchRecTable: a row-wise shard)
+        self.fqn_table = (dict(self.tracker.get_tracked_modules()) if self.torchrec else
+                          {fqn: self.model.get_submodule(fqn) for fqn in self._tracked_fqns()})
+        self.pub = TrainerPublishing(rank, cfg, events, self.tracker, self.fqn_table,
+                                     self.net.mlp, self.table_names, self.plan is None)
+        self.work = Path(cfg["work_dir"])
+
+    def _join_process_group(self) -> None:
+        """Pick this rank's device and join the process group (NCCL on CUDA, else gloo)."""
+        torch, cfg = self.torch, self.cfg
         if cfg["device"] == "cuda":
-            self.device = torch.device("cuda", rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
             backend = "nccl"
         else:
             self.device = torch.device("cpu")
             backend = "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{cfg['master_port']}",
-                                rank=rank, world_size=self.world,
-                                timeout=datetime.timedelta(seconds=float(
-                                    cfg.get("dist_timeout", 120))))
-        seed = int(cfg["seed"])
-        torch.manual_seed(seed)  # same MLP init on every rank
+        self.dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{cfg['master_port']}", rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=float(cfg.get("dist_timeout", 120))))
+
+    def _build_model(self) -> None:
+        """The click stream and this rank's model: ``model`` (what trains and is tracked),
+        ``net`` (its MLP side), ``tables`` (local shards), ``plan``, ``table_names``."""
+        from deltastream_demo.data import ClickStream, StreamConfig
+        from deltastream_demo.model import TABLE_NAMES, CTRModel, local_tables
+
+        cfg = self.cfg
         self.stream = ClickStream(StreamConfig(**cfg["stream"]))
         # --model-kind torchrec: a DMP-sharded EmbeddingBagCollection, its fused optimizer
         # steps in the backward (no sparse optimizer here); the tables are TorchRecTables
@@ -148,7 +159,7 @@ class _Trainer:
         else:
             self.model = self.net = CTRModel(
                 int(cfg["dim"]), self.stream.config.n_dense, tuple(cfg.get("hidden", (64, 32))),
-                sharded=True, device=self.device, seed=seed * 1000 + rank,
+                sharded=True, device=self.device, seed=int(cfg["seed"]) * 1000 + self.rank,
                 sharding=cfg.get("sharding", "row"))
         self.tables = local_tables(self.model)  # name -> local HashTable shard
         # --sharding table|column: shards are named "<table>#<j>"; rows are reported (dump,
@@ -156,55 +167,6 @@ class _Trainer:
         self.plan = getattr(self.model, "plan", None) if not self.torchrec else None
         self.table_names = (tuple(TABLE_NAMES) if self.plan is not None or self.torchrec
                             else tuple(self.tables))
-        self.sparse_opt = None if self.torchrec else RowWiseAdagrad(
-            self.model, lr=float(cfg["lr_sparse"]))
-        self.dense = self.net.dense_parameters()
-        self.dense_opt = torch.optim.Adam(self.dense, lr=float(cfg["lr_dense"]))
-        self.tracker = DeltaTracker(self.model, consumers=["publish", "snapshot"],
-                                    delete_on_read=True, mode=TrackingMode.EMBEDDING)
-        # tracker key -> table (a HashTable, or a TorchRecTable: a row-wise shard)
-        self.fqn_table = (dict(self.tracker.get_tracked_modules()) if self.torchrec else
-                          {fqn: self.model.get_submodule(fqn) for fqn in self._tracked_fqns()})
-        self.publisher = DeltaPublisher(cfg["bootstrap_servers"], cfg["topic"],
-                                        model=cfg["model_name"], shard=rank,
-                                        dtype=cfg["wire_dtype"],
-                                        max_message_bytes=int(cfg["max_message_bytes"]),
-                                        **(cfg.get("kafka_config") or {}))
-        self.partition = self.publisher.partition
-        # the MLP is the model's only dense part (the tables go as rows); under the name
-        # "mlp" its tensors are named as in the model's state_dict ("mlp.0.weight" …)
-        # without building the sharded tables' state_dict. Only rank 0 publishes: every rank
-        # holds the same weights
-        self.dense_pub = DensePublisher(
-            self.publisher, torch.nn.ModuleDict({"mlp": self.net.mlp}),
-            DenseOptions(every_steps=int(cfg["dense_every"]), rank=0))
-        frac = float(cfg["topk_fraction"])
-        self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
-        budget = float(cfg.get("publish_budget") or 0.0)
-        # the budget's rounds run on its worker; their records come back through on_round
-        self.budget_rounds: queue.SimpleQueue = queue.SimpleQueue()
-        self.budget = BudgetPublisher(self.tracker, self.publisher, "publish",
-                                      BudgetPolicy(bytes_per_s=budget),
-                                      tables=self.fqn_table, dense=self.dense_pub,
-                                      on_round=self.budget_rounds.put) if budget > 0 else None
-        self.next_offset = self._end_offset()
-        # next offsets of other partitions: a plan's shards publish under their own shard
-        # ids (partition shard % partitions), e.g. a whole table on rank 1 is shard 0
-        self.other_offsets: dict[int, int] = {}
-        self.pending: list[Any] = []  # PublishResults not yet flushed
-        # base snapshots hold each rank's full rows: row sharding only (a column shard holds
-        # part of every row)
-        self.mirror = {} if self.plan is not None else {
-            name: ServingTable(name, int(cfg["dim"])) for name in self.table_names}
-        self.published_ids: dict[str, list[np.ndarray]] = {n: [] for n in self.table_names}
-        self.rounds: list[dict] = []
-        self.bounds: list[tuple[int, float, float, bool]] = []  # (step, t s, bound, final)
-        self.totals = dict.fromkeys(("tracked", "published", "carried", "rejected", "exact",
-                                     "tombstones", "messages", "bytes", "rounds",
-                                     "final_flush"), 0)
-        self.snapshots = {"count": 0, "last_step": None, "seconds": 0.0}
-        self.work = Path(cfg["work_dir"])
-        self.snap_dir = Path(cfg["snapshot_dir"]) / f"{SNAPSHOT_PREFIX}{rank}"
 
     # ------------------------------------------------------------------ helpers
 
@@ -213,112 +175,6 @@ class _Trainer:
         from deltastream import HashTable
 
         return [fqn for fqn, m in self.model.named_modules() if isinstance(m, HashTable)]
-
-    def _end_offset(self) -> int:
-        """Next offset of this shard's partition now (messages before it are not ours)."""
-        from consumers.topic import TopicReader
-
-        with TopicReader(self.cfg["bootstrap_servers"], self.cfg["topic"], timeout=15.0,
-                         **(self.cfg.get("kafka_config") or {})) as reader:
-            return int(reader.end_offsets([self.partition])[self.partition])
-
-    def _settle(self) -> None:
-        """Flush the publisher; advance ``next_offset`` past every acknowledged message."""
-        self.publisher.flush()
-        for res in self.pending:
-            offs = res.offsets
-            if offs:
-                if res.partition == self.partition:
-                    self.next_offset = max(self.next_offset, max(offs) + 1)
-                else:
-                    self.other_offsets[res.partition] = max(
-                        self.other_offsets.get(res.partition, 0), max(offs) + 1)
-        self.pending.clear()
-
-    # ------------------------------------------------------------------ publish / snapshot
-
-    def publish_round(self, step: int, *, final: bool = False) -> Optional[dict]:
-        """One ``publish`` consumer round (:func:`deltastream.publish_delta`, or a budget
-        tick / final flush); the counters of the last round recorded (``None`` when no
-        budget round finished)."""
-        from deltastream import publish_delta
-
-        if self.budget is None:
-            rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy,
-                                step=step, final=final, tables=self.fqn_table,
-                                dense=self.dense_pub)
-            return self._record_round(rnd, 0)
-        if final:
-            self.budget.flush(step)
-        else:
-            self.budget.tick(step)  # a hand-off: the round runs on the budget's worker
-        return self._collect_budget_rounds()
-
-    def _collect_budget_rounds(self) -> Optional[dict]:
-        """Record the budget rounds that finished since the last call."""
-        rec = None
-        while True:
-            try:
-                tick = self.budget_rounds.get_nowait()
-            except queue.Empty:
-                return rec
-            rec = self._record_round(tick.round, tick.exact, tick.bound)
-
-    def _record_round(self, rnd: Any, exact: int, bound: Optional[float] = None) -> dict:
-        for t in rnd.tables:
-            if t.result is not None:
-                self.pending.append(t.result)
-            if len(t.ids):
-                self.published_ids[t.table].append(t.ids.detach().cpu().numpy())
-        final = rnd.final
-        rec = dict(step=rnd.step, t=rnd.ts / 1e9 - float(self.cfg["t0"]), final=final,
-                   **rnd.totals(), exact=exact, seconds=rnd.seconds)
-        if bound is not None:  # every budget tick: the serving-error bound over time
-            self.bounds.append((rec["step"], rec["t"], float(bound), bool(final)))
-        for k in ("tracked", "published", "carried", "rejected", "exact", "tombstones",
-                  "messages", "bytes"):
-            self.totals[k] += rec[k]
-        self.totals["rounds"] += 1
-        if final:
-            self.totals["final_flush"] = rec["published"]
-        if final or rec["published"] or rec["tombstones"] or self.budget is None:
-            # a budget ticks every step: only the rounds that sent something are recorded
-            self.rounds.append(rec)
-            self.events.put(dict(rec, kind="publish", rank=self.rank))
-        return rec
-
-    def snapshot_round(self, step: int) -> None:
-        """One ``snapshot`` consumer round: update this shard's mirror and write it."""
-        from consumers.storage.snapshot import write_snapshot
-
-        t0 = time.monotonic()
-        if self.budget is not None:  # every hand-off so far is published or pending
-            self.budget.drain()
-            self._collect_budget_rounds()
-        self._settle()  # offsets of everything published so far are now known
-        delta = self.tracker.get_delta("snapshot")
-        for fqn, d in delta.items():
-            tbl = self.fqn_table[fqn]
-            mirror = self.mirror[tbl.name]
-            if d.tombstones is not None and d.tombstones.numel():
-                mirror.delete(d.tombstones.cpu().numpy())
-            if len(d):
-                rows = tbl.lookup(d.ids).float().cpu().numpy()
-                ok = np.isfinite(rows).all(axis=1)  # non-finite rows are never served
-                mirror.upsert(d.ids.cpu().numpy()[ok], rows[ok])
-        next_seq = self.publisher.stats()["next_seq"]
-        streams = [{"table": t, "shard": self.rank, "epoch": self.publisher.epoch,
-                    "seq": int(s) - 1} for t, s in sorted(next_seq.items()) if s > 0]
-        write_snapshot(self.snap_dir, tables=dict(self.mirror),
-                       offsets={self.partition: int(self.next_offset)},
-                       seqs={"version": 1, "streams": streams} if streams else {},
-                       meta={"kind": "deltastream-demo-trainer-base", "step": step,
-                             "shard": self.rank, "world": self.world,
-                             "epoch": self.publisher.epoch, "model": self.cfg["model_name"],
-                             "topic": self.cfg["topic"], "written_at": time.time()})
-        self.snapshots["count"] += 1
-        self.snapshots["last_step"] = step
-        self.snapshots["seconds"] += time.monotonic() - t0
 
     # ------------------------------------------------------------------ training
 
@@ -437,7 +293,7 @@ class _Trainer:
         for tbl in self.fqn_table.values():
             with torch.no_grad():
                 moved = torch.nonzero(tbl.weight.abs().sum(dim=1) > 0).flatten()
-            pub = self.published_ids[tbl.name]
+            pub = self.pub.published_ids[tbl.name]
             ids = np.union1d((moved + int(tbl.row_offset)).cpu().numpy(),
                              np.concatenate(pub) if pub else np.empty(0, np.int64))
             rows = tbl.lookup(torch.from_numpy(ids.astype(np.int64)).to(self.device))
@@ -452,7 +308,7 @@ class _Trainer:
         for name, (ids, rows) in held.items():
             arrays[f"ids/{name}"] = ids
             arrays[f"rows/{name}"] = rows
-            pub = self.published_ids[name]
+            pub = self.pub.published_ids[name]
             arrays[f"published/{name}"] = (np.unique(np.concatenate(pub)) if pub
                                            else np.empty(0, np.int64))
         for k, v in export_dense(self.net).items():
@@ -472,6 +328,7 @@ class _Trainer:
         pub_every = int(cfg["publish_every"])
         eval_every = int(cfg.get("eval_every") or 0)
         snap_every = int(cfg["snapshot_every"])
+        pub = self.pub
         self.events.put({"kind": "ready", "who": f"trainer {self.rank}", "rank": self.rank})
         self.dist.barrier()
         t0 = time.monotonic()
@@ -482,10 +339,10 @@ class _Trainer:
             want_stop = duration is not None and time.monotonic() - t0 >= float(duration)
             loss, stop = self._train_step(step, want_stop)
             step += 1
-            if self.budget is not None or step % pub_every == 0:
-                self.publish_round(step)
+            if pub.budget is not None or step % pub_every == 0:
+                pub.publish_round(step)
             if step % snap_every == 0 and self.plan is None:
-                self.snapshot_round(step)
+                pub.snapshot_round(step)
             if eval_every and step % eval_every == 0 and not stop:
                 self.evaluate(step)
             now = time.monotonic()
@@ -498,38 +355,31 @@ class _Trainer:
         train_s = time.monotonic() - t0
         # ---- final flush: everything still retained goes out now
         t_flush = time.monotonic()
-        self.publish_round(step, final=True)
-        if self.budget is not None:
-            self.budget.close()
-        self.dense_pub.close()
-        self._settle()
-        # the dense chunks' offsets are not among the rows' results: everything is
-        # acknowledged now, so the partition's end covers them (the predictor drains to it)
-        self.next_offset = max(self.next_offset, self._end_offset())
+        pub.final_flush(step)
         flush_s = time.monotonic() - t_flush
         left = sum(len(d) for d in self.tracker.get_delta("publish").values())
         heldout_start = step * self.world * int(cfg["batch_size"])
         pos, logits = self._heldout_scores(heldout_start)
         held = self._held_rows()
         dump = self._dump(pos, logits, held)
-        pstats = self.publisher.stats()
-        self.publisher.close()
+        pstats = pub.publisher.stats()
+        pub.publisher.close()
         tstats = self.tracker.stats() if hasattr(self.tracker, "stats") else {}
         self.events.put({
             "kind": "final", "rank": self.rank, "steps": step,
             "device": str(self.device), "kernels": self._kernels(),
             "examples": step * self.world * int(cfg["batch_size"]),
             "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
-            "losses": losses, "rounds": self.rounds, "totals": self.totals,
-            "bounds": self.bounds,
+            "losses": losses, "rounds": pub.rounds, "totals": pub.totals,
+            "bounds": pub.bounds,
             "left_after_flush": int(left),
-            "offsets": {**self.other_offsets, self.partition: int(self.next_offset)},
-            "dump": dump, "heldout_start": heldout_start, "snapshots": self.snapshots,
+            "offsets": {**pub.other_offsets, pub.partition: int(pub.next_offset)},
+            "dump": dump, "heldout_start": heldout_start, "snapshots": pub.snapshots,
             "rows_held": {n: len(ids) for n, (ids, _) in held.items()},
             "tracker": _plain(tstats), "publisher": _plain(pstats),
-            "epoch": self.publisher.epoch,
-            "dense": _plain(self.dense_pub.stats()),
-            "budget": None if self.budget is None else _plain(self.budget.stats()),
+            "epoch": pub.publisher.epoch,
+            "dense": _plain(pub.dense_pub.stats()),
+            "budget": None if pub.budget is None else _plain(pub.budget.stats()),
             **({} if self.plan is None else {"plan": self.plan.describe()}),
             **({} if self.model_plan is None else {"model_plan": self.model_plan}),
         })

@@ -80,6 +80,14 @@ def kernel_device():
         yield device
 
 
+@pytest.fixture
+def checkpoint_hold(monkeypatch):
+    """A set ``threading.Event``: clear it and checkpoint writes stay in flight, frozen and
+    not written, until it is set (:mod:`tests.held_checkpoints`)."""
+    from tests.held_checkpoints import hold_checkpoints
+    return hold_checkpoints(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def broker():
     external = os.environ.get("DELTASTREAM_KAFKA_BOOTSTRAP")

@@ -8,7 +8,9 @@ One module per job, all names re-exported here:
 * :mod:`~consumers.replay.rebuild` — apply a range into tables through the sync daemon's
   :class:`~consumers.applier.Applier` and write a snapshot a daemon can resume from;
 * :mod:`~consumers.replay.inspect` — :func:`dump` decoded messages, per-stream :func:`stats`;
-* :mod:`~consumers.replay.diff` — compare snapshots, or a snapshot with a rebuild.
+* :mod:`~consumers.replay.diff` — compare snapshots, or a snapshot with a rebuild;
+* :mod:`~consumers.replay.options` — the command's flags, each spelled once as a dataclass
+  field.
 """
 
 from __future__ import annotations

@@ -44,11 +44,18 @@ from consumers.errors import (
 from consumers.files import MANIFEST
 from consumers.replay.diff import diff_snapshots, diff_with_rebuild
 from consumers.replay.inspect import dump, dumps_line, stats
-from consumers.replay.plan import parse_offsets, parse_seq_range, parse_time
+from consumers.replay.options import (
+    DIFF_SOURCE_HELP,
+    DiffFlags,
+    DumpFlags,
+    ReadRange,
+    RebuildFlags,
+    Source,
+    StatsFlags,
+    StreamFilter,
+)
 from consumers.replay.rebuild import rebuild
-from consumers.sync.options import parse_shards, parse_tables
 from deltastream.cliargs import (
-    BROKER_TIMEOUT_S,
     EXIT_CODES,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -57,12 +64,11 @@ from deltastream.cliargs import (
     EXIT_USAGE,
     ONE_SHOT,
     EnvArgumentParser,
+    add_field_flags,
     add_kafka_arguments,
     add_logging_arguments,
+    field_values,
     kafka_settings,
-    non_negative_float,
-    positive_float,
-    positive_int,
 )
 from deltastream.clilog import kafka_hint, setup_cli_logging
 from deltastream.errors import error_text
@@ -77,94 +83,17 @@ ENV_PREFIX = "DELTASTREAM_REPLAY_"
 EXIT_DIFF = EXIT_FAILED
 
 
-class _BadValue(argparse.ArgumentTypeError, ValueError):
-    """A bad flag value: argparse reports ArgumentTypeError; EnvArgumentParser catches
-    ValueError for values from the environment. Both then print one line and exit 2."""
-
-
-def _typed(fn: Any, what: str) -> Any:
-    def conv(text: str) -> Any:
-        try:
-            return fn(text)
-        except (ValueError, argparse.ArgumentTypeError) as e:
-            raise _BadValue(str(e)) from None
-    conv.__name__ = what
-    return conv
-
-
-def _int_list(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit():
-            raise ValueError(f"expected comma-separated ints ≥ 0 like '0,2', got {text!r}")
-        if int(part) not in out:
-            out.append(int(part))
-    return out
-
-
-def _step(text: str) -> int:
-    if not text.strip().isdigit():
-        raise ValueError(f"expected a trainer step, an int ≥ 0, got {text!r}")
-    return int(text)
-
-
-def _name_list(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names:
-        raise ValueError(f"expected comma-separated names, got {text!r}")
-    return names
-
-
 def _add_source(p: argparse.ArgumentParser, *, for_diff: bool = False) -> None:
-    extra = " (only with --rebuild; default: the snapshot's meta)" if for_diff else ""
+    """The Kafka connection flags and :class:`Source`'s (``diff``: only with --rebuild)."""
     add_kafka_arguments(p, required=False, help_suffix=" (only with --rebuild)" if for_diff
                         else "")
-    p.add_argument("--topic", default=None,
-                   help="Deltas topic (default: deltas.<model>)." + extra)
-    p.add_argument("--model", default=None,
-                   help=("With --rebuild: the model whose messages the rebuild compared "
-                         "with A applies (default: the snapshot's meta)."
-                         if for_diff else
-                         "Model name: rebuild applies only its messages, dump/stats show "
-                         "only its messages (default: from a topic named deltas.<model>; "
-                         "dump/stats: all models)."))
-    p.add_argument("--timeout", type=_typed(positive_float, "seconds"),
-                   default=BROKER_TIMEOUT_S, metavar="S",
-                   help="Seconds to wait for the broker to answer (as deltastream topic).")
-    p.add_argument("--no-progress", action="store_true",
-                   help="Never draw a progress bar (it is drawn only when stderr is a "
-                        "terminal anyway).")
+    add_field_flags(p, Source, DIFF_SOURCE_HELP if for_diff else None)
 
 
-def _add_range(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--partitions", type=_typed(_int_list, "partitions"), default=None,
-                   metavar="P[,P...]", help="Read only these partitions (default: all).")
-    p.add_argument("--from-offsets", type=_typed(parse_offsets, "offsets"), default=None,
-                   metavar="P=OFF[,...]",
-                   help="Start offset per partition, e.g. 0=10,1=5; unlisted partitions "
-                        "start at the earliest offset.")
-    p.add_argument("--to-offsets", type=_typed(parse_offsets, "offsets"), default=None,
-                   metavar="P=OFF[,...]",
-                   help="Stop offset (exclusive) per partition; unlisted partitions are "
-                        "read to their end.")
-    p.add_argument("--from-time", type=_typed(parse_time, "time"), default=None,
-                   metavar="TIME",
-                   help="Use only messages whose ts (trainer clock) is at or after TIME: "
-                        "ns since the epoch or ISO-8601 (UTC unless a zone is given). The "
-                        "whole offset range is still read, since ts is not monotonic along "
-                        "a partition.")
-    p.add_argument("--to-time", type=_typed(parse_time, "time"), default=None,
-                   metavar="TIME",
-                   help="Use only messages whose ts is at or before TIME (inclusive); "
-                        "format as --from-time.")
-
-
-def _add_filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", type=_typed(_name_list, "tables"), default=None,
-                   metavar="NAME[,NAME...]", help="Only messages of these tables.")
-    p.add_argument("--shard", type=_typed(_int_list, "shards"), default=None,
-                   metavar="N[,N...]", help="Only messages of these trainer shards.")
+def _add_read(p: argparse.ArgumentParser) -> None:
+    """The flags of a subcommand that reads a range of the topic."""
+    _add_source(p)
+    add_field_flags(p, ReadRange)
 
 
 def _add_rebuild(command: Any) -> None:
@@ -176,27 +105,8 @@ def _add_rebuild(command: Any) -> None:
                        "a snapshot directory usable as deltastream-sync --base. With "
                        "--from-time/--to-time only messages whose ts lies in the window are "
                        "applied.")
-    _add_source(r)
-    _add_range(r)
-    r.add_argument("--to-step", type=_typed(_step, "step"), default=None, metavar="STEP",
-                   help="Use only messages of trainer step STEP or earlier (the state the "
-                        "trainers had published at that step, dense versions included).")
-    r.add_argument("--out", required=True, metavar="DIR", env_local=True,
-                   help="Snapshot directory to write (replaced atomically).")
-    r.add_argument("--base", default=None, metavar="DIR",
-                   help="Start from this snapshot (tables, seq state) at its offsets instead "
-                        "of empty tables at the earliest offsets.")
-    r.add_argument("--tables", type=_typed(parse_tables, "tables"), default=None,
-                   metavar="NAME:DIM[,...]",
-                   help="Apply only these tables with these dims (others are quarantined), "
-                        "as deltastream-sync --tables; default: every table of the model.")
-    r.add_argument("--shards", type=_typed(parse_shards, "shards"), default=None,
-                   metavar="N[,N...]",
-                   help="Apply only these trainer shards (and read their partitions).")
-    r.add_argument("--dtype", choices=("f32", "f16"), default="f32",
-                   help="Storage dtype of the rebuilt tables.")
-    r.add_argument("--json", action="store_true",
-                   help="Print a JSON summary (offsets, counters, tables) on stdout.")
+    _add_read(r)
+    add_field_flags(r, RebuildFlags)
 
 
 def _add_dump(command: Any) -> None:
@@ -207,18 +117,9 @@ def _add_dump(command: Any) -> None:
                        "(count), bytes; with --rows also ids, rows and deleted ids. A record "
                        "that does not decode prints as {\"error\": ...} with the first bytes "
                        "in hex.")
-    _add_source(d)
-    _add_range(d)
-    _add_filters(d)
-    d.add_argument("--seq-range", type=_typed(parse_seq_range, "seq range"), default=None,
-                   metavar="FIRST:LAST", help="Only seqs in this inclusive range (either "
-                   "end may be left out: '10:', ':20').")
-    d.add_argument("--rows", action="store_true",
-                   help="Include ids, row values (float32) and tombstone ids.")
-    d.add_argument("--limit", type=_typed(positive_int, "count"), default=None,
-                   metavar="N", help="Stop after N lines.")
-    d.add_argument("--out", default="-", metavar="FILE", env_local=True,
-                   help="Write the lines to FILE instead of stdout ('-').")
+    _add_read(d)
+    add_field_flags(d, StreamFilter)
+    add_field_flags(d, DumpFlags)
 
 
 def _add_stats(command: Any) -> None:
@@ -229,10 +130,9 @@ def _add_stats(command: Any) -> None:
                        "rows, unique ids, tombstones, bytes, epochs, seq gaps (count and "
                        "ranges), duplicates, stale-epoch messages, first and last ts; plus "
                        "undecodable records.")
-    _add_source(s)
-    _add_range(s)
-    _add_filters(s)
-    s.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+    _add_read(s)
+    add_field_flags(s, StreamFilter)
+    add_field_flags(s, StatsFlags)
 
 
 def _add_diff(command: Any) -> None:
@@ -246,12 +146,7 @@ def _add_diff(command: Any) -> None:
     f.add_argument("a", metavar="A", help="Snapshot directory.")
     f.add_argument("b", metavar="B", nargs="?", default=None,
                    help="Second snapshot directory (omit with --rebuild).")
-    f.add_argument("--rebuild", action="store_true",
-                   help="Compare A with a rebuild of the topic up to A's offsets.")
-    f.add_argument("--tolerance", type=_typed(non_negative_float, "tolerance"),
-                   default=0.0, metavar="X",
-                   help="Largest absolute element difference still counted as equal.")
-    f.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    add_field_flags(f, DiffFlags)
     _add_source(f, for_diff=True)
 
 
@@ -314,9 +209,8 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 def _range_kwargs(args: argparse.Namespace) -> dict:
-    return {"partitions": args.partitions, "from_offsets": args.from_offsets,
-            "to_offsets": args.to_offsets, "from_time": args.from_time,
-            "to_time": args.to_time}
+    """The keywords of rebuild/dump/stats that :class:`ReadRange` names."""
+    return field_values(args, ReadRange)
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ imports only those listed before it:
   is refused), removing a checkpoint to start over;
 * :mod:`~consumers.storage.segments` — a checkpoint segment file (rows changed after a
   base);
+* :mod:`~consumers.storage.checkpoint_read` — reading an incremental checkpoint (its
+  manifest, base, then segments in order);
 * :mod:`~consumers.storage.checkpoint` — incremental checkpoints (a full base + segments);
 * :mod:`~consumers.storage.background` — checkpoints written in a background thread;
 * :mod:`~consumers.storage.snapshot` — ``write_snapshot`` / ``read_snapshot`` (reads every

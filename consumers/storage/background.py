@@ -18,10 +18,6 @@ The writing thread lowers its own CPU priority (``nice``, 10 by default): it mos
 and writes without the GIL, and readers of the tables should win the CPU when they want
 it. (The applying thread is left alone: lowering the priority of a thread that holds the
 GIL would make in-process readers wait for it.)
-
-Test hook: :attr:`CheckpointWriter.hold` is a set ``threading.Event``; clear it and the
-writing thread waits, after the freeze and before writing anything, until it is set again
-— a real checkpoint in flight for as long as a test needs (nothing is mocked).
 """
 
 from __future__ import annotations
@@ -56,9 +52,6 @@ class CheckpointWriter:
             raise ValueError(f"nice: expected an int in [0, 19], got {nice!r}")
         self.store = store
         self.nice = nice
-        #: test hook: cleared, the writing thread waits (before writing) until it is set
-        self.hold = threading.Event()
-        self.hold.set()
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._done: list[Outcome] = []
@@ -101,7 +94,6 @@ class CheckpointWriter:
                 pass
         out: Outcome
         try:
-            self.hold.wait()
             out = self.store.finish(prep)
         except BaseException as e:  # reported through results(); the next one is a base
             log.log(logging.DEBUG if on_done else logging.ERROR, "checkpoint to %s failed: "

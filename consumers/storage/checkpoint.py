@@ -48,7 +48,6 @@ import glob
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -56,11 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from consumers.errors import SnapshotError
 from consumers.files import (
     MANIFEST,
     PathLike,
-    check_format,
     fsync_dir,
     is_deltastream_dir,
     is_tmp_name,
@@ -68,33 +65,35 @@ from consumers.files import (
     no_follow,
     old_path,
     read_manifest,
-    read_verified,
     seal,
     write_chunks,
 )
 from consumers.serving.table import ServingTable
 from consumers.serving.views import FrozenChanges
 from consumers.storage.checkpoint_dir import check_checkpoint_dir, remove_checkpoint_dir
+from consumers.storage.checkpoint_read import (
+    BASE_RE,
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_FORMAT_VERSION,
+    DENSE_RE,
+    SEG_RE,
+    read_chain,
+    read_checkpoint,
+)
 from consumers.storage.full_format import (
-    SNAPSHOT_FORMAT,
     Snapshot,
     check_contents,
-    read_full,
     read_saved,
     write_full,
 )
-from consumers.storage.segments import apply_segment, encode_segment, parse_segment
+from consumers.storage.segments import encode_segment
 
+# read_checkpoint and the format constants live in .checkpoint_read; re-exported here, where
+# callers have imported them from.
 __all__ = ["CheckpointStore", "CheckpointResult", "PreparedCheckpoint", "read_checkpoint",
            "CHECKPOINT_FORMAT", "CHECKPOINT_FORMAT_VERSION"]
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_FORMAT = "deltastream-checkpoint"
-CHECKPOINT_FORMAT_VERSION = 2  # 2: file entries carry a CRC-32C (1: a sha256, still read)
-_BASE_RE = re.compile(r"^base-(\d{6,})$")
-_SEG_RE = re.compile(r"^seg-(\d{6,})-(\d{6,})\.bin$")
-_DENSE_RE = re.compile(r"^dense-(\d{6,})\.bin$")
 
 
 @dataclass
@@ -136,83 +135,6 @@ class PreparedCheckpoint:
         for v in self.views.values():
             if v is not None:
                 v.release()
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def _check_body(root: Path, body: dict) -> tuple[dict, list, dict[int, int], dict, dict]:
-    where = root / MANIFEST
-    check_format(where, body, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_VERSION)
-    base, segs = body.get("base"), body.get("segments")
-    offs, seqs, meta = body.get("offsets"), body.get("seqs"), body.get("meta")
-    if not isinstance(base, dict) or not isinstance(segs, list) or not isinstance(offs, dict) \
-            or not isinstance(seqs, dict) or not isinstance(meta, dict):
-        raise SnapshotError(f"{where}: malformed manifest (base/segments/offsets/seqs/meta)")
-    m = _BASE_RE.match(str(base.get("dir")))
-    if m is None or int(m.group(1)) != base.get("gen"):
-        raise SnapshotError(f"{where}: malformed base entry {base!r}")
-    for i, s in enumerate(segs, 1):
-        sm = _SEG_RE.match(str(s.get("file"))) if isinstance(s, dict) else None
-        if sm is None or int(sm.group(1)) != base["gen"]:
-            raise SnapshotError(f"{where}: segment {i} entry {s!r} is not a segment of base "
-                                f"{base['gen']}")
-    try:
-        offsets = {int(p): int(o) for p, o in offs.items()}
-    except (TypeError, ValueError):
-        raise SnapshotError(f"{where}: malformed offsets {offs!r}") from None
-    return base, segs, offsets, seqs, meta
-
-
-def _read_chain(root: Path, body: dict) -> Snapshot:
-    base, segs, offsets, seqs, meta = _check_body(root, body)
-    bdir = root / base["dir"]
-    bbody = read_manifest(bdir, base.get("manifest"))
-    if bbody.get("format") != SNAPSHOT_FORMAT:
-        raise SnapshotError(f"{bdir / MANIFEST}: base format is {bbody.get('format')!r}, "
-                            f"expected {SNAPSHOT_FORMAT!r}")
-    tables = read_full(bdir, bbody).tables
-    for s in segs:
-        path = root / s["file"]
-        index = int(_SEG_RE.match(s["file"]).group(2))  # type: ignore[union-attr]
-        parts = parse_segment(read_verified(path, s), path, base["gen"], index)
-        apply_segment(tables, parts, path)
-    return Snapshot(tables=tables, offsets=offsets, seqs=seqs, meta=meta, path=root,
-                    dense=_read_dense(root, body.get("dense")))
-
-
-def _read_dense(root: Path, entry: Any) -> Optional[bytes]:
-    """The dense state a manifest's ``dense`` entry names (verified), or None."""
-    if entry is None:
-        return None
-    if not isinstance(entry, dict) or not _DENSE_RE.match(str(entry.get("file"))):
-        raise SnapshotError(f"{root / MANIFEST}: malformed dense entry {entry!r:.200}")
-    return bytes(read_verified(root / entry["file"], entry))
-
-
-def read_checkpoint(path: PathLike, body: Optional[dict] = None) -> Snapshot:
-    """Read and verify the incremental checkpoint in directory ``path``: its base, then
-    every segment in order (each file checked against its checksum).
-
-    ``body``: the already verified ``manifest.json`` content (read when None). When a
-    listed file vanished because a writer committed a newer manifest meanwhile (a
-    compaction removes the old files), the newer manifest is read instead.
-
-    Raises :class:`SnapshotError` naming the file and the problem.
-    """
-    root = Path(path)
-    if body is None:
-        body = read_manifest(root)
-    for attempt in range(3):
-        try:
-            return _read_chain(root, body)
-        except SnapshotError:
-            newer = read_manifest(root)
-            if newer == body or attempt == 2:
-                raise
-            log.debug("checkpoint %s changed while reading; reading the new one", root)
-            body = newer
-    raise AssertionError("unreachable")
 
 
 # ----------------------------------------------------------------------------- writing
@@ -281,7 +203,7 @@ class CheckpointStore:
         if not path.is_dir():
             return
         gens = [int(m.group(1)) for p in path.iterdir()
-                for m in [_BASE_RE.match(p.name.split(".tmp-")[0])] if m]
+                for m in [BASE_RE.match(p.name.split(".tmp-")[0])] if m]
         self._next_gen = max(gens, default=0) + 1
 
     def _referenced(self) -> set[str]:
@@ -342,10 +264,10 @@ class CheckpointStore:
         body = read_manifest(self.path)
         fmt = body.get("format")
         if fmt == CHECKPOINT_FORMAT:
-            snap = _read_chain(self.path, body)
+            snap = read_chain(self.path, body)
             self._base, self._segs = dict(body["base"]), [dict(s) for s in body["segments"]]
             self._next_gen = max(self._next_gen, self._base["gen"] + 1)
-            self._next_seg = 1 + max((int(_SEG_RE.match(s["file"]).group(2))  # type: ignore
+            self._next_seg = 1 + max((int(SEG_RE.match(s["file"]).group(2))  # type: ignore
                                       for s in self._segs), default=0)
             self._need_base = False
             self._dense, self._dense_data = body.get("dense"), snap.dense
@@ -437,7 +359,7 @@ class CheckpointStore:
         if data is None or data is self._dense_data or data == self._dense_data:
             return None if data is None else self._dense
         taken = {int(m.group(1)) for p in self.path.iterdir()
-                 for m in [_DENSE_RE.match(p.name.split(".tmp-")[0])] if m}
+                 for m in [DENSE_RE.match(p.name.split(".tmp-")[0])] if m}
         fname = f"dense-{max(taken, default=0) + 1:06d}.bin"
         try:
             entry = write_chunks(self.path / fname, [data])

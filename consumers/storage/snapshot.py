@@ -24,7 +24,7 @@ from typing import Optional
 from consumers.errors import SnapshotError
 from consumers.files import MANIFEST, PathLike, read_manifest, resolve_dir, write_dir_atomic
 from consumers.serving.table import ServingTable
-from consumers.storage.checkpoint import CHECKPOINT_FORMAT, read_checkpoint
+from consumers.storage.checkpoint_read import CHECKPOINT_FORMAT, read_checkpoint
 from consumers.storage.full_format import (
     SNAPSHOT_FORMAT,
     SNAPSHOT_FORMAT_VERSION,

@@ -16,8 +16,11 @@ One module per job, the public names re-exported here:
 * :mod:`~consumers.sync.failures` — failure counts by kind, logged rate-limited;
 * :mod:`~consumers.sync.group_offsets` — next offsets committed to a consumer group
   (without joining it) for Kafka lag tools;
+* :mod:`~consumers.sync.record_step` — one record applied, with what it teaches the
+  daemon (freshness, the last seq gap, internal errors, no room to apply);
 * :mod:`~consumers.sync.outcomes` — what is written and logged per record (quarantine,
   other models once, the ``on_apply`` hook);
+* :mod:`~consumers.sync.daemon_stats` — the daemon's stats dict and what each key means;
 * :mod:`~consumers.sync.metrics` — freshness (window and histogram), lag, Prometheus
   endpoint, summary lines;
 * :mod:`~consumers.sync.cli` — the ``deltastream-sync`` command.

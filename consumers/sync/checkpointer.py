@@ -89,7 +89,7 @@ class Checkpointer:
         self.committer = committer
         self.interval = interval
         self.messages = messages
-        #: the background writer (its ``hold`` event is the test hook that pauses writes)
+        #: the background writer
         self.writer = CheckpointWriter(store, nice=nice)
         self.written = 0  #: checkpoints written by this process
         self.last: Optional[dict] = None  #: kind, bytes, rows, deleted, seconds of the last

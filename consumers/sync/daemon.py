@@ -48,21 +48,15 @@ from consumers.serving.stop_mark import clear_stopped, leave_stop_mark
 from consumers.serving.table import ServingTable
 from consumers.storage.checkpoint import CheckpointStore
 from consumers.sync.checkpointer import Checkpointer
+from consumers.sync.daemon_stats import daemon_stats
 from consumers.sync.dense import ConsistentView, DenseSide
 from consumers.sync.failures import FailureLog
 from consumers.sync.group_offsets import GroupCommitter, default_group_id
-from consumers.sync.metrics import (
-    FreshnessHistogram,
-    FreshnessWindow,
-    MetricsServer,
-    partition_lag,
-    reached,
-    summary_line,
-    total_lag,
-)
+from consumers.sync.metrics import MetricsServer, reached, summary_line
 from consumers.sync.options import OptionAttributes, SyncOptions, check_positive
 from consumers.sync.outcomes import RecordReport
 from consumers.sync.progress import wait_for_end
+from consumers.sync.record_step import RecordStep
 from consumers.sync.share_gate import ShareGate
 from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.stall import StallWatch
@@ -127,7 +121,6 @@ class SyncDaemon(OptionAttributes):
     def _start(self, o: SyncOptions) -> None:
         """Load the state and build the parts (the state dir is locked)."""
         clear_stopped(self.state_dir)  # readers wait for this daemon's tables again
-        self._lock = threading.RLock()  # counters
         if o.reset_state:  # only what deltastream wrote; SnapshotError for anything else
             log.warning("reset_state: removed %s %s; starting over", self.checkpoint_path,
                         self._store.reset() or "(nothing there)")
@@ -150,9 +143,9 @@ class SyncDaemon(OptionAttributes):
         self._applier = Applier(o.model, self._tables, self._seqs, table_dims=o.tables,
                                 shards=o.shards, dtype=o.dtype, dense=self._dense.assembler)
         self._quarantine = Quarantine(self.state_dir / QUARANTINE_FILE, o.quarantine_max_bytes)
-        self._fresh = FreshnessWindow(o.freshness_window)
-        self._fresh_hist = FreshnessHistogram()
         self._failures = FailureLog(("quarantine", "checkpoint", "apply"), logger=log)
+        self._records = RecordStep(self._applier, self._dense, self._failures,
+                                   o.freshness_window)
         self._report = RecordReport(o.topic, o.model, self._quarantine, o.on_apply,
                                     self._failures, log)
         self.group_id = default_group_id(o.model) if o.group_id is None else o.group_id
@@ -161,18 +154,12 @@ class SyncDaemon(OptionAttributes):
             GroupCommitter(o, self.group_id) if self.group_id else None,
             interval=o.checkpoint_interval, messages=o.checkpoint_messages,
             total=start.checkpoints, written_at=start.written_at, dirty=self.source == "base")
-        #: test hook: clear it and checkpoints stay in flight (``CheckpointWriter.hold``)
-        self.checkpoint_hold = self._ckpt.writer.hold
         self._kafka = KafkaSource(o, offsets=start.offsets, topic_id=start.topic_id,
                                   partitions=start.partitions, on_moved=self._moved,
                                   on_reset=self._quarantine.forget)
         # loop state (owned by the loop thread)
         self._next_summary = time.monotonic() + self.summary_interval
         self._prev_summary: Optional[tuple[float, dict]] = None
-        # shared with other threads
-        self._last_gap: Optional[dict] = None
-        self._c = dict.fromkeys(("internal_errors",), 0)
-        self._no_room = False  # the last apply failed for want of memory (retried)
         self._started = time.monotonic()
         self._stall = StallWatch(o.startup_timeout, self._started)
         self._next_stall_check = 0.0
@@ -232,34 +219,11 @@ class SyncDaemon(OptionAttributes):
     # ------------------------------------------------------------------ the loop
 
     def _record(self, partition: int, rec: Any) -> Optional[Outcome]:
-        """Apply one record; None when the host has no room for it now (the record is not
-        done: the partition waits at it)."""
-        try:
-            out = self._applier.process(rec.value, rec.headers)
-        except (OSError, MemoryError) as e:  # a full shm tmpfs: not the record's fault
-            self._no_room = True
-            self._failures.failed("apply", f"partition {partition} offset {rec.offset}: "
-                                  f"no room to apply it ({type(e).__name__}: {e})")
+        """Apply one record and move on past it; None when the host has no room for it now
+        (the record is not done: the partition waits at it)."""
+        out = self._records.apply(partition, rec)
+        if out is None:
             return None
-        except Exception as e:  # a bug must not kill serving; the record is kept aside
-            with self._lock:
-                self._c["internal_errors"] += 1
-            log.exception("partition %d offset %d: applying failed", partition, rec.offset)
-            out = Outcome("quarantined", reason=f"internal error: {type(e).__name__}: {e}")
-        if self._no_room:
-            self._no_room = False
-            self._failures.recovered("apply", f"partition {partition} offset {rec.offset}: "
-                                     "applying works again")
-        if out.dense == "served":
-            self._dense.served(out.shard)
-        if out.kind == "applied":
-            if out.ts is not None:
-                self._fresh_hist.observe(self._fresh.add_ts(out.ts))
-            if out.gap is not None:
-                with self._lock:
-                    self._last_gap = {"table": out.table, "shard": out.shard,
-                                      "epoch": out.epoch, "missing": list(out.gap),
-                                      "partition": partition, "offset": rec.offset}
         self._kafka.advance(partition, rec.offset + 1)
         self._ckpt.note()
         self._ckpt.settle()  # one the writer finished is counted (and logged) at once
@@ -299,7 +263,7 @@ class SyncDaemon(OptionAttributes):
             return n  # the consumer is closed right after; no need to re-seek
         self._kafka.refresh()
         self._housekeeping()
-        if self._no_room:
+        if self._records.no_room:
             self._stop_event.wait(0.2)  # memory may be freed; the records are fetched again
         return n
 
@@ -517,74 +481,14 @@ class SyncDaemon(OptionAttributes):
         return self._loop_thread is not None
 
     def stats(self) -> dict:
-        """Counters and gauges (safe from any thread).
-
-        Keys: ``messages`` (records read), ``applied``, ``rows``, ``deleted``, ``bytes``
-        (applied), ``duplicates``, ``gaps``, ``gap_messages`` (seqs missing), ``last_gap``,
-        ``new_epochs``, ``stale``, ``skipped`` (other shards and models),
-        ``foreign_model`` / ``foreign_models`` (messages of other models, total / by
-        model), ``quarantined`` (counted in memory, also while the file cannot be
-        written), ``quarantine_backlog`` (lines waiting for the disk),
-        ``offsets_lost`` (ranges), ``lost_ranges`` (recent ranges: partition, from, to
-        (None = unknown), resume, reason), ``positions`` / ``end_offsets`` / ``lag`` (dicts
-        partition -> offsets / messages behind), ``lag_total``, ``freshness_p50_s`` /
-        ``freshness_p99_s`` (None before any apply), ``freshness_histogram`` (buckets,
-        count, sum since start), ``checkpoints``, ``checkpoints_total`` (across restarts),
-        ``checkpoint_age_s`` (None before the first), ``checkpoint_last`` (kind
-        ``base``/``segment``, bytes, rows, deleted, seconds of the last checkpoint; None
-        before the first), ``checkpoint_pending``, ``checkpoint_writing`` (one in flight),
-        ``write_errors`` (``{"quarantine": n, "checkpoint": n, "apply": n}``; ``apply``:
-        records that found no memory, e.g. a full shm tmpfs, retried), ``checkpoint_errors``,
-        ``group_id``, ``group_commits``, ``group_commit_errors``, ``broker`` (one of
-        :data:`BROKER_STATES`), ``disconnects``, ``tables`` (rows/table), ``source``,
-        ``share_waiting`` (True while the tables are not shared yet because an earlier
-        daemon's shared tables may be newer: see ``share_tables``), ``uptime_s``; the
-        ``dense_*`` keys of :meth:`consumers.sync.dense.DenseSide.stats`.
-        """
-        a = self._applier.counters
-        p50, p99 = self._fresh.quantiles((0.5, 0.99))
-        k = self._kafka.view()
-        positions, ends = k["positions"], k["end_offsets"]
-        lag = partition_lag(positions, ends)
-        ck, q = self._ckpt, self._quarantine
-        errors = {"quarantine": q.write_errors,
-                  "checkpoint": self._failures.counts().get("checkpoint", 0),
-                  "apply": self._failures.counts().get("apply", 0)}
-        committer = ck.committer
-        with self._lock:
-            out = {
-                "model": self.model, "topic": self.topic, "broker": k["broker"],
-                "source": self.source,
-                "messages": a["messages"], "applied": a["applied"], "rows": a["rows"],
-                "deleted": a["deleted"], "bytes": a["bytes"],
-                "duplicates": a["duplicates"], "gaps": a["gaps"],
-                "gap_messages": a["missing_seqs"], "last_gap": self._last_gap,
-                "new_epochs": a["new_epochs"], "stale": a["stale"], "skipped": a["skipped"],
-                "foreign_model": a["foreign_model"],
-                "foreign_models": {m: n for m, n in dict(self._applier.models).items()
-                                   if m != self.model},
-                "quarantined": a["quarantined"] + self._c["internal_errors"],
-                "quarantine_backlog": q.backlog,
-                "offsets_lost": k["offsets_lost"], "lost_ranges": k["lost_ranges"],
-                "positions": positions, "end_offsets": ends, "lag": lag,
-                "lag_total": total_lag(lag.values()),
-                "freshness_p50_s": p50, "freshness_p99_s": p99,
-                "freshness_histogram": self._fresh_hist.snapshot(),
-                "checkpoints": ck.written, "checkpoints_total": ck.total,
-                "checkpoint_age_s": None if ck.written_at is None
-                else max(0.0, time.time() - ck.written_at),
-                "checkpoint_pending": ck.pending, "checkpoint_writing": ck.busy,
-                "checkpoint_last": None if ck.last is None else dict(ck.last),
-                "write_errors": errors,
-                "checkpoint_errors": errors.get("checkpoint", 0),
-                "group_id": self.group_id or None,
-                "group_commits": 0 if committer is None else committer.commits,
-                "group_commit_errors": 0 if committer is None else committer.errors,
-                "disconnects": k["disconnects"],
-                "internal_errors": self._c["internal_errors"],
-                "share_waiting": self._share_gate.waiting,
-                "uptime_s": time.monotonic() - self._started,
-            }
+        """Counters and gauges (safe from any thread): the keys are listed in
+        :mod:`consumers.sync.daemon_stats`, plus ``tables`` (rows per table) and the
+        ``dense_*`` keys of :meth:`consumers.sync.dense.DenseSide.stats`."""
+        out = daemon_stats(model=self.model, topic=self.topic, source=self.source,
+                           records=self._records, kafka=self._kafka.view(), ckpt=self._ckpt,
+                           quarantine=self._quarantine, failures=self._failures,
+                           group_id=self.group_id, share_waiting=self._share_gate.waiting,
+                           uptime_s=time.monotonic() - self._started)
         out["tables"] = {name: len(t) for name, t in list(self._tables.items())}
         out.update(self._dense.stats(self._seqs))
         return out

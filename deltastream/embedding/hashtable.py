@@ -459,6 +459,12 @@ class HashTable(TableHooks, torch.nn.Module):
         """
         return self._pos_ids.index_select(0, positions)
 
+    def position_ids(self) -> torch.Tensor:
+        """:meth:`ids_at` of every position: int64 ``[capacity]`` on the table's device.
+        The table's own array, not a copy (read it, never write it); valid until the next
+        insert or growth."""
+        return self._pos_ids
+
     # ------------------------------------------------------------------ state dict / devices
 
     def __getstate__(self) -> dict:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from deltastream.publishing.table_rows import row_reader, row_storage
+from deltastream.tracking.row_copy import gather_rows
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
@@ -123,13 +124,13 @@ def _current_rows(module: Any, ids: torch.Tensor, first: torch.Tensor,
     if where is not None:
         storage, positions = where
         if known is not None:
-            return storage.index_select(0, known)
+            return gather_rows(storage, known)
         pos = positions(ids)
         # an id the table does not hold (a scan path, an eval-mode read) takes the reader;
         # on CUDA the tracker's ids are trusted: checking would synchronize the stream
         if ids.device.type != "cpu" or pos.numel() == 0 \
                 or bool(((pos >= 0) & (pos < storage.shape[0])).all()):
-            return storage.index_select(0, pos)
+            return gather_rows(storage, pos)
     read, dim, dtype, fresh = row_reader(module)
     rows = read(ids) if ids.numel() else torch.empty(0, dim, dtype=dtype or first.dtype,
                                                      device=ids.device)

@@ -39,7 +39,10 @@ from deltastream.publishing.score_order import AgeQueue, ScoreOrder
 from deltastream.publishing.serving_error import TableScale, row_errors
 from deltastream.tracking.sorted_ids import member, union
 
-__all__ = ["PendingTable", "TakenRows", "MergeCounts"]
+__all__ = ["PendingTable", "TakenRows", "MergeCounts", "MERGE_CHUNK_ROWS"]
+
+#: rows a merge scores at once: its float64 temporaries stay ~16 MB at dim 32
+MERGE_CHUNK_ROWS = 1 << 16
 
 
 @dataclass
@@ -209,9 +212,23 @@ class PendingTable:
         if tombstones is not None and tombstones.numel():
             self._drop(tombstones)
             self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
+        # in chunks: the scoring's float64 temporaries stay bounded (a hand-off of 10M rows
+        # of dim 32 would need several 2.5 GB copies at once)
+        norms = [self._merge_rows(ids[a:a + MERGE_CHUNK_ROWS], first[a:a + MERGE_CHUNK_ROWS],
+                                  current[a:a + MERGE_CHUNK_ROWS],
+                                  None if new is None else new[a:a + MERGE_CHUNK_ROWS], tick,
+                                  counts)
+                 for a in range(0, int(ids.numel()), MERGE_CHUNK_ROWS)]
+        if norms:  # one update of the table's scale per hand-off, whatever its size
+            self.scale.update(norms[0] if len(norms) == 1 else torch.cat(norms))
+        return counts
+
+    def _merge_rows(self, ids: torch.Tensor, first: torch.Tensor, current: torch.Tensor,
+                    new: Optional[torch.Tensor], tick: int, counts: MergeCounts
+                    ) -> torch.Tensor:
+        """:meth:`merge` of ``ids`` (at most :data:`MERGE_CHUNK_ROWS`), added to ``counts``;
+        returns the rows' norms for the table's scale (NaN for rows rejected)."""
         n = int(ids.numel())
-        if n == 0:
-            return counts
         new = torch.zeros(n, dtype=torch.bool) if new is None else new.to(torch.bool)
         if self.tombstones.numel():  # re-inserted before its tombstone went out
             back, _ = member(self.tombstones, ids)
@@ -221,21 +238,24 @@ class PendingTable:
                 new = new | back
         pos, _ = self._index.probe(ids)
         had = pos >= 0
-        slot_of_had = pos.clamp(min=0)
+        at = had.nonzero().squeeze(1)
+        slots_had = pos.index_select(0, at)
         # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
-        served = torch.where(had[:, None], self._served.index_select(0, slot_of_had), first)
-        is_new = torch.where(had, self._new.index_select(0, slot_of_had), new)
+        # (only the rows pending already are gathered and copied over)
+        served = first.clone()
+        served.index_copy_(0, at, self._served.index_select(0, slots_had).to(first.dtype))
+        is_new = new.clone()
+        is_new.index_copy_(0, at, self._new.index_select(0, slots_had))
         err, norm, ok = self._score(current, served, is_new)
         if self.range_limit is not None:
             big = ok & (current.abs().amax(dim=1).to(torch.float64) > self.range_limit)
-            counts.out_of_range = int(big.sum())
+            counts.out_of_range += int(big.sum())
             ok = ok & ~big
-        self.scale.update(torch.where(ok, norm, math.nan))
         keep = ok & (err > 0)
-        counts.scored = n
-        counts.rejected = int((~ok).sum())
-        counts.exact = int((ok & (err == 0)).sum())
-        counts.coalesced = int((had & keep).sum())
+        counts.scored += n
+        counts.rejected += int((~ok).sum())
+        counts.exact += int((ok & (err == 0)).sum())
+        counts.coalesced += int((had & keep).sum())
         gone = had & ~keep
         if bool(gone.any()):
             self._drop(ids[gone])
@@ -250,7 +270,7 @@ class PendingTable:
                       current.index_select(0, fresh), is_new.index_select(0, fresh),
                       np.full(fresh.numel(), tick, dtype=np.int64),
                       err.index_select(0, fresh).numpy())
-        return counts
+        return torch.where(ok, norm, math.nan)
 
     def _rescore(self, slots: np.ndarray, err: np.ndarray) -> None:
         self._err[slots] = err

@@ -32,7 +32,6 @@ Torch is never imported here: tensors (CPU or CUDA) are recognised by duck typin
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -45,7 +44,15 @@ from deltastream import dense_wire, wire
 from deltastream.errors import PublishError, TopicError, error_text
 from deltastream.kafka_config import check_bootstrap_servers
 from deltastream.publishing.host_arrays import host_ids, host_rows
+from deltastream.publishing.in_flight import InFlight
 from deltastream.publishing.producer_link import ProducerLink
+from deltastream.publishing.producer_settings import (
+    KAFKA_OVERHEAD,
+    MIN_MESSAGE_BYTES,
+    check_int,
+    check_settings,
+    kafka_settings,
+)
 from deltastream.publishing.results import (
     PublishResult,
     SentMessage,
@@ -53,7 +60,6 @@ from deltastream.publishing.results import (
     describe_undelivered,
     error_reason,
     undelivered_run,
-    wait_future,
 )
 from deltastream.publishing.topics import ensure_topic, load_kafka
 
@@ -72,15 +78,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_COMPRESSIONS = (None, "gzip", "snappy", "lz4", "zstd")
-# Producer settings the publisher owns: changing them would break its guarantees.
-_RESERVED = {"bootstrap_servers", "enable_idempotence", "acks", "key_serializer",
-             "value_serializer", "compression_type", "max_request_size"}
-# Bytes of Kafka framing around one wire message in a record batch: the v2 batch header
-# (61), the record's varints and attributes (< 32) and the header names (< 64); the key and
-# header values are added per table. A one-message batch stays within max_message_bytes.
-_KAFKA_OVERHEAD = 256
-_MIN_MESSAGE_BYTES = 4096
 #: the dense stream's name in :meth:`DeltaPublisher.stats` ``next_seq`` and in results and
 #: errors (:data:`deltastream.dense_wire.STREAM`)
 DENSE_STREAM = dense_wire.STREAM
@@ -98,27 +95,6 @@ def new_epoch() -> int:
     with _epoch_lock:
         _last_epoch = max(time.time_ns() // 1000, _last_epoch + 1)
         return _last_epoch
-
-
-def _check_int(what: str, value: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
-    if not lo <= int(value) <= hi:
-        raise ValueError(f"{what}: expected {lo} ≤ {what} ≤ {hi}, got {value}")
-    return int(value)
-
-
-_NO_IDS = np.zeros(0, dtype=np.int64)  # a dense chunk carries no ids
-
-
-def _message(piece: Any, label: str, nbytes: int, future: Any) -> SentMessage:
-    """The :class:`SentMessage` of ``piece``: a row batch's (its ids are views of the
-    piece's) or a dense chunk's (no ids) under ``label``."""
-    if not isinstance(piece, wire.DeltaBatch):
-        return SentMessage(label, piece.shard, piece.seq, _NO_IDS, None, 0, None, nbytes,
-                           future)
-    return SentMessage(label, piece.shard, piece.seq, piece.ids, piece.tombstones,
-                       piece.col, piece.width, nbytes, future)
 
 
 class DeltaPublisher:
@@ -162,22 +138,12 @@ class DeltaPublisher:
         self._args = {k: v for k, v in locals().items() if k not in (
             "self", "epoch", "producer_config")} | producer_config
         wire.check_name("model", model)
-        self.shard = _check_int("shard", shard, 0, (1 << 31) - 1)
-        self.epoch = new_epoch() if epoch is None else _check_int("epoch", epoch)
+        self.shard = check_int("shard", shard, 0, (1 << 31) - 1)
+        self.epoch = new_epoch() if epoch is None else check_int("epoch", epoch)
         wire.check_dtype(dtype)
-        self.wire_version = _check_int("wire_version", wire_version, 2, max(wire.VERSIONS))
-        _check_int("max_message_bytes", max_message_bytes, _MIN_MESSAGE_BYTES, 1 << 30)
-        if compression not in _COMPRESSIONS:
-            raise ValueError(f"compression: expected one of {_COMPRESSIONS}, got {compression!r}")
-        if isinstance(send_timeout, bool) or not isinstance(send_timeout, (int, float)) \
-                or not send_timeout > 0:
-            raise ValueError(f"send_timeout: expected positive seconds, got {send_timeout!r}")
-        if not isinstance(topic, str) or not topic:
-            raise ValueError(f"topic: expected a non-empty str, got {topic!r}")
-        reserved = sorted(_RESERVED & set(producer_config))
-        if reserved:
-            raise ValueError(f"producer_config: {reserved} are set by DeltaPublisher "
-                             "(use its arguments: compression, max_message_bytes)")
+        self.wire_version = check_int("wire_version", wire_version, 2, max(wire.VERSIONS))
+        check_int("max_message_bytes", max_message_bytes, MIN_MESSAGE_BYTES, 1 << 30)
+        check_settings(compression, send_timeout, topic, producer_config)
         self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
         self.topic = topic
         self.model = model
@@ -185,23 +151,9 @@ class DeltaPublisher:
         self.max_message_bytes = int(max_message_bytes)
         self.send_timeout = float(send_timeout)
         self.allow_nonfinite = bool(allow_nonfinite)
-        self._buffer_bytes = int(producer_config.pop(
-            "buffer_memory", max(32 << 20, 4 * self.max_message_bytes)))
-        if self._buffer_bytes <= 0:
-            raise ValueError(f"buffer_memory: expected positive bytes, got {self._buffer_bytes}")
-
-        timeout_ms = int(self.send_timeout * 1000)
-        linger = int(producer_config.get("linger_ms", 0))
-        config = dict(
-            client_id=f"deltastream-{model}-{self.shard}",
-            acks="all", enable_idempotence=True, compression_type=compression,
-            max_request_size=self.max_message_bytes + _KAFKA_OVERHEAD,
-            delivery_timeout_ms=max(timeout_ms, linger + 1),
-            request_timeout_ms=max(1, min(30000, timeout_ms - linger)),
-            max_block_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms,
-            reconnect_backoff_max_ms=1000, allow_auto_create_topics=False,
-        )
-        config.update(producer_config)
+        buffer_bytes, config = kafka_settings(f"deltastream-{model}-{self.shard}",
+                                              self.max_message_bytes, compression,
+                                              self.send_timeout, producer_config)
         #: the KafkaProducer settings in use (besides bootstrap_servers)
         self.producer_config = dict(config)
         self._link = ProducerLink(bootstrap_servers, topic, config, producer_config)
@@ -221,16 +173,13 @@ class DeltaPublisher:
         self._next_seq: dict[str, int] = {}
         self._dims: dict[str, int] = {}
         self._keys: dict[str, bytes] = {}
-        self._pending: collections.deque[SentMessage] = collections.deque()
-        self._pending_bytes = 0
-        self._failed: list[SentMessage] = []
-        self._fail_lock = threading.Lock()
         # f16/f32 messages are framed in place (bf16/i8 go through wire.encode)
         self._framer = wire.Framer(self.max_message_bytes + 8192, self.wire_version) \
             if dtype in ("f16", "f32") else None
         self._stats = dict(publishes=0, messages=0, rows=0, tombstones=0, bytes=0,
                            acked_messages=0, failed_messages=0, blocked_s=0.0,
                            dense_versions=0)
+        self._flight = InFlight(buffer_bytes, self._stats)
         log.info("publisher model=%s shard=%d epoch=%d -> %s partition %d/%d dtype=%s",
                  model, self.shard, self.epoch, topic, self.partition, count, dtype)
 
@@ -240,12 +189,11 @@ class DeltaPublisher:
         """Largest wire message (Kafka value, bytes) for ``table``: what is left of
         ``max_message_bytes`` after the key, headers and record-batch framing."""
         names = len(self.model.encode()) + len(table.encode())
-        return self.max_message_bytes - _KAFKA_OVERHEAD - 2 * names - 64
+        return self.max_message_bytes - KAFKA_OVERHEAD - 2 * names - 64
 
     def _on_error(self, record: SentMessage, generation: int, _exc: Any) -> None:
         # runs on the sender thread
-        with self._fail_lock:
-            self._failed.append(record)
+        self._flight.failed(record)
         self._link.mark_failed(generation)
 
     def _recover(self, deadline: float) -> Optional[str]:
@@ -254,11 +202,10 @@ class DeltaPublisher:
             return None
         # Every message of the old producer must be resolved before a new one sends: a
         # later seq must never reach the partition before an earlier one.
-        for s in list(self._pending):
-            if not wait_future(s.future, max(0.0, deadline - time.monotonic())):
-                return (f"the producer is being replaced after a failure, and earlier "
-                        f"messages are still unresolved after {self.send_timeout:g} s")
-        self._reap()
+        if not self._flight.resolve_all(deadline):
+            return (f"the producer is being replaced after a failure, and earlier "
+                    f"messages are still unresolved after {self.send_timeout:g} s")
+        self._flight.reap()
         try:
             self._link.replace(max(0.001, deadline - time.monotonic()), self.partitions,
                                self.partition)
@@ -266,51 +213,14 @@ class DeltaPublisher:
             return f"cannot replace the failed producer: {e}"
         return None
 
-    def _reap(self) -> None:
-        """Release acknowledged (or failed) messages from the head of the pending queue."""
-        while self._pending and self._pending[0].future.is_done:
-            s = self._pending.popleft()
-            self._pending_bytes -= s.nbytes
-            if s.future.exception is None:
-                self._stats["acked_messages"] += 1
-            else:
-                self._stats["failed_messages"] += 1
-
-    def _has_new_failures(self) -> bool:
-        return any(not r.reported for r in self._failed)
-
-    def _take_failures(self) -> list[SentMessage]:
-        with self._fail_lock:
-            failed, self._failed = self._failed, []
-        return [s for s in failed if not s.reported]
-
     def _raise_failures(self, extra: Optional[list[Undelivered]] = None,
                         what: str = "earlier messages failed") -> None:
-        failed = self._take_failures()
+        failed = self._flight.take_failures()
         if failed or extra:
             for s in failed:
                 s.reported = True
             raise PublishError(f"{self.topic} partition {self.partition}: {what}",
                                describe_undelivered(failed, error_reason) + list(extra or []))
-
-    def _reserve(self, nbytes: int, deadline: float) -> bool:
-        """Wait until ``nbytes`` more fit in the buffer; False at the deadline."""
-        self._reap()
-        if self._pending_bytes + nbytes <= self._buffer_bytes or not self._pending:
-            return True
-        t0 = time.monotonic()
-        try:
-            while self._pending and self._pending_bytes + nbytes > self._buffer_bytes:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                wait_future(self._pending[0].future, remaining)
-                self._reap()
-                if self._has_new_failures():  # frees space, but must surface now
-                    return True
-            return True
-        finally:
-            self._stats["blocked_s"] += time.monotonic() - t0
 
     def _check_open(self) -> None:
         if self._closed:
@@ -353,25 +263,25 @@ class DeltaPublisher:
         wire.check_name("table", table)
         dtype = self.dtype if dtype is None else dtype
         wire.check_dtype(dtype)
-        step = _check_int("step", step)
-        ts = time.time_ns() if ts is None else _check_int("ts", ts)
+        step = check_int("step", step)
+        ts = time.time_ns() if ts is None else check_int("ts", ts)
         # Own copies (8 bytes an id): undelivered messages name their ids from them, so a
         # caller reusing its id buffer cannot change what a PublishError reports.
         ids_np = np.array(host_ids(ids, "ids"))
         tomb_np = None if tombstones is None else np.array(host_ids(tombstones, "tombstones"))
-        shard = self.shard if shard is None else _check_int("shard", shard, 0, (1 << 31) - 1)
+        shard = self.shard if shard is None else check_int("shard", shard, 0, (1 << 31) - 1)
         # one seq stream per (table, shard); '/' never occurs in a table name
         stream = table if shard == self.shard else f"{table}/{shard}"
         partition = self.partition if shard == self.shard else shard % self.partitions
         rows_np = host_rows(rows, ids_np.shape[0], stream, dtype=dtype,
                             allow_nonfinite=self.allow_nonfinite,
                             known_dim=self._dims.get(stream))
-        col = _check_int("col", col, 0, wire.MAX_DIM - 1)
+        col = check_int("col", col, 0, wire.MAX_DIM - 1)
         if width is not None:
-            width = _check_int("width", width, 1, wire.MAX_DIM)
+            width = check_int("width", width, 1, wire.MAX_DIM)
         with self._lock:
             self._check_open()
-            self._reap()
+            self._flight.reap()
             self._raise_failures()
             first = self._next_seq.get(stream, 0)
             batch = wire.DeltaBatch(model=self.model, table=table, shard=shard,
@@ -417,11 +327,11 @@ class DeltaPublisher:
         ``DENSE_STREAM``, its ``rows``/``tombstones`` 0. Raises like :meth:`publish`
         (``WireError``: values the dtype cannot carry, nothing sent).
         """
-        step = _check_int("step", step)
-        ts = time.time_ns() if ts is None else _check_int("ts", ts)
+        step = check_int("step", step)
+        ts = time.time_ns() if ts is None else check_int("ts", ts)
         with self._lock:
             self._check_open()
-            self._reap()
+            self._flight.reap()
             self._raise_failures()
             first = self._next_seq.get(DENSE_STREAM, 0)
             chunks = dense_wire.chunk_version(
@@ -454,10 +364,10 @@ class DeltaPublisher:
             reason = self._recover(deadline)
             if reason is not None:
                 pass
-            elif not self._reserve(len(value), deadline):
-                reason = (f"buffer of {self._buffer_bytes} bytes still full after "
+            elif not self._flight.reserve(len(value), deadline):
+                reason = (f"buffer of {self._flight.buffer_bytes} bytes still full after "
                           f"{self.send_timeout:g} s (broker slow or down)")
-            elif self._has_new_failures():
+            elif self._flight.has_new_failures():
                 reason = "not sent after an earlier message failed"
             else:
                 try:
@@ -467,7 +377,7 @@ class DeltaPublisher:
                 except (kafka.errors.KafkaError, ValueError, TypeError) as e:
                     reason = f"{error_text(e)}"
             if reason is not None:
-                unsent = undelivered_run([_message(p, label, 0, None) for p in pieces[i:]],
+                unsent = undelivered_run([SentMessage.of(p, label, 0, None) for p in pieces[i:]],
                                          reason)
                 try:
                     what = "dense stream" if label == DENSE_STREAM else "table"
@@ -477,10 +387,9 @@ class DeltaPublisher:
                 except PublishError as e:
                     e.result = result  # what this call did send
                     raise
-            record = _message(piece, label, len(value), fut)
+            record = SentMessage.of(piece, label, len(value), fut)
             fut.add_errback(self._on_error, record, self._link.generation)
-            self._pending.append(record)
-            self._pending_bytes += len(value)
+            self._flight.add(record)
             result.add(record)
             self._next_seq[stream] = piece.seq + 1
             st = self._stats
@@ -512,10 +421,9 @@ class DeltaPublisher:
                 producer.flush(timeout=max(timeout, 0.001))
         except kafka.errors.KafkaTimeoutError:
             pass  # what is still pending is reported below
-        for s in list(self._pending):
-            wait_future(s.future, max(0.0, deadline - time.monotonic()))
-        self._reap()
-        pending = [s for s in self._pending if not s.future.is_done and not s.reported]
+        self._flight.wait_all(deadline)
+        self._flight.reap()
+        pending = self._flight.unresolved()
         for s in pending:
             # Fate unknown (it may still arrive); reported once, here, not again on failure.
             s.reported = True
@@ -545,10 +453,11 @@ class DeltaPublisher:
         another ``shard``; ``"/dense"`` for the dense stream), dense_versions (versions
         :meth:`publish_dense` sent; their messages and bytes count in the totals)."""
         with self._lock:
-            self._reap()
-            return dict(self._stats, pending_messages=len(self._pending),
+            self._flight.reap()
+            return dict(self._stats, pending_messages=len(self._flight),
                         reconnects=self._link.replacements,
-                        pending_bytes=self._pending_bytes, buffer_bytes=self._buffer_bytes,
+                        pending_bytes=self._flight.pending_bytes,
+                        buffer_bytes=self._flight.buffer_bytes,
                         epoch=self.epoch, partition=self.partition,
                         partitions=self.partitions, next_seq=dict(self._next_seq))
 
@@ -587,7 +496,8 @@ class DeltaPublisher:
         # The producer's own exit hook closes it with a 1 s timeout: say what may be lost.
         if getattr(self, "_closed", True):
             return
-        pending = sum(not s.future.is_done for s in getattr(self, "_pending", ()))
+        flight = getattr(self, "_flight", None)
+        pending = 0 if flight is None else flight.not_done()
         if pending:
             log.warning("DeltaPublisher(%s, shard %s) was not closed: %d messages may not be "
                         "delivered; call close() or use it as a context manager",

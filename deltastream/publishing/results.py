@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from deltastream import wire
 from deltastream.errors import PublishError
 
 __all__ = [
@@ -73,6 +74,15 @@ class SentMessage:
         self.tombstone_ids = _NO_IDS if tombstone_ids is None else tombstone_ids
         self.col, self.width = col, width
         self.nbytes, self.future, self.reported = nbytes, future, False
+
+    @classmethod
+    def of(cls, piece: Any, label: str, nbytes: int, future: Any) -> SentMessage:
+        """The message of ``piece`` under ``label``: a row batch's (its ids are views of the
+        piece's) or a dense chunk's (no ids)."""
+        if not isinstance(piece, wire.DeltaBatch):
+            return cls(label, piece.shard, piece.seq, _NO_IDS, None, 0, None, nbytes, future)
+        return cls(label, piece.shard, piece.seq, piece.ids, piece.tombstones, piece.col,
+                   piece.width, nbytes, future)
 
     @property
     def rows(self) -> int:

@@ -11,6 +11,19 @@ with the bookkeeping done once: table names, the wire dtype the byte budget is c
 counters per table and in total, and no row lost when publishing fails part-way (the rows
 not handed to the publisher go back to the tracker before the error propagates).
 
+Carried rows: re-reading and re-scoring the whole leftover every round costs O(rows
+carried). Where it pays (a budget that takes a small share of its candidates, the usual
+case with a large carried set), the leftover is not handed back with ``retain`` but kept
+by ``publish_delta`` itself, per tracker and consumer, scored and ordered
+(:mod:`~deltastream.publishing.carried`, :mod:`~deltastream.publishing.carried_select`):
+a round then reads the rows changed since the last round plus the rows it takes, and
+makes the same choice as the loop above (``tests/deltastream/publishing/
+test_rounds_carried.py`` compares them on random sequences). Other rounds run the loop
+above, the carried rows joining their delta first (older FIRST state and age win, as with
+``retain``). So ``tracker.get_delta(consumer)`` called by someone else between rounds does
+not see the rows ``publish_delta`` carries, and ``tracker.clear(consumer)`` does not drop
+them; they still go out in a later round.
+
 :class:`SelectionPolicy` holds ``select_changed``'s budget arguments, checked when it is
 built, so a bad policy fails at start-up rather than at the first round.
 
@@ -58,8 +71,12 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 import torch
 
 from deltastream.errors import PublishError
+from deltastream.publishing.carried import CarriedTable, carried_state
+from deltastream.publishing.carried_select import carries, drop_gone, select_carried
 from deltastream.publishing.redelivery import hand_back_undelivered
 from deltastream.publishing.selection import NEW_ROW_POLICIES, Selection, select_changed
+from deltastream.publishing.selection_rules import Budget
+from deltastream.tracking.rows import merge_carry
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
@@ -152,6 +169,11 @@ class SelectionPolicy:
         if self.weights is not None and not callable(self.weights):
             raise TypeError(f"SelectionPolicy.weights must be callable (fqn, ids) -> weights, "
                             f"got {type(self.weights).__name__}")
+
+    def budget(self, wire_dtype: str) -> Budget:
+        """This policy's budget arguments, rows costed in ``wire_dtype``."""
+        return Budget(self.k, self.fraction, self.threshold, self.max_bytes, wire_dtype,
+                      self.max_age, self.relative, self.new_rows)
 
     def select(self, delta: DeltaRows, table: torch.nn.Module, *, fqn: str,
                wire_dtype: str) -> Selection:
@@ -315,10 +337,10 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
     For every table in ``tracker.get_delta(consumer)`` with changed rows or tombstones:
     ``policy.select`` picks the rows (current values read from the table: a HashTable, a
     ShardedEmbedding shard, an ``nn.Embedding`` or ``nn.EmbeddingBag``), the leftover is
-    handed back with ``tracker.retain`` (it comes back next round, older FIRST state, ``age
-    + 1``), and the selected rows (``[n, dim]`` in the table's width, float32/float16; other
-    float dtypes as float32) and the delta's tombstones are published under
-    :func:`table_name`.
+    carried to the next round (older FIRST state, ``age + 1``: kept by this function, or
+    handed back with ``tracker.retain``; see the module docstring), and the selected rows
+    (``[n, dim]`` in the table's width, float32/float16; other float dtypes as float32)
+    and the delta's tombstones are published under :func:`table_name`.
 
     Args:
         tracker: a :class:`~deltastream.DeltaTracker` with ``consumer``.
@@ -357,50 +379,13 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
     if not isinstance(policy, SelectionPolicy):
         raise TypeError(f"policy must be a SelectionPolicy or None, got "
                         f"{type(policy).__name__}")
-    wire_dtype = publisher.dtype
     modules = tracker.get_tracked_modules() if tables is None else tables
     names = _table_names(modules)  # checked before the delta is read: nothing is consumed
     t0 = time.monotonic()
     ts = time.time_ns() if ts is None else ts
-    # (fqn, delta, ids of the delta still at stake: None = all of them); what is left here
-    # when an error propagates goes back to the tracker
-    pending: list[tuple[str, DeltaRows, Optional[torch.Tensor]]] = [
-        (fqn, d, None) for fqn, d in tracker.get_delta(consumer).items()]
-    done: list[TableRound] = []
-    while pending:
-        fqn, delta, _ = pending[0]
-        n_tomb = 0 if delta.tombstones is None else int(delta.tombstones.numel())
-        if len(delta) == 0 and n_tomb == 0:
-            pending.pop(0)
-            continue
-        res = None
-        try:
-            if fqn not in modules:
-                raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(modules)}")
-            module = modules[fqn]
-            name = names[fqn]
-            sel = (select_changed(delta, module, wire_dtype=wire_dtype) if final
-                   else policy.select(delta, module, fqn=fqn, wire_dtype=wire_dtype))
-            if len(sel.leftover):
-                tracker.retain(consumer, fqn, sel.leftover)
-            # from here on only the selection is at stake: the leftover is back in the tracker
-            pending[0] = (fqn, delta, sel.ids)
-            if len(sel) or n_tomb:
-                res = publisher.publish(name, sel.ids, _as_float(sel.rows), step=step, ts=ts,
-                                        tombstones=sel.tombstones if n_tomb else None,
-                                        **shard_publish_kwargs(module))
-        except BaseException as e:
-            _hand_back(tracker, consumer, pending, e)
-            _hand_back_failed(tracker, consumer, e, names, modules, policy)
-            raise
-        pending.pop(0)
-        done.append(TableRound(
-            fqn=fqn, table=name, tracked=len(delta),
-            published=0 if res is None else int(res.rows),
-            tombstones=0 if res is None else int(res.tombstones),
-            carried=len(sel.leftover), rejected=sel.n_rejected,
-            messages=0 if res is None else int(res.messages),
-            bytes=0 if res is None else int(res.bytes), ids=sel.ids, result=res))
+    rnd = _Round(tracker, consumer, publisher, policy, modules, names, step=step, ts=ts,
+                 final=final)
+    done = rnd.run(tracker.get_delta(consumer))
     if dense is not None:  # before the final flush below, which then covers it too
         (dense.flush if final else dense.tick)(step, ts=ts)
     flush = getattr(publisher, "flush", None) if final else None
@@ -412,6 +397,112 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
             raise
     return PublishRound(step=step, ts=ts, final=final, seconds=time.monotonic() - t0,
                         tables=tuple(done))
+
+
+# (fqn, rows, ids of the rows still at stake: None = all of them): what is left of a
+# round's tables when an error propagates goes back to the tracker
+_Pending = list[tuple[str, DeltaRows, Optional[torch.Tensor]]]
+
+
+class _Round:
+    """The tables of one :func:`publish_delta` call: select, carry or retain the rest,
+    publish. Rows a budget carries stay in the consumer's
+    :class:`~deltastream.publishing.carried.CarriedTable` s between rounds (scored and
+    ordered: a round reads what changed and what it takes), except where
+    :func:`~deltastream.publishing.carried_select.carries` says a round needs every
+    candidate: then the carried rows join the delta and the leftover goes back to the
+    tracker with ``retain``, as it always did."""
+
+    def __init__(self, tracker: DeltaTracker, consumer: str, publisher: RowPublisher,
+                 policy: SelectionPolicy, modules: Mapping[str, torch.nn.Module],
+                 names: Mapping[str, str], *, step: int, ts: int, final: bool) -> None:
+        self.tracker, self.consumer, self.publisher = tracker, consumer, publisher
+        self.policy, self.modules, self.names = policy, modules, names
+        self.step, self.ts, self.final = step, ts, final
+        self.budget = policy.budget(publisher.dtype)
+        self.state = carried_state(tracker)
+        self.number = self.state.next_round(consumer)
+        self.carried = self.state.of(consumer)
+
+    def run(self, deltas: Mapping[str, DeltaRows]) -> list[TableRound]:
+        """Every table of ``deltas`` (and every table with carried rows) in turn; on an
+        error the rows not handed to the publisher go back to the tracker first."""
+        pending: _Pending = [(fqn, d, None) for fqn, d in deltas.items()]
+        pending += [(fqn, DeltaRows(ids=torch.empty(0, dtype=torch.int64)), None)
+                    for fqn, c in self.carried.items() if len(c) and fqn not in deltas]
+        done: list[TableRound] = []
+        while pending:
+            try:
+                rec = self._table(pending)
+            except BaseException as e:
+                _hand_back(self.tracker, self.consumer, pending, e)
+                _hand_back_failed(self.tracker, self.consumer, e, self.names, self.modules,
+                                  self.policy)
+                raise
+            pending.pop(0)
+            if rec is not None:
+                done.append(rec)
+        return done
+
+    def _table(self, pending: _Pending) -> Optional[TableRound]:
+        """The round of ``pending[0]``'s table; ``pending[0]`` narrows to the rows at stake."""
+        fqn, delta, _ = pending[0]
+        n_tomb = 0 if delta.tombstones is None else int(delta.tombstones.numel())
+        carried = self.carried.get(fqn)
+        if len(delta) == 0 and n_tomb == 0 and not (carried is not None and len(carried)):
+            return None
+        if fqn not in self.modules:
+            raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(self.modules)}")
+        module = self.modules[fqn]
+        seen = (self.consumer, fqn)
+        if carries(self.budget, delta, carried, final=self.final,
+                   weighted=self.policy.weights is not None,
+                   changed_before=self.state.changed.get(seen, 0)):
+            self.state.changed[seen] = len(delta)
+            if carried is None or not len(carried):  # (re)made for this policy's rules
+                carried = self.carried[fqn] = CarriedTable(
+                    int(delta.states.shape[1]), delta.states.dtype, self.budget.new_rows)
+            sel, taken, tracked = select_carried(carried, delta, module, self.budget,
+                                                 self.number)
+            pending[0] = (fqn, taken, None)
+            left = len(carried)
+        else:
+            delta = self._with_carried(fqn, delta)
+            pending[0] = (fqn, delta, None)
+            sel = (select_changed(delta, module, wire_dtype=self.publisher.dtype)
+                   if self.final else self.policy.select(delta, module, fqn=fqn,
+                                                         wire_dtype=self.publisher.dtype))
+            if len(sel.leftover):
+                self.tracker.retain(self.consumer, fqn, sel.leftover)
+            # from here on only the selection is at stake: the leftover is in the tracker
+            pending[0] = (fqn, delta, sel.ids)
+            tracked, left = len(delta), len(sel.leftover)
+        res = None
+        if len(sel) or n_tomb:
+            res = self.publisher.publish(self.names[fqn], sel.ids, _as_float(sel.rows),
+                                         step=self.step, ts=self.ts,
+                                         tombstones=sel.tombstones if n_tomb else None,
+                                         **shard_publish_kwargs(module))
+        return TableRound(
+            fqn=fqn, table=self.names[fqn], tracked=tracked,
+            published=0 if res is None else int(res.rows),
+            tombstones=0 if res is None else int(res.tombstones), carried=left,
+            rejected=sel.n_rejected, messages=0 if res is None else int(res.messages),
+            bytes=0 if res is None else int(res.bytes), ids=sel.ids, result=res)
+
+    def _with_carried(self, fqn: str, delta: DeltaRows) -> DeltaRows:
+        """``delta`` united with the table's carried rows (which then end: the full path
+        retains its leftover in the tracker); the carried rows are older, their state wins."""
+        carried = self.carried.pop(fqn, None)
+        if carried is None or not len(carried):
+            return delta
+        drop_gone(carried, delta)
+        rows, _ = carried.take(carried.live_slots(), self.number)
+        if not len(rows):
+            return delta
+        if not len(delta) and delta.states is None and delta.tombstones is None:
+            return rows  # a table with carried rows only
+        return merge_carry(rows, delta)
 
 
 def _hand_back_failed(tracker: DeltaTracker, consumer: str, error: BaseException,

@@ -103,26 +103,24 @@ from deltastream.publishing.selection_checks import (
     raise_failed,
 )
 from deltastream.publishing.selection_rules import (
-    AGE_CAP,
-    TIER_NEW,
-    TIER_OVERDUE,
     WIRE_ITEMSIZE,
+    Budget,
     Selection,
     leftover_rows,
-    row_cap,
+    priority_keys,
     row_wire_bytes,
     warn_rejected,
 )
-from deltastream.publishing.table_rows import read_rows, row_reader
+from deltastream.publishing.table_rows import Reader, read_rows, row_reader
 from deltastream.types import DeltaRows
 
 __all__ = ["Selection", "select_changed", "LookupRate", "WIRE_ITEMSIZE", "NEW_ROW_POLICIES",
-           "row_wire_bytes"]
+           "row_wire_bytes", "Drift", "read_drift", "DEFAULT_CHUNK_ROWS"]
 
 log = logging.getLogger(__name__)
 
 # Rows per chunk when reading current values: 16K x 128 fp32 = 8 MiB, stays in a large cache.
-_DEFAULT_CHUNK_ROWS = 16384
+DEFAULT_CHUNK_ROWS = 16384
 
 
 # ---------------------------------------------------------------------------- selection
@@ -134,7 +132,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
                    max_bytes: Optional[int] = None, wire_dtype: str = "f16",
                    max_age: Optional[int] = 16, relative: bool = False,
                    new_rows: str = "first", weights: Optional[torch.Tensor] = None,
-                   chunk_rows: int = _DEFAULT_CHUNK_ROWS) -> Selection:
+                   chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Selection:
     """Pick the rows of ``delta`` to publish now; return the rest as ``leftover``.
 
     Args:
@@ -176,6 +174,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
     """
     check_budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, chunk_rows)
     check_policy(threshold, relative, new_rows)
+    budget = Budget(k, fraction, threshold, max_bytes, wire_dtype, max_age, relative, new_rows)
     read, dim, table_dtype, fresh = row_reader(table)
     checks = check_delta(delta, dim)
     if weights is not None:
@@ -184,39 +183,45 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
         # imported here: it imports triton, which only the kernel path needs
         from deltastream.publishing.selection_device import select_on_device
 
-        return select_on_device(delta, table, read, dim, table_dtype, checks, k=k,
-                                fraction=fraction, threshold=threshold, max_bytes=max_bytes,
-                                wire_dtype=wire_dtype, max_age=max_age, relative=relative,
-                                new_rows=new_rows, weights=weights)
+        return select_on_device(delta, table, read, dim, table_dtype, checks, budget, weights)
     raise_failed(checks)
+    return _select_on_cpu(delta, (read, dim, table_dtype, fresh), budget, weights, chunk_rows)
+
+
+def _select_on_cpu(delta: DeltaRows, reader: tuple[Reader, int, Optional[torch.dtype], bool],
+                   budget: Budget, weights: Optional[torch.Tensor],
+                   chunk_rows: int) -> Selection:
+    """``select_changed`` on the torch reference path (arguments checked; ``reader`` as
+    :func:`~deltastream.publishing.table_rows.row_reader` returns it)."""
+    read, dim, table_dtype, fresh = reader
     ids, states = delta.ids, delta.states
     n, dev = ids.numel(), ids.device
     new = delta.new.to(dev) if delta.new is not None else None
     # new_rows="drift": a row the predictors never received is served as zeros there, so its
     # error is ‖current − 0‖, not ‖current − FIRST‖ (FIRST is the initializer's draw)
-    zero_new = new if new_rows == "drift" and states is not None else None
+    zero_new = new if budget.new_rows == "drift" and states is not None else None
 
     # ---- 1. read current rows chunk-wise: drift score and finiteness per row
-    drift = _drift(read, fresh, table_dtype, dim, ids, states, zero_new,
-                   relative and states is not None, chunk_rows)
+    drift = read_drift(read, fresh, table_dtype, dim, ids, states, zero_new,
+                       budget.relative and states is not None, chunk_rows)
     rejected = ids[~drift.finite] if n and not bool(drift.finite.all()) else ids.new_empty(0)
     warn_rejected(rejected.numel(), n, log)
 
     # ---- 2. the budget, and which rows it may pick
-    cap = row_cap(n - rejected.numel(), k, fraction, max_bytes, dim, wire_dtype)
+    cap = budget.cap(n - rejected.numel(), dim)
     age = delta.age.to(device=dev, dtype=torch.int64) if delta.age is not None else None
     # "drift": new rows compete on their drift from zeros like any other row (no tier of
     # their own); "first": they outrank everything and pass any threshold
-    tier_new = new if new_rows == "first" else None
+    tier_new = new if budget.new_rows == "first" else None
     if states is None:  # ID_ONLY: no drift to weigh or to hold against a threshold
         wscore, eligible = None, drift.finite
     else:
         wscore = _weighted(drift.score, weights, drift.finite)
-        eligible = _eligible(drift.finite, wscore, threshold, drift.norm, tier_new)
+        eligible = _eligible(drift.finite, wscore, budget.threshold, drift.norm, tier_new)
 
     # ---- 3. choose positions
     sel = _choose(eligible, cap,
-                  lambda: _priority(wscore, tier_new, age, max_age, n, dev))
+                  lambda: priority_keys(wscore, tier_new, age, budget.max_age, n, dev))
 
     # ---- 4. assemble
     chosen = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -238,7 +243,7 @@ def select_changed(delta: DeltaRows, table, *, k: Optional[int] = None,
 
 
 @dataclass
-class _Drift:
+class Drift:
     """Per candidate row: drift ``score`` (``[n]``, the compute dtype), whether its current
     value is ``finite``, ``‖current‖`` (relative thresholds only) and the table's row dtype."""
 
@@ -248,9 +253,9 @@ class _Drift:
     table_dtype: torch.dtype
 
 
-def _drift(read, fresh: bool, table_dtype: Optional[torch.dtype], dim: int, ids: torch.Tensor,
-           states: Optional[torch.Tensor], zero_new: Optional[torch.Tensor], want_norm: bool,
-           chunk_rows: int) -> _Drift:
+def read_drift(read: Reader, fresh: bool, table_dtype: Optional[torch.dtype], dim: int,
+               ids: torch.Tensor, states: Optional[torch.Tensor],
+               zero_new: Optional[torch.Tensor], want_norm: bool, chunk_rows: int) -> Drift:
     """Read the current rows of ``ids`` chunk by chunk and score each against its FIRST
     state (``states``; rows flagged in ``zero_new`` against zeros); ID_ONLY (``states``
     None) only tests finiteness."""
@@ -292,7 +297,7 @@ def _drift(read, fresh: bool, table_dtype: Optional[torch.dtype], dim: int, ids:
         _settle_nonfinite(read, ids[start:stop], sc, finite[start:stop])
     if table_dtype is None:
         table_dtype = states.dtype if states is not None else torch.float32
-    return _Drift(score, finite, norm, table_dtype)
+    return Drift(score, finite, norm, table_dtype)
 
 
 def _first_chunk(states: torch.Tensor, zero_new: Optional[torch.Tensor], start: int,
@@ -375,32 +380,3 @@ def _choose(eligible: torch.Tensor, cap: int,
     key.masked_fill_(~eligible, -math.inf)
     sel = torch.topk(key, cap, sorted=False).indices
     return torch.sort(sel).values  # ids are ascending, so sorted positions = ascending ids
-
-
-def _priority(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
-              age: Optional[torch.Tensor], max_age: Optional[int], n: int,
-              dev: torch.device) -> torch.Tensor:
-    """float64 ``[n]`` key: higher publishes first (tiers: new > overdue > drift x (1+age))."""
-    agef = age.clamp(max=AGE_CAP).to(torch.float64) if age is not None else None
-    if score is not None:
-        s = score.to(torch.float64)
-        # 1 - 1/(1+x) maps [0, inf] monotonically onto [0, 1] (inf -> 1, no NaN)
-        frac = 1.0 - 1.0 / (1.0 + s)
-        if agef is not None:
-            boosted = s * (1.0 + agef)
-            key = 1.0 - 1.0 / (1.0 + boosted)
-        else:
-            key = frac.clone()
-    else:
-        frac = torch.zeros(n, dtype=torch.float64, device=dev)
-        # ID_ONLY: no drift; older rows first
-        key = (1.0 - 1.0 / (1.0 + agef)) if agef is not None else frac.clone()
-    if agef is not None:
-        if max_age is not None:
-            overdue = age >= max_age
-            key = torch.where(overdue, TIER_OVERDUE + agef + frac, key)
-        if new is not None:
-            key = torch.where(new, TIER_NEW + agef + frac, key)
-    elif new is not None:
-        key = torch.where(new, TIER_NEW + frac, key)
-    return key

@@ -45,9 +45,9 @@ from deltastream.publishing.selection_rules import (
     AGE_CAP,
     TIER_NEW,
     TIER_OVERDUE,
+    Budget,
     Selection,
     leftover_rows,
-    row_cap,
     warn_rejected,
 )
 from deltastream.publishing.table_rows import Reader, row_storage
@@ -59,11 +59,8 @@ log = logging.getLogger(__name__)
 
 
 def select_on_device(delta: DeltaRows, table, read: Reader, dim: int,
-                     table_dtype: Optional[torch.dtype], checks: list[ValueCheck], *,
-                     k: Optional[int], fraction: Optional[float], threshold: Optional[float],
-                     max_bytes: Optional[int], wire_dtype: str, max_age: Optional[int],
-                     relative: bool, new_rows: str,
-                     weights: Optional[torch.Tensor]) -> Selection:
+                     table_dtype: Optional[torch.dtype], checks: list[ValueCheck],
+                     budget: Budget, weights: Optional[torch.Tensor]) -> Selection:
     """``select_changed`` on the kernel path; arguments already checked for type and shape
     (``checks``: the value checks still to read back). See the module docstring."""
     ids, states = delta.ids, delta.states
@@ -71,23 +68,23 @@ def select_on_device(delta: DeltaRows, table, read: Reader, dim: int,
     # the kernels index every [n] input densely: make them contiguous (no-ops as a rule)
     new = delta.new.to(dev).contiguous() if delta.new is not None else None
     # new_rows="drift": a never-published row is served as zeros, its error is ‖current‖
-    zero_new = new if new_rows == "drift" and states is not None else None
+    zero_new = new if budget.new_rows == "drift" and states is not None else None
     cdtype = torch.float64 if states is not None and states.dtype == torch.float64 \
         else torch.float32
     first = states if states is None or states.stride(1) == 1 else states.contiguous()
     age = delta.age.to(device=dev, dtype=torch.int64).contiguous() \
         if delta.age is not None else None
-    tier_new = new if new_rows == "first" else None
+    tier_new = new if budget.new_rows == "first" else None
     w = weights.to(dev).contiguous() if weights is not None else None
 
     def score(storage: torch.Tensor, pos: Optional[torch.Tensor]):
         drift = row_drift(storage, pos, first, zero_new, compute_dtype=cdtype,
-                          want_norm=relative and states is not None)
+                          want_norm=budget.relative and states is not None)
         n_elig = torch.zeros(1, dtype=torch.int32, device=dev)
         key = priority_key(drift.finite, drift.score, norm=drift.norm, weights=w,
-                           new=tier_new, age=age, threshold=threshold, max_age=max_age,
-                           tier_new=TIER_NEW, tier_overdue=TIER_OVERDUE, age_cap=AGE_CAP,
-                           counts=n_elig)
+                           new=tier_new, age=age, threshold=budget.threshold,
+                           max_age=budget.max_age, tier_new=TIER_NEW,
+                           tier_overdue=TIER_OVERDUE, age_cap=AGE_CAP, counts=n_elig)
         # the one host sync: every count that sizes an output, and the argument checks
         back = torch.cat([drift.counts, n_elig]
                          + [c.bad.reshape(1).to(torch.int32) for c in checks]).tolist()
@@ -105,23 +102,29 @@ def select_on_device(delta: DeltaRows, table, read: Reader, dim: int,
         drift, key, _, n_bad, n_elig = score(storage, pos)
 
     # ---- choose positions (ascending): the budget's cap of the eligible rows
-    cap = row_cap(n - n_bad, k, fraction, max_bytes, dim, wire_dtype)
+    cap = budget.cap(n - n_bad, dim)
     if cap >= n_elig:
         sel = torch.arange(n, device=dev) if n_elig == n else _where(key > -math.inf, n_elig)
     elif cap <= 0:
         sel = torch.empty(0, dtype=torch.int64, device=dev)
     else:
         sel = torch.sort(torch.topk(key, cap, sorted=False).indices).values
+    rows = storage.index_select(0, pos.index_select(0, sel) if pos is not None else sel)
+    if table_dtype is not None and rows.dtype != table_dtype:
+        rows = rows.to(table_dtype)
+    return _assemble(delta, drift, sel, rows, n_bad, dim)
 
-    # ---- assemble
+
+def _assemble(delta: DeltaRows, drift, sel: torch.Tensor, rows: torch.Tensor, n_bad: int,
+              dim: int) -> Selection:
+    """The :class:`Selection` of positions ``sel`` (ascending; their ``rows``), with no host
+    sync: every output size is known (``n_bad`` non-finite rows)."""
+    ids, n, dev = delta.ids, delta.ids.numel(), delta.ids.device
     # index_fill_, not chosen[sel] = True: a Python scalar assigned by index is copied to the
     # device first, a second host sync (seen on an H100)
     chosen = torch.zeros(n, dtype=torch.bool, device=dev).index_fill_(0, sel, True)
     sel_ids = ids.index_select(0, sel)
-    rows = storage.index_select(0, pos.index_select(0, sel) if pos is not None else sel)
-    if table_dtype is not None and rows.dtype != table_dtype:
-        rows = rows.to(table_dtype)
-    if states is not None:
+    if delta.states is not None:
         scores = drift.score.index_select(0, sel).to(torch.float32)
     else:
         scores = torch.full((sel.numel(),), math.nan, dtype=torch.float32, device=dev)

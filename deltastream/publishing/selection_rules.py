@@ -19,8 +19,9 @@ import torch
 from deltastream import wire
 from deltastream.types import DeltaRows
 
-__all__ = ["Selection", "WIRE_ITEMSIZE", "row_wire_bytes", "row_cap", "leftover_rows",
-           "warn_rejected", "TIER_NEW", "TIER_OVERDUE", "AGE_CAP"]
+__all__ = ["Selection", "Budget", "WIRE_ITEMSIZE", "row_wire_bytes", "row_cap",
+           "leftover_rows", "priority_keys", "warn_rejected", "TIER_NEW", "TIER_OVERDUE",
+           "AGE_CAP"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,24 @@ class Selection:
         return int(self.rejected.numel())
 
 
+@dataclass(frozen=True)
+class Budget:
+    """The budget arguments of ``select_changed`` (already checked), as one value."""
+
+    k: Optional[int] = None
+    fraction: Optional[float] = None
+    threshold: Optional[float] = None
+    max_bytes: Optional[int] = None
+    wire_dtype: str = "f16"
+    max_age: Optional[int] = 16
+    relative: bool = False
+    new_rows: str = "first"
+
+    def cap(self, n_fin: int, dim: int) -> int:
+        """Most rows this budget lets out of ``n_fin`` finite candidates of width ``dim``."""
+        return row_cap(n_fin, self.k, self.fraction, self.max_bytes, dim, self.wire_dtype)
+
+
 def row_wire_bytes(dim: int, wire_dtype: str = "f16") -> int:
     """Bytes one row costs on the wire: 8 (id) + ``dim`` × itemsize (+4 scale for ``i8``)."""
     if wire_dtype not in wire.DTYPES:
@@ -107,6 +126,40 @@ def leftover_rows(delta: DeltaRows, lpos: torch.Tensor, dim: int) -> DeltaRows:
         new=None if delta.new is None else delta.new.new_empty(0),
         age=None if delta.age is None else delta.age.new_empty(0),
     )
+
+
+def priority_keys(score: Optional[torch.Tensor], new: Optional[torch.Tensor],
+                  age: Optional[torch.Tensor], max_age: Optional[int], n: int,
+                  dev: torch.device) -> torch.Tensor:
+    """float64 ``[n]`` key: higher publishes first (tiers: new > overdue > drift x (1+age)).
+
+    ``score``: drift ``[n]`` (None: ID_ONLY); ``new``: bool ``[n]`` rows of the new tier (or
+    None); ``age``: int64 ``[n]`` rounds carried (or None). Elementwise: a row's key does not
+    depend on the other rows, so keys of any subset are the keys of the whole set.
+    """
+    agef = age.clamp(max=AGE_CAP).to(torch.float64) if age is not None else None
+    if score is not None:
+        s = score.to(torch.float64)
+        # 1 - 1/(1+x) maps [0, inf] monotonically onto [0, 1] (inf -> 1, no NaN)
+        frac = 1.0 - 1.0 / (1.0 + s)
+        if agef is not None:
+            boosted = s * (1.0 + agef)
+            key = 1.0 - 1.0 / (1.0 + boosted)
+        else:
+            key = frac.clone()
+    else:
+        frac = torch.zeros(n, dtype=torch.float64, device=dev)
+        # ID_ONLY: no drift; older rows first
+        key = (1.0 - 1.0 / (1.0 + agef)) if agef is not None else frac.clone()
+    if agef is not None:
+        if max_age is not None:
+            overdue = age >= max_age
+            key = torch.where(overdue, TIER_OVERDUE + agef + frac, key)
+        if new is not None:
+            key = torch.where(new, TIER_NEW + agef + frac, key)
+    elif new is not None:
+        key = torch.where(new, TIER_NEW + frac, key)
+    return key
 
 
 def warn_rejected(n_rejected: int, n: int, logger: logging.Logger) -> None:

@@ -114,14 +114,20 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
         (both NaN where the current row is not finite; the error ``+inf`` where it is
         finite but ``served`` was not: a recovered row must go out), and bool ``finite``.
     """
-    # sums of squares in float64, in place: a few passes over [n, dim] (vector_norm and a
-    # separate isfinite().all() were ~10x slower on CPU), and no host sync (CUDA)
-    cur = current.to(torch.float64, copy=True)
-    diff = cur - served.to(torch.float64)
+    # float64 (exact differences, squares that cannot overflow for narrower floats), one
+    # copy: vector_norm reduces without the [n, dim] squares a mul_ + sum would write; the
+    # rows held as zeros are copied over on the CPU (a where over [n, dim] cost ~3x the rest),
+    # by where elsewhere (nonzero would synchronize a CUDA stream)
+    diff = current.to(torch.float64, copy=True).sub_(served)
     if zero is not None:
-        diff = torch.where(zero[:, None], cur, diff)
-    error = diff.mul_(diff).sum(dim=1).sqrt_()
-    norm = cur.mul_(cur).sum(dim=1).sqrt_()
+        if diff.device.type == "cpu":
+            z = zero.nonzero().squeeze(1)
+            if z.numel():
+                diff.index_copy_(0, z, current.index_select(0, z).to(torch.float64))
+        else:
+            diff = torch.where(zero[:, None], current.to(torch.float64), diff)
+    error = torch.linalg.vector_norm(diff, dim=1)
+    norm = torch.linalg.vector_norm(current, dim=1, dtype=torch.float64)
     # narrower floats cannot overflow a float64 square: a non-finite norm is a NaN/Inf in
     # the row; float64 rows are checked value by value
     finite = torch.isfinite(current).all(dim=1) if current.dtype == torch.float64 \

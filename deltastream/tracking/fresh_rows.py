@@ -26,8 +26,12 @@ import numpy as np
 import torch
 
 from deltastream.native_ext import NativeExtension
+from deltastream.tracking.sorted_ids import sort_ids_with_perm
 
-__all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "FreshRows"]
+__all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows"]
+
+#: an arena and order holding more than this after a drain, 4x what it used, are released
+KEEP_BYTES = 64 << 20
 
 _EXT = NativeExtension("deltastream.tracking.native", "native FIRST-row tracking",
                        "numpy runs")
@@ -41,7 +45,7 @@ native_enabled = _EXT.enabled
 use_native = _EXT.use
 
 
-def _bytes(t: torch.Tensor) -> np.ndarray:
+def as_bytes(t: torch.Tensor) -> np.ndarray:
     """A C-contiguous CPU tensor's memory as uint8 (any dtype, bf16 included: no copy)."""
     return t.reshape(-1).view(torch.uint8).numpy()
 
@@ -134,10 +138,10 @@ class FreshRows:
 
     def _bytes_of(self, src: torch.Tensor, by_occurrence: bool) -> np.ndarray:
         if by_occurrence:  # a lookup's output: new every time
-            return _bytes(src)
+            return as_bytes(src)
         key = (src.data_ptr(), src.shape, src.dtype)
         if key != self._src_key:  # the address cannot be reused while the view holds it
-            self._src_bytes, self._src_key = _bytes(src), key
+            self._src_bytes, self._src_key = as_bytes(src), key
         return self._src_bytes
 
     def _reserve(self, need: int, src: Optional[torch.Tensor]) -> None:
@@ -153,7 +157,7 @@ class FreshRows:
         grown = torch.empty((self.order.size, src.shape[1]), dtype=src.dtype)
         if self.used and old is not None:
             grown[:self.used] = old[:self.used]
-        self.arena, self._arena_bytes = grown, _bytes(grown)
+        self.arena, self._arena_bytes = grown, as_bytes(grown)
 
     def drain(self, with_rows: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The marked positions (int64 ``[k]``, ascending) and, with ``with_rows``, each
@@ -167,15 +171,43 @@ class FreshRows:
             touched = np.flatnonzero(self.slot)
             rows = None if arena is None else self.rows(self.slot[touched].astype(np.int64) - 1)
             self._unmark(touched)
+            self._drained(used)
             return torch.from_numpy(touched.astype(np.int64, copy=False)), rows
         self._valid_bits()
         ids = torch.empty(used, dtype=torch.int64)
         rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
         k = native.drain_marked(self.slot, self.bits,
                                 None if arena is None else self._arena_bytes, ids.numpy(),
-                                None if rows is None else _bytes(rows))
-        self.used = 0
+                                None if rows is None else as_bytes(rows))
+        self._drained(used)
         return ids[:k], None if rows is None else rows[:k]
+
+    def drain_by_key(self, keys: torch.Tensor, with_rows: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """``(ids, positions, rows)`` of the marked positions, ordered by ascending id:
+        ``keys`` (int64 CPU ``[capacity]``) is the id held at each position (a hash table's);
+        ``ids``/``positions`` int64 ``[k]``, ``rows`` ``[k, dim]`` their FIRST rows (None
+        without ``with_rows``); nothing is marked afterwards. Work in the positions touched,
+        not the capacity (the C code sorts the ids and copies the rows in one call)."""
+        arena = self.arena if with_rows else None
+        if not native_enabled() or self.used == 0:
+            used = self.used
+            touched, src = self.drain_unordered()
+            ids, order = sort_ids_with_perm(keys.index_select(0, torch.from_numpy(touched)))
+            order = order.numpy()
+            rows = None if arena is None else self.rows(src[order])
+            self._drained(used)
+            return ids, torch.from_numpy(touched[order]), rows
+        self._valid_bits()
+        used = self.used
+        ids = torch.empty(used, dtype=torch.int64)
+        pos = torch.empty(used, dtype=torch.int64)
+        rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
+        k = native.drain_by_key(self.slot, self.bits, self.order, used, keys.numpy(),
+                                None if arena is None else self._arena_bytes, ids.numpy(),
+                                pos.numpy(), None if rows is None else as_bytes(rows))
+        self._drained(used)
+        return ids[:k], pos[:k], None if rows is None else rows[:k]
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the
@@ -200,6 +232,18 @@ class FreshRows:
         self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
         self.bits_valid = True
         self.used = 0
+
+    def _drained(self, used: int) -> None:
+        """After a drain of ``used`` arena rows: nothing is marked; an arena (and order)
+        over 4x what this interval used and over :data:`KEEP_BYTES` is released (one
+        interval of many lookups, a long pause between reads, must not hold its memory for
+        the rest of the run; the next lookups reserve what they need)."""
+        self.used = 0
+        held = self.order.nbytes + (0 if self.arena is None
+                                    else self.arena.numel() * self.arena.element_size())
+        if held > KEEP_BYTES and self.order.size > 4 * max(used, 1):
+            self.order = np.empty(0, dtype=np.int64)
+            self.arena, self._arena_bytes = None, None
 
 
 def _mark_numpy(f: FreshRows, ids: torch.Tensor, src: Optional[torch.Tensor],

@@ -34,6 +34,14 @@
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
  *       and, with an arena, each one's arena row; then clears slot and bits. A set bit
  *       whose slot names no arena row is a ValueError (both left as they were).
+ *   drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k
+ *       For a table whose ids are not its positions (a hash table): keys: int64 [capacity],
+ *       the id held at each position; out_keys, out_pos: writable int64 [>= used];
+ *       out_rows: writable uint8 [>= used * row_bytes] or None (with arena None). Writes
+ *       the k marked positions' ids ascending, their positions and (with an arena) their
+ *       arena rows in that order; then clears their slots and bits. The work follows the
+ *       `used` arena rows written, not the capacity: an LSD radix sort of (id, arena row)
+ *       pairs, 11 bits a pass, passes whose digit is the same for every id skipped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -382,6 +390,222 @@ done:
     return ret;
 }
 
+/* LSD radix sort of n (key, value) pairs by key, ascending and stable: 11-bit digits of
+ * key - min (every pass a stable counting sort; the counts of every digit taken in one read
+ * of the keys), a pass skipped when all keys share its digit. k/v and tk/tv are ping-pong
+ * buffers of n entries; count holds RADIX_PASSES * RADIX_SIZE entries. Returns 1 when the
+ * result is in tk/tv, 0 when in k/v. */
+#define RADIX_BITS 11
+#define RADIX_SIZE (1 << RADIX_BITS)
+#define RADIX_PASSES ((64 + RADIX_BITS - 1) / RADIX_BITS)
+static int radix_pairs(uint64_t *k, int64_t *v, uint64_t *tk, int64_t *tv, Py_ssize_t n,
+                       Py_ssize_t *count) {
+    if (n < 2)
+        return 0;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        lo = k[i] < lo ? k[i] : lo;
+        hi = k[i] > hi ? k[i] : hi;
+    }
+    uint64_t span = hi - lo;
+    int passes = 1;
+    while (passes < RADIX_PASSES && (span >> (passes * RADIX_BITS)))
+        passes++;
+    memset(count, 0, (size_t)passes * RADIX_SIZE * sizeof *count);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = k[i] - lo;
+        for (int d = 0; d < passes; d++)
+            count[d * RADIX_SIZE + ((x >> (d * RADIX_BITS)) & (RADIX_SIZE - 1))]++;
+    }
+    int swapped = 0;
+    for (int d = 0; d < passes; d++) {
+        Py_ssize_t *c = count + d * RADIX_SIZE;
+        int shift = d * RADIX_BITS;
+        if (c[((k[0] - lo) >> shift) & (RADIX_SIZE - 1)] == n)
+            continue; /* one digit for every key: the pass would not move anything */
+        Py_ssize_t at = 0;
+        for (int b = 0; b < RADIX_SIZE; b++) {
+            Py_ssize_t m = c[b];
+            c[b] = at;
+            at += m;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t to = c[((k[i] - lo) >> shift) & (RADIX_SIZE - 1)]++;
+            tk[to] = k[i];
+            tv[to] = v[i];
+        }
+        uint64_t *sk = k;
+        int64_t *sv = v;
+        k = tk, v = tv, tk = sk, tv = sv;
+        swapped ^= 1;
+    }
+    return swapped;
+}
+
+static PyObject *drain_by_key(PyObject *self, PyObject *args) {
+    PyObject *o_slot, *o_bits, *o_order, *o_keys, *o_arena, *o_okeys, *o_opos, *o_rows;
+    Py_ssize_t used;
+    if (!PyArg_ParseTuple(args, "OOOnOOOOO", &o_slot, &o_bits, &o_order, &used, &o_keys,
+                          &o_arena, &o_okeys, &o_opos, &o_rows))
+        return NULL;
+    PyObject *ret = NULL;
+    uint64_t *kb = NULL;
+    int64_t *vb = NULL;
+    Bufs bs = {.n = 0}, more = {.n = 0};
+    Py_buffer *slot = take(&bs, o_slot, 1, "slot");
+    Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
+    Py_buffer *order = bits == BAD ? NULL : take(&bs, o_order, 0, "order");
+    Py_buffer *keys = order == BAD ? NULL : take(&bs, o_keys, 0, "keys");
+    Py_buffer *arena = keys == BAD ? NULL : take(&bs, o_arena, 0, "arena");
+    Py_buffer *okeys = arena == BAD ? NULL : take(&bs, o_okeys, 1, "out_keys");
+    Py_buffer *opos = okeys == BAD ? NULL : take(&more, o_opos, 1, "out_pos");
+    Py_buffer *rows = opos == BAD ? NULL : take(&more, o_rows, 1, "out_rows");
+    if (slot == BAD || bits == BAD || order == BAD || keys == BAD || arena == BAD ||
+        okeys == BAD || opos == BAD || rows == BAD)
+        goto done;
+    if (!slot || !bits || !order || !keys || !okeys || !opos) {
+        PyErr_SetString(PyExc_TypeError, "slot, bits, order, keys, out_keys and out_pos are "
+                        "required");
+        goto done;
+    }
+    if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0 ||
+        check_item(keys, 8, "ql", "keys") < 0 || check_item(okeys, 8, "ql", "out_keys") < 0 ||
+        check_item(opos, 8, "ql", "out_pos") < 0 || check_bits(bits, slot->len / 4) < 0)
+        goto done;
+    Py_ssize_t cap = slot->len / 4, rb = 0;
+    if (used < 0 || order->len / 8 < used || okeys->len / 8 < used || opos->len / 8 < used ||
+        keys->len / 8 < cap) {
+        PyErr_Format(PyExc_ValueError, "order, out_keys, out_pos: fewer than %zd entries, or "
+                     "keys: fewer than %zd", used, cap);
+        goto done;
+    }
+    if ((arena == NULL) != (rows == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "arena and out_rows: both or neither");
+        goto done;
+    }
+    if (arena != NULL && used > 0) {
+        rb = rows->len / used;
+        if (rb == 0 || arena->len % rb || arena->len / rb < used) {
+            PyErr_Format(PyExc_ValueError, "out_rows: %zd bytes are not %zd rows (arena %zd "
+                         "bytes)", rows->len, used, arena->len);
+            goto done;
+        }
+    }
+    if (used == 0) {
+        ret = PyLong_FromSsize_t(0);
+        goto done;
+    }
+    kb = (uint64_t *)PyMem_Malloc((size_t)used * 2 * sizeof(uint64_t));
+    vb = (int64_t *)PyMem_Malloc((size_t)used * 2 * sizeof(int64_t));
+    Py_ssize_t *count = (Py_ssize_t *)PyMem_Malloc(RADIX_PASSES * RADIX_SIZE *
+                                                    sizeof(Py_ssize_t));
+    if (kb == NULL || vb == NULL || count == NULL) {
+        PyMem_Free(count);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int32_t *s = (int32_t *)slot->buf;
+    const int64_t *o = (const int64_t *)order->buf, *key = (const int64_t *)keys->buf;
+    for (Py_ssize_t a = 0; a < used; a++) /* checked first: nothing changes on an error */
+        if ((uint64_t)o[a] >= (uint64_t)cap) {
+            PyMem_Free(count);
+            PyErr_Format(PyExc_ValueError, "order: arena row %zd names position %lld, outside "
+                         "[0, %zd)", a, (long long)o[a], cap);
+            goto done;
+        }
+    /* the arena rows that hold their position's row (numpy may have left earlier copies of a
+     * position: its slot names the last one), with the id there; their marks are cleared
+     * while the entry is in the cache (a marked position's byte of bits has no other
+     * position left marked once the pass is over) */
+    uint8_t *bt = (uint8_t *)bits->buf;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t a = 0; a < used; a++) {
+        if (a + MARK_AHEAD < used) {
+            PREFETCH_W(s + o[a + MARK_AHEAD]);
+            PREFETCH(key + o[a + MARK_AHEAD]);
+        }
+        int64_t p = o[a];
+        if ((int64_t)s[p] != (int64_t)a + 1)
+            continue;
+        s[p] = 0;
+        bt[p >> 3] = 0;
+        kb[n] = (uint64_t)key[p] ^ ((uint64_t)1 << 63); /* int64 order as unsigned order */
+        vb[n++] = a;
+    }
+    int in_tmp = radix_pairs(kb, vb, kb + used, vb + used, n, count);
+    PyMem_Free(count);
+    const uint64_t *sk = in_tmp ? kb + used : kb;
+    const int64_t *sv = in_tmp ? vb + used : vb;
+    /* the free half of the key buffer becomes each arena row's output row (-1: none) */
+    int64_t *dest = (int64_t *)(in_tmp ? kb : kb + used);
+    int64_t *ok = (int64_t *)okeys->buf, *op = (int64_t *)opos->buf;
+    if (rows != NULL)
+        memset(dest, 0xff, (size_t)used * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ok[i] = (int64_t)(sk[i] ^ ((uint64_t)1 << 63));
+        op[i] = o[sv[i]];
+        if (rows != NULL)
+            dest[sv[i]] = i;
+    }
+    if (rows != NULL) { /* the arena read in order, each row streamed to its output row */
+        uint8_t *r = (uint8_t *)rows->buf;
+        const uint8_t *ar = (const uint8_t *)arena->buf;
+        for (Py_ssize_t a = 0; a < used; a++)
+            if (dest[a] >= 0)
+                put_row(r + dest[a] * rb, ar + a * rb, rb);
+#if defined(__SSE2__)
+        _mm_sfence();
+#endif
+    }
+    ret = PyLong_FromSsize_t(n);
+done:
+    PyMem_Free(kb);
+    PyMem_Free(vb);
+    release(&more);
+    release(&bs);
+    return ret;
+}
+
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    PyObject *o_src, *o_at, *o_out;
+    Py_ssize_t rb;
+    if (!PyArg_ParseTuple(args, "OOOn", &o_src, &o_at, &o_out, &rb))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *src = take(&bs, o_src, 0, "src");
+    Py_buffer *at = src == BAD ? NULL : take(&bs, o_at, 0, "at");
+    Py_buffer *out = at == BAD ? NULL : take(&bs, o_out, 1, "out");
+    if (src == BAD || at == BAD || out == BAD)
+        goto done;
+    if (!src || !at || !out) {
+        PyErr_SetString(PyExc_TypeError, "src, at and out are required");
+        goto done;
+    }
+    if (check_item(at, 8, "ql", "at") < 0)
+        goto done;
+    Py_ssize_t n = at->len / 8, rows = rb > 0 ? src->len / rb : 0;
+    if (rb <= 0 || src->len % rb || out->len != n * rb) {
+        PyErr_Format(PyExc_ValueError, "out: %zd bytes are not %zd rows of %zd bytes (src %zd "
+                     "bytes)", out->len, n, rb, src->len);
+        goto done;
+    }
+    const int64_t *q = (const int64_t *)at->buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((uint64_t)q[i] >= (uint64_t)rows) {
+            PyErr_Format(PyExc_IndexError, "row %lld (at %zd) is outside [0, %zd)",
+                         (long long)q[i], i, rows);
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    copy_rows((uint8_t *)out->buf, (const uint8_t *)src->buf, q, n, rb);
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromSsize_t(n);
+done:
+    release(&bs);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"mark_fresh", mark_fresh, METH_VARARGS,
      "mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used: "
@@ -389,6 +613,11 @@ static PyMethodDef methods[] = {
      "ids, copy their rows"},
     {"drain_marked", drain_marked, METH_VARARGS,
      "drain_marked(slot, bits, arena, out_ids, out_rows) -> k: marked positions ascending"},
+    {"gather_rows", gather_rows, METH_VARARGS,
+     "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},
+    {"drain_by_key", drain_by_key, METH_VARARGS,
+     "drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k: "
+     "marked positions by ascending key"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -150,18 +150,17 @@ class UniqueLookups(PendingLookups):
     def drain(self, table: Any, with_states: bool
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """:meth:`PendingLookups.drain`: the ids ascending, their FIRST states gathered once
-        from the arena."""
+        from the arena. A table without ``ids_ascending`` gives the id of every position at
+        once (``position_ids()``, int64 ``[capacity]``): the sort and the gather are one
+        call."""
         f = self.fresh
         with_states = with_states and f.arena is not None
         if getattr(table, "ids_ascending", False):  # ascending positions = ascending ids
             touched, states = f.drain(with_states)
             ids = table.ids_at(touched)
         else:
-            touched, src = f.drain_unordered()
-            ids, order = sort_ids_with_perm(table.ids_at(torch.from_numpy(touched)))
-            order = order.numpy()
-            self.drained = (ids, torch.from_numpy(touched[order]))
-            states = f.rows(src[order]) if with_states else None
+            ids, touched, states = f.drain_by_key(table.position_ids(), with_states)
+            self.drained = (ids, touched)
         PendingLookups.reset(self)  # the marks are clear already
         return ids, states
 

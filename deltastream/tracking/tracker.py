@@ -29,7 +29,7 @@ read, ``step()`` or not).
 * ``sparse_updates_only`` declares dense tables whose rows move only with their lookups
   (lookups path, no shadow); :meth:`DeltaTracker.watch_optimizer` moves the tables an
   optimizer updates to the lookups path when it is sparse-only (plain SGD, Adagrad without
-  decay, SparseAdam; :mod:`.paths`). A step of any ``torch.optim`` optimizer that is
+  decay, SparseAdam; :mod:`.path_choice`). A step of any ``torch.optim`` optimizer that is
   not sparse-only on such a table's weight, or its ``load_state_dict``, first moves it back
   to the scan (with a warning), so a wrong declaration never loses a row; a manual write to
   a declared table cannot be seen. A declaration that cannot be exact is refused at
@@ -53,30 +53,24 @@ hooks never sync and reads make no host copy (:mod:`.recorder`).
 
 Its parts: :mod:`.discovery` finds the tables, :mod:`.recorder` records changes into the
 :mod:`.store` (with :mod:`.positions` for HashTable lookups and :mod:`.scan` for shadows),
-:mod:`.rows` merges retained rows, :mod:`.paths` decides when the lookups path is exact.
+:mod:`.rows` merges retained rows, :mod:`.path_choice` decides when the lookups path is exact
+and moves tables between the paths, :mod:`.model_hooks` holds the hooks on the model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional, Union
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from deltastream.tracking.discovery import LOOKUPS, TrackedTable, discover
+from deltastream.tracking.discovery import discover
+from deltastream.tracking.model_hooks import ModelHooks, eager
 from deltastream.tracking.options import consumer_names, resolve_consumer, tracking_mode
-from deltastream.tracking.paths import (
-    declared_tables,
-    lookups_refusal,
-    owned_weights,
-    sparse_only_reason,
-)
+from deltastream.tracking.path_choice import PathSwitch, declare_lookups
 from deltastream.tracking.recorder import Recorder
 from deltastream.tracking.rows import (
     assemble_delta,
@@ -85,8 +79,6 @@ from deltastream.tracking.rows import (
     drop_ids,
     select_rows,
 )
-from deltastream.tracking.torchrec_lookups import tap_tables
-from deltastream.tracking.torchrec_tables import TORCHREC_KIND
 from deltastream.types import DeltaRows, TrackingMode
 
 __all__ = ["DeltaTracker"]
@@ -141,247 +133,47 @@ class DeltaTracker:
         self._auto_compact = bool(auto_compact)
         self._max_rows = max_tracked_rows
         self._lock = threading.RLock()
-        self._local = threading.local()
         self.curr_batch_idx = 0  #: number of step() calls
         self._cursor: dict[str, int] = dict.fromkeys(self._consumers, 0)  # first unread index
         self._carry: dict[str, dict[str, DeltaRows]] = {c: {} for c in self._consumers}
 
         found = discover(model, fqns_to_skip)
-        self._tables: dict[str, TrackedTable] = found.tables
-        self._root = found.root
-        self._distributed = found.distributed
-        self._pinned: set[str] = set()  # dense tables a watched optimizer keeps on the scan
-        for fqn in declared_tables(self._tables, sparse_updates_only):
-            self._check_lookups_exact(fqn)
-            self._tables[fqn].path = LOOKUPS
+        self._tables = found.tables
+        declare_lookups(self._tables, sparse_updates_only, found.distributed)
         self._rec = Recorder(self._mode, self._tables, max_tracked_rows,
                              lambda: self._cursor.values())
-        self._handles: list[Any] = []
-        self._row_listeners: list[Any] = []
-        self._reload_before: dict[str, torch.Tensor] = {}
-        self._guard = None  # global optimizer step pre-hook while a dense table uses lookups
         self._closed = False
-        for fqn, info in self._tables.items():
-            self._attach(fqn, info)
-        self._attach_torchrec()
-        if any(i.dynamic for i in self._tables.values()):
-            self._handles.append(self._root.register_load_state_dict_pre_hook(
-                self._hook(self._before_reload)))
-        self._update_guard()
+        self._switch = PathSwitch(self._tables, found.distributed, self._rec, self._lock, eager)
+        self._hooks = ModelHooks(self._tables, found.root, self._rec, self._lock, self._switch,
+                                 self._drop_carried)
+        self._switch.update_guard()
         log.info("DeltaTracker (%s) tracks %s", self._mode.value,
                  {f: i.path for f, i in self._tables.items()})
 
     # ------------------------------------------------------------------ paths
 
-    def _lookups_refusal(self, fqn: str) -> Optional[str]:
-        return lookups_refusal(self._tables[fqn], self._distributed)
-
-    def _check_lookups_exact(self, fqn: str) -> None:
-        why = self._lookups_refusal(fqn)
-        if why is not None:
-            raise ValueError(
-                f"sparse_updates_only cannot track table {fqn!r} exactly: {why}; leave it "
-                f"out of sparse_updates_only (the default scan path reports every changed "
-                f"row)")
-
-    def _update_guard(self) -> None:
-        """Watch every optimizer step while a dense table uses the lookups path."""
-        need = any(not i.dynamic and i.path == LOOKUPS and i.kind != TORCHREC_KIND
-                   for i in self._tables.values())
-        if need and self._guard is None:
-            ref = weakref.ref(self)  # a process-wide hook must not keep the tracker alive
-
-            def guard(optimizer: Any, args: Any, kwargs: Any) -> None:
-                tracker = ref()
-                if tracker is not None:
-                    tracker._before_step(optimizer, args, kwargs)
-
-            self._guard = register_optimizer_step_pre_hook(self._hook(guard))
-            weakref.finalize(self, self._guard.remove)
-        elif not need and self._guard is not None:
-            self._guard.remove()
-            self._guard = None
-
-    def _to_scan(self, fqn: str, why: str) -> None:
-        self._rec.use_scan(fqn)
-        log.warning("DeltaTracker: table %s now uses the scan path: %s", fqn, why)
-
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Global optimizer pre-step hook: a dense lookups-path table about to be moved by
-        an optimizer that is not sparse-only goes back to the scan (exact: see
-        ``Recorder.use_scan``)."""
-        with self._lock:
-            dense = {f: i.module.weight for f, i in self._tables.items()
-                     if not i.dynamic and i.path == LOOKUPS and i.kind != TORCHREC_KIND}
-            owned = owned_weights(optimizer, dense) if dense else []
-            why = sparse_only_reason(optimizer) if owned else None
-            for fqn in owned if why else ():
-                self._pinned.add(fqn)
-                self._to_scan(fqn, why)
-            if owned and why:
-                self._update_guard()
-
     def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> dict[str, str]:
         """Check ``optimizer`` and set the path of the dense tables whose weight it updates.
 
-        A sparse-only optimizer (:mod:`deltastream.tracking.paths`) moves them to the
+        A sparse-only optimizer (:mod:`deltastream.tracking.path_choice`) moves them to the
         lookups path (no shadow, no scan) unless another watched optimizer is not
         sparse-only or the lookups path cannot be exact for them (DDP, ``max_norm``, tied
         weight: they stay on the scan); any other optimizer keeps them on the scan path.
         Watch every optimizer that updates a table. Returns ``{fqn: path}`` of its tables.
         """
-        if not hasattr(optimizer, "param_groups"):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
-                            f"{type(optimizer).__name__}")
-        with self._lock:
-            dense = {f: i.module.weight for f, i in self._tables.items()
-                     if not i.dynamic and i.kind != TORCHREC_KIND}
-            owned = owned_weights(optimizer, dense)
-            why = sparse_only_reason(optimizer)
-            for fqn in owned:
-                if why is not None:
-                    self._pinned.add(fqn)
-                    if self._tables[fqn].path == LOOKUPS:
-                        self._to_scan(fqn, why)
-                elif fqn not in self._pinned and self._lookups_refusal(fqn) is None:
-                    self._rec.use_lookups(fqn)
-            self._update_guard()
-            return {fqn: self._tables[fqn].path for fqn in owned}
+        return self._switch.watch_optimizer(optimizer)
 
     @property
     def paths(self) -> dict[str, str]:
         """``{fqn: "lookups" | "scan"}``: how each table's changes are found."""
         return {fqn: info.path for fqn, info in self._tables.items()}
 
-    # ------------------------------------------------------------------ hooks
-
-    def _hook(self, fn):
-        # Under torch.compile hooks must run eagerly (they record real tensors under a
-        # lock). Importing dynamo costs seconds, so only when it is in use already (a model
-        # compiled later reaches the hooks through a graph break instead).
-        return torch.compiler.disable(fn) if "torch._dynamo" in sys.modules else fn
-
-    def _attach(self, fqn: str, info: TrackedTable) -> None:
-        mod = info.module
-        if info.kind == TORCHREC_KIND:
-            return  # hooked per collection by _attach_torchrec
-        if info.positional:
-            self._handles.append(mod.register_lookup_hook(self._hook(
-                lambda m, pos, rows: self._on_positions(fqn, m, pos, rows))))
-            cb = self._hook(lambda table, positions: self._flush(fqn))
-            self._row_listeners.append(cb)  # the table holds it weakly
-            mod.register_row_listener(cb)
-        else:
-            self._handles.append(mod.register_forward_hook(self._hook(
-                lambda m, args, kwargs, out: self._on_forward(fqn, m, args, kwargs, out)),
-                with_kwargs=True))
-        if info.dynamic:
-            self._handles.append(mod.register_insert_hook(self._hook(
-                lambda table, ids: self._on_insert(fqn, ids))))
-            self._handles.append(mod.register_evict_hook(self._hook(
-                lambda table, ids: self._on_evict(fqn, ids))))
-            self._handles.append(mod.register_load_state_dict_post_hook(self._hook(
-                lambda m, keys: self._after_reload(fqn))))
-        else:
-            self._handles.append(mod.register_load_state_dict_pre_hook(self._hook(
-                lambda m, *a: self._before_dense_reload(fqn))))
-
-    def _attach_torchrec(self) -> None:
-        """Hook the fused kernels of TorchRec tables on the lookups path (their collection's
-        ``load_state_dict`` moves them to the scan)."""
-        self._handles.extend(tap_tables(
-            {f: i.module for f, i in self._tables.items()
-             if i.kind == TORCHREC_KIND and i.path == LOOKUPS},
-            self._on_torchrec_ids, lambda fqns: [self._before_dense_reload(f) for f in fqns],
-            self._hook))
-
-    def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor) -> None:
-        if self._paused():
-            self._rec.counts["lookups_paused"] += 1
-            return
-        with self._lock:
-            self._rec.record_lookup(fqn, local_ids, None)
-
-    def _paused(self) -> bool:
-        return getattr(self._local, "pause_depth", 0) > 0
-
-    def _on_forward(self, fqn: str, module: torch.nn.Module, args: tuple, kwargs: dict,
-                    output: Any) -> None:
-        if self._paused():
-            self._rec.counts["lookups_paused"] += 1
-            return
-        info = self._tables[fqn]
-        if not module.training and not (info.path == LOOKUPS and not info.dynamic
-                                         and torch.is_grad_enabled()
-                                         and module.weight.requires_grad):
-            self._rec.counts["lookups_eval_skipped"] += 1
-            return
-        ids = args[0] if args else kwargs.get("input", kwargs.get("ids"))
-        if not isinstance(ids, torch.Tensor):
-            return
-        with self._lock:
-            self._rec.record_lookup(fqn, ids.detach().reshape(-1), output)
-
-    def _on_positions(self, fqn: str, module: torch.nn.Module,
-                      positions: Optional[torch.Tensor], rows: torch.Tensor) -> None:
-        if self._paused():
-            self._rec.counts["lookups_paused"] += 1
-            return
-        if positions is None or not module.training:
-            self._rec.counts["lookups_eval_skipped"] += 1
-            return
-        with self._lock:
-            self._rec.record_positions(fqn, positions, rows)
-
-    def _flush(self, fqn: str) -> None:
-        # Rows are being freed: their positions may be reused by the next insert, so the
-        # marks must become ids now (the table still knows which id each position held).
-        with self._lock:
-            self._rec.flush(fqn)
-
-    def _on_insert(self, fqn: str, ids: torch.Tensor) -> None:
-        with self._lock:
-            self._rec.record_insert(fqn, ids.detach().reshape(-1))
-
     def _drop_carried(self, fqn: str, ids: torch.Tensor) -> None:
+        """Retained rows of ``ids`` (gone from HashTable ``fqn``) are forgotten."""
         for carry in self._carry.values():
             rows = carry.get(fqn)
             if rows is not None and len(rows):
                 carry[fqn] = drop_ids(rows, ids)
-
-    def _on_evict(self, fqn: str, ids: torch.Tensor) -> None:
-        ids = ids.detach().reshape(-1).to(torch.int64)
-        with self._lock:
-            self._rec.record_evict(fqn, ids)
-            self._drop_carried(fqn, ids)  # the row is gone: a tombstone, not a retained row
-
-    def _before_reload(self, *args: Any) -> None:
-        """Model ``load_state_dict`` pre-hook: remember the ids each HashTable holds."""
-        with self._lock:
-            for fqn, info in self._tables.items():
-                if info.dynamic and callable(getattr(info.module, "ids", None)):
-                    self._reload_before[fqn] = info.module.ids()
-
-    def _after_reload(self, fqn: str) -> None:
-        module = self._tables[fqn].module
-        if not callable(getattr(module, "ids", None)):
-            return
-        with self._lock:
-            before = self._reload_before.pop(fqn, None)
-            if before is None:
-                log.warning("DeltaTracker: %s was loaded directly (not through the model's "
-                            "load_state_dict): every row it holds is reported, but ids it "
-                            "held before cannot be reported as tombstones", fqn)
-                before = torch.empty(0, dtype=torch.int64)
-            gone = self._rec.record_reload(fqn, before, module.ids())
-            self._drop_carried(fqn, gone)
-
-    def _before_dense_reload(self, fqn: str) -> None:
-        with self._lock:
-            if self._tables[fqn].path == LOOKUPS:
-                self._pinned.add(fqn)
-                self._to_scan(fqn, "load_state_dict writes rows without a lookup")
-                self._update_guard()
 
     # ------------------------------------------------------------------ public API
 
@@ -509,11 +301,8 @@ class DeltaTracker:
         Inserts and evictions are still recorded (they change the table), and a scan-path
         table still reports the rows that changed.
         """
-        self._local.pause_depth = getattr(self._local, "pause_depth", 0) + 1
-        try:
+        with self._hooks.pause():
             yield
-        finally:
-            self._local.pause_depth -= 1
 
     def retain(self, consumer: str, fqn: str, rows: DeltaRows) -> None:
         """Hand back ``rows`` read by ``consumer`` but not published.
@@ -584,13 +373,8 @@ class DeltaTracker:
         with self._lock:
             self._boundary()  # marks mean ids only while the tables report freed rows
             self._closed = True
-            for h in self._handles:
-                h.remove()
-            self._handles = []
-            self._row_listeners = []  # held weakly by the tables: they go with these refs
-            if self._guard is not None:
-                self._guard.remove()
-                self._guard = None
+            self._hooks.remove()
+            self._switch.close()
 
     def __enter__(self) -> DeltaTracker:
         return self

@@ -12,6 +12,7 @@ import pytest
     ("deltastream.hashtable", "deltastream.embedding.hashtable", "HashTable"),
     ("deltastream.tracker", "deltastream.tracking.tracker", "DeltaTracker"),
     ("deltastream.store", "deltastream.tracking.store", "DeltaStore"),
+    ("deltastream.tracking.paths", "deltastream.tracking.path_choice", "sparse_only_reason"),
 ])
 def test_old_path_imports_and_warns(old, new, name):
     sys.modules.pop(old, None)

@@ -2,9 +2,9 @@
 lookups go on while a checkpoint is being written; the consumer group sees offsets only
 once they are durable; a clean stop waits for the write in flight and writes a final one.
 
-Real broker, real files. The write is kept in flight with the daemon's documented test
-hook ``checkpoint_hold`` (the background writer waits on it after the freeze) — nothing
-of the writing is mocked.
+Real broker, real files. The write is kept in flight with the ``checkpoint_hold`` fixture
+(the background writer waits on it after the freeze: :mod:`tests.held_checkpoints`) —
+nothing of the writing is mocked.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _committed(broker, topic: str) -> dict:
         c.close()
 
 
-def test_applying_goes_on_while_a_checkpoint_is_written(broker, feed, tmp_path):
+def test_applying_goes_on_while_a_checkpoint_is_written(broker, feed, tmp_path, checkpoint_hold):
     ckpt = tmp_path / "checkpoint"
     d = daemon_for(broker, feed.topic, tmp_path, checkpoint_interval=0.05,
                    checkpoint_messages=1_000_000)
@@ -43,7 +43,7 @@ def test_applying_goes_on_while_a_checkpoint_is_written(broker, feed, tmp_path):
     s0 = d.stats()
     assert s0["group_commits"] >= 1 and not s0["checkpoint_writing"]
 
-    d.checkpoint_hold.clear()  # the next checkpoint is frozen, then held before writing
+    checkpoint_hold.clear()  # the next checkpoint is frozen, then held before writing
     loop = threading.Thread(target=d.run, name="sync loop")
     loop.start()
     try:
@@ -59,7 +59,7 @@ def test_applying_goes_on_while_a_checkpoint_is_written(broker, feed, tmp_path):
         assert read_snapshot(ckpt).offsets == first  # nothing half-written is visible
         assert _committed(broker, feed.topic) == first  # the group waits for the disk
 
-        d.checkpoint_hold.set()
+        checkpoint_hold.set()
         wait_for(lambda: d.stats()["checkpoints"] > s0["checkpoints"], 30,
                  "the held checkpoint to be written")
         # the group's offsets never pass the disk's (read the group first: both only
@@ -69,7 +69,7 @@ def test_applying_goes_on_while_a_checkpoint_is_written(broker, feed, tmp_path):
         assert on_disk != first
         assert all(first[p] <= group[p] <= on_disk[p] <= feed.count[p] for p in (0, 1))
     finally:
-        d.checkpoint_hold.set()
+        checkpoint_hold.set()
         d.stop()
         loop.join(30)
     snap = read_snapshot(ckpt)
@@ -77,19 +77,20 @@ def test_applying_goes_on_while_a_checkpoint_is_written(broker, feed, tmp_path):
     assert_tables_equal(snap.tables, feed.expected)
 
 
-def test_stop_waits_for_the_write_in_flight_then_writes_the_last(broker, feed, tmp_path):
+def test_stop_waits_for_the_write_in_flight_then_writes_the_last(broker, feed, tmp_path,
+                                                                checkpoint_hold):
     d = daemon_for(broker, feed.topic, tmp_path, checkpoint_interval=0.05,
                    checkpoint_messages=1_000_000)
     feed.fill(2)
     assert d.catch_up(timeout=60) and d.checkpoint()
-    d.checkpoint_hold.clear()
+    checkpoint_hold.clear()
     loop = threading.Thread(target=d.run, name="sync loop")
     loop.start()
     feed.fill(2)
     wait_for(lambda: d.stats()["checkpoint_writing"], 30, "a checkpoint in flight")
     feed.fill(1)
     assert d.wait_caught_up(timeout=60)
-    release = threading.Timer(0.5, d.checkpoint_hold.set)
+    release = threading.Timer(0.5, checkpoint_hold.set)
     release.start()
     t0 = time.monotonic()
     d.stop()

@@ -133,7 +133,7 @@ def _digests(tables) -> dict:
     return {n: t.digest() for n, t in tables.items()}
 
 
-def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path):
+def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path, checkpoint_hold):
     store = CheckpointStore(tmp_path / "state" / "checkpoint")
     committer = _RecordingCommitter(store.path)
     ck = Checkpointer(store, Quarantine(tmp_path / "state" / "q.jsonl"),
@@ -146,7 +146,7 @@ def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path):
     t.upsert(np.arange(5, 10), np.full((5, 4), 2.0))
     ck.note(5)
     frozen = _digests(tables)
-    ck.writer.hold.clear()  # the next write stays in flight until released
+    checkpoint_hold.clear()  # the next write stays in flight until released
     assert ck.ready(wait=False)
     assert ck.checkpoint(tables, {0: 10}, {}, {"n": 2}, commit={0: 10}, wait=False)
     assert ck.busy and ck.pending == 0 and not ck.dirty
@@ -157,7 +157,7 @@ def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path):
         assert ck.settle() is None and not ck.due_now() and not ck.ready(wait=False)
     assert ck.busy and ck.total == 1 and ck.written == 1 and committer.seen == []
     assert read_snapshot(store.path).offsets == {0: 5}  # the previous one, untouched
-    ck.writer.hold.set()
+    checkpoint_hold.set()
     assert ck.ready()  # waits for it, then counts it
     assert ck.total == 2 and ck.written == 2 and ck.pending == 20 and ck.dirty
     snap = read_snapshot(store.path)
@@ -172,15 +172,15 @@ def test_the_loop_goes_on_while_a_checkpoint_is_written(tmp_path):
     ck.close()
 
 
-def test_records_past_checkpoint_messages_wait_for_the_one_in_flight(tmp_path):
+def test_records_past_checkpoint_messages_wait_for_the_one_in_flight(tmp_path, checkpoint_hold):
     ck, _, _, tables = _setup(tmp_path)  # messages=10
-    ck.writer.hold.clear()
+    checkpoint_hold.clear()
     assert ck.checkpoint(tables, {0: 1}, {}, {}, wait=False)
     ck.note(9)
     assert not ck.due_now(time.monotonic() + 60)  # interval passed, but one in flight
     ck.note()
     assert ck.due_now()  # 10 pending: due although one is in flight
-    timer = threading.Timer(0.3, ck.writer.hold.set)
+    timer = threading.Timer(0.3, checkpoint_hold.set)
     timer.start()
     t0 = time.monotonic()
     assert ck.ready(wait=False)  # backpressure: waits for the held write
@@ -191,16 +191,16 @@ def test_records_past_checkpoint_messages_wait_for_the_one_in_flight(tmp_path):
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
-def test_a_failed_background_checkpoint_gives_its_records_back(tmp_path, monkeypatch, code):
+def test_a_failed_background_checkpoint_gives_its_records_back(tmp_path, monkeypatch, code, checkpoint_hold):
     ck, _, flog, tables = _setup(tmp_path)
     assert ck.checkpoint(tables, {0: 1}, {}, {}) and ck.total == 1
     ck.note(3)
     disk = DiskFault(tmp_path / "state", code).install(monkeypatch)
     disk.active = True
-    ck.writer.hold.clear()
+    checkpoint_hold.clear()
     assert ck.checkpoint(tables, {0: 4}, {}, {}, wait=False) and ck.pending == 0
     ck.note(2)
-    ck.writer.hold.set()
+    checkpoint_hold.set()
     assert ck.ready() and ck.total == 1  # failed: counted, nothing committed
     assert ck.pending == 5 and ck.dirty and flog.counts()["checkpoint"] == 1
     assert ck.retry_at is not None and not ck.due_now()  # backing off

@@ -103,3 +103,36 @@ def test_put_back_restores_the_served_state_under_a_newer_value():
     assert taken.served[:, 0].tolist() == [0.0, 0.0]  # what predictors still hold
     assert taken.birth.tolist() == [1, 1]
     assert t.take_tombstones().tolist() == [9]
+
+
+def test_a_merge_in_chunks_equals_one_merge(monkeypatch):
+    """A hand-off larger than a merge's chunk (bounded temporaries) leaves the same pending
+    set, counts and table scale as one pass over it."""
+    from deltastream.publishing import pending
+
+    g = torch.Generator().manual_seed(5)
+
+    def run() -> tuple:
+        t = _table(dim=3, range_limit=wire.F16_MAX)
+        for tick in range(3):  # rows pending already, new rows, rejected and exact rows
+            ids = torch.unique(torch.randint(0, 400, (300,), generator=g))
+            n = ids.numel()
+            first = torch.randn(n, 3, generator=g)
+            cur = first + torch.randn(n, 3, generator=g) * (torch.rand(n, 1, generator=g) > 0.2)
+            cur[::37] = float("nan")
+            cur[5::41] = 1e6
+            new = torch.rand(n, generator=g) < 0.3
+            c = t.merge(ids, first, cur, new, torch.tensor([tick * 1000 + 7]), tick=tick)
+        taken = t.take(t.live_slots())
+        return (c.scored, c.exact, c.rejected, c.out_of_range, c.coalesced), t.scale.value, \
+            taken.ids, taken.served, taken.current, taken.new, taken.birth
+
+    g.manual_seed(5)
+    whole = run()
+    monkeypatch.setattr(pending, "MERGE_CHUNK_ROWS", 7)
+    g.manual_seed(5)
+    chunked = run()
+    assert whole[0] == chunked[0] and whole[0][0] > 7
+    assert whole[1] == pytest.approx(chunked[1], rel=1e-12)
+    for a, b in zip(whole[2:], chunked[2:], strict=True):
+        assert torch.equal(a, b)

@@ -102,6 +102,51 @@ def _unordered(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int,
     return torch.from_numpy(touched), f.rows(at)
 
 
+@pytest.mark.parametrize("keys_kind", ["hashed", "negative", "narrow", "one"])
+@pytest.mark.parametrize("switch_at", [None, 3])
+def test_drain_by_key_sorts_by_the_id_at_each_position(fresh_path, keys_kind, switch_at):
+    """A hash table's positions hold ids in no order: the drain gives the touched positions
+    by ascending id, with their FIRST rows, on both paths (and after a switch of path, which
+    leaves numpy's repeats in the arena)."""
+    g = torch.Generator().manual_seed(11)
+    capacity = 4000
+    keys = {"hashed": torch.randint(-2**62, 2**62, (capacity,), generator=g),
+            "negative": -torch.randperm(capacity, generator=g) - 5,
+            "narrow": torch.randperm(capacity, generator=g) + 2**40,  # one radix digit set
+            "one": torch.arange(capacity)}[keys_kind]
+    lookups = [(torch.rand(900, generator=g) ** 3 * capacity).long() for _ in range(6)]
+    if keys_kind == "one":
+        lookups = [torch.tensor([17, 17])]
+    weight = torch.randn(capacity, 8, generator=g)
+    w0 = weight.clone()
+    f = FreshRows(capacity)
+    was = fresh_rows.native_enabled()
+    try:
+        for i, q in enumerate(lookups):
+            if i == switch_at and fresh_rows.NATIVE_AVAILABLE:
+                fresh_rows.use_native(not fresh_rows.native_enabled())
+            f.add(q, weight)
+            weight.index_add_(0, q, torch.ones(q.numel(), 8))
+        ids, pos, rows = f.drain_by_key(keys, True)
+    finally:
+        fresh_rows.use_native(was)
+    touched = torch.unique(torch.cat(lookups))
+    want = keys[touched].sort()
+    assert torch.equal(ids, want.values)
+    assert torch.equal(pos, touched[want.indices])
+    assert torch.equal(rows, w0[pos])  # bit for bit, each position's row before its update
+    assert not f.marks.any() and not f.bits.any() and f.used == 0
+    ids2, pos2, rows2 = f.drain_by_key(keys, True)  # nothing since: empty, not stale
+    assert ids2.numel() == pos2.numel() == rows2.shape[0] == 0
+
+
+def test_drain_by_key_ids_only(fresh_path):
+    f = FreshRows(6)
+    f.add(torch.tensor([5, 1, 5]))
+    ids, pos, rows = f.drain_by_key(torch.tensor([0, 30, 0, 0, 0, 20]), False)
+    assert ids.tolist() == [20, 30] and pos.tolist() == [5, 1] and rows is None
+
+
 def test_ids_only(fresh_path):
     lookups = [torch.tensor([9, 4, 9]), torch.tensor([4, 2])]
     ids, rows, marks = _interval(lookups, None, 10)
@@ -159,6 +204,17 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
         native.drain_marked(slot, bits, np.zeros(16, np.uint8), np.zeros(2, np.int64),
                             np.zeros(16, np.uint8))
     assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
+    keys = np.zeros(10, np.int64)
+    with pytest.raises(ValueError, match=r"order, out_keys, out_pos: fewer than 5 entries"):
+        native.drain_by_key(slot, bits, order, 5, keys, None, np.zeros(5, np.int64),
+                            np.zeros(5, np.int64), None)
+    with pytest.raises(ValueError, match="or keys: fewer than 10"):
+        native.drain_by_key(slot, bits, order, 2, keys[:9], None, np.zeros(2, np.int64),
+                            np.zeros(2, np.int64), None)
+    with pytest.raises(ValueError, match="order: arena row 0 names position 99"):
+        native.drain_by_key(slot, bits, np.array([99, 0, 0]), 2, keys, None,
+                            np.zeros(2, np.int64), np.zeros(2, np.int64), None)
+    assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11  # refused: kept
 
 
 def test_without_the_extension_numpy_runs(tmp_path):
@@ -192,3 +248,26 @@ def test_without_the_extension_numpy_runs(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("by_key", [False, True])
+def test_an_arena_far_larger_than_an_interval_needs_is_released(fresh_path, monkeypatch, by_key):
+    """One interval with many lookups (a long pause between reads) must not hold its
+    memory for the rest of the run: after a drain that used a quarter of it or less, an
+    arena over KEEP_BYTES is released, and the next interval still keeps exact rows."""
+    monkeypatch.setattr(fresh_rows, "KEEP_BYTES", 1 << 16)
+    f = FreshRows(100_000)
+    w = torch.randn(100_000, 8)
+    keys = torch.arange(100_000) * 3
+
+    def drain():
+        return f.drain_by_key(keys, True)[2] if by_key else f.drain(True)[1]
+
+    f.add(torch.arange(50_000), w)
+    assert torch.equal(drain(), w[:50_000])  # used it all: kept
+    assert f.arena is not None and f.arena.shape[0] >= 50_000
+    f.add(torch.tensor([7, 3]), w)
+    assert torch.equal(drain(), w[[3, 7]])
+    assert f.arena is None and f.order.size == 0  # 2 rows used of 50K+: released
+    f.add(torch.tensor([9, 1]), w)
+    assert torch.equal(drain(), w[[1, 9]])

@@ -58,6 +58,9 @@ class _Hashed:
     def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
         return self.ids.index_select(0, positions)
 
+    def position_ids(self) -> torch.Tensor:
+        return self.ids
+
 
 def test_unique_lookups_from_output_rows_sorted_by_id(fresh_path):
     """A HashTable's lookups: rows from the forward's output, ids not in position order;

@@ -1,0 +1,187 @@
+"""The hooks a :class:`~deltastream.DeltaTracker` registers on the model's tables.
+
+Each hook turns one event of a tracked table into a call on the tracker's
+:class:`~.recorder.Recorder`, under the tracker's lock: a lookup (forward hook, a HashTable's
+lookup hook, or a TorchRec fused kernel's ids through :mod:`.torchrec_lookups`), rows being
+freed, an insert, an eviction, a reload (``load_state_dict``: ids before and after for a
+HashTable; a dense table goes back to the scan through the :class:`~.path_choice.PathSwitch`).
+:meth:`ModelHooks.pause` stops lookups on one thread from being recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+import torch
+
+from deltastream.tracking.discovery import LOOKUPS, TrackedTable
+from deltastream.tracking.path_choice import PathSwitch
+from deltastream.tracking.recorder import Recorder
+from deltastream.tracking.torchrec_lookups import tap_tables
+from deltastream.tracking.torchrec_tables import TORCHREC_KIND
+
+__all__ = ["ModelHooks", "eager"]
+
+log = logging.getLogger(__name__)
+
+
+def eager(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` made to run eagerly under ``torch.compile``."""
+    # Hooks record real tensors under a lock. Importing dynamo costs seconds, so only when it
+    # is in use already (a model compiled later reaches the hooks through a graph break).
+    return torch.compiler.disable(fn) if "torch._dynamo" in sys.modules else fn
+
+
+class ModelHooks:
+    """Registers the tracker's hooks on ``tables`` (and the ``root`` model) and records what
+    they see into ``rec``; ``drop_carried(fqn, ids)`` forgets retained rows of ids that left
+    a HashTable (they become tombstones)."""
+
+    def __init__(self, tables: dict[str, TrackedTable], root: torch.nn.Module, rec: Recorder,
+                 lock: threading.RLock, switch: PathSwitch,
+                 drop_carried: Callable[[str, torch.Tensor], None]) -> None:
+        self._tables = tables
+        self._rec = rec
+        self._lock = lock
+        self._switch = switch
+        self._drop_carried = drop_carried
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        self._row_listeners: list[Any] = []
+        self._reload_before: dict[str, torch.Tensor] = {}
+        for fqn, info in tables.items():
+            self._attach(fqn, info)
+        self._attach_torchrec()
+        if any(i.dynamic for i in tables.values()):
+            self._handles.append(root.register_load_state_dict_pre_hook(
+                eager(self._before_reload)))
+
+    def remove(self) -> None:
+        """Remove every hook (nothing is recorded afterwards)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._row_listeners = []  # held weakly by the tables: they go with these refs
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Lookups on this thread inside the block are not recorded."""
+        self._local.pause_depth = getattr(self._local, "pause_depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.pause_depth -= 1
+
+    def _attach(self, fqn: str, info: TrackedTable) -> None:
+        mod = info.module
+        if info.kind == TORCHREC_KIND:
+            return  # hooked per collection by _attach_torchrec
+        if info.positional:
+            self._handles.append(mod.register_lookup_hook(eager(
+                lambda m, pos, rows: self._on_positions(fqn, m, pos, rows))))
+            cb = eager(lambda table, positions: self._flush(fqn))
+            self._row_listeners.append(cb)  # the table holds it weakly
+            mod.register_row_listener(cb)
+        else:
+            self._handles.append(mod.register_forward_hook(eager(
+                lambda m, args, kwargs, out: self._on_forward(fqn, m, args, kwargs, out)),
+                with_kwargs=True))
+        if info.dynamic:
+            self._handles.append(mod.register_insert_hook(eager(
+                lambda table, ids: self._on_insert(fqn, ids))))
+            self._handles.append(mod.register_evict_hook(eager(
+                lambda table, ids: self._on_evict(fqn, ids))))
+            self._handles.append(mod.register_load_state_dict_post_hook(eager(
+                lambda m, keys: self._after_reload(fqn))))
+        else:
+            self._handles.append(mod.register_load_state_dict_pre_hook(eager(
+                lambda m, *a: self._switch.before_dense_reload(fqn))))
+
+    def _attach_torchrec(self) -> None:
+        """Hook the fused kernels of TorchRec tables on the lookups path (their collection's
+        ``load_state_dict`` moves them to the scan)."""
+        self._handles.extend(tap_tables(
+            {f: i.module for f, i in self._tables.items()
+             if i.kind == TORCHREC_KIND and i.path == LOOKUPS},
+            self._on_torchrec_ids,
+            lambda fqns: [self._switch.before_dense_reload(f) for f in fqns], eager))
+
+    def _paused(self) -> bool:
+        return getattr(self._local, "pause_depth", 0) > 0
+
+    def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor) -> None:
+        if self._paused():
+            self._rec.counts["lookups_paused"] += 1
+            return
+        with self._lock:
+            self._rec.record_lookup(fqn, local_ids, None)
+
+    def _on_forward(self, fqn: str, module: torch.nn.Module, args: tuple, kwargs: dict,
+                    output: Any) -> None:
+        if self._paused():
+            self._rec.counts["lookups_paused"] += 1
+            return
+        info = self._tables[fqn]
+        if not module.training and not (info.path == LOOKUPS and not info.dynamic
+                                         and torch.is_grad_enabled()
+                                         and module.weight.requires_grad):
+            self._rec.counts["lookups_eval_skipped"] += 1
+            return
+        ids = args[0] if args else kwargs.get("input", kwargs.get("ids"))
+        if not isinstance(ids, torch.Tensor):
+            return
+        with self._lock:
+            self._rec.record_lookup(fqn, ids.detach().reshape(-1), output)
+
+    def _on_positions(self, fqn: str, module: torch.nn.Module,
+                      positions: Optional[torch.Tensor], rows: torch.Tensor) -> None:
+        if self._paused():
+            self._rec.counts["lookups_paused"] += 1
+            return
+        if positions is None or not module.training:
+            self._rec.counts["lookups_eval_skipped"] += 1
+            return
+        with self._lock:
+            self._rec.record_positions(fqn, positions, rows)
+
+    def _flush(self, fqn: str) -> None:
+        # Rows are being freed: their positions may be reused by the next insert, so the
+        # marks must become ids now (the table still knows which id each position held).
+        with self._lock:
+            self._rec.flush(fqn)
+
+    def _on_insert(self, fqn: str, ids: torch.Tensor) -> None:
+        with self._lock:
+            self._rec.record_insert(fqn, ids.detach().reshape(-1))
+
+    def _on_evict(self, fqn: str, ids: torch.Tensor) -> None:
+        ids = ids.detach().reshape(-1).to(torch.int64)
+        with self._lock:
+            self._rec.record_evict(fqn, ids)
+            self._drop_carried(fqn, ids)  # the row is gone: a tombstone, not a retained row
+
+    def _before_reload(self, *args: Any) -> None:
+        """Model ``load_state_dict`` pre-hook: remember the ids each HashTable holds."""
+        with self._lock:
+            for fqn, info in self._tables.items():
+                if info.dynamic and callable(getattr(info.module, "ids", None)):
+                    self._reload_before[fqn] = info.module.ids()
+
+    def _after_reload(self, fqn: str) -> None:
+        module = self._tables[fqn].module
+        if not callable(getattr(module, "ids", None)):
+            return
+        with self._lock:
+            before = self._reload_before.pop(fqn, None)
+            if before is None:
+                log.warning("DeltaTracker: %s was loaded directly (not through the model's "
+                            "load_state_dict): every row it holds is reported, but ids it "
+                            "held before cannot be reported as tombstones", fqn)
+                before = torch.empty(0, dtype=torch.int64)
+            gone = self._rec.record_reload(fqn, before, module.ids())
+            self._drop_carried(fqn, gone)
