@@ -214,24 +214,26 @@ class Loopback:
     (``dtype``; the encoded bytes are counted), decoded and applied to ``serving`` (table
     name -> ``consumers.ServingTable``). One seq counter over all tables (shard 0, epoch 1).
     ``ids``/``rows``/``tombstones`` may be numpy arrays or CPU tensors. With ``keep`` (a
-    list), every encoded message is also appended to it as ``(step, table, message)``."""
+    list), every encoded message is also appended to it as ``(step, table, message)``.
+    ``wire_version``: the wire version encoded; ``dtype`` of a call: as ``DeltaPublisher``'s."""
 
     def __init__(self, serving: dict, dtype: str, *, model: str = "bench",
-                 keep: list | None = None) -> None:
+                 keep: list | None = None, wire_version: int = 2) -> None:
         self.serving, self.dtype, self.model, self.seq = serving, dtype, model, 0
-        self.keep = keep
+        self.keep, self.wire_version = keep, wire_version
 
     def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
-                ts: int | None = None) -> LoopbackSent:
+                ts: int | None = None, dtype: str | None = None) -> LoopbackSent:
         import numpy as np
 
         from deltastream import wire
 
         batch = wire.DeltaBatch(model=self.model, table=table, shard=0, epoch=1, seq=self.seq,
                                 step=step, ts=time.time_ns() if ts is None else ts,
-                                ids=np.asarray(ids), rows=np.asarray(rows), dtype=self.dtype,
+                                ids=np.asarray(ids), rows=np.asarray(rows),
+                                dtype=dtype or self.dtype,
                                 tombstones=None if tombstones is None else np.asarray(tombstones))
-        msgs = wire.encode(batch)
+        msgs = wire.encode(batch, version=self.wire_version)
         for msg in msgs:
             self.seq += 1
             self.serving[table].apply(wire.decode(msg))

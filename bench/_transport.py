@@ -8,7 +8,8 @@ codecs and cheaper ids, measured on the encoded wire messages themselves.
   one publish round in one batch: the best case of one partition, every table of a shard
   going to ``shard % partitions``). Kafka compresses the records section of a batch (keys,
   headers and values); only the values are compressed here.
-* **Ids**: the share of message bytes that are ids (8 bytes each on wire v2), and what
+* **Ids**: the share of message bytes that are ids (8 bytes each on wire v2; wire v3 sends
+  dense ids as ``idv`` varints, and ``ids_raw`` keeps their 8 bytes each), and what
   they would cost sorted, as deltas, as LEB128 varints (the first id as a varint too) —
   both for the ids as sent and for the same ids after a 64-bit mix (splitmix64): dense
   ids give tiny deltas, hashed ids (what large models key tables with) do not. For the
@@ -72,16 +73,19 @@ def mix64(ids: np.ndarray) -> np.ndarray:
 
 def summarize(messages: list[tuple[int, str, bytes]]) -> dict:
     """Byte counts of ``messages`` (``(step, table, encoded wire message)``, in send
-    order): ``bytes``, ``messages``, ``rows``; ``ids``/``rows_bytes``/``other`` (ids,
-    row payload incl. i8 scales, everything else: keys, names, counters, CRC);
+    order): ``bytes``, ``messages``, ``rows``; ``ids``/``rows_bytes``/``other`` (ids as
+    sent, row payload incl. i8 scales, everything else: keys, names, counters, CRC);
+    ``ids_raw``: 8 bytes an id;
     ``ids_delta_varint`` and ``ids_hashed_delta_varint`` (per message, see the module
     docstring); ``per_message``/``per_step``/``per_message_hashed``: compressed bytes by
     codec (the last with the ids mixed by :func:`mix64`); ``by_table``:
     bytes, rows and ids per table."""
+    from dataclasses import replace
+
     from deltastream import wire
 
-    out = {"bytes": 0, "messages": len(messages), "rows": 0, "ids": 0, "rows_bytes": 0,
-           "ids_delta_varint": 0, "ids_hashed_delta_varint": 0}
+    out = {"bytes": 0, "messages": len(messages), "rows": 0, "ids": 0, "ids_raw": 0,
+           "rows_bytes": 0, "ids_delta_varint": 0, "ids_hashed_delta_varint": 0}
     by_table: dict = defaultdict(lambda: {"bytes": 0, "rows": 0, "ids": 0})
     steps: dict = defaultdict(list)
     hashed = []
@@ -90,17 +94,24 @@ def summarize(messages: list[tuple[int, str, bytes]]) -> dict:
         ids = np.asarray(b.ids)
         payload = np.asarray(b.rows).nbytes + (0 if b.scale is None else
                                                np.asarray(b.scale).nbytes)
+        compact = b"\xa3idv\xc6" in msg  # a v3 message with varint ids
+        sent_ids = wire.id_bytes(ids, wire.COMPACT_IDS_VERSION) if compact else int(ids.nbytes)
         out["bytes"] += len(msg)
         out["rows"] += int(ids.size)
-        out["ids"] += int(ids.nbytes)
+        out["ids"] += sent_ids
+        out["ids_raw"] += int(ids.nbytes)
         out["rows_bytes"] += payload
         out["ids_delta_varint"] += delta_varint_bytes(ids)
         out["ids_hashed_delta_varint"] += delta_varint_bytes(mix64(ids))
         t = by_table[table]
         t["bytes"] += len(msg)
         t["rows"] += int(ids.size)
-        t["ids"] += int(ids.nbytes)
+        t["ids"] += sent_ids
         steps[step].append(msg)
+        if compact:  # the same message re-encoded with its ids mixed (v3 keeps them raw)
+            hashed.append(wire.encode(replace(b, ids=mix64(ids).view(np.int64)),
+                                      version=wire.COMPACT_IDS_VERSION)[0])
+            continue
         raw = ids.astype("<i8").tobytes()
         if raw not in msg:
             raise ValueError(f"{table} step {step}: the ids are not one little-endian bin")

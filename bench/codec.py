@@ -15,6 +15,8 @@ Figures (MB/s of wire-message bytes; rows/s in the extra fields):
 * ``codec.encode.f32_input`` (report only) — the same encode from float32 rows, i.e. with
   numpy's f32→f16 cast (what a publisher given numpy f32 rows pays without torch).
 * ``codec.decode_rows_f32`` (report only) — decode plus ``rows_f32()`` (f16→f32 cast).
+* ``codec.encode.v3`` / ``codec.decode.v3`` (report only, rows/s) — the same batch in wire
+  v3 (ids as varint gaps: ~3 bytes each for these ids) vs v2's encode / decode.
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     t_dec, t_copy_m = timed(decode, copy_messages)
     t_enc32 = best_time(encode_f32, repeat=rep)
     t_dec32 = best_time(decode_f32, repeat=rep)
+    msgs3 = wire.encode(batch, max_message_bytes=limit, version=3)
+    t_enc3 = best_time(lambda: wire.encode(batch, max_message_bytes=limit, version=3),
+                       repeat=rep)
+    t_dec3 = best_time(lambda: [wire.decode(m) for m in msgs3], repeat=rep)
+    v3 = dict(wire_version=3, v3_wire_mb=round(sum(map(len, msgs3)) / 1e6, 2))
 
     mb = total / 1e6
     common = dict(rows=args.rows, dim=args.dim, dtype="f16", messages=len(msgs),
@@ -116,6 +123,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "wire.encode of f32 rows incl. numpy f32->f16 cast"),
         fig("codec.decode_rows_f32", t_dec32, t_copy_m, None, base_dec,
             "wire.decode + rows_f32() (f16->f32 cast)"),
+        result("codec.encode.v3", args.rows / t_enc3, args.rows / t_enc, None, "rows/s",
+               baseline_is="wire.encode of the same batch in v2", **v3, **common),
+        result("codec.decode.v3", args.rows / t_dec3, args.rows / t_dec, None, "rows/s",
+               baseline_is="wire.decode of the same batch's v2 messages", **v3, **common),
     ]
 
 

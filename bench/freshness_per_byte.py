@@ -19,7 +19,9 @@ serving AUC within ``--tolerance`` 0.002 of it).
 
 One training run feeds **one DeltaTracker with one consumer per policy**, so every policy
 sees the same trajectory; each policy's rows are encoded with :mod:`deltastream.wire`
-(``--dtype``; the encoded bytes are what is counted), decoded and applied to its own
+(``--dtype``, ``--wire-version``: 3 sends dense ids as varints, 1–2 bytes instead of 8;
+``--wide-dtype i8``: budgets send the dim-32 tables as i8, the bias tables in ``--dtype``; the
+encoded bytes are what is counted), decoded and applied to its own
 :class:`consumers.ServingTable` s — what a predictor would hold (no broker: it does not
 change which bytes arrive).
 
@@ -62,7 +64,8 @@ policy within tolerance: what Kafka's codecs and cheaper ids would save on the v
 messages sent (:mod:`bench._transport`).
 
 Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
-recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--transport]``
+recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--wire-version 3]
+[--wide-dtype i8] [--transport]``
 (about a minute per log on 2 cores).
 """
 
@@ -139,6 +142,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--init-std", type=float, default=0.1, help="std of new embedding rows")
     p.add_argument("--positive", type=float, default=4.0, help="rating >= this is a positive")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "i8"], default="f16")
+    p.add_argument("--wire-version", type=int, choices=[2, 3], default=2,
+                   help="wire version of every policy's messages (3: ids as varint gaps)")
+    p.add_argument("--wide-dtype", choices=["i8"], default=None,
+                   help="budget policies send the tables wider than 4 in this dtype "
+                   "(BudgetPolicy.wide_dtype)")
     p.add_argument("--full-every", type=_list(int), default=[1, 4, 16])
     p.add_argument("--touched-every", type=_list(int), default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--fractions", type=_list(float), default=[0.05, 0.1, 0.2, 0.4])
@@ -175,6 +183,7 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
     from deltastream.publishing.budget import BudgetPolicy
     from deltastream.publishing.rounds import SelectionPolicy
 
+    wide = {"wide_dtype": args.wide_dtype}
     out = [Policy(f"full/{n}", "full", n, every=n) for n in args.full_every]
     out += [Policy(f"touched/{n}", "touched", n, every=n, select=SelectionPolicy())
             for n in sorted(set(args.touched_every) | {1})]
@@ -185,13 +194,15 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
                    select=SelectionPolicy(threshold=e, new_rows="drift"))
             for e in args.thresholds]
     out += [Policy(f"budget={b:g}", "budget", b,
-                   budget=BudgetPolicy(bytes_per_step=b, max_age=args.max_age))
+                   budget=BudgetPolicy(bytes_per_step=b, max_age=args.max_age, **wide))
             for b in args.budgets]
     out += [Policy(f"budget-raw={b:g}", "budget-raw", b,
-                   budget=BudgetPolicy(bytes_per_step=b, scale="none", max_age=args.max_age))
+                   budget=BudgetPolicy(bytes_per_step=b, scale="none", max_age=args.max_age,
+                                       **wide))
             for b in args.raw_budgets]
     out += [Policy(f"budget-by-error={b:g}", "budget-by-error", b,
-                   budget=BudgetPolicy(bytes_per_step=b, per_byte=False, max_age=args.max_age))
+                   budget=BudgetPolicy(bytes_per_step=b, per_byte=False, max_age=args.max_age,
+                                       **wide))
             for b in args.by_error_budgets]
     return out
 
@@ -226,8 +237,8 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
                            mode=TrackingMode.EMBEDDING)
     tables = dict(model.items())
     serving = {p.label: {n: ServingTable(n, dims[n]) for n in dims} for p in policies}
-    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf", keep=p.messages)
-             for p in policies}
+    sinks = {p.label: Loopback(serving[p.label], args.dtype, model="mf", keep=p.messages,
+                               wire_version=args.wire_version) for p in policies}
     # rounds inside tick: the prequential score of step s+1 must see step s's round
     budgets = {p.label: BudgetPublisher(tracker, sinks[p.label], p.label, p.budget,
                                         tables=tables, threaded=False)
@@ -362,8 +373,9 @@ def _transport_record(p: Policy, base: int, common: dict) -> dict:
             + "; per message, ids hashed " + ", ".join(
                 f"{k} {v / sent:.3f}" for k, v in t["per_message_hashed"].items())
             + f" (× bytes sent); ids {t['ids'] / sent:.1%} of the bytes, sorted delta varint "
-            f"{t['ids_delta_varint'] / max(1, t['ids']):.3f} × their 8 bytes (hashed ids "
-            f"{t['ids_hashed_delta_varint'] / max(1, t['ids']):.3f}); rows {t['rows_bytes'] / sent:.1%}, "
+            f"{t['ids_delta_varint'] / max(1, t['ids_raw']):.3f} × their 8 bytes (hashed ids "
+            f"{t['ids_hashed_delta_varint'] / max(1, t['ids_raw']):.3f}); rows "
+            f"{t['rows_bytes'] / sent:.1%}, "
             f"other {t['other'] / sent:.1%}")
     return result(f"transport@{p.label}", float(packed), float(t["bytes"]), None, "bytes",
                   ratio=packed / sent, higher_is_better=False, note=note, policy=p.label,
@@ -453,6 +465,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tr = r["trainer_auc"]
     common = dict(source=data.source, interactions=r["examples"], steps=r["steps"],
                   batch_size=args.batch_size, dim=args.dim, dtype=args.dtype,
+                  wire_version=args.wire_version, wide_dtype=args.wide_dtype,
                   trainer_auc=tr, tolerance=args.tolerance, seconds=r["seconds"],
                   positives=r["positives"], plot=str(png) if png else None)
     head = by[args.policy]
@@ -494,7 +507,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             extra = (f"; serving-error bound (normalized) p50/p99/max {b['p50']:.3g}/"
                      f"{b['p99']:.3g}/{b['max']:.3g}; overdue rows {st['overdue_rows']}")
             rec.update(bound=b, table_bounds=st["table_bounds"],
-                       overdue_rows=st["overdue_rows"], bytes_per_step=st["bytes_per_step"])
+                       overdue_rows=st["overdue_rows"], bytes_per_step=st["bytes_per_step"],
+                       # CPU per published row: choosing (scores, orders), and sending
+                       # (here: encode, decode and apply in the loopback)
+                       select_us_per_row=1e6 * st["select_s"] / max(1, s["rows"]),
+                       send_us_per_row=1e6 * st["send_s"] / max(1, s["rows"]))
         out.append(result(
             f"freshness_auc@{p.label}", s["auc"], tr, None, "AUC",
             baseline_desc="the trainer's own AUC on the same ratings",

@@ -1,11 +1,11 @@
-"""Wire format v2: one Kafka message is one msgpack map carrying a batch of rows.
+"""Wire format v2 (and v3): one Kafka message is one msgpack map carrying a batch of rows.
 
 Torch-free: predictor hosts import this with numpy and msgpack only.
 
 Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arrays, never lists):
 
 ===============  ====  ================================================================
-``v``            int   schema version: 2 (decoders also read 1)
+``v``            int   schema version: 2 or 3 (decoders also read 1)
 ``model``        str   model name; ``table``: table name (≤ 255 chars, no ``/``)
 ``shard``        int   trainer shard that owns the rows
 ``epoch``        int   trainer incarnation, new on every trainer start
@@ -16,6 +16,7 @@ Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arr
 ``width``        int   ``width`` wide (column-wise shards); default 0 and ``dim``
 ``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8`` (see below)
 ``ids``          bin   n × int64
+``idv``          bin   v3, instead of ``ids`` when shorter: varint ids (see below)
 ``rows``         bin   n × dim × itemsize, row-major
 ``scale``        bin   n × float32, only for ``i8``
 ``del``          bin   m × int64 tombstones (ids the trainer evicted), optional
@@ -29,6 +30,12 @@ and values, so a flipped model/table/shard/epoch/seq/step/ts is detected like a 
 row. **v1** (still decoded; written only by ``encode(..., version=1)``, for tests): ``crc``
 may sit anywhere and covers the bins ``ids``, ``rows``, ``scale``, ``del`` only; v1 has no
 ``col``/``width``.
+**v3** (``encode(..., version=3)``, ``DeltaPublisher(wire_version=3)``) is v2 whose ids may
+travel as ``idv``: n LEB128 varints, the zigzag of the first id then each gap to the
+previous one (:func:`~deltastream.wire_codec.varint_ids`), written when shorter than 8 n
+bytes (dense ids: 1–2 bytes each). Exactly one of ``ids``/``idv`` is present; the decoder
+refuses an ``idv`` of another count, a varint not in its shortest form or over 64 bits, and
+ids that do not ascend within int64, naming ``idv``.
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):
@@ -75,6 +82,7 @@ import numpy as np
 from deltastream.errors import WireError
 from deltastream.wire_codec import (
     BF16_OVERFLOW,
+    COMPACT_IDS_VERSION,
     DENSE_HEAD,
     DTYPES,
     F16_MAX,
@@ -87,11 +95,14 @@ from deltastream.wire_codec import (
     max_abs_finite,
     pack_message,
     quantize,
+    read_varint_ids,
+    varint_ids_size,
 )
 
 __all__ = [
     "VERSION",
     "VERSIONS",
+    "COMPACT_IDS_VERSION",
     "DTYPES",
     "NUMPY_DTYPES",
     "F16_MAX",
@@ -107,6 +118,7 @@ __all__ = [
     "kafka_headers",
     "parse_headers",
     "row_bytes",
+    "id_bytes",
     "check_name",
     "check_dtype",
     "check_int",
@@ -125,8 +137,8 @@ _NAME_RE = re.compile(r"[^/\x00-\x1f\x7f]+")  # fullmatch: "$" would accept a tr
 # upper bound used to size chunks (checked against the real length after packing).
 _FIXED_OVERHEAD = 256
 _REQUIRED = {"v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", "dim",
-             "dtype", "ids", "rows", "crc"}
-_OPTIONAL = {"scale", "del", "col", "width"}
+             "dtype", "rows", "crc"}
+_OPTIONAL = {"ids", "idv", "scale", "del", "col", "width"}  # exactly one of ids / idv
 _V2_ONLY = ("col", "width")
 _INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc", "col", "width")
 
@@ -233,9 +245,19 @@ class DecodedBatch(DeltaBatch):
 
 def row_bytes(dim: int, dtype: str) -> int:
     """Bytes one row of width ``dim`` costs on the wire in ``dtype``: 8 (id) + ``dim`` ×
-    itemsize (+ 4 scale for i8). Raises :class:`WireError` for an unknown dtype."""
+    itemsize (+ 4 scale for i8); at most that in v3, whose ids may cost less
+    (:func:`id_bytes`). Raises :class:`WireError` for an unknown dtype."""
     check_dtype(dtype)
     return 8 + dim * DTYPES[dtype] + (4 if dtype == "i8" else 0)
+
+
+def id_bytes(ids: np.ndarray, version: int = VERSION) -> int:
+    """Bytes the unique int64 ids ``[n]`` (any order) take in one message of ``version``:
+    8 n, or in v3 their varints when fewer (``min(8 n, len(varint_ids(sorted ids)))``)."""
+    n = int(np.asarray(ids).shape[0])
+    if version < COMPACT_IDS_VERSION:
+        return 8 * n
+    return min(8 * n, varint_ids_size(np.sort(np.asarray(ids, dtype=np.int64))))
 
 
 def message_key(model: str, table: str, shard: int) -> bytes:
@@ -469,7 +491,12 @@ def _read_map(view: memoryview) -> dict:
     if version not in VERSIONS:
         raise WireError(f"v: unsupported schema version {version} (this reader knows "
                         f"{', '.join(map(str, VERSIONS))})")
-    if version == 2:
+    if ("ids" in msg) == ("idv" in msg):
+        raise WireError("ids: a message carries exactly one of ids and idv, got "
+                        f"{'both' if 'ids' in msg else 'neither'}")
+    if "idv" in msg and version < COMPACT_IDS_VERSION:
+        raise WireError(f"idv: not a field of wire v{version} (varint ids need v3)")
+    if version != 1:
         # The trailer is the map's last field, byte for byte; the CRC covers all before it.
         check_crc_trailer(view, reader.last_key_at, msg["crc"])
     else:
@@ -504,7 +531,7 @@ def decode(data: bytes) -> DecodedBatch:
     _check_columns(col, width, dim)
     # Sizes are checked against the bytes actually present before any array is built,
     # so a message claiming 10^12 rows allocates nothing.
-    ids_b = _bin(msg, "ids", n * 8)
+    ids_b = _bin(msg, "ids", n * 8) if "ids" in msg else None
     rows_b = _bin(msg, "rows", n * dim * DTYPES[dtype])
     bins = [ids_b, rows_b]
     scale = None
@@ -530,9 +557,15 @@ def decode(data: bytes) -> DecodedBatch:
         if crc != msg["crc"]:
             raise WireError(f"crc: CRC-32C mismatch (message says {msg['crc']:#010x}, "
                             f"payload gives {crc:#010x})")
-    ids = np.frombuffer(ids_b, dtype="<i8")
-    if n > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-        raise WireError("ids: not strictly ascending")
+    if ids_b is None:  # v3 varints: read_varint_ids checks count, form and order
+        ids_v = msg["idv"]
+        if not isinstance(ids_v, memoryview) or len(ids_v) > 8 * n:
+            raise WireError(f"idv: expected bin of at most 8 n = {8 * n} bytes")
+        ids = read_varint_ids(ids_v, n)
+    else:
+        ids = np.frombuffer(ids_b, dtype="<i8")
+        if n > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            raise WireError("ids: not strictly ascending")
     if scale is not None and not bool(np.all(np.isfinite(scale) & (scale >= 0))):
         raise WireError("scale: expected finite non-negative values")
     rows = np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim)

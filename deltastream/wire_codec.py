@@ -13,7 +13,9 @@ writers lay a message out with the same helpers (:func:`map_header`, :func:`bin_
   sends: no temporary array, no join copy).
 
 :func:`pack_message` also writes version 1 (``version=1``: ``crc`` the last scalar, before
-the bins, covering only the bins), so that decoding v1 stays tested.
+the bins, covering only the bins), so that decoding v1 stays tested, and both writers write
+version 3: v2 with the ids as ``idv`` varints when that is shorter (:func:`id_field`,
+:func:`varint_ids`; :func:`read_varint_ids` is their strict reader).
 
 :class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
 
@@ -46,6 +48,11 @@ __all__ = [
     "quantize",
     "scalar_fields",
     "bin_sizes",
+    "id_field",
+    "COMPACT_IDS_VERSION",
+    "varint_ids",
+    "varint_ids_size",
+    "read_varint_ids",
     "map_header",
     "bin_header",
     "crc_trailer",
@@ -57,10 +64,16 @@ __all__ = [
     "Reader",
 ]
 
-#: the version encoders write
+#: the version encoders write by default
 VERSION = 2
-#: the versions decoders read
-VERSIONS = (1, 2)
+#: the versions decoders read (3: v2 whose ids may travel as :func:`varint_ids`)
+VERSIONS = (1, 2, 3)
+#: the version that may carry ids as sorted gaps in LEB128 varints (key ``idv``)
+COMPACT_IDS_VERSION = 3
+#: most bytes one LEB128 varint of a uint64 takes
+_VARINT_MAX = 10
+#: the smallest value of each varint length past one byte: 2^7, 2^14, … 2^63
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, _VARINT_MAX)], dtype=np.uint64)
 #: how every v2 message ends, before the 4 CRC bytes: the key ``"crc"`` (fixstr) and the
 #: msgpack uint32 type byte
 CRC_TRAILER = b"\xa3crc\xce"
@@ -177,6 +190,72 @@ def _to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     return out
 
 
+# ----------------------------------------------------------------------------- ids
+
+
+def varint_ids(ids: np.ndarray) -> np.ndarray:
+    """Strictly ascending int64 ids ``[n]`` as uint8 bytes: the zigzag of the first id, then
+    each gap to the previous id (≥ 1, as uint64), each a canonical LEB128 varint (7 bits a
+    byte, low first, high bit set on every byte but a value's last). Small dense ids cost
+    1–2 bytes instead of 8; hashed ids up to 10 (the encoder then keeps them raw)."""
+    v, lens = _gaps(ids)
+    if not v.size:
+        return np.empty(0, np.uint8)
+    j = np.arange(int(lens.max()))
+    # [n, longest] bytes of every value, continuation bits set; a row-major boolean
+    # selection keeps each value's own bytes, in order
+    mat = ((v[:, None] >> (7 * j).astype(np.uint64)) & np.uint64(0x7F)).astype(np.uint8)
+    mat |= np.where(j < lens[:, None] - 1, 0x80, 0).astype(np.uint8)
+    return mat[j < lens[:, None]]
+
+
+def _gaps(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uint64 values :func:`varint_ids` writes: zigzag first id, then the gaps; their
+    varint lengths in bytes) of strictly ascending int64 ``ids``."""
+    u = np.ascontiguousarray(ids, dtype="<i8").view(np.uint64)
+    if not u.size:
+        return u, np.zeros(0, np.int64)
+    first = int(u[:1].view(np.int64)[0])
+    zig = np.array([(first << 1) ^ (first >> 63)], dtype=np.uint64)  # -1 -> 1, 1 -> 2
+    v = np.concatenate([zig, np.diff(u)])  # uint64 differences wrap: the true gaps
+    return v, np.searchsorted(_VARINT_STEPS, v, side="right") + 1
+
+
+def varint_ids_size(ids: np.ndarray) -> int:
+    """``len(varint_ids(ids))`` without writing the bytes."""
+    return int(_gaps(ids)[1].sum())
+
+
+def read_varint_ids(buf: memoryview, n: int) -> np.ndarray:
+    """Inverse of :func:`varint_ids`: int64 ``[n]`` strictly ascending. Raises
+    :class:`WireError` naming ``idv`` unless ``buf`` is exactly ``n`` canonical varints
+    (no padding byte, no value past 64 bits) of ids that ascend within int64."""
+    b = np.frombuffer(buf, np.uint8)
+    ends = np.flatnonzero(b < 0x80)
+    if ends.size != n or (b.size and b[-1] >= 0x80):
+        raise WireError(f"idv: expected exactly n = {n} varints in {b.size} bytes")
+    if not n:
+        return np.empty(0, np.int64)
+    lens = np.diff(ends, prepend=-1)
+    last = b[ends]
+    if int(lens.max()) > _VARINT_MAX or bool(np.any((lens == _VARINT_MAX) & (last > 1))):
+        raise WireError("idv: a varint exceeds 64 bits")
+    if bool(np.any((lens > 1) & (last == 0))):
+        raise WireError("idv: a varint is not in its shortest form")
+    j = np.arange(int(lens.max()))
+    mine = j < lens[:, None]  # [n, longest]: which bytes belong to each value
+    at = np.where(mine, (ends - lens + 1)[:, None] + j, 0)
+    parts = (b[at] & np.uint8(0x7F)).astype(np.uint64) << (7 * j).astype(np.uint64)
+    v = np.where(mine, parts, np.uint64(0)).sum(axis=1, dtype=np.uint64)  # disjoint bits
+    z = int(v[0])
+    v[0] = np.array([(z >> 1) ^ -(z & 1)], dtype=np.int64).view(np.uint64)[0]
+    ids = np.cumsum(v, dtype=np.uint64).view(np.int64)  # wraps like int64 addition
+    # a zero gap repeats an id, one past int64's top wraps below its predecessor
+    if n > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        raise WireError("idv: ids not strictly ascending within int64")
+    return ids
+
+
 # ----------------------------------------------------------------------------- layout
 
 
@@ -203,10 +282,21 @@ def scalar_fields(head: Any, n: int, dim: int, *, version: int = VERSION,
     return out
 
 
-def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool,
-              n_tombstones: Optional[int]) -> list[tuple[str, int]]:
-    """``(key, bytes)`` of each bin field, in wire order."""
-    bins = [("ids", n * 8), ("rows", n * dim * DTYPES[dtype])]
+def id_field(ids: np.ndarray, version: int) -> tuple[str, np.ndarray]:
+    """The id field of a message: ``("ids", ids)`` (``<i8 [n]``) or, from version
+    :data:`COMPACT_IDS_VERSION` on and when shorter, ``("idv", varint_ids(ids))``."""
+    if version >= COMPACT_IDS_VERSION:
+        packed = varint_ids(ids)
+        if packed.size < 8 * ids.shape[0]:
+            return "idv", packed
+    return "ids", ids
+
+
+def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool, n_tombstones: Optional[int],
+              ids: Optional[tuple[str, int]] = None) -> list[tuple[str, int]]:
+    """``(key, bytes)`` of each bin field, in wire order; ``ids`` is the id field's
+    ``(key, bytes)`` when not ``("ids", 8 n)`` (see :func:`id_field`)."""
+    bins = [ids or ("ids", n * 8), ("rows", n * dim * DTYPES[dtype])]
     if with_scale:
         bins.append(("scale", n * 4))
     if n_tombstones is not None:
@@ -269,19 +359,22 @@ def check_crc_trailer(view: memoryview, last_key_at: int, crc: Any) -> None:
 def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[np.ndarray],
                  tombstones: Optional[np.ndarray], *, version: int = VERSION) -> bytes:
     """One message from wire arrays: ids ``<i8 [n]``, rows ``[n, dim]`` in the wire dtype,
-    scale ``<f4 [n]`` (i8 only) and tombstones ``<i8 [m]`` or None.
+    scale ``<f4 [n]`` (i8 only) and tombstones ``<i8 [m]`` or None. Version 3 writes the
+    ids as ``idv`` varints when that is shorter (:func:`id_field`).
 
     Framed by hand rather than with ``msgpack.packb``: the Packer grows its buffer by
     doubling and copies megabyte payloads several times; joining buffers copies once.
     """
     n, dim = int(ids.shape[0]), int(rows.shape[1])
-    bufs = [ids.data, rows.data]
+    id_key, id_buf = id_field(ids, version)
+    bufs = [id_buf.data, rows.data]
     if scale is not None:
         bufs.append(scale.data)
     if tombstones is not None:
         bufs.append(tombstones.data)
     bins = bin_sizes(n, dim, head.dtype, scale is not None,
-                     None if tombstones is None else int(tombstones.shape[0]))
+                     None if tombstones is None else int(tombstones.shape[0]),
+                     (id_key, id_buf.nbytes))
     if version == 1:  # CRC of the bins, written before them
         crc = 0
         for buf in bufs:
@@ -291,12 +384,13 @@ def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[n
         for (key, size), buf in zip(bins, bufs, strict=True):
             parts += [bin_header(key, size), buf]
         return b"".join(parts)
-    return join_with_crc(map_header(scalar_fields(head, n, dim), len(bins) + 1),
+    return join_with_crc(map_header(scalar_fields(head, n, dim, version=version), len(bins) + 1),
                          [(key, size, buf) for (key, size), buf in zip(bins, bufs, strict=True)])
 
 
 class Framer:
-    """Frames f32/f16 v2 messages into one reusable buffer (the publisher's fast path).
+    """Frames f32/f16 v2 (or v3) messages into one reusable buffer (the publisher's fast
+    path).
 
     Rows are cast straight into the message (no temporary array, no join copy) and the
     buffer is reused: ``KafkaProducer.send`` copies the value into its record batch before
@@ -305,11 +399,13 @@ class Framer:
 
     Args:
         capacity: buffer bytes; a message that does not fit is refused (``frame`` -> None).
+        version: the wire version written (2, or 3: ids as varints when shorter).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, version: int = VERSION) -> None:
         self.buf = bytearray(capacity)
         self.view = memoryview(self.buf)
+        self.version = version
 
     def frame(self, b: Any) -> Optional[memoryview]:
         """The message of ``b`` (a piece from :func:`deltastream.wire.split` with dtype f32
@@ -317,11 +413,14 @@ class Framer:
         it does not fit the buffer."""
         n, dim = int(b.ids.shape[0]), int(b.rows.shape[1])
         tomb = b.tombstones
-        bins = bin_sizes(n, dim, b.dtype, False, None if tomb is None else int(tomb.shape[0]))
-        head = map_header(scalar_fields(b, n, dim), len(bins) + 1)
+        id_key, id_buf = id_field(np.ascontiguousarray(b.ids, dtype="<i8"), self.version)
+        id_bytes = id_buf.view(np.uint8)
+        bins = bin_sizes(n, dim, b.dtype, False, None if tomb is None else int(tomb.shape[0]),
+                         (id_key, id_bytes.size))
+        head = map_header(scalar_fields(b, n, dim, version=self.version), len(bins) + 1)
         # Start where the rows land 64-byte aligned in the buffer (vectorised casts): after
         # the head, the ids' bin header (9 bytes), the ids and the rows' bin header (10).
-        start = -(len(head) + 9 + 8 * n + 10) % 64
+        start = -(len(head) + 9 + id_bytes.size + 10) % 64
         pos, regions = start + len(head), []
         buf = self.buf
         for key, size in bins:
@@ -332,7 +431,7 @@ class Framer:
             regions.append(pos + len(hdr))
             pos += len(hdr) + size
         buf[start:start + len(head)] = head
-        np.frombuffer(buf, "<i8", n, regions[0])[:] = b.ids
+        np.frombuffer(buf, np.uint8, id_bytes.size, regions[0])[:] = id_bytes
         rows = np.frombuffer(buf, NUMPY_DTYPES[b.dtype], n * dim, regions[1]).reshape(n, dim)
         if b.dtype == "f16":
             _to_f16(b.rows, out=rows)

@@ -161,7 +161,8 @@ class BudgetEngine:
         self.tables: dict[str, PendingTable] = {}
         self._names = {fqn: spec.name for fqn, spec in self.specs.items()}
         self._overhead: dict[str, float] = {}
-        self._range = wire.F16_MAX if publisher.dtype == "f16" else None
+        # bytes of one row's id as last sent, per table: 8, fewer with wire v3's varints
+        self._id_cost: dict[str, float] = {}
         self._warned_burst = False
         self._exact_since = 0  # exact rows merged since the last round
         self._lock = threading.Lock()  # counters and bounds, read by stats()
@@ -184,7 +185,8 @@ class BudgetEngine:
             t = self.tables[fqn] = PendingTable(
                 spec.dim, like.dtype if like.is_floating_point() else
                 (spec.dtype or torch.float32),
-                new_rows=self.policy.new_rows, range_limit=self._range)
+                new_rows=self.policy.new_rows,
+                range_limit=wire.F16_MAX if self._dtype(spec.dim) == "f16" else None)
         return t
 
     def merge(self, h: Handoff) -> None:
@@ -222,15 +224,26 @@ class BudgetEngine:
         return t.scale.value if self.policy.scale == "table" and t.scale.value else 1.0
 
     def _candidates(self) -> tuple[list[str], list[Candidate]]:
-        pol, dtype = self.policy, self.publisher.dtype
+        pol = self.policy
         fqns, cands = [], []
         for fqn, t in self.tables.items():
             fqns.append(fqn)
             cands.append(Candidate(table=t, scale=self._scale(t),
                                    weight=float(pol.weights.get(self._names[fqn], 1.0)),
-                                   row_cost=wire.row_bytes(t.dim, dtype),
+                                   row_cost=self._row_cost(fqn, t.dim),
                                    overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
         return fqns, cands
+
+    def _dtype(self, dim: int) -> str:
+        """Wire dtype of a table's rows: the policy's ``wide_dtype`` where a row costs fewer
+        bytes in it, else the publisher's."""
+        base, wide = self.publisher.dtype, self.policy.wide_dtype
+        return wide if wide and wire.row_bytes(dim, wide) < wire.row_bytes(dim, base) else base
+
+    def _row_cost(self, fqn: str, dim: int) -> float:
+        """Wire bytes of one row of table ``fqn``: its values (and i8 scale) plus its id's
+        bytes per row in the table's last round (8 until one is sent)."""
+        return wire.row_bytes(dim, self._dtype(dim)) - 8 + self._id_cost.get(fqn, 8.0)
 
     def start(self, tick: int, step: int, ts: int, final: bool) -> RoundJob:
         """Choose the round's rows and take them out of the pending set."""
@@ -278,11 +291,14 @@ class BudgetEngine:
             if not len(jt.rows) and jt.tombstones is None:
                 job.done.append(self._record(jt, None))
                 continue
+            kwargs = dict(self.specs[jt.fqn].publish_kwargs)
+            dtype = self._dtype(self.specs[jt.fqn].dim)
+            if dtype != self.publisher.dtype:  # a publisher that takes one dtype is asked none
+                kwargs["dtype"] = dtype
             try:
                 res = self.publisher.publish(self._names[jt.fqn], jt.rows.ids,
                                              jt.rows.current, step=job.step, ts=job.ts,
-                                             tombstones=jt.tombstones,
-                                             **self.specs[jt.fqn].publish_kwargs)
+                                             tombstones=jt.tombstones, **kwargs)
             except BaseException as e:
                 error = e
                 job.failed.extend(job.tables[k:])
@@ -305,7 +321,9 @@ class BudgetEngine:
     def _record(self, jt: _JobTable, res: Any) -> TableRound:
         n = len(jt.rows)
         if res is not None and int(res.messages) and n:
-            cost = wire.row_bytes(self.tables[jt.fqn].dim, self.publisher.dtype)
+            version = getattr(self.publisher, "wire_version", wire.VERSION)
+            self._id_cost[jt.fqn] = wire.id_bytes(jt.rows.ids.cpu().numpy(), version) / n
+            cost = self._row_cost(jt.fqn, self.tables[jt.fqn].dim)
             self._overhead[jt.fqn] = max(0.0, (int(res.bytes) - n * cost) / int(res.messages))
         return TableRound(
             fqn=jt.fqn, table=self._names[jt.fqn], tracked=jt.pending_before,
@@ -387,6 +405,9 @@ class BudgetEngine:
                 "bound": {"last": b[-1] if b else None, "p50": _quantile(b, 0.5),
                           "p99": _quantile(b, 0.99), "max": max(b) if b else None,
                           "ticks": len(b)},
+                # wire bytes a row of each table is costed at (values + learnt id bytes)
+                "row_bytes": {self._names[fqn]: self._row_cost(fqn, t.dim)
+                              for fqn, t in self.tables.items()},
                 "table_bounds": {name: {"last": v[-1], "p50": _quantile(list(v), 0.5),
                                         "p99": _quantile(list(v), 0.99), "max": max(v)}
                                  for name, v in sorted(self._table_bounds.items()) if v},

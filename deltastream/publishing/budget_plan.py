@@ -37,7 +37,7 @@ class Candidate:
     table: PendingTable
     scale: float
     weight: float
-    row_cost: int
+    row_cost: float
     overhead: float
 
 

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from deltastream import wire
+
 __all__ = ["BudgetPolicy", "SCALES"]
 
 #: how errors of different tables are made comparable: ``"table"`` — divided by the table's
@@ -66,6 +68,10 @@ class BudgetPolicy:
             tick, so rows and dense weights together stay within it (the rows get what
             the versions leave; the versions keep their own cadence). False (default):
             the budget is the rows'.
+        wide_dtype: a wire dtype for the rows of every table that it carries in fewer
+            bytes than the publisher's dtype: ``"i8"`` costs dim + 4 bytes a row, f16
+            2 · dim, so tables wider than 4 go as i8 (error ≤ max|row| / 254 an element)
+            and dim-1 bias rows stay f16. None (default): every table in the publisher's.
 
     Raises:
         ValueError / TypeError: naming the bad field and what was expected.
@@ -84,6 +90,7 @@ class BudgetPolicy:
     window: int = 1024
     per_byte: bool = True
     charge_dense: bool = False
+    wide_dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
         if (self.bytes_per_s is None) == (self.bytes_per_step is None):
@@ -125,6 +132,9 @@ class BudgetPolicy:
         if isinstance(self.window, bool) or not isinstance(self.window, numbers.Integral) \
                 or self.window < 1:
             raise ValueError(f"BudgetPolicy.window must be an int >= 1, got {self.window!r}")
+        if self.wide_dtype is not None and self.wide_dtype not in wire.DTYPES:
+            raise ValueError(f"BudgetPolicy.wide_dtype must be None or one of "
+                             f"{sorted(wire.DTYPES)}, got {self.wide_dtype!r}")
 
     @property
     def per_step(self) -> bool:
@@ -150,4 +160,4 @@ class BudgetPolicy:
                 "min_error": self.min_error, "max_age": self.max_age,
                 "overdue_share": self.overdue_share, "new_rows": self.new_rows,
                 "per_byte": self.per_byte, "min_interval_s": self.min_interval_s,
-                "charge_dense": self.charge_dense}
+                "charge_dense": self.charge_dense, "wide_dtype": self.wide_dtype}

@@ -1,4 +1,4 @@
-"""Publish changed embedding rows to Kafka as wire messages (format v2).
+"""Publish changed embedding rows to Kafka as wire messages (format v2 or v3).
 
 :class:`DeltaPublisher` is the trainer-side end of the transport: one publisher per trainer
 shard, on kafka-python's idempotent producer (``acks="all"``). Every message of
@@ -98,7 +98,7 @@ def new_epoch() -> int:
 
 
 class DeltaPublisher:
-    """Send changed rows of one trainer shard to a Kafka topic, in wire format v2.
+    """Send changed rows of one trainer shard to a Kafka topic, in wire format v2 (or v3).
 
     Example::
 
@@ -121,6 +121,8 @@ class DeltaPublisher:
             failed producer, a message may take to be acknowledged (delivery timeout), and
             the constructor may take to reach the broker.
         allow_nonfinite: publish inf/NaN rows instead of raising (not with dtype i8).
+        wire_version: 2, or 3: ids as sorted varint gaps when shorter (1–2 bytes for dense
+            ids instead of 8); every consumer must read v3 (deltastream ≥ issue 29) first.
         producer_config: more kafka-python ``KafkaProducer`` settings (``linger_ms``,
             ``batch_size``, security, …). ``buffer_memory`` (bytes, default
             ``max(32 MiB, 4 × max_message_bytes)``) bounds the bytes awaiting
@@ -131,7 +133,7 @@ class DeltaPublisher:
                  epoch: Optional[int] = None, dtype: str = "f16",
                  max_message_bytes: int = 1 << 20, compression: Optional[str] = None,
                  send_timeout: float = 30.0, allow_nonfinite: bool = False,
-                 **producer_config: Any) -> None:
+                 wire_version: int = wire.VERSION, **producer_config: Any) -> None:
         # the arguments as given (spawn_args; the epoch is added there)
         self._args = {k: v for k, v in locals().items() if k not in (
             "self", "epoch", "producer_config")} | producer_config
@@ -139,6 +141,7 @@ class DeltaPublisher:
         self.shard = check_int("shard", shard, 0, (1 << 31) - 1)
         self.epoch = new_epoch() if epoch is None else check_int("epoch", epoch)
         wire.check_dtype(dtype)
+        self.wire_version = check_int("wire_version", wire_version, 2, max(wire.VERSIONS))
         check_int("max_message_bytes", max_message_bytes, MIN_MESSAGE_BYTES, 1 << 30)
         check_settings(compression, send_timeout, topic, producer_config)
         self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
@@ -171,8 +174,8 @@ class DeltaPublisher:
         self._dims: dict[str, int] = {}
         self._keys: dict[str, bytes] = {}
         # f16/f32 messages are framed in place (bf16/i8 go through wire.encode)
-        self._framer = wire.Framer(self.max_message_bytes + 8192) if dtype in ("f16", "f32") \
-            else None
+        self._framer = wire.Framer(self.max_message_bytes + 8192, self.wire_version) \
+            if dtype in ("f16", "f32") else None
         self._stats = dict(publishes=0, messages=0, rows=0, tombstones=0, bytes=0,
                            acked_messages=0, failed_messages=0, blocked_s=0.0,
                            dense_versions=0)
@@ -227,7 +230,8 @@ class DeltaPublisher:
 
     def publish(self, table: str, ids: Any, rows: Any, *, step: int,
                 tombstones: Any = None, ts: Optional[int] = None, col: int = 0,
-                width: Optional[int] = None, shard: Optional[int] = None) -> PublishResult:
+                width: Optional[int] = None, shard: Optional[int] = None,
+                dtype: Optional[str] = None) -> PublishResult:
         """Send ``rows`` of ``ids`` (and evicted ``tombstones``) of ``table``.
 
         Args:
@@ -243,6 +247,7 @@ class DeltaPublisher:
                 rank holding several shards of one table (column shards) publishes each
                 under its own shard id: every ``(table, shard)`` is its own seq stream,
                 Kafka key and partition (``shard % partitions``).
+            dtype: this call's wire dtype, default the publisher's ``dtype``.
 
         Returns:
             A :class:`PublishResult`; its ``offsets`` are known after :meth:`flush` or
@@ -256,6 +261,8 @@ class DeltaPublisher:
                 next publish, so consumers see a seq gap only where a sent message failed.
         """
         wire.check_name("table", table)
+        dtype = self.dtype if dtype is None else dtype
+        wire.check_dtype(dtype)
         step = check_int("step", step)
         ts = time.time_ns() if ts is None else check_int("ts", ts)
         # Own copies (8 bytes an id): undelivered messages name their ids from them, so a
@@ -266,7 +273,7 @@ class DeltaPublisher:
         # one seq stream per (table, shard); '/' never occurs in a table name
         stream = table if shard == self.shard else f"{table}/{shard}"
         partition = self.partition if shard == self.shard else shard % self.partitions
-        rows_np = host_rows(rows, ids_np.shape[0], stream, dtype=self.dtype,
+        rows_np = host_rows(rows, ids_np.shape[0], stream, dtype=dtype,
                             allow_nonfinite=self.allow_nonfinite,
                             known_dim=self._dims.get(stream))
         col = check_int("col", col, 0, wire.MAX_DIM - 1)
@@ -279,15 +286,15 @@ class DeltaPublisher:
             first = self._next_seq.get(stream, 0)
             batch = wire.DeltaBatch(model=self.model, table=table, shard=shard,
                                     epoch=self.epoch, seq=first, step=step, ts=ts,
-                                    ids=ids_np, rows=rows_np, dtype=self.dtype,
+                                    ids=ids_np, rows=rows_np, dtype=dtype,
                                     tombstones=tomb_np, col=col, width=width)
             limit = self.max_value_bytes(table)
             pieces = wire.split(batch, limit)  # validates; views, no copies
 
             def frame(piece: wire.DeltaBatch) -> Any:
-                value = None if self._framer is None else self._framer.frame(piece)
-                return value if value is not None \
-                    else wire.encode(piece, max_message_bytes=limit)[0]
+                value = self._framer.frame(piece) if self._framer and dtype == self.dtype else None
+                return value if value is not None else wire.encode(
+                    piece, max_message_bytes=limit, version=self.wire_version)[0]
 
             key = self._keys.setdefault(stream, wire.message_key(self.model, table, shard))
             result = PublishResult(table=table, partition=partition, epoch=self.epoch,

@@ -85,6 +85,30 @@ def test_bench_runs_on_a_synthetic_log_and_reports_every_policy(tmp_path):
     assert (tmp_path / "png" / "freshness_per_byte.png").is_file() or head["plot"] is None
 
 
+def test_wire_v3_sends_the_same_rows_in_fewer_bytes_and_a_budget_buys_more_rows(tmp_path):
+    """--wire-version 3: a policy that does not look at bytes (touched/1) sends the very same
+    rows and serves the same AUC in fewer bytes; a byte budget spends the same rate on more
+    rows."""
+    log = tmp_path / "ratings.tsv"
+    _write_log(log, n=1200)
+    got = {}
+    for version in ("2", "3"):
+        out = bench.main([
+            "--log", str(log), "--cache", str(tmp_path / "cache"), "--out", str(tmp_path),
+            "--batch-size", "64", "--dim", "8", "--full-every", "4", "--touched-every", "1",
+            "--fractions", "0.2", "--thresholds", "0.1", "--budgets", "300",
+            "--raw-budgets", "", "--by-error-budgets", "", "--policy", "budget=300",
+            "--wire-version", version])
+        got[version] = {r["policy"]: r for r in out if r["name"].startswith("freshness_auc@")}
+    two, three = got["2"], got["3"]
+    for label in ("touched/1", "fraction=0.2", "threshold=0.1", "full/4"):
+        assert three[label]["rows"] == two[label]["rows"]
+        assert three[label]["auc_gap"] == two[label]["auc_gap"]
+        assert three[label]["bytes"] < two[label]["bytes"]
+    assert three["budget=300"]["rows"] > two["budget=300"]["rows"]
+    assert three["budget=300"]["bytes"] <= 300 * three["budget=300"]["steps"] + 4 * 300 + 256
+
+
 def test_transport_measures_the_messages_each_analysed_policy_sent(tmp_path):
     """--transport: touched/1, the headline policy and the cheapest one within tolerance get
     a transport@ record over exactly the bytes and rows they sent."""

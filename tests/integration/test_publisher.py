@@ -218,6 +218,9 @@ def test_argument_validation(broker, topic_name):
         DeltaPublisher(servers, topic_name, model="m", shard=0, max_message_bytes=100)
     with pytest.raises(ValueError, match="send_timeout"):
         DeltaPublisher(servers, topic_name, model="m", shard=0, send_timeout=0)
+    for version in (1, 4):  # v1 is read, never written; v4 does not exist
+        with pytest.raises(ValueError, match="wire_version: expected 2 ≤ wire_version ≤ 3"):
+            DeltaPublisher(servers, topic_name, model="m", shard=0, wire_version=version)
 
     pub = DeltaPublisher(servers, topic_name, model="m", shard=0)
     ok_rows = np.ones((2, 4), np.float32)
@@ -237,12 +240,15 @@ def test_argument_validation(broker, topic_name):
         (("t", [1, 2], ok_rows), {"step": 1.5}, TypeError, "step"),
         (("t", [1, 2], ok_rows), {"tombstones": [0.5]}, TypeError, "tombstones"),
         (("t", np.array([2**63], np.uint64), ok_rows[:1]), {}, ValueError, "int64"),
+        (("t", [1, 2], ok_rows), {"dtype": "f64"}, WireError, "dtype: expected one of"),
     ]
     for args, kw, exc, match in cases:
         kw.setdefault("step", 0)
         with pytest.raises(exc, match=match):
             pub.publish(*args, **kw)
     assert pub.stats()["messages"] == 0  # nothing was sent by a rejected call
+    # one call in i8 (beyond f16's range: refused above in the publisher's f16)
+    assert pub.publish("t8", [1, 2], [[1.0, 7e4], [0, 0]], step=0, dtype="i8").messages == 1
     pub.publish("t", [1, 2], ok_rows, step=0)
     with pytest.raises(ValueError, match="table 't' has dim 4"):
         pub.publish("t", [3], np.ones((1, 5)), step=1)

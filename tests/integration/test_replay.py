@@ -1,7 +1,8 @@
 """deltastream-replay against a real broker: rebuild, dump, stats, diff, CLI exit codes.
 
 One realistic stream is published once per module (2 tables, 2 trainer shards on 2
-partitions, two epochs of shard 0, tombstones, f16 and f32 on the wire, one garbage
+partitions, two epochs of shard 0 — the second in wire v3, varint ids, its user rows i8 —,
+tombstones, f16, f32 and i8 on the wire, one garbage
 record, and a hand-made epoch with a seq gap and a duplicate). References are built
 independently: records read with a plain KafkaConsumer and applied one by one, in
 partition order, through the same Applier the daemon uses.
@@ -76,10 +77,10 @@ def _publish_stream(bootstrap: str, topic: str) -> int:
     produced = 0
     live: dict = {}  # (table, shard) -> ids published and not evicted
 
-    def phase(shard: int, epoch: int, steps: range, dtype: str) -> None:
+    def phase(shard: int, epoch: int, steps: range, dtype: str, version: int = 2) -> None:
         nonlocal produced
         pub = DeltaPublisher(bootstrap, topic, model=MODEL, shard=shard, epoch=epoch,
-                             dtype=dtype)
+                             dtype=dtype, wire_version=version)
         for step in steps:
             for table, dim in DIMS.items():
                 ids = np.unique(rng.integers(0, 200, 25) * 2 + shard)  # shard owns id % 2
@@ -90,7 +91,8 @@ def _publish_stream(bootstrap: str, topic: str) -> int:
                     cand = np.array(sorted(have - set(ids.tolist())), np.int64)
                     tomb = cand[:4] if cand.size else None
                 res = pub.publish(table, ids, rows, step=step, ts=_ts(step, shard),
-                                  tombstones=tomb)
+                                  tombstones=tomb,
+                                  dtype="i8" if version == 3 and table == "user" else None)
                 produced += res.messages
                 have |= set(ids.tolist())
                 if tomb is not None:
@@ -103,7 +105,7 @@ def _publish_stream(bootstrap: str, topic: str) -> int:
     raw = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     raw.send(topic, value=b"\x93not a delta message", partition=0).get(timeout=30)
     produced += 1
-    phase(0, 2, range(6, 10), "f16")  # trainer shard 0 restarted: new epoch
+    phase(0, 2, range(6, 10), "f16", version=3)  # shard 0 restarted: new epoch, wire v3
     # hand-made epoch 3 of (item, shard 1): seqs 0, 1, 3 (2 is missing), then 1 again
     for seq in (0, 1, 3, 1):
         ids = np.array([1001 + 2 * seq, 2001 + 2 * seq], np.int64)
@@ -211,6 +213,11 @@ def test_rebuild_whole_topic_is_bit_identical_to_applier_and_daemon(stream, tmp_
     res = rebuild(stream.bootstrap, stream.topic, model=MODEL, out=tmp_path / "full")
     ref = _reference(stream)
     _assert_same(res.tables, ref)
+    # both wire versions are in the topic (the byte after map16 + "v" is the version)
+    assert {v[5] for _, _, v, _ in stream.ordered() if v[:5] == b"\xde\x00" + v[2:3] + b"\xa1v"} \
+        == {2, 3}
+    assert {wire.decode(v).dtype for _, _, v, _ in stream.ordered() if _ts_of(v) is not None} \
+        == {"f16", "f32", "i8"}
     assert set(res.tables) == {"user", "item"}
     assert res.offsets == stream.ends()
     c = res.counters

@@ -33,21 +33,27 @@ class Sent:
 class Loopback:
     """Encode with deltastream.wire, decode, apply to serving tables; count the bytes."""
 
-    def __init__(self, serving: dict, dtype: str = "f32", fail_on: str | None = None) -> None:
+    def __init__(self, serving: dict, dtype: str = "f32", fail_on: str | None = None,
+                 wire_version: int = 2) -> None:
         self.serving, self.dtype, self.seq, self.fail_on = serving, dtype, 0, fail_on
+        self.wire_version = wire_version
         self.calls: list[tuple[str, list[int]]] = []
+        self.dtypes: dict[str, set] = {}  # table -> wire dtypes of its messages
 
-    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None):
+    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None, dtype=None):
+        assert dtype != self.dtype  # the budget names a dtype only where it is not ours
+        dtype = dtype or self.dtype
+        self.dtypes.setdefault(table, set()).add(dtype)
         if table == self.fail_on:
             raise PublishError(f"broker down for {table}")
         ids, rows = ids.cpu(), rows.cpu()
         self.calls.append((table, ids.tolist()))
         batch = wire.DeltaBatch(model="m", table=table, shard=0, epoch=1, seq=self.seq,
                                 step=step, ts=ts or time.time_ns(), ids=ids.numpy(),
-                                rows=rows.numpy(), dtype=self.dtype,
+                                rows=rows.numpy(), dtype=dtype,
                                 tombstones=None if tombstones is None else
                                 tombstones.cpu().numpy())
-        msgs = wire.encode(batch)
+        msgs = wire.encode(batch, version=self.wire_version)
         for m in msgs:
             self.seq += 1
             self.serving[table].apply(wire.decode(m))
@@ -105,6 +111,17 @@ def _move(table: HashTable, ids, delta) -> None:
         table.insert(ids, rows + torch.as_tensor(delta, dtype=torch.float32))
 
 
+def _train(model, tracker, bp: BudgetPublisher, steps: int, seed: int) -> None:
+    """``steps`` steps, each moving ~30 random ids of every table by N(0, 0.1), then a tick."""
+    g = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
+        ids = torch.randint(0, 100, (30,), generator=g).unique()
+        for t in model.values():
+            _move(t, ids, 0.1 * torch.randn(len(ids), t.embedding_dim, generator=g))
+        tracker.step()
+        _tick(bp, step)
+
+
 def _served_error(model, serving) -> dict[str, np.ndarray]:
     out = {}
     for name, t in model.items():
@@ -128,6 +145,7 @@ def _served_error(model, serving) -> dict[str, np.ndarray]:
     ({"bytes_per_step": 10, "max_age": -1}, "max_age"),
     ({"bytes_per_step": 10, "new_rows": "zero"}, "new_rows"),
     ({"bytes_per_step": 10, "window": 0}, "window"),
+    ({"bytes_per_step": 10, "wide_dtype": "f64"}, "wide_dtype must be None or one of"),
 ])
 def test_policy_names_the_bad_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -212,6 +230,46 @@ def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
     assert st["bound"]["ticks"] == 200
     assert st["bound"]["p50"] <= st["bound"]["p99"] <= st["bound"]["max"]
     assert set(st["table_bounds"]) == {"emb", "bias"}
+
+
+def test_wire_v3_rows_are_costed_at_their_varint_ids_so_the_budget_buys_more_rows():
+    """v3 sends these dense ids in ~1-2 bytes instead of 8: the budget learns each table's
+    id bytes per row, still spends its rate, and publishes more rows for it than v2."""
+    rate, steps, got = 300.0, 120, {}
+    for version in (2, 3):
+        model, tracker, serving, pub = _setup({"emb": 4, "bias": 1})
+        pub.wire_version = version
+        bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate))
+        _train(model, tracker, bp, steps, seed=1)
+        got[version] = st = bp.stats()
+        assert 0.9 * rate <= st["bytes_per_step"] <= rate + bp.policy.burst / steps
+        for name, dim in (("emb", 4), ("bias", 1)):
+            values = wire.row_bytes(dim, "f32") - 8
+            if version == 2:
+                assert st["row_bytes"][name] == wire.row_bytes(dim, "f32")
+            else:  # at least one byte an id, fewer than 8
+                assert values + 1 <= st["row_bytes"][name] < values + 8
+    assert got[3]["rows"] > got[2]["rows"]
+
+
+@pytest.mark.parametrize("wide", [None, "i8"])
+def test_wide_dtype_sends_wide_tables_in_it_and_costs_them_so(wide):
+    """``wide_dtype="i8"``: a dim-8 table's rows go as i8 (8 + 4 bytes instead of 32 in
+    f32), a dim-1 table stays f32 (i8 would cost 5 bytes, not 4); the budget costs each at
+    its own dtype, and after a flush predictors hold every row within i8's bound."""
+    model, tracker, serving, pub = _setup({"emb": 8, "bias": 1})
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=300, wide_dtype=wide))
+    _train(model, tracker, bp, 40, seed=3)
+    bp.flush(41)
+    want = {"emb": wide or "f32", "bias": "f32"}
+    assert pub.dtypes == {name: {d} for name, d in want.items()}
+    assert bp.stats()["row_bytes"] == {name: float(wire.row_bytes(dim, want[name]))
+                                       for name, dim in (("emb", 8), ("bias", 1))}
+    err = _served_error(model, serving)
+    assert err["bias"].max() == 0.0
+    rows = model["emb"].lookup(model["emb"].ids()).numpy()
+    bound = np.abs(rows).max(axis=1) / 254 * np.sqrt(8) * (1 + 1e-5)  # L2 of [8] elements
+    assert np.all(err["emb"] <= bound) and (err["emb"].max() > 0) == (wide == "i8")
 
 
 def test_the_reported_bound_is_the_largest_served_error_after_every_tick():
