@@ -88,7 +88,7 @@ static int get_buf(PyObject *obj, Py_buffer *v, int writable, const char *what) 
 
 /* Buffers of one call, released together. */
 typedef struct {
-    Py_buffer b[6]; /* the most one call takes */
+    Py_buffer b[8]; /* the most one call takes */
     int n;
 } Bufs;
 
@@ -455,15 +455,15 @@ static PyObject *drain_by_key(PyObject *self, PyObject *args) {
     PyObject *ret = NULL;
     uint64_t *kb = NULL;
     int64_t *vb = NULL;
-    Bufs bs = {.n = 0}, more = {.n = 0};
+    Bufs bs = {.n = 0};
     Py_buffer *slot = take(&bs, o_slot, 1, "slot");
     Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
     Py_buffer *order = bits == BAD ? NULL : take(&bs, o_order, 0, "order");
     Py_buffer *keys = order == BAD ? NULL : take(&bs, o_keys, 0, "keys");
     Py_buffer *arena = keys == BAD ? NULL : take(&bs, o_arena, 0, "arena");
     Py_buffer *okeys = arena == BAD ? NULL : take(&bs, o_okeys, 1, "out_keys");
-    Py_buffer *opos = okeys == BAD ? NULL : take(&more, o_opos, 1, "out_pos");
-    Py_buffer *rows = opos == BAD ? NULL : take(&more, o_rows, 1, "out_rows");
+    Py_buffer *opos = okeys == BAD ? NULL : take(&bs, o_opos, 1, "out_pos");
+    Py_buffer *rows = opos == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
     if (slot == BAD || bits == BAD || order == BAD || keys == BAD || arena == BAD ||
         okeys == BAD || opos == BAD || rows == BAD)
         goto done;
@@ -557,7 +557,6 @@ static PyObject *drain_by_key(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(kb);
     PyMem_Free(vb);
-    release(&more);
     release(&bs);
     return ret;
 }
