@@ -25,8 +25,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from deltastream.embedding.hash_index import HashIndex
 from deltastream.publishing.score_order import ScoreOrder
+from deltastream.publishing.slot_pool import SlotPool
 from deltastream.types import DeltaRows
 
 __all__ = ["CarriedTable", "CarriedState", "carried_state", "top_slots"]
@@ -48,21 +48,17 @@ class CarriedTable:
     def __init__(self, dim: int, dtype: torch.dtype, new_rows: str,
                  capacity: int = 1024) -> None:
         self.dim, self.dtype, self.new_rows = dim, dtype, new_rows
-        self._index = HashIndex(capacity, torch.device("cpu"), name="carried")
-        self._ids = torch.zeros(capacity, dtype=torch.int64)
-        self._first = torch.zeros(capacity, dim, dtype=dtype)
-        self._new = np.zeros(capacity, dtype=bool)
-        self._birth = np.zeros(capacity, dtype=np.int64)
-        self._drift = np.zeros(capacity, dtype=np.float64)
-        self._stamp = np.zeros(capacity, dtype=np.int64)  # ScoreOrder liveness
-        self._live = np.zeros(capacity, dtype=bool)
-        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack
-        self._nfree = capacity
+        #: slots and their columns: FIRST state, new flag, birth round, drift
+        self._slots = SlotPool({"first": torch.zeros(capacity, dim, dtype=dtype),
+                                "new": np.zeros(capacity, dtype=bool),
+                                "birth": np.zeros(capacity, dtype=np.int64),
+                                "drift": np.zeros(capacity, dtype=np.float64)}, "carried")
+        self._c = self._slots.cols
         self.groups: dict[tuple[int, bool], ScoreOrder] = {}
         self._group_live: dict[tuple[int, bool], int] = {}
 
     def __len__(self) -> int:
-        return self._index.live
+        return len(self._slots)
 
     @property
     def group_sizes(self) -> dict[tuple[int, bool], int]:
@@ -72,65 +68,32 @@ class CarriedTable:
     @property
     def stamps(self) -> np.ndarray:
         """Each slot's stamp (for :meth:`ScoreOrder.top`)."""
-        return self._stamp
+        return self._slots.stamp
 
     def live_slots(self) -> np.ndarray:
         """Every carried slot (O(capacity): for a round that takes them all)."""
-        return np.flatnonzero(self._live)
+        return self._slots.live_slots()
 
     def find(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of each id of int64 ``ids`` ``[n]`` (-1 when not carried)."""
-        return self._index.probe(ids)[0]
+        return self._slots.find(ids)
 
     def columns(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """``(FIRST [n, dim], new bool np [n], birth int64 np [n])`` of ``slots``."""
         s = slots.numpy()
-        return self._first.index_select(0, slots), self._new[s], self._birth[s]
-
-    # ------------------------------------------------------------------ slots
-
-    def _grow(self, n: int) -> None:
-        old = self._ids.shape[0]
-        cap = max(2 * old, old + n)
-
-        def grown(x: Any, fill: Any = 0) -> Any:
-            if isinstance(x, np.ndarray):
-                out = np.full((cap,) + x.shape[1:], fill, dtype=x.dtype)
-            else:
-                out = torch.full((cap,) + tuple(x.shape[1:]), fill, dtype=x.dtype)
-            out[:old] = x
-            return out
-
-        self._ids, self._first = grown(self._ids), grown(self._first)
-        self._new, self._live = grown(self._new, False), grown(self._live, False)
-        self._birth, self._drift, self._stamp = (grown(self._birth), grown(self._drift),
-                                                 grown(self._stamp))
-        extra = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
-        self._free = np.concatenate([extra, self._free[:self._nfree]])
-        self._nfree += cap - old
-
-    def _entries(self) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = torch.from_numpy(self.live_slots())
-        return self._ids.index_select(0, slots), slots
+        return self._c["first"].index_select(0, slots), self._c["new"][s], self._c["birth"][s]
 
     def add(self, ids: torch.Tensor, first: torch.Tensor, new: np.ndarray, birth: np.ndarray,
             drift: np.ndarray) -> None:
         """Carry rows of ``ids`` (int64 ``[n]``, unique, not carried yet) with their FIRST
         states ``[n, dim]``, ``new`` flags, birth rounds and drifts (float64)."""
-        n = int(ids.numel())
-        if n == 0:
+        if ids.numel() == 0:
             return
-        if n > self._nfree:
-            self._grow(n)
-        self._nfree -= n
-        s = self._free[self._nfree:self._nfree + n].copy()
-        slots = torch.from_numpy(s)
-        self._index.reserve(n, self._entries)
-        self._index.insert(ids, slots)
-        self._ids.index_copy_(0, slots, ids)
-        self._first.index_copy_(0, slots, first.to(self.dtype))
-        self._new[s], self._birth[s], self._drift[s], self._live[s] = new, birth, drift, True
-        self._stamp[s] += 1
+        slots = self._slots.add(ids)
+        s = slots.numpy()
+        self._c["first"].index_copy_(0, slots, first.to(self.dtype))
+        self._c["new"][s], self._c["birth"][s], self._c["drift"][s] = new, birth, drift
+        self._slots.stamp[s] += 1
         self._join(s)
 
     def rescore(self, slots: np.ndarray, new: np.ndarray, drift: np.ndarray) -> None:
@@ -139,36 +102,29 @@ class CarriedTable:
         if slots.size == 0:
             return
         self._leave(slots)
-        self._new[slots], self._drift[slots] = new, drift
-        self._stamp[slots] += 1  # their older entries in the orders are dead now
+        self._c["new"][slots], self._c["drift"][slots] = new, drift
+        self._slots.stamp[slots] += 1  # their older entries in the orders are dead now
         self._join(slots)
 
     def remove(self, slots: np.ndarray) -> None:
         """Stop carrying ``slots`` (unique, live)."""
         if slots.size == 0:
             return
-        self._index.remove(self._ids.index_select(0, torch.from_numpy(slots)))
-        self._stamp[slots] += 1
-        self._live[slots] = False
         self._leave(slots)
-        if self._nfree + slots.size > self._free.size:
-            grown = np.zeros(max(2 * self._free.size, self._nfree + slots.size), np.int64)
-            grown[:self._nfree] = self._free[:self._nfree]
-            self._free = grown
-        self._free[self._nfree:self._nfree + slots.size] = slots
-        self._nfree += int(slots.size)
+        self._slots.remove_slots(slots)
 
     def _join(self, slots: np.ndarray) -> None:
         """Enter ``slots`` (their current stamps) in their groups' orders."""
-        for key, where in _by_group(self._birth[slots], self._new[slots]):
+        for key, where in _by_group(self._c["birth"][slots], self._c["new"][slots]):
             at = slots[where]
             order = self.groups.setdefault(key, ScoreOrder())
             self._group_live[key] = self._group_live.get(key, 0) + int(at.size)
-            order.add(self._drift[at], at, self._stamp[at], self._stamp, self._group_live[key])
+            stamp = self._slots.stamp
+            order.add(self._c["drift"][at], at, stamp[at], stamp, self._group_live[key])
 
     def _leave(self, slots: np.ndarray) -> None:
         """Count ``slots`` out of their groups (their entries die with their stamps)."""
-        for key, where in _by_group(self._birth[slots], self._new[slots]):
+        for key, where in _by_group(self._c["birth"][slots], self._c["new"][slots]):
             left = self._group_live[key] - int(where.size)
             if left:
                 self._group_live[key] = left
@@ -179,13 +135,13 @@ class CarriedTable:
         """Remove ``slots`` and return their rows, ids ascending, as ``(DeltaRows with FIRST
         states, new flags and ages at round ``round_``, drifts float64)``."""
         s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
-        ids, order = torch.sort(self._ids.index_select(0, s))
+        ids, order = torch.sort(self._slots.ids.index_select(0, s))
         s = s.index_select(0, order)
         sn = s.numpy()
-        rows = DeltaRows(ids=ids, states=self._first.index_select(0, s),
-                         new=torch.from_numpy(self._new[sn].copy()),
-                         age=torch.from_numpy(round_ - self._birth[sn]))
-        drift = self._drift[sn].copy()
+        rows = DeltaRows(ids=ids, states=self._c["first"].index_select(0, s),
+                         new=torch.from_numpy(self._c["new"][sn].copy()),
+                         age=torch.from_numpy(round_ - self._c["birth"][sn]))
+        drift = self._c["drift"][sn].copy()
         self.remove(sn)
         return rows, drift
 

@@ -34,9 +34,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from deltastream.embedding.hash_index import HashIndex
 from deltastream.publishing.score_order import AgeQueue, ScoreOrder
 from deltastream.publishing.serving_error import TableScale, row_errors
+from deltastream.publishing.slot_pool import SlotPool
 from deltastream.tracking.sorted_ids import member, union
 
 __all__ = ["PendingTable", "TakenRows", "MergeCounts", "MERGE_CHUNK_ROWS"]
@@ -73,15 +73,6 @@ class MergeCounts:
     coalesced: int = 0  # rows already pending that changed again (newest value kept)
 
 
-def _grow(x: torch.Tensor | np.ndarray, n: int, fill: float | int = 0):
-    if isinstance(x, np.ndarray):
-        out = np.full((n,) + x.shape[1:], fill, dtype=x.dtype)
-    else:
-        out = torch.full((n,) + tuple(x.shape[1:]), fill, dtype=x.dtype)
-    out[:x.shape[0]] = x
-    return out
-
-
 class PendingTable:
     """One table's pending rows (see the module docstring).
 
@@ -94,18 +85,15 @@ class PendingTable:
     def __init__(self, dim: int, dtype: torch.dtype, *, new_rows: str = "drift",
                  range_limit: Optional[float] = None, capacity: int = 1024) -> None:
         self.dim, self.dtype, self.new_rows, self.range_limit = dim, dtype, new_rows, range_limit
-        self._index = HashIndex(capacity, torch.device("cpu"), name="pending")
-        self._ids = torch.zeros(capacity, dtype=torch.int64)
-        self._served = torch.zeros(capacity, dim, dtype=dtype)
-        self._current = torch.zeros(capacity, dim, dtype=dtype)
-        self._new = torch.zeros(capacity, dtype=torch.bool)
-        self._birth = np.zeros(capacity, dtype=np.int64)
-        self._err = np.zeros(capacity, dtype=np.float64)
-        self._stamp = np.zeros(capacity, dtype=np.int64)  # ScoreOrder liveness
-        self._life = np.zeros(capacity, dtype=np.int64)  # AgeQueue liveness
-        self._live = np.zeros(capacity, dtype=bool)
-        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack
-        self._nfree = capacity
+        #: slots and their columns: what predictors hold (``served``), the newest value
+        #: (``current``), never received (``new``), birth tick, serving error, AgeQueue life
+        self._slots = SlotPool({"served": torch.zeros(capacity, dim, dtype=dtype),
+                                "current": torch.zeros(capacity, dim, dtype=dtype),
+                                "new": torch.zeros(capacity, dtype=torch.bool),
+                                "birth": np.zeros(capacity, dtype=np.int64),
+                                "err": np.zeros(capacity, dtype=np.float64),
+                                "life": np.zeros(capacity, dtype=np.int64)}, "pending")
+        self._c = self._slots.cols
         self.by_error = ScoreOrder()
         self.by_age = AgeQueue()
         self.scale = TableScale()
@@ -114,75 +102,45 @@ class PendingTable:
     # ------------------------------------------------------------------ reading
 
     def __len__(self) -> int:
-        return self._index.live
+        return len(self._slots)
 
     @property
     def stamps(self) -> np.ndarray:
         """Each slot's stamp (for :meth:`ScoreOrder.top`)."""
-        return self._stamp
+        return self._slots.stamp
 
     @property
     def lives(self) -> np.ndarray:
         """Each slot's life counter (for :meth:`AgeQueue.oldest`)."""
-        return self._life
+        return self._c["life"]
 
     def errors(self, slots: np.ndarray) -> np.ndarray:
         """Serving errors (float64, embedding units) of pending ``slots``."""
-        return self._err[slots]
+        return self._c["err"][slots]
 
     def max_error(self) -> float:
         """The largest serving error among the pending rows (0 if none)."""
-        k, _, _ = self.by_error.top(1, self._stamp)
+        k, _, _ = self.by_error.top(1, self._slots.stamp)
         return float(k[0]) if k.size else 0.0
 
     def live_slots(self) -> np.ndarray:
         """Every pending slot (O(capacity): for a final flush)."""
-        return np.flatnonzero(self._live)
+        return self._slots.live_slots()
 
     def memory_bytes(self) -> int:
         """Bytes held for rows, slots and orders."""
-        rows = 2 * self._served.numel() * self._served.element_size()
-        return rows + self._ids.numel() * 48 + 24 * (self.by_error.entries + self.by_age.entries)
+        served = self._c["served"]
+        rows = 2 * served.numel() * served.element_size()
+        orders = self.by_error.entries + self.by_age.entries
+        return rows + self._slots.capacity * 48 + 24 * orders
 
     # ------------------------------------------------------------------ slots
 
-    def _alloc(self, n: int) -> torch.Tensor:
-        if n > self._nfree:
-            old = self._ids.shape[0]
-            cap = max(2 * old, old + n)
-            self._ids = _grow(self._ids, cap)
-            self._served = _grow(self._served, cap)
-            self._current = _grow(self._current, cap)
-            self._new = _grow(self._new, cap, False)
-            self._birth, self._err = _grow(self._birth, cap), _grow(self._err, cap)
-            self._stamp, self._life = _grow(self._stamp, cap), _grow(self._life, cap)
-            self._live = _grow(self._live, cap, False)
-            extra = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
-            self._free = np.concatenate([extra, self._free[:self._nfree]])
-            self._nfree += cap - old
-        self._nfree -= n
-        return torch.from_numpy(self._free[self._nfree:self._nfree + n].copy())
-
-    def _release(self, slots: np.ndarray) -> None:
-        if slots.size == 0:
-            return
-        self._stamp[slots] += 1
-        self._life[slots] += 1
-        self._live[slots] = False
-        if self._nfree + slots.size > self._free.size:
-            self._free = _grow(self._free, max(2 * self._free.size, self._nfree + slots.size))
-        self._free[self._nfree:self._nfree + slots.size] = slots
-        self._nfree += int(slots.size)
-
-    def _entries(self) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = torch.from_numpy(self.live_slots())
-        return self._ids.index_select(0, slots), slots
-
     def _drop(self, ids: torch.Tensor) -> int:
         """Remove the pending rows of ``ids`` (unique); how many were pending."""
-        _, slots = self._index.remove(ids)
-        self._release(slots.numpy())
-        return int(slots.numel())
+        slots = self._slots.remove(ids)
+        self._c["life"][slots] += 1  # their AgeQueue entries are dead now
+        return int(slots.size)
 
     # ------------------------------------------------------------------ scoring
 
@@ -236,16 +194,16 @@ class PendingTable:
                 gone, _ = member(ids, self.tombstones)
                 self.tombstones = self.tombstones[~gone]
                 new = new | back
-        pos, _ = self._index.probe(ids)
+        pos = self._slots.find(ids)
         had = pos >= 0
         at = had.nonzero().squeeze(1)
         slots_had = pos.index_select(0, at)
         # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
         # (only the rows pending already are gathered and copied over)
         served = first.clone()
-        served.index_copy_(0, at, self._served.index_select(0, slots_had).to(first.dtype))
+        served.index_copy_(0, at, self._c["served"].index_select(0, slots_had).to(first.dtype))
         is_new = new.clone()
-        is_new.index_copy_(0, at, self._new.index_select(0, slots_had))
+        is_new.index_copy_(0, at, self._c["new"].index_select(0, slots_had))
         err, norm, ok = self._score(current, served, is_new)
         if self.range_limit is not None:
             big = ok & (current.abs().amax(dim=1).to(torch.float64) > self.range_limit)
@@ -262,7 +220,7 @@ class PendingTable:
         stay = (had & keep).nonzero().squeeze(1)
         if stay.numel():
             s = pos.index_select(0, stay)
-            self._current.index_copy_(0, s, current.index_select(0, stay).to(self.dtype))
+            self._c["current"].index_copy_(0, s, current.index_select(0, stay).to(self.dtype))
             self._rescore(s.numpy(), err.index_select(0, stay).numpy())
         fresh = (~had & keep).nonzero().squeeze(1)
         if fresh.numel():
@@ -273,47 +231,43 @@ class PendingTable:
         return torch.where(ok, norm, math.nan)
 
     def _rescore(self, slots: np.ndarray, err: np.ndarray) -> None:
-        self._err[slots] = err
-        self._stamp[slots] += 1
-        self.by_error.add(err, slots, self._stamp[slots], self._stamp, len(self))
+        self._c["err"][slots] = err
+        self._slots.stamp[slots] += 1
+        self.by_error.add(err, slots, self._slots.stamp[slots], self._slots.stamp, len(self))
 
     def _add(self, ids: torch.Tensor, served: torch.Tensor, current: torch.Tensor,
              new: torch.Tensor, birth: np.ndarray, err: np.ndarray) -> None:
-        slots = self._alloc(int(ids.numel()))
-        self._index.reserve(int(ids.numel()), self._entries)
-        self._index.insert(ids, slots)
-        self._ids.index_copy_(0, slots, ids)
-        self._served.index_copy_(0, slots, served.to(self.dtype))
-        self._current.index_copy_(0, slots, current.to(self.dtype))
-        self._new.index_copy_(0, slots, new)
+        slots = self._slots.add(ids)
+        self._c["served"].index_copy_(0, slots, served.to(self.dtype))
+        self._c["current"].index_copy_(0, slots, current.to(self.dtype))
+        self._c["new"].index_copy_(0, slots, new)
         s = slots.numpy()
-        self._live[s] = True
-        self._birth[s] = birth
+        self._c["birth"][s] = birth
         self._rescore(s, err)
         self._age(s)
 
     def _age(self, slots: np.ndarray) -> None:
         """Enter ``slots`` in the age order, one batch per birth tick (a hand-off has one;
         rows handed back may have several)."""
-        birth = self._birth[slots]
+        birth = self._c["birth"][slots]
         for b in np.unique(birth):
             at = slots[birth == b]
-            self.by_age.add(int(b), at, self._life[at])
+            self.by_age.add(int(b), at, self._c["life"][at])
         if self.by_age.entries > 2 * len(self) + 4096:
-            self.by_age.rebuild(self._life)
+            self.by_age.rebuild(self._c["life"])
 
     # ------------------------------------------------------------------ publishing
 
     def take(self, slots: np.ndarray) -> TakenRows:
         """Remove pending ``slots`` (unique) and return their rows, ids ascending."""
         s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
-        ids = self._ids.index_select(0, s)
+        ids = self._slots.ids.index_select(0, s)
         ids, order = torch.sort(ids)
         s = s.index_select(0, order)
-        out = TakenRows(ids=ids, served=self._served.index_select(0, s),
-                        current=self._current.index_select(0, s),
-                        new=self._new.index_select(0, s),
-                        birth=torch.from_numpy(self._birth[s.numpy()]))
+        out = TakenRows(ids=ids, served=self._c["served"].index_select(0, s),
+                        current=self._c["current"].index_select(0, s),
+                        new=self._c["new"].index_select(0, s),
+                        birth=torch.from_numpy(self._c["birth"][s.numpy()]))
         self._drop(ids)
         return out
 
@@ -330,19 +284,19 @@ class PendingTable:
             self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
         if not len(rows):
             return
-        pos, _ = self._index.probe(rows.ids)
+        pos = self._slots.find(rows.ids)
         had = pos >= 0
         if bool(had.any()):
             w = had.nonzero().squeeze(1)
             s = pos.index_select(0, w)
             sn = s.numpy()
-            self._served.index_copy_(0, s, rows.served.index_select(0, w))
-            self._new.index_copy_(0, s, rows.new.index_select(0, w))
-            cur = self._current.index_select(0, s)
+            self._c["served"].index_copy_(0, s, rows.served.index_select(0, w))
+            self._c["new"].index_copy_(0, s, rows.new.index_select(0, w))
+            cur = self._c["current"].index_select(0, s)
             err, _, _ = self._score(cur, rows.served.index_select(0, w),
                                     rows.new.index_select(0, w))
-            self._life[sn] += 1  # its AgeQueue entry moves to the older birth
-            self._birth[sn] = rows.birth.index_select(0, w).numpy()
+            self._c["life"][sn] += 1  # its AgeQueue entry moves to the older birth
+            self._c["birth"][sn] = rows.birth.index_select(0, w).numpy()
             self._rescore(sn, err.numpy())
             self._age(sn)
         fresh = (~had).nonzero().squeeze(1)
