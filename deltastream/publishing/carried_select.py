@@ -90,16 +90,21 @@ def carries(budget: Budget, delta: DeltaRows, carried: Optional[CarriedTable], *
     return n > (0.75 * TAKE_SHARE if inside else TAKE_SHARE) * work
 
 
-def drop_gone(carried: CarriedTable, delta: DeltaRows) -> None:
-    """End the carried rows of ids the delta reports evicted, or inserted again."""
+def drop_gone(carried: CarriedTable, delta: DeltaRows) -> torch.Tensor:
+    """End the carried rows of ids the delta reports evicted, or inserted again; returns
+    the slot of each of the delta's ids still carried (int64 ``[n]``, -1 where none)."""
     if delta.tombstones is not None and delta.tombstones.numel():
         pos = carried.find(delta.tombstones.to(torch.int64))
         carried.remove(pos[pos >= 0].numpy())
-    if delta.new is not None and len(delta) and len(carried):
-        pos = carried.find(delta.ids)
+    if not (len(delta) and len(carried)):
+        return torch.full((len(delta),), -1, dtype=torch.int64)
+    pos = carried.find(delta.ids)
+    if delta.new is not None:
         again = (pos >= 0) & delta.new
         if bool(again.any()):
             carried.remove(pos[again].numpy())
+            pos = pos.masked_fill(again, -1)
+    return pos
 
 
 @torch.no_grad()
@@ -114,9 +119,8 @@ def select_carried(carried: CarriedTable, delta: DeltaRows, table: Any, budget: 
     """
     read, dim, table_dtype, fresh = row_reader(table)
     raise_failed(check_delta(delta, dim))
-    drop_gone(carried, delta)
+    pos = drop_gone(carried, delta)  # one probe of the delta's ids
     ids = delta.ids
-    pos = carried.find(ids)
     hit = (pos >= 0).nonzero().squeeze(1)
     slots = pos.index_select(0, hit)
     # the union: a carried row keeps its FIRST state and birth, ORs the delta's new flag
