@@ -21,8 +21,10 @@ so a tick's cost can be read against a large pending set.
 
 Figures per configuration and batch: **ratio** = median over chunks of (a chunk's time with
 deltastream ÷ the adjacent chunk's time alone: totals, so rare slow ticks count) — goal ≤ 1.05; the **p99 time the training
-thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** the budget sent over the
-whole run (``stats()["bytes_per_s"]``; ``delta-10``: acknowledged bytes over its chunks);
+thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** the budget sent from its first
+timed tick to its last, per second of that span (its bucket starts full, so a short run
+shows up to one burst more than the rate; not ``stats()["bytes_per_s"]``, which also counts
+the untimed prefill; ``delta-10``: acknowledged bytes over its chunks);
 the worker's busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and
 its largest backlog. The worker is drained before each "alone" chunk, so the alone chunks
 measure the step by itself.
@@ -81,13 +83,19 @@ class _Run:
         self.tick_s: list[float] = []
         self.measured_s = 0.0
         self.bytes0 = 0
-        self.t_bytes = 0.0
+        #: the budget's bytes and worker seconds before its first timed tick (the prefill's
+        #: are not the timed run's), and that tick's and the last's time
+        self.budget_bytes0: int | None = None
+        self.worker_s0 = 0.0
+        self.ticks_t = [0.0, 0.0]
 
     def after_step(self, step: int) -> None:
         if self.budget is not None:
             t0 = time.perf_counter()
             self.budget.tick(step)
-            self.tick_s.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            self.tick_s.append(t1 - t0)
+            self.ticks_t = [self.ticks_t[0] or t0, t1]
         elif self.delta_every is not None:
             if step % self.delta_every == 0:
                 t0 = time.perf_counter()
@@ -102,6 +110,18 @@ class _Run:
     def idle(self) -> None:
         if self.budget is not None:
             self.budget.drain()
+            if self.budget_bytes0 is None:  # before the first timed chunk, drained
+                st = self.budget.stats()
+                self.budget_bytes0, self.worker_s0 = int(st["bytes"]), st["worker_s"] or 0.0
+
+    def budget_bytes_per_s(self) -> float:
+        """Bytes the budget sent from its first timed tick to its last, per second of that
+        span (drained first). Not ``stats()["bytes_per_s"]``: that counts from the
+        publisher's creation, the untimed prefill included (the bucket holds one burst of
+        it)."""
+        self.idle()
+        return (int(self.budget.stats()["bytes"]) - self.budget_bytes0) / max(
+            1e-9, self.ticks_t[1] - self.ticks_t[0])
 
     def acked_bytes(self) -> int:
         return 0 if self.pub is None else int(self.pub.stats()["bytes"])
@@ -125,6 +145,10 @@ def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) ->
         for start in range(0, n, 1 << 18):
             ids = torch.arange(base + start, base + min(n, start + (1 << 18)))
             model.user(ids)
+    run.budget.tick(step)
+    run.budget.drain()
+    # the next read releases the prefill read's buffers (O(n), once): untimed too
+    time.sleep(run.budget.policy.min_interval_s)
     run.budget.tick(step)
     run.budget.drain()
 
@@ -168,6 +192,12 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
             if r.budget is not None and args.pending:
                 _prefill(r, runs, model, args.pending, k)
+        if args.pending:  # the optimizer's state grows to the prefilled table: untimed
+            with contextlib.ExitStack() as paused:
+                for r in runs:
+                    paused.enter_context(r.tracker.pause())
+                step(k)
+                k += 1
         for _ in range(args.rounds):
             for r in runs:
                 r.idle()
@@ -205,9 +235,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             extra = dict(
                 batch=batch, config=r.name, tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
-                else None, bytes_per_s=st.get("bytes_per_s", r.bytes0 / r.measured_s),
+                else None, bytes_per_s=r.budget_bytes_per_s() if r.budget is not None
+                else r.bytes0 / r.measured_s,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
-                worker_share=None if worker is None else worker / r.measured_s,
+                worker_share=None if worker is None else (worker - r.worker_s0) / r.measured_s,
                 max_backlog=(st.get("backlog") or {}).get("max_handoffs"),
                 pending=st.get("pending"), prefilled=args.pending if r.budget else 0)
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
