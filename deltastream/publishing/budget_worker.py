@@ -146,6 +146,9 @@ class BudgetWorker:
                         fut.set_exception(e)
                     self._flushes.clear()
                     self._job, self._final = None, None
+                    # the batch counts as settled even where its merge failed: drain and
+                    # flush wait for its ticks, then raise the error
+                    self._merged = max([self._merged] + [h.tick for h in batch])
                     self._settled = self._merged
                     self._cond.notify_all()
             self.busy_s += time.monotonic() - t0

@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from consumers import ServingTable
@@ -123,3 +124,27 @@ def test_each_round_accounts_its_rows_while_hand_offs_merge_during_its_send():
     bad = [(t.tracked, t.published, t.carried) for t in tables
            if t.published + t.carried != t.tracked]
     assert bad == []
+
+
+class _NoDtypeSink:
+    """A row publisher missing ``dtype``: the worker's merge of the first hand-off fails."""
+
+    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None):
+        raise AssertionError("never reached: the merge fails first")
+
+
+def test_a_failing_merge_is_raised_by_drain_not_waited_for_forever():
+    table = HashTable(4, name="emb", capacity=64)
+    table.insert(torch.arange(8), torch.zeros(8, 4))
+    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
+    bp = BudgetPublisher(tracker, _NoDtypeSink(), "p", BudgetPolicy(bytes_per_step=1_000))
+    try:
+        with torch.no_grad():
+            table.insert(torch.arange(4), table(torch.arange(4)) + 1.0)
+        bp.tick(1)  # the hand-off is taken; its merge fails on the worker
+        with pytest.raises(AttributeError, match="dtype"):
+            bp.drain(timeout=20)  # before the fix: TimeoutError (forever without a timeout)
+        assert bp.drain(timeout=20) is None  # the error was raised once; nothing waits
+    finally:
+        bp.close()
