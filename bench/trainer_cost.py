@@ -2,8 +2,9 @@
 
 The step is ``train-step``'s (two :class:`~deltastream.HashTable` s of width ``--dim``, Zipf
 user/item ids, an MLP ``[u, v, u*v] -> 64 -> 32 -> 1``, SparseAdam + Adam, batch ``--batch``).
-One model per batch size; the configurations take turns on it, chunk by chunk
-(``--chunk`` steps), each timed against the step alone in the chunk just before it:
+One model per batch size; the configurations take turns on it, chunk by chunk (at least
+``--chunk`` steps and ``--chunk-s`` seconds, so a chunk holds many of the budget's rounds
+as a run does), each timed against the step alone in the chunk just before it:
 
 * ``tracker``: a :class:`~deltastream.DeltaTracker` (EMBEDDING) read every 10 steps;
 * ``budget-<B>``: tracker + :class:`~deltastream.BudgetPublisher` at ``B`` bytes/s
@@ -21,10 +22,11 @@ so a tick's cost can be read against a large pending set.
 
 Figures per configuration and batch: **ratio** = median over chunks of (a chunk's time with
 deltastream ÷ the adjacent chunk's time alone: totals, so rare slow ticks count) — goal ≤ 1.05; the **p99 time the training
-thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** the budget sent from its first
-timed tick to its last, per second of that span (its bucket starts full, so a short run
-shows up to one burst more than the rate; not ``stats()["bytes_per_s"]``, which also counts
-the untimed prefill; ``delta-10``: acknowledged bytes over its chunks);
+thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** a budget sends when it
+runs alone after the chunks (``--rate-s`` seconds after a second that spends its bucket's
+burst; not over the chunks, between which its bucket refills by at most one burst, nor
+``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
+acknowledged bytes over its chunks);
 the worker's busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and
 its largest backlog. The worker is drained before each "alone" chunk, so the alone chunks
 measure the step by itself.
@@ -37,9 +39,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -85,17 +89,14 @@ class _Run:
         self.bytes0 = 0
         #: the budget's bytes and worker seconds before its first timed tick (the prefill's
         #: are not the timed run's), and that tick's and the last's time
-        self.budget_bytes0: int | None = None
-        self.worker_s0 = 0.0
-        self.ticks_t = [0.0, 0.0]
+        self.worker_s0: float | None = None
+        self.rate: float | None = None  # bytes/s of the steady phase (budgets)
 
     def after_step(self, step: int) -> None:
         if self.budget is not None:
             t0 = time.perf_counter()
             self.budget.tick(step)
-            t1 = time.perf_counter()
-            self.tick_s.append(t1 - t0)
-            self.ticks_t = [self.ticks_t[0] or t0, t1]
+            self.tick_s.append(time.perf_counter() - t0)
         elif self.delta_every is not None:
             if step % self.delta_every == 0:
                 t0 = time.perf_counter()
@@ -110,18 +111,29 @@ class _Run:
     def idle(self) -> None:
         if self.budget is not None:
             self.budget.drain()
-            if self.budget_bytes0 is None:  # before the first timed chunk, drained
-                st = self.budget.stats()
-                self.budget_bytes0, self.worker_s0 = int(st["bytes"]), st["worker_s"] or 0.0
+            if self.worker_s0 is None:  # before the first timed chunk, drained
+                self.worker_s0 = self.budget.stats()["worker_s"] or 0.0
 
-    def budget_bytes_per_s(self) -> float:
-        """Bytes the budget sent from its first timed tick to its last, per second of that
-        span (drained first). Not ``stats()["bytes_per_s"]``: that counts from the
-        publisher's creation, the untimed prefill included (the bucket holds one burst of
-        it)."""
-        self.idle()
-        return (int(self.budget.stats()["bytes"]) - self.budget_bytes0) / max(
-            1e-9, self.ticks_t[1] - self.ticks_t[0])
+    def steady_rate(self, step: Callable[[int], None], k: int, seconds: float) -> int:
+        """Bytes/s the budget sends while it alone runs for ``seconds`` after a warm-up
+        second that empties its bucket's burst (drained at both ends: each round counted
+        once); returns the next step number. The chunks cannot give it: between a
+        configuration's chunks the bucket refills by at most one second's burst, so bytes
+        over a span with other configurations' chunks in it understate the rate."""
+        b = self.budget
+        spans = []
+        for secs in (1.0, seconds):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < secs:
+                step(k)
+                self.tracker.step()
+                b.tick(k)
+                k += 1
+            b.drain()
+            spans.append((time.perf_counter(), int(b.stats()["bytes"])))
+        (t0, b0), (t1, b1) = spans
+        self.rate = (b1 - b0) / max(1e-9, t1 - t0)
+        return k
 
     def acked_bytes(self) -> int:
         return 0 if self.pub is None else int(self.pub.stats()["bytes"])
@@ -153,6 +165,16 @@ def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) ->
     run.budget.drain()
 
 
+def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
+    """Steps per chunk: ``--chunk``, or more to last ``--chunk-s`` seconds at ``step_s``
+    a step. A chunk shorter than the budget's ``min_interval_s`` would hold one round in
+    every chunk — rounds five to ten times as dense as in a run at batch 512 — and measure
+    a burst, not what a training loop pays."""
+    if args.chunk_s <= 0 or step_s <= 0:
+        return args.chunk
+    return max(args.chunk, math.ceil(args.chunk_s / step_s))
+
+
 def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     from deltastream import ensure_topic
 
@@ -173,7 +195,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             o.zero_grad(set_to_none=True)
 
     for k in range(len(pool)):  # warm-up: ids resident, optimizer state allocated
+        if k == len(pool) // 2:
+            t_warm = time.perf_counter()
         step(k)
+    chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (len(pool) - len(pool) // 2))
     topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
     ensure_topic(servers, topic, partitions=1)
     runs = [_Run("tracker", model, servers, topic)]
@@ -204,7 +229,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 with contextlib.ExitStack() as paused:
                     for other in runs:
                         paused.enter_context(other.tracker.pause())
-                    for _ in range(args.chunk):  # the step alone (trackers paused)
+                    for _ in range(chunk):  # the step alone (trackers paused)
                         t0 = time.perf_counter()
                         step(k)
                         k += 1
@@ -214,7 +239,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                     for other in runs:
                         if other is not r:
                             paused.enter_context(other.tracker.pause())
-                    for _ in range(args.chunk):
+                    for _ in range(chunk):
                         t0 = time.perf_counter()
                         step(k)
                         r.tracker.step()
@@ -223,23 +248,33 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                         r.times.append(time.perf_counter() - t0)
                 r.measured_s += time.perf_counter() - t_start
                 r.bytes0 += r.acked_bytes() - b0
+        busy = {}
+        for r in runs:
+            if r.budget is not None:
+                r.idle()
+                busy[r.name] = (r.budget.stats()["worker_s"] or 0.0) - r.worker_s0
+                with contextlib.ExitStack() as paused:
+                    for other in runs:
+                        if other is not r:
+                            paused.enter_context(other.tracker.pause())
+                    k = r.steady_rate(step, k, args.rate_s)
         out = []
         for r in runs:
             # chunk totals, not medians: the user pays every slow tick too
-            pairs = [sum(r.times[c:c + args.chunk]) / sum(r.alone[c:c + args.chunk])
-                     for c in range(0, len(r.times), args.chunk)]
+            pairs = [sum(r.times[c:c + chunk]) / sum(r.alone[c:c + chunk])
+                     for c in range(0, len(r.times), chunk)]
             ratio = statistics.median(pairs)
             tick = np.asarray(r.tick_s) * 1e3
             st = r.budget.stats() if r.budget is not None else {}
-            worker = st.get("worker_s")
+            worker = busy.get(r.name)
             extra = dict(
                 batch=batch, config=r.name, tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
-                else None, bytes_per_s=r.budget_bytes_per_s() if r.budget is not None
+                else None, bytes_per_s=r.rate if r.budget is not None
                 else r.bytes0 / r.measured_s,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
-                worker_share=None if worker is None else (worker - r.worker_s0) / r.measured_s,
-                max_backlog=(st.get("backlog") or {}).get("max_handoffs"),
+                worker_share=None if worker is None else worker / r.measured_s,
+                max_backlog=(st.get("backlog") or {}).get("max_handoffs"), chunk_steps=chunk,
                 pending=st.get("pending"), prefilled=args.pending if r.budget else 0)
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
@@ -273,8 +308,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="leave out the worker-process configuration")
     p.add_argument("--pending", type=int, default=0,
                    help="rows pending in each budget before timing (0)")
-    p.add_argument("--chunk", type=int, default=10, help="steps per timed chunk (10)")
+    p.add_argument("--chunk", type=int, default=10,
+                   help="steps per timed chunk, at least (10)")
+    p.add_argument("--chunk-s", type=float, default=1.0,
+                   help="seconds per timed chunk, at least (1.0; 0: --chunk steps): a chunk "
+                        "spans many rounds (min_interval_s), as a run does")
     p.add_argument("--rounds", type=int, default=6, help="chunks per configuration (6)")
+    p.add_argument("--rate-s", type=float, default=3.0,
+                   help="seconds each budget runs alone after the chunks, for its bytes/s "
+                        "(3.0)")
     p.add_argument("--servers", default=None, help="a Kafka broker (default: embedded)")
     p.add_argument("--switch-interval", type=float, default=None, metavar="S",
                    help="sys.setswitchinterval for the run (default: Python's 0.005 s); a "

@@ -200,6 +200,8 @@ class BudgetEngine:
                 self.n["charged_bytes"] += int(h.charged)
         rejected = out_of_range = exact = coalesced = 0
         for th in h.tables:
+            # a hash table's rows come unsorted: sorted here, off the training thread
+            th = th.in_order()
             t = self._table(th.fqn, th.current)
             c = t.merge(th.ids, th.first, th.current, th.new, th.tombstones, h.tick)
             rejected += c.rejected

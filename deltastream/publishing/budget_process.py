@@ -54,7 +54,7 @@ __all__ = ["ProcessWorker"]
 
 log = logging.getLogger(__name__)
 
-_FIELDS = ("ids", "first", "current", "new", "tombstones")
+_FIELDS = ("ids", "first", "current", "new", "tombstones", "inserted", "first_at")
 _ALIGN = 64
 
 
@@ -299,6 +299,7 @@ class ProcessWorker:
                         _view(self._seg.map, off, shape, dtype).copy_(t)
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
                             charged=h.charged, fqns=[th.fqn for th in h.tables],
+                            ordered=[th.ordered for th in h.tables],
                             layout=layout)
                 self._send(("handoff", self._seg.path if new else None, meta))
             except BaseException as e:  # a bug here must not stall ticks forever
@@ -460,7 +461,7 @@ def _unpack(buf: Any, meta: dict) -> Handoff:
     fields: list[dict] = [dict.fromkeys(_FIELDS) for _ in meta["fqns"]]
     for k, f, off, shape, dtype in meta["layout"]:
         fields[k][f] = _view(buf, off, tuple(shape), dtype).clone()
-    tables = [TableHandoff(fqn=fqn, **fl) for fqn, fl in zip(meta["fqns"], fields,
-                                                             strict=True)]
+    tables = [TableHandoff(fqn=fqn, ordered=o, **fl) for fqn, o, fl in zip(
+        meta["fqns"], meta["ordered"], fields, strict=True)]
     return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],
                    tables=tables, final=meta["final"], charged=meta["charged"])

@@ -23,6 +23,7 @@ import torch
 
 from deltastream.publishing.table_rows import row_reader, row_storage
 from deltastream.tracking.row_copy import gather_rows
+from deltastream.tracking.rows import UnorderedRows, order_rows
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
@@ -35,9 +36,14 @@ __all__ = ["TableHandoff", "Handoff", "HostCopier", "take_handoff"]
 class TableHandoff:
     """One table's changed rows (host tensors once :meth:`Handoff.wait` returned).
 
-    ``ids`` int64 ``[n]`` ascending; ``first`` ``[n, dim]`` FIRST states; ``current``
-    ``[n, dim]`` the values at the step boundary; ``new`` bool ``[n]`` or None;
-    ``tombstones`` int64 ``[m]`` or None."""
+    ``ids`` int64 ``[n]`` unique, ascending when ``ordered``; ``first`` ``[n, dim]`` FIRST
+    states; ``current`` ``[n, dim]`` the values at the step boundary; ``new`` bool ``[n]``
+    or None; ``tombstones`` int64 ``[m]`` or None. Not ``ordered`` (the tracker's
+    :class:`~deltastream.tracking.rows.UnorderedRows`): ids in storage order, ``current``
+    aligned with them, ``first`` the tracker's arena (``first_at[i]`` the row of
+    ``ids[i]``), ``new`` None, ``inserted`` the interval's inserted ids (None: a table
+    without ``new``) — the worker sorts them (:meth:`in_order`), not the training
+    thread."""
 
     fqn: str
     ids: torch.Tensor
@@ -45,9 +51,26 @@ class TableHandoff:
     current: torch.Tensor
     new: Optional[torch.Tensor]
     tombstones: Optional[torch.Tensor]
+    inserted: Optional[torch.Tensor] = None
+    first_at: Optional[torch.Tensor] = None
+    ordered: bool = True
 
     def __len__(self) -> int:
         return int(self.ids.numel())
+
+    def in_order(self) -> TableHandoff:
+        """This hand-off with ascending ids (itself when ``ordered``): the tracker's
+        ``get_delta`` rows, ``current`` permuted alike."""
+        if self.ordered:
+            return self
+        empty = torch.empty(0, dtype=torch.int64)
+        rows, order = order_rows(self.ids, self.first, self.first_at, self.tombstones
+                                 if self.tombstones is not None else empty, self.inserted
+                                 if self.inserted is not None else empty,
+                                 self.inserted is not None)
+        return TableHandoff(fqn=self.fqn, ids=rows.ids, first=rows.states,
+                            current=self.current.index_select(0, order), new=rows.new,
+                            tombstones=rows.tombstones)
 
 
 @dataclass
@@ -141,10 +164,13 @@ def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any
                  copier: HostCopier) -> list[TableHandoff]:
     """Read ``consumer``'s delta and copy the changed rows' current values.
 
+    A CPU hash table's rows come in storage order (:meth:`DeltaTracker.get_delta_unordered`,
+    so the current rows are gathered in one sweep): the sort and the FIRST rows' gather are
+    the worker's (:meth:`TableHandoff.in_order`).
     Raises ``ValueError`` for an ID_ONLY delta (no FIRST states: no serving error) and
     ``KeyError`` for a table not in ``modules``, after handing the delta back to the
     tracker (nothing is consumed)."""
-    delta = tracker.get_delta(consumer)
+    delta = tracker.get_delta_unordered(consumer)
     try:
         out = []
         for fqn, d in delta.items():
@@ -161,15 +187,26 @@ def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any
             first = d.states if d.states is not None else torch.empty(
                 0, row_reader(modules[fqn])[1])
             module = modules[fqn]
-            known = tracker.row_positions(fqn, d.ids) if module is tracker.table(fqn) \
-                else None
+            mine = module is tracker.table(fqn)
+            unordered = isinstance(d, UnorderedRows)
+            if unordered:
+                known = d.positions if mine else None
+                new, inserted = None, copier.host(d.news) if d.dynamic else None
+            else:
+                known = tracker.row_positions(fqn, d.ids) if mine else None
+                new, inserted = d.new, None
             cur = _current_rows(module, d.ids, first, known) if len(d) else first
             out.append(TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(first),
-                                    current=copier.host(cur), new=copier.host(d.new),
-                                    tombstones=copier.host(d.tombstones)))
+                                    current=copier.host(cur), new=copier.host(new),
+                                    tombstones=copier.host(d.tombstones),
+                                    inserted=inserted,
+                                    first_at=copier.host(d.at) if unordered else None,
+                                    ordered=not unordered))
         return out
     except BaseException:
         for fqn, d in delta.items():
+            if isinstance(d, UnorderedRows):
+                d = d.finish()[0]
             if len(d):
                 tracker.retain(consumer, fqn, DeltaRows(ids=d.ids, states=d.states, new=d.new,
                                                         age=d.age))

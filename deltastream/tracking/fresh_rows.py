@@ -65,7 +65,7 @@ class FreshRows:
     """
 
     __slots__ = ("marks", "slot", "bits", "bits_valid", "order", "arena", "used",
-                 "_arena_bytes", "_src_key", "_src_bytes")
+                 "numpy_rows", "_arena_bytes", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -81,6 +81,7 @@ class FreshRows:
         self._src_key: Optional[tuple] = None  # (address, shape, dtype) of the table seen
         self._src_bytes: Optional[np.ndarray] = None  # its bytes (keeps that memory alive)
         self.used = 0  # arena rows written (>= the marked positions)
+        self.numpy_rows = False  # numpy wrote arena rows since the drain (maybe repeats)
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
@@ -100,6 +101,7 @@ class FreshRows:
             self.bits[:] = 0
             self.bits_valid = True
         self.used = 0
+        self.numpy_rows = False
 
     def add(self, ids: torch.Tensor, src: Optional[torch.Tensor] = None,
             by_occurrence: bool = False) -> int:
@@ -127,6 +129,7 @@ class FreshRows:
         else:
             used, new = _mark_numpy(self, ids, src, by_occurrence)
             self.bits_valid = self.bits_valid and new == 0
+            self.numpy_rows = self.numpy_rows or used > self.used
         self.used = used
         return new
 
@@ -209,6 +212,25 @@ class FreshRows:
         self._drained(used)
         return ids[:k], pos[:k], None if rows is None else rows[:k]
 
+    def take_unordered(self) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(positions, at, arena)``: the marked positions ascending (int64 ``[k]``), the
+        arena row holding each one's FIRST row (int64 ``[k]``) and the arena (``[k,
+        dim]``, handed over: the next lookups fill a new one) — one pass over the bits, no
+        sort, no copy of the rows; nothing is marked afterwards. None (nothing done)
+        unless the C code did every marking of this interval, with rows (numpy keeps a
+        lookup's repeats of a new position), or nothing is marked."""
+        used = self.used
+        if not used or self.numpy_rows or not native_enabled() or self.arena is None:
+            return None
+        self._valid_bits()
+        pos = torch.empty(used, dtype=torch.int64)
+        at = torch.empty(used, dtype=torch.int64)
+        k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy())
+        rows = self.arena[:used]
+        self.arena, self._arena_bytes = None, None
+        self._drained(used)
+        return pos[:k], at[:k], rows
+
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the
         arena row holding its FIRST row (:meth:`rows` gathers them); nothing is marked
@@ -232,6 +254,7 @@ class FreshRows:
         self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
         self.bits_valid = True
         self.used = 0
+        self.numpy_rows = False
 
     def _drained(self, used: int) -> None:
         """After a drain of ``used`` arena rows: nothing is marked; an arena (and order)
@@ -239,6 +262,7 @@ class FreshRows:
         interval of many lookups, a long pause between reads, must not hold its memory for
         the rest of the run; the next lookups reserve what they need)."""
         self.used = 0
+        self.numpy_rows = False
         held = self.order.nbytes + (0 if self.arena is None
                                     else self.arena.numel() * self.arena.element_size())
         if held > KEEP_BYTES and self.order.size > 4 * max(used, 1):

@@ -29,11 +29,12 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   drain_marked(slot, bits, arena, out_ids, out_rows) -> k
+ *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
- *       and, with an arena, each one's arena row; then clears slot and bits. A set bit
- *       whose slot names no arena row is a ValueError (both left as they were).
+ *       and, with an arena, each one's arena row; with out_at (writable int64 [m], arena
+ *       None), the index of each one's arena row instead; then clears slot and bits. A set
+ *       bit whose slot names no arena row is a ValueError (both left as they were).
  *   drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k
  *       For a table whose ids are not its positions (a hash table): keys: int64 [capacity],
  *       the id held at each position; out_keys, out_pos: writable int64 [>= used];
@@ -317,8 +318,9 @@ static void scatter_arena(uint8_t *out, const uint8_t *arena, const int64_t *des
 }
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
-    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows;
-    if (!PyArg_ParseTuple(args, "OOOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows))
+    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|O", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
+                          &o_at))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -328,7 +330,8 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     Py_buffer *arena = bits == BAD ? NULL : take(&bs, o_arena, 0, "arena");
     Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
     Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
-    if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD)
+    Py_buffer *ats = rows == BAD ? NULL : take(&bs, o_at, 1, "out_at");
+    if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD || ats == BAD)
         goto done;
     if (!slot || !bits || !out) {
         PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
@@ -343,6 +346,13 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "arena and out_rows: both or neither");
         goto done;
     }
+    if (ats != NULL && (arena != NULL || check_item(ats, 8, "ql", "out_at") < 0 ||
+                        ats->len != out->len)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "out_at: int64 as long as out_ids, no arena");
+        goto done;
+    }
+    int64_t *at_out = ats ? (int64_t *)ats->buf : NULL;
     if (arena != NULL) {
         rb = m_out ? rows->len / m_out : 0;
         if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb ||
@@ -379,6 +389,8 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
             }
             if (dest != NULL)
                 dest[at] = j;
+            if (at_out != NULL)
+                at_out[j] = at;
             o[j++] = p;
         }
     }
@@ -607,7 +619,8 @@ static PyMethodDef methods[] = {
      "mark new "
      "ids, copy their rows"},
     {"drain_marked", drain_marked, METH_VARARGS,
-     "drain_marked(slot, bits, arena, out_ids, out_rows) -> k: marked positions ascending"},
+     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at]) -> k: marked positions "
+     "ascending"},
     {"gather_rows", gather_rows, METH_VARARGS,
      "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},
     {"drain_by_key", drain_by_key, METH_VARARGS,

@@ -164,6 +164,20 @@ class UniqueLookups(PendingLookups):
         PendingLookups.reset(self)  # the marks are clear already
         return ids, states
 
+    def drain_unordered(self, table: Any) -> Optional[tuple[torch.Tensor, ...]]:
+        """``(ids, positions, at, arena)`` of the touched positions, ascending by position
+        (not by id: a hash table's), with no sort and no copy of the FIRST rows
+        (:meth:`FreshRows.take_unordered`: row ``at[i]`` of ``arena`` is the FIRST row of
+        ``ids[i]``); None (nothing drained) when the C code did not keep this interval's
+        rows alone."""
+        got = self.fresh.take_unordered()
+        if got is None:
+            return None
+        pos, at, arena = got
+        self.drained = None
+        PendingLookups.reset(self)  # the marks are clear already
+        return table.ids_at(pos), pos, at, arena
+
 
 def first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

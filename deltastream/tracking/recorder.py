@@ -277,6 +277,18 @@ class Recorder:
         ids, states = p.drain(self.row_maps[fqn], want_states)
         self.touched.append_unique(self.idx, fqn, ids, states)
 
+    def drain_unordered(self, fqn: str) -> Optional[tuple[torch.Tensor, ...]]:
+        """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
+        :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena)``, nothing
+        sorted, copied or stored. None (nothing done: :meth:`flush` then stores them) unless FIRST rows are
+        kept whole for this table, none of its rows is in the store yet and the C code
+        kept this interval's rows (:meth:`UniqueLookups.drain_unordered`)."""
+        p = self.pending.get(fqn)
+        if not isinstance(p, UniqueLookups) or not self.with_states or p.stateless \
+                or self.touched.is_degraded(fqn) or self.touched.num_records(fqn):
+            return None
+        return p.drain_unordered(self.row_maps[fqn])
+
     def drained_positions(self, fqn: str, ids: torch.Tensor) -> Optional[torch.Tensor]:
         """The storage positions of ``ids`` (int64, aligned) when ``ids`` is the very
         tensor the last flush of positional table ``fqn`` recorded and no row was freed

@@ -8,15 +8,16 @@ ones (the older FIRST state wins), :func:`select_rows` / :func:`drop_ids` take s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from deltastream.tracking.sorted_ids import member, union
+from deltastream.tracking.sorted_ids import member, sort_ids_with_perm, union
 from deltastream.types import DeltaRows
 
 __all__ = ["select_rows", "drop_ids", "canonical_rows", "merge_carry", "carry_rows",
-           "assemble_delta"]
+           "assemble_delta", "UnorderedRows", "order_rows"]
 
 
 def select_rows(rows: DeltaRows, keep: torch.Tensor) -> DeltaRows:
@@ -131,3 +132,48 @@ def assemble_delta(touched: DeltaRows, tombs: torch.Tensor, news: torch.Tensor,
         tombs = tombs[~hit]
     rows.tombstones = tombs
     return rows
+
+
+@dataclass
+class UnorderedRows:
+    """One table's delta before its sort (``DeltaTracker.get_delta_unordered``): what the
+    training thread hands over, :meth:`finish` (anywhere, later) turns into ``DeltaRows``.
+
+    ``ids`` int64 ``[n]`` unique, in no id order; ``positions`` int64 ``[n]`` their storage
+    rows, ascending (valid until the table frees a row); ``arena`` ``[>= n, dim]`` FIRST
+    rows, row ``at[i]`` (int64 ``[n]``) that of ``ids[i]``; ``tombstones`` / ``news``
+    int64 ascending ids evicted / inserted in the interval (``dynamic`` tables report
+    ``new``)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    at: torch.Tensor
+    arena: torch.Tensor
+    tombstones: torch.Tensor
+    news: torch.Tensor
+    dynamic: bool
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def states(self) -> torch.Tensor:
+        """The arena (FIRST rows through :attr:`at`, not aligned with :attr:`ids`)."""
+        return self.arena
+
+    def finish(self) -> tuple[DeltaRows, torch.Tensor]:
+        """:func:`order_rows` of these rows."""
+        return order_rows(self.ids, self.arena, self.at, self.tombstones, self.news,
+                          self.dynamic)
+
+
+def order_rows(ids: torch.Tensor, arena: torch.Tensor, at: torch.Tensor,
+               tombstones: torch.Tensor, news: torch.Tensor, dynamic: bool
+               ) -> tuple[DeltaRows, torch.Tensor]:
+    """``(rows, order)``: the ``DeltaRows`` ``get_delta`` would have returned for unique
+    ``ids`` in any order, the FIRST row of ``ids[i]`` being ``arena[at[i]]`` (and the
+    interval's ascending ``tombstones`` / ``news``), and the permutation that sorted the ids
+    (``rows.ids == ids[order]``: apply it to tensors aligned with ``ids``)."""
+    ids, order = sort_ids_with_perm(ids)
+    touched = DeltaRows(ids=ids, states=arena.index_select(0, at.index_select(0, order)))
+    return assemble_delta(touched, tombstones, news, None, dynamic), order

@@ -73,6 +73,7 @@ from deltastream.tracking.options import consumer_names, resolve_consumer, track
 from deltastream.tracking.path_choice import PathSwitch, declare_lookups
 from deltastream.tracking.recorder import Recorder
 from deltastream.tracking.rows import (
+    UnorderedRows,
     assemble_delta,
     canonical_rows,
     carry_rows,
@@ -239,29 +240,55 @@ class DeltaTracker:
         Tensors stay on the table's device (no host copy).
         """
         with self._lock:
+            return self._read(self._resolve(consumer), {})
+
+    def get_delta_unordered(self, consumer: Optional[str] = None
+                            ) -> dict[str, DeltaRows | UnorderedRows]:
+        """:meth:`get_delta` for a reader that sorts elsewhere (a publisher's worker): a CPU
+        table whose lookups the C code kept comes as :class:`UnorderedRows` — ids in
+        storage order, the FIRST rows handed over without a copy, ``finish()`` gives the
+        ``DeltaRows`` — when ``consumer`` is the only consumer, records are deleted on read
+        and it retains nothing of that table; every other table as :meth:`get_delta`.
+        The work left here is O(rows changed) with no sort."""
+        with self._lock:
             c = self._resolve(consumer)
-            self._boundary()
-            rec = self._rec
-            end = rec.idx + 1
-            start = max(self._cursor.values())
-            if start < end:  # the interval nobody has read yet becomes one record
-                rec.compact(start, end)
-            frm = self._cursor[c]
-            touched = rec.touched.get_unique(frm)
-            tombs = rec.tombs.get_unique(frm)
-            news = rec.news.get_unique(frm)
-            carry = self._carry[c]
-            self._carry[c] = {}
-            out = {}
-            for fqn, info in self._tables.items():
+            raw: dict[str, tuple] = {}
+            if len(self._cursor) == 1 and self._delete_on_read:
+                for fqn in self._rec.pending:
+                    got = None if fqn in self._carry[c] else self._rec.drain_unordered(fqn)
+                    if got is not None:
+                        raw[fqn] = got
+            return self._read(c, raw)
+
+    def _read(self, c: str, raw: dict[str, tuple]) -> dict[str, DeltaRows | UnorderedRows]:
+        """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena)}`` drained
+        unordered before the boundary (their tables have nothing else to read)."""
+        self._boundary()
+        rec = self._rec
+        end = rec.idx + 1
+        start = max(self._cursor.values())
+        if start < end:  # the interval nobody has read yet becomes one record
+            rec.compact(start, end)
+        frm = self._cursor[c]
+        touched = rec.touched.get_unique(frm)
+        tombs = rec.tombs.get_unique(frm)
+        news = rec.news.get_unique(frm)
+        carry = self._carry[c]
+        self._carry[c] = {}
+        out: dict[str, DeltaRows | UnorderedRows] = {}
+        for fqn, info in self._tables.items():
+            if fqn in raw:
+                out[fqn] = UnorderedRows(*raw[fqn], tombs[fqn].ids, news[fqn].ids,
+                                         info.dynamic)
+            else:
                 out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
                                           carry.get(fqn), info.dynamic)
-            self._cursor[c] = end
-            rec.idx = end
-            if self._delete_on_read:
-                rec.delete(min(self._cursor.values()))
-            rec.counts["reads"] += 1
-            return out
+        self._cursor[c] = end
+        rec.idx = end
+        if self._delete_on_read:
+            rec.delete(min(self._cursor.values()))
+        rec.counts["reads"] += 1
+        return out
 
     #: Alias of :meth:`get_delta` (TorchRec's store name).
     get_unique = get_delta

@@ -204,6 +204,12 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
         native.drain_marked(slot, bits, np.zeros(16, np.uint8), np.zeros(2, np.int64),
                             np.zeros(16, np.uint8))
     assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
+    for arena, at in ((None, np.zeros(1, np.int64)), (np.zeros(16, np.uint8),
+                                                       np.zeros(2, np.int64))):
+        with pytest.raises(ValueError, match="out_at: int64 as long as out_ids, no arena"):
+            native.drain_marked(slot, bits, arena, np.zeros(2, np.int64),
+                                None if arena is None else np.zeros(16, np.uint8), at)
+    assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
     keys = np.zeros(10, np.int64)
     with pytest.raises(ValueError, match=r"order, out_keys, out_pos: fewer than 5 entries"):
         native.drain_by_key(slot, bits, order, 5, keys, None, np.zeros(5, np.int64),
@@ -271,3 +277,45 @@ def test_an_arena_far_larger_than_an_interval_needs_is_released(fresh_path, monk
     assert f.arena is None and f.order.size == 0  # 2 rows used of 50K+: released
     f.add(torch.tensor([9, 1]), w)
     assert torch.equal(drain(), w[[1, 9]])
+
+
+@pytest.mark.parametrize("switch_at", [None, 2])
+def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
+    """The C code's interval: each position once, ascending, with the arena row of its
+    FIRST row, the arena handed over (a later interval writes a new one, the taken rows
+    stay as they were); numpy's marks (or a switch to them) may hold repeats: None,
+    nothing drained."""
+    g = torch.Generator().manual_seed(5)
+    capacity = 3000
+    lookups = [(torch.rand(800, generator=g) ** 3 * capacity).long() for _ in range(5)]
+    weight = torch.randn(capacity, 8, generator=g)
+    w0 = weight.clone()
+    f = FreshRows(capacity)
+    was = fresh_rows.native_enabled()
+    try:
+        for i, q in enumerate(lookups):
+            if i == switch_at and fresh_rows.NATIVE_AVAILABLE:
+                fresh_rows.use_native(not fresh_rows.native_enabled())
+            f.add(q, weight)
+            weight.index_add_(0, q, torch.ones(q.numel(), 8))
+        numpy_marked = not (fresh_rows.native_enabled() and switch_at is None)
+        got = f.take_unordered()
+    finally:
+        fresh_rows.use_native(was)
+    if numpy_marked:  # refused: the interval is still there for drain_by_key
+        assert got is None and f.used > 0
+        ids, _, rows = f.drain_by_key(torch.arange(capacity), True)
+        assert torch.equal(ids, torch.unique(torch.cat(lookups)))
+        assert torch.equal(rows, w0[ids])
+        return
+    pos, at, arena = got
+    assert torch.equal(pos, torch.unique(torch.cat(lookups)))
+    assert sorted(at.tolist()) == list(range(pos.numel()))  # one arena row each
+    assert torch.equal(arena[at], w0[pos])  # bit for bit
+    assert not f.marks.any() and not f.bits.any() and f.used == 0 and f.arena is None
+    kept = arena.clone()
+    f.add(torch.tensor([7, 3]), weight)  # the next interval: a new arena
+    assert torch.equal(arena, kept)
+    pos2, at2, arena2 = f.take_unordered()
+    assert pos2.tolist() == [3, 7] and torch.equal(arena2[at2], weight[[3, 7]])
+    assert f.take_unordered() is None  # nothing marked since

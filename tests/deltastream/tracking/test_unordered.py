@@ -1,0 +1,102 @@
+"""DeltaTracker.get_delta_unordered: the same rows as get_delta, sorted later, or get_delta's
+own rows where the unsorted form does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deltastream.embedding.optim import SparseAdam
+from deltastream.tracking import fresh_rows
+from deltastream.tracking.rows import UnorderedRows
+from deltastream.tracking.tracker import DeltaTracker
+from deltastream.types import DeltaRows, TrackingMode
+
+from .test_tracker import Trainer
+
+EMB = TrackingMode.EMBEDDING
+
+pytestmark = pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
+                                reason="deltastream.tracking.native is not built")
+
+
+def _same(a: DeltaRows, b: DeltaRows) -> None:
+    assert torch.equal(a.ids, b.ids)
+    assert torch.equal(a.states, b.states)  # bit for bit
+    for x, y in ((a.new, b.new), (a.tombstones, b.tombstones), (a.age, b.age)):
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y))
+
+
+def _twins():
+    """Two identical trainers (same seed, same steps), one tracker each."""
+    out = []
+    for _ in range(2):
+        t = Trainer(seed=3, sparse_opt=SparseAdam)
+        out.append((t, DeltaTracker(t.net, consumers=["p"], mode=EMB)))
+    return out
+
+
+def test_the_unordered_read_finishes_into_get_deltas_rows():
+    """Intervals with repeats, inserts (new), evictions (tombstones, and a row freed after
+    it was looked up: that interval is stored, the unsorted form steps aside) — each read
+    equals get_delta's on a twin, bit for bit; positions are where the rows live."""
+    (ta, a), (tb, b) = _twins()
+    g = torch.Generator().manual_seed(9)
+    kinds = set()
+    for interval in range(8):
+        for _ in range(3):
+            u = (torch.rand(60, generator=g) ** 2 * (40 + 30 * interval)).long() * 7919 + 11
+            i = torch.randint(0, 64, (20,), generator=g)
+            ta.step(u, i, [a])
+            tb.step(u, i, [b])
+        if interval in (2, 5):  # evict a few ids held now, in both twins
+            gone = u[:4].unique()
+            ta.net.user.evict(gone)
+            tb.net.user.evict(gone)
+        want = a.get_delta("p")
+        got = b.get_delta_unordered("p")
+        assert got.keys() == want.keys()
+        for fqn, d in got.items():
+            kinds.add((fqn, type(d).__name__))
+            if isinstance(d, UnorderedRows):
+                table = tb.net.user
+                assert torch.equal(table.ids_at(d.positions), d.ids)
+                rows, order = d.finish()
+                assert torch.equal(rows.ids, d.ids[order])
+                d = rows
+            _same(d, want[fqn])
+    assert ("user", "UnorderedRows") in kinds  # the HashTable: unsorted on most reads
+    assert ("user", "DeltaRows") in kinds  # after an eviction: the stored, sorted rows
+    assert ("item", "DeltaRows") in kinds  # nn.Embedding with SGD: the scan, as before
+
+
+def test_the_unsorted_form_steps_aside_where_it_cannot_hold():
+    """Two consumers (the records serve both), retained rows (merged with the fresh ones),
+    numpy-kept lookups (repeats in the arena): get_delta's rows, sorted here."""
+    t = Trainer(seed=1, sparse_opt=SparseAdam)
+    two = DeltaTracker(t.net, consumers=["p", "q"], mode=EMB)
+    t.step([5, 6, 7], [1], [two])
+    assert all(isinstance(d, DeltaRows) for d in two.get_delta_unordered("p").values())
+    two.close()
+
+    t = Trainer(seed=1, sparse_opt=SparseAdam)
+    tr = DeltaTracker(t.net, consumers=["p"], mode=EMB)
+    t.step([5, 6, 7], [1], [tr])
+    first = tr.get_delta_unordered("p")["user"]
+    assert isinstance(first, UnorderedRows)
+    rows, _ = first.finish()
+    tr.retain("p", "user", rows)
+    t.step([9, 5], [1], [tr])
+    again = tr.get_delta_unordered("p")["user"]
+    assert isinstance(again, DeltaRows)  # the retained rows come merged, in order
+    assert again.ids.tolist() == [5, 6, 7, 9] and again.age.tolist() == [1, 1, 1, 0]
+
+    was = fresh_rows.native_enabled()
+    try:
+        fresh_rows.use_native(False)
+        t.step([3, 3, 4], [1], [tr])
+    finally:
+        fresh_rows.use_native(was)
+    t.step([8], [1], [tr])
+    d = tr.get_delta_unordered("p")["user"]
+    assert isinstance(d, DeltaRows) and d.ids.tolist() == [3, 4, 8]
