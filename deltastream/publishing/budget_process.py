@@ -145,6 +145,7 @@ class ProcessWorker:
                   policy, dict(specs), name))
         self._proc.start()
         child.close()
+        publisher.lend(f"budget worker process {self._proc.pid}")
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._queue: deque[Handoff] = deque()
@@ -261,8 +262,13 @@ class ProcessWorker:
             with self._cond:
                 self._cond.wait_for(lambda: self._seqs is not None or self._dead is not None,
                                     timeout)
-        if self._seqs:
+        if self._seqs is not None:
             self._publisher.resume_seqs(self._seqs)
+            self._publisher.lend(None)
+        else:  # it died: messages past its last report may exist with any seq
+            self._publisher.lend(f"the budget worker process {self._proc.pid}, which died "
+                                 "(the seqs it used are unknown); publish with a new "
+                                 "DeltaPublisher (a new epoch)")
         self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.kill()
@@ -353,7 +359,8 @@ class ProcessWorker:
     def _fail(self, why: str, cause: Optional[BaseException]) -> None:
         err = PublishError(f"budget publisher: the worker process {why}; rows it held "
                            "pending were not delivered and are lost to this publisher "
-                           "(republish them, e.g. with a full publish_delta)")
+                           "(republish them with a new DeltaPublisher, a new epoch: the "
+                           "worker's last seqs are unknown; e.g. a full publish_delta)")
         err.__cause__ = cause
         with self._cond:
             self._dead, self._death = why, err

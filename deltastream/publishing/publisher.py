@@ -170,6 +170,7 @@ class DeltaPublisher:
 
         self._lock = threading.RLock()
         self._closed = False
+        self._lent: Optional[str] = None  # who publishes this one's streams meanwhile
         self._next_seq: dict[str, int] = {}
         self._dims: dict[str, int] = {}
         self._keys: dict[str, bytes] = {}
@@ -261,6 +262,7 @@ class DeltaPublisher:
                 next publish, so consumers see a seq gap only where a sent message failed.
         """
         wire.check_name("table", table)
+        self._check_not_lent()
         dtype = self.dtype if dtype is None else dtype
         wire.check_dtype(dtype)
         step = check_int("step", step)
@@ -327,6 +329,7 @@ class DeltaPublisher:
         ``DENSE_STREAM``, its ``rows``/``tombstones`` 0. Raises like :meth:`publish`
         (``WireError``: values the dtype cannot carry, nothing sent).
         """
+        self._check_not_lent()
         step = check_int("step", step)
         ts = time.time_ns() if ts is None else check_int("ts", ts)
         with self._lock:
@@ -466,6 +469,21 @@ class DeltaPublisher:
         model, shard, **epoch** and settings (call :meth:`resume_seqs` on it with
         :meth:`next_seqs` so its messages continue this one's seqs)."""
         return dict(self._args, epoch=self.epoch)
+
+    def lend(self, holder: Optional[str]) -> None:
+        """Mark this publisher lent to ``holder`` (e.g. ``"budget worker process 123"``,
+        publishing its streams with the same epoch elsewhere), or back with None.
+        Meanwhile :meth:`publish` and :meth:`publish_dense` raise ``RuntimeError``: a
+        message sent here would reuse the holder's seqs, and predictors drop one of two
+        messages with the same seq."""
+        with self._lock:
+            self._lent = holder
+
+    def _check_not_lent(self) -> None:
+        if self._lent is not None:
+            raise RuntimeError(f"this DeltaPublisher is lent to {self._lent}, which sends "
+                               "its streams: a message sent here would reuse its seqs; "
+                               "publish after closing that (BudgetPublisher.close())")
 
     def next_seqs(self) -> dict[str, int]:
         """The seq the next message of each stream (``"<table>"`` or ``"<table>/<shard>"``)

@@ -55,6 +55,8 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     g = torch.Generator().manual_seed(0)
     try:
         _train(table, tracker, bp, range(1, 61), g)
+        with pytest.raises(RuntimeError, match="lent to budget worker process"):
+            pub.publish("emb", torch.arange(2), torch.zeros(2, DIM), step=60)  # a 2nd writer
         final = bp.flush(60, timeout=60)
         st = bp.stats()
         assert st["worker"] == "process" and st["pending"] == 0
@@ -96,8 +98,11 @@ def test_a_killed_worker_process_is_an_error_at_the_next_tick_not_a_stall(broker
                 assert time.perf_counter() - t0 < 5.0
                 step += 1
                 time.sleep(0.01)
-        with pytest.raises((PublishError, RuntimeError), match="worker process"):
+        with pytest.raises((PublishError, RuntimeError), match="new DeltaPublisher"):
             bp.flush(step, timeout=10)
     finally:
         bp.close()
-        pub.close(timeout=5)
+    # the dead child's last seqs are unknown: this publisher would reuse them
+    with pytest.raises(RuntimeError, match="which died .* new DeltaPublisher"):
+        pub.publish("emb", torch.arange(2), torch.zeros(2, DIM), step=step)
+    pub.close(timeout=5)
