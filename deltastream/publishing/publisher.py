@@ -329,7 +329,6 @@ class DeltaPublisher:
         ``DENSE_STREAM``, its ``rows``/``tombstones`` 0. Raises like :meth:`publish`
         (``WireError``: values the dtype cannot carry, nothing sent).
         """
-        self._check_not_lent()
         step = check_int("step", step)
         ts = time.time_ns() if ts is None else check_int("ts", ts)
         with self._lock:
@@ -471,11 +470,11 @@ class DeltaPublisher:
         return dict(self._args, epoch=self.epoch)
 
     def lend(self, holder: Optional[str]) -> None:
-        """Mark this publisher lent to ``holder`` (e.g. ``"budget worker process 123"``,
-        publishing its streams with the same epoch elsewhere), or back with None.
-        Meanwhile :meth:`publish` and :meth:`publish_dense` raise ``RuntimeError``: a
-        message sent here would reuse the holder's seqs, and predictors drop one of two
-        messages with the same seq."""
+        """Mark this publisher's row streams lent to ``holder`` (e.g. ``"budget worker
+        process 123"``, publishing rows with the same epoch elsewhere), or back with None.
+        Meanwhile :meth:`publish` raises ``RuntimeError``: a message sent here would reuse
+        the holder's seqs, and predictors drop one of two messages with the same seq
+        (:meth:`publish_dense` goes on: the dense stream stays this publisher's)."""
         with self._lock:
             self._lent = holder
 
