@@ -160,6 +160,31 @@ def _current_rows(module: Any, ids: torch.Tensor, first: torch.Tensor,
     return rows if fresh else rows.clone()
 
 
+def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows,
+                   module: Any, copier: HostCopier) -> TableHandoff:
+    """One table's part of :func:`take_handoff` (``d`` has rows or tombstones)."""
+    if len(d) and d.states is None:
+        raise ValueError("a budget needs an EMBEDDING-mode delta (FIRST states) to know "
+                         f"serving errors; table {fqn!r} has states=None (use "
+                         "DeltaTracker(mode=TrackingMode.EMBEDDING); a degraded table is "
+                         "published with publish_delta)")
+    first = d.states if d.states is not None else torch.empty(0, row_reader(module)[1])
+    mine = module is tracker.table(fqn)
+    unordered = isinstance(d, UnorderedRows)
+    if unordered:
+        known = d.positions if mine else None
+        new, inserted = None, copier.host(d.news) if d.dynamic else None
+    else:
+        known = tracker.row_positions(fqn, d.ids) if mine else None
+        new, inserted = d.new, None
+    cur = _current_rows(module, d.ids, first, known) if len(d) else first
+    return TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(first),
+                        current=copier.host(cur), new=copier.host(new),
+                        tombstones=copier.host(d.tombstones), inserted=inserted,
+                        first_at=copier.host(d.at) if unordered else None,
+                        ordered=not unordered)
+
+
 def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any],
                  copier: HostCopier) -> list[TableHandoff]:
     """Read ``consumer``'s delta and copy the changed rows' current values.
@@ -174,34 +199,11 @@ def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any
     try:
         out = []
         for fqn, d in delta.items():
-            n_tomb = 0 if d.tombstones is None else int(d.tombstones.numel())
-            if len(d) == 0 and n_tomb == 0:
+            if len(d) == 0 and (d.tombstones is None or not d.tombstones.numel()):
                 continue
             if fqn not in modules:
                 raise KeyError(f"table {fqn!r} of the delta is not in tables {sorted(modules)}")
-            if len(d) and d.states is None:
-                raise ValueError("a budget needs an EMBEDDING-mode delta (FIRST states) to "
-                                 f"know serving errors; table {fqn!r} has states=None (use "
-                                 "DeltaTracker(mode=TrackingMode.EMBEDDING); a degraded "
-                                 "table is published with publish_delta)")
-            first = d.states if d.states is not None else torch.empty(
-                0, row_reader(modules[fqn])[1])
-            module = modules[fqn]
-            mine = module is tracker.table(fqn)
-            unordered = isinstance(d, UnorderedRows)
-            if unordered:
-                known = d.positions if mine else None
-                new, inserted = None, copier.host(d.news) if d.dynamic else None
-            else:
-                known = tracker.row_positions(fqn, d.ids) if mine else None
-                new, inserted = d.new, None
-            cur = _current_rows(module, d.ids, first, known) if len(d) else first
-            out.append(TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(first),
-                                    current=copier.host(cur), new=copier.host(new),
-                                    tombstones=copier.host(d.tombstones),
-                                    inserted=inserted,
-                                    first_at=copier.host(d.at) if unordered else None,
-                                    ordered=not unordered))
+            out.append(_table_handoff(tracker, fqn, d, modules[fqn], copier))
         return out
     except BaseException:
         for fqn, d in delta.items():

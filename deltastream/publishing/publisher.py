@@ -223,9 +223,14 @@ class DeltaPublisher:
             raise PublishError(f"{self.topic} partition {self.partition}: {what}",
                                describe_undelivered(failed, error_reason) + list(extra or []))
 
-    def _check_open(self) -> None:
+    def _check_open(self, rows: bool = False) -> None:
+        """Raise when closed, or (``rows``) when the row streams are lent (:meth:`lend`)."""
         if self._closed:
             raise PublishError("publisher is closed")
+        if rows and self._lent is not None:
+            raise RuntimeError(f"this DeltaPublisher is lent to {self._lent}, which sends "
+                               "its row streams: a message sent here would reuse its seqs; "
+                               "publish after closing that (BudgetPublisher.close())")
 
     # ------------------------------------------------------------------ public
 
@@ -262,7 +267,6 @@ class DeltaPublisher:
                 next publish, so consumers see a seq gap only where a sent message failed.
         """
         wire.check_name("table", table)
-        self._check_not_lent()
         dtype = self.dtype if dtype is None else dtype
         wire.check_dtype(dtype)
         step = check_int("step", step)
@@ -282,7 +286,7 @@ class DeltaPublisher:
         if width is not None:
             width = check_int("width", width, 1, wire.MAX_DIM)
         with self._lock:
-            self._check_open()
+            self._check_open(rows=True)
             self._flight.reap()
             self._raise_failures()
             first = self._next_seq.get(stream, 0)
@@ -477,12 +481,6 @@ class DeltaPublisher:
         (:meth:`publish_dense` goes on: the dense stream stays this publisher's)."""
         with self._lock:
             self._lent = holder
-
-    def _check_not_lent(self) -> None:
-        if self._lent is not None:
-            raise RuntimeError(f"this DeltaPublisher is lent to {self._lent}, which sends "
-                               "its streams: a message sent here would reuse its seqs; "
-                               "publish after closing that (BudgetPublisher.close())")
 
     def next_seqs(self) -> dict[str, int]:
         """The seq the next message of each stream (``"<table>"`` or ``"<table>/<shard>"``)
