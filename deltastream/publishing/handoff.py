@@ -64,9 +64,9 @@ class TableHandoff:
         if self.ordered:
             return self
         empty = torch.empty(0, dtype=torch.int64)
-        rows, order = order_rows(self.ids, self.first, self.first_at, self.tombstones
-                                 if self.tombstones is not None else empty, self.inserted
-                                 if self.inserted is not None else empty,
+        tombs = empty if self.tombstones is None else self.tombstones
+        news = empty if self.inserted is None else self.inserted
+        rows, order = order_rows(self.ids, self.first, self.first_at, tombs, news,
                                  self.inserted is not None)
         return TableHandoff(fqn=self.fqn, ids=rows.ids, first=rows.states,
                             current=self.current.index_select(0, order), new=rows.new,

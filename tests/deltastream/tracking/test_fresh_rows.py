@@ -102,6 +102,17 @@ def _unordered(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int,
     return torch.from_numpy(touched), f.rows(at)
 
 
+def _record_switching(f: FreshRows, lookups: list[torch.Tensor], weight: torch.Tensor,
+                      switch_at: int | None) -> None:
+    """Record ``lookups`` of ``weight`` (moved after each, as an optimizer moves it); from
+    lookup ``switch_at`` on, the other path (when the extension is built)."""
+    for i, q in enumerate(lookups):
+        if i == switch_at and fresh_rows.NATIVE_AVAILABLE:
+            fresh_rows.use_native(not fresh_rows.native_enabled())
+        f.add(q, weight)
+        weight.index_add_(0, q, torch.ones(q.numel(), weight.shape[1]))
+
+
 @pytest.mark.parametrize("keys_kind", ["hashed", "negative", "narrow", "one"])
 @pytest.mark.parametrize("switch_at", [None, 3])
 def test_drain_by_key_sorts_by_the_id_at_each_position(fresh_path, keys_kind, switch_at):
@@ -119,14 +130,9 @@ def test_drain_by_key_sorts_by_the_id_at_each_position(fresh_path, keys_kind, sw
         lookups = [torch.tensor([17, 17])]
     weight = torch.randn(capacity, 8, generator=g)
     w0 = weight.clone()
-    f = FreshRows(capacity)
-    was = fresh_rows.native_enabled()
+    f, was = FreshRows(capacity), fresh_rows.native_enabled()
     try:
-        for i, q in enumerate(lookups):
-            if i == switch_at and fresh_rows.NATIVE_AVAILABLE:
-                fresh_rows.use_native(not fresh_rows.native_enabled())
-            f.add(q, weight)
-            weight.index_add_(0, q, torch.ones(q.numel(), 8))
+        _record_switching(f, lookups, weight, switch_at)
         ids, pos, rows = f.drain_by_key(keys, True)
     finally:
         fresh_rows.use_native(was)
@@ -290,14 +296,9 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
     lookups = [(torch.rand(800, generator=g) ** 3 * capacity).long() for _ in range(5)]
     weight = torch.randn(capacity, 8, generator=g)
     w0 = weight.clone()
-    f = FreshRows(capacity)
-    was = fresh_rows.native_enabled()
+    f, was = FreshRows(capacity), fresh_rows.native_enabled()
     try:
-        for i, q in enumerate(lookups):
-            if i == switch_at and fresh_rows.NATIVE_AVAILABLE:
-                fresh_rows.use_native(not fresh_rows.native_enabled())
-            f.add(q, weight)
-            weight.index_add_(0, q, torch.ones(q.numel(), 8))
+        _record_switching(f, lookups, weight, switch_at)
         numpy_marked = not (fresh_rows.native_enabled() and switch_at is None)
         got = f.take_unordered()
     finally:
