@@ -134,9 +134,7 @@ class CarriedTable:
     def take(self, slots: np.ndarray, round_: int) -> tuple[DeltaRows, np.ndarray]:
         """Remove ``slots`` and return their rows, ids ascending, as ``(DeltaRows with FIRST
         states, new flags and ages at round ``round_``, drifts float64)``."""
-        s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
-        ids, order = torch.sort(self._slots.ids.index_select(0, s))
-        s = s.index_select(0, order)
+        ids, s = self._slots.by_id(slots)
         sn = s.numpy()
         rows = DeltaRows(ids=ids, states=self._c["first"].index_select(0, s),
                          new=torch.from_numpy(self._c["new"][sn].copy()),

@@ -163,26 +163,25 @@ def _current_rows(module: Any, ids: torch.Tensor, first: torch.Tensor,
 def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows,
                    module: Any, copier: HostCopier) -> TableHandoff:
     """One table's part of :func:`take_handoff` (``d`` has rows or tombstones)."""
+    mine = module is tracker.table(fqn)
+    if isinstance(d, UnorderedRows):  # FIRST rows: the arena, through d.at; sorted later
+        cur = _current_rows(module, d.ids, d.arena, d.positions if mine else None)
+        return TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(d.arena),
+                            current=copier.host(cur), new=None,
+                            tombstones=copier.host(d.tombstones),
+                            inserted=copier.host(d.news) if d.dynamic else None,
+                            first_at=copier.host(d.at), ordered=False)
     if len(d) and d.states is None:
         raise ValueError("a budget needs an EMBEDDING-mode delta (FIRST states) to know "
                          f"serving errors; table {fqn!r} has states=None (use "
                          "DeltaTracker(mode=TrackingMode.EMBEDDING); a degraded table is "
                          "published with publish_delta)")
     first = d.states if d.states is not None else torch.empty(0, row_reader(module)[1])
-    mine = module is tracker.table(fqn)
-    unordered = isinstance(d, UnorderedRows)
-    if unordered:
-        known = d.positions if mine else None
-        new, inserted = None, copier.host(d.news) if d.dynamic else None
-    else:
-        known = tracker.row_positions(fqn, d.ids) if mine else None
-        new, inserted = d.new, None
+    known = tracker.row_positions(fqn, d.ids) if mine else None
     cur = _current_rows(module, d.ids, first, known) if len(d) else first
     return TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(first),
-                        current=copier.host(cur), new=copier.host(new),
-                        tombstones=copier.host(d.tombstones), inserted=inserted,
-                        first_at=copier.host(d.at) if unordered else None,
-                        ordered=not unordered)
+                        current=copier.host(cur), new=copier.host(d.new),
+                        tombstones=copier.host(d.tombstones))
 
 
 def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any],

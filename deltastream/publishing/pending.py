@@ -260,10 +260,7 @@ class PendingTable:
 
     def take(self, slots: np.ndarray) -> TakenRows:
         """Remove pending ``slots`` (unique) and return their rows, ids ascending."""
-        s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
-        ids = self._slots.ids.index_select(0, s)
-        ids, order = torch.sort(ids)
-        s = s.index_select(0, order)
+        ids, s = self._slots.by_id(slots)
         out = TakenRows(ids=ids, served=self._c["served"].index_select(0, s),
                         current=self._c["current"].index_select(0, s),
                         new=self._c["new"].index_select(0, s),

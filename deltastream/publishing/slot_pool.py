@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from deltastream.embedding.hash_index import HashIndex
+from deltastream.tracking.sorted_ids import sort_ids_with_perm
 
 __all__ = ["SlotPool", "Column"]
 
@@ -64,6 +65,12 @@ class SlotPool:
     def find(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of each id of int64 ``ids`` ``[n]`` (-1 where it has none)."""
         return self.index.probe(ids)[0]
+
+    def by_id(self, slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, slots)`` of live ``slots`` (unique), ordered by ascending id (int64)."""
+        s = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        ids, order = sort_ids_with_perm(self.ids.index_select(0, s))
+        return ids, s.index_select(0, order)
 
     def live_slots(self) -> np.ndarray:
         """Every live slot, ascending (O(capacity))."""

@@ -220,9 +220,9 @@ class FreshRows:
         unless the C code did every marking of this interval, with rows (numpy keeps a
         lookup's repeats of a new position), or nothing is marked."""
         used = self.used
+        # numpy_rows False: the C code did every marking, so the bits are valid
         if not used or self.numpy_rows or not native_enabled() or self.arena is None:
             return None
-        self._valid_bits()
         pos = torch.empty(used, dtype=torch.int64)
         at = torch.empty(used, dtype=torch.int64)
         k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy())

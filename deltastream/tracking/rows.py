@@ -156,11 +156,6 @@ class UnorderedRows:
     def __len__(self) -> int:
         return int(self.ids.numel())
 
-    @property
-    def states(self) -> torch.Tensor:
-        """The arena (FIRST rows through :attr:`at`, not aligned with :attr:`ids`)."""
-        return self.arena
-
     def finish(self) -> tuple[DeltaRows, torch.Tensor]:
         """:func:`order_rows` of these rows."""
         return order_rows(self.ids, self.arena, self.at, self.tombstones, self.news,
