@@ -19,7 +19,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
 		consumers/serving/native_loops.c consumers/serving/native_warm.c \
-		consumers/serving/native_loops.h deltastream/tracking/native.c
+		consumers/serving/native_loops.h deltastream/tracking/native.c \
+		deltastream/publishing/native.c deltastream/embedding/native.c deltastream/native_buffers.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
@@ -42,7 +43,8 @@ bench: $(STAMP)
 CC ?= cc
 ASAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -g -O1
 ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows.py \
-	tests/deltastream/tracking/test_positions.py
+	tests/deltastream/tracking/test_positions.py tests/deltastream/publishing/test_serving_error.py \
+	tests/deltastream/kernels/test_hash_probe.py
 asan-test: $(STAMP)
 	@lib="$$($(CC) -print-file-name=libasan.so)"; \
 	if [ ! -e "$$lib" ]; then echo "asan-test: skipped: $(CC) has no libasan.so"; exit 0; fi; \
@@ -58,4 +60,5 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .ruff_cache build consumers/serving/native*.so \
-		deltastream/tracking/native*.so
+		deltastream/tracking/native*.so deltastream/publishing/native*.so \
+		deltastream/embedding/native*.so

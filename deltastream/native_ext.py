@@ -1,9 +1,11 @@
 """An optional C extension, loaded once, and the process-wide switch between it and numpy.
 
-Both C extensions (the tracker's :mod:`deltastream.tracking.native` and the serving table's
-:mod:`consumers.serving.native`) are built at install when a C compiler is there
-(``setup.py``). Without one, or with ``DELTASTREAM_NATIVE=0`` in the environment, or after
-:meth:`NativeExtension.use` ``(False)``, their callers run numpy code with the same results.
+The C extensions (the HashTable index's :mod:`deltastream.embedding.native`, the tracker's
+:mod:`deltastream.tracking.native`, the budget worker's :mod:`deltastream.publishing.native`
+and the serving table's :mod:`consumers.serving.native`) are built at install when a C
+compiler is there (``setup.py``). Without one, or with ``DELTASTREAM_NATIVE=0`` in the
+environment, or after :meth:`NativeExtension.use` ``(False)``, their callers run numpy or
+torch code with the same results.
 Torch-free: the predictor side uses it too.
 """
 

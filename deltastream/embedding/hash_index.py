@@ -39,10 +39,17 @@ import torch
 
 from deltastream.kernels.hash_layout import DELETED, EMPTY, GOLDEN
 from deltastream.kernels.runtime import use_kernels
+from deltastream.native_ext import NativeExtension
 
-__all__ = ["HashIndex"]
+__all__ = ["HashIndex", "use_native"]
 
 log = logging.getLogger(__name__)
+
+_NATIVE = NativeExtension("deltastream.embedding.native", "native hash index",
+                          "CPU probes run in torch")
+#: switch the CPU probes and inserts to the C code (``RuntimeError`` when it is not built)
+#: or to torch
+use_native = _NATIVE.use
 
 _MAX_LOAD = 0.5  # (live + deleted) / slots above which the index is rebuilt
 _REBUILD_LOAD = 0.3  # live / slots right after a rebuild
@@ -99,6 +106,13 @@ class HashIndex:
             return pos, (pos.clone() if need_slots else None)
         if use_kernels(keys):
             return self._kernels().find(self._keys, self._vals, keys, self._shift, need_slots)
+        if self._native(keys):
+            pos = torch.empty(n, dtype=torch.int64)
+            slots = torch.empty(n, dtype=torch.int64) if need_slots else None
+            _NATIVE.module.probe(self._keys.numpy(), self._vals.numpy(),
+                                 keys.contiguous().numpy(), self._shift, pos.numpy(),
+                                 None if slots is None else slots.numpy())
+            return pos, slots
         slots = None
         mask = self.slots - 1
         slot = self._hash(keys)
@@ -138,6 +152,14 @@ class HashIndex:
             return
         if use_kernels(keys):
             reused = self._kernels().insert(self._keys, self._vals, keys, positions, self._shift)
+            self._used += n - reused
+            self.live += n
+            return
+        if self._native(keys):
+            reused = _NATIVE.module.insert(self._keys.numpy(), self._vals.numpy(),
+                                           keys.contiguous().numpy(),
+                                           positions.to(torch.int64).contiguous().numpy(),
+                                           self._shift)
             self._used += n - reused
             self.live += n
             return
@@ -219,6 +241,11 @@ class HashIndex:
         found = (pos >= 0).nonzero().squeeze(1)
         self.delete(slots.index_select(0, found))
         return found, pos.index_select(0, found)
+
+    def _native(self, keys: torch.Tensor) -> bool:
+        # the C probes: CPU int64 ids on a CPU index (the index's arrays are contiguous)
+        return (_NATIVE.enabled() and keys.device.type == "cpu" and self._keys.device.type == "cpu"
+                and keys.dtype == torch.int64)
 
     @staticmethod
     def _kernels():

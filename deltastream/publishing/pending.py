@@ -144,11 +144,14 @@ class PendingTable:
 
     # ------------------------------------------------------------------ scoring
 
-    def _score(self, current: torch.Tensor, served: torch.Tensor, new: torch.Tensor
+    def _score(self, current: torch.Tensor, served: torch.Tensor, new: torch.Tensor,
+               amax: Optional[torch.Tensor] = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`row_errors` under this table's ``new_rows`` rule: a row predictors never
-        received scores against zeros (``"drift"``) or ``+inf`` (``"first"``)."""
-        err, norm, ok = row_errors(current, served, new if self.new_rows == "drift" else None)
+        received scores against zeros (``"drift"``) or ``+inf`` (``"first"``); ``amax``
+        as there."""
+        err, norm, ok = row_errors(current, served, new if self.new_rows == "drift" else None,
+                                   amax)
         if self.new_rows == "first":
             err = torch.where(new & ok, math.inf, err)
         return err, norm, ok
@@ -204,9 +207,10 @@ class PendingTable:
         served.index_copy_(0, at, self._c["served"].index_select(0, slots_had).to(first.dtype))
         is_new = new.clone()
         is_new.index_copy_(0, at, self._c["new"].index_select(0, slots_had))
-        err, norm, ok = self._score(current, served, is_new)
-        if self.range_limit is not None:
-            big = ok & (current.abs().amax(dim=1).to(torch.float64) > self.range_limit)
+        amax = None if self.range_limit is None else torch.empty(n, dtype=torch.float64)
+        err, norm, ok = self._score(current, served, is_new, amax)
+        if amax is not None:
+            big = ok & (amax > self.range_limit)
             counts.out_of_range += int(big.sum())
             ok = ok & ~big
         keep = ok & (err > 0)

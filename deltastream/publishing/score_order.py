@@ -4,13 +4,17 @@ A :class:`~deltastream.publishing.pending.PendingRows` table holds every row wai
 published in *slots*. Two orders over those slots are kept here, each updated in
 O(rows changed) amortized, never by re-sorting the whole pending set:
 
-* :class:`ScoreOrder` — slots by serving error, largest first. A batch of re-scored slots
-  becomes a new sorted *run*; runs are merged when the newer is at least half the size of
-  the older (as in a log-structured merge tree), so a slot takes part in O(log n) merges.
-  An entry is *live* while the slot's stamp still equals the stamp it was added with: a
-  slot that is re-scored, published or removed gets a new stamp, and its old entries are
-  skipped lazily and dropped by the next merge or rebuild (when dead entries outnumber
-  live ones). :meth:`ScoreOrder.top` reads the largest live entries from the runs' heads.
+* :class:`ScoreOrder` — slots by serving error, largest first. Entries go into *buckets*
+  by their key's binary exponent and mantissa (:data:`PER_OCTAVE` buckets per factor of
+  two); within a bucket, each added batch is a *run*. When :meth:`ScoreOrder.top` reads a
+  bucket, its new runs are sorted and runs are merged while the newer is at least half the
+  size of the older (as in a log-structured merge tree: an entry takes part in O(log n)
+  merges). The budget reads the top few hundred rows of a pending set of ~10⁵: the buckets
+  below are appended to and never merged or sorted until rows rise there. An entry is
+  *live* while the slot's stamp still equals the stamp it was added with: a slot that is
+  re-scored, published or removed gets a new stamp, and its old entries are skipped lazily
+  (a run's head moves past the dead entries in front: published rows are the ones at the
+  head) and dropped by the next merge or rebuild (when dead entries outnumber live ones).
 * :class:`AgeQueue` — slots by the tick they were first carried (oldest first), as
   batches appended in tick order: the ``max_age`` tier reads the oldest batches only.
 
@@ -25,26 +29,128 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ScoreOrder", "AgeQueue"]
+__all__ = ["ScoreOrder", "AgeQueue", "PER_OCTAVE"]
 
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 
+#: buckets per factor of two in the key (finer: smaller sorts at ``top``, more buckets)
+PER_OCTAVE = 4
+#: the bucket of +inf keys (new rows under ``new_rows="first"``), above every finite one
+_TOP = 1 << 14
+#: the bucket of keys <= 0 or NaN, below every positive one
+_BOTTOM = -(1 << 14)
+
+
+def bucket_of(keys: np.ndarray) -> np.ndarray:
+    """Each key's bucket (int16 ``[n]``): non-decreasing in the key; an octave's mantissas
+    are cut in ``PER_OCTAVE`` equal parts, so keys 1.25× or more apart (at 4) never share
+    one."""
+    ok = np.isfinite(keys) & (keys > 0)
+    mant, exp = np.frexp(np.where(ok, keys, 1.0))  # keys = mant * 2**exp, mant in [0.5, 1)
+    b = exp.astype(np.int32) * PER_OCTAVE + ((mant - 0.5) * (2 * PER_OCTAVE)).astype(np.int32)
+    b[~ok] = _BOTTOM
+    b[np.isposinf(keys)] = _TOP
+    return b.astype(np.int16)
+
 
 @dataclass
 class _Run:
-    keys: np.ndarray  # float64 [m], descending
+    keys: np.ndarray  # float64 [m], descending when ``ordered``
     slots: np.ndarray  # int64 [m]
     stamps: np.ndarray  # int64 [m]
     head: int = 0  # entries before head are known dead
+    ordered: bool = True  # False: in the order added (sorted when its bucket is read)
 
     def __len__(self) -> int:
         return int(self.keys.size) - self.head
 
 
-def _sorted_run(keys: np.ndarray, slots: np.ndarray, stamps: np.ndarray) -> _Run:
-    order = np.argsort(-keys, kind="stable")  # ties keep the batch's order (ascending ids)
-    return _Run(keys[order], slots[order], stamps[order])
+def _sorted(run: _Run) -> _Run:
+    """``run`` sorted by key, descending; equal keys keep their order in it."""
+    if run.ordered:
+        return run
+    order = np.argsort(-run.keys[run.head:], kind="stable") + run.head
+    return _Run(run.keys[order], run.slots[order], run.stamps[order])
+
+
+def _live_run(runs: list[_Run], current: np.ndarray, ordered: bool) -> _Run:
+    """The live entries of ``runs`` (oldest first) as one run: concatenated in that order
+    and, with ``ordered``, sorted (a stable sort keeps equal keys in the order they were
+    added, and merges sorted runs in about one pass); else left in that order."""
+    keys = np.concatenate([r.keys[r.head:] for r in runs])
+    slots = np.concatenate([r.slots[r.head:] for r in runs])
+    stamps = np.concatenate([r.stamps[r.head:] for r in runs])
+    ok = current[slots] == stamps
+    run = _Run(keys[ok], slots[ok], stamps[ok], ordered=len(runs) == 1 and runs[0].ordered)
+    return _sorted(run) if ordered else run
+
+
+def _live_prefix(run: _Run, m: int, current: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Up to ``m`` live entries from ``run``'s head; advances the head past the dead
+    entries in front."""
+    n = run.keys.size
+    want = max(2 * m, 64)
+    while True:
+        stop = min(n, run.head + want)
+        ok = current[run.slots[run.head:stop]] == run.stamps[run.head:stop]
+        live = np.flatnonzero(ok)
+        if live.size and live[0] > 0:
+            run.head += int(live[0])
+            live -= live[0]
+        elif not live.size:
+            run.head = stop
+        if live.size >= m or stop == n:
+            at = run.head + live[:m]
+            return run.keys[at], run.slots[at], bool(live.size > m) or stop < n
+        want *= 4
+
+
+class _Bucket:
+    """One key range's entries: sorted runs, oldest first."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs: list[_Run] = []
+
+    def size(self) -> int:
+        """Entries held, dead ones included."""
+        return sum(int(r.keys.size) for r in self.runs)
+
+    def merge(self, current: np.ndarray) -> int:
+        """Sort the runs added since the last read, then merge the newest runs while the
+        newer is at least half the older; the change in entries held (merges drop the dead
+        ones)."""
+        self.runs = [_sorted(r) for r in self.runs]
+        change = 0
+        while len(self.runs) >= 2 and 2 * len(self.runs[-1]) >= len(self.runs[-2]):
+            b, a = self.runs.pop(), self.runs.pop()
+            merged = _live_run([a, b], current, ordered=True)
+            change += int(merged.keys.size) - int(a.keys.size) - int(b.keys.size)
+            self.runs.append(merged)
+        return change
+
+    def top(self, m: int, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The ``m`` largest live entries, keys descending (ties: oldest first), and
+        whether live entries may be left out."""
+        parts = [_live_prefix(r, m, current) for r in self.runs]
+        more = any(p[2] for p in parts)
+        if len(parts) == 1:
+            k, s, _ = parts[0]
+        else:
+            k = np.concatenate([p[0] for p in parts])
+            s = np.concatenate([p[1] for p in parts])
+            order = np.argsort(-k, kind="stable")  # runs oldest first: ties keep that order
+            k, s = k[order], s[order]
+        return k[:m], s[:m], more or k.size > m
+
+    def rebuild(self, current: np.ndarray) -> int:
+        """Keep the live entries only, in one run (sorted at the next read); how many
+        entries it now holds."""
+        self.runs = [r for r in [_live_run(self.runs, current, ordered=False)] if r.keys.size]
+        return self.size()
 
 
 class ScoreOrder:
@@ -52,10 +158,12 @@ class ScoreOrder:
 
     ``stamps`` (int64 ``[capacity]``, owned and grown by the caller) holds each slot's
     current stamp; an entry ``(key, slot, stamp)`` is live iff ``stamps[slot] == stamp``.
+    Entries with equal keys come out in the order they were added.
     """
 
     def __init__(self) -> None:
-        self._runs: list[_Run] = []
+        self._buckets: dict[int, _Bucket] = {}
+        self._ids: list[int] = []  # the buckets' numbers, ascending
         self._entries = 0
 
     @property
@@ -69,81 +177,61 @@ class ScoreOrder:
         ``current`` is the caller's stamp array, ``live`` the slots pending now."""
         if keys.size == 0:
             return
-        self._runs.append(_sorted_run(keys, slots, stamps))
+        b = bucket_of(keys)
+        if b.size > 1 and bool((b[1:] != b[:-1]).any()):
+            order = np.argsort(b, kind="stable")  # int16: a radix sort, batch order kept
+            b, keys, slots, stamps = b[order], keys[order], slots[order], stamps[order]
+        bounds = [0, *(np.flatnonzero(b[1:] != b[:-1]) + 1).tolist(), int(b.size)]
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            bid = int(b[lo])
+            bucket = self._buckets.get(bid)
+            if bucket is None:
+                bucket = self._buckets[bid] = _Bucket()
+                bisect.insort(self._ids, bid)
+            bucket.runs.append(_Run(keys[lo:hi], slots[lo:hi], stamps[lo:hi], ordered=False))
         self._entries += int(keys.size)
         if self._entries > 2 * live + 4096:
             self.rebuild(current)
-            return
-        while len(self._runs) >= 2 and 2 * len(self._runs[-1]) >= len(self._runs[-2]):
-            b, a = self._runs.pop(), self._runs.pop()
-            self._entries -= len(a) + len(b) + a.head + b.head
-            merged = self._merge(a, b, current)
-            self._entries += int(merged.keys.size)
-            self._runs.append(merged)
-
-    @staticmethod
-    def _merge(a: _Run, b: _Run, current: np.ndarray) -> _Run:
-        keys = np.concatenate([a.keys[a.head:], b.keys[b.head:]])
-        slots = np.concatenate([a.slots[a.head:], b.slots[b.head:]])
-        stamps = np.concatenate([a.stamps[a.head:], b.stamps[b.head:]])
-        ok = current[slots] == stamps
-        keys, slots, stamps = keys[ok], slots[ok], stamps[ok]
-        # two sorted runs concatenated: the stable sort (timsort) merges them in O(n)
-        order = np.argsort(-keys, kind="stable")
-        return _Run(keys[order], slots[order], stamps[order])
 
     def rebuild(self, current: np.ndarray) -> None:
-        """Drop every dead entry: one run (O(entries); called when most are dead)."""
-        runs = [r for r in self._runs if len(r)]
-        if not runs:
-            self._runs, self._entries = [], 0
-            return
-        keys = np.concatenate([r.keys[r.head:] for r in runs])
-        slots = np.concatenate([r.slots[r.head:] for r in runs])
-        stamps = np.concatenate([r.stamps[r.head:] for r in runs])
-        ok = current[slots] == stamps
-        run = _sorted_run(keys[ok], slots[ok], stamps[ok])
-        self._runs = [run] if run.keys.size else []
-        self._entries = int(run.keys.size)
+        """Drop every dead entry (O(entries); called when most are dead)."""
+        self._entries = 0
+        for bid in list(self._ids):
+            held = self._buckets[bid].rebuild(current)
+            if held:
+                self._entries += held
+            else:
+                self._forget(bid)
+
+    def _forget(self, bid: int) -> None:
+        del self._buckets[bid]
+        self._ids.pop(bisect.bisect_left(self._ids, bid))
 
     def top(self, m: int, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
         """The ``m`` largest live entries: ``(keys [k], slots [k], more)``, keys
         descending, ``k <= m``; ``more`` is False when no live entry is left out."""
-        keys, slots, more = [], [], False
-        for run in self._runs:
-            k, s, rest = self._live_prefix(run, m, current)
-            keys.append(k)
-            slots.append(s)
+        keys, slots, count, more, empty = [], [], 0, False, []
+        for at in range(len(self._ids) - 1, -1, -1):
+            if count >= m:  # the buckets below hold smaller keys only
+                more = True
+                break
+            bid = self._ids[at]
+            bucket = self._buckets[bid]
+            self._entries += bucket.merge(current)
+            k, s, rest = bucket.top(m - count, current)
             more |= rest
+            if k.size:
+                keys.append(k)
+                slots.append(s)
+                count += int(k.size)
+            elif not rest:  # only dead entries left
+                self._entries -= bucket.size()
+                empty.append(bid)
+        for bid in empty:
+            self._forget(bid)
         if not keys:
-            return _EMPTY_F, _EMPTY_I, False
-        k, s = np.concatenate(keys), np.concatenate(slots)
-        if k.size > m:
-            more = True
-        order = np.argsort(-k, kind="stable")[:m]
-        return k[order], s[order], more
-
-    @staticmethod
-    def _live_prefix(run: _Run, m: int, current: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Up to ``m`` live entries from ``run``'s head; advances the head past the dead
-        entries in front (published rows are the ones at the head)."""
-        n = run.keys.size
-        want = max(2 * m, 64)
-        while True:
-            stop = min(n, run.head + want)
-            ok = current[run.slots[run.head:stop]] == run.stamps[run.head:stop]
-            live = np.flatnonzero(ok)
-            if live.size and live[0] > 0:
-                run.head += int(live[0])
-                live -= live[0]
-            elif not live.size:
-                run.head = stop
-            if live.size >= m or stop == n:
-                at = run.head + live[:m]
-                rest = bool(live.size > m) or stop < n
-                return run.keys[at], run.slots[at], rest
-            want *= 4
+            return _EMPTY_F, _EMPTY_I, more
+        return np.concatenate(keys), np.concatenate(slots), more
 
 
 class AgeQueue:

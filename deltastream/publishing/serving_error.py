@@ -24,10 +24,16 @@ from typing import Any, Optional
 
 import torch
 
+from deltastream.native_ext import NativeExtension
 from deltastream.publishing.table_rows import read_rows, row_reader
 from deltastream.types import DeltaRows
 
-__all__ = ["RowErrors", "row_errors", "serving_errors", "TableScale"]
+__all__ = ["RowErrors", "row_errors", "serving_errors", "TableScale", "use_native"]
+
+_NATIVE = NativeExtension("deltastream.publishing.native", "native serving errors",
+                          "torch runs")
+#: switch :func:`row_errors` to the C code (``RuntimeError`` when it is not built) or torch
+use_native = _NATIVE.use
 
 
 @dataclass
@@ -100,7 +106,7 @@ def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift",
 
 
 def row_errors(current: torch.Tensor, served: torch.Tensor,
-               zero: Optional[torch.Tensor] = None
+               zero: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Serving errors of rows whose current and served values are at hand.
 
@@ -108,12 +114,20 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
         current: ``[n, dim]`` the trainer's rows (any float dtype).
         served: ``[n, dim]`` what predictors hold (same device).
         zero: bool ``[n]`` or None: rows predictors hold as zeros (``served`` ignored).
+        amax: float64 ``[n]`` or None: filled with each row's largest ``|value|`` (for a
+            wire dtype's range; NaN where the row is not finite).
 
     Returns:
         ``(error, norm, finite)``: float64 ``‖current − served‖₂`` and ``‖current‖₂``
         (both NaN where the current row is not finite; the error ``+inf`` where it is
         finite but ``served`` was not: a recovered row must go out), and bool ``finite``.
+
+    float32/float64 rows on the CPU go through the C extension
+    (:mod:`deltastream.publishing.native`: one pass, without the GIL); the rest through
+    torch, with the same results up to the order of the float64 sums.
     """
+    if _native_fits(current, served, zero):
+        return _native_row_errors(current, served, zero, amax)
     # float64 (exact differences, squares that cannot overflow for narrower floats), one
     # copy: vector_norm reduces without the [n, dim] squares a mul_ + sum would write; the
     # rows held as zeros are copied over on the CPU (a where over [n, dim] cost ~3x the rest),
@@ -133,7 +147,35 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
     finite = torch.isfinite(current).all(dim=1) if current.dtype == torch.float64 \
         else torch.isfinite(norm)
     error = torch.where(finite & ~torch.isfinite(error), math.inf, error)
+    if amax is not None:
+        amax.copy_(current.abs().amax(dim=1).masked_fill_(~finite, math.nan))
     return error.masked_fill_(~finite, math.nan), norm.masked_fill_(~finite, math.nan), finite
+
+
+def _native_fits(current: torch.Tensor, served: torch.Tensor,
+                 zero: Optional[torch.Tensor]) -> bool:
+    return (_NATIVE.enabled() and current.device.type == "cpu"
+            and current.dtype in (torch.float32, torch.float64) and served.dtype == current.dtype
+            and served.device.type == "cpu" and current.dim() == 2
+            and current.shape == served.shape and current.shape[1] > 0
+            and (zero is None or zero.device.type == "cpu"))
+
+
+def _native_row_errors(current: torch.Tensor, served: torch.Tensor,
+                       zero: Optional[torch.Tensor], amax: Optional[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, dim = current.shape
+    error = torch.empty(n, dtype=torch.float64)
+    norm = torch.empty(n, dtype=torch.float64)
+    finite = torch.empty(n, dtype=torch.bool)
+    out = amax if amax is None or amax.is_contiguous() else torch.empty(n, dtype=torch.float64)
+    _NATIVE.module.row_errors(
+        current.detach().contiguous().numpy(), served.detach().contiguous().numpy(),
+        None if zero is None else zero.to(torch.bool).contiguous().numpy(), dim,
+        error.numpy(), norm.numpy(), finite.numpy(), None if out is None else out.numpy())
+    if out is not amax:
+        amax.copy_(out)
+    return error, norm, finite
 
 
 class TableScale:

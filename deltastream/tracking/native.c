@@ -44,8 +44,7 @@
  *       `used` arena rows written, not the capacity: an LSD radix sort of (id, arena row)
  *       pairs, 11 bits a pass, passes whose digit is the same for every id skipped.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../native_buffers.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -68,61 +67,6 @@
 
 #define AHEAD 16      /* rows between a row's prefetch and its copy */
 #define MARK_AHEAD 32 /* ids between the prefetch of an id's slot entry and its test */
-
-static char code_of(const Py_buffer *v) {
-    const char *f = v->format ? v->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    return f[0] && !f[1] ? f[0] : '?';
-}
-
-static int get_buf(PyObject *obj, Py_buffer *v, int writable, const char *what) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, v, flags) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous%s array", what,
-                     writable ? " writable" : "");
-        return -1;
-    }
-    return 0;
-}
-
-/* Buffers of one call, released together. */
-typedef struct {
-    Py_buffer b[8]; /* the most one call takes */
-    int n;
-} Bufs;
-
-#define BAD ((Py_buffer *)-1) /* take() failed (an error is set) */
-
-static Py_buffer *take(Bufs *bs, PyObject *obj, int writable, const char *what) {
-    if (obj == Py_None)
-        return NULL;
-    if (bs->n >= (int)(sizeof bs->b / sizeof bs->b[0])) {
-        PyErr_SetString(PyExc_SystemError, "native: too many buffers in one call");
-        return BAD;
-    }
-    Py_buffer *v = &bs->b[bs->n];
-    if (get_buf(obj, v, writable, what) < 0)
-        return BAD;
-    bs->n++;
-    return v;
-}
-
-static void release(Bufs *bs) {
-    for (int i = 0; i < bs->n; i++)
-        PyBuffer_Release(&bs->b[i]);
-}
-
-static int check_item(const Py_buffer *v, Py_ssize_t size, const char *codes, const char *what) {
-    char c = code_of(v);
-    if (v->itemsize != size || !strchr(codes, c)) {
-        PyErr_Format(PyExc_ValueError, "%s: wrong element type (format %s, %zd bytes)", what,
-                     v->format ? v->format : "B", v->itemsize);
-        return -1;
-    }
-    return 0;
-}
 
 /* bits: uint8 [ceil(capacity / 8)], bit p & 7 of byte p >> 3 set iff slot[p] != 0. */
 static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {

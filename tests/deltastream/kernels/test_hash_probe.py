@@ -1,5 +1,6 @@
-"""HashIndex on the Triton kernel path (deltastream.kernels.hash_probe) against the torch
-reference path: the same operations on both, the same answers.
+"""HashIndex on the Triton kernel path (deltastream.kernels.hash_probe) and on the C path
+(deltastream.embedding.native, CPU) against the torch reference path: the same operations
+on each, the same answers.
 
 The kernel path runs on CUDA when there is one, else on CPU under Triton's interpreter
 (the ``kernel_device`` fixture); sizes stay small because the interpreter is slow.
@@ -12,6 +13,7 @@ import random
 import pytest
 import torch
 
+from deltastream.embedding import hash_index
 from deltastream.embedding.hash_index import HashIndex
 from deltastream.kernels.hash_layout import GOLDEN
 from deltastream.kernels.runtime import kernels_mode
@@ -76,12 +78,35 @@ class _Table:
         self.held.update(zip(keys, pos.tolist(), strict=True))
 
 
-def _both(kernel_device, scenario) -> list:
-    """Run ``scenario(make_table)`` on the torch path and on the kernel path; the
-    observations must agree. Returns them."""
+@pytest.fixture(params=["triton", "native"])
+def other_path(request):
+    """The device of the path compared with torch's: the Triton kernels (on
+    ``kernel_device``) or the C probes (CPU, kernel mode off)."""
+    if request.param == "triton":
+        yield request.getfixturevalue("kernel_device")
+        return
+    if not hash_index._NATIVE.available:
+        pytest.skip(f"deltastream.embedding.native is not built ({hash_index._NATIVE.why})")
+    before = hash_index._NATIVE.enabled()
     with kernels_mode("off"):
-        ref = scenario(lambda cap: _Table(cap, torch.device("cpu")))
-    got = scenario(lambda cap: _Table(cap, kernel_device))  # kernel mode "on" here
+        hash_index.use_native(True)
+        try:
+            yield torch.device("cpu")
+        finally:
+            hash_index.use_native(before)
+
+
+def _both(device, scenario) -> list:
+    """Run ``scenario(make_table)`` on the torch path and on the path under test; the
+    observations must agree. Returns them."""
+    native = hash_index._NATIVE.enabled()
+    with kernels_mode("off"):
+        hash_index.use_native(False)
+        try:
+            ref = scenario(lambda cap: _Table(cap, torch.device("cpu")))
+        finally:
+            hash_index.use_native(native)
+    got = scenario(lambda cap: _Table(cap, device))
     assert got == ref
     return got
 
@@ -92,7 +117,7 @@ def _check_held(t: _Table) -> None:
     assert t.index.live == len(keys)
 
 
-def test_collisions_and_wrap_around(kernel_device):
+def test_collisions_and_wrap_around(other_path):
     def scenario(make):
         t = make(60)
         slots = t.index.slots
@@ -107,11 +132,11 @@ def test_collisions_and_wrap_around(kernel_device):
         obs.append(t.find(wrap[::-1] + _with_home(slots - 1, slots, 5, seed=9)))
         return obs
 
-    obs = _both(kernel_device, scenario)
+    obs = _both(other_path, scenario)
     assert obs[-1][-5:] == [-1] * 5  # absent keys at the end of the crowded chain
 
 
-def test_duplicates_in_a_batch_get_one_slot_and_one_position(kernel_device):
+def test_duplicates_in_a_batch_get_one_slot_and_one_position(other_path):
     def scenario(make):
         t = make(64)
         home = _with_home(3, t.index.slots, 6, seed=3)
@@ -123,10 +148,10 @@ def test_duplicates_in_a_batch_get_one_slot_and_one_position(kernel_device):
         _check_held(t)
         return [pos, new, t.find_or_insert(batch + [7, 7])]
 
-    _both(kernel_device, scenario)
+    _both(other_path, scenario)
 
 
-def test_insert_after_delete_reuses_tombstones(kernel_device):
+def test_insert_after_delete_reuses_tombstones(other_path):
     def scenario(make):
         t = make(60)
         slots = t.index.slots
@@ -144,10 +169,10 @@ def test_insert_after_delete_reuses_tombstones(kernel_device):
         obs.append(t.find_or_insert(chain[:4]))  # after everything left: a clean index
         return obs
 
-    _both(kernel_device, scenario)
+    _both(other_path, scenario)
 
 
-def test_growth_rebuilds_keep_every_key(kernel_device):
+def test_growth_rebuilds_keep_every_key(other_path):
     def scenario(make):
         t = make(1)
         rng = random.Random(6)
@@ -168,7 +193,7 @@ def test_growth_rebuilds_keep_every_key(kernel_device):
         _check_held(t)
         return obs
 
-    _both(kernel_device, scenario)
+    _both(other_path, scenario)
 
 
 @pytest.mark.gpu
@@ -189,3 +214,33 @@ def test_cuda_many_blocks_racing_for_the_same_ids_match_the_reference():
         with kernels_mode("on"):
             assert gpu.remove(gone) == ref
     assert gpu.held == cpu.held
+
+
+def test_native_refuses_mismatched_arrays_and_a_full_index():
+    """The C functions name what they cannot use instead of reading or writing out of
+    bounds, and an insert with no free slot left stops with an error."""
+    if not hash_index._NATIVE.available:
+        pytest.skip(f"deltastream.embedding.native is not built ({hash_index._NATIVE.why})")
+    import numpy as np
+
+    native = hash_index._NATIVE.module
+    tk, tv = np.zeros(8, np.int64), np.full(8, -1, np.int64)
+    keys, pos = np.arange(3, dtype=np.int64), np.empty(3, np.int64)
+    native.probe(tk, tv, keys, 61, pos, None)
+    assert pos.tolist() == [-1, -1, -1]
+    with pytest.raises(ValueError, match="shift"):
+        native.probe(tk, tv, keys, 60, pos, None)  # 16 slots' shift on 8
+    with pytest.raises(ValueError, match="slot count"):
+        native.probe(tk, np.full(16, -1, np.int64), keys, 61, pos, None)
+    with pytest.raises(ValueError, match="keys: wrong element type"):
+        native.probe(tk, tv, keys.astype(np.int32), 61, pos, None)
+    with pytest.raises(ValueError, match="out_pos"):
+        native.probe(tk, tv, keys, 61, np.empty(2, np.int64), None)
+    with pytest.raises(ValueError, match="positions"):
+        native.insert(tk, tv, keys, np.arange(2, dtype=np.int64), 61)
+    assert native.insert(tk, tv, np.arange(8, dtype=np.int64), np.arange(8, dtype=np.int64),
+                         61) == 0
+    with pytest.raises(ValueError, match="no free slot left for key 99"):
+        native.insert(tk, tv, np.array([99], np.int64), np.array([8], np.int64), 61)
+    native.probe(tk, tv, np.arange(9, dtype=np.int64), 61, pos := np.empty(9, np.int64), None)
+    assert pos.tolist() == list(range(8)) + [-1]

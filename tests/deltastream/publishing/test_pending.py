@@ -35,6 +35,51 @@ def test_score_order_top_equals_a_full_sort_through_updates_and_removals():
     assert order.entries <= 2 * np.count_nonzero(~np.isnan(key)) + 4096 + 300
 
 
+def test_score_order_top_is_the_live_entries_by_key_then_by_addition():
+    """Ties (repeated keys, +inf, keys on bucket edges) come out in the order they were
+    added, whatever bucket they share; dead entries never come out; rebuilds keep it."""
+    rng = np.random.default_rng(1)
+    n = 3000
+    stamps = np.zeros(n, dtype=np.int64)
+    key = np.full(n, np.nan)
+    seq = np.zeros(n, dtype=np.int64)  # when each live slot's entry was added
+    pool = np.array([np.inf, 1.0, 2.0, 2.0 ** 0.25, 1e-300, 5e-324, 3.0, 1e300, 0.75])
+    order, clock = ScoreOrder(), 0
+    for rnd in range(80):
+        slots = rng.choice(n, size=200, replace=False)
+        stamps[slots] += 1
+        key[slots] = pool[rng.integers(0, pool.size, 200)] if rnd % 2 else \
+            rng.exponential(size=200) * 10.0 ** rng.integers(-5, 5, 200)
+        seq[slots] = clock + np.arange(200)
+        clock += 200
+        live = int(np.count_nonzero(~np.isnan(key)))
+        order.add(key[slots], slots, stamps[slots].copy(), stamps, live)
+        gone = rng.choice(n, size=60, replace=False)
+        stamps[gone] += 1
+        key[gone] = np.nan
+        alive = np.flatnonzero(~np.isnan(key))
+        want = alive[np.lexsort((seq[alive], -key[alive]))]
+        for m in (1, 5, 333, 5000):
+            k, s, more = order.top(m, stamps)
+            assert np.array_equal(s, want[:m]) and np.array_equal(k, key[want[:m]])
+            assert more or alive.size <= m
+        if rnd % 10 == 9:
+            order.rebuild(stamps)
+            assert order.entries == alive.size
+
+
+def test_score_order_buckets_are_monotone_in_the_key():
+    from deltastream.publishing.score_order import bucket_of
+
+    keys = np.sort(np.concatenate([np.random.default_rng(2).exponential(size=5000) *
+                                   10.0 ** np.random.default_rng(3).integers(-300, 300, 5000),
+                                   [0.0, 5e-324, 1e-308, 1.0, 1.7e308, np.inf]]))
+    b = bucket_of(keys).astype(np.int64)
+    assert np.all(np.diff(b) >= 0) and b[0] < b[1] and b[-1] > b[-2]
+    x = keys[(keys > 1e-300) & (keys < 1e300)]
+    assert np.all(bucket_of(x) < bucket_of(x * 1.25))  # a bucket spans less than 1.25x
+
+
 def _table(dim: int = 4, **kw) -> PendingTable:
     return PendingTable(dim, torch.float32, capacity=4, **kw)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from deltastream import HashTable
+from deltastream.publishing import serving_error
 from deltastream.publishing.serving_error import TableScale, row_errors, serving_errors
 from deltastream.types import DeltaRows
 
@@ -96,15 +97,32 @@ def test_table_scale_averages_and_ignores_nan():
         TableScale(0.0)
 
 
+NATIVE = serving_error._NATIVE.available
+
+
+@pytest.fixture(params=["native", "torch"])
+def native(request):
+    """Run the test with the C extension's row_errors and with torch's."""
+    if request.param == "native" and not NATIVE:
+        pytest.skip(f"deltastream.publishing.native is not built ({serving_error._NATIVE.why})")
+    serving_error.use_native(request.param == "native")
+    yield request.param == "native"
+    serving_error.use_native(NATIVE)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_row_errors_equal_the_reference_norms_for_every_float_dtype(dtype):
+def test_row_errors_equal_the_reference_norms_for_every_float_dtype(dtype, native):
     g = torch.Generator().manual_seed(3)
     cur = (torch.randn(64, 12, generator=g) * 50).to(dtype)
     srv = (torch.randn(64, 12, generator=g) * 50).to(dtype)
-    cur[3, 4], cur[5, 0], srv[7, 2] = float("nan"), float("inf"), float("inf")
+    cur[3, 4], cur[5, 0], srv[7, 2], srv[8, 1] = float("nan"), float("inf"), float("inf"), \
+        float("nan")
+    if dtype == torch.float64:  # finite values whose squares overflow: the norm is +inf
+        cur[9, 0], srv[11, 3] = 1e200, -1e200
     zero = torch.zeros(64, dtype=torch.bool)
     zero[::5] = True
-    err, norm, finite = row_errors(cur, srv, zero)
+    amax = torch.full((64,), -1.0, dtype=torch.float64)
+    err, norm, finite = row_errors(cur, srv, zero, amax)
     c, s = cur.double(), srv.double().masked_fill(zero[:, None], 0.0)
     ref_finite = torch.isfinite(c).all(dim=1)
     assert torch.equal(finite, ref_finite)
@@ -113,3 +131,55 @@ def test_row_errors_equal_the_reference_norms_for_every_float_dtype(dtype):
     torch.testing.assert_close(norm[ref_finite], torch.linalg.vector_norm(c, dim=1)[ref_finite])
     assert err[~ref_finite].isnan().all() and norm[~ref_finite].isnan().all()
     assert err[ref_finite & ~ok].isinf().all()  # recovered from a non-finite served value
+    assert (err[ref_finite & ~ok] > 0).all()
+    assert torch.equal(amax[ref_finite], c.abs().amax(dim=1)[ref_finite])
+    assert amax[~ref_finite].isnan().all()
+    if dtype == torch.float64:
+        assert norm[9] == math.inf and err[9] == math.inf and err[11] == math.inf
+
+
+def test_native_and_torch_row_errors_agree_on_a_large_hand_off():
+    """The C pass and torch's on the same rows (with rows held as zeros, both dtypes):
+    the same finiteness and range maxima, the errors and norms equal up to the order of
+    their float64 sums."""
+    if not NATIVE:
+        pytest.skip(f"deltastream.publishing.native is not built ({serving_error._NATIVE.why})")
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float64):
+        cur = torch.randn(5000, 32, generator=g).to(dtype)
+        srv = (cur + 1e-3 * torch.randn(5000, 32, generator=g).to(dtype))
+        zero = torch.rand(5000, generator=g) < 0.2
+        out = []
+        for on in (True, False):
+            serving_error.use_native(on)
+            amax = torch.empty(5000, dtype=torch.float64)
+            out.append((*row_errors(cur, srv, zero, amax), amax))
+        serving_error.use_native(NATIVE)
+        (e1, n1, f1, a1), (e2, n2, f2, a2) = out
+        assert torch.equal(f1, f2) and torch.equal(a1, a2)
+        torch.testing.assert_close(e1, e2, rtol=1e-14, atol=0.0)
+        torch.testing.assert_close(n1, n2, rtol=1e-14, atol=0.0)
+
+
+def test_native_row_errors_refuse_mismatched_buffers():
+    """The C function names the buffer it cannot use instead of reading out of bounds."""
+    if not NATIVE:
+        pytest.skip(f"deltastream.publishing.native is not built ({serving_error._NATIVE.why})")
+    import numpy as np
+
+    fn = serving_error._NATIVE.module.row_errors
+    cur, srv = np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32)
+    err, norm, fin = np.zeros(4), np.zeros(4), np.zeros(4, np.bool_)
+    fn(cur, srv, None, 3, err, norm, fin, None)
+    with pytest.raises(ValueError, match="served"):
+        fn(cur, np.zeros((4, 3), np.float64), None, 3, err, norm, fin, None)
+    with pytest.raises(ValueError, match="err"):
+        fn(cur, srv, None, 3, np.zeros(3), norm, fin, None)
+    with pytest.raises(ValueError, match="zero"):
+        fn(cur, srv, np.zeros(5, np.bool_), 3, err, norm, fin, None)
+    with pytest.raises(ValueError, match="amax"):
+        fn(cur, srv, None, 3, err, norm, fin, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="current"):
+        fn(cur.astype(np.float16), srv, None, 3, err, norm, fin, None)
+    with pytest.raises(ValueError, match="finite"):
+        fn(cur, srv, None, 3, err, norm, np.zeros(4, np.bool_)[::1].copy()[:3], None)
