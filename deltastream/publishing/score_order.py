@@ -29,29 +29,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ScoreOrder", "AgeQueue", "PER_OCTAVE"]
+__all__ = ["ScoreOrder", "AgeQueue", "PER_OCTAVE", "bucket_of"]
 
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 
-#: buckets per factor of two in the key (finer: smaller sorts at ``top``, more buckets)
+#: buckets per factor of two in the key: a key's bucket is its float64 bit pattern without
+#: the low mantissa bits, so each octave is cut in ``PER_OCTAVE`` equal parts
 PER_OCTAVE = 4
-#: the bucket of +inf keys (new rows under ``new_rows="first"``), above every finite one
-_TOP = 1 << 14
-#: the bucket of keys <= 0 or NaN, below every positive one
-_BOTTOM = -(1 << 14)
+_SHIFT = 52 - (PER_OCTAVE.bit_length() - 1)  # 52 mantissa bits, the top log2(PER_OCTAVE) kept
 
 
 def bucket_of(keys: np.ndarray) -> np.ndarray:
-    """Each key's bucket (int16 ``[n]``): non-decreasing in the key; an octave's mantissas
-    are cut in ``PER_OCTAVE`` equal parts, so keys 1.25× or more apart (at 4) never share
-    one."""
-    ok = np.isfinite(keys) & (keys > 0)
-    mant, exp = np.frexp(np.where(ok, keys, 1.0))  # keys = mant * 2**exp, mant in [0.5, 1)
-    b = exp.astype(np.int32) * PER_OCTAVE + ((mant - 0.5) * (2 * PER_OCTAVE)).astype(np.int32)
-    b[~ok] = _BOTTOM
-    b[np.isposinf(keys)] = _TOP
-    return b.astype(np.int16)
+    """Each float64 key's bucket (int16 ``[n]``): non-decreasing in the key (the bit
+    patterns of non-negative floats sort as integers; keys <= 0 and NaN go to the lowest
+    bucket, ``+inf`` above every finite key); keys 1.25× or more apart (at 4 per octave)
+    never share one."""
+    return (np.where(keys > 0, keys, 0.0).view(np.int64) >> _SHIFT).astype(np.int16)
 
 
 @dataclass
