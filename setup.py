@@ -4,8 +4,8 @@ bookkeeping of tracked tables (``deltastream.tracking.native``) and the budget w
 serving errors (``deltastream.publishing.native``).
 
 Everything else about the package is in ``pyproject.toml``. ``optional=True``: without a C
-compiler (or Python headers) the install still succeeds and both use numpy
-(:mod:`consumers.serving.accel` and :mod:`deltastream.tracking.fresh_rows` log that once).
+compiler (or Python headers) the install still succeeds and their callers run numpy or torch
+(:mod:`deltastream.native_ext` logs that once per extension).
 """
 
 from setuptools import Extension, setup
@@ -20,26 +20,11 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         ),
-        Extension(
-            "deltastream.embedding.native",
-            ["deltastream/embedding/native.c"],
-            depends=["deltastream/native_buffers.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "deltastream.publishing.native",
-            ["deltastream/publishing/native.c"],
-            depends=["deltastream/native_buffers.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "deltastream.tracking.native",
-            ["deltastream/tracking/native.c"],
-            depends=["deltastream/native_buffers.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
+    ] + [
+        # one source each, sharing the buffer helpers of deltastream/native_buffers.h
+        Extension(f"deltastream.{room}.native", [f"deltastream/{room}/native.c"],
+                  depends=["deltastream/native_buffers.h"], extra_compile_args=["-O3"],
+                  optional=True)
+        for room in ("embedding", "publishing", "tracking")
     ]
 )

@@ -21,6 +21,10 @@ Design (why this shape):
   winner writes, losers advance. Free slots include ``DELETED`` ones (evicted ids), which
   are therefore reused; the index is rebuilt (O(live)) when live + deleted slots exceed the
   load bound, so insert is amortized O(1).
+* **CPU**: the C extension :mod:`deltastream.embedding.native` (when built) runs
+  :meth:`probe` and :meth:`insert` one id at a time, each walking its chain directly with
+  the GIL released: a training step's few thousand ids cost less that way than the rounds'
+  whole-batch torch calls. The rounds below stay the reference and the fallback.
 * **CUDA**: where :func:`~deltastream.kernels.runtime.use_kernels` says so, :meth:`probe`,
   :meth:`insert`, :meth:`find_or_insert` and :meth:`remove` run as Triton kernels with the
   probe loop inside the kernel (:mod:`deltastream.kernels.hash_probe`), on the same

@@ -68,16 +68,15 @@ def _sorted(run: _Run) -> _Run:
     return _Run(run.keys[order], run.slots[order], run.stamps[order])
 
 
-def _live_run(runs: list[_Run], current: np.ndarray, ordered: bool) -> _Run:
-    """The live entries of ``runs`` (oldest first) as one run: concatenated in that order
-    and, with ``ordered``, sorted (a stable sort keeps equal keys in the order they were
-    added, and merges sorted runs in about one pass); else left in that order."""
+def _live_run(runs: list[_Run], current: np.ndarray) -> _Run:
+    """The live entries of ``runs`` (oldest first) as one run, concatenated in that order:
+    sorted only when ``runs`` is one sorted run. (:func:`_sorted` of it is stable, so equal
+    keys keep the order they were added in, and merges sorted runs in about one pass.)"""
     keys = np.concatenate([r.keys[r.head:] for r in runs])
     slots = np.concatenate([r.slots[r.head:] for r in runs])
     stamps = np.concatenate([r.stamps[r.head:] for r in runs])
     ok = current[slots] == stamps
-    run = _Run(keys[ok], slots[ok], stamps[ok], ordered=len(runs) == 1 and runs[0].ordered)
-    return _sorted(run) if ordered else run
+    return _Run(keys[ok], slots[ok], stamps[ok], ordered=len(runs) == 1 and runs[0].ordered)
 
 
 def _live_prefix(run: _Run, m: int, current: np.ndarray
@@ -121,7 +120,7 @@ class _Bucket:
         change = 0
         while len(self.runs) >= 2 and 2 * len(self.runs[-1]) >= len(self.runs[-2]):
             b, a = self.runs.pop(), self.runs.pop()
-            merged = _live_run([a, b], current, ordered=True)
+            merged = _sorted(_live_run([a, b], current))
             change += int(merged.keys.size) - int(a.keys.size) - int(b.keys.size)
             self.runs.append(merged)
         return change
@@ -143,7 +142,7 @@ class _Bucket:
     def rebuild(self, current: np.ndarray) -> int:
         """Keep the live entries only, in one run (sorted at the next read); how many
         entries it now holds."""
-        self.runs = [r for r in [_live_run(self.runs, current, ordered=False)] if r.keys.size]
+        self.runs = [r for r in [_live_run(self.runs, current)] if r.keys.size]
         return self.size()
 
 
@@ -172,7 +171,7 @@ class ScoreOrder:
         if keys.size == 0:
             return
         b = bucket_of(keys)
-        if b.size > 1 and bool((b[1:] != b[:-1]).any()):
+        if b.size > 1 and bool((b[1:] != b[:-1]).any()):  # one bucket: nothing to group
             order = np.argsort(b, kind="stable")  # int16: a radix sort, batch order kept
             b, keys, slots, stamps = b[order], keys[order], slots[order], stamps[order]
         bounds = [0, *(np.flatnonzero(b[1:] != b[:-1]) + 1).tolist(), int(b.size)]

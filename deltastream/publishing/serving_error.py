@@ -114,8 +114,8 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
         current: ``[n, dim]`` the trainer's rows (any float dtype).
         served: ``[n, dim]`` what predictors hold (same device).
         zero: bool ``[n]`` or None: rows predictors hold as zeros (``served`` ignored).
-        amax: float64 ``[n]`` or None: filled with each row's largest ``|value|`` (for a
-            wire dtype's range; NaN where the row is not finite).
+        amax: contiguous float64 ``[n]`` or None: filled with each row's largest
+            ``|value|`` (for a wire dtype's range; NaN where the row is not finite).
 
     Returns:
         ``(error, norm, finite)``: float64 ``‖current − served‖₂`` and ``‖current‖₂``
@@ -168,13 +168,10 @@ def _native_row_errors(current: torch.Tensor, served: torch.Tensor,
     error = torch.empty(n, dtype=torch.float64)
     norm = torch.empty(n, dtype=torch.float64)
     finite = torch.empty(n, dtype=torch.bool)
-    out = amax if amax is None or amax.is_contiguous() else torch.empty(n, dtype=torch.float64)
     _NATIVE.module.row_errors(
         current.detach().contiguous().numpy(), served.detach().contiguous().numpy(),
         None if zero is None else zero.to(torch.bool).contiguous().numpy(), dim,
-        error.numpy(), norm.numpy(), finite.numpy(), None if out is None else out.numpy())
-    if out is not amax:
-        amax.copy_(out)
+        error.numpy(), norm.numpy(), finite.numpy(), None if amax is None else amax.numpy())
     return error, norm, finite
 
 
