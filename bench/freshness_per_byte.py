@@ -63,6 +63,12 @@ is ``fraction=0.4`` at 78 % (BENCHMARKS.md, issue 29).
 policy within tolerance: what Kafka's codecs and cheaper ids would save on the very
 messages sent (:mod:`bench._transport`).
 
+``--sim-budgets B,...`` adds ``freshness_auc@sim-…`` records: idealized budgets
+(:mod:`bench._policy_sim`, a model of the publisher, not deltastream's) driven by the same
+training run and scored on the same ratings — i8 rows against 1-bit residuals with error
+feedback, one message per table per tick against one per tick — to measure a transport
+before building it.
+
 Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
 recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--wire-version 3]
 [--wide-dtype i8] [--transport]``
@@ -81,6 +87,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import Loopback, result
+from bench._policy_sim import sim_budgets
 from bench._ratings import DATASETS, LogUnavailable, Ratings, load_ratings
 from deltastream_demo.plots import pyplot, save_png
 
@@ -164,6 +171,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--goal", type=float, default=0.2, help="bytes of the headline policy / "
                    "bytes of touched/1 must be <= this")
     p.add_argument("--tolerance", type=float, default=0.002)
+    p.add_argument("--sim-budgets", type=_list(float), default=[],
+                   help="also run bench._policy_sim's idealized budgets (i8 rows vs 1-bit "
+                   "residuals, a message per table vs one per tick) at these bytes per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--transport", action="store_true", help="also measure what Kafka's "
                    "compression and cheaper ids would save on the messages of touched/1, "
@@ -246,6 +256,11 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
     labels: list[np.ndarray] = []
     trainer_logits: list[np.ndarray] = []
     bs = args.batch_size
+    sizes = {name: int((data.users if name.startswith("user") else data.items).max()) + 1
+             for name in dims}
+    sims = sim_budgets(args.sim_budgets, dims, sizes)
+    rows_now = {name: np.zeros((sizes[name], dims[name]), np.float32) for name in dims}
+    seen = {name: np.zeros(sizes[name], bool) for name in dims}
     n = len(data) if args.limit is None else min(len(data), args.limit)
     steps = math.ceil(n / bs)
     t0 = time.monotonic()
@@ -266,6 +281,9 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
             st = serving[p.label]
             p.logits.append(_logit(st["user"].lookup(u_np), st["item"].lookup(i_np),
                                    st["user_bias"].lookup(u_np), st["item_bias"].lookup(i_np), g))
+        for s in sims:
+            s.logits.append(_logit(s.lookup("user", u_np), s.lookup("item", i_np),
+                                   s.lookup("user_bias", u_np), s.lookup("item_bias", i_np), g))
         # ---- then train on it
         out = (model["user"](u) * model["item"](i)).sum(1) \
             + model["user_bias"](u)[:, 0] + model["item_bias"](i)[:, 0] + glob
@@ -276,6 +294,14 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
         sparse.zero_grad()
         dense.zero_grad()
         tracker.step()
+        if sims:  # the rows this step changed (and the ones its lookups inserted)
+            with torch.no_grad(), tracker.pause():
+                for name in dims:
+                    ids = np.unique(u_np if name.startswith("user") else i_np)
+                    seen[name][ids] = True
+                    rows_now[name][ids] = model[name].lookup(torch.from_numpy(ids)).numpy()
+            for s in sims:
+                s.tick(rows_now, seen)
         # ---- publish
         for p in policies:
             if p.budget is not None:
@@ -299,6 +325,9 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
         p.sent["max_row_error"] = _max_error(model, serving[p.label])
         if p.budget is not None:
             p.sent["budget_stats"] = budgets[p.label].stats()
+    for s in sims:
+        s.sent["auc"] = auc(yy, np.concatenate(s.logits))
+    res["sims"] = sims
     return res
 
 
@@ -494,6 +523,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         picked = [BASELINE, head.label] + ([best.label] if ok_pol else [])
         out += [_transport_record(by[label], base, common) for label in dict.fromkeys(picked)
                 if by[label].messages is not None]  # full/N: its messages were not kept
+    for sim in r["sims"]:
+        s = sim.sent
+        out.append(result(
+            f"freshness_auc@{sim.label}", s["auc"], tr, None, "AUC",
+            baseline_desc="the trainer's own AUC on the same ratings",
+            note=f"{sim.label} (bench._policy_sim, an idealized publisher): "
+                 f"{s['bytes'] / base:.3f} × touched/1, {s['rows']:,} rows, AUC gap "
+                 f"{tr - s['auc']:+.4f}", policy=sim.label, family="sim", bytes=s["bytes"],
+            rows=s["rows"], messages=s["messages"], bytes_ratio=s["bytes"] / base,
+            auc_gap=tr - s["auc"], table_rows=sim.table_rows, **common))
     for p in policies:
         s = p.sent
         extra = ""

@@ -1,0 +1,183 @@
+"""Idealized budget policies beside ``freshness-per-byte``'s trainer (``--sim-budgets``).
+
+**A model of a publisher, not deltastream's.** It answers one question before anything is
+built: how much would the transports issue 29 proposes buy on the bench's own training run
+(the same trajectory, the same ratings scored)? Each :class:`SimBudget` holds what a
+predictor would hold (dense arrays: the bench's tables are small) and, every tick,
+re-scores every row the trainer has looked up against it, ranks them as the default
+:class:`~deltastream.BudgetPolicy` does (``‖current − held‖ / table RMS norm / row
+bytes``) and spends a token bucket (refill ``B`` bytes a step, burst four steps). Unlike
+the real publisher it has no ``max_age`` tier, no rejects and no in-flight rows.
+
+Transports (``kind``):
+
+* ``i8`` — full rows: the wide tables as i8 with a per-row f32 scale (``dim + 4`` bytes),
+  the dim-1 bias rows as f16 (what ``--wire-version 3 --wide-dtype i8`` sends);
+* ``res1`` — **1-bit residuals with error feedback** for the wide tables: the predictor adds
+  ``sign(current − held) · mean|current − held|`` (``dim / 8`` bytes of signs and an f16
+  scale), and what the residual does not remove stays the row's error, to be sent again
+  when it ranks. Biases as f16 full rows.
+
+Framing: ``per-table`` charges each table's message its real fixed cost (wire v3's bytes
+of a one-row message minus that row's, measured with the encoder); ``one`` charges one
+such cost per tick plus ``len(name) + 8`` bytes for each further table (an estimate of a
+message that carries every table). Ids cost their wire v3 varints (zigzag first id, LEB128
+gaps of the sorted ids of each table's batch), computed per batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SimBudget", "sim_budgets", "KINDS", "FRAMINGS"]
+
+KINDS = ("i8", "res1")
+FRAMINGS = ("per-table", "one")
+BURST_STEPS = 4
+RMS_ALPHA = 0.1  # EMA weight of a tick's RMS row norm (the real TableScale's)
+
+
+def varint_bytes(ids: np.ndarray) -> int:
+    """Bytes of wire v3's id encoding of ascending ``ids`` (zigzag first, LEB128 gaps)."""
+    if ids.size == 0:
+        return 0
+    first = int(ids[0])
+    z = (first << 1) ^ (first >> 63)
+    vals = np.concatenate([[z], np.diff(ids)]).astype(np.uint64)
+    bits = np.floor(np.log2(np.maximum(vals, 1).astype(np.float64))).astype(np.int64) + 1
+    return int(((bits + 6) // 7).sum())
+
+
+def count_bytes(n: int) -> int:
+    """msgpack bytes of the row count ``n`` (a message's ``n`` field)."""
+    return 1 if n < 128 else 2 if n < 256 else 3 if n < 65536 else 5
+
+
+def message_overhead(table: str, dim: int, dtype: str, n: int = 1) -> int:
+    """Wire v3 bytes of an ``n``-row message of ``table`` beyond its ids and row values
+    (keys, names, counters, CRC; the bins' headers are fixed-size)."""
+    from deltastream import wire
+
+    batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1, seq=1, step=1,
+                            ts=1_700_000_000_000_000_000, ids=np.array([1], np.int64),
+                            rows=np.zeros((1, dim), np.float32), dtype=dtype)
+    (msg,) = wire.encode(batch, version=3)
+    return len(msg) - (dim + 4 if dtype == "i8" else 2 * dim) - 1 - count_bytes(1) \
+        + count_bytes(n)
+
+
+class SimBudget:
+    """One simulated budget (see the module docstring).
+
+    Args:
+        kind: a transport of :data:`KINDS`. framing: one of :data:`FRAMINGS`.
+        bytes_per_step: the bucket's refill. dims: ``{table: dim}``; sizes: ``{table:
+            rows in its id space}``.
+    """
+
+    def __init__(self, kind: str, framing: str, bytes_per_step: float, dims: dict,
+                 sizes: dict) -> None:
+        self.kind, self.framing, self.rate = kind, framing, float(bytes_per_step)
+        self.label = f"sim-{kind}{'-one' if framing == 'one' else ''}={bytes_per_step:g}"
+        self.dims = dims
+        self.held = {t: np.zeros((sizes[t], d), np.float32) for t, d in dims.items()}
+        self.rms: dict = {t: None for t in dims}
+        self.overhead = {t: message_overhead(t, d, "i8" if d > 4 else "f16")
+                         for t, d in dims.items()}
+        self.tokens = 0.0
+        self.sent = {"bytes": 0, "rows": 0, "messages": 0, "rounds": 0}
+        self.table_rows = {t: 0 for t in dims}
+        self.logits: list = []
+
+    def value_bytes(self, table: str) -> int:
+        """Wire bytes of one row's value (its id apart)."""
+        d = self.dims[table]
+        if d <= 4:
+            return 2 * d
+        return d // 8 + 2 if self.kind == "res1" else d + 4
+
+    def lookup(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """What the predictor serves for ``ids`` ``[n, dim]`` (0 for rows never sent)."""
+        return self.held[table][ids]
+
+    def tick(self, current: dict, seen: dict) -> None:
+        """One round: ``current`` ``{table: [rows, dim]}`` the trainer's rows now,
+        ``seen`` ``{table: bool [rows]}`` the rows it has looked up."""
+        self.tokens = min(self.tokens + self.rate, BURST_STEPS * self.rate)
+        keys, tabs, rows = [], [], []
+        for t, cur in current.items():
+            r = np.flatnonzero(seen[t])
+            err = np.linalg.norm(cur[r] - self.held[t][r], axis=1)
+            live = err > 0
+            if not live.any():
+                continue
+            r, err = r[live], err[live]
+            rms = float(np.sqrt((np.linalg.norm(cur[r], axis=1) ** 2).mean()))
+            self.rms[t] = rms if self.rms[t] is None else \
+                (1 - RMS_ALPHA) * self.rms[t] + RMS_ALPHA * rms
+            keys.append(err / max(self.rms[t], 1e-12) / (self.value_bytes(t) + 1.5))
+            tabs.append(np.full(r.size, len(tabs)))
+            rows.append((t, r))
+        if not keys:
+            return
+        key, tab = np.concatenate(keys), np.concatenate(tabs)
+        every = np.concatenate([r for _, r in rows])
+        chosen = self._spend(np.argsort(-key, kind="stable"), tab, every, [t for t, _ in rows])
+        for j, (t, _) in enumerate(rows):
+            ids = np.sort(every[chosen[tab[chosen] == j]])
+            if ids.size:
+                self._apply(t, ids, current[t][ids])
+
+    def _spend(self, order: np.ndarray, tab: np.ndarray, every: np.ndarray,
+               names: list) -> np.ndarray:
+        """Positions in ``order`` (of ids ``every``, of table ``names[tab]``) of the ranked
+        rows that fit the bucket, ids priced at ~1.5 B while ranking; charges the batches'
+        real bytes (ids as varints) and counts them."""
+        spent, used, take = 0.0, set(), []
+        for o in order:
+            t = names[tab[o]]
+            cost = self.value_bytes(t) + 1.5
+            if t not in used:
+                cost += self._head(t, first=not used)
+            if spent + cost > self.tokens:
+                break
+            spent += cost
+            used.add(t)
+            take.append(o)
+        take = np.asarray(take, np.int64)
+        real, tables = 0, 0
+        for j, t in enumerate(names):
+            ids = np.sort(every[take[tab[take] == j]])
+            if ids.size:
+                real += self._head(t, first=tables == 0) + varint_bytes(ids) \
+                    + ids.size * self.value_bytes(t) + count_bytes(ids.size) - 1
+                tables += 1
+                self.table_rows[t] += int(ids.size)
+                self.sent["rows"] += int(ids.size)
+        self.sent["messages"] += tables if self.framing == "per-table" else int(tables > 0)
+        self.sent["rounds"] += int(tables > 0)
+        self.tokens -= real
+        self.sent["bytes"] += real
+        return take
+
+    def _head(self, table: str, *, first: bool) -> int:
+        """Fixed bytes of ``table``'s batch in a tick's messages (for one row)."""
+        return self.overhead[table] if self.framing == "per-table" or first else len(table) + 8
+
+    def _apply(self, table: str, ids: np.ndarray, cur: np.ndarray) -> None:
+        held = self.held[table]
+        if self.dims[table] <= 4:
+            held[ids] = cur.astype(np.float16).astype(np.float32)
+        elif self.kind == "i8":
+            m = np.abs(cur).max(1, keepdims=True) / 127
+            m = np.where(m > 0, m, 1.0)
+            held[ids] = (np.round(cur / m) * m).astype(np.float32)
+        else:  # 1-bit residual, error feedback: the rest stays pending in held's distance
+            r = cur - held[ids]
+            scale = np.abs(r).mean(1, keepdims=True).astype(np.float16).astype(np.float32)
+            held[ids] += np.sign(r) * scale
+
+
+def sim_budgets(spec: list[float], dims: dict, sizes: dict) -> list[SimBudget]:
+    """Every kind × framing at each budget of ``spec`` (bytes per step)."""
+    return [SimBudget(k, f, b, dims, sizes) for b in spec for k in KINDS for f in FRAMINGS]
