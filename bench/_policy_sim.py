@@ -62,6 +62,7 @@ def message_overhead(table: str, dim: int, dtype: str, n: int = 1) -> int:
                             ts=1_700_000_000_000_000_000, ids=np.array([1], np.int64),
                             rows=np.zeros((1, dim), np.float32), dtype=dtype)
     (msg,) = wire.encode(batch, version=3)
+    # less the row's values, its id's one varint byte and the one-row count
     return len(msg) - (dim + 4 if dtype == "i8" else 2 * dim) - 1 - count_bytes(1) \
         + count_bytes(n)
 
@@ -130,9 +131,9 @@ class SimBudget:
 
     def _spend(self, order: np.ndarray, tab: np.ndarray, every: np.ndarray,
                names: list) -> np.ndarray:
-        """Positions in ``order`` (of ids ``every``, of table ``names[tab]``) of the ranked
-        rows that fit the bucket, ids priced at ~1.5 B while ranking; charges the batches'
-        real bytes (ids as varints) and counts them."""
+        """The leading entries of ``order`` (indices into ``every``, the candidate ids, and
+        ``tab``, their tables' indices into ``names``) that fit the bucket, ids priced at
+        ~1.5 B while ranking; charges the batches' real bytes (ids as varints), counts them."""
         spent, used, take = 0.0, set(), []
         for o in order:
             t = names[tab[o]]
