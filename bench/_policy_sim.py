@@ -18,8 +18,9 @@ Transports (``kind``):
   scale), and what the residual does not remove stays the row's error, to be sent again
   when it ranks. Biases as f16 full rows.
 
-Framing: ``per-table`` charges each table's message its real fixed cost (wire v3's bytes
-of a one-row message minus that row's, measured with the encoder); ``one`` charges one
+Framing: ``per-table`` charges each table's message its real fixed cost (the bytes of a
+one-row message of the bench's wire version, 3 at least, minus that row's, measured with
+the encoder); ``one`` charges one
 such cost per tick plus ``len(name) + 8`` bytes for each further table (an estimate of a
 message that carries every table). Ids cost their wire v3 varints (zigzag first id, LEB128
 gaps of the sorted ids of each table's batch), computed per batch.
@@ -53,15 +54,15 @@ def count_bytes(n: int) -> int:
     return 1 if n < 128 else 2 if n < 256 else 3 if n < 65536 else 5
 
 
-def message_overhead(table: str, dim: int, dtype: str, n: int = 1) -> int:
-    """Wire v3 bytes of an ``n``-row message of ``table`` beyond its ids and row values
-    (keys, names, counters, CRC; the bins' headers are fixed-size)."""
+def message_overhead(table: str, dim: int, dtype: str, n: int = 1, version: int = 3) -> int:
+    """Bytes of an ``n``-row message of ``table`` (wire ``version`` >= 3) beyond its ids
+    and row values (keys, names, counters, CRC; the bins' headers are fixed-size)."""
     from deltastream import wire
 
     batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1, seq=1, step=1,
                             ts=1_700_000_000_000_000_000, ids=np.array([1], np.int64),
                             rows=np.zeros((1, dim), np.float32), dtype=dtype)
-    (msg,) = wire.encode(batch, version=3)
+    (msg,) = wire.encode(batch, version=version)
     # less the row's values, its id's one varint byte and the one-row count
     return len(msg) - (dim + 4 if dtype == "i8" else 2 * dim) - 1 - count_bytes(1) \
         + count_bytes(n)
@@ -77,13 +78,13 @@ class SimBudget:
     """
 
     def __init__(self, kind: str, framing: str, bytes_per_step: float, dims: dict,
-                 sizes: dict) -> None:
+                 sizes: dict, version: int = 3) -> None:
         self.kind, self.framing, self.rate = kind, framing, float(bytes_per_step)
         self.label = f"sim-{kind}{'-one' if framing == 'one' else ''}={bytes_per_step:g}"
         self.dims = dims
         self.held = {t: np.zeros((sizes[t], d), np.float32) for t, d in dims.items()}
         self.rms: dict = {t: None for t in dims}
-        self.overhead = {t: message_overhead(t, d, "i8" if d > 4 else "f16")
+        self.overhead = {t: message_overhead(t, d, "i8" if d > 4 else "f16", version=version)
                          for t, d in dims.items()}
         self.tokens = 0.0
         self.sent = {"bytes": 0, "rows": 0, "messages": 0, "rounds": 0}
@@ -179,6 +180,9 @@ class SimBudget:
             held[ids] += np.sign(r) * scale
 
 
-def sim_budgets(spec: list[float], dims: dict, sizes: dict) -> list[SimBudget]:
-    """Every kind × framing at each budget of ``spec`` (bytes per step)."""
-    return [SimBudget(k, f, b, dims, sizes) for b in spec for k in KINDS for f in FRAMINGS]
+def sim_budgets(spec: list[float], dims: dict, sizes: dict, version: int = 3
+                ) -> list[SimBudget]:
+    """Every kind × framing at each budget of ``spec`` (bytes per step), messages of wire
+    ``version`` (>= 3)."""
+    return [SimBudget(k, f, b, dims, sizes, version) for b in spec for k in KINDS
+            for f in FRAMINGS]

@@ -19,7 +19,8 @@ serving AUC within ``--tolerance`` 0.002 of it).
 
 One training run feeds **one DeltaTracker with one consumer per policy**, so every policy
 sees the same trajectory; each policy's rows are encoded with :mod:`deltastream.wire`
-(``--dtype``, ``--wire-version``: 3 sends dense ids as varints, 1–2 bytes instead of 8;
+(``--dtype``, ``--wire-version``: 3 sends dense ids as varints, 1–2 bytes instead of 8, 4
+also one-byte keys, ~50 bytes less a message;
 ``--wide-dtype i8``: budgets send the dim-32 tables as i8, the bias tables in ``--dtype``; the
 encoded bytes are what is counted), decoded and applied to its own
 :class:`consumers.ServingTable` s — what a predictor would hold (no broker: it does not
@@ -149,7 +150,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--init-std", type=float, default=0.1, help="std of new embedding rows")
     p.add_argument("--positive", type=float, default=4.0, help="rating >= this is a positive")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "i8"], default="f16")
-    p.add_argument("--wire-version", type=int, choices=[2, 3], default=2,
+    p.add_argument("--wire-version", type=int, choices=[2, 3, 4], default=2,
                    help="wire version of every policy's messages (3: ids as varint gaps)")
     p.add_argument("--wide-dtype", choices=["i8"], default=None,
                    help="budget policies send the tables wider than 4 in this dtype "
@@ -258,7 +259,7 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
     bs = args.batch_size
     sizes = {name: int((data.users if name.startswith("user") else data.items).max()) + 1
              for name in dims}
-    sims = sim_budgets(args.sim_budgets, dims, sizes)
+    sims = sim_budgets(args.sim_budgets, dims, sizes, max(3, args.wire_version))
     rows_now = {name: np.zeros((sizes[name], dims[name]), np.float32) for name in dims}
     seen = {name: np.zeros(sizes[name], bool) for name in dims}
     n = len(data) if args.limit is None else min(len(data), args.limit)

@@ -1,11 +1,11 @@
-"""Wire format v2 (and v3): one Kafka message is one msgpack map carrying a batch of rows.
+"""Wire format v2 (and v3, v4): one Kafka message is one msgpack map carrying a batch of rows.
 
 Torch-free: predictor hosts import this with numpy and msgpack only.
 
 Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arrays, never lists):
 
 ===============  ====  ================================================================
-``v``            int   schema version: 2 or 3 (decoders also read 1)
+``v``            int   schema version: 2, 3 or 4 (decoders also read 1)
 ``model``        str   model name; ``table``: table name (≤ 255 chars, no ``/``)
 ``shard``        int   trainer shard that owns the rows
 ``epoch``        int   trainer incarnation, new on every trainer start
@@ -36,6 +36,13 @@ previous one (:func:`~deltastream.wire_codec.varint_ids`), written when shorter 
 bytes (dense ids: 1–2 bytes each). Exactly one of ``ids``/``idv`` is present; the decoder
 refuses an ``idv`` of another count, a varint not in its shortest form or over 64 bits, and
 ids that do not ascend within int64, naming ``idv``.
+**v4** (``encode(..., version=4)``, ``DeltaPublisher(wire_version=4)``) is v3 with every
+key a msgpack positive fixint instead of its name — ``v`` 0, ``model`` 1, ``table`` 2,
+``shard`` 3, ``epoch`` 4, ``seq`` 5, ``step`` 6, ``ts`` 7, ``n`` 8, ``dim`` 9, ``col`` 10,
+``width`` 11, ``dtype`` 12, ``ids`` 13, ``idv`` 14, ``rows`` 15, ``scale`` 16, ``del`` 17,
+``crc`` 18 (:data:`~deltastream.wire_codec.FIELD_KEYS`) — so its trailer is ``0x12 0xce``
++ 4 CRC bytes; same fields, order, types and checks, ~50 bytes less per message (a budget's
+small messages are mostly header). A map's keys are all names (v1–v3) or all ints (v4).
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):
@@ -86,12 +93,14 @@ from deltastream.wire_codec import (
     DENSE_HEAD,
     DTYPES,
     F16_MAX,
+    FIELD_KEYS,
     NUMPY_DTYPES,
     VERSION,
     VERSIONS,
     Framer,
     Reader,
     check_crc_trailer,
+    int_keys,
     max_abs_finite,
     pack_message,
     quantize,
@@ -139,6 +148,7 @@ _FIXED_OVERHEAD = 256
 _REQUIRED = {"v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", "dim",
              "dtype", "rows", "crc"}
 _OPTIONAL = {"ids", "idv", "scale", "del", "col", "width"}  # exactly one of ids / idv
+_FIELD_NAMES = {k: name for name, k in FIELD_KEYS.items()}  # v4's int keys
 _V2_ONLY = ("col", "width")
 _INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc", "col", "width")
 
@@ -478,7 +488,7 @@ def _read_map(view: memoryview) -> dict:
                         "deltastream.dense_wire.decode_dense (tell the kinds apart from the "
                         "Kafka headers with dense_wire.is_dense)")
     reader = Reader(view, len(_REQUIRED | _OPTIONAL))
-    msg = reader.top_map()
+    msg = reader.top_map(_FIELD_NAMES)
     keys = set(msg)
     if not _REQUIRED <= keys:
         raise WireError(f"message: missing fields {sorted(_REQUIRED - keys)}")
@@ -494,11 +504,15 @@ def _read_map(view: memoryview) -> dict:
     if ("ids" in msg) == ("idv" in msg):
         raise WireError("ids: a message carries exactly one of ids and idv, got "
                         f"{'both' if 'ids' in msg else 'neither'}")
+    if reader.int_keys != int_keys(version):
+        raise WireError(f"v: wire v{version} keys its fields by "
+                        f"{'int' if int_keys(version) else 'name'}, this message by "
+                        f"{'int' if reader.int_keys else 'name'}")
     if "idv" in msg and version < COMPACT_IDS_VERSION:
         raise WireError(f"idv: not a field of wire v{version} (varint ids need v3)")
     if version != 1:
         # The trailer is the map's last field, byte for byte; the CRC covers all before it.
-        check_crc_trailer(view, reader.last_key_at, msg["crc"])
+        check_crc_trailer(view, reader.last_key_at, msg["crc"], ints=reader.int_keys)
     else:
         for k in _V2_ONLY:
             if k in msg:

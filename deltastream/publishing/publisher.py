@@ -121,8 +121,10 @@ class DeltaPublisher:
             failed producer, a message may take to be acknowledged (delivery timeout), and
             the constructor may take to reach the broker.
         allow_nonfinite: publish inf/NaN rows instead of raising (not with dtype i8).
-        wire_version: 2, or 3: ids as sorted varint gaps when shorter (1–2 bytes for dense
-            ids instead of 8); every consumer must read v3 (deltastream ≥ issue 29) first.
+        wire_version: 2; 3: ids as sorted varint gaps when shorter (1–2 bytes for dense
+            ids instead of 8); 4: also one-byte int keys (~50 bytes less per message).
+            Every consumer must read the version first (v3: deltastream ≥ issue 29, v4:
+            ≥ stop 40 of issue 29).
         producer_config: more kafka-python ``KafkaProducer`` settings (``linger_ms``,
             ``batch_size``, security, …). ``buffer_memory`` (bytes, default
             ``max(32 MiB, 4 × max_message_bytes)``) bounds the bytes awaiting

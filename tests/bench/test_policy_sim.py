@@ -9,14 +9,15 @@ from deltastream import wire
 
 @pytest.mark.parametrize("ids", [[0], [7, 8, 9], [3, 200, 70_000, 2**40], list(range(0, 5000, 3))])
 @pytest.mark.parametrize("dim,dtype", [(32, "i8"), (1, "f16")])
-def test_priced_bytes_are_the_wire_v3_message_bytes(ids, dim, dtype):
+@pytest.mark.parametrize("version", [3, 4])
+def test_priced_bytes_are_the_wire_message_bytes(ids, dim, dtype, version):
     ids = np.asarray(ids, np.int64)
     rows = np.random.default_rng(0).normal(size=(ids.size, dim)).astype(np.float32)
     batch = wire.DeltaBatch(model="mf", table="item", shard=0, epoch=1, seq=1, step=1,
                             ts=1_700_000_000_000_000_000, ids=ids, rows=rows, dtype=dtype)
-    (msg,) = wire.encode(batch, version=3, max_message_bytes=1 << 24)
+    (msg,) = wire.encode(batch, version=version, max_message_bytes=1 << 24)
     value = dim + 4 if dtype == "i8" else 2 * dim
-    assert message_overhead("item", dim, dtype, ids.size) + varint_bytes(ids) + ids.size * value \
+    assert message_overhead("item", dim, dtype, ids.size, version) + varint_bytes(ids) + ids.size * value \
         == len(msg)
 
 

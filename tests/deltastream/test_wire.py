@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from deltastream import wire
 from deltastream.wire import DeltaBatch, WireError, decode, encode, split
+from deltastream.wire_codec import FIELD_KEYS
 from tests.deltastream.wire_messages import (
     BASE,
     assert_same,
@@ -402,12 +403,12 @@ def test_v1_is_still_decoded_and_written_on_request():
         assert encode(decode(v1[0]), max_message_bytes=400) == [v2[0]]  # relays upgrade
     with pytest.raises(WireError, match="v1 cannot carry a column slice"):
         encode(make([1], np.ones((1, 2)), col=2, width=4), version=1)
-    for bad in (0, 4, True, "2"):
+    for bad in (0, 5, True, "2"):
         with pytest.raises(WireError, match="version: expected one of"):
             encode(BASE, version=bad)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 4])
 def test_plain_msgpack_dict_decodes_like_ours(version):
     ours = decode(one(BASE))
     assert_same(decode(packed(version=version)), ours)
@@ -416,17 +417,20 @@ def test_plain_msgpack_dict_decodes_like_ours(version):
     msg = fields_of(BASE, version)
     if version == 1:
         msg["crc"] = crc_v1(msg)
-    body = b"".join(msgpack.packb(k) + (b"\xcf" + struct.pack(">Q", v) if isinstance(v, int)
-                                         else msgpack.packb(v))
+    keys = FIELD_KEYS if version == 4 else {}
+    body = b"".join(msgpack.packb(keys.get(k, k))
+                    + (b"\xcf" + struct.pack(">Q", v) if isinstance(v, int)
+                       else msgpack.packb(v))
                     for k, v in reversed(list(msg.items())))
-    data = b"\xdf" + struct.pack(">I", len(msg) + (version == 2)) + body
-    if version == 2:
-        data += b"\xa3crc\xce" + struct.pack(">I", crc32c.crc32c(data))
+    data = b"\xdf" + struct.pack(">I", len(msg) + (version != 1)) + body
+    if version != 1:
+        data += msgpack.packb(keys.get("crc", "crc")) + b"\xce" \
+            + struct.pack(">I", crc32c.crc32c(data))
     assert_same(decode(data), ours)
 
 
 @SETTINGS
-@given(batches(max_n=20), st.sampled_from([1, 2]))
+@given(batches(max_n=20), st.sampled_from([1, 2, 4]))
 def test_plain_msgpack_interop_property(batch, version):
     assert_same(decode(pack_fields(fields_of(batch, version), version)), decode(one(batch)))
 

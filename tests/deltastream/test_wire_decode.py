@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from deltastream import wire
 from deltastream.wire import WireError, decode
+from deltastream.wire_codec import FIELD_KEYS, INT_KEYS_VERSION
 from tests.deltastream.wire_messages import (
     BASE,
     DROP,
@@ -30,7 +31,7 @@ from tests.deltastream.wire_messages import (
     packed,
 )
 
-VERSIONS = pytest.mark.parametrize("version", [1, 2])
+VERSIONS = pytest.mark.parametrize("version", [1, 2, 4])
 
 
 @VERSIONS
@@ -92,19 +93,28 @@ def test_decode_semantic_checks():
         decode(packed(n=0, ids=b"", rows=b"", scale=b"", **{"del": b""}))
 
 
+def _key(name: str, version: int):
+    """A field's key in a message of ``version`` (its name, or from v4 its int)."""
+    return FIELD_KEYS[name] if version >= INT_KEYS_VERSION else name
+
+
 @VERSIONS
 def test_decode_crc_mismatch_and_version(version):
     good = packed(version=version)
-    crc = msgpack.unpackb(good)["crc"]
+    crc = msgpack.unpackb(good, strict_map_key=False)[_key("crc", version)]
     with pytest.raises(WireError, match="crc: CRC-32C mismatch"):
         decode(packed(version=version, crc=crc ^ 1))
     msg = fields_of(BASE, version)
     msg["rows"] = b"\x01" + msg["rows"][1:]  # payload changed, crc kept
     with pytest.raises(WireError, match="crc: CRC-32C mismatch"):
         decode(pack_fields(msg, version, crc=crc))
-    for v in (0, 4, 255):
-        with pytest.raises(WireError, match="unsupported schema version (0|4|255)"):
+    for v in (0, 5, 255):
+        with pytest.raises(WireError, match="unsupported schema version (0|5|255)"):
             decode(packed(version=version, v=v))
+    other, keyed = (3, "int") if version >= INT_KEYS_VERSION else (4, "name")
+    with pytest.raises(WireError, match=f"v: wire v{other} keys its fields by .*, this "
+                                        f"message by {keyed}"):
+        decode(packed(version=version, v=other))
 
 
 def test_v2_crc_covers_every_field_v1_only_the_bins():
@@ -154,19 +164,30 @@ def test_v1_refuses_column_fields():
 
 @VERSIONS
 def test_decode_unknown_and_duplicate_fields(version):
-    with pytest.raises(WireError, match="unknown fields.*extra"):
-        decode(packed(make([1], [[1.0]]), version=version, extra=1))
+    if version >= INT_KEYS_VERSION:  # an unknown field is an int that names no field
+        extra = fields_of(make([1], [[1.0]]), version)
+        extra[99] = 1
+        with pytest.raises(WireError, match=r"key 13: unknown field number 99"):
+            decode(pack_fields(extra, version))
+        with pytest.raises(WireError, match="key 13: expected an int key like the map's "
+                                            "first, got str"):
+            decode(packed(make([1], [[1.0]]), version=version, extra=1))
+    else:
+        with pytest.raises(WireError, match="unknown fields.*extra"):
+            decode(packed(make([1], [[1.0]]), version=version, extra=1))
     msg = fields_of(make([1], [[1.0]]), version)
     msg["crc"] = crc_v1(msg)
-    body = b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in msg.items())
-    dup = msgpack.packb("seq") + msgpack.packb(1)
+    body = b"".join(msgpack.packb(_key(k, version)) + msgpack.packb(v) for k, v in msg.items())
+    dup = msgpack.packb(_key("seq", version)) + msgpack.packb(1)
     with pytest.raises(WireError, match="seq: duplicate field"):
         decode(b"\xde" + struct.pack(">H", len(msg) + 1) + body + dup)
     too_many = len(wire._REQUIRED | wire._OPTIONAL) + 1
     with pytest.raises(WireError, match="at most"):
         decode(b"\xde" + struct.pack(">H", too_many) + body + dup * 5)
-    with pytest.raises(WireError, match="str key"):
-        decode(msgpack.packb({1: 2}))
+    with pytest.raises(WireError, match="key 0: expected a str key, got NoneType"):
+        decode(msgpack.packb({None: 2}))
+    with pytest.raises(WireError, match="key 0: unknown field number 99"):
+        decode(msgpack.packb({99: 2}))  # int keys are v4's, and 99 is none of them
 
 
 def test_decode_huge_claims_allocate_nothing():

@@ -102,7 +102,7 @@ def check_valid(batch: DeltaBatch, data: bytes) -> None:
 
 def test_fuzz_decode_never_raises_anything_but_wire_error():
     rnd = random.Random(SEED)
-    messages = corpus() + corpus(version=1) + corpus(version=3)
+    messages = corpus() + corpus(version=1) + corpus(version=3) + corpus(version=4)
     for m in messages:
         check_valid(decode(m), m)
     accepted = rejected = 0

@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 
 from deltastream.wire import DeltaBatch, decode, encode
+from deltastream.wire_codec import FIELD_KEYS, INT_KEYS_VERSION
 
 __all__ = ["DROP", "BASE", "make", "one", "fields_of", "crc_v1", "pack_fields", "packed",
            "assert_same"]
@@ -78,21 +79,24 @@ def pack_fields(msg: dict, version: int = 2, crc: Any = _COMPUTE,
                 with_crc: bool = True) -> bytes:
     """Pack ``msg`` (no ``crc`` key) as a message of ``version``; ``crc`` overrides the
     computed value (any msgpack value; a v2 uint32 is packed as ``0xce`` + 4 bytes),
-    ``with_crc=False`` leaves the field out."""
+    ``with_crc=False`` leaves the field out. From v4 the known field names are packed as
+    their int keys (other keys as given)."""
     if version == 1:
         out = dict(msg)
         if with_crc:
             out["crc"] = crc_v1(msg) if crc is _COMPUTE else crc
         return msgpack.packb(out)
+    keys = FIELD_KEYS if version >= INT_KEYS_VERSION else {}
     packer = msgpack.Packer()
     data = packer.pack_map_header(len(msg) + with_crc) + b"".join(
-        packer.pack(k) + packer.pack(v) for k, v in msg.items())
+        packer.pack(keys.get(k, k)) + packer.pack(v) for k, v in msg.items())
     if not with_crc:
         return data
     value = crc32c.crc32c(data) if crc is _COMPUTE else crc
+    crc_key = packer.pack(keys.get("crc", "crc"))
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32:
-        return data + b"\xa3crc\xce" + struct.pack(">I", value)
-    return data + packer.pack("crc") + packer.pack(value)
+        return data + crc_key + b"\xce" + struct.pack(">I", value)
+    return data + crc_key + packer.pack(value)
 
 
 def packed(base: DeltaBatch = BASE, *, version: int = 2, **changes) -> bytes:
