@@ -20,15 +20,17 @@ Transports (``kind``):
 
 Framing: ``per-table`` charges each table's message its real fixed cost (the bytes of a
 one-row message of the bench's wire version, 3 at least, minus that row's, measured with
-the encoder); ``one`` charges one
-such cost per tick plus ``len(name) + 8`` bytes for each further table (an estimate of a
-message that carries every table). Ids cost their wire v3 varints (zigzag first id, LEB128
-gaps of the sorted ids of each table's batch), computed per batch.
+the encoder); ``one`` charges one such cost per tick plus ``len(name) + 8`` bytes for each
+further table (an estimate of a message that carries every table). Ids cost what the wire encodes for each table's
+batch (:func:`deltastream.wire.id_bytes`: v3 varints of the sorted ids, when shorter).
 """
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
+
+from deltastream import wire
 
 __all__ = ["SimBudget", "sim_budgets", "KINDS", "FRAMINGS"]
 
@@ -38,34 +40,16 @@ BURST_STEPS = 4
 RMS_ALPHA = 0.1  # EMA weight of a tick's RMS row norm (the real TableScale's)
 
 
-def varint_bytes(ids: np.ndarray) -> int:
-    """Bytes of wire v3's id encoding of ascending ``ids`` (zigzag first, LEB128 gaps)."""
-    if ids.size == 0:
-        return 0
-    first = int(ids[0])
-    z = (first << 1) ^ (first >> 63)
-    vals = np.concatenate([[z], np.diff(ids)]).astype(np.uint64)
-    bits = np.floor(np.log2(np.maximum(vals, 1).astype(np.float64))).astype(np.int64) + 1
-    return int(((bits + 6) // 7).sum())
-
-
-def count_bytes(n: int) -> int:
-    """msgpack bytes of the row count ``n`` (a message's ``n`` field)."""
-    return 1 if n < 128 else 2 if n < 256 else 3 if n < 65536 else 5
-
-
 def message_overhead(table: str, dim: int, dtype: str, n: int = 1, version: int = 3) -> int:
     """Bytes of an ``n``-row message of ``table`` (wire ``version`` >= 3) beyond its ids
     and row values (keys, names, counters, CRC; the bins' headers are fixed-size)."""
-    from deltastream import wire
-
     batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1, seq=1, step=1,
                             ts=1_700_000_000_000_000_000, ids=np.array([1], np.int64),
                             rows=np.zeros((1, dim), np.float32), dtype=dtype)
     (msg,) = wire.encode(batch, version=version)
-    # less the row's values, its id's one varint byte and the one-row count
-    return len(msg) - (dim + 4 if dtype == "i8" else 2 * dim) - 1 - count_bytes(1) \
-        + count_bytes(n)
+    # less the row's values and its id's one varint byte; the count field as n's
+    return len(msg) - (dim + 4 if dtype == "i8" else 2 * dim) - 1 - len(msgpack.packb(1)) \
+        + len(msgpack.packb(n))
 
 
 class SimBudget:
@@ -80,6 +64,7 @@ class SimBudget:
     def __init__(self, kind: str, framing: str, bytes_per_step: float, dims: dict,
                  sizes: dict, version: int = 3) -> None:
         self.kind, self.framing, self.rate = kind, framing, float(bytes_per_step)
+        self.version = version
         self.label = f"sim-{kind}{'-one' if framing == 'one' else ''}={bytes_per_step:g}"
         self.dims = dims
         self.held = {t: np.zeros((sizes[t], d), np.float32) for t, d in dims.items()}
@@ -134,7 +119,7 @@ class SimBudget:
                names: list) -> np.ndarray:
         """The leading entries of ``order`` (indices into ``every``, the candidate ids, and
         ``tab``, their tables' indices into ``names``) that fit the bucket, ids priced at
-        ~1.5 B while ranking; charges the batches' real bytes (ids as varints), counts them."""
+        ~1.5 B while ranking; charges the batches' real bytes (ids as the wire encodes them), counts them."""
         spent, used, take = 0.0, set(), []
         for o in order:
             t = names[tab[o]]
@@ -151,8 +136,8 @@ class SimBudget:
         for j, t in enumerate(names):
             ids = np.sort(every[take[tab[take] == j]])
             if ids.size:
-                real += self._head(t, first=tables == 0) + varint_bytes(ids) \
-                    + ids.size * self.value_bytes(t) + count_bytes(ids.size) - 1
+                real += self._head(t, first=tables == 0) + wire.id_bytes(ids, self.version) \
+                    + ids.size * self.value_bytes(t) + len(msgpack.packb(int(ids.size))) - 1
                 tables += 1
                 self.table_rows[t] += int(ids.size)
                 self.sent["rows"] += int(ids.size)

@@ -296,9 +296,10 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
         dense.zero_grad()
         tracker.step()
         if sims:  # the rows this step changed (and the ones its lookups inserted)
+            touched = {"user": np.unique(u_np), "item": np.unique(i_np)}
             with torch.no_grad(), tracker.pause():
                 for name in dims:
-                    ids = np.unique(u_np if name.startswith("user") else i_np)
+                    ids = touched[name.removesuffix("_bias")]
                     seen[name][ids] = True
                     rows_now[name][ids] = model[name].lookup(torch.from_numpy(ids)).numpy()
             for s in sims:

@@ -327,11 +327,15 @@ def _key(name: str, ints: bool) -> Any:
     return FIELD_KEYS[name] if ints else name
 
 
+def _trailer(ints: bool) -> bytes:
+    return _CRC_TRAILER_INT if ints else CRC_TRAILER
+
+
 def map_header(scalars: dict[str, Any], n_more: int, *, ints: bool = False) -> bytes:
     """The message's map16 header (counting the scalars and ``n_more`` fields after them:
     the bins, and the CRC trailer in v2) followed by the scalars; ``ints``: keyed by
     :data:`FIELD_KEYS`."""
-    head = msgpack.packb({FIELD_KEYS[k]: v for k, v in scalars.items()} if ints else scalars)
+    head = msgpack.packb({_key(k, ints): v for k, v in scalars.items()})
     # packb writes a fixmap header (< 16 fields) or a map16 one: replace it by a map16
     # header with the full count.
     head = head[3:] if head[0] == 0xDE else head[1:]
@@ -347,7 +351,7 @@ def bin_header(key: str, size: int, *, ints: bool = False) -> bytes:
 def crc_trailer(crc: int, *, ints: bool = False) -> bytes:
     """How a v2 message ends: key ``"crc"`` (its int with ``ints``) and ``crc`` as a
     msgpack uint32 (always 5 bytes, whatever its value)."""
-    return (_CRC_TRAILER_INT if ints else CRC_TRAILER) + _U32.pack(crc)
+    return _trailer(ints) + _U32.pack(crc)
 
 
 def join_with_crc(head: bytes, bins: list[tuple[str, int, Any]], *,
@@ -373,7 +377,7 @@ def check_crc_trailer(view: memoryview, last_key_at: int, crc: Any, *,
     """Raise :class:`WireError` unless the v2 message ``view`` ends with the CRC trailer
     (:func:`crc_trailer`) as its map's last field (``last_key_at`` from :class:`Reader`)
     and ``crc`` (the value read there) is the CRC-32C of every byte before it."""
-    trailer = _CRC_TRAILER_INT if ints else CRC_TRAILER
+    trailer = _trailer(ints)
     end = len(view) - len(trailer) - 4
     if last_key_at != end or bytes(view[end:end + len(trailer)]) != trailer:
         raise WireError(f"crc: a v2 message must end with the crc field packed as msgpack "

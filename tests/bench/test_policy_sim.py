@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bench._policy_sim import KINDS, SimBudget, message_overhead, varint_bytes
+from bench._policy_sim import KINDS, SimBudget, message_overhead
 from deltastream import wire
 
 
@@ -17,8 +17,8 @@ def test_priced_bytes_are_the_wire_message_bytes(ids, dim, dtype, version):
                             ts=1_700_000_000_000_000_000, ids=ids, rows=rows, dtype=dtype)
     (msg,) = wire.encode(batch, version=version, max_message_bytes=1 << 24)
     value = dim + 4 if dtype == "i8" else 2 * dim
-    assert message_overhead("item", dim, dtype, ids.size, version) + varint_bytes(ids) + ids.size * value \
-        == len(msg)
+    assert message_overhead("item", dim, dtype, ids.size, version) \
+        + wire.id_bytes(ids, version) + ids.size * value == len(msg)
 
 
 def _sim(kind, framing="per-table", rate=400.0):

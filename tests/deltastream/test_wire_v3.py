@@ -87,13 +87,14 @@ def test_v3_keeps_raw_ids_when_varints_would_cost_more():
     np.testing.assert_array_equal(decode(v3).ids, ids)
 
 
+@pytest.mark.parametrize("version", [3, 4])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("ids", [[5, 6, 900], [-(1 << 63), 0, (1 << 63) - 1]])
-def test_framer_writes_the_bytes_encode_writes_in_v3(dtype, ids):
+def test_framer_writes_the_bytes_encode_writes_in_v3(dtype, ids, version):
     b = make(np.array(ids), np.arange(3 * 5, dtype=np.float32).reshape(3, 5), dtype,
              tombstones=np.array([1, 2]))
     (piece,) = wire.split(b)
-    assert bytes(Framer(1 << 16, version=3).frame(piece)) == one(b, version=3)
+    assert bytes(Framer(1 << 16, version=version).frame(piece)) == one(b, version=version)
 
 
 def test_old_messages_still_decode_and_v2_is_the_default():

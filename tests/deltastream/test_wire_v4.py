@@ -38,20 +38,18 @@ def test_v4_carries_v3s_rows_shorter_by_the_key_bytes(dtype, col):
     assert one(decode(v4), version=4) == v4  # a relay re-encodes a decoded v4 batch
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
-@pytest.mark.parametrize("ids", [[5, 6, 900], [-(1 << 63), 0, (1 << 63) - 1]])
-def test_framer_writes_the_bytes_encode_writes_in_v4(dtype, ids):
-    b = make(np.array(ids), np.arange(3 * 5, dtype=np.float32).reshape(3, 5), dtype,
-             tombstones=np.array([1, 2]))
-    (piece,) = wire.split(b)
-    framer = Framer(1 << 16, version=4)
-    framed = framer.frame(piece)
-    assert bytes(framed) == one(b, version=4)
-    # the rows land 64-byte aligned from the start of the framer's buffer, as in v2 and v3
-    rows_at = bytes(framed).index(bytes([FIELD_KEYS["rows"], 0xC6])) + 6
-    start = np.frombuffer(framed, np.uint8).ctypes.data \
-        - np.frombuffer(framer.buf, np.uint8).ctypes.data
-    assert (start + rows_at) % 64 == 0
+def test_the_framers_rows_stay_64_byte_aligned_with_v4s_shorter_headers():
+    """The framer's bytes equal encode's in v4 too (``test_wire_v3``'s framer test runs on
+    both versions); here: the rows still start 64-byte aligned in its buffer."""
+    for ids in ([5, 6, 900], [-(1 << 63), 0, (1 << 63) - 1]):
+        b = make(np.array(ids), np.arange(3 * 5, dtype=np.float32).reshape(3, 5), "f16",
+                 tombstones=np.array([1, 2]))
+        framer = Framer(1 << 16, version=4)
+        framed = framer.frame(wire.split(b)[0])
+        rows_at = bytes(framed).index(bytes([FIELD_KEYS["rows"], 0xC6])) + 6
+        start = np.frombuffer(framed, np.uint8).ctypes.data \
+            - np.frombuffer(framer.buf, np.uint8).ctypes.data
+        assert (start + rows_at) % 64 == 0
 
 
 def test_every_key_is_one_byte_and_the_crc_trailer_is_the_last_field():
