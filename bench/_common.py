@@ -223,7 +223,7 @@ class Loopback:
         self.keep, self.wire_version = keep, wire_version
 
     def publish(self, table: str, ids, rows, *, step: int, tombstones=None,
-                ts: int | None = None, dtype: str | None = None) -> LoopbackSent:
+                ts: int | None = None, dtype: str | None = None, fresh=None) -> LoopbackSent:
         import numpy as np
 
         from deltastream import wire
@@ -232,7 +232,8 @@ class Loopback:
                                 step=step, ts=time.time_ns() if ts is None else ts,
                                 ids=np.asarray(ids), rows=np.asarray(rows),
                                 dtype=dtype or self.dtype,
-                                tombstones=None if tombstones is None else np.asarray(tombstones))
+                                tombstones=None if tombstones is None else np.asarray(tombstones),
+                                fresh=None if fresh is None else np.asarray(fresh))
         msgs = wire.encode(batch, version=self.wire_version)
         for msg in msgs:
             self.seq += 1

@@ -155,6 +155,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--wide-dtype", choices=["i8"], default=None,
                    help="budget policies send the tables wider than 4 in this dtype "
                    "(BudgetPolicy.wide_dtype)")
+    p.add_argument("--residuals", action="store_true", help="budget policies send their ranked "
+                   "rows as 1-bit residuals (BudgetPolicy.residuals; needs --wire-version 4)")
     p.add_argument("--full-every", type=_list(int), default=[1, 4, 16])
     p.add_argument("--touched-every", type=_list(int), default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--fractions", type=_list(float), default=[0.05, 0.1, 0.2, 0.4])
@@ -185,6 +187,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--dataset names a log: give it, or --log / --wheel, not both")
     if min(args.batch_size, args.dim) <= 0 or args.lr <= 0 or args.init_std < 0:
         p.error("--batch-size, --dim, --lr must be positive, --init-std >= 0")
+    if args.residuals and args.wire_version < 4:
+        p.error("--residuals needs --wire-version 4")
     if any(f > 1 for f in args.fractions):
         p.error("--fractions must be in (0, 1]")
     return args
@@ -194,7 +198,7 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
     from deltastream.publishing.budget import BudgetPolicy
     from deltastream.publishing.rounds import SelectionPolicy
 
-    wide = {"wide_dtype": args.wide_dtype}
+    wide = {"wide_dtype": args.wide_dtype, "residuals": args.residuals}
     out = [Policy(f"full/{n}", "full", n, every=n) for n in args.full_every]
     out += [Policy(f"touched/{n}", "touched", n, every=n, select=SelectionPolicy())
             for n in sorted(set(args.touched_every) | {1})]
@@ -497,6 +501,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     common = dict(source=data.source, interactions=r["examples"], steps=r["steps"],
                   batch_size=args.batch_size, dim=args.dim, dtype=args.dtype,
                   wire_version=args.wire_version, wide_dtype=args.wide_dtype,
+                  residuals=args.residuals,
                   trainer_auc=tr, tolerance=args.tolerance, seconds=r["seconds"],
                   positives=r["positives"], plot=str(png) if png else None)
     head = by[args.policy]

@@ -14,11 +14,13 @@ Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arr
 ``n``, ``dim``   int   rows, width of the carried rows
 ``col``          int   v2, optional: ``rows`` are columns ``[col, col + dim)`` of rows
 ``width``        int   ``width`` wide (column-wise shards); default 0 and ``dim``
-``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8`` (see below)
+``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8``; v4: also ``r1`` (see below)
 ``ids``          bin   n × int64
 ``idv``          bin   v3, instead of ``ids`` when shorter: varint ids (see below)
-``rows``         bin   n × dim × itemsize, row-major
-``scale``        bin   n × float32, only for ``i8``
+``rows``         bin   n × dim × itemsize, row-major (``r1``: n × ceil(dim / 8) sign bits)
+``scale``        bin   n × float32 for ``i8``, n × float16 for ``r1``, absent otherwise
+``fresh``        bin   ``r1`` only, optional: ceil(n / 8) bytes, bit i set = row i starts
+                       from zeros, whatever the predictor holds for its id
 ``del``          bin   m × int64 tombstones (ids the trainer evicted), optional
 ``crc``          int   CRC-32C, see below
 ===============  ====  ================================================================
@@ -40,9 +42,10 @@ ids that do not ascend within int64, naming ``idv``.
 key a msgpack positive fixint instead of its name — ``v`` 0, ``model`` 1, ``table`` 2,
 ``shard`` 3, ``epoch`` 4, ``seq`` 5, ``step`` 6, ``ts`` 7, ``n`` 8, ``dim`` 9, ``col`` 10,
 ``width`` 11, ``dtype`` 12, ``ids`` 13, ``idv`` 14, ``rows`` 15, ``scale`` 16, ``del`` 17,
-``crc`` 18 (:data:`~deltastream.wire_codec.FIELD_KEYS`) — so its trailer is ``0x12 0xce``
-+ 4 CRC bytes; same fields, order, types and checks, ~50 bytes less per message (a budget's
-small messages are mostly header). A map's keys are all names (v1–v3) or all ints (v4).
+``crc`` 18, ``fresh`` 19 (:data:`~deltastream.wire_codec.FIELD_KEYS`) — so its trailer
+is ``0x12 0xce`` + 4 CRC bytes; same fields, order, types and checks, ~50 bytes less per
+message (a budget's small messages are mostly header). A map's keys are all names (v1–v3)
+or all ints (v4). v4 also carries residuals (``r1``, with ``fresh``; below).
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):
@@ -60,6 +63,13 @@ Row dtypes and their worst-case error against the float32 value that was encoded
           rounding: ≤ 2⁻²²·max|row|, and ≤ 2e-43 when max|row| < 1.5e-36 makes the
           scale subnormal. Non-finite values are refused (the scale would be inf/NaN).
 ========  ==================================================================
+
+**Residuals** (``r1``, wire v4 on; :mod:`deltastream.wire_values` has the layout): the
+rows are *added* to the row a predictor holds (zeros for an id it does not hold; an id in
+the same message's ``del`` is deleted first), ``±scale`` per element by its sign bit. The
+trainer sends them only for rows whose predictor copy it mirrors exactly (the error they
+leave is sent again: error feedback); a v2/v3 reader refuses them by ``dtype``, and a v4
+message with ``dtype`` ``r1`` is applied exactly once and in order like any other.
 
 Non-finite values (inf, NaN) pass through ``f32``/``f16``/``bf16`` unchanged; refusing
 them is the publisher's job (``allow_nonfinite``).
@@ -80,13 +90,14 @@ encoder applies: :func:`check_name`, :func:`check_dtype`, :func:`row_bytes`,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Optional
 
 import crc32c as _crc32c
 import numpy as np
 
 from deltastream.errors import WireError
+from deltastream.wire_batch import DecodedBatch, DeltaBatch
 from deltastream.wire_codec import (
     BF16_OVERFLOW,
     COMPACT_IDS_VERSION,
@@ -107,6 +118,15 @@ from deltastream.wire_codec import (
     read_varint_ids,
     varint_ids_size,
 )
+from deltastream.wire_values import (
+    RESIDUAL_DTYPES,
+    RESIDUAL_VERSION,
+    has_scale,
+    residual_values,
+    rows_nbytes,
+    scale_nbytes,
+    unpack_residual,
+)
 
 __all__ = [
     "VERSION",
@@ -114,6 +134,9 @@ __all__ = [
     "COMPACT_IDS_VERSION",
     "DTYPES",
     "NUMPY_DTYPES",
+    "RESIDUAL_DTYPES",
+    "RESIDUAL_VERSION",
+    "residual_values",
     "F16_MAX",
     "BF16_OVERFLOW",
     "DeltaBatch",
@@ -147,118 +170,20 @@ _NAME_RE = re.compile(r"[^/\x00-\x1f\x7f]+")  # fullmatch: "$" would accept a tr
 _FIXED_OVERHEAD = 256
 _REQUIRED = {"v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", "dim",
              "dtype", "rows", "crc"}
-_OPTIONAL = {"ids", "idv", "scale", "del", "col", "width"}  # exactly one of ids / idv
+_OPTIONAL = {"ids", "idv", "scale", "del", "col", "width", "fresh"}  # exactly one of ids / idv
 _FIELD_NAMES = {k: name for name, k in FIELD_KEYS.items()}  # v4's int keys
 _V2_ONLY = ("col", "width")
+_WIRE_FORM = ("bf16", "i8", "r1")  # decoded rows not in float: relayed as they are
 _INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc", "col", "width")
-
-
-@dataclass
-class DeltaBatch:
-    """Rows of one table from one trainer shard, as carried by one or more messages.
-
-    Attributes:
-        model, table: names (non-empty, ≤ 255 chars, no ``/`` or control characters).
-        shard: trainer shard that owns the rows (≥ 0).
-        epoch: trainer incarnation (≥ 0), new on every trainer start.
-        seq: per (model, table, shard, epoch) message number; for a batch that :func:`encode`
-            splits, the seq of its first message.
-        step: trainer global step. ts: trainer wall clock in ns when the rows were read.
-        ids: int64 ``[n]`` global ids, strictly ascending.
-        rows: ``[n, dim]``. For a batch you build: any float array (it is converted to
-            ``dtype`` on encode). For a decoded batch: the wire representation —
-            float32/float16 arrays, bf16 bit patterns as uint16, or int8 with ``scale``.
-            Use :meth:`rows_f32` for float32 values either way.
-        dtype: wire dtype, one of ``f32``, ``f16``, ``bf16``, ``i8``.
-        scale: float32 ``[n]`` per-row scale, decoded ``i8`` batches only.
-        tombstones: int64 ``[m]`` ids the trainer evicted, or ``None``. A consumer deletes
-            them before upserting ``ids`` (the two sets are disjoint when produced by
-            deltastream's tracker).
-        col, width: the rows are columns ``[col, col + dim)`` of rows ``width`` wide (a
-            column-wise shard). Defaults: ``col`` 0, ``width`` ``None`` = ``dim`` (whole
-            rows); a decoded batch always has ``width`` set.
-    """
-
-    model: str
-    table: str
-    shard: int
-    epoch: int
-    seq: int
-    step: int
-    ts: int
-    ids: np.ndarray
-    rows: np.ndarray
-    dtype: str = "f32"
-    scale: Optional[np.ndarray] = None
-    tombstones: Optional[np.ndarray] = None
-    col: int = 0
-    width: Optional[int] = None
-
-    @property
-    def n(self) -> int:
-        return int(self.ids.shape[0])
-
-    @property
-    def dim(self) -> int:
-        return int(self.rows.shape[1])
-
-    @property
-    def is_column_slice(self) -> bool:
-        """True when the rows are a column range of wider rows (``col != 0`` or
-        ``width != dim``), False for whole rows."""
-        return self.col != 0 or (self.width is not None and self.width != self.dim)
-
-    def rows_f32(self) -> np.ndarray:
-        """Row values as float32 ``[n, dim]`` (dequantized for decoded f16/bf16/i8)."""
-        return np.asarray(self.rows, dtype=np.float32)
-
-
-@dataclass
-class DecodedBatch(DeltaBatch):
-    """A batch :func:`decode` built from a message and validated, field by field; consumers
-    trust it without checking again.
-
-    Guarantees (on top of :class:`DeltaBatch`): names, ints and ``dtype`` valid; ``ids``
-    int64 ``[n]`` strictly ascending (so unique); ``rows`` ``[n, dim]`` in the wire
-    representation of ``dtype`` (float32, float16, bf16 bit patterns as uint16, int8);
-    ``scale`` float32 ``[n]`` finite and non-negative for ``i8`` (else None);
-    ``tombstones`` int64 or None; ``width`` set and ``0 ≤ col``, ``col + dim ≤ width``.
-    Not checked: whether the row values are finite (:meth:`nonfinite_rows`).
-    """
-
-    def __post_init__(self) -> None:
-        if self.width is None:
-            self.width = self.dim
-
-    def rows_f32(self) -> np.ndarray:
-        """Row values as float32 ``[n, dim]``, dequantized from the wire representation."""
-        if self.dtype == "bf16":
-            return (self.rows.astype(np.uint32) << 16).view(np.float32)
-        if self.dtype == "i8":
-            return self.rows.astype(np.float32) * self.scale[:, None]
-        return self.rows.astype(np.float32, copy=False)
-
-    def nonfinite_rows(self) -> int:
-        """Rows holding a NaN or ±inf value, read off the wire representation (f16/bf16:
-        exponent bits all ones; cheaper than checking float32 values). An i8 row is
-        finite by construction (its scale is); 0 for those."""
-        if self.dtype == "i8":
-            return 0
-        if self.dtype == "f32":
-            return int(np.count_nonzero(~np.isfinite(self.rows).all(axis=1)))
-        exp_all_ones = 0x7C00 if self.dtype == "f16" else 0x7F80
-        bits = np.bitwise_and(self.rows.view(np.uint16), 0x7FFF)
-        if not bits.size or int(bits.max()) < exp_all_ones:
-            return 0
-        return int(np.count_nonzero((bits >= exp_all_ones).any(axis=1)))
 
 
 def row_bytes(dim: int, dtype: str) -> int:
     """Bytes one row of width ``dim`` costs on the wire in ``dtype``: 8 (id) + ``dim`` ×
-    itemsize (+ 4 scale for i8); at most that in v3, whose ids may cost less
-    (:func:`id_bytes`). Raises :class:`WireError` for an unknown dtype."""
-    check_dtype(dtype)
-    return 8 + dim * DTYPES[dtype] + (4 if dtype == "i8" else 0)
+    itemsize (+ 4 scale for i8; ``r1``: ``ceil(dim / 8)`` + 2); at most that from v3 on,
+    whose ids may cost less (:func:`id_bytes`). Raises :class:`WireError` for an unknown
+    dtype."""
+    check_dtype(dtype, residual=True)
+    return 8 + rows_nbytes(1, dim, dtype) + scale_nbytes(1, dtype)
 
 
 def id_bytes(ids: np.ndarray, version: int = VERSION) -> int:
@@ -316,10 +241,12 @@ def check_name(what: str, value: Any) -> None:
                         f"or control characters, got {value!r}")
 
 
-def check_dtype(dtype: Any) -> None:
-    """Raise :class:`WireError` unless ``dtype`` is a wire dtype (a key of :data:`DTYPES`)."""
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+def check_dtype(dtype: Any, *, residual: bool = False) -> None:
+    """Raise :class:`WireError` unless ``dtype`` is a full-row wire dtype (a key of
+    :data:`DTYPES`), or with ``residual`` also a residual one (:data:`RESIDUAL_DTYPES`)."""
+    known = sorted(DTYPES) + (sorted(RESIDUAL_DTYPES) if residual else [])
+    if not isinstance(dtype, str) or dtype not in known:
+        raise WireError(f"dtype: expected one of {known}, got {dtype!r}")
 
 
 def check_int(what: str, value: Any, lo: int = 0, hi: int = _INT64_MAX) -> int:
@@ -354,9 +281,9 @@ def _check_columns(col: Any, width: Any, dim: int) -> None:
 
 
 def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray],
-                                                Optional[np.ndarray]]:
-    """Check a batch built by a producer (or decoded); returns (ids, rows, tombstones, scale)
-    normalised: ids ascending int64, rows permuted with them."""
+                                                Optional[np.ndarray], Optional[np.ndarray]]:
+    """Check a batch built by a producer (or decoded); returns (ids, rows, tombstones, scale,
+    fresh) normalised: ids ascending int64, rows (scale, fresh) permuted with them."""
     if not isinstance(batch, DeltaBatch):
         raise WireError(f"batch: expected a DeltaBatch, got {type(batch).__name__}")
     check_name("model", batch.model)
@@ -364,25 +291,25 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
     check_int("shard", batch.shard, 0, (1 << 31) - 1)
     for name in ("epoch", "seq", "step", "ts"):
         check_int(name, getattr(batch, name))
-    check_dtype(batch.dtype)
+    check_dtype(batch.dtype, residual=True)
     ids = _int64_ids("ids", batch.ids)
     rows = np.asarray(batch.rows)
     if rows.ndim != 2 or rows.shape[0] != ids.shape[0]:
         raise WireError(f"rows: expected shape [{ids.shape[0]}, dim], got {rows.shape}")
     scale = None
-    # A decoded batch carries bf16/i8 rows in their wire representation; re-encoding it
+    # A decoded batch carries bf16/i8/r1 rows in their wire representation; re-encoding it
     # passes them through unchanged (a relay must not re-quantize).
-    wire_form = isinstance(batch, DecodedBatch) and batch.dtype in ("bf16", "i8")
+    wire_form = isinstance(batch, DecodedBatch) and batch.dtype in _WIRE_FORM
     if wire_form:
         want = np.uint16 if batch.dtype == "bf16" else np.int8
         if rows.dtype != want:
             raise WireError(f"rows: a decoded {batch.dtype} batch must hold {np.dtype(want)} "
                             f"rows, got {rows.dtype}")
-        if batch.dtype == "i8":
+        if has_scale(batch.dtype):
             scale = np.asarray(batch.scale) if batch.scale is not None else None
             if scale is None or scale.shape != (ids.shape[0],):
-                raise WireError(f"scale: expected float32 [{ids.shape[0]}] for a decoded i8 "
-                                "batch")
+                raise WireError(f"scale: expected float32 [{ids.shape[0]}] for a decoded "
+                                f"{batch.dtype} batch")
             scale = np.ascontiguousarray(scale, dtype="<f4")
     elif rows.dtype.kind != "f":
         raise WireError(f"rows: expected a float array, got {rows.dtype}")
@@ -390,17 +317,33 @@ def _validate_batch(batch: DeltaBatch) -> tuple[np.ndarray, np.ndarray, Optional
         raise WireError(f"dim: expected 1 ≤ dim ≤ {MAX_DIM}, got {rows.shape[1]}")
     _check_columns(batch.col, rows.shape[1] if batch.width is None else batch.width,
                    rows.shape[1])
+    fresh = _fresh(batch, ids.shape[0])
     if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
         order = np.argsort(ids, kind="stable")
         ids, rows = ids[order], rows[order]
         if scale is not None:
             scale = scale[order]
+        if fresh is not None:
+            fresh = fresh[order]
         if bool(np.any(ids[1:] == ids[:-1])):
             dup = ids[1:][ids[1:] == ids[:-1]]
             raise WireError(f"ids: duplicate ids in one batch (e.g. {int(dup[0])}; "
                             f"{dup.size} duplicates)")
     tomb = None if batch.tombstones is None else _int64_ids("tombstones", batch.tombstones)
-    return ids, rows, tomb, scale
+    return ids, rows, tomb, scale, fresh
+
+
+def _fresh(batch: DeltaBatch, n: int) -> Optional[np.ndarray]:
+    """The batch's ``fresh`` flags checked (bool ``[n]``, r1 only), None when none is set."""
+    if batch.fresh is None:
+        return None
+    if batch.dtype not in RESIDUAL_DTYPES:
+        raise WireError(f"fresh: only residual batches (r1) start rows from zeros, not "
+                        f"{batch.dtype}")
+    fresh = np.asarray(batch.fresh)
+    if fresh.dtype != np.bool_ or fresh.shape != (n,):
+        raise WireError(f"fresh: expected bool [{n}], got {fresh.dtype} {fresh.shape}")
+    return fresh if fresh.any() else None
 
 
 def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatch]:
@@ -409,8 +352,8 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
     Rows are cut in id order; tombstones fill the first messages. The pieces get
     consecutive ``seq`` numbers starting at ``batch.seq``. An empty batch gives ``[]``.
     """
-    ids, rows, tomb, scale = _validate_batch(batch)
-    per_row = row_bytes(rows.shape[1], batch.dtype)
+    ids, rows, tomb, scale, fresh = _validate_batch(batch)
+    per_row = row_bytes(rows.shape[1], batch.dtype) + (fresh is not None)  # + its bit
     # Names count in UTF-8 bytes, not characters.
     budget = (max_message_bytes - _FIXED_OVERHEAD - len(batch.model.encode())
               - len(batch.table.encode()))
@@ -428,21 +371,28 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
         pieces.append(replace(
             batch, seq=batch.seq + len(pieces), ids=ids[r:r + r_take], rows=rows[r:r + r_take],
             tombstones=tomb[t:t + t_take] if t_take else None,
-            scale=None if scale is None else scale[r:r + r_take]))
+            scale=None if scale is None else scale[r:r + r_take],
+            fresh=None if fresh is None else fresh[r:r + r_take]))
         r += r_take
         t += t_take
     return pieces
 
 
 def _pack_one(b: DeltaBatch, version: int) -> bytes:
-    if isinstance(b, DecodedBatch) and b.dtype in ("bf16", "i8"):
+    if isinstance(b, DecodedBatch) and b.dtype == "r1":  # signs and f16 scales, repacked
+        wire_rows = np.packbits(b.rows > 0, axis=1, bitorder="little")
+        scale = np.ascontiguousarray(b.scale, dtype="<f2")
+    elif isinstance(b, DecodedBatch) and b.dtype in _WIRE_FORM:
         wire_rows = np.ascontiguousarray(b.rows)
         scale = None if b.scale is None else np.ascontiguousarray(b.scale, dtype="<f4")
     else:
         wire_rows, scale = quantize(b.rows, b.dtype)
     ids = np.ascontiguousarray(b.ids, dtype="<i8")
     tomb = None if b.tombstones is None else np.ascontiguousarray(b.tombstones, dtype="<i8")
-    return pack_message(b, ids, wire_rows, scale, tomb, version=version)
+    fresh = None if b.fresh is None or not np.any(b.fresh) else \
+        np.packbits(np.asarray(b.fresh, dtype=bool), bitorder="little")
+    return pack_message(b, ids, wire_rows, scale, tomb, version=version, dim=b.dim,
+                        fresh=fresh)
 
 
 def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20,
@@ -457,6 +407,9 @@ def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20,
         raise WireError(f"max_message_bytes: expected a positive int, got {max_message_bytes!r}")
     if isinstance(version, bool) or version not in VERSIONS:
         raise WireError(f"version: expected one of {VERSIONS}, got {version!r}")
+    if getattr(batch, "dtype", None) in RESIDUAL_DTYPES and version < RESIDUAL_VERSION:
+        raise WireError(f"version: dtype {batch.dtype} (residuals) needs wire "
+                        f"v{RESIDUAL_VERSION} or later, got v{version}")
     if version == 1 and batch.is_column_slice:
         raise WireError(f"version: wire v1 cannot carry a column slice (col {batch.col}, "
                         f"width {batch.width}); use version 2")
@@ -520,6 +473,22 @@ def _read_map(view: memoryview) -> dict:
     return msg
 
 
+def _fresh_bits(msg: dict, n: int) -> np.ndarray:
+    """An r1 message's ``fresh`` bin as bool ``[n]``; refuses set padding bits."""
+    bits = np.frombuffer(_bin(msg, "fresh", -(-n // 8)), dtype=np.uint8)
+    if n % 8 and bool(bits[-1] >> (n % 8)):
+        raise WireError(f"fresh: padding bits past n = {n} must be zero")
+    return np.unpackbits(bits, count=n, bitorder="little").astype(bool)
+
+
+def _residual_signs(rows_b: memoryview, n: int, dim: int) -> np.ndarray:
+    """The int8 ±1 signs ``[n, dim]`` of an r1 ``rows`` bin; refuses set padding bits."""
+    bits = np.frombuffer(rows_b, dtype=np.uint8).reshape(n, -(-dim // 8))
+    if dim % 8 and n and bool(np.any(bits[:, -1] >> (dim % 8))):
+        raise WireError(f"rows: r1 padding bits past dim {dim} must be zero")
+    return unpack_residual(bits, dim)
+
+
 def decode(data: bytes) -> DecodedBatch:
     """Decode and validate one message into a :class:`DecodedBatch` (checked once, here).
     Raises :class:`WireError` naming the bad field."""
@@ -539,24 +508,27 @@ def decode(data: bytes) -> DecodedBatch:
     check_int("dim", msg["dim"], 1, MAX_DIM)
     check_int("crc", msg["crc"], 0, (1 << 32) - 1)
     dtype = msg["dtype"]
-    check_dtype(dtype)
+    check_dtype(dtype, residual=True)
+    if dtype in RESIDUAL_DTYPES and msg["v"] < RESIDUAL_VERSION:
+        raise WireError(f"dtype: {dtype} (residuals) is not a dtype of wire v{msg['v']} "
+                        f"(needs v{RESIDUAL_VERSION})")
     n, dim = msg["n"], msg["dim"]
     col, width = msg.get("col", 0), msg.get("width", dim)
     _check_columns(col, width, dim)
     # Sizes are checked against the bytes actually present before any array is built,
     # so a message claiming 10^12 rows allocates nothing.
     ids_b = _bin(msg, "ids", n * 8) if "ids" in msg else None
-    rows_b = _bin(msg, "rows", n * dim * DTYPES[dtype])
+    rows_b = _bin(msg, "rows", rows_nbytes(n, dim, dtype))
     bins = [ids_b, rows_b]
     scale = None
-    if dtype == "i8":
+    if has_scale(dtype):
         if "scale" not in msg:
-            raise WireError("scale: required for dtype i8")
-        scale_b = _bin(msg, "scale", n * 4)
+            raise WireError(f"scale: required for dtype {dtype}")
+        scale_b = _bin(msg, "scale", scale_nbytes(n, dtype))
         bins.append(scale_b)
-        scale = np.frombuffer(scale_b, dtype="<f4")
+        scale = np.frombuffer(scale_b, dtype="<f4" if dtype == "i8" else "<f2")
     elif "scale" in msg:
-        raise WireError(f"scale: only allowed for dtype i8, not {dtype}")
+        raise WireError(f"scale: only allowed for dtype i8 or r1, not {dtype}")
     tomb = None
     if "del" in msg:
         del_b = msg["del"]
@@ -582,10 +554,17 @@ def decode(data: bytes) -> DecodedBatch:
             raise WireError("ids: not strictly ascending")
     if scale is not None and not bool(np.all(np.isfinite(scale) & (scale >= 0))):
         raise WireError("scale: expected finite non-negative values")
-    rows = np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim)
+    rows = _residual_signs(rows_b, n, dim) if dtype == "r1" else \
+        np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim)
+    fresh = None
+    if dtype == "r1":
+        scale = scale.astype(np.float32)
+        fresh = _fresh_bits(msg, n) if "fresh" in msg else None
+    elif "fresh" in msg:
+        raise WireError(f"fresh: only allowed for dtype r1, not {dtype}")
     if n == 0 and (tomb is None or tomb.size == 0):
         raise WireError("n: a message with no rows must carry tombstones")
     return DecodedBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],
                         epoch=msg["epoch"], seq=msg["seq"], step=msg["step"], ts=msg["ts"],
                         ids=ids, rows=rows, dtype=dtype, scale=scale, tombstones=tomb,
-                        col=col, width=width)
+                        col=col, width=width, fresh=fresh)

@@ -1,8 +1,8 @@
-"""The bytes of one wire message: row values in the wire dtypes, framing, CRC-32C.
+"""The bytes of one wire message: framing, CRC-32C (row values: :mod:`~deltastream.wire_values`).
 
 This is the one encoder of the format. A version-2 message is one msgpack map: the scalar
 fields (:func:`scalar_fields`, in this order), then the bin fields ``ids``, ``rows``
-(``scale`` for i8) and ``del`` (tombstones), then the 9-byte trailer :data:`CRC_TRAILER`
+(``scale`` for i8 and r1) and ``del`` (tombstones), then the 9-byte trailer :data:`CRC_TRAILER`
 + the CRC-32C of every byte before it, as a msgpack uint32 (:func:`crc_trailer`). Two
 writers lay a message out with the same helpers (:func:`map_header`, :func:`bin_header`,
 :func:`bin_sizes`, :func:`crc_trailer`), so their bytes are identical by construction:
@@ -21,14 +21,13 @@ fields, order, types and CRC, ~50 bytes less per message.
 
 :class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
 
-Torch-free (``to_f16`` uses torch only when the caller has already imported it). Users import
+Torch-free. Users import
 the format from :mod:`deltastream.wire`; this module is its machinery.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
 from typing import Any, Optional
 
 import crc32c as _crc32c
@@ -36,6 +35,17 @@ import msgpack
 import numpy as np
 
 from deltastream.errors import WireError
+from deltastream.wire_values import (
+    BF16_OVERFLOW,
+    DTYPES,
+    F16_MAX,
+    NUMPY_DTYPES,
+    max_abs_finite,
+    quantize,
+    rows_nbytes,
+    scale_nbytes,
+    to_f16,
+)
 
 __all__ = [
     "VERSION",
@@ -81,7 +91,7 @@ INT_KEYS_VERSION = 4
 #: a row message's field name -> its key from :data:`INT_KEYS_VERSION` on (one byte each)
 FIELD_KEYS = {name: k for k, name in enumerate(
     ("v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", "dim", "col", "width",
-     "dtype", "ids", "idv", "rows", "scale", "del", "crc"))}
+     "dtype", "ids", "idv", "rows", "scale", "del", "crc", "fresh"))}
 #: most bytes one LEB128 varint of a uint64 takes
 _VARINT_MAX = 10
 #: the smallest value of each varint length past one byte: 2^7, 2^14, … 2^63
@@ -93,117 +103,11 @@ CRC_TRAILER = b"\xa3crc\xce"
 TRAILER_BYTES = len(CRC_TRAILER) + 4
 #: the v4 trailer before the CRC bytes: the key of ``crc`` and the uint32 type byte
 _CRC_TRAILER_INT = bytes([FIELD_KEYS["crc"], 0xCE])
-#: wire dtype -> bytes per element
-DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
-#: wire dtype -> numpy dtype of its rows on the wire (bf16 as its uint16 bit pattern)
-NUMPY_DTYPES = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "i8": "i1"}
-#: largest finite float16 magnitude; larger values are refused for dtype f16
-F16_MAX = 65504.0
-#: smallest float32 that rounds to inf in bf16 (0x7F7F8000: a tie that rounds to even = up)
-BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
 #: how every dense-weights message (:mod:`deltastream.dense_wire`) begins after its map16
 #: header: ``v`` 2, then ``kind`` "dense". Row messages have no ``kind``; the row decoder
 #: looks for these bytes to refuse a dense message by name instead of as a malformed row.
 DENSE_HEAD = b"\xa1v\x02\xa4kind\xa5dense"
 _U32 = struct.Struct(">I")
-# Elements per torch cast call: below torch's parallel grain size (32768), so each call
-# runs in this thread instead of waking the intra-op thread pool, which on a machine whose
-# cores are busy (training, the producer's sender thread) costs 10-50x.
-_CAST_CHUNK = 32767
-
-
-# ----------------------------------------------------------------------------- values
-
-
-def max_abs_finite(rows: np.ndarray) -> tuple[float, bool]:
-    """(largest finite ``|value|`` of ``rows``, whether all values are finite)."""
-    if not rows.size:
-        return 0.0, True
-    # min/max reduce without a temporary (np.abs would copy the whole array).
-    hi = max(-float(np.min(rows)), float(np.max(rows)))
-    if np.isfinite(hi):
-        return hi, True
-    finite = rows[np.isfinite(rows)]  # slow path: only when non-finite values are present
-    return (float(np.max(np.abs(finite))) if finite.size else 0.0), False
-
-
-def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """Float rows ``[n, dim]`` -> (wire array ``[n, dim]``, float32 scale ``[n]`` or None).
-
-    Raises :class:`WireError` for values the dtype cannot carry (see
-    :mod:`deltastream.wire` for each dtype's range and error bound).
-    """
-    if dtype == "f32":
-        return np.ascontiguousarray(rows, dtype="<f4"), None
-    if dtype == "f16":
-        if rows.dtype != np.float16:
-            if max_abs_finite(rows)[0] > F16_MAX:
-                raise WireError(f"rows: a value exceeds the f16 range (±{F16_MAX:g}); "
-                                "use dtype 'bf16' or 'f32'")
-            rows = rows.astype(np.float16)
-        return np.ascontiguousarray(rows, dtype="<f2"), None
-    r32 = np.ascontiguousarray(rows, dtype=np.float32)
-    if dtype == "bf16":
-        return _to_bf16(r32), None
-    return _to_i8(r32)
-
-
-def _to_bf16(r32: np.ndarray) -> np.ndarray:
-    if max_abs_finite(r32)[0] >= BF16_OVERFLOW:
-        raise WireError(f"rows: a value exceeds the bf16 range (|x| < {BF16_OVERFLOW:.8g}); "
-                        "use dtype 'f32'")
-    u = r32.view(np.uint32)
-    # Round to nearest even on the 16 dropped mantissa bits. NaNs are truncated
-    # instead (rounding could carry a NaN into inf, or wrap 0xFFFF.... to zero) and
-    # kept NaN by setting the quiet bit when truncation would leave an inf pattern.
-    rounded = ((u + (((u >> 16) & 1) + 0x7FFF).astype(np.uint32)) >> 16).astype("<u2")
-    nan = np.isnan(r32)
-    if nan.any():
-        t = (u[nan] >> 16).astype("<u2")
-        rounded[nan] = np.where(t & 0x7F, t, t | 0x40)
-    return rounded
-
-
-def _to_i8(r32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise symmetric int8: ``scale = max|row| / 127``, ``q = round(x / scale)``."""
-    if not max_abs_finite(r32)[1]:
-        raise WireError("rows: dtype i8 cannot carry non-finite values (inf/NaN)")
-    amax = np.max(np.abs(r32), axis=1) if r32.shape[1] else np.zeros(r32.shape[0], np.float32)
-    scale = (amax / 127.0).astype(np.float32)
-    top = amax > np.float32(3.0e38)
-    if top.any():
-        # amax/127 may round up so far that 127 * scale overflows float32 on decode:
-        # step those scales down one ulp (the clip below keeps q within ±127).
-        with np.errstate(over="ignore"):
-            over = ~np.isfinite(np.float32(127) * scale) & top
-        scale[over] = np.nextafter(scale[over], np.float32(0))
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    q = np.clip(np.rint(r32 / safe[:, None]), -127, 127).astype(np.int8)
-    return q, scale.astype("<f4")
-
-
-def _to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-    """float ``[n, dim]`` -> float16 (range already checked), round to nearest even, into
-    ``out`` (a C-contiguous float16 array of the same shape) when given.
-
-    Uses torch's vectorised cast when the trainer has already imported torch (5-10x
-    numpy's, which has no SIMD path for it); never imports torch itself.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or rows.dtype not in (np.float32, np.float64):
-        if out is None:
-            return rows.astype(np.float16)
-        np.copyto(out, rows, casting="same_kind")
-        return out
-    if out is None:
-        out = np.empty(rows.shape, dtype=np.float16)
-    src = torch.from_numpy(np.ascontiguousarray(rows)).view(-1)
-    dst = torch.from_numpy(out).view(-1)
-    for a in range(0, src.numel(), _CAST_CHUNK):
-        dst[a:a + _CAST_CHUNK].copy_(src[a:a + _CAST_CHUNK])
-    return out
-
-
 # ----------------------------------------------------------------------------- ids
 
 
@@ -307,12 +211,16 @@ def id_field(ids: np.ndarray, version: int) -> tuple[str, np.ndarray]:
 
 
 def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool, n_tombstones: Optional[int],
-              ids: Optional[tuple[str, int]] = None) -> list[tuple[str, int]]:
+              ids: Optional[tuple[str, int]] = None, fresh: bool = False
+              ) -> list[tuple[str, int]]:
     """``(key, bytes)`` of each bin field, in wire order; ``ids`` is the id field's
-    ``(key, bytes)`` when not ``("ids", 8 n)`` (see :func:`id_field`)."""
-    bins = [ids or ("ids", n * 8), ("rows", n * dim * DTYPES[dtype])]
+    ``(key, bytes)`` when not ``("ids", 8 n)`` (see :func:`id_field`); ``fresh``: the
+    message carries the ``fresh`` bits of an r1 message (``ceil(n / 8)`` bytes)."""
+    bins = [ids or ("ids", n * 8), ("rows", rows_nbytes(n, dim, dtype))]
     if with_scale:
-        bins.append(("scale", n * 4))
+        bins.append(("scale", scale_nbytes(n, dtype)))
+    if fresh:
+        bins.append(("fresh", -(-n // 8)))
     if n_tombstones is not None:
         bins.append(("del", n_tombstones * 8))
     return bins
@@ -389,24 +297,29 @@ def check_crc_trailer(view: memoryview, last_key_at: int, crc: Any, *,
 
 
 def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[np.ndarray],
-                 tombstones: Optional[np.ndarray], *, version: int = VERSION) -> bytes:
-    """One message from wire arrays: ids ``<i8 [n]``, rows ``[n, dim]`` in the wire dtype,
-    scale ``<f4 [n]`` (i8 only) and tombstones ``<i8 [m]`` or None. Version 3 writes the
-    ids as ``idv`` varints when that is shorter (:func:`id_field`).
+                 tombstones: Optional[np.ndarray], *, version: int = VERSION,
+                 dim: Optional[int] = None, fresh: Optional[np.ndarray] = None) -> bytes:
+    """One message from wire arrays: ids ``<i8 [n]``, rows ``[n, dim]`` in the wire dtype
+    (``r1``: packed sign bits, so ``dim`` must be given), scale ``[n]`` (``<f4`` for i8,
+    ``<f2`` for r1), ``fresh`` (r1: packed bits ``[ceil(n / 8)]``, or None) and tombstones
+    ``<i8 [m]`` or None. Version 3 writes the ids as ``idv`` varints when that is shorter
+    (:func:`id_field`).
 
     Framed by hand rather than with ``msgpack.packb``: the Packer grows its buffer by
     doubling and copies megabyte payloads several times; joining buffers copies once.
     """
-    n, dim = int(ids.shape[0]), int(rows.shape[1])
+    n, dim = int(ids.shape[0]), int(rows.shape[1]) if dim is None else dim
     id_key, id_buf = id_field(ids, version)
     bufs = [id_buf.data, rows.data]
     if scale is not None:
         bufs.append(scale.data)
+    if fresh is not None:
+        bufs.append(fresh.data)
     if tombstones is not None:
         bufs.append(tombstones.data)
     bins = bin_sizes(n, dim, head.dtype, scale is not None,
                      None if tombstones is None else int(tombstones.shape[0]),
-                     (id_key, id_buf.nbytes))
+                     (id_key, id_buf.nbytes), fresh is not None)
     ints = int_keys(version)
     if version == 1:  # CRC of the bins, written before them
         crc = 0
@@ -473,7 +386,7 @@ class Framer:
         np.frombuffer(buf, np.uint8, id_bytes.size, regions[0])[:] = id_bytes
         rows = np.frombuffer(buf, NUMPY_DTYPES[b.dtype], n * dim, regions[1]).reshape(n, dim)
         if b.dtype == "f16":
-            _to_f16(b.rows, out=rows)
+            to_f16(b.rows, out=rows)
         else:
             np.copyto(rows, b.rows, casting="same_kind")
         if tomb is not None:

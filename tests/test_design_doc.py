@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 
 from deltastream import dense_wire, wire
-from deltastream.wire_codec import DENSE_HEAD
+from deltastream.wire_codec import DENSE_HEAD, FIELD_KEYS
 from tests.test_layout import ROOMS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
@@ -44,15 +44,18 @@ def test_the_wire_table_lists_exactly_the_encoders_keys_in_order():
                   if ln.startswith("| `") and ln.split("|")[2].strip() in ("int", "str", "bin")]
     plain = _batch()
     full = _batch(dtype="i8", tombstones=np.array([4, 6]), col=4, width=12)
+    residual = _batch(dtype="r1", tombstones=np.array([4]), fresh=np.array([True, False, True]))
+    names = {k: name for name, k in FIELD_KEYS.items()}
     seen: set = set()
-    for b, version in ((plain, 2), (full, 2), (plain, 3), (full, 3)):
+    for b, version in ((plain, 2), (full, 2), (plain, 3), (full, 3), (residual, 4)):
         (msg,) = wire.encode(b, version=version)
         assert msg[0] == 0xde  # map16
-        assert msg[-9:-4] == b"\xa3crc\xce"  # the 9-byte CRC trailer
-        keys = list(msgpack.unpackb(msg, raw=False).keys())
+        if version < 4:
+            assert msg[-9:-4] == b"\xa3crc\xce"  # the 9-byte CRC trailer
+        keys = [names.get(k, k) for k in msgpack.unpackb(msg, raw=False, strict_map_key=False)]
         assert keys == [k for k in documented if k in keys], (keys, documented)
         seen |= set(keys)
-    assert "idv" in seen and set(documented) == seen
+    assert {"idv", "fresh"} <= seen and set(documented) == seen
 
 
 def test_the_architecture_table_lists_the_layout_rooms_in_order():

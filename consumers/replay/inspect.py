@@ -138,6 +138,8 @@ def dump(bootstrap_servers: str, topic: str, *, partitions: Optional[Iterable[in
             if rows:
                 line["ids"] = b.ids.tolist()
                 line["rows"] = _finite_list(b.rows_f32())
+                if b.additive:  # r1: what predictors add to the rows they hold
+                    line["additive"] = True
                 line["deleted"] = [] if b.tombstones is None else b.tombstones.tolist()
             yield line
     if model is not None:

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from consumers.errors import ApplyError
 from consumers.serving.columns import Columns, scatter_columns
 from consumers.serving.growth import HARD_LOAD, START_LOAD, Growth
 from consumers.serving.id_index import DELETED_SLOT, IdIndex, buckets_for
@@ -158,12 +159,16 @@ class TableCore:
     # ------------------------------------------------------------------ writing (lock held)
 
     def apply(self, ids: np.ndarray, rows: np.ndarray, tomb: Optional[np.ndarray],
-              source_ns: int = 0, cols: Optional[Columns] = None) -> int:
+              source_ns: int = 0, cols: Optional[Columns] = None, add: bool = False,
+              fresh: Optional[np.ndarray] = None) -> int:
         """Delete ``tomb`` then upsert ``ids`` (unique int64) with ``rows`` (storage dtype
         ``[n, dim]``) as one published state; returns how many ``tomb`` ids were present.
         ``cols``: ``rows`` are ``[n, cols.n]``, columns ``[cols.col, cols.col + cols.n)`` of
         each row (a column slice, :mod:`consumers.serving.columns`); the other columns keep their
-        values (zeros for ids new here).
+        values (zeros for ids new here or deleted first).
+        ``add``: ``rows`` are float32 residuals added to the rows held (zeros for ids not
+        held, in ``tomb`` or ``fresh`` (bool ``[n]``)), in float32, then stored in the
+        storage dtype.
         On an exception nothing was published and the table is as before."""
         n = ids.shape[0]
         while True:  # probe; once more if making room swapped the index or the storage
@@ -187,8 +192,15 @@ class TableCore:
                 return deleted
             if not self._make_room(n, n_new):
                 break
+        # the ids whose published row the new one builds on: held and not deleted first
+        # (by the tombstones or, for residuals, ``fresh``); the others start from zeros
+        held = upd if tomb is None or not tomb.size or not n else upd & ~np.isin(ids, tomb)
+        if n and add:
+            if fresh is not None:
+                held = held & ~fresh
+            rows = self._added(rows, old_u, held, cols)
         if n and cols is not None and not cols.whole:
-            rows = self._widen(rows, old_u, upd, cols)
+            rows = self._widen(rows, old_u, held, cols)
         self.view.hdr[H_PREP] = s0 + 1  # readers of state s0 - 1 now retry
         self.slots.reclaim()
         new_slots = self.slots.alloc(n)
@@ -224,10 +236,28 @@ class TableCore:
         self._grow_step(n)
         return deleted
 
+    def _added(self, deltas: np.ndarray, old: np.ndarray, held: np.ndarray,
+               cols: Optional[Columns]) -> np.ndarray:
+        """``deltas`` (float32 ``[n, k]``, whole rows or the columns ``cols``) plus the
+        published rows of slots ``old`` where ``held`` (zeros elsewhere), in the storage
+        dtype. Raises :class:`ApplyError` when a sum is not finite in it."""
+        base = np.zeros(deltas.shape, np.float32)
+        part = self.storage.rows[old[held]]
+        if cols is not None and not cols.whole:
+            part = part[:, cols.col:cols.col + cols.n]
+        base[held] = part
+        with np.errstate(over="ignore"):  # a sum past the storage range is inf: refused below
+            out = (base + deltas).astype(self.dtype)
+        if out.size and not bool(np.isfinite(out).all()):
+            raise ApplyError(f"rows: adding the residuals leaves {int((~np.isfinite(out)).any(1).sum())}"
+                             f" row(s) beyond the {np.dtype(self.dtype).name} storage range")
+        return out
+
     def _widen(self, rows: np.ndarray, old: np.ndarray, upd: np.ndarray,
                cols: Columns) -> np.ndarray:
         """Whole rows ``[n, dim]`` for a column slice ``rows`` ``[n, cols.n]``: the published
-        row (slot ``old``, where ``upd``) with ``cols`` replaced; zeros elsewhere for new ids.
+        row (slot ``old``, where ``upd``) with ``cols`` replaced; zeros elsewhere: for new ids
+        and for ids the batch deletes first (``upd`` is false for those).
 
         Copy-on-write holds for column slices too: the whole new row goes into a fresh slot
         (so a reused slot never shows its previous row) and readers switch to it with the

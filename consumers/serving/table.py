@@ -171,7 +171,9 @@ class ServingTable:
 
     def apply(self, batch: DeltaBatch) -> ApplyResult:
         """Apply one wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
-        ``batch.rows_f32()`` — atomically for readers.
+        ``batch.rows_f32()`` — or, for a residual batch (``batch.additive``, wire dtype
+        ``r1``), add them to the rows held (zeros for ids not held, tombstoned or flagged
+        ``batch.fresh``) in float32 — atomically for readers.
 
         A :class:`~deltastream.wire.DecodedBatch` (what :func:`~deltastream.wire.decode`
         returns) is trusted as validated: only what the table adds is checked here (its
@@ -198,17 +200,19 @@ class ServingTable:
                              f"the table has dim {self.dim}")
         if decoded:
             ids, tomb = batch.ids, batch.tombstones
-            vals = self._decoded_rows(batch)
+            # residuals stay float32 deltas: the core adds them to the rows held in float32
+            vals = _residual_rows(batch) if batch.additive else self._decoded_rows(batch)
         else:
             ids, tomb = _built_ids(batch)
             vals = self._float_rows(batch.rows_f32, ids.shape[0], cols.n)
-        vals = np.ascontiguousarray(vals, self._np_dtype)
+        vals = np.ascontiguousarray(vals, np.float32 if batch.additive else self._np_dtype)
         try:
             ts = max(0, int(batch.ts))
         except (TypeError, ValueError):
             ts = 0
         with self._core.lock:
-            deleted = self._core.apply(ids, vals, tomb, ts, None if cols.whole else cols)
+            deleted = self._core.apply(ids, vals, tomb, ts, None if cols.whole else cols,
+                                       add=batch.additive, fresh=batch.fresh)
         return ApplyResult(upserted=ids.shape[0], deleted=deleted)
 
     def _decoded_rows(self, batch: DecodedBatch) -> np.ndarray:
@@ -489,9 +493,25 @@ class ServingTable:
         return cls.restore(data.name, data.ids, data.rows, dtype=data.dtype)
 
 
+def _residual_rows(batch: DecodedBatch) -> np.ndarray:
+    """The float32 values a decoded residual batch adds. Like an i8 batch's, its scale (and
+    its ``fresh`` flags) are checked for shape: a DecodedBatch built by hand may lack them."""
+    n = batch.n
+    if batch.scale is None or np.shape(batch.scale) != (n,):
+        raise ApplyError(f"scale: an {batch.dtype} batch needs one scale per row")
+    fresh = batch.fresh
+    if fresh is not None and (np.shape(fresh) != (n,) or np.asarray(fresh).dtype != np.bool_):
+        raise ApplyError(f"fresh: an {batch.dtype} batch's fresh flags are bool [{n}]")
+    return batch.rows_f32()
+
+
 def _built_ids(batch: DeltaBatch) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """(ids, tombstones) of a batch built by hand, checked: a known wire dtype, int64 ids
     without duplicates (a built batch may be unsorted)."""
+    if batch.dtype == "r1":
+        raise ApplyError("dtype: a residual batch (r1) is applied as decoded from the wire "
+                         "(its float residuals are not what predictors add); encode and "
+                         "decode it first")
     if batch.dtype not in ("f32", "f16", "bf16", "i8"):
         raise ApplyError(f"dtype: unknown wire dtype {batch.dtype!r}")
     try:

@@ -92,6 +92,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from deltastream import wire
 from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, table_specs
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
 from deltastream.publishing.budget_process import ProcessWorker
@@ -152,6 +153,11 @@ class BudgetPublisher:
                  dense: Optional[DensePublisher] = None) -> None:
         if not isinstance(policy, BudgetPolicy):
             raise TypeError(f"policy must be a BudgetPolicy, got {type(policy).__name__}")
+        version = getattr(publisher, "wire_version", wire.VERSION)
+        if policy.residuals and version < wire.RESIDUAL_VERSION:
+            raise ValueError(f"BudgetPolicy(residuals=True) needs a publisher writing wire "
+                             f"v{wire.RESIDUAL_VERSION} or later (DeltaPublisher(wire_version="
+                             f"{wire.RESIDUAL_VERSION})), this one writes v{version}")
         self.tracker, self.publisher, self.consumer, self.policy = \
             tracker, publisher, consumer, policy
         self.dense = dense

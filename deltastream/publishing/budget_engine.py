@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 #: first guess of a message's bytes beyond its rows (keys, names, counters, CRC); learnt
 #: per table from what the publisher reports after the first message.
 _OVERHEAD_GUESS = 256
+#: the residual dtype of ``BudgetPolicy.residuals``
+_RESIDUAL = "r1"
+#: the birth given to rows whose residual send failed: overdue at once, so they go whole
+_OVERDUE_BIRTH = -(1 << 62)
 
 
 @dataclass(frozen=True)
@@ -88,13 +92,33 @@ class BudgetTick:
 
 
 @dataclass
+class _Residual:
+    """A table's ranked rows sent as 1-bit residuals (``BudgetPolicy.residuals``).
+
+    ``rows``: as taken (``served``/``new`` what predictors hold before); ``sent``: float32
+    ``[n, dim]`` ``current − held`` (held: zeros for a ``new`` row); ``held``: float32
+    what predictors hold once it is delivered (``held + wire.residual_values(sent)``, the
+    same float32 additions); ``attempted``: handed to the publisher (if that fails,
+    predictors may hold either, so the rows go whole next)."""
+
+    rows: TakenRows
+    sent: torch.Tensor
+    held: torch.Tensor
+    attempted: bool = False
+
+
+@dataclass
 class _JobTable:
     fqn: str
-    rows: TakenRows
+    rows: TakenRows  # whole rows (the overdue tier, a final flush, tables without residuals)
     tombstones: Optional[torch.Tensor]
     pending_before: int
     # pending right after the take: counted here, since hand-offs merge during the send
     carried: int = 0
+    residual: Optional[_Residual] = None
+
+    def __len__(self) -> int:
+        return len(self.rows) + (len(self.residual.rows) if self.residual else 0)
 
 
 @dataclass
@@ -111,10 +135,11 @@ class RoundJob:
     tables: list[_JobTable] = field(default_factory=list)
     done: list[TableRound] = field(default_factory=list)
     failed: list[_JobTable] = field(default_factory=list)  # not delivered: back to pending
+    delivered: list[_JobTable] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return sum(len(t.rows) for t in self.tables)
+        return sum(len(t) for t in self.tables)
 
 
 @dataclass(frozen=True)
@@ -230,10 +255,12 @@ class BudgetEngine:
         fqns, cands = [], []
         for fqn, t in self.tables.items():
             fqns.append(fqn)
+            residual = self._residual(fqn)
             cands.append(Candidate(table=t, scale=self._scale(t),
                                    weight=float(pol.weights.get(self._names[fqn], 1.0)),
-                                   row_cost=self._row_cost(fqn, t.dim),
-                                   overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
+                                   row_cost=self._row_cost(fqn, t.dim, residual),
+                                   overhead=self._overhead.get(fqn, _OVERHEAD_GUESS),
+                                   full_cost=self._row_cost(fqn, t.dim) if residual else None))
         return fqns, cands
 
     def _dtype(self, dim: int) -> str:
@@ -242,10 +269,20 @@ class BudgetEngine:
         base, wide = self.publisher.dtype, self.policy.wide_dtype
         return wide if wide and wire.row_bytes(dim, wide) < wire.row_bytes(dim, base) else base
 
-    def _row_cost(self, fqn: str, dim: int) -> float:
-        """Wire bytes of one row of table ``fqn``: its values (and i8 scale) plus its id's
-        bytes per row in the table's last round (8 until one is sent)."""
-        return wire.row_bytes(dim, self._dtype(dim)) - 8 + self._id_cost.get(fqn, 8.0)
+    def _residual(self, fqn: str) -> bool:
+        """Whether table ``fqn``'s ranked rows go as residuals: ``policy.residuals``, a
+        float32 table (its pending ``served`` rows hold what predictors hold exactly) and
+        a residual cheaper than its whole row."""
+        t = self.tables[fqn]
+        return self.policy.residuals and t.dtype == torch.float32 and \
+            wire.row_bytes(t.dim, _RESIDUAL) < wire.row_bytes(t.dim, self._dtype(t.dim))
+
+    def _row_cost(self, fqn: str, dim: int, residual: bool = False) -> float:
+        """Wire bytes of one row of table ``fqn`` (a whole row, or its ``residual``): its
+        values (and scale) plus its id's bytes per row in the table's last round (8 until
+        one is sent)."""
+        dtype = _RESIDUAL if residual else self._dtype(dim)
+        return wire.row_bytes(dim, dtype) - 8 + self._id_cost.get(fqn, 8.0)
 
     def start(self, tick: int, step: int, ts: int, final: bool) -> RoundJob:
         """Choose the round's rows and take them out of the pending set."""
@@ -271,69 +308,115 @@ class BudgetEngine:
                                                                     for c in cands)))
         job = RoundJob(step=step, ts=ts, final=final, tokens=tokens, overdue=overdue,
                        exact=exact, t0=t0)
+        none = np.empty(0, dtype=np.int64)
         for i, (fqn, c) in enumerate(zip(fqns, cands, strict=True)):
             before = len(c.table)
-            s = slots.get(i)
-            rows = c.table.take(s if s is not None else np.empty(0, dtype=np.int64))
+            s = slots.get(i, none)
+            residual = None
+            if c.full_cost is not None and not final:  # ranked rows as residuals
+                whole = ch.full.get(i, none)
+                residual, extra = self._take_residual(c.table, s[~np.isin(s, whole)])
+                rows = c.table.take(whole).join(extra)
+            else:
+                rows = c.table.take(s)
             tombs = c.table.take_tombstones()
-            if len(rows) or tombs is not None or before:
-                job.tables.append(_JobTable(fqn, rows, tombs, before, len(c.table)))
+            if len(rows) or residual is not None or tombs is not None or before:
+                # rows sent as residuals come back pending with what they leave
+                carried = len(c.table) + (len(residual.rows) if residual else 0)
+                job.tables.append(_JobTable(fqn, rows, tombs, before, carried, residual))
         self.select_s += time.monotonic() - t0
         return job
+
+    def _take_residual(self, table: PendingTable, slots: np.ndarray
+                       ) -> tuple[Optional[_Residual], TakenRows]:
+        """Take ``slots`` as residuals; rows whose residual the wire cannot carry (a mean
+        magnitude past f16) come back as whole rows."""
+        rows = table.take(slots)
+        if not len(rows):
+            return None, rows
+        base = torch.where(rows.new[:, None], 0.0, rows.served.float())
+        sent = rows.current.float() - base
+        ok = sent.abs().mean(1) <= wire.F16_MAX
+        whole = rows.pick(~ok)
+        if len(whole):
+            rows, base, sent = rows.pick(ok), base[ok], sent[ok]
+        if not len(rows):
+            return None, whole
+        held = base + torch.from_numpy(wire.residual_values(sent.numpy(), _RESIDUAL))
+        return _Residual(rows, sent, held), whole
 
     # ------------------------------------------------------------------ 3. send
 
     def send(self, job: RoundJob) -> None:
         """Publish the job's rows and wait for their acknowledgement. Raises the first
         failure after recording every table not delivered in ``job.failed``."""
-        pending_results: list[tuple[_JobTable, Any]] = []
+        pending_results: list[tuple[_JobTable, list[Any]]] = []
         error: Optional[BaseException] = None
         t0 = time.monotonic()
         for k, jt in enumerate(job.tables):
-            if not len(jt.rows) and jt.tombstones is None:
-                job.done.append(self._record(jt, None))
-                continue
-            kwargs = dict(self.specs[jt.fqn].publish_kwargs)
-            dtype = self._dtype(self.specs[jt.fqn].dim)
-            if dtype != self.publisher.dtype:  # a publisher that takes one dtype is asked none
-                kwargs["dtype"] = dtype
+            results: list[Any] = []
             try:
-                res = self.publisher.publish(self._names[jt.fqn], jt.rows.ids,
-                                             jt.rows.current, step=job.step, ts=job.ts,
-                                             tombstones=jt.tombstones, **kwargs)
+                self._publish(job, jt, results)
             except BaseException as e:
                 error = e
                 job.failed.extend(job.tables[k:])
                 break
-            pending_results.append((jt, res))
-        for jt, res in pending_results:
-            wait = getattr(res, "wait", None)
+            pending_results.append((jt, results))
+        for jt, results in pending_results:
             try:
-                if callable(wait):
-                    wait(getattr(self.publisher, "send_timeout", None))
+                for res in results:
+                    wait = getattr(res, "wait", None)
+                    if callable(wait):
+                        wait(getattr(self.publisher, "send_timeout", None))
             except BaseException as e:
                 error = error or e
                 job.failed.append(jt)
                 continue
-            job.done.append(self._record(jt, res))
+            job.done.append(self._record(jt, results))
+            job.delivered.append(jt)
         self.send_s += time.monotonic() - t0
         if error is not None:
             raise error
 
-    def _record(self, jt: _JobTable, res: Any) -> TableRound:
-        n = len(jt.rows)
-        if res is not None and int(res.messages) and n:
+    def _publish(self, job: RoundJob, jt: _JobTable, results: list[Any]) -> None:
+        """Hand one table's messages to the publisher, appending their results: whole rows
+        (with the tombstones), then residuals (``fresh``: rows predictors start from zeros)
+        — in this order, so a re-inserted id's tombstone never follows its residual."""
+        spec, name = self.specs[jt.fqn], self._names[jt.fqn]
+        tombs, r = jt.tombstones, jt.residual
+        if len(jt.rows) or (tombs is not None and r is None):
+            kwargs = dict(spec.publish_kwargs)
+            dtype = self._dtype(spec.dim)
+            if dtype != self.publisher.dtype:  # a publisher that takes one dtype is asked none
+                kwargs["dtype"] = dtype
+            results.append(self.publisher.publish(name, jt.rows.ids, jt.rows.current,
+                                                  step=job.step, ts=job.ts, tombstones=tombs,
+                                                  **kwargs))
+            tombs = None
+        if r is not None:
+            r.attempted = True
+            results.append(self.publisher.publish(
+                name, r.rows.ids, r.sent, step=job.step, ts=job.ts, tombstones=tombs,
+                dtype=_RESIDUAL, fresh=r.rows.new.numpy() if bool(r.rows.new.any()) else None,
+                **spec.publish_kwargs))
+
+    def _record(self, jt: _JobTable, results: list[Any]) -> TableRound:
+        n, dim = len(jt), self.specs[jt.fqn].dim
+        total = {k: sum(int(getattr(res, k)) for res in results)
+                 for k in ("rows", "tombstones", "messages", "bytes")}
+        ids = jt.rows.ids if jt.residual is None else torch.cat([jt.rows.ids,
+                                                                  jt.residual.rows.ids])
+        if total["messages"] and n:
             version = getattr(self.publisher, "wire_version", wire.VERSION)
-            self._id_cost[jt.fqn] = wire.id_bytes(jt.rows.ids.cpu().numpy(), version) / n
-            cost = self._row_cost(jt.fqn, self.tables[jt.fqn].dim)
-            self._overhead[jt.fqn] = max(0.0, (int(res.bytes) - n * cost) / int(res.messages))
+            self._id_cost[jt.fqn] = wire.id_bytes(ids.cpu().numpy(), version) / n
+            values = len(jt.rows) * self._row_cost(jt.fqn, dim) + (
+                len(jt.residual.rows) * self._row_cost(jt.fqn, dim, True) if jt.residual else 0)
+            self._overhead[jt.fqn] = max(0.0, (total["bytes"] - values) / total["messages"])
         return TableRound(
             fqn=jt.fqn, table=self._names[jt.fqn], tracked=jt.pending_before,
-            published=0 if res is None else int(res.rows),
-            tombstones=0 if res is None else int(res.tombstones),
-            carried=jt.carried, rejected=0,
-            messages=0 if res is None else int(res.messages),
-            bytes=0 if res is None else int(res.bytes), ids=jt.rows.ids, result=res)
+            published=total["rows"], tombstones=total["tombstones"], carried=jt.carried,
+            rejected=0, messages=total["messages"], bytes=total["bytes"], ids=ids,
+            result=results[-1] if results else None)
 
     # ------------------------------------------------------------------ 4. settle
 
@@ -341,8 +424,19 @@ class BudgetEngine:
         """Account the delivered part of ``job``; put the rest back in the pending set."""
         rows = 0
         for jt in job.failed:
-            self.tables[jt.fqn].put_back(jt.rows, jt.tombstones)
-            rows += len(jt.rows)
+            t = self.tables[jt.fqn]
+            t.put_back(jt.rows, jt.tombstones)
+            rows += len(jt)
+            r = jt.residual
+            if r is not None:  # predictors may or may not hold it: the rows go whole next
+                t.put_back(replace(r.rows, birth=torch.full_like(r.rows.birth, _OVERDUE_BIRTH))
+                           if r.attempted else r.rows, None)
+        for jt in job.delivered:
+            r = jt.residual
+            if r is not None:  # what the residuals left, against what predictors hold now
+                t = self.tables[jt.fqn]
+                t.put_back(replace(r.rows, served=r.held.to(t.dtype),
+                                   new=torch.zeros_like(r.rows.new)), None)
         if error is not None:
             text = (f"budget publisher: {rows} rows not delivered are pending again "
                     f"(tables {[self._names[jt.fqn] for jt in job.failed]})")

@@ -72,6 +72,15 @@ class BudgetPolicy:
             bytes than the publisher's dtype: ``"i8"`` costs dim + 4 bytes a row, f16
             2 · dim, so tables wider than 4 go as i8 (error ≤ max|row| / 254 an element)
             and dim-1 bias rows stay f16. None (default): every table in the publisher's.
+        residuals: the ranked rows of every table where it is cheaper go as 1-bit
+            residuals (wire dtype ``r1``, ``ceil(dim / 8)`` + 2 bytes a row: a dim-32 row
+            costs 6 bytes, not 36 in i8) *added* to what predictors hold; what a residual
+            leaves stays pending, with the value predictors now hold, and is ranked again
+            (error feedback). A row goes whole (in its table's dtype) when it is overdue,
+            when a send of its residual failed (predictors may or may not hold it) and at
+            a final flush, so its predictors' copy is exact, up to the dtype's error, at
+            most ``max_age`` ticks after it started pending. Needs a publisher writing
+            wire v4 and a ``max_age``. False (default): whole rows only.
 
     Raises:
         ValueError / TypeError: naming the bad field and what was expected.
@@ -91,6 +100,7 @@ class BudgetPolicy:
     per_byte: bool = True
     charge_dense: bool = False
     wide_dtype: Optional[str] = None
+    residuals: bool = False
 
     def __post_init__(self) -> None:
         if (self.bytes_per_s is None) == (self.bytes_per_step is None):
@@ -125,7 +135,7 @@ class BudgetPolicy:
             object.__setattr__(self, "min_interval_s",
                                0.0 if self.bytes_per_step is not None else DEFAULT_INTERVAL_S)
         _real("min_interval_s", self.min_interval_s, 0.0)
-        for name in ("per_byte", "charge_dense"):
+        for name in ("per_byte", "charge_dense", "residuals"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BudgetPolicy.{name} must be a bool, got "
                                 f"{getattr(self, name)!r}")
@@ -135,6 +145,9 @@ class BudgetPolicy:
         if self.wide_dtype is not None and self.wide_dtype not in wire.DTYPES:
             raise ValueError(f"BudgetPolicy.wide_dtype must be None or one of "
                              f"{sorted(wire.DTYPES)}, got {self.wide_dtype!r}")
+        if self.residuals and self.max_age is None:
+            raise ValueError("BudgetPolicy.residuals needs a max_age: a row's residual state "
+                             "ends with a whole row when it is overdue")
 
     @property
     def per_step(self) -> bool:
@@ -160,4 +173,5 @@ class BudgetPolicy:
                 "min_error": self.min_error, "max_age": self.max_age,
                 "overdue_share": self.overdue_share, "new_rows": self.new_rows,
                 "per_byte": self.per_byte, "min_interval_s": self.min_interval_s,
-                "charge_dense": self.charge_dense, "wide_dtype": self.wide_dtype}
+                "charge_dense": self.charge_dense, "wide_dtype": self.wide_dtype,
+                "residuals": self.residuals}

@@ -61,6 +61,25 @@ class TakenRows:
     def __len__(self) -> int:
         return int(self.ids.numel())
 
+    def pick(self, mask: torch.Tensor) -> TakenRows:
+        """The rows where ``mask`` (bool ``[n]``) is set, ids still ascending."""
+        at = mask.nonzero().squeeze(1)
+        return TakenRows(ids=self.ids.index_select(0, at),
+                         served=self.served.index_select(0, at),
+                         current=self.current.index_select(0, at),
+                         new=self.new.index_select(0, at), birth=self.birth.index_select(0, at))
+
+    def join(self, other: TakenRows) -> TakenRows:
+        """These rows and ``other``'s (disjoint ids), ids ascending."""
+        if not len(other):
+            return self
+        ids, order = torch.sort(torch.cat([self.ids, other.ids]))
+        return TakenRows(
+            ids=ids, served=torch.cat([self.served, other.served]).index_select(0, order),
+            current=torch.cat([self.current, other.current]).index_select(0, order),
+            new=torch.cat([self.new, other.new]).index_select(0, order),
+            birth=torch.cat([self.birth, other.birth]).index_select(0, order))
+
 
 @dataclass
 class MergeCounts:
@@ -278,9 +297,10 @@ class PendingTable:
         return t if t.numel() else None
 
     def put_back(self, rows: TakenRows, tombstones: Optional[torch.Tensor]) -> None:
-        """Rows (and tombstones) whose send failed: pending again with the state
-        predictors still hold. A row that changed meanwhile keeps its newer ``current``
-        and takes the older ``served``/``new``/birth back."""
+        """Rows (and tombstones) whose send failed, or rows a residual left an error in:
+        pending again with the state predictors hold (``rows.served``/``new``/birth). A
+        row that changed meanwhile keeps its newer ``current`` and takes those back; a row
+        whose error is then 0 (predictors hold its current value) is not pending."""
         if tombstones is not None and tombstones.numel():
             self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
         if not len(rows):
@@ -300,11 +320,17 @@ class PendingTable:
             self._c["birth"][sn] = rows.birth.index_select(0, w).numpy()
             self._rescore(sn, err.numpy())
             self._age(sn)
+            if bool((err == 0).any()):
+                self._drop(rows.ids.index_select(0, w)[err == 0])
         fresh = (~had).nonzero().squeeze(1)
         if fresh.numel():
             served = rows.served.index_select(0, fresh)
             new = rows.new.index_select(0, fresh)
             cur = rows.current.index_select(0, fresh)
             err, _, _ = self._score(cur, served, new)
-            self._add(rows.ids.index_select(0, fresh), served, cur, new,
-                      rows.birth.index_select(0, fresh).numpy(), err.numpy())
+            live = (err != 0).nonzero().squeeze(1)  # NaN (a row gone bad) stays pending
+            self._add(rows.ids.index_select(0, fresh).index_select(0, live),
+                      served.index_select(0, live), cur.index_select(0, live),
+                      new.index_select(0, live),
+                      rows.birth.index_select(0, fresh).index_select(0, live).numpy(),
+                      err.index_select(0, live).numpy())

@@ -32,6 +32,7 @@ Torch is never imported here: tensors (CPU or CUDA) are recognised by duck typin
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -239,7 +240,7 @@ class DeltaPublisher:
     def publish(self, table: str, ids: Any, rows: Any, *, step: int,
                 tombstones: Any = None, ts: Optional[int] = None, col: int = 0,
                 width: Optional[int] = None, shard: Optional[int] = None,
-                dtype: Optional[str] = None) -> PublishResult:
+                dtype: Optional[str] = None, fresh: Any = None) -> PublishResult:
         """Send ``rows`` of ``ids`` (and evicted ``tombstones``) of ``table``.
 
         Args:
@@ -255,7 +256,10 @@ class DeltaPublisher:
                 rank holding several shards of one table (column shards) publishes each
                 under its own shard id: every ``(table, shard)`` is its own seq stream,
                 Kafka key and partition (``shard % partitions``).
-            dtype: this call's wire dtype, default the publisher's ``dtype``.
+            dtype: this call's wire dtype, default the publisher's ``dtype``; ``"r1"``
+                (wire v4): ``rows`` are residuals that predictors *add* to what they hold
+                (:mod:`deltastream.wire_values`).
+            fresh: with ``"r1"``, bool ``[n]`` or None: rows predictors start from zeros.
 
         Returns:
             A :class:`PublishResult`; its ``offsets`` are known after :meth:`flush` or
@@ -270,7 +274,7 @@ class DeltaPublisher:
         """
         wire.check_name("table", table)
         dtype = self.dtype if dtype is None else dtype
-        wire.check_dtype(dtype)
+        wire.check_dtype(dtype, residual=True)
         step = check_int("step", step)
         ts = time.time_ns() if ts is None else check_int("ts", ts)
         # Own copies (8 bytes an id): undelivered messages name their ids from them, so a
@@ -285,8 +289,7 @@ class DeltaPublisher:
                             allow_nonfinite=self.allow_nonfinite,
                             known_dim=self._dims.get(stream))
         col = check_int("col", col, 0, wire.MAX_DIM - 1)
-        if width is not None:
-            width = check_int("width", width, 1, wire.MAX_DIM)
+        width = None if width is None else check_int("width", width, 1, wire.MAX_DIM)
         with self._lock:
             self._check_open(rows=True)
             self._flight.reap()
@@ -295,15 +298,11 @@ class DeltaPublisher:
             batch = wire.DeltaBatch(model=self.model, table=table, shard=shard,
                                     epoch=self.epoch, seq=first, step=step, ts=ts,
                                     ids=ids_np, rows=rows_np, dtype=dtype,
-                                    tombstones=tomb_np, col=col, width=width)
+                                    tombstones=tomb_np, col=col, width=width,
+                                    fresh=None if fresh is None else np.asarray(fresh))
             limit = self.max_value_bytes(table)
             pieces = wire.split(batch, limit)  # validates; views, no copies
-
-            def frame(piece: wire.DeltaBatch) -> Any:
-                value = self._framer.frame(piece) if self._framer and dtype == self.dtype else None
-                return value if value is not None else wire.encode(
-                    piece, max_message_bytes=limit, version=self.wire_version)[0]
-
+            frame = functools.partial(self._frame, limit=limit)
             key = self._keys.setdefault(stream, wire.message_key(self.model, table, shard))
             result = PublishResult(table=table, partition=partition, epoch=self.epoch,
                                    first_seq=first, last_seq=first - 1, messages=0, rows=0,
@@ -316,6 +315,14 @@ class DeltaPublisher:
                     self._dims[stream] = rows_np.shape[1]
             self._stats["publishes"] += 1
             return result
+
+    def _frame(self, piece: wire.DeltaBatch, limit: int) -> Any:
+        """The message of ``piece``: framed in place when in the publisher's own dtype (and
+        it fits the framer's buffer), else encoded."""
+        value = self._framer.frame(piece) if self._framer and piece.dtype == self.dtype \
+            else None
+        return value if value is not None else wire.encode(
+            piece, max_message_bytes=limit, version=self.wire_version)[0]
 
     def publish_dense(self, tensors: Mapping[str, Any], *, step: int,
                       base_step: Optional[int] = None, ts: Optional[int] = None,

@@ -401,7 +401,7 @@ def test_f16_cast_matches_numpy_bit_for_bit():
     """The publisher's chunked torch cast (used when torch is loaded) rounds exactly like
     numpy's astype (what wire.encode uses): subnormals, ties, the top of the range."""
     torch = pytest.importorskip("torch")
-    from deltastream.wire_codec import _CAST_CHUNK, _to_f16
+    from deltastream.wire_values import _CAST_CHUNK, to_f16
 
     assert torch is not None
     rng = np.random.default_rng(3)
@@ -411,6 +411,6 @@ def test_f16_cast_matches_numpy_bit_for_bit():
                         (rng.standard_normal(1000) * 1e-6).astype(np.float32)])
     x = x[: x.size // 7 * 7].reshape(-1, 7)
     for arr in (x, x.astype(np.float64), x[:, 1:5]):  # also non-contiguous input
-        got = _to_f16(arr)
+        got = to_f16(arr)
         assert got.dtype == np.float16 and got.shape == arr.shape
         np.testing.assert_array_equal(got.view(np.uint16), arr.astype(np.float16).view(np.uint16))

@@ -9,8 +9,6 @@ Every test runs in both modes: rounds inside ``tick`` and rounds on the worker t
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -20,45 +18,14 @@ from consumers import ServingTable
 from deltastream import DeltaTracker, HashTable, PublishError, TrackingMode, wire
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from deltastream.publishing.token_bucket import TokenBucket
-
-
-@dataclass
-class Sent:
-    rows: int
-    tombstones: int
-    messages: int
-    bytes: int
-
-
-class Loopback:
-    """Encode with deltastream.wire, decode, apply to serving tables; count the bytes."""
-
-    def __init__(self, serving: dict, dtype: str = "f32", fail_on: str | None = None,
-                 wire_version: int = 2) -> None:
-        self.serving, self.dtype, self.seq, self.fail_on = serving, dtype, 0, fail_on
-        self.wire_version = wire_version
-        self.calls: list[tuple[str, list[int]]] = []
-        self.dtypes: dict[str, set] = {}  # table -> wire dtypes of its messages
-
-    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None, dtype=None):
-        assert dtype != self.dtype  # the budget names a dtype only where it is not ours
-        dtype = dtype or self.dtype
-        self.dtypes.setdefault(table, set()).add(dtype)
-        if table == self.fail_on:
-            raise PublishError(f"broker down for {table}")
-        ids, rows = ids.cpu(), rows.cpu()
-        self.calls.append((table, ids.tolist()))
-        batch = wire.DeltaBatch(model="m", table=table, shard=0, epoch=1, seq=self.seq,
-                                step=step, ts=ts or time.time_ns(), ids=ids.numpy(),
-                                rows=rows.numpy(), dtype=dtype,
-                                tombstones=None if tombstones is None else
-                                tombstones.cpu().numpy())
-        msgs = wire.encode(batch, version=self.wire_version)
-        for m in msgs:
-            self.seq += 1
-            self.serving[table].apply(wire.decode(m))
-        return Sent(len(ids), 0 if tombstones is None else len(tombstones), len(msgs),
-                    sum(len(m) for m in msgs))
+from tests.deltastream.publishing.budget_cases import (
+    Loopback,
+    move,
+    served_error,
+    setup,
+    tick,
+    train,
+)
 
 
 @pytest.fixture(autouse=True, params=["sync", "threaded"])
@@ -77,58 +44,11 @@ def _publisher(*args, **kwargs) -> BudgetPublisher:
 
 def _tick(bp: BudgetPublisher, step: int):
     """``bp.tick(step)``'s round record in either mode (None: the tick only refilled)."""
-    if not _THREADED:
-        return bp.tick(step)
-    before = bp.last
-    assert bp.tick(step) is None  # threaded: the training thread only hands off
-    after = bp.drain(timeout=30)
-    return None if after is before else after
-
-
-def _setup(dims: dict[str, int], n: int = 100, scale: dict[str, float] | None = None,
-           fail_on: str | None = None):
-    """HashTables ``dims`` holding ids 0..n-1 (rows ~ N(0, scale)), a tracker with consumer
-    ``p``, serving tables that already hold the initial rows, and a loopback publisher."""
-    g = torch.Generator().manual_seed(0)
-    model = torch.nn.ModuleDict()
-    serving = {}
-    for name, dim in dims.items():
-        t = HashTable(dim, name=name, capacity=4 * n)
-        rows = torch.randn(n, dim, generator=g) * (scale or {}).get(name, 1.0)
-        t.insert(torch.arange(n), rows)
-        model[name] = t
-        serving[name] = ServingTable(name, dim)
-        serving[name].upsert(np.arange(n), rows.numpy())
-    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
-    return model, tracker, serving, Loopback(serving, fail_on=fail_on)
-
-
-def _move(table: HashTable, ids, delta) -> None:
-    """Look ``ids`` up (recorded) and add ``delta`` (``[len(ids), dim]`` or broadcast)."""
-    ids = torch.as_tensor(ids, dtype=torch.int64)
-    with torch.no_grad():
-        rows = table(ids)
-        table.insert(ids, rows + torch.as_tensor(delta, dtype=torch.float32))
+    return tick(bp, step, _THREADED)
 
 
 def _train(model, tracker, bp: BudgetPublisher, steps: int, seed: int) -> None:
-    """``steps`` steps, each moving ~30 random ids of every table by N(0, 0.1), then a tick."""
-    g = torch.Generator().manual_seed(seed)
-    for step in range(1, steps + 1):
-        ids = torch.randint(0, 100, (30,), generator=g).unique()
-        for t in model.values():
-            _move(t, ids, 0.1 * torch.randn(len(ids), t.embedding_dim, generator=g))
-        tracker.step()
-        _tick(bp, step)
-
-
-def _served_error(model, serving) -> dict[str, np.ndarray]:
-    out = {}
-    for name, t in model.items():
-        ids = t.ids()
-        d = t.lookup(ids).numpy().astype(np.float64) - serving[name].lookup(ids.numpy())
-        out[name] = np.sqrt((d ** 2).sum(1))
-    return out
+    train(model, tracker, bp, steps, seed, _THREADED)
 
 
 # ---------------------------------------------------------------------------- the policy
@@ -178,11 +98,11 @@ def test_token_bucket_caps_bursts_and_carries_debt():
 
 
 def test_spends_the_budget_on_the_largest_errors_across_tables():
-    model, tracker, serving, pub = _setup({"a": 4, "b": 4})
+    model, tracker, serving, pub = setup({"a": 4, "b": 4})
     ids = torch.arange(10)
     # row i of a moves by (i + 1) / 10 per coordinate, row i of b by (i + 1.5) / 10
-    _move(model["a"], ids, ((ids + 1.0) / 10)[:, None].repeat(1, 4))
-    _move(model["b"], ids, ((ids + 1.5) / 10)[:, None].repeat(1, 4))
+    move(model["a"], ids, ((ids + 1.0) / 10)[:, None].repeat(1, 4))
+    move(model["b"], ids, ((ids + 1.5) / 10)[:, None].repeat(1, 4))
     tracker.step()
     row = wire.row_bytes(4, "f32")  # 24 bytes
     # room for 6 rows and two message headers (learnt overhead starts at a 256-byte guess)
@@ -193,7 +113,7 @@ def test_spends_the_budget_on_the_largest_errors_across_tables():
     assert got == {"a": [7, 8, 9], "b": [7, 8, 9]}  # the 6 largest errors, merged
     assert tick.bytes <= tick.tokens
     assert tick.carried == 14
-    err = _served_error(model, serving)
+    err = served_error(model, serving)
     # the bound is the largest error left: row 6 of b, moved by 0.75 per coordinate
     assert tick.table_bounds == pytest.approx({"a": 1.4, "b": 1.5})
     assert tick.bound == pytest.approx(1.5)
@@ -205,11 +125,11 @@ def test_spends_the_budget_on_the_largest_errors_across_tables():
     got2 = {t.table: t.ids.tolist() for t in tick2.round.tables if t.published}
     assert got2 == {"a": list(range(7)), "b": list(range(7))}
     assert tick2.bound == 0.0
-    assert all(e.max() == 0.0 for e in _served_error(model, serving).values())
+    assert all(e.max() == 0.0 for e in served_error(model, serving).values())
 
 
 def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
-    model, tracker, serving, pub = _setup({"emb": 16, "bias": 1})
+    model, tracker, serving, pub = setup({"emb": 16, "bias": 1})
     rate, burst = 600.0, 1500.0
     bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate,
                                                          burst_bytes=burst))
@@ -217,8 +137,8 @@ def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
     sent = 0
     for step in range(1, 201):
         ids = torch.randint(0, 100, (20,), generator=g).unique()
-        _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, generator=g))
-        _move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, generator=g))
+        move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, generator=g))
+        move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, generator=g))
         tracker.step()
         sent += _tick(bp, step).bytes
         # a tick spends what its tokens allow; the learnt header estimate keeps any
@@ -237,7 +157,7 @@ def test_wire_v3_rows_are_costed_at_their_varint_ids_so_the_budget_buys_more_row
     id bytes per row, still spends its rate, and publishes more rows for it than v2."""
     rate, steps, got = 300.0, 120, {}
     for version in (2, 3):
-        model, tracker, serving, pub = _setup({"emb": 4, "bias": 1})
+        model, tracker, serving, pub = setup({"emb": 4, "bias": 1})
         pub.wire_version = version
         bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate))
         _train(model, tracker, bp, steps, seed=1)
@@ -257,7 +177,7 @@ def test_wide_dtype_sends_wide_tables_in_it_and_costs_them_so(wide):
     """``wide_dtype="i8"``: a dim-8 table's rows go as i8 (8 + 4 bytes instead of 32 in
     f32), a dim-1 table stays f32 (i8 would cost 5 bytes, not 4); the budget costs each at
     its own dtype, and after a flush predictors hold every row within i8's bound."""
-    model, tracker, serving, pub = _setup({"emb": 8, "bias": 1})
+    model, tracker, serving, pub = setup({"emb": 8, "bias": 1})
     bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=300, wide_dtype=wide))
     _train(model, tracker, bp, 40, seed=3)
     bp.flush(41)
@@ -265,7 +185,7 @@ def test_wide_dtype_sends_wide_tables_in_it_and_costs_them_so(wide):
     assert pub.dtypes == {name: {d} for name, d in want.items()}
     assert bp.stats()["row_bytes"] == {name: float(wire.row_bytes(dim, want[name]))
                                        for name, dim in (("emb", 8), ("bias", 1))}
-    err = _served_error(model, serving)
+    err = served_error(model, serving)
     assert err["bias"].max() == 0.0
     rows = model["emb"].lookup(model["emb"].ids()).numpy()
     bound = np.abs(rows).max(axis=1) / 254 * np.sqrt(8) * (1 + 1e-5)  # L2 of [8] elements
@@ -273,30 +193,30 @@ def test_wide_dtype_sends_wide_tables_in_it_and_costs_them_so(wide):
 
 
 def test_the_reported_bound_is_the_largest_served_error_after_every_tick():
-    model, tracker, serving, pub = _setup({"emb": 8, "bias": 1}, scale={"bias": 0.1})
+    model, tracker, serving, pub = setup({"emb": 8, "bias": 1}, scale={"bias": 0.1})
     bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=400))
     g = torch.Generator().manual_seed(2)
     for step in range(1, 60):
         ids = torch.randint(0, 100, (12,), generator=g).unique()
-        _move(model["emb"], ids, 0.05 * torch.randn(len(ids), 8, generator=g))
-        _move(model["bias"], ids, 0.005 * torch.randn(len(ids), 1, generator=g))
+        move(model["emb"], ids, 0.05 * torch.randn(len(ids), 8, generator=g))
+        move(model["bias"], ids, 0.005 * torch.randn(len(ids), 1, generator=g))
         tracker.step()
         tick = _tick(bp, step)
-        err = _served_error(model, serving)
+        err = served_error(model, serving)
         for name in ("emb", "bias"):
             # every served row is within the bound of its table; the bound is attained
             assert err[name].max() == pytest.approx(tick.table_bounds.get(name, 0.0),
                                                     rel=1e-5, abs=1e-7)
     final = bp.flush(60)
     assert final.round.final and final.carried == 0 and final.bound == 0.0
-    assert all(e.max() == 0.0 for e in _served_error(model, serving).values())
+    assert all(e.max() == 0.0 for e in served_error(model, serving).values())
     assert sum(len(d) for d in tracker.get_delta("p").values()) == 0
     assert bp.stats()["final_rows"] == final.published > 0
 
 
 def test_rows_predictors_already_hold_are_dropped_not_carried():
-    model, tracker, serving, pub = _setup({"a": 4})
-    _move(model["a"], [1, 2, 3], 0.0)  # looked up, unchanged
+    model, tracker, serving, pub = setup({"a": 4})
+    move(model["a"], [1, 2, 3], 0.0)  # looked up, unchanged
     tracker.step()
     tick = _tick(_publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=10_000)), 1)
     assert (tick.published, tick.carried, tick.exact) == (0, 0, 3)
@@ -305,7 +225,7 @@ def test_rows_predictors_already_hold_are_dropped_not_carried():
 
 
 def test_new_rows_are_scored_against_the_zeros_predictors_serve():
-    model, tracker, serving, pub = _setup({"a": 4})
+    model, tracker, serving, pub = setup({"a": 4})
     with torch.no_grad():
         model["a"](torch.tensor([500]))  # inserted by a training-mode lookup
         model["a"].insert(torch.tensor([500]), torch.full((1, 4), 3.0))
@@ -321,7 +241,7 @@ def test_a_bias_table_does_not_starve_next_to_a_wide_table_with_scaled_errors():
     (scale 1): in raw L2 the wide rows always win and the bias rows starve; scaled, both
     tables' rows are equally far off and both get out."""
     def run(scale: str) -> dict[str, int]:
-        model, tracker, serving, pub = _setup({"wide": 64, "bias": 1},
+        model, tracker, serving, pub = setup({"wide": 64, "bias": 1},
                                               scale={"bias": 0.01})
         policy = BudgetPolicy(bytes_per_step=2000, scale=scale, per_byte=False, max_age=None)
         bp = _publisher(tracker, pub, "p", policy)
@@ -329,8 +249,8 @@ def test_a_bias_table_does_not_starve_next_to_a_wide_table_with_scaled_errors():
         g = torch.Generator().manual_seed(3)
         for step in range(1, 41):
             ids = torch.randperm(100, generator=g)[:20]
-            _move(model["wide"], ids, 0.1 * torch.randn(20, 64, generator=g))
-            _move(model["bias"], ids, 0.01 * torch.randn(20, 1, generator=g))
+            move(model["wide"], ids, 0.1 * torch.randn(20, 64, generator=g))
+            move(model["bias"], ids, 0.01 * torch.randn(20, 1, generator=g))
             tracker.step()
             for t in _tick(bp, step).round.tables:
                 sent[t.table] += t.published
@@ -347,15 +267,15 @@ def test_overdue_rows_bound_the_wait_of_a_wide_table_ranked_per_byte():
     would wait forever without ageing. With ``max_age`` every one of them is published
     within the docstring's bound ``max_age + (q + 1)·(⌈c / R⌉ + 1)``."""
     def run(max_age):
-        model, tracker, serving, pub = _setup({"wide": 64, "bias": 1})
+        model, tracker, serving, pub = setup({"wide": 64, "bias": 1})
         rate = 400.0
         bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate,
                                                              max_age=max_age))
-        _move(model["wide"], torch.arange(20), 0.5)
+        move(model["wide"], torch.arange(20), 0.5)
         g = torch.Generator().manual_seed(4)
         out = {}
         for step in range(1, 81):
-            _move(model["bias"], torch.arange(50), 0.2 * torch.randn(50, 1, generator=g))
+            move(model["bias"], torch.arange(50), 0.2 * torch.randn(50, 1, generator=g))
             tracker.step()
             for t in _tick(bp, step).round.tables:
                 if t.table == "wide":
@@ -373,12 +293,12 @@ def test_overdue_rows_bound_the_wait_of_a_wide_table_ranked_per_byte():
 
 
 def test_per_second_budget_uses_the_clock_and_min_interval_only_refills():
-    model, tracker, serving, pub = _setup({"a": 4})
+    model, tracker, serving, pub = setup({"a": 4})
     now = [0.0]
     bp = _publisher(tracker, pub, "p",
                          BudgetPolicy(bytes_per_s=1000, burst_bytes=5000, min_interval_s=0.5),
                          clock=lambda: now[0])
-    _move(model["a"], torch.arange(50), 1.0)
+    move(model["a"], torch.arange(50), 1.0)
     tracker.step()
     now[0] = 1.0
     first = _tick(bp, 1)
@@ -394,9 +314,9 @@ def test_per_second_budget_uses_the_clock_and_min_interval_only_refills():
 
 
 def test_a_failed_publish_keeps_every_undelivered_row_pending():
-    model, tracker, serving, pub = _setup({"a": 4, "b": 4}, fail_on="b")
-    _move(model["a"], torch.arange(5), 1.0)
-    _move(model["b"], torch.arange(5), 1.0)
+    model, tracker, serving, pub = setup({"a": 4, "b": 4}, fail_on="b")
+    move(model["a"], torch.arange(5), 1.0)
+    move(model["b"], torch.arange(5), 1.0)
     tracker.step()
     bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=100_000))
     with pytest.raises(PublishError, match="broker down") as info:
@@ -408,13 +328,13 @@ def test_a_failed_publish_keeps_every_undelivered_row_pending():
     pub.fail_on = None  # the broker is back: the next round delivers them
     final = bp.flush(2)
     assert final.published == 5 and bp.stats()["pending"] == 0
-    assert all(e.max() == 0.0 for e in _served_error(model, serving).values())
+    assert all(e.max() == 0.0 for e in served_error(model, serving).values())
 
 
 def test_id_only_tracking_is_refused_with_the_reason():
     model = torch.nn.ModuleDict({"a": HashTable(4, name="a")})
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.ID_ONLY)
-    _move(model["a"], [1], 1.0)
+    move(model["a"], [1], 1.0)
     tracker.step()
     bp = _publisher(tracker, Loopback({"a": ServingTable("a", 4)}), "p",
                          BudgetPolicy(bytes_per_step=1000))
@@ -434,8 +354,8 @@ def test_cuda_tables_publish_within_the_budget_and_flush_exactly():
     g = torch.Generator(device=dev).manual_seed(0)
     for step in range(1, 30):
         ids = torch.randint(0, 200, (32,), device=dev, generator=g).unique()
-        _move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, device=dev, generator=g))
-        _move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, device=dev, generator=g))
+        move(model["emb"], ids, 0.1 * torch.randn(len(ids), 16, device=dev, generator=g))
+        move(model["bias"], ids, 0.01 * torch.randn(len(ids), 1, device=dev, generator=g))
         tracker.step()
         tick = _tick(bp, step)
         assert tick.bytes <= tick.tokens

@@ -1,0 +1,210 @@
+"""Row values on the wire: the full-row dtypes and the 1-bit residual, their sizes and codecs.
+
+Full rows (``dtype`` one of :data:`DTYPES`) replace what a predictor holds; a **residual**
+(``dtype`` ``"r1"``, :data:`RESIDUAL_DTYPES`, wire v4 on) is *added* to it. ``r1`` carries
+one sign bit per element and one float16 scale per row::
+
+    s = f16(mean |r|)                      (computed in float32, then rounded to float16)
+    applied = +s where r >= 0, else -s     (float32; what the predictor adds)
+
+so a dim-32 row costs 4 bytes of signs and 2 of scale. The bits are packed 8 to a byte,
+little bit order (element ``j`` is bit ``j % 8`` of byte ``j // 8``), ``ceil(dim / 8)``
+bytes a row, the unused high bits of the last byte zero. The trainer mirrors what
+predictors hold with :func:`residual_values` — the same float32 additions the predictor
+makes — so it knows the error the residual left, and sends it again (error feedback).
+
+Torch-free (:func:`to_f16` uses torch only when the caller has already imported it).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import numpy as np
+
+from deltastream.errors import WireError
+
+__all__ = [
+    "DTYPES",
+    "NUMPY_DTYPES",
+    "RESIDUAL_DTYPES",
+    "RESIDUAL_VERSION",
+    "F16_MAX",
+    "BF16_OVERFLOW",
+    "max_abs_finite",
+    "quantize",
+    "to_f16",
+    "rows_nbytes",
+    "scale_nbytes",
+    "has_scale",
+    "unpack_residual",
+    "residual_values",
+]
+
+#: wire dtype -> bytes per element
+DTYPES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1}
+#: wire dtype -> numpy dtype of its rows on the wire (bf16 as its uint16 bit pattern)
+NUMPY_DTYPES = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "i8": "i1"}
+#: largest finite float16 magnitude; larger values are refused for dtype f16
+F16_MAX = 65504.0
+#: smallest float32 that rounds to inf in bf16 (0x7F7F8000: a tie that rounds to even = up)
+BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
+
+# Elements per torch cast call: below torch's parallel grain size (32768), so each call
+# runs in this thread instead of waking the intra-op thread pool, which on a machine whose
+# cores are busy (training, the producer's sender thread) costs 10-50x.
+_CAST_CHUNK = 32767
+
+# ----------------------------------------------------------------------------- full rows
+
+
+def max_abs_finite(rows: np.ndarray) -> tuple[float, bool]:
+    """(largest finite ``|value|`` of ``rows``, whether all values are finite)."""
+    if not rows.size:
+        return 0.0, True
+    # min/max reduce without a temporary (np.abs would copy the whole array).
+    hi = max(-float(np.min(rows)), float(np.max(rows)))
+    if np.isfinite(hi):
+        return hi, True
+    finite = rows[np.isfinite(rows)]  # slow path: only when non-finite values are present
+    return (float(np.max(np.abs(finite))) if finite.size else 0.0), False
+
+
+def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Float rows ``[n, dim]`` -> (wire array ``[n, dim]``, float32 scale ``[n]`` or None);
+    for ``r1``, residuals -> (sign bits ``[n, ceil(dim/8)]``, float16 scale ``[n]``).
+
+    Raises :class:`WireError` for values the dtype cannot carry (see
+    :mod:`deltastream.wire` for each dtype's range and error bound).
+    """
+    if dtype == "f32":
+        return np.ascontiguousarray(rows, dtype="<f4"), None
+    if dtype == "f16":
+        if rows.dtype != np.float16:
+            if max_abs_finite(rows)[0] > F16_MAX:
+                raise WireError(f"rows: a value exceeds the f16 range (±{F16_MAX:g}); "
+                                "use dtype 'bf16' or 'f32'")
+            rows = rows.astype(np.float16)
+        return np.ascontiguousarray(rows, dtype="<f2"), None
+    if dtype in RESIDUAL_DTYPES:
+        return _residual_r1(rows)
+    r32 = np.ascontiguousarray(rows, dtype=np.float32)
+    if dtype == "bf16":
+        return _to_bf16(r32), None
+    return _to_i8(r32)
+
+
+def _to_bf16(r32: np.ndarray) -> np.ndarray:
+    if max_abs_finite(r32)[0] >= BF16_OVERFLOW:
+        raise WireError(f"rows: a value exceeds the bf16 range (|x| < {BF16_OVERFLOW:.8g}); "
+                        "use dtype 'f32'")
+    u = r32.view(np.uint32)
+    # Round to nearest even on the 16 dropped mantissa bits. NaNs are truncated
+    # instead (rounding could carry a NaN into inf, or wrap 0xFFFF.... to zero) and
+    # kept NaN by setting the quiet bit when truncation would leave an inf pattern.
+    rounded = ((u + (((u >> 16) & 1) + 0x7FFF).astype(np.uint32)) >> 16).astype("<u2")
+    nan = np.isnan(r32)
+    if nan.any():
+        t = (u[nan] >> 16).astype("<u2")
+        rounded[nan] = np.where(t & 0x7F, t, t | 0x40)
+    return rounded
+
+
+def _to_i8(r32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise symmetric int8: ``scale = max|row| / 127``, ``q = round(x / scale)``."""
+    if not max_abs_finite(r32)[1]:
+        raise WireError("rows: dtype i8 cannot carry non-finite values (inf/NaN)")
+    amax = np.max(np.abs(r32), axis=1) if r32.shape[1] else np.zeros(r32.shape[0], np.float32)
+    scale = (amax / 127.0).astype(np.float32)
+    top = amax > np.float32(3.0e38)
+    if top.any():
+        # amax/127 may round up so far that 127 * scale overflows float32 on decode:
+        # step those scales down one ulp (the clip below keeps q within ±127).
+        with np.errstate(over="ignore"):
+            over = ~np.isfinite(np.float32(127) * scale) & top
+        scale[over] = np.nextafter(scale[over], np.float32(0))
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    q = np.clip(np.rint(r32 / safe[:, None]), -127, 127).astype(np.int8)
+    return q, scale.astype("<f4")
+
+
+def to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """float ``[n, dim]`` -> float16 (range already checked), round to nearest even, into
+    ``out`` (a C-contiguous float16 array of the same shape) when given.
+
+    Uses torch's vectorised cast when the trainer has already imported torch (5-10x
+    numpy's, which has no SIMD path for it); never imports torch itself.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or rows.dtype not in (np.float32, np.float64):
+        if out is None:
+            return rows.astype(np.float16)
+        np.copyto(out, rows, casting="same_kind")
+        return out
+    if out is None:
+        out = np.empty(rows.shape, dtype=np.float16)
+    src = torch.from_numpy(np.ascontiguousarray(rows)).view(-1)
+    dst = torch.from_numpy(out).view(-1)
+    for a in range(0, src.numel(), _CAST_CHUNK):
+        dst[a:a + _CAST_CHUNK].copy_(src[a:a + _CAST_CHUNK])
+    return out
+
+
+# ----------------------------------------------------------------------------- residuals
+
+#: residual dtype -> bits per element (added to the row a predictor holds, not replacing it)
+RESIDUAL_DTYPES = {"r1": 1}
+#: the first wire version that may carry a residual dtype
+RESIDUAL_VERSION = 4
+
+
+def rows_nbytes(n: int, dim: int, dtype: str) -> int:
+    """Bytes of the ``rows`` bin of ``n`` rows of width ``dim`` in ``dtype`` (a full-row
+    or residual dtype)."""
+    if dtype in RESIDUAL_DTYPES:
+        return n * -(-dim // 8)
+    return n * dim * DTYPES[dtype]
+
+
+def has_scale(dtype: str) -> bool:
+    """Whether messages of ``dtype`` carry a per-row ``scale`` bin (``i8``, ``r1``)."""
+    return dtype in ("i8", "r1")
+
+
+def scale_nbytes(n: int, dtype: str) -> int:
+    """Bytes of the ``scale`` bin of ``n`` rows: float32 for i8, float16 for r1, else 0."""
+    return 4 * n if dtype == "i8" else 2 * n if dtype == "r1" else 0
+
+
+def _residual_r1(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float ``[n, dim]`` residuals -> (sign bits uint8 ``[n, ceil(dim/8)]``, float16 scale
+    ``[n]``); see the module docstring."""
+    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+    if not max_abs_finite(r32)[1]:
+        raise WireError("rows: dtype r1 cannot carry non-finite residuals (inf/NaN)")
+    with np.errstate(over="ignore"):  # a sum past float32 is inf: refused just below
+        mean = np.abs(r32).mean(axis=1, dtype=np.float32) if r32.shape[1] else \
+            np.zeros(r32.shape[0], np.float32)
+    if mean.size and float(mean.max()) > F16_MAX:
+        raise WireError(f"scale: a residual's mean magnitude exceeds the f16 range "
+                        f"(±{F16_MAX:g}); send the row whole")
+    bits = np.packbits(r32 >= 0, axis=1, bitorder="little")
+    return bits, mean.astype("<f2")
+
+
+def unpack_residual(bits: np.ndarray, dim: int) -> np.ndarray:
+    """Packed sign bits ``[n, ceil(dim/8)]`` -> int8 ``[n, dim]`` of ±1."""
+    signs = np.unpackbits(bits, axis=1, count=dim, bitorder="little").view(np.int8)
+    return signs * np.int8(2) - np.int8(1)
+
+
+def residual_values(residual: np.ndarray, dtype: str = "r1") -> np.ndarray:
+    """What a predictor adds for ``residual`` (float ``[n, dim]``) sent as ``dtype``:
+    float32 ``[n, dim]``, exactly the decoded message's ``rows_f32()``. Raises
+    :class:`WireError` as encoding would."""
+    if dtype not in RESIDUAL_DTYPES:
+        raise WireError(f"dtype: expected one of {sorted(RESIDUAL_DTYPES)}, got {dtype!r}")
+    bits, scale = _residual_r1(residual)
+    dim = int(np.shape(residual)[1])
+    return unpack_residual(bits, dim).astype(np.float32) * scale.astype(np.float32)[:, None]
