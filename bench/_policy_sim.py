@@ -18,19 +18,20 @@ Transports (``kind``):
   scale), and what the residual does not remove stays the row's error, to be sent again
   when it ranks. Biases as f16 full rows.
 
-Framing: ``per-table`` charges each table's message its real fixed cost (the bytes of a
-one-row message of the bench's wire version, 3 at least, minus that row's, measured with
-the encoder); ``one`` charges one such cost per tick plus ``len(name) + 8`` bytes for each
-further table (an estimate of a message that carries every table). Ids cost what the wire encodes for each table's
+Framing: ``per-table`` charges each table's message its real fixed cost (the bytes of that
+message of the bench's wire version, 3 at least, beyond its ids and values, measured with
+the encoder; residuals as ``r1`` messages from v4 on, as i8 ones before); ``one`` charges
+one such cost per tick plus ``len(name) + 8`` bytes for each further table (an estimate of
+a message that carries every table). Ids cost what the wire encodes for each table's
 batch (:func:`deltastream.wire.id_bytes`: v3 varints of the sorted ids, when shorter).
 """
 
 from __future__ import annotations
 
-import msgpack
 import numpy as np
 
 from deltastream import wire
+from deltastream.wire_values import rows_nbytes, scale_nbytes
 
 __all__ = ["SimBudget", "sim_budgets", "KINDS", "FRAMINGS"]
 
@@ -40,16 +41,19 @@ BURST_STEPS = 4
 RMS_ALPHA = 0.1  # EMA weight of a tick's RMS row norm (the real TableScale's)
 
 
-def message_overhead(table: str, dim: int, dtype: str, n: int = 1, version: int = 3) -> int:
-    """Bytes of an ``n``-row message of ``table`` (wire ``version`` >= 3) beyond its ids
-    and row values (keys, names, counters, CRC; the bins' headers are fixed-size)."""
+def message_overhead(table: str, dim: int, dtype: str, ids: np.ndarray | None = None,
+                     version: int = 3) -> int:
+    """Bytes of the message of ``table`` carrying ``ids`` (default: one id) in ``dtype``
+    (wire ``version`` >= 3) beyond its ids and row values: keys, names, counters, bin
+    headers (v4: the shortest that fit), CRC — measured by encoding it."""
+    ids = np.array([1], np.int64) if ids is None else np.asarray(ids, np.int64)
+    n = int(ids.size)
     batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1, seq=1, step=1,
-                            ts=1_700_000_000_000_000_000, ids=np.array([1], np.int64),
-                            rows=np.zeros((1, dim), np.float32), dtype=dtype)
-    (msg,) = wire.encode(batch, version=version)
-    # less the row's values and its id's one varint byte; the count field as n's
-    return len(msg) - (dim + 4 if dtype == "i8" else 2 * dim) - 1 - len(msgpack.packb(1)) \
-        + len(msgpack.packb(n))
+                            ts=1_700_000_000_000_000_000, ids=ids,
+                            rows=np.zeros((n, dim), np.float32), dtype=dtype)
+    (msg,) = wire.encode(batch, version=version, max_message_bytes=1 << 30)
+    return len(msg) - wire.id_bytes(ids, version) - rows_nbytes(n, dim, dtype) \
+        - scale_nbytes(n, dtype)
 
 
 class SimBudget:
@@ -69,12 +73,18 @@ class SimBudget:
         self.dims = dims
         self.held = {t: np.zeros((sizes[t], d), np.float32) for t, d in dims.items()}
         self.rms: dict = {t: None for t in dims}
-        self.overhead = {t: message_overhead(t, d, "i8" if d > 4 else "f16", version=version)
+        self.overhead = {t: message_overhead(t, d, self._dtype(t), version=version)
                          for t, d in dims.items()}
         self.tokens = 0.0
         self.sent = {"bytes": 0, "rows": 0, "messages": 0, "rounds": 0}
         self.table_rows = {t: 0 for t in dims}
         self.logits: list = []
+
+    def _dtype(self, table: str) -> str:
+        """The wire dtype of ``table``'s messages (res1 before v4: priced as i8 headers)."""
+        if self.dims[table] <= 4:
+            return "f16"
+        return "r1" if self.kind == "res1" and self.version >= wire.RESIDUAL_VERSION else "i8"
 
     def value_bytes(self, table: str) -> int:
         """Wire bytes of one row's value (its id apart)."""
@@ -136,8 +146,9 @@ class SimBudget:
         for j, t in enumerate(names):
             ids = np.sort(every[take[tab[take] == j]])
             if ids.size:
-                real += self._head(t, first=tables == 0) + wire.id_bytes(ids, self.version) \
-                    + ids.size * self.value_bytes(t) + len(msgpack.packb(int(ids.size))) - 1
+                head = message_overhead(t, self.dims[t], self._dtype(t), ids, self.version) \
+                    if self.framing == "per-table" or not tables else len(t) + 8
+                real += head + wire.id_bytes(ids, self.version) + ids.size * self.value_bytes(t)
                 tables += 1
                 self.table_rows[t] += int(ids.size)
                 self.sent["rows"] += int(ids.size)

@@ -43,8 +43,9 @@ key a msgpack positive fixint instead of its name — ``v`` 0, ``model`` 1, ``ta
 ``shard`` 3, ``epoch`` 4, ``seq`` 5, ``step`` 6, ``ts`` 7, ``n`` 8, ``dim`` 9, ``col`` 10,
 ``width`` 11, ``dtype`` 12, ``ids`` 13, ``idv`` 14, ``rows`` 15, ``scale`` 16, ``del`` 17,
 ``crc`` 18, ``fresh`` 19 (:data:`~deltastream.wire_codec.FIELD_KEYS`) — so its trailer
-is ``0x12 0xce`` + 4 CRC bytes; same fields, order, types and checks, ~50 bytes less per
-message (a budget's small messages are mostly header). A map's keys are all names (v1–v3)
+is ``0x12 0xce`` + 4 CRC bytes; same fields, order, types and checks, with the shortest
+map and bin headers (a fixmap up to 15 fields, bin8/bin16 for small arrays), ~60 bytes
+less per message (a budget's small messages are mostly header). A map's keys are all names (v1–v3)
 or all ints (v4). v4 also carries residuals (``r1``, with ``fresh``; below).
 
 Row dtypes and their worst-case error against the float32 value that was encoded
@@ -121,6 +122,7 @@ from deltastream.wire_codec import (
 from deltastream.wire_values import (
     RESIDUAL_DTYPES,
     RESIDUAL_VERSION,
+    error_bound,
     has_scale,
     residual_values,
     rows_nbytes,
@@ -137,6 +139,7 @@ __all__ = [
     "RESIDUAL_DTYPES",
     "RESIDUAL_VERSION",
     "residual_values",
+    "error_bound",
     "F16_MAX",
     "BF16_OVERFLOW",
     "DeltaBatch",

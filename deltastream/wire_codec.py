@@ -16,8 +16,9 @@ writers lay a message out with the same helpers (:func:`map_header`, :func:`bin_
 the bins, covering only the bins), so that decoding v1 stays tested, and both writers write
 version 3: v2 with the ids as ``idv`` varints when that is shorter (:func:`id_field`,
 :func:`varint_ids`; :func:`read_varint_ids` is their strict reader), and version 4: v3 with
-every key a one-byte msgpack int (:data:`FIELD_KEYS`) instead of its name — the same
-fields, order, types and CRC, ~50 bytes less per message.
+every key a one-byte msgpack int (:data:`FIELD_KEYS`) instead of its name and the shortest
+map and bin headers — the same fields, order, types and CRC, ~60 bytes less per message;
+v4 also carries the residual dtype ``r1`` and its ``fresh`` bits.
 
 :class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
 
@@ -240,20 +241,30 @@ def _trailer(ints: bool) -> bytes:
 
 
 def map_header(scalars: dict[str, Any], n_more: int, *, ints: bool = False) -> bytes:
-    """The message's map16 header (counting the scalars and ``n_more`` fields after them:
-    the bins, and the CRC trailer in v2) followed by the scalars; ``ints``: keyed by
-    :data:`FIELD_KEYS`."""
+    """The message's map header (counting the scalars and ``n_more`` fields after them:
+    the bins, and the CRC trailer in v2) followed by the scalars: map16, or with ``ints``
+    (v4: keyed by :data:`FIELD_KEYS`) the shortest map header, a fixmap up to 15 fields."""
     head = msgpack.packb({_key(k, ints): v for k, v in scalars.items()})
-    # packb writes a fixmap header (< 16 fields) or a map16 one: replace it by a map16
-    # header with the full count.
+    # packb writes a fixmap header (< 16 fields) or a map16 one: replace it by one with the
+    # full count
     head = head[3:] if head[0] == 0xDE else head[1:]
-    return b"\xde" + (len(scalars) + n_more).to_bytes(2, "big") + head
+    count = len(scalars) + n_more
+    if ints and count <= 15:
+        return bytes([0x80 | count]) + head
+    return b"\xde" + count.to_bytes(2, "big") + head
 
 
 def bin_header(key: str, size: int, *, ints: bool = False) -> bytes:
-    """msgpack str ``key`` (its :data:`FIELD_KEYS` int with ``ints``) followed by a bin32
-    header for ``size`` bytes."""
-    return msgpack.packb(_key(key, ints)) + b"\xc6" + _U32.pack(size)
+    """msgpack str ``key`` followed by a bin32 header for ``size`` bytes; with ``ints``
+    (v4) the key's :data:`FIELD_KEYS` int and the shortest bin header (bin8 below 256
+    bytes, bin16 below 64 KiB)."""
+    if not ints:
+        return msgpack.packb(key) + b"\xc6" + _U32.pack(size)
+    if size < 1 << 8:
+        return bytes([FIELD_KEYS[key], 0xC4, size])
+    if size < 1 << 16:
+        return bytes([FIELD_KEYS[key], 0xC5]) + size.to_bytes(2, "big")
+    return bytes([FIELD_KEYS[key], 0xC6]) + _U32.pack(size)
 
 
 def crc_trailer(crc: int, *, ints: bool = False) -> bytes:
@@ -337,7 +348,7 @@ def pack_message(head: Any, ids: np.ndarray, rows: np.ndarray, scale: Optional[n
 
 
 class Framer:
-    """Frames f32/f16 v2 (or v3) messages into one reusable buffer (the publisher's fast
+    """Frames f32/f16 v2 (v3, v4) messages into one reusable buffer (the publisher's fast
     path).
 
     Rows are cast straight into the message (no temporary array, no join copy) and the
@@ -348,7 +359,7 @@ class Framer:
     Args:
         capacity: buffer bytes; a message that does not fit is refused (``frame`` -> None).
         version: the wire version written (2; 3: ids as varints when shorter; 4: also int
-            keys).
+            keys and the shortest headers).
     """
 
     def __init__(self, capacity: int, version: int = VERSION) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "F16_MAX",
     "BF16_OVERFLOW",
     "max_abs_finite",
+    "error_bound",
     "quantize",
     "to_f16",
     "rows_nbytes",
@@ -93,6 +94,27 @@ def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndar
     if dtype == "bf16":
         return _to_bf16(r32), None
     return _to_i8(r32)
+
+
+def error_bound(rows: np.ndarray, dtype: str) -> np.ndarray:
+    """Largest L2 error (float64 ``[n]``) a whole row of finite ``rows`` ``[n, dim]`` may
+    carry in ``dtype``, from the per-element bounds of :mod:`deltastream.wire`: 0 for
+    f32; ``‖row‖ · 2⁻¹¹`` (+ ``√dim · 2⁻²⁵`` below f16's normal range) for f16;
+    ``‖row‖ · 2⁻⁸`` (+ ``√dim · 2⁻¹³⁴``) for bf16; ``√dim · max|row| · (1/254 + 2⁻²²)``
+    for i8."""
+    r = np.asarray(rows, dtype=np.float64)
+    n, dim = r.shape
+    if dtype == "f32" or not n:
+        return np.zeros(n)
+    root = np.sqrt(dim)
+    if dtype == "i8":
+        return root * np.abs(r).max(axis=1) * (1 / 254 + 2.0 ** -22)
+    norm = np.linalg.norm(r, axis=1)
+    if dtype == "f16":
+        return norm * 2.0 ** -11 + root * 2.0 ** -25
+    if dtype == "bf16":
+        return norm * 2.0 ** -8 + root * 2.0 ** -134
+    raise WireError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
 
 
 def _to_bf16(r32: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ from deltastream import wire
 from deltastream.publishing.budget_plan import Candidate, choose
 from deltastream.publishing.budget_policy import BudgetPolicy
 from deltastream.publishing.handoff import Handoff
-from deltastream.publishing.pending import PendingTable, TakenRows
+from deltastream.publishing.pending import SENT_BIRTH, PendingTable, TakenRows
 from deltastream.publishing.rounds import (
     PublishRound,
     RowPublisher,
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 _OVERHEAD_GUESS = 256
 #: the residual dtype of ``BudgetPolicy.residuals``
 _RESIDUAL = "r1"
-#: the birth given to rows whose residual send failed: overdue at once, so they go whole
+#: the birth given to rows whose residual send failed: overdue at once (they go whole)
 _OVERDUE_BIRTH = -(1 << 62)
 
 
@@ -255,12 +255,10 @@ class BudgetEngine:
         fqns, cands = [], []
         for fqn, t in self.tables.items():
             fqns.append(fqn)
-            residual = self._residual(fqn)
             cands.append(Candidate(table=t, scale=self._scale(t),
                                    weight=float(pol.weights.get(self._names[fqn], 1.0)),
-                                   row_cost=self._row_cost(fqn, t.dim, residual),
-                                   overhead=self._overhead.get(fqn, _OVERHEAD_GUESS),
-                                   full_cost=self._row_cost(fqn, t.dim) if residual else None))
+                                   row_cost=self._row_cost(fqn, t.dim, self._residual(fqn)),
+                                   overhead=self._overhead.get(fqn, _OVERHEAD_GUESS)))
         return fqns, cands
 
     def _dtype(self, dim: int) -> str:
@@ -312,13 +310,9 @@ class BudgetEngine:
         for i, (fqn, c) in enumerate(zip(fqns, cands, strict=True)):
             before = len(c.table)
             s = slots.get(i, none)
-            residual = None
-            if c.full_cost is not None and not final:  # ranked rows as residuals
-                whole = ch.full.get(i, none)
-                residual, extra = self._take_residual(c.table, s[~np.isin(s, whole)])
-                rows = c.table.take(whole).join(extra)
-            else:
-                rows = c.table.take(s)
+            rows, residual = c.table.take(s), None
+            if self._residual(fqn) and not final:
+                residual, rows = self._take_residual(rows)
             tombs = c.table.take_tombstones()
             if len(rows) or residual is not None or tombs is not None or before:
                 # rows sent as residuals come back pending with what they leave
@@ -327,16 +321,13 @@ class BudgetEngine:
         self.select_s += time.monotonic() - t0
         return job
 
-    def _take_residual(self, table: PendingTable, slots: np.ndarray
-                       ) -> tuple[Optional[_Residual], TakenRows]:
-        """Take ``slots`` as residuals; rows whose residual the wire cannot carry (a mean
-        magnitude past f16) come back as whole rows."""
-        rows = table.take(slots)
-        if not len(rows):
-            return None, rows
+    def _take_residual(self, rows: TakenRows) -> tuple[Optional[_Residual], TakenRows]:
+        """Split taken rows into residuals and whole rows: a row goes whole at its
+        ``policy.whole_every``-th send, or when the wire cannot carry its residual (a mean
+        magnitude past f16)."""
         base = torch.where(rows.new[:, None], 0.0, rows.served.float())
         sent = rows.current.float() - base
-        ok = sent.abs().mean(1) <= wire.F16_MAX
+        ok = (sent.abs().mean(1) <= wire.F16_MAX) & (rows.sends < self.policy.whole_every - 1)
         whole = rows.pick(~ok)
         if len(whole):
             rows, base, sent = rows.pick(ok), base[ok], sent[ok]
@@ -428,15 +419,13 @@ class BudgetEngine:
             t.put_back(jt.rows, jt.tombstones)
             rows += len(jt)
             r = jt.residual
-            if r is not None:  # predictors may or may not hold it: the rows go whole next
-                t.put_back(replace(r.rows, birth=torch.full_like(r.rows.birth, _OVERDUE_BIRTH))
+            if r is not None:  # predictors may or may not hold it: the rows go whole, soon
+                t.put_back(replace(r.rows, birth=torch.full_like(r.rows.birth, _OVERDUE_BIRTH),
+                                   sends=torch.full_like(r.rows.sends, self.policy.whole_every))
                            if r.attempted else r.rows, None)
         for jt in job.delivered:
-            r = jt.residual
-            if r is not None:  # what the residuals left, against what predictors hold now
-                t = self.tables[jt.fqn]
-                t.put_back(replace(r.rows, served=r.held.to(t.dtype),
-                                   new=torch.zeros_like(r.rows.new)), None)
+            if jt.residual is not None:
+                self._residual_sent(jt)
         if error is not None:
             text = (f"budget publisher: {rows} rows not delivered are pending again "
                     f"(tables {[self._names[jt.fqn] for jt in job.failed]})")
@@ -478,6 +467,20 @@ class BudgetEngine:
             except Exception:  # the user's callback must not undo the accounting
                 log.exception("budget publisher: on_round callback failed")
         return tick
+
+    def _residual_sent(self, jt: _JobTable) -> None:
+        """Delivered residuals: what they left stays pending against what predictors hold
+        now (its send counted; never overdue until the row changes again), unless it is
+        within the error a whole row in the table's dtype would leave (as exact as one)."""
+        r, t = jt.residual, self.tables[jt.fqn]
+        left = torch.linalg.vector_norm(r.rows.current.double() - r.held.double(), dim=1)
+        tol = wire.error_bound(r.rows.current.float().numpy(), self._dtype(t.dim))
+        keep = left > torch.from_numpy(tol)
+        rows = r.rows.pick(keep)
+        t.put_back(replace(rows, served=r.held[keep].to(t.dtype),
+                           new=torch.zeros_like(rows.new),
+                           birth=torch.full_like(rows.birth, SENT_BIRTH), sends=rows.sends + 1),
+                   None)
 
     # ------------------------------------------------------------------ reading
 

@@ -31,32 +31,22 @@ class Candidate:
     """One table as the round sees it.
 
     ``scale``: the table's error scale (1 when errors are raw); ``weight``: its policy
-    weight; ``row_cost``: wire bytes of one row as the ranked tier sends it (a residual
-    for a table sending residuals); ``overhead``: estimated bytes of a message beyond its
-    rows; ``full_cost``: wire bytes of one whole row, what the overdue tier sends (None:
-    ``row_cost``)."""
+    weight; ``row_cost``: wire bytes of one row; ``overhead``: estimated bytes of a message
+    beyond its rows."""
 
     table: PendingTable
     scale: float
     weight: float
     row_cost: float
     overhead: float
-    full_cost: Optional[float] = None
-
-    @property
-    def whole_row_cost(self) -> float:
-        """Wire bytes of one whole row (the overdue tier's rows)."""
-        return self.row_cost if self.full_cost is None else self.full_cost
 
 
 @dataclass
 class Choice:
-    """Slots to publish per candidate index, and how many came from the overdue tier
-    (``full``: those slots per candidate index; they go as whole rows)."""
+    """Slots to publish per candidate index, and how many came from the overdue tier."""
 
     slots: dict[int, np.ndarray] = field(default_factory=dict)
     overdue: int = 0
-    full: dict[int, np.ndarray] = field(default_factory=dict)
     starved: bool = False  # a full bucket paid for no eligible row
 
 
@@ -108,7 +98,7 @@ def _overdue(cands: list[Candidate], tick: int, max_age: int, min_error: float,
         slots, err = slots[ok], err[ok]
         if slots.size:
             out.append((birth, i, slots, _keys(c, err, per_byte)))
-            got += slots.size * c.whole_row_cost
+            got += slots.size * c.row_cost
     return out
 
 
@@ -138,24 +128,19 @@ def choose(cands: list[Candidate], tokens: float, *, tick: int, max_age: Optiona
         return out
     overhead = np.array([c.overhead for c in cands], dtype=np.float64)
     cost_of = np.array([c.row_cost for c in cands], dtype=np.float64)
-    whole = np.array([c.whole_row_cost for c in cands], dtype=np.float64)
     paid = np.zeros(len(cands), dtype=bool)
     picked: dict[int, list[np.ndarray]] = {}
     spent, blocked = 0.0, False
     if max_age is not None:
-        enough = max(overdue_share * tokens, float((whole + overhead).max()))
+        enough = max(overdue_share * tokens, float((cost_of + overhead).max()))
         tidx, slots = _ordered(_overdue(cands, tick, max_age, min_error, per_byte, enough))
         if slots.size:
-            head = float(whole[tidx[0]] + overhead[tidx[0]])
+            head = float(cost_of[tidx[0]] + overhead[tidx[0]])
             cap = min(tokens, max(overdue_share * tokens, head))
-            n, spent = _prefix(whole[tidx], tidx, overhead, paid, cap)
+            n, spent = _prefix(cost_of[tidx], tidx, overhead, paid, cap)
             for i in np.unique(tidx[:n]):
-                got = slots[:n][tidx[:n] == i]
-                picked.setdefault(int(i), []).append(got)
-                out.full[int(i)] = got
+                picked.setdefault(int(i), []).append(slots[:n][tidx[:n] == i])
             out.overdue = n
-            # a table sending residuals sends its whole rows in a message of their own
-            paid &= np.array([c.full_cost is None for c in cands])
             # the oldest overdue row does not fit: save the tokens for it (unless it never
             # can: a full bucket is smaller than it)
             blocked = n == 0 and head <= burst

@@ -72,15 +72,18 @@ class BudgetPolicy:
             bytes than the publisher's dtype: ``"i8"`` costs dim + 4 bytes a row, f16
             2 · dim, so tables wider than 4 go as i8 (error ≤ max|row| / 254 an element)
             and dim-1 bias rows stay f16. None (default): every table in the publisher's.
-        residuals: the ranked rows of every table where it is cheaper go as 1-bit
-            residuals (wire dtype ``r1``, ``ceil(dim / 8)`` + 2 bytes a row: a dim-32 row
-            costs 6 bytes, not 36 in i8) *added* to what predictors hold; what a residual
-            leaves stays pending, with the value predictors now hold, and is ranked again
-            (error feedback). A row goes whole (in its table's dtype) when it is overdue,
-            when a send of its residual failed (predictors may or may not hold it) and at
-            a final flush, so its predictors' copy is exact, up to the dtype's error, at
-            most ``max_age`` ticks after it started pending. Needs a publisher writing
-            wire v4 and a ``max_age``. False (default): whole rows only.
+        residuals: the rows of every table where it is cheaper go as 1-bit residuals
+            (wire dtype ``r1``, ``ceil(dim / 8)`` + 2 bytes a row: a dim-32 row costs 6
+            bytes, not 36 in i8) *added* to what predictors hold. What a residual leaves
+            stays pending against the value predictors now hold, ranked again (error
+            feedback), until it is within the error a whole row in the table's dtype would
+            leave. A row goes whole at every ``whole_every``-th send, after a send of its
+            residual failed (predictors may or may not hold it) and at a final flush. Needs
+            a publisher writing wire v4. False (default): whole rows only.
+        whole_every: with ``residuals``, a row's sends from one whole row to the next
+            (``>= 1``; 1: whole rows only): whatever a predictor's copy of a row became
+            (a trainer restarted from a checkpoint, a predictor restored from an older
+            snapshot), it is whole again within this many sends.
 
     Raises:
         ValueError / TypeError: naming the bad field and what was expected.
@@ -101,6 +104,7 @@ class BudgetPolicy:
     charge_dense: bool = False
     wide_dtype: Optional[str] = None
     residuals: bool = False
+    whole_every: int = 16
 
     def __post_init__(self) -> None:
         if (self.bytes_per_s is None) == (self.bytes_per_step is None):
@@ -145,9 +149,11 @@ class BudgetPolicy:
         if self.wide_dtype is not None and self.wide_dtype not in wire.DTYPES:
             raise ValueError(f"BudgetPolicy.wide_dtype must be None or one of "
                              f"{sorted(wire.DTYPES)}, got {self.wide_dtype!r}")
-        if self.residuals and self.max_age is None:
-            raise ValueError("BudgetPolicy.residuals needs a max_age: a row's residual state "
-                             "ends with a whole row when it is overdue")
+        if isinstance(self.whole_every, bool) or not isinstance(self.whole_every,
+                                                                 numbers.Integral) \
+                or self.whole_every < 1:
+            raise ValueError(f"BudgetPolicy.whole_every must be an int >= 1, got "
+                             f"{self.whole_every!r}")
 
     @property
     def per_step(self) -> bool:
@@ -174,4 +180,4 @@ class BudgetPolicy:
                 "overdue_share": self.overdue_share, "new_rows": self.new_rows,
                 "per_byte": self.per_byte, "min_interval_s": self.min_interval_s,
                 "charge_dense": self.charge_dense, "wide_dtype": self.wide_dtype,
-                "residuals": self.residuals}
+                "residuals": self.residuals, "whole_every": self.whole_every}

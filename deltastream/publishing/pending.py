@@ -28,7 +28,7 @@ Torch (CPU) holds the rows and the id index; the orders are numpy.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import numpy as np
@@ -39,24 +39,28 @@ from deltastream.publishing.serving_error import TableScale, row_errors
 from deltastream.publishing.slot_pool import SlotPool
 from deltastream.tracking.sorted_ids import member, union
 
-__all__ = ["PendingTable", "TakenRows", "MergeCounts", "MERGE_CHUNK_ROWS"]
+__all__ = ["PendingTable", "TakenRows", "MergeCounts", "MERGE_CHUNK_ROWS", "SENT_BIRTH"]
 
 #: rows a merge scores at once: its float64 temporaries stay ~16 MB at dim 32
 MERGE_CHUNK_ROWS = 1 << 16
+#: the birth of a row whose every change went out as a residual: what is pending is what
+#: the residuals left, which is never overdue (its next change gives it a birth again)
+SENT_BIRTH = np.iinfo(np.int64).max // 2
 
 
 @dataclass
 class TakenRows:
     """Rows taken out of a :class:`PendingTable` to be published (ids ascending).
 
-    ``served``/``new``/``birth`` are kept so that rows whose send fails go back with the
-    state predictors still hold (:meth:`PendingTable.put_back`)."""
+    ``served``/``new``/``birth``/``sends`` are kept so that rows whose send fails go back
+    with the state predictors still hold (:meth:`PendingTable.put_back`)."""
 
     ids: torch.Tensor  # int64 [n]
     served: torch.Tensor  # [n, dim]
     current: torch.Tensor  # [n, dim]
     new: torch.Tensor  # bool [n]
     birth: torch.Tensor  # int64 [n]
+    sends: torch.Tensor  # int64 [n]: residuals sent since the row last went whole
 
     def __len__(self) -> int:
         return int(self.ids.numel())
@@ -64,21 +68,16 @@ class TakenRows:
     def pick(self, mask: torch.Tensor) -> TakenRows:
         """The rows where ``mask`` (bool ``[n]``) is set, ids still ascending."""
         at = mask.nonzero().squeeze(1)
-        return TakenRows(ids=self.ids.index_select(0, at),
-                         served=self.served.index_select(0, at),
-                         current=self.current.index_select(0, at),
-                         new=self.new.index_select(0, at), birth=self.birth.index_select(0, at))
+        return TakenRows(**{f.name: getattr(self, f.name).index_select(0, at)
+                            for f in fields(self)})
 
     def join(self, other: TakenRows) -> TakenRows:
         """These rows and ``other``'s (disjoint ids), ids ascending."""
         if not len(other):
             return self
-        ids, order = torch.sort(torch.cat([self.ids, other.ids]))
-        return TakenRows(
-            ids=ids, served=torch.cat([self.served, other.served]).index_select(0, order),
-            current=torch.cat([self.current, other.current]).index_select(0, order),
-            new=torch.cat([self.new, other.new]).index_select(0, order),
-            birth=torch.cat([self.birth, other.birth]).index_select(0, order))
+        order = torch.argsort(torch.cat([self.ids, other.ids]))
+        return TakenRows(**{f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)])
+                            .index_select(0, order) for f in fields(self)})
 
 
 @dataclass
@@ -110,6 +109,7 @@ class PendingTable:
                                 "current": torch.zeros(capacity, dim, dtype=dtype),
                                 "new": torch.zeros(capacity, dtype=torch.bool),
                                 "birth": np.zeros(capacity, dtype=np.int64),
+                                "sends": np.zeros(capacity, dtype=np.int64),
                                 "err": np.zeros(capacity, dtype=np.float64),
                                 "life": np.zeros(capacity, dtype=np.int64)}, "pending")
         self._c = self._slots.cols
@@ -244,7 +244,13 @@ class PendingTable:
         if stay.numel():
             s = pos.index_select(0, stay)
             self._c["current"].index_copy_(0, s, current.index_select(0, stay).to(self.dtype))
-            self._rescore(s.numpy(), err.index_select(0, stay).numpy())
+            sn = s.numpy()
+            self._rescore(sn, err.index_select(0, stay).numpy())
+            sent = sn[self._c["birth"][sn] == SENT_BIRTH]
+            if sent.size:  # a change after its residual went out: it ages from now
+                self._c["life"][sent] += 1
+                self._c["birth"][sent] = tick
+                self._age(sent)
         fresh = (~had & keep).nonzero().squeeze(1)
         if fresh.numel():
             self._add(ids.index_select(0, fresh), served.index_select(0, fresh),
@@ -259,13 +265,15 @@ class PendingTable:
         self.by_error.add(err, slots, self._slots.stamp[slots], self._slots.stamp, len(self))
 
     def _add(self, ids: torch.Tensor, served: torch.Tensor, current: torch.Tensor,
-             new: torch.Tensor, birth: np.ndarray, err: np.ndarray) -> None:
+             new: torch.Tensor, birth: np.ndarray, err: np.ndarray,
+             sends: Optional[np.ndarray] = None) -> None:
         slots = self._slots.add(ids)
         self._c["served"].index_copy_(0, slots, served.to(self.dtype))
         self._c["current"].index_copy_(0, slots, current.to(self.dtype))
         self._c["new"].index_copy_(0, slots, new)
         s = slots.numpy()
         self._c["birth"][s] = birth
+        self._c["sends"][s] = 0 if sends is None else sends
         self._rescore(s, err)
         self._age(s)
 
@@ -287,7 +295,8 @@ class PendingTable:
         out = TakenRows(ids=ids, served=self._c["served"].index_select(0, s),
                         current=self._c["current"].index_select(0, s),
                         new=self._c["new"].index_select(0, s),
-                        birth=torch.from_numpy(self._c["birth"][s.numpy()]))
+                        birth=torch.from_numpy(self._c["birth"][s.numpy()]),
+                        sends=torch.from_numpy(self._c["sends"][s.numpy()]))
         self._drop(ids)
         return out
 
@@ -299,7 +308,8 @@ class PendingTable:
     def put_back(self, rows: TakenRows, tombstones: Optional[torch.Tensor]) -> None:
         """Rows (and tombstones) whose send failed, or rows a residual left an error in:
         pending again with the state predictors hold (``rows.served``/``new``/birth). A
-        row that changed meanwhile keeps its newer ``current`` and takes those back; a row
+        row that changed meanwhile keeps its newer ``current`` and the older birth, and
+        takes the rest back; a row
         whose error is then 0 (predictors hold its current value) is not pending."""
         if tombstones is not None and tombstones.numel():
             self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
@@ -317,20 +327,17 @@ class PendingTable:
             err, _, _ = self._score(cur, rows.served.index_select(0, w),
                                     rows.new.index_select(0, w))
             self._c["life"][sn] += 1  # its AgeQueue entry moves to the older birth
-            self._c["birth"][sn] = rows.birth.index_select(0, w).numpy()
+            self._c["birth"][sn] = np.minimum(self._c["birth"][sn],
+                                              rows.birth.index_select(0, w).numpy())
+            self._c["sends"][sn] = rows.sends.index_select(0, w).numpy()
             self._rescore(sn, err.numpy())
             self._age(sn)
             if bool((err == 0).any()):
                 self._drop(rows.ids.index_select(0, w)[err == 0])
-        fresh = (~had).nonzero().squeeze(1)
-        if fresh.numel():
-            served = rows.served.index_select(0, fresh)
-            new = rows.new.index_select(0, fresh)
-            cur = rows.current.index_select(0, fresh)
-            err, _, _ = self._score(cur, served, new)
-            live = (err != 0).nonzero().squeeze(1)  # NaN (a row gone bad) stays pending
-            self._add(rows.ids.index_select(0, fresh).index_select(0, live),
-                      served.index_select(0, live), cur.index_select(0, live),
-                      new.index_select(0, live),
-                      rows.birth.index_select(0, fresh).index_select(0, live).numpy(),
-                      err.index_select(0, live).numpy())
+        if not bool(had.all()):
+            back = rows.pick(~had)
+            err, _, _ = self._score(back.current, back.served, back.new)
+            live = err != 0  # NaN (a row gone bad) stays pending
+            back = back.pick(live)
+            self._add(back.ids, back.served, back.current, back.new, back.birth.numpy(),
+                      err[live].numpy(), back.sends.numpy())

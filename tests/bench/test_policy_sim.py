@@ -17,7 +17,7 @@ def test_priced_bytes_are_the_wire_message_bytes(ids, dim, dtype, version):
                             ts=1_700_000_000_000_000_000, ids=ids, rows=rows, dtype=dtype)
     (msg,) = wire.encode(batch, version=version, max_message_bytes=1 << 24)
     value = dim + 4 if dtype == "i8" else 2 * dim
-    assert message_overhead("item", dim, dtype, ids.size, version) \
+    assert message_overhead("item", dim, dtype, ids, version) \
         + wire.id_bytes(ids, version) + ids.size * value == len(msg)
 
 

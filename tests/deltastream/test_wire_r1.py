@@ -17,7 +17,7 @@ import pytest
 
 from deltastream import wire
 from deltastream.wire import DecodedBatch, WireError, decode
-from deltastream.wire_codec import FIELD_KEYS
+from deltastream.wire_codec import FIELD_KEYS, bin_header
 from deltastream.wire_values import residual_values
 from tests.deltastream.wire_messages import assert_same, fields_of, make, one, pack_fields
 
@@ -132,10 +132,15 @@ def test_rows_bin_is_a_bit_per_element_and_scale_two_bytes_a_row(dim):
     fields = _wire_fields(m_r1)
     assert len(fields["rows"]) == n * -(-dim // 8)
     assert len(fields["scale"]) == 2 * n
-    # against i8 (same fields, same dtype string length, bin32 headers): only the rows
-    # (1 byte an element) and scale (float32) bins differ
+    # against i8 (same fields, same dtype string length): only the rows (1 byte an
+    # element) and scale (float32) bins and their v4 headers (the shortest that fit) differ
     m_i8 = one(make(ids, r, "i8"), version=4)
-    assert len(m_i8) - len(m_r1) == n * dim + 4 * n - n * -(-dim // 8) - 2 * n
+
+    def bins(rows: int, scale: int) -> int:
+        return sum(len(bin_header(k, size, ints=True)) + size
+                   for k, size in (("rows", rows), ("scale", scale)))
+
+    assert len(m_i8) - len(m_r1) == bins(n * dim, 4 * n) - bins(n * -(-dim // 8), 2 * n)
     assert wire.row_bytes(dim, "r1") == 8 + -(-dim // 8) + 2
 
 

@@ -1,7 +1,7 @@
 """Wire v4: v3 with every key a one-byte msgpack int (``wire_codec.FIELD_KEYS``).
 
 v4 decodes alongside v1–v3, carries the same rows as v3, is shorter by exactly the key
-bytes, and its strict decoder names what is wrong (the decode-error suite of
+bytes and its shortest map and bin headers, and its strict decoder names what is wrong (the decode-error suite of
 ``test_wire_decode.py`` runs on v4 too).
 """
 
@@ -17,23 +17,26 @@ from deltastream.wire_codec import FIELD_KEYS, Framer
 from tests.deltastream.wire_messages import assert_same, make, one
 
 
-def _key_bytes_saved(message: bytes) -> int:
+def _v4_saving(message: bytes) -> int:
     """What v4 saves on a v3 ``message``: each key's msgpack str bytes minus the one byte
-    of its int."""
+    of its int, 2 bytes of a fixmap header up to 15 fields, and each bin's bin32 header
+    (5 bytes) minus the shortest that fits (bin8: 2, bin16: 3)."""
     fields = msgpack.unpackb(message)
-    return sum(len(msgpack.packb(k)) - 1 for k in fields)
+    bins = [len(v) for v in fields.values() if isinstance(v, bytes)]
+    return (sum(len(msgpack.packb(k)) - 1 for k in fields) + 2 * (len(fields) <= 15)
+            + sum(5 - (2 if size < 256 else 3 if size < 65536 else 5) for size in bins))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i8"])
 @pytest.mark.parametrize("col", [None, 2])
-def test_v4_carries_v3s_rows_shorter_by_the_key_bytes(dtype, col):
+def test_v4_carries_v3s_rows_shorter_by_the_key_and_header_bytes(dtype, col):
     rng = np.random.default_rng(7)
     ids = np.sort(rng.choice(5000, 40, replace=False))
     extra = {} if col is None else {"col": col, "width": 9}
     b = make(ids, rng.standard_normal((40, 4)).astype(np.float32), dtype,
              tombstones=np.array([3, 77]), **extra)
     v3, v4 = one(b, version=3), one(b, version=4)
-    assert len(v3) - len(v4) == _key_bytes_saved(v3) > 40
+    assert len(v3) - len(v4) == _v4_saving(v3) > 40
     assert_same(decode(v3), decode(v4))
     assert one(decode(v4), version=4) == v4  # a relay re-encodes a decoded v4 batch
 
@@ -46,7 +49,7 @@ def test_the_framers_rows_stay_64_byte_aligned_with_v4s_shorter_headers():
                  tombstones=np.array([1, 2]))
         framer = Framer(1 << 16, version=4)
         framed = framer.frame(wire.split(b)[0])
-        rows_at = bytes(framed).index(bytes([FIELD_KEYS["rows"], 0xC6])) + 6
+        rows_at = bytes(framed).index(bytes([FIELD_KEYS["rows"], 0xC4, 30])) + 3  # bin8
         start = np.frombuffer(framed, np.uint8).ctypes.data \
             - np.frombuffer(framer.buf, np.uint8).ctypes.data
         assert (start + rows_at) % 64 == 0

@@ -42,9 +42,9 @@ def _check_mirror(model, serving, bp: BudgetPublisher) -> None:
         assert err.max() == pytest.approx(bounds.get(name, 0.0), rel=1e-6, abs=1e-7), name
 
 
-def test_policy_needs_max_age_and_publisher_needs_wire_v4():
-    with pytest.raises(ValueError, match="residuals needs a max_age"):
-        BudgetPolicy(bytes_per_step=100, residuals=True, max_age=None)
+def test_policy_fields_and_publisher_needs_wire_v4():
+    with pytest.raises(ValueError, match="whole_every must be an int >= 1"):
+        BudgetPolicy(bytes_per_step=100, residuals=True, whole_every=0)
     with pytest.raises(TypeError, match="residuals must be a bool"):
         BudgetPolicy(bytes_per_step=100, residuals=1)
     model, tracker, serving, pub = setup({"u": 32})  # a v2 publisher
@@ -160,3 +160,32 @@ def test_residuals_cost_fewer_bytes_for_the_same_rows():
         assert isinstance(pub, Loopback)
         bp.close()
     assert rows[True] > 2 * rows[False]
+
+
+def test_a_row_is_overdue_only_while_a_change_of_it_is_unsent():
+    """max_age bounds how long a change waits for a send (whole or residual); what a
+    residual left is not a change, so it never makes the row overdue (its next change
+    does: ``test_pending``)."""
+    model, tracker, serving, pub = _residual_setup()
+    policy = BudgetPolicy(bytes_per_step=120, burst_bytes=2000, residuals=True, max_age=2,
+                          whole_every=1000)
+    bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
+    step = 0
+
+    def ticks(k: int) -> list[int]:
+        nonlocal step
+        out = []
+        for _ in range(k):
+            step += 1
+            tracker.step()
+            rec = bp.tick(step)
+            out.append(0 if rec is None else rec.overdue)
+        return out
+
+    ticks(20)  # a full bucket
+    move(model["u"], torch.arange(60), 0.3)
+    assert ticks(1) == [0] and pub.dtypes["u"] == {"r1"}
+    assert sorted(pub.log[-1][2]) == list(range(60))  # every change went out
+    assert bp.stats()["pending"] >= 60  # what the residuals left
+    assert ticks(10) == [0] * 10  # ranked again, never overdue
+    bp.close()

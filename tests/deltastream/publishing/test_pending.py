@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from deltastream import wire
-from deltastream.publishing.pending import PendingTable
+from deltastream.publishing.pending import SENT_BIRTH, PendingTable
 from deltastream.publishing.score_order import ScoreOrder, bucket_of
 
 
@@ -181,3 +183,19 @@ def test_a_merge_in_chunks_equals_one_merge(monkeypatch):
     assert whole[1] == pytest.approx(chunked[1], rel=1e-12)
     for a, b in zip(whole[2:], chunked[2:], strict=True):
         assert torch.equal(a, b)
+
+
+def test_rows_a_residual_left_age_from_their_next_change_only():
+    """A row put back with ``SENT_BIRTH`` (every change of it went out as a residual) is
+    never in the age order's overdue part; a later change gives it the merge's tick."""
+    t = PendingTable(4, torch.float32)
+    ids = torch.arange(6)
+    t.merge(ids, torch.zeros(6, 4), torch.ones(6, 4), None, None, tick=1)
+    rows = t.take(t.live_slots())
+    t.put_back(replace(rows, served=rows.current * 0.5,
+                       birth=torch.full_like(rows.birth, SENT_BIRTH)), None)
+    assert len(t) == 6 and list(t.by_age.oldest(1 << 40, t.lives)) == []
+    t.merge(ids[:2], torch.ones(2, 4), 2 * torch.ones(2, 4), None, None, tick=7)
+    got = [(b, sorted(t.take(s).ids.tolist())) for b, s in t.by_age.oldest(1 << 40, t.lives)]
+    assert got == [(7, [0, 1])]
+    assert torch.equal(t.take(t.live_slots()).served, torch.full((4, 4), 0.5))
