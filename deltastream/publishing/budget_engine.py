@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 _OVERHEAD_GUESS = 256
 #: the residual dtype of ``BudgetPolicy.residuals``
 _RESIDUAL = "r1"
-#: the birth given to rows whose residual send failed: overdue at once (they go whole)
+#: the birth given to rows whose residual send failed: overdue at once, so they go soon
+#: (and whole: their send count is set to ``whole_every``)
 _OVERDUE_BIRTH = -(1 << 62)
 
 
@@ -95,11 +96,11 @@ class BudgetTick:
 class _Residual:
     """A table's ranked rows sent as 1-bit residuals (``BudgetPolicy.residuals``).
 
-    ``rows``: as taken (``served``/``new`` what predictors hold before); ``sent``: float32
-    ``[n, dim]`` ``current − held`` (held: zeros for a ``new`` row); ``held``: float32
-    what predictors hold once it is delivered (``held + wire.residual_values(sent)``, the
-    same float32 additions); ``attempted``: handed to the publisher (if that fails,
-    predictors may hold either, so the rows go whole next)."""
+    ``rows``: as taken (``served``/``new``: what predictors hold before, ``base``: served,
+    zeros for a ``new`` row); ``sent``: float32 ``[n, dim]`` ``current − base``; ``held``:
+    float32 what predictors hold once it is delivered, ``base +
+    wire.residual_values(sent)`` (the float32 additions they make); ``attempted``: handed
+    to the publisher (if that fails, predictors may hold either, so the rows go whole)."""
 
     rows: TakenRows
     sent: torch.Tensor
@@ -110,7 +111,7 @@ class _Residual:
 @dataclass
 class _JobTable:
     fqn: str
-    rows: TakenRows  # whole rows (the overdue tier, a final flush, tables without residuals)
+    rows: TakenRows  # whole rows (all of them without residuals, or at a final flush)
     tombstones: Optional[torch.Tensor]
     pending_before: int
     # pending right after the take: counted here, since hand-offs merge during the send
@@ -395,8 +396,8 @@ class BudgetEngine:
         n, dim = len(jt), self.specs[jt.fqn].dim
         total = {k: sum(int(getattr(res, k)) for res in results)
                  for k in ("rows", "tombstones", "messages", "bytes")}
-        ids = jt.rows.ids if jt.residual is None else torch.cat([jt.rows.ids,
-                                                                  jt.residual.rows.ids])
+        ids = jt.rows.ids if jt.residual is None else \
+            torch.sort(torch.cat([jt.rows.ids, jt.residual.rows.ids])).values
         if total["messages"] and n:
             version = getattr(self.publisher, "wire_version", wire.VERSION)
             self._id_cost[jt.fqn] = wire.id_bytes(ids.cpu().numpy(), version) / n
