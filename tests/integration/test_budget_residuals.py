@@ -57,8 +57,9 @@ def _catch_up(servers: str, topic: str, state) -> SyncDaemon:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("worker", ["thread", "process"])
 def test_residuals_are_served_exactly_once_and_rebuilt_bit_identically(broker, topic_name,
-                                                                        tmp_path):
+                                                                        tmp_path, worker):
     servers = broker.bootstrap_servers
     ensure_topic(servers, topic_name, 1)
     model = torch.nn.ModuleDict({n: HashTable(d, name=n, capacity=1024) for n, d in DIMS.items()})
@@ -66,7 +67,7 @@ def test_residuals_are_served_exactly_once_and_rebuilt_bit_identically(broker, t
     pub = DeltaPublisher(servers, topic_name, model=MODEL, shard=0, dtype="f32",
                          wire_version=4)
     policy = BudgetPolicy(bytes_per_step=1500, residuals=True, max_age=1000)
-    bp = BudgetPublisher(tracker, pub, "p", policy)
+    bp = BudgetPublisher(tracker, pub, "p", policy, worker=worker)
     state = tmp_path / "state"
     try:
         _train(model, tracker, bp, range(1, 16), seed=0)
