@@ -117,6 +117,7 @@ class ServingTable:
         self.dtype = dtype
         self._np_dtype = STORAGE_DTYPES[dtype]
         self._capacity = int(capacity)  # notional: doubles as rows are added (stats)
+        self._warned_f16_sums = False
         self._core = TableCore(name, self.dim, self._np_dtype, int(capacity))
 
     # ------------------------------------------------------------------ validation
@@ -202,6 +203,11 @@ class ServingTable:
             ids, tomb = batch.ids, batch.tombstones
             # residuals stay float32 deltas: the core adds them to the rows held in float32
             vals = _residual_rows(batch) if batch.additive else self._decoded_rows(batch)
+            if batch.additive and self._np_dtype == np.float16 and not self._warned_f16_sums:
+                self._warned_f16_sums = True
+                log.warning("table %r stores f16: each residual's sum is rounded to f16, "
+                            "which the trainer's mirror does not see (its whole rows bound "
+                            "the drift); use f32 tables with residual publishers", self.name)
         else:
             ids, tomb = _built_ids(batch)
             vals = self._float_rows(batch.rows_f32, ids.shape[0], cols.n)

@@ -5,6 +5,8 @@ and can send the error left again (error feedback)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -339,3 +341,15 @@ def test_full_rows_and_residuals_interleaved_equal_the_mirror(storage):
         assert res.upserted == ids.size
         mirror.check(t)
         assert len(t) == len(mirror.rows)
+
+
+def test_an_f16_table_says_once_that_it_rounds_residual_sums(caplog):
+    t = ServingTable("emb", 4, dtype="f16")
+    with caplog.at_level(logging.WARNING, logger="consumers.serving.table"):
+        for _ in range(3):
+            t.apply(r1_batch([1], np.ones((1, 4), np.float32)))
+    assert sum("stores f16" in r.getMessage() for r in caplog.records) == 1
+    f32 = ServingTable("emb", 4)
+    with caplog.at_level(logging.WARNING, logger="consumers.serving.table"):
+        f32.apply(r1_batch([1], np.ones((1, 4), np.float32)))
+    assert sum("stores f16" in r.getMessage() for r in caplog.records) == 1
