@@ -35,7 +35,7 @@ from deltastream.wire_values import rows_nbytes, scale_nbytes
 
 __all__ = ["SimBudget", "sim_budgets", "KINDS", "FRAMINGS"]
 
-KINDS = ("i8", "res1")
+KINDS = ("i8", "res1", "res2")
 FRAMINGS = ("per-table", "one")
 BURST_STEPS = 4
 RMS_ALPHA = 0.1  # EMA weight of a tick's RMS row norm (the real TableScale's)
@@ -48,7 +48,9 @@ def message_overhead(table: str, dim: int, dtype: str, ids: np.ndarray | None = 
     headers (v4: the shortest that fit), CRC — measured by encoding it."""
     ids = np.array([1], np.int64) if ids is None else np.asarray(ids, np.int64)
     n = int(ids.size)
-    batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1, seq=1, step=1,
+    # a real publisher's fields: an epoch in ms, seqs and steps in the thousands
+    batch = wire.DeltaBatch(model="mf", table=table, shard=0, epoch=1_700_000_000_000,
+                            seq=1000, step=1000,
                             ts=1_700_000_000_000_000_000, ids=ids,
                             rows=np.zeros((n, dim), np.float32), dtype=dtype)
     (msg,) = wire.encode(batch, version=version, max_message_bytes=1 << 30)
@@ -84,14 +86,15 @@ class SimBudget:
         """The wire dtype of ``table``'s messages (res1 before v4: priced as i8 headers)."""
         if self.dims[table] <= 4:
             return "f16"
-        return "r1" if self.kind == "res1" and self.version >= wire.RESIDUAL_VERSION else "i8"
+        residual = self.kind != "i8" and self.version >= wire.RESIDUAL_VERSION
+        return "r1" if residual else "i8"
 
     def value_bytes(self, table: str) -> int:
         """Wire bytes of one row's value (its id apart)."""
         d = self.dims[table]
         if d <= 4:
             return 2 * d
-        return d // 8 + 2 if self.kind == "res1" else d + 4
+        return {"res1": d // 8 + 2, "res2": d // 4 + 4}.get(self.kind, d + 4)
 
     def lookup(self, table: str, ids: np.ndarray) -> np.ndarray:
         """What the predictor serves for ``ids`` ``[n, dim]`` (0 for rows never sent)."""
@@ -170,10 +173,18 @@ class SimBudget:
             m = np.abs(cur).max(1, keepdims=True) / 127
             m = np.where(m > 0, m, 1.0)
             held[ids] = (np.round(cur / m) * m).astype(np.float32)
-        else:  # 1-bit residual, error feedback: the rest stays pending in held's distance
+        elif self.kind == "res1":  # error feedback: the rest stays pending in held's distance
             r = cur - held[ids]
             scale = np.abs(r).mean(1, keepdims=True).astype(np.float16).astype(np.float32)
             held[ids] += np.sign(r) * scale
+        else:  # 2 bits: sign, and which of two f16 magnitudes (means below/above mean|r|)
+            r = cur - held[ids]
+            a = np.abs(r)
+            big = a > a.mean(1, keepdims=True)
+            lo = np.where(big, 0, a).sum(1, keepdims=True) / np.maximum((~big).sum(1, keepdims=True), 1)
+            hi = np.where(big, a, 0).sum(1, keepdims=True) / np.maximum(big.sum(1, keepdims=True), 1)
+            f16 = lambda x: x.astype(np.float16).astype(np.float32)  # noqa: E731
+            held[ids] += np.sign(r) * np.where(big, f16(hi), f16(lo))
 
 
 def sim_budgets(spec: list[float], dims: dict, sizes: dict, version: int = 3

@@ -13,7 +13,8 @@ from deltastream import wire
 def test_priced_bytes_are_the_wire_message_bytes(ids, dim, dtype, version):
     ids = np.asarray(ids, np.int64)
     rows = np.random.default_rng(0).normal(size=(ids.size, dim)).astype(np.float32)
-    batch = wire.DeltaBatch(model="mf", table="item", shard=0, epoch=1, seq=1, step=1,
+    batch = wire.DeltaBatch(model="mf", table="item", shard=0, epoch=1_700_000_000_000,
+                            seq=1000, step=1000,
                             ts=1_700_000_000_000_000_000, ids=ids, rows=rows, dtype=dtype)
     (msg,) = wire.encode(batch, version=version, max_message_bytes=1 << 24)
     value = dim + 4 if dtype == "i8" else 2 * dim
