@@ -16,7 +16,9 @@ Transports (``kind``):
 * ``res1`` — **1-bit residuals with error feedback** for the wide tables: the predictor adds
   ``sign(current − held) · mean|current − held|`` (``dim / 8`` bytes of signs and an f16
   scale), and what the residual does not remove stays the row's error, to be sent again
-  when it ranks. Biases as f16 full rows.
+  when it ranks. Biases as f16 full rows;
+* ``res2`` — 2-bit residuals: the sign and which of two f16 magnitudes (the means of
+  ``|current − held|`` below and above its mean), ``dim / 4 + 4`` bytes. Modelled only.
 
 Framing: ``per-table`` charges each table's message its real fixed cost (the bytes of that
 message of the bench's wire version, 3 at least, beyond its ids and values, measured with
