@@ -71,16 +71,18 @@ class _Run:
 
     def __init__(self, name: str, model: TableCTR, servers: str, topic: str,
                  budget: float | None = None, threaded: bool = True,
-                 delta_every: int | None = None, worker: str = "thread") -> None:
+                 delta_every: int | None = None, worker: str = "thread",
+                 residuals: bool = False) -> None:
         from deltastream import DeltaPublisher
 
         self.name, self.delta_every = name, delta_every
         self.tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
-        self.pub = DeltaPublisher(servers, topic, model="bench", shard=0) \
+        self.pub = DeltaPublisher(servers, topic, model="bench", shard=0,
+                                  wire_version=4 if residuals else 2) \
             if budget or delta_every else None
         self.budget = BudgetPublisher(self.tracker, self.pub, "p",
-                                      BudgetPolicy(bytes_per_s=budget), threaded=threaded,
-                                      worker=worker) \
+                                      BudgetPolicy(bytes_per_s=budget, residuals=residuals),
+                                      threaded=threaded, worker=worker) \
             if budget else None
         self.times: list[float] = []
         self.alone: list[float] = []
@@ -211,6 +213,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-process", model, servers, topic, budget=b,
                          worker="process"))
+    if args.residuals:
+        b = args.budgets[0]
+        runs.append(_Run(f"budget-{int(b)}-residuals", model, servers, topic, budget=b,
+                         residuals=True))
     runs.append(_Run("delta-10", model, servers, topic, delta_every=10))
     k = len(pool)
     try:
@@ -306,6 +312,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="leave out the synchronous-mode configuration")
     p.add_argument("--no-process", dest="process", action="store_false",
                    help="leave out the worker-process configuration")
+    p.add_argument("--residuals", action="store_true",
+                   help="also the first budget with BudgetPolicy(residuals=True), wire v4")
     p.add_argument("--pending", type=int, default=0,
                    help="rows pending in each budget before timing (0)")
     p.add_argument("--chunk", type=int, default=10,

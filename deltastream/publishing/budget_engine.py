@@ -10,7 +10,9 @@ the token bucket, the learnt message overheads and the counters. Its steps, in o
    acknowledged them (the slow step: it runs on the worker's sender thread, or inline in
    synchronous mode);
 4. :meth:`~BudgetEngine.settle` — count what was delivered; rows that were not go back to
-   the pending set with the state predictors still hold.
+   the pending set with the state predictors still hold, and rows sent as residuals
+   (``BudgetPolicy.residuals``) go back with what they left against what predictors hold
+   now.
 
 :class:`~.budget.BudgetPublisher` drives it from the training thread (synchronous mode) or
 from :class:`~.budget_worker.BudgetWorker`.
