@@ -45,8 +45,8 @@ key a msgpack positive fixint instead of its name — ``v`` 0, ``model`` 1, ``ta
 ``crc`` 18, ``fresh`` 19 (:data:`~deltastream.wire_codec.FIELD_KEYS`) — so its trailer
 is ``0x12 0xce`` + 4 CRC bytes; same fields, order, types and checks, with the shortest
 map and bin headers (a fixmap up to 15 fields, bin8/bin16 for small arrays), ~60 bytes
-less per message (a budget's small messages are mostly header). A map's keys are all names (v1–v3)
-or all ints (v4). v4 also carries residuals (``r1``, with ``fresh``; below).
+less per message (a budget's small messages are mostly header). A map's keys are all
+names (v1–v3) or all ints (v4). v4 also carries residuals (``r1``, with ``fresh``; below).
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):
@@ -67,10 +67,11 @@ Row dtypes and their worst-case error against the float32 value that was encoded
 
 **Residuals** (``r1``, wire v4 on; :mod:`deltastream.wire_values` has the layout): the
 rows are *added* to the row a predictor holds (zeros for an id it does not hold; an id in
-the same message's ``del`` is deleted first), ``±scale`` per element by its sign bit. The
-trainer sends them only for rows whose predictor copy it mirrors exactly (the error they
-leave is sent again: error feedback); a v2/v3 reader refuses them by ``dtype``, and a v4
-message with ``dtype`` ``r1`` is applied exactly once and in order like any other.
+the same message's ``del`` or set in its ``fresh`` is deleted first), ``±scale`` per
+element by its sign bit. The trainer mirrors what predictors hold with the same float32
+additions and sends the error a residual leaves again (error feedback); a v2/v3 reader
+refuses them by ``dtype``, and a v4 message with ``dtype`` ``r1`` is applied exactly once
+and in order like any other (``BudgetPolicy.residuals``).
 
 Non-finite values (inf, NaN) pass through ``f32``/``f16``/``bf16`` unchanged; refusing
 them is the publisher's job (``allow_nonfinite``).

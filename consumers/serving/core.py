@@ -248,9 +248,10 @@ class TableCore:
         base[held] = part
         with np.errstate(over="ignore"):  # a sum past the storage range is inf: refused below
             out = (base + deltas).astype(self.dtype)
-        if out.size and not bool(np.isfinite(out).all()):
-            raise ApplyError(f"rows: adding the residuals leaves {int((~np.isfinite(out)).any(1).sum())}"
-                             f" row(s) beyond the {np.dtype(self.dtype).name} storage range")
+        bad = ~np.isfinite(out).all(axis=1) if out.size else np.zeros(0, bool)
+        if bad.any():
+            raise ApplyError(f"rows: adding the residuals leaves {int(bad.sum())} row(s) "
+                             f"beyond the {np.dtype(self.dtype).name} storage range")
         return out
 
     def _widen(self, rows: np.ndarray, old: np.ndarray, upd: np.ndarray,

@@ -19,9 +19,11 @@ Rules (the same as a tracker delta scored with
   published, counted, and it leaves the pending set — predictors keep the last good value;
 * ``new_rows="first"``: a new row's error is ``+inf`` (it goes before every other row);
 * a tombstone (evicted id) drops the id's pending row and is sent with the table's next
-  message; a re-inserted id whose tombstone was not sent yet is scored against zeros.
+  message; a re-inserted id whose tombstone was not sent yet is scored against zeros;
+* a row put back with what a residual left (birth :data:`SENT_BIRTH`) is never overdue;
+  its next change gives it that hand-off's tick as its birth.
 
-Memory: two ``[pending, dim]`` row arrays in the table's dtype, plus ~80 bytes per slot.
+Memory: two ``[pending, dim]`` row arrays in the table's dtype, plus ~90 bytes per slot.
 Torch (CPU) holds the rows and the id index; the orders are numpy.
 """
 
@@ -70,14 +72,6 @@ class TakenRows:
         at = mask.nonzero().squeeze(1)
         return TakenRows(**{f.name: getattr(self, f.name).index_select(0, at)
                             for f in fields(self)})
-
-    def join(self, other: TakenRows) -> TakenRows:
-        """These rows and ``other``'s (disjoint ids), ids ascending."""
-        if not len(other):
-            return self
-        order = torch.argsort(torch.cat([self.ids, other.ids]))
-        return TakenRows(**{f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)])
-                            .index_select(0, order) for f in fields(self)})
 
 
 @dataclass
@@ -151,7 +145,7 @@ class PendingTable:
         served = self._c["served"]
         rows = 2 * served.numel() * served.element_size()
         orders = self.by_error.entries + self.by_age.entries
-        return rows + self._slots.capacity * 48 + 24 * orders
+        return rows + self._slots.capacity * 56 + 24 * orders
 
     # ------------------------------------------------------------------ slots
 

@@ -275,6 +275,10 @@ class DeltaPublisher:
         wire.check_name("table", table)
         dtype = self.dtype if dtype is None else dtype
         wire.check_dtype(dtype, residual=True)
+        if dtype in wire.RESIDUAL_DTYPES and self.wire_version < wire.RESIDUAL_VERSION:
+            raise ValueError(f"dtype: {dtype} (residuals) needs wire_version "
+                             f"{wire.RESIDUAL_VERSION} or later, this publisher writes "
+                             f"v{self.wire_version}")
         step = check_int("step", step)
         ts = time.time_ns() if ts is None else check_int("ts", ts)
         # Own copies (8 bytes an id): undelivered messages name their ids from them, so a

@@ -73,3 +73,16 @@ def test_v4_messages_are_served_and_rebuilt_bit_identically(broker, topic_name, 
         assert res.counters["records"] == 6 and res.counters["quarantined"] == 0
     finally:
         daemon.stop()
+
+
+def test_residuals_need_a_v4_publisher_and_nothing_is_sent_otherwise(broker, topic_name):
+    servers = broker.bootstrap_servers
+    ensure_topic(servers, topic_name, 1)
+    rows = np.ones((2, 8), np.float32)
+    with DeltaPublisher(servers, topic_name, model=MODEL, shard=0) as pub:  # v2
+        with pytest.raises(ValueError, match="needs wire_version 4"):
+            pub.publish("user", np.array([1, 2]), rows, step=1, dtype="r1")
+        assert pub.next_seqs() == {}
+        res = pub.publish("user", np.array([1, 2]), rows, step=1)  # the stream is intact
+        res.wait(30)
+        assert (res.first_seq, res.messages) == (0, 1)
