@@ -17,6 +17,8 @@ Transports (``kind``):
   ``sign(current − held) · mean|current − held|`` (``dim / 8`` bytes of signs and an f16
   scale), and what the residual does not remove stays the row's error, to be sent again
   when it ranks. Biases as f16 full rows;
+* ``res1b`` — ``res1`` with a one-byte scale (a power of 2^(1/16): 4.4 % steps), ``dim / 8
+  + 1`` bytes. Modelled only;
 * ``res2`` — 2-bit residuals: the sign and which of two f16 magnitudes (the means of
   ``|current − held|`` below and above its mean), ``dim / 4 + 4`` bytes. Modelled only.
 
@@ -37,7 +39,7 @@ from deltastream.wire_values import rows_nbytes, scale_nbytes
 
 __all__ = ["SimBudget", "sim_budgets", "KINDS", "FRAMINGS"]
 
-KINDS = ("i8", "res1", "res2")
+KINDS = ("i8", "res1", "res1b", "res2")
 FRAMINGS = ("per-table", "one")
 BURST_STEPS = 4
 RMS_ALPHA = 0.1  # EMA weight of a tick's RMS row norm (the real TableScale's)
@@ -96,7 +98,8 @@ class SimBudget:
         d = self.dims[table]
         if d <= 4:
             return 2 * d
-        return {"res1": d // 8 + 2, "res2": d // 4 + 4}.get(self.kind, d + 4)
+        return {"res1": d // 8 + 2, "res1b": d // 8 + 1, "res2": d // 4 + 4}.get(self.kind,
+                                                                                d + 4)
 
     def lookup(self, table: str, ids: np.ndarray) -> np.ndarray:
         """What the predictor serves for ``ids`` ``[n, dim]`` (0 for rows never sent)."""
@@ -175,9 +178,13 @@ class SimBudget:
             m = np.abs(cur).max(1, keepdims=True) / 127
             m = np.where(m > 0, m, 1.0)
             held[ids] = (np.round(cur / m) * m).astype(np.float32)
-        elif self.kind == "res1":  # error feedback: the rest stays pending in held's distance
+        elif self.kind in ("res1", "res1b"):  # error feedback: the rest stays pending
             r = cur - held[ids]
-            scale = np.abs(r).mean(1, keepdims=True).astype(np.float16).astype(np.float32)
+            scale = np.abs(r).mean(1, keepdims=True)
+            if self.kind == "res1":
+                scale = scale.astype(np.float16).astype(np.float32)
+            else:  # one byte: a power of 2^(1/16), 256 steps (a 65536× range a message)
+                scale = np.exp2(np.round(16 * np.log2(np.maximum(scale, 1e-30))) / 16)
             held[ids] += np.sign(r) * scale
         else:  # 2 bits: sign, and which of two f16 magnitudes (means below/above mean|r|)
             r = cur - held[ids]
