@@ -273,12 +273,7 @@ class DeltaPublisher:
                 next publish, so consumers see a seq gap only where a sent message failed.
         """
         wire.check_name("table", table)
-        dtype = self.dtype if dtype is None else dtype
-        wire.check_dtype(dtype, residual=True)
-        if dtype in wire.RESIDUAL_DTYPES and self.wire_version < wire.RESIDUAL_VERSION:
-            raise ValueError(f"dtype: {dtype} (residuals) needs wire_version "
-                             f"{wire.RESIDUAL_VERSION} or later, this publisher writes "
-                             f"v{self.wire_version}")
+        dtype = self._call_dtype(dtype)
         step = check_int("step", step)
         ts = time.time_ns() if ts is None else check_int("ts", ts)
         # Own copies (8 bytes an id): undelivered messages name their ids from them, so a
@@ -319,6 +314,17 @@ class DeltaPublisher:
                     self._dims[stream] = rows_np.shape[1]
             self._stats["publishes"] += 1
             return result
+
+    def _call_dtype(self, dtype: Optional[str]) -> str:
+        """A publish call's wire dtype (default the publisher's), checked: a residual dtype
+        needs wire v4 (``ValueError`` before anything is sent)."""
+        dtype = self.dtype if dtype is None else dtype
+        wire.check_dtype(dtype, residual=True)
+        if dtype in wire.RESIDUAL_DTYPES and self.wire_version < wire.RESIDUAL_VERSION:
+            raise ValueError(f"dtype: {dtype} (residuals) needs wire_version "
+                             f"{wire.RESIDUAL_VERSION} or later, this publisher writes "
+                             f"v{self.wire_version}")
+        return dtype
 
     def _frame(self, piece: wire.DeltaBatch, limit: int) -> Any:
         """The message of ``piece``: framed in place when in the publisher's own dtype (and
