@@ -189,3 +189,17 @@ def test_a_row_is_overdue_only_while_a_change_of_it_is_unsent():
     assert bp.stats()["pending"] >= 60  # what the residuals left
     assert ticks(10) == [0] * 10  # ranked again, never overdue
     bp.close()
+
+
+def test_a_residual_past_the_f16_scale_goes_whole():
+    model, tracker, serving, pub = _residual_setup()
+    policy = BudgetPolicy(bytes_per_step=10_000, residuals=True)
+    bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
+    move(model["u"], torch.tensor([3]), 1e5)  # a mean |residual| of 1e5: no f16 scale
+    move(model["u"], torch.tensor([4]), 0.5)
+    tracker.step()
+    bp.tick(1)
+    sent = {(dtype, i) for table, dtype, ids in pub.log if table == "u" for i in ids}
+    assert ("f32", 3) in sent and ("r1", 4) in sent
+    _check_mirror(model, serving, bp)
+    bp.close()
