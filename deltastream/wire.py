@@ -125,9 +125,12 @@ from deltastream.wire_values import (
     RESIDUAL_VERSION,
     error_bound,
     has_scale,
+    pack_bits,
+    residual_scale,
     residual_values,
     rows_nbytes,
     scale_nbytes,
+    unpack_bits,
     unpack_residual,
 )
 
@@ -140,6 +143,7 @@ __all__ = [
     "RESIDUAL_DTYPES",
     "RESIDUAL_VERSION",
     "residual_values",
+    "residual_scale",
     "error_bound",
     "F16_MAX",
     "BF16_OVERFLOW",
@@ -384,7 +388,7 @@ def split(batch: DeltaBatch, max_message_bytes: int = 1 << 20) -> list[DeltaBatc
 
 def _pack_one(b: DeltaBatch, version: int) -> bytes:
     if isinstance(b, DecodedBatch) and b.dtype == "r1":  # signs and f16 scales, repacked
-        wire_rows = np.packbits(b.rows > 0, axis=1, bitorder="little")
+        wire_rows = pack_bits(b.rows > 0)
         scale = np.ascontiguousarray(b.scale, dtype="<f2")
     elif isinstance(b, DecodedBatch) and b.dtype in _WIRE_FORM:
         wire_rows = np.ascontiguousarray(b.rows)
@@ -394,7 +398,7 @@ def _pack_one(b: DeltaBatch, version: int) -> bytes:
     ids = np.ascontiguousarray(b.ids, dtype="<i8")
     tomb = None if b.tombstones is None else np.ascontiguousarray(b.tombstones, dtype="<i8")
     fresh = None if b.fresh is None or not np.any(b.fresh) else \
-        np.packbits(np.asarray(b.fresh, dtype=bool), bitorder="little")
+        pack_bits(np.asarray(b.fresh, dtype=bool))
     return pack_message(b, ids, wire_rows, scale, tomb, version=version, dim=b.dim,
                         fresh=fresh)
 
@@ -477,20 +481,16 @@ def _read_map(view: memoryview) -> dict:
     return msg
 
 
-def _fresh_bits(msg: dict, n: int) -> np.ndarray:
-    """An r1 message's ``fresh`` bin as bool ``[n]``; refuses set padding bits."""
-    bits = np.frombuffer(_bin(msg, "fresh", -(-n // 8)), dtype=np.uint8)
-    if n % 8 and bool(bits[-1] >> (n % 8)):
-        raise WireError(f"fresh: padding bits past n = {n} must be zero")
-    return np.unpackbits(bits, count=n, bitorder="little").astype(bool)
-
-
-def _residual_signs(rows_b: memoryview, n: int, dim: int) -> np.ndarray:
-    """The int8 ±1 signs ``[n, dim]`` of an r1 ``rows`` bin; refuses set padding bits."""
-    bits = np.frombuffer(rows_b, dtype=np.uint8).reshape(n, -(-dim // 8))
-    if dim % 8 and n and bool(np.any(bits[:, -1] >> (dim % 8))):
-        raise WireError(f"rows: r1 padding bits past dim {dim} must be zero")
-    return unpack_residual(bits, dim)
+def _residual_parts(msg: dict, rows_b: memoryview, scale: np.ndarray, n: int, dim: int
+                    ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """An r1 message's rows (int8 ±1, padding bits checked), float32 scale and ``fresh``
+    flags (bool ``[n]``, or None when absent)."""
+    signs = unpack_residual(np.frombuffer(rows_b, np.uint8).reshape(n, -(-dim // 8)), dim)
+    fresh = None
+    if "fresh" in msg:
+        fresh = unpack_bits(np.frombuffer(_bin(msg, "fresh", -(-n // 8)), np.uint8), n,
+                            f"fresh: padding bits past n = {n}")
+    return signs, scale.astype(np.float32), fresh
 
 
 def decode(data: bytes) -> DecodedBatch:
@@ -558,14 +558,12 @@ def decode(data: bytes) -> DecodedBatch:
             raise WireError("ids: not strictly ascending")
     if scale is not None and not bool(np.all(np.isfinite(scale) & (scale >= 0))):
         raise WireError("scale: expected finite non-negative values")
-    rows = _residual_signs(rows_b, n, dim) if dtype == "r1" else \
-        np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim)
-    fresh = None
     if dtype == "r1":
-        scale = scale.astype(np.float32)
-        fresh = _fresh_bits(msg, n) if "fresh" in msg else None
+        rows, scale, fresh = _residual_parts(msg, rows_b, scale, n, dim)
     elif "fresh" in msg:
         raise WireError(f"fresh: only allowed for dtype r1, not {dtype}")
+    else:
+        rows, fresh = np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim), None
     if n == 0 and (tomb is None or tomb.size == 0):
         raise WireError("n: a message with no rows must carry tombstones")
     return DecodedBatch(model=msg["model"], table=msg["table"], shard=msg["shard"],

@@ -260,11 +260,8 @@ def bin_header(key: str, size: int, *, ints: bool = False) -> bytes:
     bytes, bin16 below 64 KiB)."""
     if not ints:
         return msgpack.packb(key) + b"\xc6" + _U32.pack(size)
-    if size < 1 << 8:
-        return bytes([FIELD_KEYS[key], 0xC4, size])
-    if size < 1 << 16:
-        return bytes([FIELD_KEYS[key], 0xC5]) + size.to_bytes(2, "big")
-    return bytes([FIELD_KEYS[key], 0xC6]) + _U32.pack(size)
+    width = 1 if size < 1 << 8 else 2 if size < 1 << 16 else 4  # bin8, bin16, bin32
+    return bytes([FIELD_KEYS[key], 0xC3 + width.bit_length()]) + size.to_bytes(width, "big")
 
 
 def crc_trailer(crc: int, *, ints: bool = False) -> bytes:

@@ -39,7 +39,10 @@ __all__ = [
     "rows_nbytes",
     "scale_nbytes",
     "has_scale",
+    "pack_bits",
+    "unpack_bits",
     "unpack_residual",
+    "residual_scale",
     "residual_values",
 ]
 
@@ -199,25 +202,47 @@ def scale_nbytes(n: int, dtype: str) -> int:
     return 4 * n if dtype == "i8" else 2 * n if dtype == "r1" else 0
 
 
+def pack_bits(flags: np.ndarray) -> np.ndarray:
+    """bool ``[..., k]`` -> uint8 ``[..., ceil(k / 8)]``: little bit order (element ``j`` is
+    bit ``j % 8`` of byte ``j // 8``), the unused high bits of the last byte zero."""
+    return np.packbits(flags, axis=-1, bitorder="little")
+
+
+def unpack_bits(bits: np.ndarray, count: int, padding: str) -> np.ndarray:
+    """uint8 ``[..., ceil(count / 8)]`` from :func:`pack_bits` -> bool ``[..., count]``.
+    Raises :class:`WireError` "``padding`` must be zero" when a bit past ``count`` is set."""
+    if count % 8 and bits.size and bool(np.any(bits[..., -1] >> (count % 8))):
+        raise WireError(f"{padding} must be zero")
+    return np.unpackbits(bits, axis=-1, count=count, bitorder="little").view(np.bool_)
+
+
+def residual_scale(residual: np.ndarray) -> np.ndarray:
+    """The float32 ``mean |r|`` ``[n]`` of residuals ``[n, dim]``, as ``r1`` takes it
+    before rounding it to f16 (inf where the float32 sum overflows)."""
+    r32 = np.asarray(residual, dtype=np.float32)
+    if not r32.shape[1]:
+        return np.zeros(r32.shape[0], np.float32)
+    with np.errstate(over="ignore"):
+        return np.abs(r32).mean(axis=1, dtype=np.float32)
+
+
 def _residual_r1(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float ``[n, dim]`` residuals -> (sign bits uint8 ``[n, ceil(dim/8)]``, float16 scale
     ``[n]``); see the module docstring."""
     r32 = np.ascontiguousarray(residual, dtype=np.float32)
     if not max_abs_finite(r32)[1]:
         raise WireError("rows: dtype r1 cannot carry non-finite residuals (inf/NaN)")
-    with np.errstate(over="ignore"):  # a sum past float32 is inf: refused just below
-        mean = np.abs(r32).mean(axis=1, dtype=np.float32) if r32.shape[1] else \
-            np.zeros(r32.shape[0], np.float32)
+    mean = residual_scale(r32)
     if mean.size and float(mean.max()) > F16_MAX:
         raise WireError(f"scale: a residual's mean magnitude exceeds the f16 range "
                         f"(±{F16_MAX:g}); send the row whole")
-    bits = np.packbits(r32 >= 0, axis=1, bitorder="little")
-    return bits, mean.astype("<f2")
+    return pack_bits(r32 >= 0), mean.astype("<f2")
 
 
 def unpack_residual(bits: np.ndarray, dim: int) -> np.ndarray:
-    """Packed sign bits ``[n, ceil(dim/8)]`` -> int8 ``[n, dim]`` of ±1."""
-    signs = np.unpackbits(bits, axis=1, count=dim, bitorder="little").view(np.int8)
+    """Packed sign bits ``[n, ceil(dim/8)]`` -> int8 ``[n, dim]`` of ±1. Raises
+    :class:`WireError` naming ``rows`` when a padding bit past ``dim`` is set."""
+    signs = unpack_bits(bits, dim, f"rows: r1 padding bits past dim {dim}").view(np.int8)
     return signs * np.int8(2) - np.int8(1)
 
 

@@ -192,15 +192,16 @@ class TableCore:
                 return deleted
             if not self._make_room(n, n_new):
                 break
-        # the ids whose published row the new one builds on: held and not deleted first
-        # (by the tombstones or, for residuals, ``fresh``); the others start from zeros
-        held = upd if tomb is None or not tomb.size or not n else upd & ~np.isin(ids, tomb)
-        if n and add:
-            if fresh is not None:
-                held = held & ~fresh
-            rows = self._added(rows, old_u, held, cols)
-        if n and cols is not None and not cols.whole:
-            rows = self._widen(rows, old_u, held, cols)
+        slice_ = cols is not None and not cols.whole
+        if n and (add or slice_):
+            # the ids whose published row the new one builds on: held and not deleted first
+            # (by the tombstones or, for residuals, ``fresh``); the others start from zeros
+            held = upd if tomb is None or not tomb.size else upd & ~np.isin(ids, tomb)
+            if add:
+                held = held if fresh is None else held & ~fresh
+                rows = self._added(rows, old_u, held, cols)
+            if slice_:
+                rows = self._widen(rows, old_u, held, cols)
         self.view.hdr[H_PREP] = s0 + 1  # readers of state s0 - 1 now retry
         self.slots.reclaim()
         new_slots = self.slots.alloc(n)

@@ -236,8 +236,7 @@ class ServingTable:
             if batch.dtype == "f16" and self._np_dtype == np.float16:
                 return batch.rows  # same representation: no conversion, always in range
         elif batch.dtype == "i8":  # q is finite and so is scale (decode); 127·scale may not be
-            if batch.scale is None or np.shape(batch.scale) != (n,):
-                raise ApplyError("scale: an i8 batch needs one scale per row")
+            _check_scale(batch)
             if n and float(np.max(batch.scale)) * 127.0 > float(np.finfo(np.float32).max):
                 raise ApplyError("scale: dequantized values would overflow float32")
         return self._float_rows(batch.rows_f32, n, batch.dim, finite=batch.dtype != "f32")
@@ -499,12 +498,18 @@ class ServingTable:
         return cls.restore(data.name, data.ids, data.rows, dtype=data.dtype)
 
 
+def _check_scale(batch: DecodedBatch) -> None:
+    """An i8 or r1 batch's scale is one float per row (a DecodedBatch built by hand may
+    lack it); :class:`ApplyError` naming ``scale`` if not."""
+    if batch.scale is None or np.shape(batch.scale) != (batch.n,):
+        raise ApplyError(f"scale: an {batch.dtype} batch needs one scale per row")
+
+
 def _residual_rows(batch: DecodedBatch) -> np.ndarray:
     """The float32 values a decoded residual batch adds. Like an i8 batch's, its scale (and
     its ``fresh`` flags) are checked for shape: a DecodedBatch built by hand may lack them."""
     n = batch.n
-    if batch.scale is None or np.shape(batch.scale) != (n,):
-        raise ApplyError(f"scale: an {batch.dtype} batch needs one scale per row")
+    _check_scale(batch)
     fresh = batch.fresh
     if fresh is not None and (np.shape(fresh) != (n,) or np.asarray(fresh).dtype != np.bool_):
         raise ApplyError(f"fresh: an {batch.dtype} batch's fresh flags are bool [{n}]")

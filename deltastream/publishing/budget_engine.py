@@ -330,10 +330,9 @@ class BudgetEngine:
         magnitude past f16)."""
         base = torch.where(rows.new[:, None], 0.0, rows.served.float())
         sent = rows.current.float() - base
-        # the mean as the encoder takes it (numpy, float32), so both draw the f16 line alike
-        with np.errstate(over="ignore"):
-            mean = np.abs(sent.numpy()).mean(axis=1, dtype=np.float32)
-        ok = torch.from_numpy(mean <= wire.F16_MAX) & (rows.sends < self.policy.whole_every - 1)
+        # the scale as the encoder takes it, so both draw the f16 line alike
+        ok = torch.from_numpy(wire.residual_scale(sent.numpy()) <= wire.F16_MAX) \
+            & (rows.sends < self.policy.whole_every - 1)
         whole = rows.pick(~ok)
         if len(whole):
             rows, base, sent = rows.pick(ok), base[ok], sent[ok]
