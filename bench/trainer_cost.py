@@ -13,6 +13,8 @@ as a run does), each timed against the step alone in the chunk just before it:
   as before the worker existed) at the first budget (``--sync``);
 * ``budget-<B>-process``: the same with ``worker="process"`` (rounds in a worker process:
   no GIL shared with training) at the first budget (``--no-process`` leaves it out);
+* ``budget-<B>-uncapped``: the first budget with ``max_worker_share=None`` (a round every
+  ``min_interval_s`` whatever the worker's CPU; ``--uncapped``);
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
   (``SelectionPolicy(fraction=0.5)``, the leftover carried).
 
@@ -72,7 +74,7 @@ class _Run:
     def __init__(self, name: str, model: TableCTR, servers: str, topic: str,
                  budget: float | None = None, threaded: bool = True,
                  delta_every: int | None = None, worker: str = "thread",
-                 residuals: bool = False) -> None:
+                 residuals: bool = False, **policy: object) -> None:
         from deltastream import DeltaPublisher
 
         self.name, self.delta_every = name, delta_every
@@ -81,7 +83,8 @@ class _Run:
                                   wire_version=4 if residuals else 2) \
             if budget or delta_every else None
         self.budget = BudgetPublisher(self.tracker, self.pub, "p",
-                                      BudgetPolicy(bytes_per_s=budget, residuals=residuals),
+                                      BudgetPolicy(bytes_per_s=budget, residuals=residuals,
+                                                   **policy),
                                       threaded=threaded, worker=worker) \
             if budget else None
         self.times: list[float] = []
@@ -213,6 +216,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-process", model, servers, topic, budget=b,
                          worker="process"))
+    if args.uncapped:
+        b = args.budgets[0]
+        runs.append(_Run(f"budget-{int(b)}-uncapped", model, servers, topic, budget=b,
+                         max_worker_share=None))
     if args.residuals:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-residuals", model, servers, topic, budget=b,
@@ -312,6 +319,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="leave out the synchronous-mode configuration")
     p.add_argument("--no-process", dest="process", action="store_false",
                    help="leave out the worker-process configuration")
+    p.add_argument("--uncapped", action="store_true",
+                   help="also the first budget with BudgetPolicy(max_worker_share=None): "
+                        "rounds every min_interval_s whatever the worker's CPU")
     p.add_argument("--residuals", action="store_true",
                    help="also the first budget with BudgetPolicy(residuals=True), wire v4")
     p.add_argument("--pending", type=int, default=0,
@@ -322,9 +332,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="seconds per timed chunk, at least (1.0; 0: --chunk steps): a chunk "
                         "spans many rounds (min_interval_s), as a run does")
     p.add_argument("--rounds", type=int, default=6, help="chunks per configuration (6)")
-    p.add_argument("--rate-s", type=float, default=3.0,
+    p.add_argument("--rate-s", type=float, default=10.0,
                    help="seconds each budget runs alone after the chunks, for its bytes/s "
-                        "(3.0)")
+                        "(10.0: rounds up to a second apart leave up to a second's refill "
+                        "in or out of a short window)")
     p.add_argument("--servers", default=None, help="a Kafka broker (default: embedded)")
     p.add_argument("--switch-interval", type=float, default=None, metavar="S",
                    help="sys.setswitchinterval for the run (default: Python's 0.005 s); a "

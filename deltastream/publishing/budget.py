@@ -72,7 +72,11 @@ one more copy of each hand-off, no GIL shared; ``BENCHMARKS.md`` compares the tw
 ``threaded=False`` runs each round
 inside ``tick`` (for tests and debugging) and returns its record. The clock decides how many
 bytes a round may spend, and ``min_interval_s`` skips ticks that come too soon (they only
-refill; nothing is read).
+refill; nothing is read). ``max_worker_share`` (default 5 % of a core) stretches that gap
+while the worker's last round cost more: when rows change faster than the worker merges
+them cheaply, hand-offs come less often and rows coalesce in the tracker, so the worker's
+CPU (the cores and, for a thread, the GIL it shares with training) stays bounded; the gap
+never outlasts the byte bucket's refill, so the bytes sent per second do not drop.
 
 A final :meth:`~BudgetPublisher.flush` on stop waits for every round, then publishes every
 pending row whatever the budget (its bytes are counted apart: ``final_bytes``).
@@ -181,6 +185,7 @@ class BudgetPublisher:
         self._last_step = int(start_step)
         self._first_step: Optional[int] = None
         self._last_round_t: Optional[float] = None
+        self._busy_mark = 0.0  # the worker's busy seconds at the last hand-off
         self._units = 0.0  # refill units of ticks that only refilled
         self._tick = 0
         self._ticks = 0
@@ -212,8 +217,8 @@ class BudgetPublisher:
         self._ticks += 1
         if self._first_step is None:
             self._first_step = int(step)
-        too_soon = self._last_round_t is not None and self.policy.min_interval_s > 0 \
-            and now - self._last_round_t < self.policy.min_interval_s
+        too_soon = self._last_round_t is not None \
+            and now - self._last_round_t < self._gap()
         out = None
         if self._worker is not None and not too_soon and self._worker.behind():
             # the worker has not merged the last hand-off: this tick's rows stay in the
@@ -221,6 +226,8 @@ class BudgetPublisher:
             self._skipped += 1
         elif not too_soon:
             self._last_round_t = now
+            if self._worker is not None:
+                self._busy_mark = self._worker.busy_s
             out = self._hand_off(int(step), ts, final=False)
         self._tick_s.append(time.perf_counter() - t0)
         if self.dense is not None:  # its copy time is its own (DensePublisher.stats)
@@ -280,7 +287,8 @@ class BudgetPublisher:
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
         ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
         ``deferred_ticks``: ticks that left their rows in the tracker because the worker had
-        not merged the previous hand-off yet.
+        not merged the previous hand-off yet; ``worker_s`` / ``worker_share``: the worker's
+        busy seconds, and their share of the seconds since the first tick.
         """
         st = self._state.stats()
         secs = max(1e-9, self._last_t - self._t0)
@@ -293,6 +301,7 @@ class BudgetPublisher:
             worker=self._mode, worker_pid=getattr(self._worker, "pid", None),
             backlog=self._worker.backlog() if self._worker is not None else None,
             worker_s=self._worker.busy_s if self._worker is not None else None,
+            worker_share=self._worker.busy_s / secs if self._worker is not None else None,
             tick_ms={"p50": float(np.quantile(t, 0.5)), "p99": float(np.quantile(t, 0.99)),
                      "max": float(t.max())} if t.size else None)
         return st
@@ -303,6 +312,17 @@ class BudgetPublisher:
         e = self._worker.take_error() if self._worker is not None else None
         if e is not None:
             raise e
+
+    def _gap(self) -> float:
+        """Seconds the next hand-off waits after the last round: ``min_interval_s``, or
+        longer while the worker's busy seconds since that hand-off exceed
+        ``max_worker_share`` of the gap — unless the byte bucket is full by now (waiting
+        longer would lose what it refills)."""
+        gap, share = self.policy.min_interval_s, self.policy.max_worker_share
+        if self._worker is None or share is None \
+                or self._units * self.policy.rate >= self.policy.burst:
+            return gap
+        return max(gap, (self._worker.busy_s - self._busy_mark) / share)
 
     def _dense_charge(self) -> int:
         """Bytes of the dense versions sent since the last hand-off, when the policy

@@ -22,6 +22,8 @@ SCALES = ("table", "none")
 
 #: rounds of a ``bytes_per_s`` budget are at least this far apart by default (seconds)
 DEFAULT_INTERVAL_S = 0.1
+#: default BudgetPolicy.max_worker_share (a twentieth of a core)
+DEFAULT_WORKER_SHARE = 0.05
 
 def _real(name: str, v: Any, lo: float, *, lo_open: bool = False,
           hi: float = math.inf) -> float:
@@ -58,6 +60,19 @@ class BudgetPolicy:
             0.1 s for a ``bytes_per_s`` budget — rounds ten times a second cost the worker
             a tenth of rounds after every step, and rows still reach predictors within
             the budget's own delay — and 0 for a ``bytes_per_step`` budget.
+        max_worker_share: the most of one core the publisher's worker may spend merging
+            and choosing (busy seconds ÷ wall seconds, ``(0, 1]``), on average over each
+            round: a hand-off waits after the last round until the worker's busy time since
+            then is at most this share of the gap — rows coalesce in the tracker
+            meanwhile, and each round is cheaper per row than several small ones — but
+            never past the moment the byte bucket is full (the bytes it would refill are
+            not lost). It bounds what the worker takes from a training loop that shares its
+            cores (or, for the thread worker, its GIL) when rows change faster than rounds
+            every ``min_interval_s`` can merge cheaply. ``None``: rounds every
+            ``min_interval_s``, whatever they cost. Default (``"auto"``): 0.05 for a ``bytes_per_s``
+            budget and ``None`` for a ``bytes_per_step`` one (its rounds follow steps, not
+            the clock, and are the same in every threading mode). Only threaded
+            publishers have a worker.
         window: ticks the bound quantiles of :meth:`BudgetPublisher.stats` cover.
         per_byte: rank rows by score per wire byte of the row (default: the budget buys
             the most error removed per byte, so a dim-1 bias row that is off by as much
@@ -99,6 +114,7 @@ class BudgetPolicy:
     overdue_share: float = 0.25
     new_rows: str = "drift"
     min_interval_s: Optional[float] = None
+    max_worker_share: Optional[float] | str = "auto"
     window: int = 1024
     per_byte: bool = True
     charge_dense: bool = False
@@ -139,6 +155,11 @@ class BudgetPolicy:
             object.__setattr__(self, "min_interval_s",
                                0.0 if self.bytes_per_step is not None else DEFAULT_INTERVAL_S)
         _real("min_interval_s", self.min_interval_s, 0.0)
+        if self.max_worker_share == "auto":
+            object.__setattr__(self, "max_worker_share",
+                               None if self.bytes_per_step is not None else DEFAULT_WORKER_SHARE)
+        if self.max_worker_share is not None:
+            _real("max_worker_share", self.max_worker_share, 0.0, lo_open=True, hi=1.0)
         for name in ("per_byte", "charge_dense", "residuals"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BudgetPolicy.{name} must be a bool, got "
@@ -179,5 +200,6 @@ class BudgetPolicy:
                 "min_error": self.min_error, "max_age": self.max_age,
                 "overdue_share": self.overdue_share, "new_rows": self.new_rows,
                 "per_byte": self.per_byte, "min_interval_s": self.min_interval_s,
+                "max_worker_share": self.max_worker_share,
                 "charge_dense": self.charge_dense, "wide_dtype": self.wide_dtype,
                 "residuals": self.residuals, "whole_every": self.whole_every}

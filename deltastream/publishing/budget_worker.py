@@ -59,6 +59,7 @@ class BudgetWorker:
         self._job: Optional[tuple[RoundJob, Future, int]] = None
         self._final: Optional[Handoff] = None
         self._last: Optional[Handoff] = None  # the newest hand-off merged
+        self._running = False  # the worker thread is in a step
         self.busy_s = 0.0  #: seconds the worker thread spent merging and choosing
         self.max_backlog = 0  #: most hand-offs waiting at once
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"deltastream-{name}-send")
@@ -98,7 +99,8 @@ class BudgetWorker:
         """Wait until every hand-off up to ``tick`` is merged and its round has settled."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._settled < tick or self._job is not None or self._mailbox:
+            while self._settled < tick or self._job is not None or self._mailbox \
+                    or self._running:
                 if not self._thread.is_alive():
                     return False
                 left = None if deadline is None else deadline - time.monotonic()
@@ -135,6 +137,7 @@ class BudgetWorker:
                 batch = list(self._mailbox)
                 self._mailbox.clear()
                 self._mailbox_rows = 0
+                self._running = True
             t0 = time.monotonic()
             try:
                 self._step(batch)
@@ -151,7 +154,10 @@ class BudgetWorker:
                     self._merged = max([self._merged] + [h.tick for h in batch])
                     self._settled = self._merged
                     self._cond.notify_all()
-            self.busy_s += time.monotonic() - t0
+            with self._cond:  # counted before an idle waiter (drain) wakes
+                self.busy_s += time.monotonic() - t0
+                self._running = False
+                self._cond.notify_all()
 
     def _job_done(self) -> bool:
         return self._job is not None and self._job[1].done()

@@ -66,6 +66,9 @@ def _train(model, tracker, bp: BudgetPublisher, steps: int, seed: int) -> None:
     ({"bytes_per_step": 10, "new_rows": "zero"}, "new_rows"),
     ({"bytes_per_step": 10, "window": 0}, "window"),
     ({"bytes_per_step": 10, "wide_dtype": "f64"}, "wide_dtype must be None or one of"),
+    ({"bytes_per_s": 10, "max_worker_share": 0}, "max_worker_share must be a finite number"),
+    ({"bytes_per_s": 10, "max_worker_share": 1.5}, "max_worker_share"),
+    ({"bytes_per_s": 10, "max_worker_share": "half"}, "max_worker_share"),
 ])
 def test_policy_names_the_bad_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -79,6 +82,10 @@ def test_policy_defaults_and_burst():
     assert (q.per_step, q.rate, q.burst) == (False, 5e5, 123.0)
     assert BudgetPolicy(bytes_per_s=5e5).burst == 5e5  # one second's budget
     assert p.describe()["scale"] == "table" and p.describe()["per_byte"] is True
+    # the worker's share: capped for a wall-clock budget, off for a per-step one (its rounds
+    # follow steps, the same in every threading mode)
+    assert (p.max_worker_share, q.max_worker_share) == (None, 0.05)
+    assert BudgetPolicy(bytes_per_s=1, max_worker_share=None).max_worker_share is None
 
 
 def test_token_bucket_caps_bursts_and_carries_debt():
@@ -296,7 +303,8 @@ def test_per_second_budget_uses_the_clock_and_min_interval_only_refills():
     model, tracker, serving, pub = setup({"a": 4})
     now = [0.0]
     bp = _publisher(tracker, pub, "p",
-                         BudgetPolicy(bytes_per_s=1000, burst_bytes=5000, min_interval_s=0.5),
+                         BudgetPolicy(bytes_per_s=1000, burst_bytes=5000, min_interval_s=0.5,
+                                      max_worker_share=None),
                          clock=lambda: now[0])
     move(model["a"], torch.arange(50), 1.0)
     tracker.step()

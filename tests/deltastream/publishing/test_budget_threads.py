@@ -148,3 +148,66 @@ def test_a_failing_merge_is_raised_by_drain_not_waited_for_forever():
         assert bp.drain(timeout=20) is None  # the error was raised once; nothing waits
     finally:
         bp.close()
+
+
+
+class _ShareCase:
+    """A table of ``n`` rows that every step changes whole, a threaded budget publisher
+    on a clock the test sets, and its rounds after each tick (drained)."""
+
+    def __init__(self, share: float, rate: float = 1000.0, burst: float = 50_000.0) -> None:
+        self.dim, self.n = 8, 4000
+        self.table = HashTable(self.dim, name="emb", capacity=2 * self.n)
+        self.table.insert(torch.arange(self.n), torch.zeros(self.n, self.dim))
+        self.tracker = DeltaTracker(torch.nn.ModuleDict({"emb": self.table}), consumers=["p"],
+                                    mode=TrackingMode.EMBEDDING)
+        self.serving = {"emb": ServingTable("emb", self.dim)}
+        self.now = 0.0
+        self.bp = BudgetPublisher(self.tracker, Loopback(self.serving), "p",
+                                  BudgetPolicy(bytes_per_s=rate, burst_bytes=burst,
+                                               min_interval_s=0, max_worker_share=share),
+                                  clock=lambda: self.now)
+
+    def rounds_after_tick(self, step: int, t: float) -> int:
+        self.now = t
+        ids = torch.arange(self.n)
+        with torch.no_grad():
+            self.table(ids)
+            self.table.insert(ids, torch.full((self.n, self.dim), float(step)))
+        self.tracker.step()
+        assert self.bp.tick(step) is None
+        self.bp.drain()
+        return self.bp.stats()["rounds"]
+
+    def close_and_check(self, step: int) -> None:
+        """Flush: predictors hold every row's last value."""
+        self.bp.flush(step)
+        self.bp.close()
+        assert np.array_equal(self.serving["emb"].lookup(np.arange(self.n)),
+                              self.table.lookup(torch.arange(self.n)).numpy())
+
+
+def test_the_worker_share_spaces_hand_offs():
+    """A hand-off waits after the last round until the worker's busy time since then is at
+    most ``max_worker_share`` of the gap; rows coalesce in the tracker meanwhile."""
+    share = 0.01
+    c = _ShareCase(share)
+    assert c.rounds_after_tick(1, 1.0) == 1  # the first tick hands off
+    busy = c.bp.stats()["worker_s"]
+    assert busy > 0
+    gap = busy / share  # the worker's busy seconds are `share` of this gap
+    assert gap * 1000.0 < 50_000.0  # (the bucket is not full before the gap is over)
+    assert c.rounds_after_tick(2, 1.0 + 0.9 * gap) == 1  # too soon: rows stay in the tracker
+    assert c.rounds_after_tick(3, 1.0 + 1.1 * gap) == 2  # the gap is over: one hand-off
+    c.close_and_check(4)
+
+
+def test_the_worker_share_never_waits_past_a_full_bucket():
+    """However long the worker's share asks to wait, a hand-off goes once the byte bucket
+    is full: the bytes it would refill later are not lost."""
+    c = _ShareCase(share=1e-9, rate=1000.0, burst=50_000.0)  # a wait of days
+    assert c.rounds_after_tick(1, 1.0) == 1
+    assert c.rounds_after_tick(2, 1.0 + 25.0) == 1  # half the bucket's refill
+    assert c.rounds_after_tick(3, 1.0 + 50.0) == 2  # full: the hand-off goes
+    assert c.rounds_after_tick(4, 1.0 + 60.0) == 2
+    c.close_and_check(5)
