@@ -68,11 +68,12 @@ class BudgetPolicy:
             never past the moment the byte bucket is full (the bytes it would refill are
             not lost). It bounds what the worker takes from a training loop that shares its
             cores (or, for the thread worker, its GIL) when rows change faster than rounds
-            every ``min_interval_s`` can merge cheaply. ``None``: rounds every
-            ``min_interval_s``, whatever they cost. Default (``"auto"``): 0.05 for a ``bytes_per_s``
-            budget and ``None`` for a ``bytes_per_step`` one (its rounds follow steps, not
-            the clock, and are the same in every threading mode). Only threaded
-            publishers have a worker.
+            every ``min_interval_s`` can merge cheaply. ``max_age`` counts hand-offs, so it
+            spans more seconds when they are further apart. ``None``: rounds every
+            ``min_interval_s``, whatever they cost. Default (``"auto"``): 0.05 for a
+            ``bytes_per_s`` budget and ``None`` for a ``bytes_per_step`` one (its rounds
+            follow steps, not the clock, and are the same in every threading mode). Only
+            threaded publishers have a worker.
         window: ticks the bound quantiles of :meth:`BudgetPublisher.stats` cover.
         per_byte: rank rows by score per wire byte of the row (default: the budget buys
             the most error removed per byte, so a dim-1 bias row that is off by as much
