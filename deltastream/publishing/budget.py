@@ -294,14 +294,14 @@ class BudgetPublisher:
         secs = max(1e-9, self._last_t - self._t0)
         steps = (self._last_step - self._first_step + 1) if self._first_step is not None else 0
         t = np.asarray(self._tick_s, dtype=np.float64) * 1e3
+        busy = self._worker.busy_s if self._worker is not None else None
         st.update(
             ticks=self._ticks, policy=self.policy.describe(), seconds=secs, steps=steps,
             bytes_per_s=st["bytes"] / secs, bytes_per_step=st["bytes"] / steps if steps else None,
             threaded=self._worker is not None, deferred_ticks=self._skipped,
             worker=self._mode, worker_pid=getattr(self._worker, "pid", None),
             backlog=self._worker.backlog() if self._worker is not None else None,
-            worker_s=self._worker.busy_s if self._worker is not None else None,
-            worker_share=self._worker.busy_s / secs if self._worker is not None else None,
+            worker_s=busy, worker_share=None if busy is None else busy / secs,
             tick_ms={"p50": float(np.quantile(t, 0.5)), "p99": float(np.quantile(t, 0.99)),
                      "max": float(t.max())} if t.size else None)
         return st

@@ -150,7 +150,6 @@ def test_a_failing_merge_is_raised_by_drain_not_waited_for_forever():
         bp.close()
 
 
-
 class _ShareCase:
     """A table of ``n`` rows that every step changes whole, a threaded budget publisher
     on a clock the test sets, and its rounds after each tick (drained)."""
