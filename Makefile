@@ -20,7 +20,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
 		consumers/serving/native_loops.c consumers/serving/native_warm.c \
 		consumers/serving/native_loops.h deltastream/tracking/native.c \
-		deltastream/publishing/native.c deltastream/embedding/native.c deltastream/native_buffers.h
+		deltastream/publishing/native.c deltastream/embedding/native.c deltastream/native_buffers.h \
+		deltastream/native_rows.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
@@ -44,6 +45,7 @@ CC ?= cc
 ASAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -g -O1
 ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows.py \
 	tests/deltastream/tracking/test_positions.py tests/deltastream/publishing/test_serving_error.py \
+	tests/deltastream/publishing/test_row_moves.py tests/deltastream/publishing/test_pending.py \
 	tests/deltastream/kernels/test_hash_probe.py
 asan-test: $(STAMP)
 	@lib="$$($(CC) -print-file-name=libasan.so)"; \

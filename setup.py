@@ -21,10 +21,10 @@ setup(
             optional=True,
         ),
     ] + [
-        # one source each, sharing the buffer helpers of deltastream/native_buffers.h
+        # one source each, sharing the buffer and row helpers of deltastream/native_*.h
         Extension(f"deltastream.{room}.native", [f"deltastream/{room}/native.c"],
-                  depends=["deltastream/native_buffers.h"], extra_compile_args=["-O3"],
-                  optional=True)
+                  depends=["deltastream/native_buffers.h", "deltastream/native_rows.h"],
+                  extra_compile_args=["-O3"], optional=True)
         for room in ("embedding", "publishing", "tracking")
     ]
 )

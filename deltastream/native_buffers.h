@@ -36,7 +36,7 @@ static inline int get_buf(PyObject *obj, Py_buffer *v, int writable, const char 
 
 /* Buffers of one call, released together. */
 typedef struct {
-    Py_buffer b[8]; /* the most one call takes */
+    Py_buffer b[10]; /* the most one call takes */
     int n;
 } Bufs;
 

@@ -228,10 +228,11 @@ class BudgetEngine:
                 self.n["charged_bytes"] += int(h.charged)
         rejected = out_of_range = exact = coalesced = 0
         for th in h.tables:
-            # a hash table's rows come unsorted: sorted here, off the training thread
-            th = th.in_order()
+            # a hash table's rows come in storage order, FIRST rows in the tracker's arena:
+            # merged as they are (no sort, no permuted copies)
+            new, tombstones = th.live()
             t = self._table(th.fqn, th.current)
-            c = t.merge(th.ids, th.first, th.current, th.new, th.tombstones, h.tick)
+            c = t.merge(th.ids, th.first, th.current, new, tombstones, h.tick, th.first_at)
             rejected += c.rejected
             out_of_range += c.out_of_range
             exact += c.exact

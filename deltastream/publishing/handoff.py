@@ -23,7 +23,8 @@ import torch
 
 from deltastream.publishing.table_rows import row_reader, row_storage
 from deltastream.tracking.row_copy import gather_rows
-from deltastream.tracking.rows import UnorderedRows, order_rows
+from deltastream.tracking.rows import UnorderedRows
+from deltastream.tracking.sorted_ids import member
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
@@ -42,8 +43,8 @@ class TableHandoff:
     :class:`~deltastream.tracking.rows.UnorderedRows`): ids in storage order, ``current``
     aligned with them, ``first`` the tracker's arena (``first_at[i]`` the row of
     ``ids[i]``), ``new`` None, ``inserted`` the interval's inserted ids (None: a table
-    without ``new``) — the worker sorts them (:meth:`in_order`), not the training
-    thread."""
+    without ``new``); the worker works out ``new`` and the live tombstones
+    (:meth:`live`), not the training thread, and merges the rows in that order."""
 
     fqn: str
     ids: torch.Tensor
@@ -58,19 +59,25 @@ class TableHandoff:
     def __len__(self) -> int:
         return int(self.ids.numel())
 
-    def in_order(self) -> TableHandoff:
-        """This hand-off with ascending ids (itself when ``ordered``): the tracker's
-        ``get_delta`` rows, ``current`` permuted alike."""
+    def live(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(new, tombstones)`` for a merge: ``new`` bool ``[n]`` aligned with ``ids``
+        (None: a table without it), and the tombstones of ids not live again — an id both
+        evicted and changed was re-inserted after its last eviction (evictions purge the
+        earlier touches), so it is a row, not a tombstone. The ids stay in their order: a
+        merge does not need them sorted."""
         if self.ordered:
-            return self
-        empty = torch.empty(0, dtype=torch.int64)
-        tombs = empty if self.tombstones is None else self.tombstones
-        news = empty if self.inserted is None else self.inserted
-        rows, order = order_rows(self.ids, self.first, self.first_at, tombs, news,
-                                 self.inserted is not None)
-        return TableHandoff(fqn=self.fqn, ids=rows.ids, first=rows.states,
-                            current=self.current.index_select(0, order), new=rows.new,
-                            tombstones=rows.tombstones)
+            return self.new, self.tombstones
+        new = None
+        if self.inserted is not None:
+            new = member(self.inserted, self.ids)[0] if self.inserted.numel() \
+                else torch.zeros(self.ids.numel(), dtype=torch.bool)
+        tombs = self.tombstones
+        if tombs is not None and tombs.numel() and self.ids.numel():
+            hit, at = member(tombs, self.ids)
+            dead = torch.ones(tombs.numel(), dtype=torch.bool)
+            dead[at[hit]] = False
+            tombs = tombs[dead]
+        return new, tombs
 
 
 @dataclass
@@ -189,8 +196,8 @@ def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any
     """Read ``consumer``'s delta and copy the changed rows' current values.
 
     A CPU hash table's rows come in storage order (:meth:`DeltaTracker.get_delta_unordered`,
-    so the current rows are gathered in one sweep): the sort and the FIRST rows' gather are
-    the worker's (:meth:`TableHandoff.in_order`).
+    so the current rows are gathered in one sweep); the worker merges them in that order,
+    reading the FIRST rows in the tracker's arena (:meth:`TableHandoff.live`).
     Raises ``ValueError`` for an ID_ONLY delta (no FIRST states: no serving error) and
     ``KeyError`` for a table not in ``modules``, after handing the delta back to the
     tracker (nothing is consumed)."""

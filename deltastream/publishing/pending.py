@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deltastream.publishing.row_moves import move_rows
 from deltastream.publishing.score_order import AgeQueue, ScoreOrder
 from deltastream.publishing.serving_error import TableScale, row_errors
 from deltastream.publishing.slot_pool import SlotPool
@@ -158,26 +159,28 @@ class PendingTable:
     # ------------------------------------------------------------------ scoring
 
     def _score(self, current: torch.Tensor, served: torch.Tensor, new: torch.Tensor,
-               amax: Optional[torch.Tensor] = None
+               amax: Optional[torch.Tensor] = None, **at: Optional[torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:func:`row_errors` under this table's ``new_rows`` rule: a row predictors never
         received scores against zeros (``"drift"``) or ``+inf`` (``"first"``); ``amax``
-        as there."""
+        and ``current_at`` / ``served_at`` as there."""
         err, norm, ok = row_errors(current, served, new if self.new_rows == "drift" else None,
-                                   amax)
+                                   amax, **at)
         if self.new_rows == "first":
             err = torch.where(new & ok, math.inf, err)
         return err, norm, ok
 
     def merge(self, ids: torch.Tensor, first: torch.Tensor, current: torch.Tensor,
               new: Optional[torch.Tensor], tombstones: Optional[torch.Tensor],
-              tick: int) -> MergeCounts:
+              tick: int, first_at: Optional[torch.Tensor] = None) -> MergeCounts:
         """Fold one hand-off into the pending set (O(len(ids)); see the module docstring).
 
         Args:
-            ids: int64 ``[n]`` ascending unique ids changed since the last hand-off.
+            ids: int64 ``[n]`` unique ids changed since the last hand-off, in any order.
             first: ``[n, dim]`` their FIRST states (the value before their first update
-                since the last hand-off). current: ``[n, dim]`` their values now.
+                since the last hand-off), or with ``first_at`` (int64 ``[n]``) the rows
+                holding them: ``ids[i]``'s is ``first[first_at[i]]`` (a tracker's arena,
+                read in place). current: ``[n, dim]`` their values now.
             new: bool ``[n]`` or None: inserted into the table in the interval.
             tombstones: int64 ``[m]`` ids evicted in the interval, or None.
             tick: the hand-off's tick (birth of rows that start pending).
@@ -188,7 +191,10 @@ class PendingTable:
             self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
         # in chunks: the scoring's float64 temporaries stay bounded (a hand-off of 10M rows
         # of dim 32 would need several 2.5 GB copies at once)
-        norms = [self._merge_rows(ids[a:a + MERGE_CHUNK_ROWS], first[a:a + MERGE_CHUNK_ROWS],
+        if first_at is None:
+            first_at = torch.arange(ids.numel())
+        norms = [self._merge_rows(ids[a:a + MERGE_CHUNK_ROWS], first,
+                                  first_at[a:a + MERGE_CHUNK_ROWS],
                                   current[a:a + MERGE_CHUNK_ROWS],
                                   None if new is None else new[a:a + MERGE_CHUNK_ROWS], tick,
                                   counts)
@@ -197,31 +203,40 @@ class PendingTable:
             self.scale.update(norms[0] if len(norms) == 1 else torch.cat(norms))
         return counts
 
-    def _merge_rows(self, ids: torch.Tensor, first: torch.Tensor, current: torch.Tensor,
-                    new: Optional[torch.Tensor], tick: int, counts: MergeCounts
-                    ) -> torch.Tensor:
+    def _merge_rows(self, ids: torch.Tensor, first: torch.Tensor, first_at: torch.Tensor,
+                    current: torch.Tensor, new: Optional[torch.Tensor], tick: int,
+                    counts: MergeCounts) -> torch.Tensor:
         """:meth:`merge` of ``ids`` (at most :data:`MERGE_CHUNK_ROWS`), added to ``counts``;
         returns the rows' norms for the table's scale (NaN for rows rejected)."""
         n = int(ids.numel())
         new = torch.zeros(n, dtype=torch.bool) if new is None else new.to(torch.bool)
         if self.tombstones.numel():  # re-inserted before its tombstone went out
-            back, _ = member(self.tombstones, ids)
+            back, at_t = member(self.tombstones, ids)
             if bool(back.any()):
-                gone, _ = member(ids, self.tombstones)
+                gone = torch.zeros(self.tombstones.numel(), dtype=torch.bool)
+                gone[at_t[back]] = True
                 self.tombstones = self.tombstones[~gone]
                 new = new | back
         pos = self._slots.find(ids)
         had = pos >= 0
         at = had.nonzero().squeeze(1)
+        fr = (~had).nonzero().squeeze(1)
         slots_had = pos.index_select(0, at)
-        # the state predictors hold: the pending row's (it stays), else the hand-off's FIRST
-        # (only the rows pending already are gathered and copied over)
-        served = first.clone()
-        served.index_copy_(0, at, self._c["served"].index_select(0, slots_had).to(first.dtype))
+        # each row scored where its served value lies: a pending row's stays (the slot's),
+        # a row not pending starts from its FIRST state (the hand-off's) — nothing gathered
         is_new = new.clone()
-        is_new.index_copy_(0, at, self._c["new"].index_select(0, slots_had))
+        is_new[at] = self._c["new"][slots_had]
+        err, norm, ok = (torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64),
+                         torch.empty(n, dtype=torch.bool))
         amax = None if self.range_limit is None else torch.empty(n, dtype=torch.float64)
-        err, norm, ok = self._score(current, served, is_new, amax)
+        for rows, src, src_at in ((at, self._c["served"], slots_had),
+                                  (fr, first, first_at.index_select(0, fr))):
+            part = None if amax is None else torch.empty(rows.numel(), dtype=torch.float64)
+            err[rows], norm[rows], ok[rows] = self._score(
+                current, src, is_new.index_select(0, rows), part, current_at=rows,
+                served_at=src_at)
+            if amax is not None:
+                amax[rows] = part
         if amax is not None:
             big = ok & (amax > self.range_limit)
             counts.out_of_range += int(big.sum())
@@ -237,7 +252,7 @@ class PendingTable:
         stay = (had & keep).nonzero().squeeze(1)
         if stay.numel():
             s = pos.index_select(0, stay)
-            self._c["current"].index_copy_(0, s, current.index_select(0, stay).to(self.dtype))
+            move_rows(self._c["current"], s, current, stay)
             sn = s.numpy()
             self._rescore(sn, err.index_select(0, stay).numpy())
             sent = sn[self._c["birth"][sn] == SENT_BIRTH]
@@ -247,10 +262,10 @@ class PendingTable:
                 self._age(sent)
         fresh = (~had & keep).nonzero().squeeze(1)
         if fresh.numel():
-            self._add(ids.index_select(0, fresh), served.index_select(0, fresh),
-                      current.index_select(0, fresh), is_new.index_select(0, fresh),
+            self._add(ids.index_select(0, fresh), first, current, is_new.index_select(0, fresh),
                       np.full(fresh.numel(), tick, dtype=np.int64),
-                      err.index_select(0, fresh).numpy())
+                      err.index_select(0, fresh).numpy(),
+                      served_at=first_at.index_select(0, fresh), current_at=fresh)
         return torch.where(ok, norm, math.nan)
 
     def _rescore(self, slots: np.ndarray, err: np.ndarray) -> None:
@@ -260,11 +275,14 @@ class PendingTable:
 
     def _add(self, ids: torch.Tensor, served: torch.Tensor, current: torch.Tensor,
              new: torch.Tensor, birth: np.ndarray, err: np.ndarray,
-             sends: Optional[np.ndarray] = None) -> None:
+             sends: Optional[np.ndarray] = None, *, served_at: Optional[torch.Tensor] = None,
+             current_at: Optional[torch.Tensor] = None) -> None:
+        """New pending rows of ``ids``: their values are ``served`` / ``current`` rows
+        ``served_at`` / ``current_at`` (None: aligned with ``ids``)."""
         slots = self._slots.add(ids)
-        self._c["served"].index_copy_(0, slots, served.to(self.dtype))
-        self._c["current"].index_copy_(0, slots, current.to(self.dtype))
-        self._c["new"].index_copy_(0, slots, new)
+        move_rows(self._c["served"], slots, served, served_at)
+        move_rows(self._c["current"], slots, current, current_at)
+        self._c["new"][slots] = new
         s = slots.numpy()
         self._c["birth"][s] = birth
         self._c["sends"][s] = 0 if sends is None else sends

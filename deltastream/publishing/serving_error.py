@@ -106,7 +106,9 @@ def serving_errors(delta: DeltaRows, table: Any, *, new_rows: str = "drift",
 
 
 def row_errors(current: torch.Tensor, served: torch.Tensor,
-               zero: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None
+               zero: Optional[torch.Tensor] = None, amax: Optional[torch.Tensor] = None, *,
+               current_at: Optional[torch.Tensor] = None,
+               served_at: Optional[torch.Tensor] = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Serving errors of rows whose current and served values are at hand.
 
@@ -116,6 +118,9 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
         zero: bool ``[n]`` or None: rows predictors hold as zeros (``served`` ignored).
         amax: contiguous float64 ``[n]`` or None: filled with each row's largest
             ``|value|`` (for a wire dtype's range; NaN where the row is not finite).
+        current_at, served_at: int64 ``[n]`` or None: row ``i`` is ``current[current_at[i]]``
+            and ``served[served_at[i]]`` (the rows are read where they lie, not gathered
+            first); ``n`` is then their length.
 
     Returns:
         ``(error, norm, finite)``: float64 ``‖current − served‖₂`` and ``‖current‖₂``
@@ -126,8 +131,12 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
     (:mod:`deltastream.publishing.native`: one pass, without the GIL); the rest through
     torch, with the same results up to the order of the float64 sums.
     """
-    if _native_fits(current, served, zero):
-        return _native_row_errors(current, served, zero, amax)
+    if _native_fits(current, served, zero, current_at, served_at):
+        return _native_row_errors(current, served, zero, amax, current_at, served_at)
+    if current_at is not None:
+        current = current.index_select(0, current_at)
+    if served_at is not None:
+        served = served.index_select(0, served_at)
     # float64 (exact differences, squares that cannot overflow for narrower floats), one
     # copy: vector_norm reduces without the [n, dim] squares a mul_ + sum would write; the
     # rows held as zeros are copied over on the CPU (a where over [n, dim] cost ~3x the rest),
@@ -152,26 +161,36 @@ def row_errors(current: torch.Tensor, served: torch.Tensor,
     return error.masked_fill_(~finite, math.nan), norm.masked_fill_(~finite, math.nan), finite
 
 
-def _native_fits(current: torch.Tensor, served: torch.Tensor,
-                 zero: Optional[torch.Tensor]) -> bool:
+def _native_fits(current: torch.Tensor, served: torch.Tensor, zero: Optional[torch.Tensor],
+                 *at: Optional[torch.Tensor]) -> bool:
     return (_NATIVE.enabled() and current.device.type == "cpu"
             and current.dtype in (torch.float32, torch.float64) and served.dtype == current.dtype
-            and served.device.type == "cpu" and current.dim() == 2
-            and current.shape == served.shape and current.shape[1] > 0
-            and (zero is None or zero.device.type == "cpu"))
+            and served.device.type == "cpu" and current.dim() == 2 and served.dim() == 2
+            and current.shape[1] == served.shape[1] and current.shape[1] > 0
+            and (at[0] is not None or at[1] is not None or current.shape == served.shape)
+            and (zero is None or zero.device.type == "cpu")
+            and all(a is None or (a.device.type == "cpu" and a.dtype == torch.int64)
+                    for a in at))
 
 
 def _native_row_errors(current: torch.Tensor, served: torch.Tensor,
-                       zero: Optional[torch.Tensor], amax: Optional[torch.Tensor]
+                       zero: Optional[torch.Tensor], amax: Optional[torch.Tensor],
+                       current_at: Optional[torch.Tensor], served_at: Optional[torch.Tensor]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    n, dim = current.shape
+    dim = current.shape[1]
+    n = current_at.numel() if current_at is not None else \
+        served_at.numel() if served_at is not None else current.shape[0]
     error = torch.empty(n, dtype=torch.float64)
     norm = torch.empty(n, dtype=torch.float64)
     finite = torch.empty(n, dtype=torch.bool)
+
+    def arr(t: Optional[torch.Tensor]) -> Any:
+        return None if t is None else t.detach().contiguous().numpy()
+
     _NATIVE.module.row_errors(
-        current.detach().contiguous().numpy(), served.detach().contiguous().numpy(),
-        None if zero is None else zero.to(torch.bool).contiguous().numpy(), dim,
-        error.numpy(), norm.numpy(), finite.numpy(), None if amax is None else amax.numpy())
+        arr(current), arr(served), None if zero is None else arr(zero.to(torch.bool)), dim,
+        error.numpy(), norm.numpy(), finite.numpy(), None if amax is None else amax.numpy(),
+        arr(current_at), arr(served_at))
     return error, norm, finite
 
 

@@ -45,6 +45,7 @@
  *       pairs, 11 bits a pass, passes whose digit is the same for every id skipped.
  */
 #include "../native_buffers.h"
+#include "../native_rows.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -53,19 +54,10 @@
 #include <emmintrin.h>
 #endif
 
-#if defined(__GNUC__)
-#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
-#define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, 3)
-#else
-#define PREFETCH(p) ((void)0)
-#define PREFETCH_W(p) ((void)0)
-#endif
-
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "drain_marked reads the bits as little-endian words"
 #endif
 
-#define AHEAD 16      /* rows between a row's prefetch and its copy */
 #define MARK_AHEAD 32 /* ids between the prefetch of an id's slot entry and its test */
 
 /* bits: uint8 [ceil(capacity / 8)], bit p & 7 of byte p >> 3 set iff slot[p] != 0. */
@@ -98,24 +90,6 @@ static Py_ssize_t first_out_of_range(const void *ids, int wide, Py_ssize_t n, ui
             return i;
     }
     return -1;
-}
-
-/* One row: the usual widths (32 or 64 f32 / 16-bit values, ...) with a constant size, which
- * the compiler inlines as a few vector moves instead of a call to memcpy. */
-static inline void copy_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
-    switch (rb) {
-    case 64:
-        memcpy(dst, src, 64);
-        return;
-    case 128:
-        memcpy(dst, src, 128);
-        return;
-    case 256:
-        memcpy(dst, src, 256);
-        return;
-    default:
-        memcpy(dst, src, (size_t)rb);
-    }
 }
 
 /* Copy n rows of rb bytes, src row of the i-th being rows_at[i] (an index into src), the

@@ -20,6 +20,7 @@ its rounding; f32: exactly).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 
@@ -46,6 +47,9 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, port: int, servers: str, topics: tuple[str, str], outdir: str) -> None:
+    # a rank that dies in C++ (an abort seen now and then in CI, cause not yet known) prints
+    # every thread's Python stack on stderr, which pytest shows with the failure
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
@@ -114,6 +118,7 @@ def _worker(rank: int, port: int, servers: str, topics: tuple[str, str], outdir:
             torch.save({"compared": compared, "mismatched": mismatched, "layout": layout},
                        os.path.join(outdir, "rank1.pt"))
         tracker.close()
+        dist.barrier()  # neither rank tears its gloo pairs down while the other still talks
     finally:
         dist.destroy_process_group()
 

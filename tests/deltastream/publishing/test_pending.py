@@ -185,6 +185,46 @@ def test_a_merge_in_chunks_equals_one_merge(monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_a_merge_in_storage_order_with_first_rows_in_an_arena_equals_the_sorted_merge():
+    """The worker merges a hash table's hand-off as the tracker gave it: ids in any order,
+    each FIRST row read in place from the tracker's arena (``first_at``). The pending set,
+    counts, scale and tombstones equal those of the same rows merged sorted (rows pending
+    already, new, rejected, exact, and ids re-inserted before their tombstone went out)."""
+    def run(shuffled: bool) -> tuple:
+        g = torch.Generator().manual_seed(9)
+        t = _table(dim=3, range_limit=wire.F16_MAX)
+        counts = []
+        for tick in range(4):
+            ids = torch.unique(torch.randint(0, 400, (300,), generator=g))
+            n = ids.numel()
+            first = torch.randn(n, 3, generator=g)
+            cur = first + torch.randn(n, 3, generator=g) * (torch.rand(n, 1, generator=g) > 0.2)
+            cur[::37] = float("nan")
+            cur[5::41] = 1e6
+            new = torch.rand(n, generator=g) < 0.3
+            tombs = torch.unique(torch.randint(0, 400, (20,), generator=g))
+            tombs = tombs[~torch.isin(tombs, ids)]
+            if not shuffled:
+                c = t.merge(ids, first, cur, new, tombs, tick=tick)
+            else:
+                p = torch.randperm(n, generator=torch.Generator().manual_seed(tick))
+                arena = torch.randn(n + 5, 3)  # rows the merge must not read stay random
+                at = torch.randperm(n + 5, generator=torch.Generator().manual_seed(50 + tick))[:n]
+                arena[at] = first[p]
+                c = t.merge(ids[p], arena, cur[p], new[p], tombs, tick=tick, first_at=at)
+            counts.append((c.scored, c.exact, c.rejected, c.out_of_range, c.coalesced))
+        tombstones = t.take_tombstones()
+        taken = t.take(t.live_slots())
+        return counts, t.scale.value, tombstones, taken.ids, taken.served, taken.current, \
+            taken.new, taken.birth
+
+    sorted_, shuffled = run(False), run(True)
+    assert sorted_[0] == shuffled[0] and sorted_[0][-1][4] > 0 and sorted_[0][-1][2] > 0
+    assert sorted_[1] == pytest.approx(shuffled[1], rel=1e-12)
+    for a, b in zip(sorted_[2:], shuffled[2:], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_rows_a_residual_left_age_from_their_next_change_only():
     """A row put back with ``SENT_BIRTH`` (every change of it went out as a residual) is
     never in the age order's overdue part; a later change gives it the merge's tick."""

@@ -161,6 +161,27 @@ def test_native_and_torch_row_errors_agree_on_a_large_hand_off():
         torch.testing.assert_close(n1, n2, rtol=1e-14, atol=0.0)
 
 
+def test_rows_read_through_indices_equal_the_gathered_rows(native):
+    """``current_at`` / ``served_at`` read the rows where they lie: the same errors, norms,
+    finiteness and maxima as the gathered rows (repeated and unsorted indices, a NaN row,
+    rows held as zeros)."""
+    g = torch.Generator().manual_seed(6)
+    cur, srv = torch.randn(300, 8, generator=g), torch.randn(50, 8, generator=g)
+    cur[7, 3] = math.nan
+    c_at = torch.randint(0, 300, (200,), generator=g)
+    s_at = torch.randint(0, 50, (200,), generator=g)
+    c_at[0] = 7
+    zero = torch.rand(200, generator=g) < 0.3
+    a1, a2 = torch.empty(200, dtype=torch.float64), torch.empty(200, dtype=torch.float64)
+    got = row_errors(cur, srv, zero, a1, current_at=c_at, served_at=s_at)
+    want = row_errors(cur[c_at], srv[s_at], zero, a2)
+    for x, y in zip((*got, a1), (*want, a2), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-14, atol=0.0, equal_nan=True)
+    assert not bool(got[2][0]) and int(got[2].sum()) == int((c_at != 7).sum())
+    e, _, _ = row_errors(cur, cur, current_at=c_at[1:], served_at=c_at[1:])
+    assert bool((e == 0).all())
+
+
 def test_native_row_errors_refuse_mismatched_buffers():
     """The C function names the buffer it cannot use instead of reading out of bounds."""
     if not NATIVE:
@@ -183,3 +204,12 @@ def test_native_row_errors_refuse_mismatched_buffers():
         fn(cur.astype(np.float16), srv, None, 3, err, norm, fin, None)
     with pytest.raises(ValueError, match="finite"):
         fn(cur, srv, None, 3, err, norm, np.zeros(4, np.bool_)[::1].copy()[:3], None)
+    at = np.array([3, 0, 1, 2])
+    with pytest.raises(IndexError, match="cur_at: row 4 .at 1. is outside"):
+        fn(cur, srv, None, 3, err, norm, fin, None, np.array([0, 4, 1, 2]), at)
+    with pytest.raises(IndexError, match="srv_at: row -1"):
+        fn(cur, srv, None, 3, err, norm, fin, None, at, np.array([0, 1, 2, -1]))
+    with pytest.raises(ValueError, match="served: 3 rows for 4"):
+        fn(cur, srv, None, 3, err, norm, fin, None, at, at[:3])
+    with pytest.raises(ValueError, match="cur_at: wrong element type"):
+        fn(cur, srv, None, 3, err, norm, fin, None, at.astype(np.int32), at)
