@@ -152,6 +152,18 @@ def test_put_back_restores_the_served_state_under_a_newer_value():
     assert t.take_tombstones().tolist() == [9]
 
 
+def _mixed_hand_off(g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """``(ids, first, current, new)`` of dim 3 over ids < 400: rows that changed, rows that
+    did not (exact), NaN rows and rows beyond f16's range."""
+    ids = torch.unique(torch.randint(0, 400, (300,), generator=g))
+    n = ids.numel()
+    first = torch.randn(n, 3, generator=g)
+    cur = first + torch.randn(n, 3, generator=g) * (torch.rand(n, 1, generator=g) > 0.2)
+    cur[::37] = float("nan")
+    cur[5::41] = 1e6
+    return ids, first, cur, torch.rand(n, generator=g) < 0.3
+
+
 def test_a_merge_in_chunks_equals_one_merge(monkeypatch):
     """A hand-off larger than a merge's chunk (bounded temporaries) leaves the same pending
     set, counts and table scale as one pass over it."""
@@ -162,13 +174,7 @@ def test_a_merge_in_chunks_equals_one_merge(monkeypatch):
     def run() -> tuple:
         t = _table(dim=3, range_limit=wire.F16_MAX)
         for tick in range(3):  # rows pending already, new rows, rejected and exact rows
-            ids = torch.unique(torch.randint(0, 400, (300,), generator=g))
-            n = ids.numel()
-            first = torch.randn(n, 3, generator=g)
-            cur = first + torch.randn(n, 3, generator=g) * (torch.rand(n, 1, generator=g) > 0.2)
-            cur[::37] = float("nan")
-            cur[5::41] = 1e6
-            new = torch.rand(n, generator=g) < 0.3
+            ids, first, cur, new = _mixed_hand_off(g)
             c = t.merge(ids, first, cur, new, torch.tensor([tick * 1000 + 7]), tick=tick)
         taken = t.take(t.live_slots())
         return (c.scored, c.exact, c.rejected, c.out_of_range, c.coalesced), t.scale.value, \
@@ -195,13 +201,8 @@ def test_a_merge_in_storage_order_with_first_rows_in_an_arena_equals_the_sorted_
         t = _table(dim=3, range_limit=wire.F16_MAX)
         counts = []
         for tick in range(4):
-            ids = torch.unique(torch.randint(0, 400, (300,), generator=g))
+            ids, first, cur, new = _mixed_hand_off(g)
             n = ids.numel()
-            first = torch.randn(n, 3, generator=g)
-            cur = first + torch.randn(n, 3, generator=g) * (torch.rand(n, 1, generator=g) > 0.2)
-            cur[::37] = float("nan")
-            cur[5::41] = 1e6
-            new = torch.rand(n, generator=g) < 0.3
             tombs = torch.unique(torch.randint(0, 400, (20,), generator=g))
             tombs = tombs[~torch.isin(tombs, ids)]
             if not shuffled:

@@ -10,16 +10,6 @@ from deltastream.publishing.row_moves import move_rows
 NATIVE = row_moves._NATIVE.available
 
 
-@pytest.fixture(params=["native", "torch"])
-def native(request):
-    """Run the test with the C extension's row copy and with torch's."""
-    if request.param == "native" and not NATIVE:
-        pytest.skip(f"deltastream.publishing.native is not built ({row_moves._NATIVE.why})")
-    row_moves.use_native(request.param == "native")
-    yield request.param == "native"
-    row_moves.use_native(NATIVE)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_rows_land_where_the_indices_say_and_nothing_else_moves(native, dtype):
     g = torch.Generator().manual_seed(1)

@@ -100,16 +100,6 @@ def test_table_scale_averages_and_ignores_nan():
 NATIVE = serving_error._NATIVE.available
 
 
-@pytest.fixture(params=["native", "torch"])
-def native(request):
-    """Run the test with the C extension's row_errors and with torch's."""
-    if request.param == "native" and not NATIVE:
-        pytest.skip(f"deltastream.publishing.native is not built ({serving_error._NATIVE.why})")
-    serving_error.use_native(request.param == "native")
-    yield request.param == "native"
-    serving_error.use_native(NATIVE)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_row_errors_equal_the_reference_norms_for_every_float_dtype(dtype, native):
     g = torch.Generator().manual_seed(3)
