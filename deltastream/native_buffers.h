@@ -5,6 +5,7 @@
  *   Bufs bs = {.n = 0};
  *   Py_buffer *x = take(&bs, obj, writable, "x");   NULL for None, BAD on error (set)
  *   if (check_item(x, 8, "ql", "x") < 0) ...        itemsize and format code
+ *   if (check_at(at, rows, "at") < 0) ...           an int64 row index, each in [0, rows)
  *   release(&bs);
  */
 #ifndef DELTASTREAM_NATIVE_BUFFERS_H
@@ -13,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdint.h>
 #include <string.h>
 
 /* The buffer's one-character struct format code ('?' when it has more than one). */
@@ -79,6 +81,47 @@ static inline int check_items(const Py_buffer *v, Py_ssize_t n, Py_ssize_t size,
         return -1;
     if (v->len != n * size) {
         PyErr_Format(PyExc_ValueError, "%s: %zd items, expected %zd", what, v->len / size, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* The first index of an id outside [0, capacity) (int64 ids when wide, else int32), or -1:
+ * one branch-free pass when every id is in range. */
+static inline Py_ssize_t first_out_of_range(const void *ids, int wide, Py_ssize_t n,
+                                            uint64_t capacity) {
+    uint64_t bad = 0;
+    if (wide) {
+        const int64_t *q = (const int64_t *)ids;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (uint64_t)q[i] >= capacity;
+    } else {
+        const int32_t *q = (const int32_t *)ids;
+        for (Py_ssize_t i = 0; i < n; i++)
+            bad |= (uint64_t)(int64_t)q[i] >= capacity;
+    }
+    if (!bad)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t id = wide ? ((const int64_t *)ids)[i] : ((const int32_t *)ids)[i];
+        if ((uint64_t)id >= capacity)
+            return i;
+    }
+    return -1;
+}
+
+/* A row index array (int64; NULL for None passes) whose entries all lie in [0, rows); else
+ * -1 with a ValueError (element type) or an IndexError naming it and the first bad entry. */
+static inline int check_at(const Py_buffer *at, Py_ssize_t rows, const char *what) {
+    if (!at)
+        return 0;
+    if (check_item(at, 8, "ql", what) < 0)
+        return -1;
+    const int64_t *q = (const int64_t *)at->buf;
+    Py_ssize_t bad = first_out_of_range(q, 1, at->len / 8, (uint64_t)rows);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_IndexError, "%s: row %lld (at %zd) is outside [0, %zd)", what,
+                     (long long)q[bad], bad, rows);
         return -1;
     }
     return 0;

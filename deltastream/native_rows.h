@@ -1,6 +1,7 @@
 /* Row copies of deltastream's C extensions (tracking and publishing native.c): prefetching
  * a row a few rows before it is copied or read (the rows are cache misses in tables far
- * larger than the cache), and one row's copy at the usual widths. */
+ * larger than the cache), one row's copy at the usual widths, and n rows copied between
+ * places named by index arrays. */
 #ifndef DELTASTREAM_NATIVE_ROWS_H
 #define DELTASTREAM_NATIVE_ROWS_H
 
@@ -32,6 +33,24 @@ static inline void copy_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
         return;
     default:
         memcpy(dst, src, (size_t)rb);
+    }
+}
+
+/* dst row dst_at[i] = src row src_at[i] for i < n, rows of rb bytes (an index NULL: row i);
+ * the source row (both its ends) and the destination row i + AHEAD are prefetched before
+ * row i is copied. The indices are the caller's to check. */
+static inline void copy_rows_at(uint8_t *dst, const int64_t *dst_at, const uint8_t *src,
+                                const int64_t *src_at, Py_ssize_t n, Py_ssize_t rb) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) {
+            const uint8_t *r = src + (uint64_t)(src_at ? src_at[i + AHEAD] : i + AHEAD) * rb;
+            PREFETCH(r);
+            PREFETCH(r + rb - 1);
+            if (dst_at)
+                PREFETCH_W(dst + (uint64_t)dst_at[i + AHEAD] * rb);
+        }
+        copy_row(dst + (uint64_t)(dst_at ? dst_at[i] : i) * rb,
+                 src + (uint64_t)(src_at ? src_at[i] : i) * rb, rb);
     }
 }
 

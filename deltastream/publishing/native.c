@@ -85,35 +85,6 @@ typedef struct {
 ROW_ERRORS(errors_f32, float, 0)
 ROW_ERRORS(errors_f64, double, 1)
 
-/* The first i with at[i] outside [0, rows), or -1. */
-static Py_ssize_t first_outside(const int64_t *at, Py_ssize_t n, Py_ssize_t rows) {
-    uint64_t bad = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        bad |= (uint64_t)at[i] >= (uint64_t)rows;
-    if (bad)
-        for (Py_ssize_t i = 0; i < n; i++)
-            if ((uint64_t)at[i] >= (uint64_t)rows)
-                return i;
-    return -1;
-}
-
-/* An index array (int64, or None: NULL) whose entries all lie in [0, rows); else -1 with an
- * IndexError naming it. */
-static int check_at(const Py_buffer *at, Py_ssize_t rows, const char *what) {
-    if (!at)
-        return 0;
-    if (check_item(at, 8, "ql", what) < 0)
-        return -1;
-    const int64_t *q = (const int64_t *)at->buf;
-    Py_ssize_t bad = first_outside(q, at->len / 8, rows);
-    if (bad >= 0) {
-        PyErr_Format(PyExc_IndexError, "%s: row %lld (at %zd) is outside [0, %zd)", what,
-                     (long long)q[bad], bad, rows);
-        return -1;
-    }
-    return 0;
-}
-
 /* The rows an index array or, without one, the rows themselves count. */
 static Py_ssize_t count_rows(const Py_buffer *at, Py_ssize_t rows) {
     return at ? at->len / 8 : rows;
@@ -213,20 +184,9 @@ static PyObject *move_rows(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "src: %zd rows for %zd dst rows", count_rows(sat, srows), n);
         goto done;
     }
-    const int64_t *da = dat ? (const int64_t *)dat->buf : NULL;
-    const int64_t *sa = sat ? (const int64_t *)sat->buf : NULL;
-    uint8_t *d = (uint8_t *)dst->buf;
-    const uint8_t *s = (const uint8_t *)src->buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + AHEAD < n) {
-            if (sa)
-                PREFETCH(s + (uint64_t)sa[i + AHEAD] * rb);
-            if (da)
-                PREFETCH_W(d + (uint64_t)da[i + AHEAD] * rb);
-        }
-        copy_row(d + (uint64_t)(da ? da[i] : i) * rb, s + (uint64_t)(sa ? sa[i] : i) * rb, rb);
-    }
+    copy_rows_at((uint8_t *)dst->buf, dat ? (const int64_t *)dat->buf : NULL,
+                 (const uint8_t *)src->buf, sat ? (const int64_t *)sat->buf : NULL, n, rb);
     Py_END_ALLOW_THREADS
     ret = PyLong_FromSsize_t(n);
 done:

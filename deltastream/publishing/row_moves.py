@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from deltastream.native_ext import NativeExtension
+from deltastream.tracking.fresh_rows import as_bytes
 
 __all__ = ["move_rows", "use_native"]
 
@@ -38,8 +39,8 @@ def move_rows(dst: torch.Tensor, dst_at: Optional[torch.Tensor], src: torch.Tens
     if n == 0:
         return
     if _native_fits(dst, dst_at, src, src_at):
-        _NATIVE.module.move_rows(_bytes(dst), _index(dst_at), _bytes(src), _index(src_at),
-                                 dst.shape[1] * dst.element_size())
+        _NATIVE.module.move_rows(as_bytes(dst), _index(dst_at), as_bytes(src),
+                                 _index(src_at), dst.shape[1] * dst.element_size())
         return
     rows = src if src_at is None else src.index_select(0, src_at)
     rows = rows.to(dst.dtype)
@@ -57,10 +58,6 @@ def _native_fits(dst: torch.Tensor, dst_at: Optional[torch.Tensor], src: torch.T
             and dst.is_contiguous() and src.is_contiguous()
             and all(a is None or (a.device.type == "cpu" and a.dtype == torch.int64)
                     for a in (dst_at, src_at)))
-
-
-def _bytes(t: torch.Tensor) -> object:
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _index(t: Optional[torch.Tensor]) -> object:

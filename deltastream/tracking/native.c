@@ -70,42 +70,6 @@ static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {
     return 0;
 }
 
-/* The first index of an id outside [0, capacity), or -1. */
-static Py_ssize_t first_out_of_range(const void *ids, int wide, Py_ssize_t n, uint64_t capacity) {
-    uint64_t bad = 0;
-    if (wide) {
-        const int64_t *q = (const int64_t *)ids;
-        for (Py_ssize_t i = 0; i < n; i++)
-            bad |= (uint64_t)q[i] >= capacity;
-    } else {
-        const int32_t *q = (const int32_t *)ids;
-        for (Py_ssize_t i = 0; i < n; i++)
-            bad |= (uint64_t)(int64_t)q[i] >= capacity;
-    }
-    if (!bad)
-        return -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t id = wide ? ((const int64_t *)ids)[i] : ((const int32_t *)ids)[i];
-        if ((uint64_t)id >= capacity)
-            return i;
-    }
-    return -1;
-}
-
-/* Copy n rows of rb bytes, src row of the i-th being rows_at[i] (an index into src), the
- * i-th to dst row i; row i + AHEAD is prefetched before row i is copied. */
-static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, Py_ssize_t n,
-                      Py_ssize_t rb) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + AHEAD < n) {
-            const uint8_t *r = src + (uint64_t)rows_at[i + AHEAD] * rb;
-            PREFETCH(r);
-            PREFETCH(r + rb - 1);
-        }
-        copy_row(dst + i * rb, src + (uint64_t)rows_at[i] * rb, rb);
-    }
-}
-
 /* The ids are taken CHUNK at a time: the marking pass collects the chunk's new positions,
  * then their rows are copied with prefetching (only new rows: a repeat's row is not
  * fetched at all). */
@@ -130,7 +94,7 @@ static void copy_rows(uint8_t *dst, const uint8_t *src, const int64_t *rows_at, 
                 from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
             }                                                                            \
             if (w != NULL)                                                               \
-                copy_rows(a + (uint64_t)used * rb, w, from, k, rb);                      \
+                copy_rows_at(a + (uint64_t)used * rb, NULL, w, from, k, rb);             \
             used += k;                                                                   \
         }                                                                                \
     } while (0)
@@ -515,15 +479,11 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
                      "bytes)", out->len, n, rb, src->len);
         goto done;
     }
+    if (check_at(at, rows, "at") < 0)
+        goto done;
     const int64_t *q = (const int64_t *)at->buf;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if ((uint64_t)q[i] >= (uint64_t)rows) {
-            PyErr_Format(PyExc_IndexError, "row %lld (at %zd) is outside [0, %zd)",
-                         (long long)q[i], i, rows);
-            goto done;
-        }
     Py_BEGIN_ALLOW_THREADS
-    copy_rows((uint8_t *)out->buf, (const uint8_t *)src->buf, q, n, rb);
+    copy_rows_at((uint8_t *)out->buf, NULL, (const uint8_t *)src->buf, q, n, rb);
     Py_END_ALLOW_THREADS
     ret = PyLong_FromSsize_t(n);
 done:
