@@ -44,6 +44,7 @@ bench: $(STAMP)
 CC ?= cc
 ASAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -g -O1
 ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows.py \
+	tests/deltastream/tracking/test_owed_rows.py tests/deltastream/tracking/test_unordered.py \
 	tests/deltastream/tracking/test_positions.py tests/deltastream/publishing/test_serving_error.py \
 	tests/deltastream/publishing/test_row_moves.py tests/deltastream/publishing/test_pending.py \
 	tests/deltastream/kernels/test_hash_probe.py

@@ -392,19 +392,20 @@ class HashTable(TableHooks, torch.nn.Module):
             return 0
         gone = uniq.index_select(0, found)
         self._occupied[pos] = False
+        self._notify_rows(pos)  # before the rows are zeroed: a listener may still read them
         self._weight[pos] = 0
         self._free = torch.cat([self._free, pos])
         self._live -= k
         if self._live == 0:  # nothing left: fresh positions from the start again
             self._free = torch.empty(0, dtype=torch.int64, device=self.device)
             self._hw = 0
-        self._notify_rows(pos)
         self._fire(self._evict_hooks, gone)
         return k
 
     @torch.no_grad()
     def clear(self) -> None:
         """Remove every row (no evict hooks fire); optimizer state for the table is reset."""
+        self._notify_rows(None)  # before the rows are zeroed: a listener may still read them
         self._occupied.zero_()
         self._weight.zero_()
         self._free = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -412,7 +413,6 @@ class HashTable(TableHooks, torch.nn.Module):
         self._live = 0
         self._index.clear()
         self._grads.clear()
-        self._notify_rows(None)
 
     def live_positions(self) -> torch.Tensor:
         """Storage positions of every row held, int64 ``[len]`` ascending (see

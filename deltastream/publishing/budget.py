@@ -58,7 +58,12 @@ step and ``tracker.step()``. By default (``threaded=True``) the training thread'
 tick is only the hand-off (:mod:`~deltastream.publishing.handoff`): the changed rows' ids,
 FIRST states and a **copy** of their current values, taken at the step boundary, so the
 worker never reads a row the optimizer is writing (on CUDA an asynchronous copy to pinned
-memory on a side stream, with no synchronization of the training stream). Merging,
+memory on a side stream, with no synchronization of the training stream). On the CPU a
+table the tracker's C code keeps **owes** its current rows instead: the tick that takes the
+hand-off drains the tracker's marks, and the rows are copied over the next ticks, a
+:data:`CAPTURE_BYTES` slice each, or by their next lookup before the update (exact: a row
+changes only in a step that looks it up); the hand-off reaches the worker once complete
+(``stats()["capture_ticks"]``). So no tick copies every row changed since the last one. Merging,
 scoring, choosing, encoding and sending run on the publisher's worker threads
 (:mod:`~deltastream.publishing.budget_worker`); ``tick`` never waits for them or for the
 broker and returns ``None``. When the worker falls behind, hand-offs coalesce in the
@@ -101,7 +106,7 @@ from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, table
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
 from deltastream.publishing.budget_process import ProcessWorker
 from deltastream.publishing.budget_worker import BudgetWorker
-from deltastream.publishing.handoff import Handoff, HostCopier, take_handoff
+from deltastream.publishing.handoff import Handoff, HostCopier, owed_storages, take_handoff
 from deltastream.publishing.rounds import RowPublisher
 
 if TYPE_CHECKING:
@@ -112,6 +117,11 @@ __all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES", "WORKERS"]
 
 #: where a threaded budget publisher runs its rounds
 WORKERS = ("thread", "process")
+
+#: bytes of owed current rows a tick copies for a hand-off (the tick that takes it counts
+#: its drained rows against them): rows that are cache misses copy at a few GB/s, so
+#: ~0.1-0.3 ms of the training thread per tick whatever the hand-off's size
+CAPTURE_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +180,11 @@ class BudgetPublisher:
             raise ValueError(f"worker must be one of {WORKERS}, got {worker!r}")
         specs = table_specs(self._modules)
         self._copier = HostCopier()
+        owed = owed_storages(tracker, self._modules)
+        widest = max((s.shape[1] * s.element_size() for s in owed.values()), default=1)
+        self._capture_rows = max(1, CAPTURE_BYTES // max(1, widest))  # positions per tick
+        self._capturing: Optional[Handoff] = None  # taken, its current rows still owed
+        self._capture_ticks = 0  # ticks that copied rows a hand-off owed
         self._mode = worker if threaded else "inline"
         self._worker: Optional[BudgetWorker | ProcessWorker] = None
         if self._mode == "process":  # the engine lives in the child; its reports here
@@ -220,7 +235,12 @@ class BudgetPublisher:
         too_soon = self._last_round_t is not None \
             and now - self._last_round_t < self._gap()
         out = None
-        if self._worker is not None and not too_soon and self._worker.behind():
+        if self._capturing is not None:  # the last hand-off's rows are still being copied
+            self._capture_ticks += 1
+            if self.tracker.capture_rows(self._capture_rows):
+                h, self._capturing = self._capturing, None
+                out = self._submit(h)
+        elif self._worker is not None and not too_soon and self._worker.behind():
             # the worker has not merged the last hand-off: this tick's rows stay in the
             # tracker (coalescing there, newest value at the next hand-off)
             self._skipped += 1
@@ -244,6 +264,7 @@ class BudgetPublisher:
                 flush retries them).
             TimeoutError: the worker did not finish within ``timeout`` seconds.
         """
+        self._finish_capture()
         out = self._hand_off(int(step), ts, final=True, timeout=timeout)
         if self.dense is not None:
             self.dense.flush(int(step), ts=ts, timeout=timeout)
@@ -251,7 +272,9 @@ class BudgetPublisher:
 
     def drain(self, timeout: Optional[float] = None) -> Optional[BudgetTick]:
         """Wait until the worker has run a round for every tick so far (threaded mode);
-        returns the last round's record. Raises a round's ``PublishError`` like ``tick``."""
+        returns the last round's record. Raises a round's ``PublishError`` like ``tick``.
+        Call it between steps, like ``tick``: a hand-off still copying its rows completes."""
+        self._finish_capture()
         if self._worker is not None and not self._worker.wait_idle(self._tick, timeout):
             raise TimeoutError(f"budget publisher: rounds still running after {timeout} s")
         self._raise_worker_error()
@@ -287,7 +310,8 @@ class BudgetPublisher:
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
         ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
         ``deferred_ticks``: ticks that left their rows in the tracker because the worker had
-        not merged the previous hand-off yet; ``worker_s`` / ``worker_share``: the worker's
+        not merged the previous hand-off yet; ``capture_ticks``: ticks that copied a slice
+        of the current rows a hand-off still owed (:mod:`~.handoff`); ``worker_s`` / ``worker_share``: the worker's
         busy seconds, and their share of the seconds since the first tick.
         """
         st = self._state.stats()
@@ -299,6 +323,7 @@ class BudgetPublisher:
             ticks=self._ticks, policy=self.policy.describe(), seconds=secs, steps=steps,
             bytes_per_s=st["bytes"] / secs, bytes_per_step=st["bytes"] / steps if steps else None,
             threaded=self._worker is not None, deferred_ticks=self._skipped,
+            capture_ticks=self._capture_ticks,
             worker=self._mode, worker_pid=getattr(self._worker, "pid", None),
             backlog=self._worker.backlog() if self._worker is not None else None,
             worker_s=busy, worker_share=None if busy is None else busy / secs,
@@ -324,6 +349,13 @@ class BudgetPublisher:
             return gap
         return max(gap, (self._worker.busy_s - self._busy_mark) / share)
 
+    def _finish_capture(self) -> None:
+        """Copy every row the last hand-off still owes and give it to the worker."""
+        if self._capturing is not None:
+            self.tracker.capture_rows(None)
+            h, self._capturing = self._capturing, None
+            self._submit(h)
+
     def _dense_charge(self) -> int:
         """Bytes of the dense versions sent since the last hand-off, when the policy
         charges them to the budget (0 otherwise)."""
@@ -335,16 +367,28 @@ class BudgetPublisher:
 
     def _hand_off(self, step: int, ts: Optional[int], *, final: bool,
                   timeout: Optional[float] = None) -> Optional[BudgetTick]:
-        tables = take_handoff(self.tracker, self.consumer, self._modules, self._copier)
+        tables = take_handoff(self.tracker, self.consumer, self._modules, self._copier,
+                              owe=owed_storages(self.tracker, self._modules))
         self._tick += 1
         h = Handoff(tick=self._tick, step=step, ts=time.time_ns() if ts is None else ts,
                     units=self._units, tables=tables, final=final, ready=self._copier.finish(),
                     charged=self._dense_charge())
         self._units = 0.0
+        # the owed current rows: a slice now (the drain counts against it), the rest over
+        # the next ticks; all at once for a flush or a synchronous publisher
+        budget = None if final or self._worker is None else max(0, self._capture_rows - h.rows)
+        if not self.tracker.capture_rows(budget):
+            self._capturing = h
+            return None
+        return self._submit(h, timeout)
+
+    def _submit(self, h: Handoff, timeout: Optional[float] = None) -> Optional[BudgetTick]:
+        """Give hand-off ``h`` (its current rows complete) to the worker, or run its round
+        here when synchronous (returns the record); a flush waits for its round."""
         if self._worker is None:
             eng = self._engine
             eng.merge(h)
-            job = eng.start(h.tick, step, h.ts, final)
+            job = eng.start(h.tick, h.step, h.ts, h.final)
             try:
                 eng.send(job)
             except BaseException as e:

@@ -7,6 +7,13 @@ The copy is what makes the rest safe off the thread: the publisher's worker scor
 sends the copy, never the live table the optimizer keeps writing, so no row is ever read
 half-written. The work is O(rows changed since the last hand-off).
 
+On the CPU, a table the tracker's C code keeps can **owe** its current rows instead
+(:func:`owed_storages`, ``owe=`` here): the read drains the marks only, and the rows are
+copied over the next ticks — at their next lookup (hot from the forward's read) or a slice
+of the rest per tick (:meth:`DeltaTracker.capture_rows`) — so no tick copies tens of
+thousands of rows at once (:mod:`deltastream.tracking.owed_rows`). The hand-off goes to the
+worker once nothing is owed.
+
 On CUDA the copy is asynchronous: the rows are gathered on the training stream (a kernel
 launch, no wait), then copied device → host into pinned memory on a side stream that waits
 for the training stream through an event; the hand-off carries an event the worker waits
@@ -30,7 +37,7 @@ from deltastream.types import DeltaRows
 if TYPE_CHECKING:
     from deltastream.tracking.tracker import DeltaTracker
 
-__all__ = ["TableHandoff", "Handoff", "HostCopier", "take_handoff"]
+__all__ = ["TableHandoff", "Handoff", "HostCopier", "owed_storages", "take_handoff"]
 
 
 @dataclass
@@ -172,7 +179,8 @@ def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows
     """One table's part of :func:`take_handoff` (``d`` has rows or tombstones)."""
     mine = module is tracker.table(fqn)
     if isinstance(d, UnorderedRows):  # FIRST rows: the arena, through d.at; sorted later
-        cur = _current_rows(module, d.ids, d.arena, d.positions if mine else None)
+        cur = d.current if d.current is not None \
+            else _current_rows(module, d.ids, d.arena, d.positions if mine else None)
         return TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(d.arena),
                             current=copier.host(cur), new=None,
                             tombstones=copier.host(d.tombstones),
@@ -191,17 +199,36 @@ def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows
                         tombstones=copier.host(d.tombstones))
 
 
+def owed_storages(tracker: DeltaTracker, modules: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``{fqn: storage}`` of the tables of ``modules`` that may owe their current rows
+    (``take_handoff(owe=...)``): the tracker's own modules whose rows live in a CPU
+    storage. Call per hand-off: a table's storage may be replaced as it grows."""
+    out = {}
+    for fqn, module in modules.items():
+        try:
+            mine = module is tracker.table(fqn)
+        except KeyError:
+            continue
+        where = row_storage(module) if mine else None
+        if where is not None and where[0].device.type == "cpu":
+            out[fqn] = where[0]
+    return out
+
+
 def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any],
-                 copier: HostCopier) -> list[TableHandoff]:
+                 copier: HostCopier, owe: Optional[Mapping[str, torch.Tensor]] = None
+                 ) -> list[TableHandoff]:
     """Read ``consumer``'s delta and copy the changed rows' current values.
 
     A CPU hash table's rows come in storage order (:meth:`DeltaTracker.get_delta_unordered`,
     so the current rows are gathered in one sweep); the worker merges them in that order,
-    reading the FIRST rows in the tracker's arena (:meth:`TableHandoff.live`).
+    reading the FIRST rows in the tracker's arena (:meth:`TableHandoff.live`). With
+    ``owe`` (:func:`owed_storages`) those tables' current rows are owed, not gathered: read
+    them once ``tracker.capture_rows`` returned True.
     Raises ``ValueError`` for an ID_ONLY delta (no FIRST states: no serving error) and
     ``KeyError`` for a table not in ``modules``, after handing the delta back to the
     tracker (nothing is consumed)."""
-    delta = tracker.get_delta_unordered(consumer)
+    delta = tracker.get_delta_unordered(consumer, owe)
     try:
         out = []
         for fqn, d in delta.items():

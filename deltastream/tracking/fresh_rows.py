@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from deltastream.native_ext import NativeExtension
+from deltastream.tracking.owed_rows import OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
 
 __all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows"]
@@ -65,7 +66,7 @@ class FreshRows:
     """
 
     __slots__ = ("marks", "slot", "bits", "bits_valid", "order", "arena", "used",
-                 "numpy_rows", "_arena_bytes", "_src_key", "_src_bytes")
+                 "numpy_rows", "owed", "_arena_bytes", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -82,6 +83,8 @@ class FreshRows:
         self._src_bytes: Optional[np.ndarray] = None  # its bytes (keeps that memory alive)
         self.used = 0  # arena rows written (>= the marked positions)
         self.numpy_rows = False  # numpy wrote arena rows since the drain (maybe repeats)
+        #: the current rows a deferred :meth:`take_unordered` still owes
+        self.owed: Optional[OwedRows] = None
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
@@ -93,9 +96,12 @@ class FreshRows:
             bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
             bits[:self.bits.size] = self.bits  # positions past the old capacity: clear
             self.marks, self.slot, self.bits = marks, marks.numpy(), bits
+        if self.owed is not None:
+            self.owed.grow(capacity)
 
     def clear(self) -> None:
         """Forget every lookup (the arena is kept for the next interval)."""
+        self.settle()
         if self.used:  # something may be marked (a drain leaves nothing marked)
             self.slot[:] = 0
             self.bits[:] = 0
@@ -118,10 +124,11 @@ class FreshRows:
             raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
                                 f"int32 slot can name; read more often")
         self._reserve(self.used + n, src)
+        q = ids.contiguous().numpy()
         if native_enabled() and (src is None or src.is_contiguous()):
             self._valid_bits()
             used = native.mark_fresh(
-                self.slot, self.bits, self.order, ids.contiguous().numpy(),
+                self.slot, self.bits, self.order, q,
                 None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
                 0 if src is None else src.shape[1] * src.element_size(),
                 None if src is None else self._arena_bytes, self.used)
@@ -131,7 +138,27 @@ class FreshRows:
             self.bits_valid = self.bits_valid and new == 0
             self.numpy_rows = self.numpy_rows or used > self.used
         self.used = used
+        if self.owed is not None and self.owed.left:  # before the update: the owed value
+            self.owed.on_lookup(native if native_enabled() else None, q, src, by_occurrence)
         return new
+
+    def settle(self) -> None:
+        """Copy every row a deferred :meth:`take_unordered` still owes (before anything
+        other than a lookup may change a row or reuse a position)."""
+        if self.owed is not None and self.owed.left:
+            self.owed.capture(native if native_enabled() else None, None)
+
+    @property
+    def owes(self) -> int:
+        """Rows a deferred :meth:`take_unordered` still owes."""
+        return 0 if self.owed is None else self.owed.left
+
+    def capture(self, max_positions: Optional[int]) -> int:
+        """Copy the owed rows among the next ``max_positions`` drained positions (None:
+        all); returns the positions walked."""
+        if not self.owes:
+            return 0
+        return self.owed.capture(native if native_enabled() else None, max_positions)
 
     def _valid_bits(self) -> None:
         """Bring the bits up to date after numpy marked positions (a switch of path)."""
@@ -166,6 +193,7 @@ class FreshRows:
         """The marked positions (int64 ``[k]``, ascending) and, with ``with_rows``, each
         one's FIRST row (``[k, dim]``); nothing is marked afterwards. One pass over the
         capacity: for a table whose ids are its positions (else :meth:`drain_unordered`)."""
+        self.settle()
         arena = self.arena if with_rows else None
         used = self.used
         if used == 0:  # nothing marked
@@ -192,6 +220,7 @@ class FreshRows:
         ``ids``/``positions`` int64 ``[k]``, ``rows`` ``[k, dim]`` their FIRST rows (None
         without ``with_rows``); nothing is marked afterwards. Work in the positions touched,
         not the capacity (the C code sorts the ids and copies the rows in one call)."""
+        self.settle()
         arena = self.arena if with_rows else None
         if not native_enabled() or self.used == 0:
             used = self.used
@@ -212,24 +241,33 @@ class FreshRows:
         self._drained(used)
         return ids[:k], pos[:k], None if rows is None else rows[:k]
 
-    def take_unordered(self) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """``(positions, at, arena)``: the marked positions ascending (int64 ``[k]``), the
-        arena row holding each one's FIRST row (int64 ``[k]``) and the arena (``[k,
-        dim]``, handed over: the next lookups fill a new one) — one pass over the bits, no
-        sort, no copy of the rows; nothing is marked afterwards. None (nothing done)
-        unless the C code did every marking of this interval, with rows (numpy keeps a
-        lookup's repeats of a new position), or nothing is marked."""
+    def take_unordered(self, storage: Optional[torch.Tensor] = None
+                       ) -> Optional[tuple[torch.Tensor, ...]]:
+        """``(positions, at, arena, current)``: the marked positions ascending (int64
+        ``[k]``), the arena row holding each one's FIRST row (int64 ``[k]``), the arena
+        (``[k, dim]``, handed over: the next lookups fill a new one) and, with ``storage``
+        (the table's ``[capacity, dim]`` rows), the tensor ``[k, dim]`` their current rows
+        are copied to as they are owed (:mod:`~deltastream.tracking.owed_rows`: complete
+        once :attr:`owes` is 0), else None — one pass over the bits, no sort, no
+        copy of the rows; nothing is marked afterwards. None (nothing done) unless the C
+        code did every marking of this interval, with rows (numpy keeps a lookup's repeats
+        of a new position), or nothing is marked."""
+        self.settle()
         used = self.used
         # numpy_rows False: the C code did every marking, so the bits are valid
         if not used or self.numpy_rows or not native_enabled() or self.arena is None:
             return None
+        if storage is not None and self.owed is None:
+            self.owed = OwedRows(self.slot.size)
+        owed = None if storage is None else self.owed.owed
         pos = torch.empty(used, dtype=torch.int64)
         at = torch.empty(used, dtype=torch.int64)
-        k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy())
+        k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(), owed)
         rows = self.arena[:used]
         self.arena, self._arena_bytes = None, None
         self._drained(used)
-        return pos[:k], at[:k], rows
+        current = None if storage is None else self.owed.start(pos[:k], storage, marked=True)
+        return pos[:k], at[:k], rows, current
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the

@@ -151,8 +151,10 @@ class ModelHooks:
 
     def _flush(self, fqn: str) -> None:
         # Rows are being freed: their positions may be reused by the next insert, so the
-        # marks must become ids now (the table still knows which id each position held).
+        # marks must become ids now (the table still knows which id each position held),
+        # and rows a hand-off owes are copied while they still hold their values.
         with self._lock:
+            self._rec.settle_all()
             self._rec.flush(fqn)
 
     def _on_insert(self, fqn: str, ids: torch.Tensor) -> None:
@@ -166,8 +168,10 @@ class ModelHooks:
             self._drop_carried(fqn, ids)  # the row is gone: a tombstone, not a retained row
 
     def _before_reload(self, *args: Any) -> None:
-        """Model ``load_state_dict`` pre-hook: remember the ids each HashTable holds."""
+        """Model ``load_state_dict`` pre-hook: remember the ids each HashTable holds (and
+        copy the rows a hand-off still owes: the load changes rows without lookups)."""
         with self._lock:
+            self._rec.settle_all()
             for fqn, info in self._tables.items():
                 if info.dynamic and callable(getattr(info.module, "ids", None)):
                     self._reload_before[fqn] = info.module.ids()

@@ -29,12 +29,14 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at]) -> k
+ *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
  *       and, with an arena, each one's arena row; with out_at (writable int64 [m], arena
- *       None), the index of each one's arena row instead; then clears slot and bits. A set
- *       bit whose slot names no arena row is a ValueError (both left as they were).
+ *       None), the index of each one's arena row instead; then clears slot and bits. With
+ *       owed (writable int32 like slot, all 0: owed_rows.py), owed[p] = 1 + the output
+ *       index of each position p. A set bit whose slot names no arena row is a ValueError
+ *       (everything left as it was).
  *   drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k
  *       For a table whose ids are not its positions (a hash table): keys: int64 [capacity],
  *       the id held at each position; out_keys, out_pos: writable int64 [>= used];
@@ -43,6 +45,13 @@
  *       arena rows in that order; then clears their slots and bits. The work follows the
  *       `used` arena rows written, not the capacity: an LSD radix sort of (id, arena row)
  *       pairs, 11 bits a pass, passes whose digit is the same for every id skipped.
+ *   capture_owed(owed, ids, src, by_occurrence, out, row_bytes) -> k
+ *       The rows a hand-off still owes (owed_rows.py): owed: writable int32 [capacity], 0
+ *       or 1 + the row of out that position p's current row goes to; ids: int32 or int64
+ *       positions [n], each < capacity; src: rows of row_bytes, row ids[i] (the table) or
+ *       with by_occurrence row i (a lookup's output, [n]); out: writable. Each owed id has
+ *       its src row copied to out and its entry cleared; k: rows copied. Every id and owed
+ *       entry is checked before anything is written (IndexError / ValueError).
  */
 #include "../native_buffers.h"
 #include "../native_rows.h"
@@ -200,9 +209,9 @@ static void scatter_arena(uint8_t *out, const uint8_t *arena, const int64_t *des
 }
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
-    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOO|O", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
-                          &o_at))
+    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None, *o_owed = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|OO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
+                          &o_at, &o_owed))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -213,7 +222,9 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
     Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
     Py_buffer *ats = rows == BAD ? NULL : take(&bs, o_at, 1, "out_at");
-    if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD || ats == BAD)
+    Py_buffer *owed = ats == BAD ? NULL : take(&bs, o_owed, 1, "owed");
+    if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD || ats == BAD ||
+        owed == BAD)
         goto done;
     if (!slot || !bits || !out) {
         PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
@@ -235,6 +246,11 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         goto done;
     }
     int64_t *at_out = ats ? (int64_t *)ats->buf : NULL;
+    if (owed != NULL && (check_item(owed, 4, "i", "owed") < 0 || owed->len != slot->len)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "owed: int32, one per position like slot");
+        goto done;
+    }
     if (arena != NULL) {
         rb = m_out ? rows->len / m_out : 0;
         if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb ||
@@ -280,6 +296,9 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         scatter_arena((uint8_t *)rows->buf, (const uint8_t *)arena->buf, dest, m_out, rb);
     for (Py_ssize_t i = 0; i < j; i++)
         s[o[i]] = 0;
+    if (owed != NULL) /* after every entry proved valid */
+        for (Py_ssize_t i = 0; i < j; i++)
+            ((int32_t *)owed->buf)[o[i]] = (int32_t)(i + 1);
     memset(bt, 0, (size_t)nb);
     ret = PyLong_FromSsize_t(j);
 done:
@@ -491,6 +510,81 @@ done:
     return ret;
 }
 
+static PyObject *capture_owed(PyObject *self, PyObject *args) {
+    PyObject *o_owed, *o_ids, *o_src, *o_out;
+    int by_occurrence;
+    Py_ssize_t rb;
+    if (!PyArg_ParseTuple(args, "OOOpOn", &o_owed, &o_ids, &o_src, &by_occurrence, &o_out,
+                          &rb))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *owed = take(&bs, o_owed, 1, "owed");
+    Py_buffer *ids = owed == BAD ? NULL : take(&bs, o_ids, 0, "ids");
+    Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
+    Py_buffer *out = src == BAD ? NULL : take(&bs, o_out, 1, "out");
+    if (owed == BAD || ids == BAD || src == BAD || out == BAD)
+        goto done;
+    if (!owed || !ids || !src || !out) {
+        PyErr_SetString(PyExc_TypeError, "owed, ids, src and out are required");
+        goto done;
+    }
+    int wide = ids->itemsize == 8;
+    if (check_item(owed, 4, "i", "owed") < 0 ||
+        check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
+        goto done;
+    Py_ssize_t cap = owed->len / 4, n = ids->len / ids->itemsize;
+    if (rb <= 0 || src->len % rb || out->len % rb ||
+        src->len / rb < (by_occurrence ? n : 0)) {
+        PyErr_Format(PyExc_ValueError, "src (%zd bytes) and out (%zd bytes) are not rows of "
+                     "%zd bytes%s", src->len, out->len, rb,
+                     by_occurrence ? ", one src row per id" : "");
+        goto done;
+    }
+    Py_ssize_t src_rows = src->len / rb, rows = out->len / rb;
+    uint64_t lim = (uint64_t)(by_occurrence || src_rows > cap ? cap : src_rows);
+    Py_ssize_t bad = first_out_of_range(ids->buf, wide, n, lim);
+    if (bad >= 0) {
+        long long id = wide ? ((const int64_t *)ids->buf)[bad] : ((const int32_t *)ids->buf)[bad];
+        PyErr_Format(PyExc_IndexError, "ids: position %lld (at %zd) is outside [0, %lld)", id,
+                     bad, (long long)lim);
+        goto done;
+    }
+    int32_t *o = (int32_t *)owed->buf;
+#define ID_AT(i) (wide ? ((const int64_t *)ids->buf)[i] : (int64_t)((const int32_t *)ids->buf)[i])
+    for (Py_ssize_t i = 0; i < n; i++) { /* the owed entries, checked before any write */
+        if (i + MARK_AHEAD < n)
+            PREFETCH(o + ID_AT(i + MARK_AHEAD));
+        int64_t r = (int64_t)o[ID_AT(i)] - 1;
+        if (r >= rows) {
+            PyErr_Format(PyExc_ValueError, "owed: position %lld names row %lld of a %zd-row "
+                         "out", (long long)ID_AT(i), (long long)r, rows);
+            goto done;
+        }
+    }
+    uint8_t *dst = (uint8_t *)out->buf;
+    const uint8_t *from = (const uint8_t *)src->buf;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) { /* the owed entries are cached by the check above */
+            const uint8_t *ahead = from + (uint64_t)(by_occurrence ? i + AHEAD : ID_AT(i + AHEAD)) * rb;
+            PREFETCH(ahead);
+            PREFETCH(ahead + rb - 1);
+        }
+        int64_t p = ID_AT(i), r = (int64_t)o[p] - 1;
+        if (r < 0)
+            continue;
+        copy_row(dst + (uint64_t)r * rb, from + (uint64_t)(by_occurrence ? i : p) * rb, rb);
+        o[p] = 0;
+        k++;
+    }
+#undef ID_AT
+    ret = PyLong_FromSsize_t(k);
+done:
+    release(&bs);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"mark_fresh", mark_fresh, METH_VARARGS,
      "mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used: "
@@ -501,6 +595,8 @@ static PyMethodDef methods[] = {
      "ascending"},
     {"gather_rows", gather_rows, METH_VARARGS,
      "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},
+    {"capture_owed", capture_owed, METH_VARARGS,
+     "capture_owed(owed, ids, src, by_occurrence, out, row_bytes) -> k: copy owed rows"},
     {"drain_by_key", drain_by_key, METH_VARARGS,
      "drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k: "
      "marked positions by ascending key"},

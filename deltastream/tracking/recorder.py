@@ -277,17 +277,36 @@ class Recorder:
         ids, states = p.drain(self.row_maps[fqn], want_states)
         self.touched.append_unique(self.idx, fqn, ids, states)
 
-    def drain_unordered(self, fqn: str) -> Optional[tuple[torch.Tensor, ...]]:
+    def drain_unordered(self, fqn: str, storage: Optional[torch.Tensor] = None
+                        ) -> Optional[tuple[torch.Tensor, ...]]:
         """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
-        :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena)``, nothing
-        sorted, copied or stored. None (nothing done: :meth:`flush` then stores them)
+        :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current)``
+        (``current`` owed from ``storage``, or None), nothing sorted, copied or stored. None (nothing done: :meth:`flush` then stores them)
         unless FIRST rows are kept whole for this table, none of its rows is in the store
         yet and the C code kept this interval's rows."""
         p = self.pending.get(fqn)
         if not isinstance(p, UniqueLookups) or not self.with_states or p.stateless \
                 or self.touched.is_degraded(fqn) or self.touched.num_records(fqn):
             return None
-        return p.drain_unordered(self.row_maps[fqn])
+        return p.drain_unordered(self.row_maps[fqn], storage)
+
+    def capture(self, max_positions: Optional[int]) -> bool:
+        """Copy owed current rows (:meth:`FreshRows.capture`), walking at most
+        ``max_positions`` drained positions in all (None: every one); True when no table
+        owes rows any more."""
+        owing = [p.fresh for p in self.pending.values()
+                 if isinstance(p, UniqueLookups) and p.fresh.owes]
+        for f in owing:
+            if max_positions is not None and max_positions <= 0:
+                break
+            walked = f.capture(max_positions)
+            if max_positions is not None:
+                max_positions -= walked
+        return not any(f.owes for f in owing)
+
+    def settle_all(self) -> None:
+        """Copy every owed current row (before a change the lookups do not see)."""
+        self.capture(None)
 
     def drained_positions(self, fqn: str, ids: torch.Tensor) -> Optional[torch.Tensor]:
         """The storage positions of ``ids`` (int64, aligned) when ``ids`` is the very
@@ -335,6 +354,7 @@ class Recorder:
         info = self.tables[fqn]
         if info.path == SCAN:
             return
+        self.settle_all()  # rows a hand-off owes: a step the lookups do not see comes next
         self.flush(fqn)  # its lookups so far, with their FIRST states
         self.pending.pop(fqn, None)
         self.row_maps.pop(fqn, None)

@@ -143,7 +143,9 @@ class UnorderedRows:
     rows, ascending (valid until the table frees a row); ``arena`` ``[>= n, dim]`` FIRST
     rows, row ``at[i]`` (int64 ``[n]``) that of ``ids[i]``; ``tombstones`` / ``news``
     int64 ascending ids evicted / inserted in the interval (``dynamic`` tables report
-    ``new``)."""
+    ``new``); ``current`` ``[n, dim]`` (aligned with ``ids``) receives their current rows
+    as the tracker captures them (``DeltaTracker.capture_rows``), or None (not asked
+    for)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
@@ -152,6 +154,7 @@ class UnorderedRows:
     tombstones: torch.Tensor
     news: torch.Tensor
     dynamic: bool
+    current: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return int(self.ids.numel())

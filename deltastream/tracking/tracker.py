@@ -62,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, Union
 
 import torch
@@ -211,6 +211,14 @@ class DeltaTracker:
         with self._lock:
             return self._rec.drained_positions(fqn, ids)
 
+    def capture_rows(self, max_positions: Optional[int] = None) -> bool:
+        """Copy current rows an ``owe``-ing :meth:`get_delta_unordered` still owes,
+        walking at most ``max_positions`` of its positions in all (None: every one); True
+        when nothing is owed any more (every ``current`` it returned is complete). Call at
+        a step boundary: O(max_positions)."""
+        with self._lock:
+            return self._rec.capture(max_positions)
+
     def step(self) -> None:
         """Mark the end of a training step (compacts the unread interval if auto_compact)."""
         with self._lock:
@@ -242,20 +250,28 @@ class DeltaTracker:
         with self._lock:
             return self._read(self._resolve(consumer), {})
 
-    def get_delta_unordered(self, consumer: Optional[str] = None
+    def get_delta_unordered(self, consumer: Optional[str] = None,
+                            owe: Optional[Mapping[str, torch.Tensor]] = None
                             ) -> dict[str, DeltaRows | UnorderedRows]:
         """:meth:`get_delta` for a reader that sorts elsewhere (a publisher's worker): a CPU
         table whose lookups the C code kept comes as :class:`UnorderedRows` — ids in
         storage order, the FIRST rows handed over without a copy, ``finish()`` gives the
         ``DeltaRows`` — when ``consumer`` is the only consumer, records are deleted on read
         and it retains nothing of that table; every other table as :meth:`get_delta`.
-        The work left here is O(rows changed) with no sort."""
+        The work left here is O(rows changed) with no sort.
+
+        ``owe``: ``{fqn: the table's [capacity, dim] rows}``: those tables' rows also carry
+        ``current``, their values now, copied later — at their next lookup, by
+        :meth:`capture_rows`, or before anything else changes a row
+        (:mod:`.owed_rows`); read ``current`` once :meth:`capture_rows` returned True."""
         with self._lock:
             c = self._resolve(consumer)
             raw: dict[str, tuple] = {}
+            owe = owe or {}
             if len(self._cursor) == 1 and self._delete_on_read:
                 for fqn in self._rec.pending:
-                    got = None if fqn in self._carry[c] else self._rec.drain_unordered(fqn)
+                    got = None if fqn in self._carry[c] \
+                        else self._rec.drain_unordered(fqn, owe.get(fqn))
                     if got is not None:
                         raw[fqn] = got
             return self._read(c, raw)
@@ -278,8 +294,9 @@ class DeltaTracker:
         out: dict[str, DeltaRows | UnorderedRows] = {}
         for fqn, info in self._tables.items():
             if fqn in raw:
-                out[fqn] = UnorderedRows(*raw[fqn], tombs[fqn].ids, news[fqn].ids,
-                                         info.dynamic)
+                ids, pos, at, arena, current = raw[fqn]
+                out[fqn] = UnorderedRows(ids, pos, at, arena, tombs[fqn].ids, news[fqn].ids,
+                                         info.dynamic, current)
             else:
                 out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
                                           carry.get(fqn), info.dynamic)

@@ -210,3 +210,45 @@ def test_the_worker_share_never_waits_past_a_full_bucket():
     assert c.rounds_after_tick(3, 1.0 + 50.0) == 2  # full: the hand-off goes
     assert c.rounds_after_tick(4, 1.0 + 60.0) == 2
     c.close_and_check(5)
+
+
+def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(monkeypatch):
+    """Each hand-off's current rows are owed and copied a few per tick (a tiny
+    ``CAPTURE_BYTES``) while training goes on, ids are evicted (zeroed) and re-inserted
+    meanwhile: every value that reaches the predictor is one the table held at a step
+    boundary (no torn row), and after the flush the predictor holds exactly the table."""
+    from deltastream.publishing import budget
+
+    dim, n = 8, 1500
+    monkeypatch.setattr(budget, "CAPTURE_BYTES", 40 * dim * 4)  # 40 positions a tick
+    table = HashTable(dim, name="emb", capacity=4 * n)
+    table.insert(torch.arange(n), torch.zeros(n, dim))
+    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
+    serving = {"emb": ServingTable("emb", dim)}
+    serving["emb"].upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
+    sink = SlowSink(serving, delay=0.0)
+    bp = BudgetPublisher(tracker, sink, "p",
+                         BudgetPolicy(bytes_per_step=30_000, max_worker_share=None))
+    g = torch.Generator().manual_seed(4)
+    for step in range(1, 401):
+        ids = torch.randint(0, n, (150,), generator=g).unique()
+        with torch.no_grad():
+            rows = table(ids)
+            table.insert(ids, rows + torch.rand(len(ids), 1, generator=g).expand(-1, dim))
+        if step % 37 == 0:  # evicted while their rows may be owed, then back (a lookup)
+            gone = torch.randint(0, n, (20,), generator=g).unique()
+            table.evict(gone)
+            with torch.no_grad():
+                table(gone)
+                table.insert(gone, torch.full((len(gone), dim), float(step)))
+        tracker.step()
+        bp.tick(step)
+        time.sleep(0.001)
+    st = bp.stats()
+    assert st["capture_ticks"] > 100  # hand-offs did span ticks
+    bp.flush(401)
+    bp.close()
+    held = table.lookup(torch.arange(n)).numpy()
+    assert np.array_equal(serving["emb"].lookup(np.arange(n)), held)
+    assert sink.torn == 0 and sink.nonfinite == 0

@@ -309,7 +309,8 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
         assert torch.equal(ids, torch.unique(torch.cat(lookups)))
         assert torch.equal(rows, w0[ids])
         return
-    pos, at, arena = got
+    pos, at, arena, current = got
+    assert current is None  # not owed: the reader gathers the rows
     assert torch.equal(pos, torch.unique(torch.cat(lookups)))
     assert sorted(at.tolist()) == list(range(pos.numel()))  # one arena row each
     assert torch.equal(arena[at], w0[pos])  # bit for bit
@@ -317,6 +318,6 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
     kept = arena.clone()
     f.add(torch.tensor([7, 3]), weight)  # the next interval: a new arena
     assert torch.equal(arena, kept)
-    pos2, at2, arena2 = f.take_unordered()
+    pos2, at2, arena2, _ = f.take_unordered()
     assert pos2.tolist() == [3, 7] and torch.equal(arena2[at2], weight[[3, 7]])
     assert f.take_unordered() is None  # nothing marked since

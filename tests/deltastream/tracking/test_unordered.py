@@ -100,3 +100,41 @@ def test_the_unsorted_form_steps_aside_where_it_cannot_hold():
     t.step([8], [1], [tr])
     d = tr.get_delta_unordered("p")["user"]
     assert isinstance(d, DeltaRows) and d.ids.tolist() == [3, 4, 8]
+
+
+def test_owed_rows_are_the_rows_at_the_read_across_evictions_reloads_and_training():
+    """``get_delta_unordered(owe=...)``: each read's ``current`` (complete once
+    ``capture_rows`` says so) equals the table's rows at the read, bit for bit, although
+    training went on — lookups that moved owed rows, an eviction that zeroes owed rows
+    (they are copied before), a reload through the model (copied before it), slices of a
+    few positions per step."""
+    t = Trainer(seed=5, sparse_opt=SparseAdam)
+    tr = DeltaTracker(t.net, consumers=["p"], mode=EMB)
+    user = t.net.user
+    g = torch.Generator().manual_seed(12)
+
+    def steps(n: int, interval: int) -> None:
+        for _ in range(n):
+            u = (torch.rand(80, generator=g) ** 2 * (60 + 40 * interval)).long() * 7919 + 3
+            t.step(u, torch.randint(0, 64, (20,), generator=g), [tr])
+
+    deferred = 0
+    for interval in range(6):
+        steps(3, interval)
+        d = tr.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
+        if not isinstance(d, UnorderedRows):
+            continue
+        at_read = user.lookup(d.ids).clone()
+        assert d.current is not None and not tr.capture_rows(0)
+        deferred += 1
+        if interval == 2:  # zeroes rows the read still owes: copied before
+            user.evict(d.ids[:5])
+        if interval == 4:  # a reload through the model rewrites every row: copied before
+            t.net.load_state_dict({k: v.clone() * 2 if k.startswith("user") and
+                                   v.is_floating_point() else v
+                                   for k, v in t.net.state_dict().items()})
+        while not tr.capture_rows(7):
+            steps(1, interval)
+        assert torch.equal(d.current, at_read)
+    assert deferred >= 4
+    tr.close()
