@@ -281,9 +281,10 @@ class Recorder:
                         ) -> Optional[tuple[torch.Tensor, ...]]:
         """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
         :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current)``
-        (``current`` owed from ``storage``, or None), nothing sorted, copied or stored. None (nothing done: :meth:`flush` then stores them)
-        unless FIRST rows are kept whole for this table, none of its rows is in the store
-        yet and the C code kept this interval's rows."""
+        (``current`` owed from ``storage``, or None), nothing sorted, copied or stored.
+        None (nothing done: :meth:`flush` then stores them) unless FIRST rows are kept
+        whole for this table, none of its rows is in the store yet and the C code kept this
+        interval's rows."""
         p = self.pending.get(fqn)
         if not isinstance(p, UniqueLookups) or not self.with_states or p.stateless \
                 or self.touched.is_degraded(fqn) or self.touched.num_records(fqn):
