@@ -6,6 +6,7 @@
  *   Py_buffer *x = take(&bs, obj, writable, "x");   NULL for None, BAD on error (set)
  *   if (check_item(x, 8, "ql", "x") < 0) ...        itemsize and format code
  *   if (check_at(at, rows, "at") < 0) ...           an int64 row index, each in [0, rows)
+ *   if (check_ids(ids, wide, n, cap, "ids", ": position", "") < 0) ...   ids in [0, cap)
  *   release(&bs);
  */
 #ifndef DELTASTREAM_NATIVE_BUFFERS_H
@@ -110,6 +111,19 @@ static inline Py_ssize_t first_out_of_range(const void *ids, int wide, Py_ssize_
     return -1;
 }
 
+/* n ids (int64 when wide, else int32) all in [0, capacity); else -1 with an IndexError
+ * naming the first bad one: "<what><noun> <id> (at <i>) is outside <where>[0, capacity)". */
+static inline int check_ids(const void *ids, int wide, Py_ssize_t n, uint64_t capacity,
+                            const char *what, const char *noun, const char *where) {
+    Py_ssize_t bad = first_out_of_range(ids, wide, n, capacity);
+    if (bad < 0)
+        return 0;
+    long long id = wide ? ((const int64_t *)ids)[bad] : ((const int32_t *)ids)[bad];
+    PyErr_Format(PyExc_IndexError, "%s%s %lld (at %zd) is outside %s[0, %llu)", what, noun, id,
+                 bad, where, (unsigned long long)capacity);
+    return -1;
+}
+
 /* A row index array (int64; NULL for None passes) whose entries all lie in [0, rows); else
  * -1 with a ValueError (element type) or an IndexError naming it and the first bad entry. */
 static inline int check_at(const Py_buffer *at, Py_ssize_t rows, const char *what) {
@@ -117,14 +131,7 @@ static inline int check_at(const Py_buffer *at, Py_ssize_t rows, const char *wha
         return 0;
     if (check_item(at, 8, "ql", what) < 0)
         return -1;
-    const int64_t *q = (const int64_t *)at->buf;
-    Py_ssize_t bad = first_out_of_range(q, 1, at->len / 8, (uint64_t)rows);
-    if (bad >= 0) {
-        PyErr_Format(PyExc_IndexError, "%s: row %lld (at %zd) is outside [0, %zd)", what,
-                     (long long)q[bad], bad, rows);
-        return -1;
-    }
-    return 0;
+    return check_ids(at->buf, 1, at->len / 8, (uint64_t)rows, what, ": row", "");
 }
 
 #endif

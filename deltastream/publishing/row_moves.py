@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from deltastream.native_ext import NativeExtension
-from deltastream.tracking.fresh_rows import as_bytes
+from deltastream.tensor_views import as_bytes, numpy_view
 
 __all__ = ["move_rows", "use_native"]
 
@@ -31,7 +31,8 @@ def move_rows(dst: torch.Tensor, dst_at: Optional[torch.Tensor], src: torch.Tens
 
     ``dst`` ``[rows, dim]`` (written in place), ``src`` ``[rows', dim]``; ``dst_at`` /
     ``src_at`` int64 ``[n]``, each in its tensor's rows (``IndexError`` otherwise);
-    ``dst_at`` unique; a tensor without an index has exactly ``n`` rows. ``src`` is converted to ``dst``'s dtype when they differ.
+    ``dst_at`` unique; a tensor without an index has exactly ``n`` rows. ``src`` is
+    converted to ``dst``'s dtype when they differ.
     """
     if dst_at is None and src_at is None:
         raise ValueError("move_rows needs dst_at or src_at")
@@ -39,8 +40,8 @@ def move_rows(dst: torch.Tensor, dst_at: Optional[torch.Tensor], src: torch.Tens
     if n == 0:
         return
     if _native_fits(dst, dst_at, src, src_at):
-        _NATIVE.module.move_rows(as_bytes(dst), _index(dst_at), as_bytes(src),
-                                 _index(src_at), dst.shape[1] * dst.element_size())
+        _NATIVE.module.move_rows(as_bytes(dst), numpy_view(dst_at), as_bytes(src),
+                                 numpy_view(src_at), dst.shape[1] * dst.element_size())
         return
     rows = src if src_at is None else src.index_select(0, src_at)
     rows = rows.to(dst.dtype)
@@ -58,7 +59,3 @@ def _native_fits(dst: torch.Tensor, dst_at: Optional[torch.Tensor], src: torch.T
             and dst.is_contiguous() and src.is_contiguous()
             and all(a is None or (a.device.type == "cpu" and a.dtype == torch.int64)
                     for a in (dst_at, src_at)))
-
-
-def _index(t: Optional[torch.Tensor]) -> object:
-    return None if t is None else t.contiguous().numpy()

@@ -26,6 +26,7 @@ import torch
 
 from deltastream.native_ext import NativeExtension
 from deltastream.publishing.table_rows import read_rows, row_reader
+from deltastream.tensor_views import numpy_view
 from deltastream.types import DeltaRows
 
 __all__ = ["RowErrors", "row_errors", "serving_errors", "TableScale", "use_native"]
@@ -183,14 +184,11 @@ def _native_row_errors(current: torch.Tensor, served: torch.Tensor,
     error = torch.empty(n, dtype=torch.float64)
     norm = torch.empty(n, dtype=torch.float64)
     finite = torch.empty(n, dtype=torch.bool)
-
-    def arr(t: Optional[torch.Tensor]) -> Any:
-        return None if t is None else t.detach().contiguous().numpy()
-
     _NATIVE.module.row_errors(
-        arr(current), arr(served), None if zero is None else arr(zero.to(torch.bool)), dim,
+        numpy_view(current), numpy_view(served),
+        None if zero is None else numpy_view(zero.to(torch.bool)), dim,
         error.numpy(), norm.numpy(), finite.numpy(), None if amax is None else amax.numpy(),
-        arr(current_at), arr(served_at))
+        numpy_view(current_at), numpy_view(served_at))
     return error, norm, finite
 
 

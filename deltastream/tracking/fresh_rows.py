@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from deltastream.native_ext import NativeExtension
+from deltastream.tensor_views import as_bytes
 from deltastream.tracking.owed_rows import OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
 
@@ -44,11 +45,6 @@ NATIVE_AVAILABLE = _EXT.available
 native_enabled = _EXT.enabled
 #: switch to the C code (``RuntimeError`` when it is not built) or to numpy
 use_native = _EXT.use
-
-
-def as_bytes(t: torch.Tensor) -> np.ndarray:
-    """A C-contiguous CPU tensor's memory as uint8 (any dtype, bf16 included: no copy)."""
-    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def _check_range(q: np.ndarray, capacity: int) -> None:
@@ -145,8 +141,7 @@ class FreshRows:
     def settle(self) -> None:
         """Copy every row a deferred :meth:`take_unordered` still owes (before anything
         other than a lookup may change a row or reuse a position)."""
-        if self.owed is not None and self.owed.left:
-            self.owed.capture(native if native_enabled() else None, None)
+        self.capture(None)
 
     @property
     def owes(self) -> int:
@@ -266,7 +261,7 @@ class FreshRows:
         rows = self.arena[:used]
         self.arena, self._arena_bytes = None, None
         self._drained(used)
-        current = None if storage is None else self.owed.start(pos[:k], storage, marked=True)
+        current = None if storage is None else self.owed.start(pos[:k], storage)
         return pos[:k], at[:k], rows, current
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:

@@ -162,13 +162,8 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    Py_ssize_t bad = first_out_of_range(ids->buf, wide, n, (uint64_t)cap);
-    if (bad >= 0) {
-        long long id = wide ? ((const int64_t *)ids->buf)[bad] : ((const int32_t *)ids->buf)[bad];
-        PyErr_Format(PyExc_IndexError, "lookup id %lld (at %zd) is outside the table's rows "
-                     "[0, %zd)", id, bad, cap);
+    if (check_ids(ids->buf, wide, n, (uint64_t)cap, "lookup", " id", "the table's rows ") < 0)
         goto done;
-    }
     uint8_t *a = arena ? (uint8_t *)arena->buf : NULL, *bt = (uint8_t *)bits->buf;
     int32_t *s = (int32_t *)slot->buf;
     int64_t *o = (int64_t *)order->buf;
@@ -543,13 +538,8 @@ static PyObject *capture_owed(PyObject *self, PyObject *args) {
     }
     Py_ssize_t src_rows = src->len / rb, rows = out->len / rb;
     uint64_t lim = (uint64_t)(by_occurrence || src_rows > cap ? cap : src_rows);
-    Py_ssize_t bad = first_out_of_range(ids->buf, wide, n, lim);
-    if (bad >= 0) {
-        long long id = wide ? ((const int64_t *)ids->buf)[bad] : ((const int32_t *)ids->buf)[bad];
-        PyErr_Format(PyExc_IndexError, "ids: position %lld (at %zd) is outside [0, %lld)", id,
-                     bad, (long long)lim);
+    if (check_ids(ids->buf, wide, n, lim, "ids", ": position", "") < 0)
         goto done;
-    }
     int32_t *o = (int32_t *)owed->buf;
 #define ID_AT(i) (wide ? ((const int64_t *)ids->buf)[i] : (int64_t)((const int32_t *)ids->buf)[i])
     for (Py_ssize_t i = 0; i < n; i++) { /* the owed entries, checked before any write */

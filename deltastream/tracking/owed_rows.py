@@ -27,11 +27,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deltastream.tensor_views import as_bytes
+
 __all__ = ["OwedRows"]
-
-
-def _bytes(t: torch.Tensor) -> np.ndarray:
-    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 class OwedRows:
@@ -59,21 +57,18 @@ class OwedRows:
             owed[:self.owed.size] = self.owed
             self.owed = owed
 
-    def start(self, positions: torch.Tensor, storage: torch.Tensor, marked: bool = False
-              ) -> torch.Tensor:
+    def start(self, positions: torch.Tensor, storage: torch.Tensor) -> torch.Tensor:
         """Owe the rows of ``positions`` (int64 CPU ``[n]``, unique, ascending) as they are
         in ``storage`` (the table's ``[capacity, dim]`` rows) now; returns the tensor
-        ``[n, dim]`` they are copied to (complete once :attr:`left` is 0). ``marked``: the
-        drain wrote ``owed`` already (``owed[positions[i]] = i + 1``). Any rows still owed
-        must have been captured (:meth:`capture` with no limit) first."""
+        ``[n, dim]`` they are copied to (complete once :attr:`left` is 0). The drain wrote
+        ``owed`` already (``owed[positions[i]] = i + 1``: ``drain_marked``'s ``owed``). Any
+        rows still owed must have been captured (:meth:`capture` with no limit) first."""
         assert self.left == 0, "the previous hand-off's rows are still owed"
         n = int(positions.numel())
         self.out = torch.empty((n, storage.shape[1]), dtype=storage.dtype)
-        self._out_bytes = _bytes(self.out)
+        self._out_bytes = as_bytes(self.out)
         self.storage = storage
         self.positions = positions.numpy()
-        if not marked:
-            self.owed[self.positions] = np.arange(1, n + 1, dtype=np.int32)
         self.next, self.left = 0, n
         return self.out
 
@@ -85,7 +80,7 @@ class OwedRows:
         if src is None or src.dtype != self.out.dtype or not src.is_contiguous():
             src, by_occurrence = self.storage, False  # the table's own rows, not yet updated
         if native is not None and src.is_contiguous():
-            k = native.capture_owed(self.owed, ids, _bytes(src), by_occurrence,
+            k = native.capture_owed(self.owed, ids, as_bytes(src), by_occurrence,
                                     self._out_bytes, self._row_bytes())
         else:
             k = self._capture_numpy(ids, src, by_occurrence)
@@ -101,7 +96,7 @@ class OwedRows:
         ids = self.positions[self.next:end]
         src = self.storage
         if native is not None and src.is_contiguous():
-            k = native.capture_owed(self.owed, ids, _bytes(src), False, self._out_bytes,
+            k = native.capture_owed(self.owed, ids, as_bytes(src), False, self._out_bytes,
                                     self._row_bytes())
         else:
             k = self._capture_numpy(ids, src, False)
