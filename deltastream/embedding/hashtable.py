@@ -161,6 +161,7 @@ class HashTable(TableHooks, torch.nn.Module):
         self._insert_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._evict_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._lookup_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._write_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._row_listeners: list[weakref.ref] = []
 
     # ------------------------------------------------------------------ small helpers
@@ -241,13 +242,14 @@ class HashTable(TableHooks, torch.nn.Module):
         self._hw += fresh
         return torch.cat([reuse, new]) if k else new
 
-    def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Insert absent, unique ``ids`` with ``rows``."""
+    def _insert_new(self, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Insert absent, unique ``ids`` with ``rows``; returns their positions."""
         n = ids.numel()
         self._index.reserve(n, self._live_entries)  # before the new positions are marked live
         pos = self._alloc(n)
         self._index.insert(ids, pos)
         self._store_new(ids, pos, rows)
+        return pos
 
     def _store_new(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> None:
         """Fill the rows of ids just added to the index at positions ``pos``."""
@@ -345,7 +347,8 @@ class HashTable(TableHooks, torch.nn.Module):
 
         Ids already present are overwritten in place (their optimizer state is kept); for
         an id repeated in the batch the last row wins. Insert hooks fire once with the ids
-        that were not present before (if any).
+        that were not present before (if any); write hooks fire before the overwrite and
+        after the new rows are stored (:meth:`register_write_hook`).
         """
         ids = self._as_ids(ids)
         if ids.dim() != 1:
@@ -368,12 +371,15 @@ class HashTable(TableHooks, torch.nn.Module):
         present = pos >= 0
         have = present.nonzero().squeeze(1)
         if have.numel():
-            self._weight.index_copy_(0, pos.index_select(0, have), rows.index_select(0, have))
+            at = pos.index_select(0, have)
+            self._fire_writes(at)  # before the write: a listener reads the rows it replaces
+            self._weight.index_copy_(0, at, rows.index_select(0, have))
         absent = (~present).nonzero().squeeze(1)
         if absent.numel():
             new_ids = uniq.index_select(0, absent)
-            self._insert_new(new_ids, rows.index_select(0, absent))
+            at = self._insert_new(new_ids, rows.index_select(0, absent))
             self._fire(self._insert_hooks, new_ids)
+            self._fire_writes(at)
 
     @torch.no_grad()
     def evict(self, ids: torch.Tensor) -> int:

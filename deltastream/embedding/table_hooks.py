@@ -1,5 +1,5 @@
-"""The hooks of a :class:`~deltastream.embedding.hashtable.HashTable`: insert, evict and
-lookup hooks (with removable handles) and weakly held row listeners.
+"""The hooks of a :class:`~deltastream.embedding.hashtable.HashTable`: insert, evict, lookup
+and write hooks (with removable handles) and weakly held row listeners.
 
 A mixin of the table: the table owns the hook dicts and the listener list (made in its
 ``__init__``) and fires them (:meth:`TableHooks._fire`, :meth:`TableHooks._notify_rows`);
@@ -30,11 +30,13 @@ def _add_hook(hooks: OrderedDict, fn: Callable) -> RemovableHandle:
 
 class TableHooks:
     """Hook registration and firing of a table (``_insert_hooks``, ``_evict_hooks``,
-    ``_lookup_hooks``: ordered dicts; ``_row_listeners``: weak references)."""
+    ``_lookup_hooks``, ``_write_hooks``: ordered dicts; ``_row_listeners``: weak
+    references)."""
 
     _insert_hooks: OrderedDict
     _evict_hooks: OrderedDict
     _row_listeners: list
+    _weight: torch.Tensor
 
     def register_insert_hook(self, fn: Callable[[Any, torch.Tensor], None]
                              ) -> RemovableHandle:
@@ -66,6 +68,22 @@ class TableHooks:
         with ``.remove()``.
         """
         return _add_hook(self.__dict__.setdefault("_lookup_hooks", OrderedDict()), fn)
+
+    def register_write_hook(
+            self, fn: Callable[[Any, torch.Tensor, torch.Tensor], None]) -> RemovableHandle:
+        """Call ``fn(table, positions, rows)`` when :meth:`insert` writes rows (a write
+        without a lookup): before it overwrites rows the table holds, with their values
+        before the write, and after it stores new ids, with the values stored. ``positions``
+        int64 ``[k]``, ``rows`` ``[k, dim]`` (a gather: the hook may keep it), k > 0, in
+        training and eval mode alike. Returns a handle with ``.remove()``."""
+        return _add_hook(self.__dict__.setdefault("_write_hooks", OrderedDict()), fn)
+
+    def _fire_writes(self, positions: torch.Tensor) -> None:
+        hooks = self.__dict__.get("_write_hooks")  # absent on tables pickled before
+        if hooks:
+            rows = self._weight.index_select(0, positions)
+            for fn in list(hooks.values()):
+                fn(self, positions, rows)
 
     def _fire(self, hooks: OrderedDict, ids: torch.Tensor) -> None:
         for fn in list(hooks.values()):

@@ -104,7 +104,8 @@ def is_dynamic(mod: torch.nn.Module) -> bool:
 
 def is_positional(mod: torch.nn.Module) -> bool:
     """A table whose lookups report row positions (``register_lookup_hook``), which maps
-    positions to ids (``ids_at``) and tells when rows are freed (``register_row_listener``)."""
+    positions to ids (``ids_at``) and tells when rows are freed (``register_row_listener``);
+    one that writes rows outside lookups reports them too (``register_write_hook``)."""
     return all(callable(getattr(mod, a, None)) for a in
                ("register_lookup_hook", "ids_at", "register_row_listener")) \
         and isinstance(getattr(mod, "capacity", None), int)

@@ -84,6 +84,9 @@ class ModelHooks:
         if info.positional:
             self._handles.append(mod.register_lookup_hook(eager(
                 lambda m, pos, rows: self._on_positions(fqn, m, pos, rows))))
+            if callable(getattr(mod, "register_write_hook", None)):  # HashTable.insert
+                self._handles.append(mod.register_write_hook(eager(
+                    lambda m, pos, rows: self._on_write(fqn, pos, rows))))
             cb = eager(lambda table, positions: self._flush(fqn))
             self._row_listeners.append(cb)  # the table holds it weakly
             mod.register_row_listener(cb)
@@ -146,6 +149,13 @@ class ModelHooks:
         if positions is None or not module.training:
             self._rec.counts["lookups_eval_skipped"] += 1
             return
+        with self._lock:
+            self._rec.record_positions(fqn, positions, rows)
+
+    def _on_write(self, fqn: str, positions: torch.Tensor, rows: torch.Tensor) -> None:
+        # HashTable.insert changed rows without a lookup: recorded as a lookup of them (rows
+        # before the write: their FIRST state), in eval mode and paused alike, since a
+        # pause skips lookups, not changes
         with self._lock:
             self._rec.record_positions(fqn, positions, rows)
 

@@ -342,6 +342,23 @@ def test_hooks_remove(dev):
     assert a == [(t, [1, 3])] and b == [[1]]
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_write_hooks_see_rows_before_an_overwrite_and_after_an_insert(dev, training):
+    t = HashTable(2, name="t", device=dev)
+    t.insert(torch.tensor([5]), torch.full((1, 2), 5.0))
+    t.train(training)
+    seen = []
+    h = t.register_write_hook(
+        lambda tab, pos, rows: seen.append((tab.ids_at(pos).tolist(), rows.tolist())))
+    t.insert(torch.tensor([5, 6, 5]), torch.tensor([[1.0, 1], [6, 6], [7, 7]]))
+    assert seen == [([5], [[5.0, 5.0]]), ([6], [[6.0, 6.0]])]  # old 5 (last wins), new 6
+    assert t.lookup(torch.tensor([5])).tolist() == [[7.0, 7.0]]
+    t(torch.tensor([5, 9]))  # lookups and their inserts are not writes
+    h.remove()
+    t.insert(torch.tensor([6]), torch.zeros(1, 2))
+    assert len(seen) == 2
+
+
 def test_dtype_and_to_conversion():
     t = HashTable(2, name="t", dtype=torch.bfloat16)
     out = t(torch.tensor([1, 2]))

@@ -96,8 +96,11 @@ def _apply(model: torch.nn.ModuleDict, tracker: DeltaTracker, step: dict) -> Non
                 rows = t(live)  # a recorded lookup, then the "optimizer" moves the rows
                 move = torch.from_numpy(moves[:live.numel()]).float()
                 t.insert(live, rows + move)
-            if fresh.size:
-                t.insert(torch.from_numpy(fresh), torch.from_numpy(values).float())
+            if fresh.size:  # inserted, then moved by a write without a lookup: reported
+                # with the inserted row as FIRST, a drift of its own (no ties to break)
+                value = torch.from_numpy(values).float()
+                t.insert(torch.from_numpy(fresh), value)
+                t.insert(torch.from_numpy(fresh), 2 * value)
             t.evict(torch.from_numpy(evict))
     tracker.step()
 

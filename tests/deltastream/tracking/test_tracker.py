@@ -616,8 +616,11 @@ def test_evicted_position_reused_by_new_id_is_not_a_stale_touch(mode):
     table.insert(torch.tensor([99]), torch.ones(1, DIM))  # reuses the freed position
     assert int(table.positions(torch.tensor([99]))[0]) == pos10
     a = t.get_delta("A")["t"]
-    assert a.ids.tolist() == [11, 12] and a.tombstones.tolist() == [10]
-    assert a.new.tolist() == [True, True]  # inserted since the tracker started
+    # 99 is reported for its own write (the insert), not for 10's touch of the position
+    assert a.ids.tolist() == [11, 12, 99] and a.tombstones.tolist() == [10]
+    assert a.new.tolist() == [True, True, True]  # inserted since the tracker started
+    if mode is EMB:
+        assert torch.equal(a.states[2], torch.ones(DIM))
     # re-inserted and looked up again: a live row with its fresh state
     table(torch.tensor([10, 99]))
     b = t.get_delta("B")["t"]
@@ -627,6 +630,36 @@ def test_evicted_position_reused_by_new_id_is_not_a_stale_touch(mode):
         assert torch.equal(b.states[0], table.lookup(torch.tensor([10]))[0])
     a = t.get_delta("A")["t"]
     assert a.ids.tolist() == [10, 99] and a.new.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("mode", [IDS, EMB])
+@pytest.mark.parametrize("training", [True, False])
+def test_rows_insert_writes_without_a_lookup_are_reported(mode, training):
+    """``HashTable.insert`` changes rows without a lookup: a new id, an overwritten one and
+    one evicted and inserted again in the same interval are all reported rows, with their
+    state before the write as FIRST (a new row's is its inserted value). Before, the
+    re-inserted id was read as a tombstone: predictors dropped a row the trainer held."""
+    table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=2), capacity=16)
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=mode, consumers=["A"])
+    table(torch.tensor([1, 2, 3]))
+    t.get_delta("A")
+    before = table.lookup(torch.tensor([2])).clone()
+    table.train(training)
+    table.evict(torch.tensor([3]))
+    table.insert(torch.tensor([2, 3, 9]), torch.stack([torch.full((DIM,), float(v))
+                                                        for v in (2, 3, 9)]))
+    d = t.get_delta("A")["t"]
+    assert d.ids.tolist() == [2, 3, 9] and d.tombstones.numel() == 0
+    assert d.new.tolist() == [False, True, True]
+    if mode is EMB:
+        assert torch.equal(d.states[0], before[0])  # FIRST: the row before the write
+        assert torch.equal(d.states[1], torch.full((DIM,), 3.0))
+        assert torch.equal(d.states[2], torch.full((DIM,), 9.0))
+    table.insert(torch.tensor([9]), torch.zeros(1, DIM))  # an overwrite alone
+    d = t.get_delta("A")["t"]
+    assert d.ids.tolist() == [9] and d.new.tolist() == [False]
+    if mode is EMB:
+        assert torch.equal(d.states[0], torch.full((DIM,), 9.0))
 
 
 def test_table_clear_and_growth_keep_positional_marks_right():

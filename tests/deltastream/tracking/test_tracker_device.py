@@ -33,7 +33,7 @@ class FakeTable(torch.nn.Module):
         super().__init__()
         self.embedding_dim, self.capacity = DIM, capacity
         self.device, self.dtype = torch.device(device), torch.float32
-        self._hooks = {k: OrderedDict() for k in ("lookup", "insert", "evict")}
+        self._hooks = {k: OrderedDict() for k in ("lookup", "insert", "evict", "write")}
         self._listeners = []
 
     def _register(self, kind, fn):
@@ -50,6 +50,9 @@ class FakeTable(torch.nn.Module):
     def register_evict_hook(self, fn):
         return self._register("evict", fn)
 
+    def register_write_hook(self, fn):
+        return self._register("write", fn)
+
     def register_row_listener(self, cb):
         self._listeners.append(cb)
 
@@ -64,9 +67,13 @@ class FakeTable(torch.nn.Module):
         return rows
 
     def inserted(self, n: int) -> None:
+        """``insert`` of ``n`` new ids: insert hooks, then write hooks (their rows)."""
         ids = torch.zeros(n, dtype=torch.int64, device=self.device)
         for fn in list(self._hooks["insert"].values()):
             fn(self, ids)
+        rows = torch.zeros(n, DIM, device=self.device)
+        for fn in list(self._hooks["write"].values()):
+            fn(self, ids, rows)
 
 
 class Model(torch.nn.Module):
@@ -110,7 +117,8 @@ def test_meta_tensors_raise_on_every_syncing_op():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("bound", [None, 10**9], ids=["unbounded", "under-bound"])
 def test_training_hooks_need_no_value_from_the_device(mode, bound):
-    """Lookups, inserts, scan marks and steps on meta tensors: any sync would raise."""
+    """Lookups, inserts (and their writes), scan marks and steps on meta tensors: any sync
+    would raise."""
     _hooks_run("meta", mode, bound)
 
 
