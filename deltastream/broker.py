@@ -127,6 +127,14 @@ def _kill(proc: subprocess.Popen) -> None:
             log.error("embedded broker pid %d did not exit after SIGKILL", proc.pid)
 
 
+def _remove_log(f: Any) -> None:
+    f.close()
+    try:
+        os.unlink(f.name)
+    except OSError:
+        pass
+
+
 class EmbeddedBroker:
     """A local Kafka-compatible broker on 127.0.0.1.
 
@@ -195,6 +203,9 @@ class EmbeddedBroker:
         if self._log_file is None:
             self._log_file = tempfile.NamedTemporaryFile(prefix="deltastream-broker-",
                                                          suffix=".log", delete=False)
+            # removed with this object too (garbage collected, interpreter exit), not only
+            # by close(); an owner killed by a signal leaves it behind
+            self._log_gone = weakref.finalize(self, _remove_log, self._log_file)
         cmd = [self._binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
         # A process group of its own: Ctrl-C in a terminal goes to the owner, which stops
@@ -235,11 +246,7 @@ class EmbeddedBroker:
         """Stop the broker and remove its log file."""
         self.stop()
         if self._log_file is not None:
-            self._log_file.close()
-            try:
-                os.unlink(self._log_file.name)
-            except OSError:
-                pass
+            self._log_gone()
             self._log_file = None
 
     def __enter__(self) -> EmbeddedBroker:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 import uuid
@@ -36,6 +37,20 @@ def _silence_stderr() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
+
+
+@pytest.fixture(autouse=True)
+def _cli_logging_undone():
+    """A CLI's ``main`` run in-process installs a stderr handler on the root logger
+    (``clilog.setup_logging``), bound to this test's captured stderr, which is closed after
+    the test: take it and its level away, so later tests do not log into a closed stream."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for h in list(root.handlers):
+        if getattr(h, "_deltastream", False):
+            root.removeHandler(h)
+    root.setLevel(level)
 
 
 @dataclass

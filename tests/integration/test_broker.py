@@ -68,14 +68,22 @@ def test_stop_kills_process_and_restart_reuses_port():
     b.close()
 
 
-def test_garbage_collection_kills_process():
+def test_garbage_collection_kills_process_and_removes_its_log():
     b = EmbeddedBroker().start()
-    pid = b.pid
+    pid, log_path = b.pid, b._log_file.name
+    assert os.path.exists(log_path)
     del b
     import gc
 
     gc.collect()
     assert _wait_dead(pid)
+    assert not os.path.exists(log_path)
+
+
+def _owner_env(tmp_path) -> dict:
+    """An owner process's environment: its broker log goes to ``tmp_path`` (a killed owner
+    cannot remove it)."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
@@ -90,9 +98,11 @@ def test_no_orphan_when_owner_dies(tmp_path, how):
         sys.exit(0)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, env=_owner_env(tmp_path))
     pid = int(out.stdout.split()[0])
     assert _wait_dead(pid), f"broker pid {pid} outlived its owner ({how})"
+    logs = list(tmp_path.glob("deltastream-broker-*.log"))
+    assert len(logs) == (1 if how == "sigkill" else 0)  # an exit removes the log
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch):
@@ -116,7 +126,8 @@ def test_sigterm_of_owner_kills_broker(tmp_path):
         print(b.pid, flush=True)
         time.sleep(60)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=_owner_env(tmp_path))
     pid = int(proc.stdout.readline())
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
