@@ -167,7 +167,11 @@ def table_specs(modules: Mapping[str, Any]) -> dict[str, TableSpec]:
 
 
 def _quantile(values: list[float], q: float) -> Optional[float]:
-    return float(np.quantile(np.asarray(values, dtype=np.float64), q)) if values else None
+    # one of the values, not an interpolation: an unbounded round (+inf, e.g. a new row
+    # pending under new_rows="first") next to another reads inf, where a linear
+    # interpolation would give inf - inf = NaN
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q,
+                             method="inverted_cdf")) if values else None
 
 
 class BudgetEngine:

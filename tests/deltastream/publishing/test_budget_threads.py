@@ -3,6 +3,7 @@ slow or the sink is down, nothing torn or non-finite is published, and everythin
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -28,9 +29,12 @@ class SlowSink(Loopback):
         self.gate.set()
         self.torn = self.nonfinite = self.refused = 0
         self.timed_out = False
+        self.blocked = threading.Event()  # a publish waits at the closed gate
 
     def publish(self, table, ids, rows, *, step, tombstones=None, ts=None):
         time.sleep(self.delay)
+        if not self.gate.is_set():
+            self.blocked.set()
         self.timed_out |= not self.gate.wait(30)
         if self.down.is_set():
             self.refused += 1
@@ -257,3 +261,44 @@ def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, monkeyp
     held = table.lookup(torch.arange(n)).numpy()
     assert np.array_equal(serving["emb"].lookup(np.arange(n)), held)
     assert sink.torn == 0 and sink.nonfinite == 0
+
+
+def test_unbounded_rounds_read_as_inf_in_the_bound_quantiles_never_nan():
+    """Under ``new_rows="first"`` a new row's error is +inf: one merged while a round's send
+    is blocked is pending when that round settles, so that round's bound is inf. With two
+    such rounds in the window the quantiles of ``stats`` read inf, never NaN (an
+    interpolation between inf and inf); the new rows still arrive."""
+    dim, n = 4, 50
+    table = HashTable(dim, name="emb", capacity=4 * n)
+    table.insert(torch.arange(n), torch.zeros(n, dim))
+    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
+    serving = {"emb": ServingTable("emb", dim)}
+    serving["emb"].upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
+    sink = SlowSink(serving, delay=0.0)
+    bp = BudgetPublisher(tracker, sink, "p", BudgetPolicy(bytes_per_step=10_000,
+                                                          new_rows="first"))
+    for k in range(2):
+        sink.gate.clear()  # this round's send blocks
+        sink.blocked.clear()
+        with torch.no_grad():
+            table.insert(torch.arange(10), torch.full((10, dim), float(k + 1)))
+        tracker.step()
+        bp.tick(3 * k + 1)
+        assert sink.blocked.wait(30)
+        with torch.no_grad():  # a new id, merged while the send waits
+            table.insert(torch.tensor([n + k]), torch.ones(1, dim))
+        tracker.step()
+        bp.tick(3 * k + 2)
+        deadline = time.monotonic() + 30
+        while bp.stats()["pending"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        sink.gate.set()
+        bp.drain(timeout=30)
+    bound = bp.stats()["bound"]
+    assert bound["max"] == math.inf and bound["p99"] == math.inf
+    assert not math.isnan(bound["p50"])
+    bp.flush(7)
+    bp.close()
+    assert np.array_equal(serving["emb"].lookup(np.arange(n + 2)),
+                          table.lookup(torch.arange(n + 2)).numpy())
