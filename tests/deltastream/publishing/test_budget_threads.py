@@ -45,14 +45,23 @@ class SlowSink(Loopback):
         return super().publish(table, ids, rows, step=step, tombstones=tombstones, ts=ts)
 
 
-def test_a_slow_sink_never_slows_the_loop_and_every_last_value_arrives():
-    dim, n = 16, 2000
+def _zero_table(dim: int, n: int, served: bool = True):
+    """``(table, tracker, serving)``: a HashTable "emb" holding ids 0..n-1 as zero rows,
+    tracked for consumer ``p`` in EMBEDDING mode, and a serving table holding the same
+    rows (empty with ``served=False``)."""
     table = HashTable(dim, name="emb", capacity=4 * n)
     table.insert(torch.arange(n), torch.zeros(n, dim))
-    model = torch.nn.ModuleDict({"emb": table})
-    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
     serving = {"emb": ServingTable("emb", dim)}
-    serving["emb"].upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
+    if served:
+        serving["emb"].upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
+    return table, tracker, serving
+
+
+def test_a_slow_sink_never_slows_the_loop_and_every_last_value_arrives():
+    dim, n = 16, 2000
+    table, tracker, serving = _zero_table(dim, n)
     sink = SlowSink(serving, delay=0.05)
     bp = BudgetPublisher(tracker, sink, "p", BudgetPolicy(bytes_per_step=20_000))
     g = torch.Generator().manual_seed(0)
@@ -106,11 +115,7 @@ def test_each_round_accounts_its_rows_while_hand_offs_merge_during_its_send():
     hand-offs while the sender waits for the broker (carried is counted when the round
     takes its rows, not after its send: the demo's invariant broke on a loaded machine)."""
     dim, n = 8, 3000
-    table = HashTable(dim, name="emb", capacity=4 * n)
-    table.insert(torch.arange(n), torch.zeros(n, dim))
-    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
-    serving = {"emb": ServingTable("emb", dim)}
+    table, tracker, serving = _zero_table(dim, n, served=False)
     sink = SlowSink(serving, delay=0.05)  # hand-offs arrive during every send
     rounds = []
     bp = BudgetPublisher(tracker, sink, "p", BudgetPolicy(bytes_per_step=4_000),
@@ -229,12 +234,7 @@ def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, monkeyp
 
     dim, n = 8, 1500
     monkeypatch.setattr(budget, "CAPTURE_BYTES", 40 * dim * 4)  # 40 positions a tick
-    table = HashTable(dim, name="emb", capacity=4 * n)
-    table.insert(torch.arange(n), torch.zeros(n, dim))
-    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
-    serving = {"emb": ServingTable("emb", dim)}
-    serving["emb"].upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
+    table, tracker, serving = _zero_table(dim, n)
     sink = SlowSink(serving, delay=0.0)
     bp = BudgetPublisher(tracker, sink, "p",
                          BudgetPolicy(bytes_per_step=30_000, max_worker_share=None))
@@ -269,12 +269,7 @@ def test_unbounded_rounds_read_as_inf_in_the_bound_quantiles_never_nan():
     such rounds in the window the quantiles of ``stats`` read inf, never NaN (an
     interpolation between inf and inf); the new rows still arrive."""
     dim, n = 4, 50
-    table = HashTable(dim, name="emb", capacity=4 * n)
-    table.insert(torch.arange(n), torch.zeros(n, dim))
-    tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
-    serving = {"emb": ServingTable("emb", dim)}
-    serving["emb"].upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
+    table, tracker, serving = _zero_table(dim, n)
     sink = SlowSink(serving, delay=0.0)
     bp = BudgetPublisher(tracker, sink, "p", BudgetPolicy(bytes_per_step=10_000,
                                                           new_rows="first"))
