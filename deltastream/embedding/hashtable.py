@@ -410,7 +410,17 @@ class HashTable(TableHooks, torch.nn.Module):
 
     @torch.no_grad()
     def clear(self) -> None:
-        """Remove every row (no evict hooks fire); optimizer state for the table is reset."""
+        """Remove every row; optimizer state for the table is reset. Evict hooks fire once
+        with every id held (ascending), as :meth:`evict` does: a tracker turns them into
+        tombstones, so predictors drop them too."""
+        gone = torch.sort(self.ids()).values
+        self._clear_rows()
+        if gone.numel():
+            self._fire(self._evict_hooks, gone)
+
+    def _clear_rows(self) -> None:
+        """:meth:`clear` without the evict hooks (a reload: the tracker's reload hooks
+        report the ids it removes)."""
         self._notify_rows(None)  # before the rows are zeroed: a listener may still read them
         self._occupied.zero_()
         self._weight.zero_()
@@ -513,7 +523,7 @@ class HashTable(TableHooks, torch.nn.Module):
             error_msgs.append(f"HashTable {self.name!r}: state holds repeated ids")
             return
         with torch.no_grad():
-            self.clear()
+            self._clear_rows()
             n = ids.numel()
             if n > self.capacity:
                 self._grow(n)

@@ -327,6 +327,20 @@ def test_state_dict_round_trip_nested_and_errors(dev):
             {"ids": torch.tensor([1]), "rows": torch.zeros(1, 3)})
 
 
+def test_clear_fires_the_evict_hooks_with_every_id_held_and_a_reload_does_not(dev):
+    t = HashTable(2, name="t", device=dev)
+    gone = []
+    t.register_evict_hook(lambda tab, ids: gone.append(ids.tolist()))
+    t.insert(torch.tensor([9, -4, 5]), torch.ones(3, 2))
+    t.evict(torch.tensor([5]))
+    t.clear()
+    assert gone == [[5], [-4, 9]] and len(t) == 0
+    t.clear()  # nothing held: no call
+    t.insert(torch.tensor([1]), torch.ones(1, 2))
+    t.load_state_dict({"ids": torch.tensor([2]), "rows": torch.ones(1, 2)})
+    assert gone == [[5], [-4, 9]]  # a reload is reported by the tracker's reload hooks
+
+
 def test_hooks_remove(dev):
     t = HashTable(2, name="t", device=dev)
     a, b = [], []

@@ -243,6 +243,25 @@ def test_new_rows_are_scored_against_the_zeros_predictors_serve():
     assert serving["a"].lookup(np.array([500])).tolist() == [[3.0] * 4]
 
 
+def test_a_cleared_table_is_cleared_at_the_predictors_too():
+    """``HashTable.clear`` drops every row: predictors drop them as well (tombstones), and
+    serve only what the trainer holds afterwards (before, they kept every cleared row)."""
+    model, tracker, serving, pub = setup({"a": 4})
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=10_000))
+    move(model["a"], [1, 2], 0.5)  # pending or sent: either way gone after the clear
+    tracker.step()
+    _tick(bp, 1)
+    model["a"].clear()
+    move(model["a"], [7, 300], 0.25)  # back, fresh rows
+    tracker.step()
+    _tick(bp, 2)
+    bp.flush(3)
+    bp.close()
+    assert sorted(serving["a"].ids().tolist()) == [7, 300]
+    assert np.array_equal(serving["a"].lookup(np.array([7, 300])),
+                          model["a"].lookup(torch.tensor([7, 300])).numpy())
+
+
 def test_a_bias_table_does_not_starve_next_to_a_wide_table_with_scaled_errors():
     """dim-1 bias rows move 0.01 (their scale is 0.01), dim-64 rows move 0.1 per coordinate
     (scale 1): in raw L2 the wide rows always win and the bias rows starve; scaled, both

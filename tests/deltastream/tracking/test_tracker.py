@@ -663,15 +663,19 @@ def test_rows_insert_writes_without_a_lookup_are_reported(mode, training):
 
 
 def test_table_clear_and_growth_keep_positional_marks_right():
-    """HashTable.clear (no evict hooks) and storage growth between reads."""
+    """HashTable.clear and storage growth between reads: every id the table held before a
+    clear is a tombstone (before, the ids looked up since the read came back as live rows
+    of a table that no longer held them, and the others as nothing, so predictors kept
+    serving them all); the positions reused after it report their new ids once."""
     table = HashTable(DIM, name="t", capacity=4)
+    table.insert(torch.tensor([3]), torch.ones(1, DIM))  # held, never looked up
     t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
-    first = table(torch.tensor([1, 2])).detach().clone()
-    table.clear()  # positions 0, 1 are free again
-    table(torch.tensor([7, 8]))
+    table(torch.tensor([1, 2]))
+    table.clear()  # positions 0-2 are free again
+    fresh = table(torch.tensor([7, 8])).detach().clone()
     d = t.get_delta()["t"]
-    # as before: the recorded ids are reported (clear fires no evict hook), never 7/8 twice
-    assert d.ids.tolist() == [1, 2, 7, 8] and torch.equal(d.states[:2], first)
+    assert d.ids.tolist() == [7, 8] and d.tombstones.tolist() == [1, 2, 3]
+    assert torch.equal(d.states, fresh) and d.new.tolist() == [True, True]
     big = torch.arange(100, 1100)  # grows the storage far past the marks' first size
     table(big)
     table(torch.tensor([100, 5]))
