@@ -5,18 +5,22 @@ merging, scoring and encoding are many small numpy/torch calls; each needs the G
 between calls, and so does every op the training thread dispatches, so the two threads
 take turns and the training step slows by a share of the worker's work even when a core is
 free (BENCHMARKS.md, "trainer-cost"). :class:`ProcessWorker` has the same interface and
-runs the same :class:`~.budget_worker.BudgetWorker` in a child process (spawned, one
-thread of torch), with its own :class:`~deltastream.DeltaPublisher` made from the user's
+runs the same :class:`~.budget_worker.BudgetWorker` in a child process (a new interpreter,
+one thread of torch), with its own :class:`~deltastream.DeltaPublisher` made from the user's
 (:meth:`~deltastream.DeltaPublisher.spawn_args`: same topic, shard and epoch; its seqs
-continue the user's and are handed back on :meth:`close`). Its steps, in order:
+continue the user's and are handed back on :meth:`close`). The child is started with ``python -c`` importing
+this module, not by multiprocessing's spawn, which re-runs the user's ``__main__`` in the
+child: a training script without an ``if __name__ == "__main__":`` guard would start its
+whole job again there. The publisher's class must therefore be importable by name (not
+defined in ``__main__``). Its steps, in order:
 
 1. the training thread queues a hand-off (:meth:`ProcessWorker.put`, O(1), never blocks);
 2. the parent's *shipper* thread waits for the hand-off's device copies (CUDA), packs its
    tensors into one shared-memory segment (a file under ``/dev/shm``, mode 0600, unlinked
-   as soon as the child mapped it) and sends their layout through a pipe;
+   as soon as the child mapped it) and sends their layout through the socket;
 3. the child copies them out, says the segment is free, and merges them in its worker;
 4. the child reports every settled round (its record and a snapshot of the engine's
-   ``stats()``), every failed round, each flush's record and each drain through the pipe;
+   ``stats()``), every failed round, each flush's record and each drain through the socket;
    the parent's *reader* thread keeps them for ``tick`` / ``flush`` / ``stats`` / ``last``,
    and calls ``on_round`` (in process mode a round record's ``TableRound.result`` is None:
    the producer's futures stay in the child).
@@ -30,10 +34,14 @@ and must be republished (e.g. a full ``publish_delta``); nothing is silently dro
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import mmap
 import os
 import pickle
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -131,23 +139,20 @@ class ProcessWorker:
     def __init__(self, publisher: Any, policy: BudgetPolicy, specs: Mapping[str, TableSpec],
                  on_round: Optional[Callable[[BudgetTick], None]] = None,
                  name: str = "budget", start_timeout: float = 120.0) -> None:
-        import multiprocessing as mp
-
         if not callable(getattr(publisher, "spawn_args", None)):
             raise TypeError(f"a worker process needs a DeltaPublisher (with spawn_args), got "
                             f"{type(publisher).__name__}; use the thread worker")
+        if type(publisher).__module__ == "__main__":
+            raise TypeError(f"a worker process imports the publisher's class by name: "
+                            f"{type(publisher).__name__} is defined in __main__; define it "
+                            "in a module, or use the thread worker")
         self._publisher, self._on_round = publisher, on_round
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_child_main, name=f"deltastream-{name}-worker", daemon=True,
-            args=(child, type(publisher), publisher.spawn_args(), publisher.next_seqs(),
-                  policy, dict(specs), name))
-        self._proc.start()
-        child.close()
+        self._send_lock = threading.Lock()
+        self._conn, self._proc = _start_child()
+        self._send(("start", type(publisher), publisher.spawn_args(), publisher.next_seqs(),
+                    policy, dict(specs), name))
         publisher.lend(f"budget worker process {self._proc.pid}")
         self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
         self._queue: deque[Handoff] = deque()
         self._in_flight = False  # a hand-off shipped, not yet copied out by the child
         self._errors: list[BaseException] = []
@@ -269,10 +274,11 @@ class ProcessWorker:
             self._publisher.lend(f"the budget worker process {self._proc.pid}, which died "
                                  "(the seqs it used are unknown); publish with a new "
                                  "DeltaPublisher (a new epoch)")
-        self._proc.join(timeout)
-        if self._proc.is_alive():
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join()
+            self._proc.wait()
         self._conn.close()
         self._seg.close()
 
@@ -318,8 +324,10 @@ class ProcessWorker:
             try:
                 msg = pickle.loads(self._conn.recv_bytes())
             except (EOFError, OSError):
-                self._proc.join(5.0)
-                code = self._proc.exitcode
+                try:
+                    code = self._proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    code = None
                 if not (self._closed and self._seqs is not None):
                     self._fail(f"exited (code {code})", None)
                 return
@@ -371,7 +379,46 @@ class ProcessWorker:
             self._cond.notify_all()
 
 
+def _start_child() -> tuple[Any, subprocess.Popen]:
+    """A connection to a new worker interpreter (``python -c``: nothing of the user's
+    ``__main__`` runs there), and its process. The child gets this interpreter's
+    ``sys.path`` and one end of a socket pair; it waits for a ``("start", ...)`` message."""
+    from multiprocessing.connection import Connection
+
+    mine, theirs = socket.socketpair()
+    code = ("import sys, json; sys.path[:0] = json.loads(sys.argv[2]); "
+            "from deltastream.publishing.budget_process import child_entry; "
+            "child_entry(int(sys.argv[1]))")
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(theirs.fileno()),
+             json.dumps([p for p in sys.path if p])],
+            stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    return Connection(mine.detach()), proc
+
+
 # ---------------------------------------------------------------------- the child
+
+
+def child_entry(fd: int) -> None:
+    """The worker interpreter's entry (see :func:`_start_child`): read the start message
+    from the socket ``fd``, then run :func:`_child_main`."""
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    try:
+        msg = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return  # the parent went away before it said what to run
+    except BaseException as e:  # e.g. a class this interpreter cannot import
+        conn.send_bytes(pickle.dumps(("error", _picklable(e))))
+        return
+    _child_main(conn, *msg[1:])
 
 
 def _lite(rec: BudgetTick) -> BudgetTick:

@@ -106,3 +106,62 @@ def test_a_killed_worker_process_is_an_error_at_the_next_tick_not_a_stall(broker
     with pytest.raises(RuntimeError, match="which died .* new DeltaPublisher"):
         pub.publish("emb", torch.arange(2), torch.zeros(2, DIM), step=step)
     pub.close(timeout=5)
+
+
+_UNGUARDED = """
+import sys
+print("TOP LEVEL", flush=True)  # a training script with no __main__ guard
+import torch
+from deltastream import DeltaPublisher, DeltaTracker, HashTable, TrackingMode
+from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+servers, topic, how = sys.argv[1:4]
+if how == "main-class":
+    class MyPublisher(DeltaPublisher):
+        pass
+    cls = MyPublisher
+else:
+    cls = DeltaPublisher
+table = HashTable(4, name="emb", capacity=64)
+tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                       mode=TrackingMode.EMBEDDING)
+pub = cls(servers, topic, model="m", shard=0)
+try:
+    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=1000),
+                         worker="process")
+except TypeError as e:
+    print("REFUSED", e, flush=True)
+    sys.exit(0)
+for step in range(5):
+    table.insert(torch.arange(step, step + 3), torch.full((3, 4), step + 1.0))
+    tracker.step()
+    bp.tick(step)
+bp.flush(5)
+print("PUBLISHED", bp.stats()["rows"] + bp.stats()["final_rows"], flush=True)
+bp.close()
+pub.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "main-class"])
+def test_a_script_without_a_main_guard_runs_once(broker, topic_name, tmp_path, how):
+    """The worker process is a new interpreter that imports deltastream, not the user's
+    ``__main__`` (multiprocessing's spawn re-ran an unguarded script's whole job in the
+    child, which then died); a publisher class defined in ``__main__`` is refused, naming
+    why, before any process starts."""
+    import subprocess
+    import sys
+
+    from deltastream import ensure_topic
+
+    ensure_topic(broker.bootstrap_servers, topic_name, 1)
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED)
+    r = subprocess.run([sys.executable, str(script), broker.bootstrap_servers, topic_name,
+                        how], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("TOP LEVEL") == 1, r.stdout
+    if how == "plain":  # ids 0..6, each published once at least
+        assert int(r.stdout.split("PUBLISHED ")[1].split()[0]) >= 7, r.stdout
+    else:
+        assert "REFUSED" in r.stdout and "defined in __main__" in r.stdout, r.stdout
