@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -86,9 +87,13 @@ def test_a_service_logs_what_it_does_by_default(tmp_path):
     assert f"INFO deltastream.broker: embedded broker (in memory) at {addr}" in err
 
     # the sync daemon: what it does at INFO, the reason it gives up at WARNING and above
-    sync = [*SYNC, "--model", "m", "--state-dir", "s", "--bootstrap-servers",
-            f"127.0.0.1:{free_port()}", "--startup-timeout", "1"]
-    told, default = _run([*sync, "--log-level", "WARNING"], tmp_path), _run(sync, tmp_path)
+    def sync(state: str) -> list[str]:
+        return [*SYNC, "--model", "m", "--state-dir", state, "--bootstrap-servers",
+                f"127.0.0.1:{free_port()}", "--startup-timeout", "1"]
+
+    with ThreadPoolExecutor(2) as pool:  # each waits out the client's bootstrap: run both
+        told, default = pool.map(lambda a: _run(a, tmp_path),
+                                 [[*sync("s1"), "--log-level", "WARNING"], sync("s2")])
     for r in (told, default):
         assert r.returncode == EXIT_UNAVAILABLE, r.stderr
         assert "not syncing after 1 s (--startup-timeout)" in r.stderr.splitlines()[-1]
