@@ -376,10 +376,10 @@ class HashTable(TableHooks, torch.nn.Module):
             self._weight.index_copy_(0, at, rows.index_select(0, have))
         absent = (~present).nonzero().squeeze(1)
         if absent.numel():
-            new_ids = uniq.index_select(0, absent)
-            at = self._insert_new(new_ids, rows.index_select(0, absent))
+            new_ids, new_rows = uniq.index_select(0, absent), rows.index_select(0, absent)
+            at = self._insert_new(new_ids, new_rows)
             self._fire(self._insert_hooks, new_ids)
-            self._fire_writes(at)
+            self._fire_writes(at, new_rows)  # the rows just stored (a copy of the caller's)
 
     @torch.no_grad()
     def evict(self, ids: torch.Tensor) -> int:

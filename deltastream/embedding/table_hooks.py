@@ -36,7 +36,7 @@ class TableHooks:
     _insert_hooks: OrderedDict
     _evict_hooks: OrderedDict
     _row_listeners: list
-    _weight: torch.Tensor
+    storage: torch.Tensor  # the table's [capacity, dim] rows (a property of the table)
 
     def register_insert_hook(self, fn: Callable[[Any, torch.Tensor], None]
                              ) -> RemovableHandle:
@@ -78,10 +78,14 @@ class TableHooks:
         training and eval mode alike. Returns a handle with ``.remove()``."""
         return _add_hook(self.__dict__.setdefault("_write_hooks", OrderedDict()), fn)
 
-    def _fire_writes(self, positions: torch.Tensor) -> None:
+    def _fire_writes(self, positions: torch.Tensor, rows: Optional[torch.Tensor] = None
+                     ) -> None:
+        """Write hooks for ``positions``: ``rows`` their values (a tensor the hooks may
+        keep), or None to gather them from the storage now."""
         hooks = self.__dict__.get("_write_hooks")  # absent on tables pickled before
         if hooks:
-            rows = self._weight.index_select(0, positions)
+            if rows is None:
+                rows = self.storage.index_select(0, positions)
             for fn in list(hooks.values()):
                 fn(self, positions, rows)
 

@@ -8,11 +8,11 @@ free (BENCHMARKS.md, "trainer-cost"). :class:`ProcessWorker` has the same interf
 runs the same :class:`~.budget_worker.BudgetWorker` in a child process (a new interpreter,
 one thread of torch), with its own :class:`~deltastream.DeltaPublisher` made from the user's
 (:meth:`~deltastream.DeltaPublisher.spawn_args`: same topic, shard and epoch; its seqs
-continue the user's and are handed back on :meth:`close`). The child is started with ``python -c`` importing
-this module, not by multiprocessing's spawn, which re-runs the user's ``__main__`` in the
-child: a training script without an ``if __name__ == "__main__":`` guard would start its
-whole job again there. The publisher's class must therefore be importable by name (not
-defined in ``__main__``). Its steps, in order:
+continue the user's and are handed back on :meth:`close`). The child is started with
+``python -c`` importing this module, not by multiprocessing's spawn, which re-runs the
+user's ``__main__`` in the child: a training script without an ``if __name__ ==
+"__main__":`` guard would start its whole job again there. The publisher's class must
+therefore be importable by name (not defined in ``__main__``). Its steps, in order:
 
 1. the training thread queues a hand-off (:meth:`ProcessWorker.put`, O(1), never blocks);
 2. the parent's *shipper* thread waits for the hand-off's device copies (CUDA), packs its
@@ -48,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 import torch
@@ -149,8 +150,14 @@ class ProcessWorker:
         self._publisher, self._on_round = publisher, on_round
         self._send_lock = threading.Lock()
         self._conn, self._proc = _start_child()
-        self._send(("start", type(publisher), publisher.spawn_args(), publisher.next_seqs(),
-                    policy, dict(specs), name))
+        try:
+            self._send(("start", type(publisher), publisher.spawn_args(),
+                        publisher.next_seqs(), policy, dict(specs), name))
+        except BaseException:  # not started: the child must not outlive this call
+            self._proc.kill()
+            self._proc.wait()
+            self._conn.close()
+            raise
         publisher.lend(f"budget worker process {self._proc.pid}")
         self._cond = threading.Condition()
         self._queue: deque[Handoff] = deque()
@@ -383,8 +390,6 @@ def _start_child() -> tuple[Any, subprocess.Popen]:
     """A connection to a new worker interpreter (``python -c``: nothing of the user's
     ``__main__`` runs there), and its process. The child gets this interpreter's
     ``sys.path`` and one end of a socket pair; it waits for a ``("start", ...)`` message."""
-    from multiprocessing.connection import Connection
-
     mine, theirs = socket.socketpair()
     code = ("import sys, json; sys.path[:0] = json.loads(sys.argv[2]); "
             "from deltastream.publishing.budget_process import child_entry; "
@@ -408,8 +413,6 @@ def _start_child() -> tuple[Any, subprocess.Popen]:
 def child_entry(fd: int) -> None:
     """The worker interpreter's entry (see :func:`_start_child`): read the start message
     from the socket ``fd``, then run :func:`_child_main`."""
-    from multiprocessing.connection import Connection
-
     conn = Connection(fd)
     try:
         msg = pickle.loads(conn.recv_bytes())
