@@ -22,16 +22,21 @@ Rows go to a real broker (the embedded one, f16). With ``--pending N`` each budg
 with ``N`` rows already pending (fresh ids inserted and handed off before the clock starts),
 so a tick's cost can be read against a large pending set.
 
-Figures per configuration and batch: **ratio** = median over chunks of (a chunk's time with
-deltastream ÷ the adjacent chunk's time alone: totals, so rare slow ticks count) — goal ≤ 1.05; the **p99 time the training
-thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** a budget sends when it
+Figures per configuration and batch: **ratio** = median over pairs of (the mean step with
+deltastream, over its chunk and its *tail* ÷ the mean step alone in the adjacent chunk:
+totals, so rare slow ticks count) — goal ≤ 1.05; the tail is the steps after the chunk
+(every tracker paused) until the configuration's worker has finished the rounds the chunk
+handed it, so a round that runs after its chunk still counts as its cost; the **p99
+time the training thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** a budget sends when it
 runs alone after the chunks (``--rate-s`` seconds after a second that spends its bucket's
 burst; not over the chunks, between which its bucket refills by at most one burst, nor
 ``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
 acknowledged bytes over its chunks);
 the worker's busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and
-its largest backlog. The worker is drained before each "alone" chunk, so the alone chunks
-measure the step by itself.
+its largest backlog. Every configuration's worker is drained before each "alone" chunk, so
+the alone chunks measure the step by itself (before 2026-12-02 only the measured
+configuration's was, and a configuration's alone chunk could run beside the previous one's
+last round, which read as a lower ratio for it).
 
 Clock: wall time on the training thread (a worker competing for the GIL or the cores shows
 as a slower step). Run: ``deltastream bench trainer-cost [--batches 512,4096] [--pending N]``.
@@ -89,6 +94,9 @@ class _Run:
             if budget else None
         self.times: list[float] = []
         self.alone: list[float] = []
+        #: per timed pair: mean step time with deltastream (its chunk and tail) ÷ alone
+        self.pairs: list[float] = []
+        self.tail_steps: list[int] = []  # per pair: steps until the worker settled
         self.tick_s: list[float] = []
         self.measured_s = 0.0
         self.bytes0 = 0
@@ -140,6 +148,14 @@ class _Run:
         self.rate = (b1 - b0) / max(1e-9, t1 - t0)
         return k
 
+    def settled(self) -> bool:
+        """Whether the budget's worker has run every round handed to it (no wait)."""
+        try:
+            self.budget.drain(timeout=0.0)
+        except TimeoutError:
+            return False
+        return True
+
     def acked_bytes(self) -> int:
         return 0 if self.pub is None else int(self.pub.stats()["bytes"])
 
@@ -178,6 +194,61 @@ def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
     if args.chunk_s <= 0 or step_s <= 0:
         return args.chunk
     return max(args.chunk, math.ceil(args.chunk_s / step_s))
+
+
+def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
+                chunk: int) -> int:
+    """One timed pair for ``r``: ``chunk`` steps alone, ``chunk`` steps with ``r``'s tracker
+    and publishing, then ``r``'s tail; returns the next step number.
+
+    Every run's worker is drained first, so no configuration's leftover round runs beside
+    another's alone chunk (it made the next configuration's baseline slow and its ratio
+    low). The tail: the steps after the chunk (every tracker paused) until ``r``'s worker
+    has finished the rounds the chunk handed it, timed as ``r``'s — without it a worker's
+    last round of each chunk would slow no chunk of its own."""
+    for other in runs:
+        other.idle()
+    with contextlib.ExitStack() as paused:
+        for other in runs:
+            paused.enter_context(other.tracker.pause())
+        alone = []
+        for _ in range(chunk):  # the step alone (trackers paused)
+            t0 = time.perf_counter()
+            step(k)
+            k += 1
+            alone.append(time.perf_counter() - t0)
+    b0, t_start = r.acked_bytes(), time.perf_counter()
+    times = []
+    with contextlib.ExitStack() as paused:
+        for other in runs:
+            if other is not r:
+                paused.enter_context(other.tracker.pause())
+        for _ in range(chunk):
+            t0 = time.perf_counter()
+            step(k)
+            r.tracker.step()
+            r.after_step(k)
+            k += 1
+            times.append(time.perf_counter() - t0)
+    r.measured_s += time.perf_counter() - t_start
+    r.bytes0 += r.acked_bytes() - b0
+    tail = []
+    with contextlib.ExitStack() as paused:
+        for other in runs:
+            paused.enter_context(other.tracker.pause())
+        settled = r.budget is None
+        while not settled:
+            t0 = time.perf_counter()
+            step(k)
+            k += 1
+            settled = r.settled()
+            tail.append(time.perf_counter() - t0)
+    r.alone += alone
+    r.times += times
+    r.pairs.append((sum(times) + sum(tail)) / (len(times) + len(tail))
+                   / (sum(alone) / len(alone)))
+    r.tail_steps.append(len(tail))
+    return k
 
 
 def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
@@ -238,29 +309,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 k += 1
         for _ in range(args.rounds):
             for r in runs:
-                r.idle()
-                with contextlib.ExitStack() as paused:
-                    for other in runs:
-                        paused.enter_context(other.tracker.pause())
-                    for _ in range(chunk):  # the step alone (trackers paused)
-                        t0 = time.perf_counter()
-                        step(k)
-                        k += 1
-                        r.alone.append(time.perf_counter() - t0)
-                b0, t_start = r.acked_bytes(), time.perf_counter()
-                with contextlib.ExitStack() as paused:
-                    for other in runs:
-                        if other is not r:
-                            paused.enter_context(other.tracker.pause())
-                    for _ in range(chunk):
-                        t0 = time.perf_counter()
-                        step(k)
-                        r.tracker.step()
-                        r.after_step(k)
-                        k += 1
-                        r.times.append(time.perf_counter() - t0)
-                r.measured_s += time.perf_counter() - t_start
-                r.bytes0 += r.acked_bytes() - b0
+                k = _chunk_pair(r, runs, step, k, chunk)
         busy = {}
         for r in runs:
             if r.budget is not None:
@@ -274,9 +323,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         out = []
         for r in runs:
             # chunk totals, not medians: the user pays every slow tick too
-            pairs = [sum(r.times[c:c + chunk]) / sum(r.alone[c:c + chunk])
-                     for c in range(0, len(r.times), chunk)]
-            ratio = statistics.median(pairs)
+            ratio = statistics.median(r.pairs)
             tick = np.asarray(r.tick_s) * 1e3
             st = r.budget.stats() if r.budget is not None else {}
             worker = busy.get(r.name)
@@ -288,6 +335,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 step_alone_ms=statistics.median(r.alone) * 1e3,
                 worker_share=None if worker is None else worker / r.measured_s,
                 max_backlog=(st.get("backlog") or {}).get("max_handoffs"), chunk_steps=chunk,
+                tail_steps=statistics.median(r.tail_steps),
                 pending=st.get("pending"), prefilled=args.pending if r.budget else 0)
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
