@@ -50,7 +50,8 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Optional
 
 import numpy as np
 import torch
@@ -167,14 +168,21 @@ class _Run:
         self.tracker.close()
 
 
+@contextlib.contextmanager
+def _paused(runs: list[_Run], but: Optional[_Run] = None) -> Iterator[None]:
+    """Every run's tracker paused except ``but``'s."""
+    with contextlib.ExitStack() as stack:
+        for other in runs:
+            if other is not but:
+                stack.enter_context(other.tracker.pause())
+        yield
+
+
 def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) -> None:
     """Make ``n`` fresh user rows pending in ``run``'s budget (not timed); the other runs'
     trackers do not see these lookups (each would otherwise hold, and read, ``n`` rows)."""
     base = (1 << 61) + step * (n + 1)
-    with torch.no_grad(), contextlib.ExitStack() as paused:
-        for other in runs:
-            if other is not run:
-                paused.enter_context(other.tracker.pause())
+    with torch.no_grad(), _paused(runs, but=run):
         for start in range(0, n, 1 << 18):
             ids = torch.arange(base + start, base + min(n, start + (1 << 18)))
             model.user(ids)
@@ -208,9 +216,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
     last round of each chunk would slow no chunk of its own."""
     for other in runs:
         other.idle()
-    with contextlib.ExitStack() as paused:
-        for other in runs:
-            paused.enter_context(other.tracker.pause())
+    with _paused(runs):
         alone = []
         for _ in range(chunk):  # the step alone (trackers paused)
             t0 = time.perf_counter()
@@ -219,10 +225,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             alone.append(time.perf_counter() - t0)
     b0, t_start = r.acked_bytes(), time.perf_counter()
     times = []
-    with contextlib.ExitStack() as paused:
-        for other in runs:
-            if other is not r:
-                paused.enter_context(other.tracker.pause())
+    with _paused(runs, but=r):
         for _ in range(chunk):
             t0 = time.perf_counter()
             step(k)
@@ -233,9 +236,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
     r.measured_s += time.perf_counter() - t_start
     r.bytes0 += r.acked_bytes() - b0
     tail = []
-    with contextlib.ExitStack() as paused:
-        for other in runs:
-            paused.enter_context(other.tracker.pause())
+    with _paused(runs):
         settled = r.budget is None
         while not settled:
             t0 = time.perf_counter()
@@ -302,9 +303,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             if r.budget is not None and args.pending:
                 _prefill(r, runs, model, args.pending, k)
         if args.pending:  # the optimizer's state grows to the prefilled table: untimed
-            with contextlib.ExitStack() as paused:
-                for r in runs:
-                    paused.enter_context(r.tracker.pause())
+            with _paused(runs):
                 step(k)
                 k += 1
         for _ in range(args.rounds):
@@ -315,10 +314,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             if r.budget is not None:
                 r.idle()
                 busy[r.name] = (r.budget.stats()["worker_s"] or 0.0) - r.worker_s0
-                with contextlib.ExitStack() as paused:
-                    for other in runs:
-                        if other is not r:
-                            paused.enter_context(other.tracker.pause())
+                with _paused(runs, but=r):
                     k = r.steady_rate(step, k, args.rate_s)
         out = []
         for r in runs:
