@@ -3,7 +3,7 @@ rows into an arena; at the read, the touched positions with their rows.
 
 Two implementations with the same results: the C extension :mod:`deltastream.tracking.native`
 (built from ``native.c`` at install when a C compiler is there; one pass over the ids per
-lookup, one over the marks per read, no temporaries) and numpy (a mask, a compression and a
+lookup, one over the marked words of the marks per read, no temporaries) and numpy (a mask, a compression and a
 scatter per lookup, a ``flatnonzero`` and a gather per read). Without the extension (or with
 ``DELTASTREAM_NATIVE=0`` in the environment, or after :func:`use_native(False) <use_native>`)
 numpy runs. Either path may follow the other inside one interval: both keep the same state.
@@ -15,7 +15,9 @@ The state (a :class:`FreshRows` per table, held by
 (the position of each arena row), ``arena`` (``[rows, dim]``, the rows' dtype) and ``used``
 (arena rows written; at least the positions marked: numpy keeps a lookup's repeats of a new
 position, the C code does not). The C code also keeps a bit per position (``bits``, set iff
-``slot`` is not 0: a lookup tests 1/32 of the memory), brought up to date after numpy ran.
+``slot`` is not 0: a lookup tests 1/32 of the memory), brought up to date after numpy ran,
+and a bit per 64-bit word of those (``words``, set when the word may hold a set bit), so a
+read walks the words its lookups marked, not a large table's every bit.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def _check_range(q: np.ndarray, capacity: int) -> None:
                          f"[0, {capacity})")
 
 
+def _words_for(bits: np.ndarray) -> np.ndarray:
+    """The ``words`` of ``bits``: a bit per 8 bytes, set where any of them is not 0."""
+    padded = np.zeros(-(-bits.size // 8) * 8, dtype=np.uint8)
+    padded[:bits.size] = bits
+    return np.packbits(padded.view(np.uint64) != 0, bitorder="little")
+
+
 class FreshRows:
     """The positions of one table looked up since the last drain, and the FIRST row of each.
 
@@ -61,7 +70,7 @@ class FreshRows:
         capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
     """
 
-    __slots__ = ("marks", "slot", "bits", "bits_valid", "order", "arena", "used",
+    __slots__ = ("marks", "slot", "bits", "words", "bits_valid", "order", "arena", "used",
                  "numpy_rows", "owed", "_arena_bytes", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
@@ -71,6 +80,9 @@ class FreshRows:
         #: the C code's marks: bit ``p & 7`` of byte ``p >> 3`` set iff ``slot[p] != 0``
         #: (numpy does not keep them: ``bits_valid`` says whether they are up to date)
         self.bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
+        #: bit ``w & 7`` of byte ``w >> 3`` set when word ``w`` (8 bytes) of ``bits`` may hold
+        #: a set bit (every set bit's word has its bit; a cleared word may keep its own)
+        self.words = _words_for(self.bits)
         self.bits_valid = True
         self.order = np.empty(0, dtype=np.int64)  # the position of each arena row
         self.arena: Optional[torch.Tensor] = None  # [>= used, dim], the rows' dtype
@@ -92,6 +104,7 @@ class FreshRows:
             bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
             bits[:self.bits.size] = self.bits  # positions past the old capacity: clear
             self.marks, self.slot, self.bits = marks, marks.numpy(), bits
+            self.words = _words_for(bits)
         if self.owed is not None:
             self.owed.grow(capacity)
 
@@ -101,6 +114,7 @@ class FreshRows:
         if self.used:  # something may be marked (a drain leaves nothing marked)
             self.slot[:] = 0
             self.bits[:] = 0
+            self.words[:] = 0
             self.bits_valid = True
         self.used = 0
         self.numpy_rows = False
@@ -127,7 +141,7 @@ class FreshRows:
                 self.slot, self.bits, self.order, q,
                 None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
                 0 if src is None else src.shape[1] * src.element_size(),
-                None if src is None else self._arena_bytes, self.used)
+                None if src is None else self._arena_bytes, self.used, self.words)
             new = used - self.used  # the C code keeps no repeats
         else:
             used, new = _mark_numpy(self, ids, src, by_occurrence)
@@ -159,6 +173,7 @@ class FreshRows:
         """Bring the bits up to date after numpy marked positions (a switch of path)."""
         if not self.bits_valid:
             self.bits[:] = np.packbits(self.slot != 0, bitorder="little")
+            self.words = _words_for(self.bits)
             self.bits_valid = True
 
     def _bytes_of(self, src: torch.Tensor, by_occurrence: bool) -> np.ndarray:
@@ -204,7 +219,8 @@ class FreshRows:
         rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
         k = native.drain_marked(self.slot, self.bits,
                                 None if arena is None else self._arena_bytes, ids.numpy(),
-                                None if rows is None else as_bytes(rows))
+                                None if rows is None else as_bytes(rows), None, None,
+                                self.words)
         self._drained(used)
         return ids[:k], None if rows is None else rows[:k]
 
@@ -257,7 +273,8 @@ class FreshRows:
         owed = None if storage is None else self.owed.owed
         pos = torch.empty(used, dtype=torch.int64)
         at = torch.empty(used, dtype=torch.int64)
-        k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(), owed)
+        k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(), owed,
+                                self.words)
         rows = self.arena[:used]
         self.arena, self._arena_bytes = None, None
         self._drained(used)
@@ -285,6 +302,7 @@ class FreshRows:
         else:
             s[:] = 0
         self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
+        self.words[:] = 0
         self.bits_valid = True
         self.used = 0
         self.numpy_rows = False

@@ -8,8 +8,9 @@
  * written for new positions only, and a drain scans the bits). Per lookup, one pass over
  * the ids marks each position no earlier lookup of the interval had, gives it the next arena
  * row and copies its row there (from the table or from the lookup's output); per read, one
- * pass over the bits yields the marked positions ascending with their arena rows, and
- * clears them. numpy needs a temporary per step for the same work (mask, compression, scatter,
+ * pass over the words of bits that lookups marked (a bit per 64-bit word: a large table's
+ * read does not sweep its every bit) yields the marked positions ascending with their
+ * arena rows, and clears them. numpy needs a temporary per step for the same work (mask, compression, scatter,
  * gather); here the ids are read once, and the entry of an id and a row are prefetched
  * ahead of their use (the rows of a large table are cache misses: prefetching overlaps
  * them).
@@ -18,9 +19,12 @@
  * views, a row is row_bytes bytes.
  *
  * Python API (buffers: C-contiguous, e.g. numpy arrays):
- *   mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used'
+ *   mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used[, words])
+ *       -> used'
  *       slot: writable int32 [capacity], bits: writable uint8 [ceil(capacity / 8)] (bit
- *       p & 7 of byte p >> 3 for position p), order: writable int64 [>= used + n], ids:
+ *       p & 7 of byte p >> 3 for position p), words (optional): writable uint8, a bit per
+ *       64-bit word of bits ([ceil(ceil(capacity / 64) / 8)]; bit w & 7 of byte w >> 3 set
+ *       when word w of bits may hold a set bit: set here with every bit it covers), order: writable int64 [>= used + n], ids:
  *       int32 or int64 [n], src: uint8 rows of row_bytes or None, arena: writable uint8
  *       [rows * row_bytes] (rows >= used + n) or None (with src None); used + n < 2**31 -
  *       1. Each id whose bit
@@ -29,14 +33,16 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed]]) -> k
+ *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
  *       and, with an arena, each one's arena row; with out_at (writable int64 [m], arena
  *       None), the index of each one's arena row instead; then clears slot and bits. With
  *       owed (writable int32 like slot, all 0: owed_rows.py), owed[p] = 1 + the output
  *       index of each position p. A set bit whose slot names no arena row is a ValueError
- *       (everything left as it was).
+ *       (everything left as it was). With words (mark_fresh's), only the words of bits it
+ *       names are read and cleared, and words is cleared: the work follows the positions
+ *       marked, not the capacity (a 10M-row table's bits are 1.25 MB; its words 20 KB).
  *   drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k
  *       For a table whose ids are not its positions (a hash table): keys: int64 [capacity],
  *       the id held at each position; out_keys, out_pos: writable int64 [>= used];
@@ -79,6 +85,17 @@ static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {
     return 0;
 }
 
+/* words: a bit per 64-bit word of bits (nb bytes), or NULL when not given. */
+static int check_words(const Py_buffer *words, Py_ssize_t nb) {
+    Py_ssize_t want = ((nb + 7) / 8 + 7) / 8;
+    if (words != NULL && (words->itemsize != 1 || words->len != want)) {
+        PyErr_Format(PyExc_ValueError, "words: %zd bytes for %zd bytes of bits (want %zd)",
+                     words->len, nb, want);
+        return -1;
+    }
+    return 0;
+}
+
 /* The ids are taken CHUNK at a time: the marking pass collects the chunk's new positions,
  * then their rows are copied with prefetching (only new rows: a repeat's row is not
  * fetched at all). */
@@ -98,6 +115,8 @@ static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {
                 if (bt[p >> 3] & bit)                                                    \
                     continue;                                                            \
                 bt[p >> 3] |= bit;                                                       \
+                if (wd != NULL)                                                          \
+                    wd[p >> 9] |= (uint8_t)(1u << ((p >> 6) & 7));                       \
                 s[p] = (int32_t)(used + k + 1);                                          \
                 o[used + k] = (int64_t)p;                                                \
                 from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
@@ -109,11 +128,11 @@ static int check_bits(const Py_buffer *bits, Py_ssize_t capacity) {
     } while (0)
 
 static PyObject *mark_fresh(PyObject *self, PyObject *args) {
-    PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena;
+    PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena, *o_words = Py_None;
     int by_occurrence;
     Py_ssize_t used, rb;
-    if (!PyArg_ParseTuple(args, "OOOOOpnOn", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
-                          &by_occurrence, &rb, &o_arena, &used))
+    if (!PyArg_ParseTuple(args, "OOOOOpnOn|O", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
+                          &by_occurrence, &rb, &o_arena, &used, &o_words))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -123,14 +142,16 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
     Py_buffer *ids = order == BAD ? NULL : take(&bs, o_ids, 0, "ids");
     Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
     Py_buffer *arena = src == BAD ? NULL : take(&bs, o_arena, 1, "arena");
-    if (slot == BAD || bits == BAD || order == BAD || ids == BAD || src == BAD || arena == BAD)
+    Py_buffer *words = arena == BAD ? NULL : take(&bs, o_words, 1, "words");
+    if (slot == BAD || bits == BAD || order == BAD || ids == BAD || src == BAD ||
+        arena == BAD || words == BAD)
         goto done;
     if (!slot || !bits || !order || !ids) {
         PyErr_SetString(PyExc_TypeError, "slot, bits, order and ids are required");
         goto done;
     }
     if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0 ||
-        check_bits(bits, slot->len / 4) < 0)
+        check_bits(bits, slot->len / 4) < 0 || check_words(words, bits->len) < 0)
         goto done;
     int wide = ids->itemsize == 8;
     if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
@@ -165,6 +186,7 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
     if (check_ids(ids->buf, wide, n, (uint64_t)cap, "lookup", " id", "the table's rows ") < 0)
         goto done;
     uint8_t *a = arena ? (uint8_t *)arena->buf : NULL, *bt = (uint8_t *)bits->buf;
+    uint8_t *wd = words ? (uint8_t *)words->buf : NULL;
     int32_t *s = (int32_t *)slot->buf;
     int64_t *o = (int64_t *)order->buf;
     const uint8_t *w = src ? (const uint8_t *)src->buf : NULL;
@@ -205,8 +227,9 @@ static void scatter_arena(uint8_t *out, const uint8_t *arena, const int64_t *des
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
     PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None, *o_owed = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOO|OO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
-                          &o_at, &o_owed))
+    PyObject *o_words = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|OOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
+                          &o_at, &o_owed, &o_words))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -218,15 +241,16 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
     Py_buffer *ats = rows == BAD ? NULL : take(&bs, o_at, 1, "out_at");
     Py_buffer *owed = ats == BAD ? NULL : take(&bs, o_owed, 1, "owed");
+    Py_buffer *words = owed == BAD ? NULL : take(&bs, o_words, 1, "words");
     if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD || ats == BAD ||
-        owed == BAD)
+        owed == BAD || words == BAD)
         goto done;
     if (!slot || !bits || !out) {
         PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
         goto done;
     }
     if (check_item(slot, 4, "i", "slot") < 0 || check_item(out, 8, "ql", "out_ids") < 0 ||
-        check_bits(bits, slot->len / 4) < 0)
+        check_bits(bits, slot->len / 4) < 0 || check_words(words, bits->len) < 0)
         goto done;
     /* m_out = the arena rows written (the caller's used): every slot names one of them */
     Py_ssize_t m_out = out->len / 8, rb = 0;
@@ -264,10 +288,21 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     int32_t *s = (int32_t *)slot->buf;
     uint8_t *bt = (uint8_t *)bits->buf;
     int64_t *o = (int64_t *)out->buf;
-    /* the set bits in order (64 positions per word): position j of the output, and the
-     * output row of each arena row; nothing is cleared before every entry proved valid */
-    Py_ssize_t j = 0, nb = bits->len;
-    for (Py_ssize_t b = 0; b < nb; b += 8) {
+    /* the set bits in order (64 positions per word, only the words that words names when
+     * given): position j of the output, and the output row of each arena row; nothing is
+     * cleared before every entry proved valid */
+    Py_ssize_t j = 0, nb = bits->len, nw = (nb + 7) / 8;
+    uint8_t *wd = words ? (uint8_t *)words->buf : NULL;
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        if (wd != NULL) {
+            if (!wd[w >> 3]) { /* 8 words (512 positions) with nothing set */
+                w |= 7;
+                continue;
+            }
+            if (!(wd[w >> 3] & (1u << (w & 7))))
+                continue;
+        }
+        Py_ssize_t b = w * 8;
         uint64_t word = 0;
         memcpy(&word, bt + b, nb - b < 8 ? (size_t)(nb - b) : 8); /* little-endian bit order */
         while (word) {
@@ -294,7 +329,19 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     if (owed != NULL) /* after every entry proved valid */
         for (Py_ssize_t i = 0; i < j; i++)
             ((int32_t *)owed->buf)[o[i]] = (int32_t)(i + 1);
-    memset(bt, 0, (size_t)nb);
+    if (wd == NULL) {
+        memset(bt, 0, (size_t)nb);
+    } else { /* the words read, then words */
+        for (Py_ssize_t w = 0; w < nw; w++) {
+            if (!wd[w >> 3]) {
+                w |= 7;
+                continue;
+            }
+            if (wd[w >> 3] & (1u << (w & 7)))
+                memset(bt + w * 8, 0, nb - w * 8 < 8 ? (size_t)(nb - w * 8) : 8);
+        }
+        memset(wd, 0, (size_t)words->len);
+    }
     ret = PyLong_FromSsize_t(j);
 done:
     PyMem_Free(dest);
@@ -577,12 +624,13 @@ done:
 
 static PyMethodDef methods[] = {
     {"mark_fresh", mark_fresh, METH_VARARGS,
-     "mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used) -> used: "
+     "mark_fresh(slot, bits, order, ids, src, by_occurrence, row_bytes, arena, used[, words]) "
+     "-> used: "
      "mark new "
      "ids, copy their rows"},
     {"drain_marked", drain_marked, METH_VARARGS,
-     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at]) -> k: marked positions "
-     "ascending"},
+     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k: "
+     "marked positions ascending"},
     {"gather_rows", gather_rows, METH_VARARGS,
      "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},
     {"capture_owed", capture_owed, METH_VARARGS,

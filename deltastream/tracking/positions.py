@@ -106,8 +106,9 @@ class UniqueLookups(PendingLookups):
     and the work of a flush is spread over the lookups (a read no longer pays for every
     lookup since the last one). The drain returns the touched ids ascending with their
     arena rows, gathered once. For a table whose ids are its positions (``ids_ascending``)
-    one pass over the marks gives them in order; otherwise the drain's work follows the
-    positions touched, not the table's capacity (their ids are sorted). The bookkeeping is
+    one pass over the marked words of the marks gives them in order; otherwise their ids
+    are sorted. Either way the drain's work follows the positions touched, not the table's
+    capacity. The bookkeeping is
     a :class:`~deltastream.tracking.fresh_rows.FreshRows` (C when built, else numpy).
     """
 

@@ -229,6 +229,74 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
     assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11  # refused: kept
 
 
+@pytest.mark.parametrize("switch_at", [None, 2])
+@pytest.mark.parametrize("unordered", [False, True])
+@pytest.mark.parametrize("grow", [False, True])
+def test_sparse_marks_in_a_large_table_all_drained(fresh_path, switch_at, unordered, grow):
+    """A large table whose lookups touch a few scattered positions (the ends of words and
+    of the 512-position groups the drain skips whole, the last position), growing
+    mid-interval or not: every marked position is drained once with its FIRST row,
+    whichever path marked it, and nothing stays marked (bits and their words)."""
+    g = torch.Generator().manual_seed(3)
+    capacity = 200_000
+    edges = torch.tensor([0, 63, 64, 511, 512, 4095, 4096, 99_999, capacity - 1])
+    lookups = [edges, torch.randint(0, capacity, (300,), generator=g), edges[::2],
+               torch.tensor([capacity + 5, 2 * capacity - 1]) if grow else edges[1::3]]
+    weight = torch.randn(2 * capacity, 8, generator=g)
+    w0 = weight.clone()
+    f = FreshRows(capacity)
+    was = fresh_rows.native_enabled()
+    try:
+        for i, q in enumerate(lookups):
+            if i == 3 and grow:
+                f.grow(2 * capacity)
+            if i == switch_at and fresh_rows.NATIVE_AVAILABLE:
+                fresh_rows.use_native(not fresh_rows.native_enabled())
+            f.add(q, weight)
+            weight.index_add_(0, q, torch.ones(q.numel(), weight.shape[1]))
+        if unordered:
+            got = f.take_unordered()
+            if got is None:  # refused: numpy marked rows this interval
+                assert not fresh_rows.native_enabled() or switch_at is not None
+                ids, rows = f.drain(True)
+            else:
+                pos, at, arena, _ = got
+                ids, rows = pos, arena[at]
+        else:
+            ids, rows = f.drain(True)
+    finally:
+        fresh_rows.use_native(was)
+    want = torch.unique(torch.cat(lookups))
+    assert torch.equal(ids, want) and torch.equal(rows, w0[want])
+    assert not f.marks.any() and not f.bits.any() and not f.words.any()
+
+
+def test_native_drain_reads_only_the_words_named():
+    """With ``words`` the drain reads the words of bits it names and no others (the work
+    follows the positions marked); a ``words`` of the wrong size is refused, naming it."""
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    from deltastream.tracking import native
+
+    capacity = 4096 + 70  # 66 words of bits, 9 bytes of words
+    slot, bits = np.zeros(capacity, np.int32), np.zeros((capacity + 7) // 8, np.uint8)
+    words = np.zeros(9, np.uint8)
+    order = np.zeros(4, np.int64)
+    used = native.mark_fresh(slot, bits, order, np.array([5, 4160, 5]), None, False, 0, None,
+                             0, words)
+    assert used == 2 and words.tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 2]  # words 0 and 65
+    slot[700], bits[700 >> 3] = 3, 1 << (700 & 7)  # a mark its word's bit does not name
+    out, at = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    k = native.drain_marked(slot, bits, None, out, None, at, None, words)
+    assert out[:k].tolist() == [5, 4160] and at[:k].tolist() == [0, 1]
+    assert not words.any() and slot[700] == 3 and bits[700 >> 3]  # not read, not cleared
+    with pytest.raises(ValueError, match=r"words: 8 bytes for 521 bytes of bits \(want 9\)"):
+        native.mark_fresh(slot, bits, order, np.array([1]), None, False, 0, None, 0,
+                          words[:8])
+    with pytest.raises(ValueError, match=r"words: 8 bytes"):
+        native.drain_marked(slot, bits, None, out, None, at, None, words[:8])
+
+
 def test_without_the_extension_numpy_runs(tmp_path):
     """An install without a C compiler: the module still imports, numpy does the work."""
     script = tmp_path / "no_native.py"
