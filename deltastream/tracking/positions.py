@@ -108,8 +108,8 @@ class UniqueLookups(PendingLookups):
     arena rows, gathered once. For a table whose ids are its positions (``ids_ascending``)
     one pass over the marked words of the marks gives them in order; otherwise their ids
     are sorted. Either way the drain's work follows the positions touched, not the table's
-    capacity. The bookkeeping is
-    a :class:`~deltastream.tracking.fresh_rows.FreshRows` (C when built, else numpy).
+    capacity. The bookkeeping is a :class:`~deltastream.tracking.fresh_rows.FreshRows` (C
+    when built, else numpy).
     """
 
     __slots__ = ("fresh", "drained")
