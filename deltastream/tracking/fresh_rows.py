@@ -4,9 +4,9 @@ rows into an arena; at the read, the touched positions with their rows.
 Two implementations with the same results: the C extension :mod:`deltastream.tracking.native`
 (built from ``native.c`` at install when a C compiler is there; one pass over the ids per
 lookup, one over the marked words of the marks per read, no temporaries) and numpy (a mask,
-a compression and a scatter per lookup, a ``flatnonzero`` and a gather per read). Without the extension (or with
-``DELTASTREAM_NATIVE=0`` in the environment, or after :func:`use_native(False) <use_native>`)
-numpy runs. Either path may follow the other inside one interval: both keep the same state.
+a compression and a scatter per lookup, a ``flatnonzero`` and a gather per read). Without
+the extension (or with ``DELTASTREAM_NATIVE=0`` in the environment, or after
+:func:`use_native(False) <use_native>`) numpy runs. Either path may follow the other inside one interval: both keep the same state.
 
 The state (a :class:`FreshRows` per table, held by
 :class:`~deltastream.tracking.positions.UniqueLookups`): ``slot`` (int32 ``[capacity]``:

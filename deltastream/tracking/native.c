@@ -10,8 +10,8 @@
  * row and copies its row there (from the table or from the lookup's output); per read, one
  * pass over the words of bits that lookups marked (a bit per 64-bit word: a large table's
  * read does not sweep its every bit) yields the marked positions ascending with their
- * arena rows, and clears them. numpy needs a temporary per step for the same work (mask, compression, scatter,
- * gather); here the ids are read once, and the entry of an id and a row are prefetched
+ * arena rows, and clears them. numpy needs a temporary per step for the same work (mask,
+ * compression, scatter, gather); here the ids are read once, and the entry of an id and a row are prefetched
  * ahead of their use (the rows of a large table are cache misses: prefetching overlaps
  * them).
  *
@@ -24,8 +24,8 @@
  *       slot: writable int32 [capacity], bits: writable uint8 [ceil(capacity / 8)] (bit
  *       p & 7 of byte p >> 3 for position p), words (optional): writable uint8, a bit per
  *       64-bit word of bits ([ceil(ceil(capacity / 64) / 8)]; bit w & 7 of byte w >> 3 set
- *       when word w of bits may hold a set bit: set here with every bit it covers), order: writable int64 [>= used + n], ids:
- *       int32 or int64 [n], src: uint8 rows of row_bytes or None, arena: writable uint8
+ *       when word w of bits may hold a set bit: set here with every bit it covers), order:
+ *       writable int64 [>= used + n], ids: int32 or int64 [n], src: uint8 rows of row_bytes or None, arena: writable uint8
  *       [rows * row_bytes] (rows >= used + n) or None (with src None); used + n < 2**31 -
  *       1. Each id whose bit
  *       is clear gets its bit, slot[id] = used' + 1, order[used'] = id (then used' += 1) and,
@@ -41,7 +41,7 @@
  *       owed (writable int32 like slot, all 0: owed_rows.py), owed[p] = 1 + the output
  *       index of each position p. A set bit whose slot names no arena row is a ValueError
  *       (everything left as it was). With words (mark_fresh's), only the words of bits it
- *       names are read and cleared, and words is cleared: the work follows the positions
+ *       names are read, and words is cleared: the work follows the positions
  *       marked, not the capacity (a 10M-row table's bits are 1.25 MB; its words 20 KB).
  *   drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k
  *       For a table whose ids are not its positions (a hash table): keys: int64 [capacity],
@@ -324,24 +324,15 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     }
     if (dest != NULL)
         scatter_arena((uint8_t *)rows->buf, (const uint8_t *)arena->buf, dest, m_out, rb);
-    for (Py_ssize_t i = 0; i < j; i++)
+    for (Py_ssize_t i = 0; i < j; i++) { /* every set bit was output: clear its byte */
         s[o[i]] = 0;
+        bt[o[i] >> 3] = 0;
+    }
     if (owed != NULL) /* after every entry proved valid */
         for (Py_ssize_t i = 0; i < j; i++)
             ((int32_t *)owed->buf)[o[i]] = (int32_t)(i + 1);
-    if (wd == NULL) {
-        memset(bt, 0, (size_t)nb);
-    } else { /* the words read, then words */
-        for (Py_ssize_t w = 0; w < nw; w++) {
-            if (!wd[w >> 3]) {
-                w |= 7;
-                continue;
-            }
-            if (wd[w >> 3] & (1u << (w & 7)))
-                memset(bt + w * 8, 0, nb - w * 8 < 8 ? (size_t)(nb - w * 8) : 8);
-        }
+    if (wd != NULL)
         memset(wd, 0, (size_t)words->len);
-    }
     ret = PyLong_FromSsize_t(j);
 done:
     PyMem_Free(dest);
