@@ -23,7 +23,8 @@ setup(
     ] + [
         # one source each, sharing the buffer and row helpers of deltastream/native_*.h
         Extension(f"deltastream.{room}.native", [f"deltastream/{room}/native.c"],
-                  depends=["deltastream/native_buffers.h", "deltastream/native_rows.h"],
+                  depends=["deltastream/native_buffers.h", "deltastream/native_rows.h",
+                           "deltastream/native_lane.h"],
                   extra_compile_args=["-O3"], optional=True)
         for room in ("embedding", "publishing", "tracking")
     ]

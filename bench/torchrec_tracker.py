@@ -19,9 +19,13 @@ same batches:
 Every configuration reads its delta every ``--read-every`` steps (the read is timed).
 Timing is interleaved: each round runs one chunk of ``--read-every`` steps per
 configuration in a rotating order; ``ratio`` = median over rounds of the chunk's time over
-the baseline's (process CPU time by default). Goals: 1.10 for DeltaTracker in EMBEDDING mode
-against the untracked model; ``vs_torchrec`` (DeltaTracker's time over TorchRec's tracker's,
-same mode) is reported with goal 1.0.
+the baseline's, by ``--clock``: ``wall`` (the default: the time the training loop takes) or
+``cpu`` (the process's CPU time, every thread's); both are reported (``wall_ratio``,
+``cpu_ratio``). The default was ``cpu`` until 2026-12-02, when DeltaTracker began copying
+FIRST rows on a spare core while the kernels run (:func:`deltastream.tracking.fresh_rows.
+spare_core`): process CPU time counts that copy, which the training loop does not wait for.
+Goals: 1.10 for DeltaTracker in EMBEDDING mode against the untracked model; ``vs_torchrec``
+(DeltaTracker's time over TorchRec's tracker's, same mode) is reported with goal 1.0.
 """
 
 from __future__ import annotations
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds (6)")
     p.add_argument("--configs", default=",".join(CONFIGS[1:]),
                    help=f"comma-separated subset of {','.join(CONFIGS[1:])}")
-    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="the clock of ratio: wall (default) or process CPU time")
     p.add_argument("--seed", type=int, default=0)
     add_threads_flag(p)
     args = p.parse_args(argv)
@@ -208,18 +213,21 @@ def _run(args: argparse.Namespace, configs: list[str]) -> list[dict]:
 
     for cfg in configs:  # warm-up chunk: allocations, optimizer state, first scan
         steps(cfg, batches[:k])
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    per_step: dict[str, list[float]] = {c: [] for c in configs}
+    times: dict[str, dict[str, list[float]]] = {"wall": {c: [] for c in configs},
+                                                 "cpu": {c: [] for c in configs}}
     rows = dict.fromkeys(configs, 0)
     for r in range(args.rounds):
         chunk = batches[(r + 1) * k:(r + 2) * k]
         for cfg in configs[r % len(configs):] + configs[:r % len(configs)]:
-            t0 = clock()
+            t0, c0 = time.perf_counter(), time.process_time()
             rows[cfg] += steps(cfg, chunk)
-            per_step[cfg].append((clock() - t0) / k)
+            times["wall"][cfg].append((time.perf_counter() - t0) / k)
+            times["cpu"][cfg].append((time.process_time() - c0) / k)
+    per_step = times[args.clock]
 
-    def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(per_step[a], per_step[b], strict=True))
+    def ratio(a: str, b: str, clock: str = args.clock) -> float:
+        return statistics.median(x / y for x, y in zip(times[clock][a], times[clock][b],
+                                                       strict=True))
 
     base = statistics.median(per_step["none"])
     out = []
@@ -235,7 +243,8 @@ def _run(args: argparse.Namespace, configs: list[str]) -> list[dict]:
             overhead_pct=(ratio(cfg, "none") - 1) * 100, rows=args.rows, dim=args.dim,
             batch=args.batch, bag=args.bag, read_every=k, rounds=args.rounds,
             rows_per_read=rows[cfg] / args.rounds, threads=torch.get_num_threads(),
-            clock=args.clock, **extra))
+            clock=args.clock, wall_ratio=ratio(cfg, "none", "wall"),
+            cpu_ratio=ratio(cfg, "none", "cpu"), **extra))
     return out
 
 

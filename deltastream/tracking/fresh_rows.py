@@ -22,6 +22,7 @@ read walks the words its lookups marked, not a large table's every bit.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -32,7 +33,8 @@ from deltastream.tensor_views import as_bytes
 from deltastream.tracking.owed_rows import OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
 
-__all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows"]
+__all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows",
+           "spare_core"]
 
 #: an arena and order holding more than this after a drain, 4x what it used, are released
 KEEP_BYTES = 64 << 20
@@ -47,6 +49,17 @@ NATIVE_AVAILABLE = _EXT.available
 native_enabled = _EXT.enabled
 #: switch to the C code (``RuntimeError`` when it is not built) or to numpy
 use_native = _EXT.use
+
+
+def spare_core() -> bool:
+    """Whether :meth:`FreshRows.add` with ``later`` is worth it: the C code runs and torch's
+    threads leave one of this process's cores free for the lane thread (else the copy
+    would only take a core from training)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return native_enabled() and torch.get_num_threads() < cores
 
 
 def _check_range(q: np.ndarray, capacity: int) -> None:
@@ -71,7 +84,8 @@ class FreshRows:
     """
 
     __slots__ = ("marks", "slot", "bits", "words", "bits_valid", "order", "arena", "used",
-                 "numpy_rows", "owed", "_arena_bytes", "_src_key", "_src_bytes")
+                 "numpy_rows", "owed", "overcount", "_late", "_arena_bytes", "_src_key",
+                 "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -93,10 +107,16 @@ class FreshRows:
         self.numpy_rows = False  # numpy wrote arena rows since the drain (maybe repeats)
         #: the current rows a deferred :meth:`take_unordered` still owes
         self.owed: Optional[OwedRows] = None
+        #: ids of markings run later minus their new positions (:meth:`sync` adds, the
+        #: caller that counted a later marking as its ids takes it back)
+        self.overcount = 0
+        #: (marking, ids) of an :meth:`add` running on the C extension's lane thread
+        self._late: Optional[tuple] = None
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
         between two drains)."""
+        self.sync()
         old = self.marks.numel()
         if capacity > old:
             marks = torch.zeros(capacity, dtype=torch.int32)
@@ -111,6 +131,7 @@ class FreshRows:
     def clear(self) -> None:
         """Forget every lookup (the arena is kept for the next interval)."""
         self.settle()
+        self.overcount = 0
         if self.used:  # something may be marked (a drain leaves nothing marked)
             self.slot[:] = 0
             self.bits[:] = 0
@@ -118,15 +139,23 @@ class FreshRows:
             self.bits_valid = True
         self.used = 0
         self.numpy_rows = False
+        self.overcount = 0
 
     def add(self, ids: torch.Tensor, src: Optional[torch.Tensor] = None,
-            by_occurrence: bool = False) -> int:
+            by_occurrence: bool = False, later: bool = False) -> Optional[int]:
         """Record a lookup of ``ids`` (int32/int64 CPU ``[n]``, repeats allowed; not kept:
         the caller may reuse the buffer); with ``src`` keep the row of each new position as
         it is now: ``src[id]`` (``src``: the table's ``[capacity, dim]`` weight, before the
         update) or, with ``by_occurrence``, ``src[i]`` for ``ids[i]`` (``src``: the lookup's
         output ``[n, dim]``). Returns how many positions were new. An id outside ``[0,
-        capacity)`` is an ``IndexError`` naming it, raised before anything changes."""
+        capacity)`` is an ``IndexError`` naming it, raised before anything changes.
+
+        With ``later`` (and ``src``; the C code only, else as without) the marking and the
+        copy run on the C extension's lane thread while the caller goes on, and ``add``
+        returns None: :meth:`sync` must run before any row of ``src`` changes (every other
+        method syncs first); it adds the lookup's ids minus its new positions to
+        :attr:`overcount`."""
+        self.sync()
         n = ids.numel()
         if n == 0:
             return 0
@@ -137,11 +166,16 @@ class FreshRows:
         q = ids.contiguous().numpy()
         if native_enabled() and (src is None or src.is_contiguous()):
             self._valid_bits()
-            used = native.mark_fresh(
-                self.slot, self.bits, self.order, q,
-                None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
-                0 if src is None else src.shape[1] * src.element_size(),
-                None if src is None else self._arena_bytes, self.used, self.words)
+            args = (self.slot, self.bits, self.order, q,
+                    None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
+                    0 if src is None else src.shape[1] * src.element_size(),
+                    None if src is None else self._arena_bytes, self.used, self.words)
+            if later and src is not None:
+                self._late = (native.mark_fresh_later(*args), n)
+                if self.owed is not None and self.owed.left:
+                    self.owed.on_lookup(native, q, src, by_occurrence)
+                return None
+            used = native.mark_fresh(*args)
             new = used - self.used  # the C code keeps no repeats
         else:
             used, new = _mark_numpy(self, ids, src, by_occurrence)
@@ -151,6 +185,14 @@ class FreshRows:
         if self.owed is not None and self.owed.left:  # before the update: the owed value
             self.owed.on_lookup(native if native_enabled() else None, q, src, by_occurrence)
         return new
+
+    def sync(self) -> None:
+        """Wait for the marking an :meth:`add` left on the lane thread, if any."""
+        late, self._late = self._late, None
+        if late is not None:
+            used = late[0].wait()
+            self.overcount += late[1] - (used - self.used)
+            self.used = used
 
     def settle(self) -> None:
         """Copy every row a deferred :meth:`take_unordered` still owes (before anything
@@ -165,6 +207,7 @@ class FreshRows:
     def capture(self, max_positions: Optional[int]) -> int:
         """Copy the owed rows among the next ``max_positions`` drained positions (None:
         all); returns the positions walked."""
+        self.sync()
         if not self.owes:
             return 0
         return self.owed.capture(native if native_enabled() else None, max_positions)
@@ -285,6 +328,7 @@ class FreshRows:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the
         arena row holding its FIRST row (:meth:`rows` gathers them); nothing is marked
         afterwards. Work in the positions touched, not the capacity."""
+        self.sync()
         allpos = self.order[:self.used]
         at = np.flatnonzero(self.slot[allpos] == np.arange(1, allpos.size + 1))  # one copy each
         touched = allpos[at]
@@ -306,6 +350,7 @@ class FreshRows:
         self.bits_valid = True
         self.used = 0
         self.numpy_rows = False
+        self.overcount = 0
 
     def _drained(self, used: int) -> None:
         """After a drain of ``used`` arena rows: nothing is marked; an arena (and order)
@@ -314,6 +359,7 @@ class FreshRows:
         the rest of the run; the next lookups reserve what they need)."""
         self.used = 0
         self.numpy_rows = False
+        self.overcount = 0
         held = self.order.nbytes + (0 if self.arena is None
                                     else self.arena.numel() * self.arena.element_size())
         if held > KEEP_BYTES and self.order.size > 4 * max(used, 1):

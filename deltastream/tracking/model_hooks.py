@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 from deltastream.tracking.discovery import LOOKUPS, TrackedTable
+from deltastream.tracking.fresh_rows import spare_core
 from deltastream.tracking.path_choice import PathSwitch
 from deltastream.tracking.recorder import Recorder
 from deltastream.tracking.torchrec_lookups import tap_tables
@@ -112,17 +113,24 @@ class ModelHooks:
             {f: i.module for f, i in self._tables.items()
              if i.kind == TORCHREC_KIND and i.path == LOOKUPS},
             self._on_torchrec_ids,
-            lambda fqns: [self._switch.before_dense_reload(f) for f in fqns], eager))
+            lambda fqns: [self._switch.before_dense_reload(f) for f in fqns], eager,
+            self._before_update if spare_core() else None))
 
     def _paused(self) -> bool:
         return getattr(self._local, "pause_depth", 0) > 0
 
-    def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor) -> None:
+    def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor, later: bool) -> None:
         if self._paused():
             self._rec.counts["lookups_paused"] += 1
             return
         with self._lock:
-            self._rec.record_lookup(fqn, local_ids, None)
+            self._rec.record_lookup(fqn, local_ids, None, later)
+
+    def _before_update(self) -> None:
+        # a fused kernel's backward is next: the FIRST rows copied off the training thread
+        # must be in the arena before it writes the rows
+        with self._lock:
+            self._rec.sync_lookups()
 
     def _on_forward(self, fqn: str, module: torch.nn.Module, args: tuple, kwargs: dict,
                     output: Any) -> None:

@@ -33,6 +33,13 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
+ *   mark_fresh_later(same arguments) -> Marking
+ *       mark_fresh checked now and run on the lane thread (../native_lane.h) without the
+ *       GIL: the caller goes on and calls Marking.wait() -> used' before it touches any of
+ *       the buffers, or a row of src changes (Marking.done: whether it ran, no wait). The
+ *       Marking holds the buffers until then (its deallocation waits too).
+ *   hold_lane(on)
+ *       With a true on, queued markings wait until hold_lane(False) (tests).
  *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
@@ -60,8 +67,10 @@
  *       entry is checked before anything is written (IndexError / ValueError).
  */
 #include "../native_buffers.h"
+#include "../native_lane.h"
 #include "../native_rows.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -96,6 +105,18 @@ static int check_words(const Py_buffer *words, Py_ssize_t nb) {
     return 0;
 }
 
+/* One lookup's marking, parsed and checked (mark_setup): everything mark_run needs, no
+ * Python object (mark_fresh_later runs it on the lane thread, without the GIL). */
+typedef struct {
+    const void *ids;
+    int wide, by_occurrence;
+    Py_ssize_t n, used, rb;
+    uint8_t *bt, *wd, *a; /* bits, words (or NULL), arena (or NULL) */
+    int32_t *s;
+    int64_t *o;
+    const uint8_t *w; /* src (or NULL) */
+} Mark;
+
 /* The ids are taken CHUNK at a time: the marking pass collects the chunk's new positions,
  * then their rows are copied with prefetching (only new rows: a repeat's row is not
  * fetched at all). */
@@ -103,7 +124,7 @@ static int check_words(const Py_buffer *words, Py_ssize_t nb) {
 
 #define MARK_LOOP(T)                                                                     \
     do {                                                                                 \
-        const T *q = (const T *)ids->buf;                                                \
+        const T *q = (const T *)m->ids;                                                  \
         int64_t from[CHUNK];                                                             \
         for (Py_ssize_t lo = 0; lo < n; lo += CHUNK) {                                   \
             Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n, k = 0;                      \
@@ -119,85 +140,187 @@ static int check_words(const Py_buffer *words, Py_ssize_t nb) {
                     wd[p >> 9] |= (uint8_t)(1u << ((p >> 6) & 7));                       \
                 s[p] = (int32_t)(used + k + 1);                                          \
                 o[used + k] = (int64_t)p;                                                \
-                from[k++] = by_occurrence ? (int64_t)i : (int64_t)p;                     \
+                from[k++] = m->by_occurrence ? (int64_t)i : (int64_t)p;                  \
             }                                                                            \
-            if (w != NULL)                                                               \
-                copy_rows_at(a + (uint64_t)used * rb, NULL, w, from, k, rb);             \
+            if (m->w != NULL)                                                            \
+                copy_rows_at(m->a + (uint64_t)used * m->rb, NULL, m->w, from, k, m->rb); \
             used += k;                                                                   \
         }                                                                                \
     } while (0)
 
-static PyObject *mark_fresh(PyObject *self, PyObject *args) {
+/* Mark m's ids (see mark_fresh); returns the new used. */
+static Py_ssize_t mark_run(const Mark *m) {
+    Py_ssize_t n = m->n, used = m->used;
+    uint8_t *bt = m->bt, *wd = m->wd;
+    int32_t *s = m->s;
+    int64_t *o = m->o;
+    if (m->wide)
+        MARK_LOOP(int64_t);
+    else
+        MARK_LOOP(int32_t);
+    return used;
+}
+
+/* mark_fresh's arguments taken into bs and checked into m; -1 with an error set. */
+static int mark_setup(PyObject *args, Bufs *bs, Mark *m) {
     PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena, *o_words = Py_None;
     int by_occurrence;
     Py_ssize_t used, rb;
     if (!PyArg_ParseTuple(args, "OOOOOpnOn|O", &o_slot, &o_bits, &o_order, &o_ids, &o_src,
                           &by_occurrence, &rb, &o_arena, &used, &o_words))
-        return NULL;
-    Bufs bs = {.n = 0};
-    PyObject *ret = NULL;
-    Py_buffer *slot = take(&bs, o_slot, 1, "slot");
-    Py_buffer *bits = slot == BAD ? NULL : take(&bs, o_bits, 1, "bits");
-    Py_buffer *order = bits == BAD ? NULL : take(&bs, o_order, 1, "order");
-    Py_buffer *ids = order == BAD ? NULL : take(&bs, o_ids, 0, "ids");
-    Py_buffer *src = ids == BAD ? NULL : take(&bs, o_src, 0, "src");
-    Py_buffer *arena = src == BAD ? NULL : take(&bs, o_arena, 1, "arena");
-    Py_buffer *words = arena == BAD ? NULL : take(&bs, o_words, 1, "words");
+        return -1;
+    Py_buffer *slot = take(bs, o_slot, 1, "slot");
+    Py_buffer *bits = slot == BAD ? NULL : take(bs, o_bits, 1, "bits");
+    Py_buffer *order = bits == BAD ? NULL : take(bs, o_order, 1, "order");
+    Py_buffer *ids = order == BAD ? NULL : take(bs, o_ids, 0, "ids");
+    Py_buffer *src = ids == BAD ? NULL : take(bs, o_src, 0, "src");
+    Py_buffer *arena = src == BAD ? NULL : take(bs, o_arena, 1, "arena");
+    Py_buffer *words = arena == BAD ? NULL : take(bs, o_words, 1, "words");
     if (slot == BAD || bits == BAD || order == BAD || ids == BAD || src == BAD ||
         arena == BAD || words == BAD)
-        goto done;
+        return -1;
     if (!slot || !bits || !order || !ids) {
         PyErr_SetString(PyExc_TypeError, "slot, bits, order and ids are required");
-        goto done;
+        return -1;
     }
     if (check_item(slot, 4, "i", "slot") < 0 || check_item(order, 8, "ql", "order") < 0 ||
         check_bits(bits, slot->len / 4) < 0 || check_words(words, bits->len) < 0)
-        goto done;
+        return -1;
     int wide = ids->itemsize == 8;
     if (check_item(ids, wide ? 8 : 4, wide ? "ql" : "i", "ids") < 0)
-        goto done;
+        return -1;
     Py_ssize_t cap = slot->len / 4, n = ids->len / ids->itemsize;
-    if (n == 0) {
-        ret = PyLong_FromSsize_t(used);
-        goto done;
-    }
+    *m = (Mark){.ids = ids->buf, .wide = wide, .by_occurrence = by_occurrence, .n = n,
+                .used = used, .rb = rb, .bt = (uint8_t *)bits->buf,
+                .wd = words ? (uint8_t *)words->buf : NULL,
+                .a = arena ? (uint8_t *)arena->buf : NULL, .s = (int32_t *)slot->buf,
+                .o = (int64_t *)order->buf, .w = src ? (const uint8_t *)src->buf : NULL};
+    if (n == 0)
+        return 0;
     if (used < 0 || used + n >= INT32_MAX || order->len / 8 < used + n) {
         PyErr_Format(PyExc_ValueError, "order: %zd entries for %zd + %zd rows (at most 2**31 - "
                      "2)", order->len / 8, used, n);
-        goto done;
+        return -1;
     }
     if ((src == NULL) != (arena == NULL)) {
         PyErr_SetString(PyExc_ValueError, "src and arena: both or neither");
-        goto done;
+        return -1;
     }
     if (src != NULL) {
         Py_ssize_t src_rows = by_occurrence ? n : cap;
         if (rb <= 0 || src->len / rb < src_rows) {
             PyErr_Format(PyExc_ValueError, "src: %zd bytes do not hold %zd rows of %zd bytes",
                          src->len, src_rows, rb);
-            goto done;
+            return -1;
         }
         if (arena->len % rb || arena->len / rb < used + n) {
             PyErr_Format(PyExc_ValueError, "arena: %zd bytes do not hold %zd rows of %zd bytes",
                          arena->len, used + n, rb);
-            goto done;
+            return -1;
         }
     }
-    if (check_ids(ids->buf, wide, n, (uint64_t)cap, "lookup", " id", "the table's rows ") < 0)
-        goto done;
-    uint8_t *a = arena ? (uint8_t *)arena->buf : NULL, *bt = (uint8_t *)bits->buf;
-    uint8_t *wd = words ? (uint8_t *)words->buf : NULL;
-    int32_t *s = (int32_t *)slot->buf;
-    int64_t *o = (int64_t *)order->buf;
-    const uint8_t *w = src ? (const uint8_t *)src->buf : NULL;
-    if (wide)
-        MARK_LOOP(int64_t);
-    else
-        MARK_LOOP(int32_t);
-    ret = PyLong_FromSsize_t(used);
-done:
+    return check_ids(ids->buf, wide, n, (uint64_t)cap, "lookup", " id", "the table's rows ");
+}
+
+static PyObject *mark_fresh(PyObject *self, PyObject *args) {
+    Bufs bs = {.n = 0};
+    Mark m;
+    PyObject *ret = mark_setup(args, &bs, &m) < 0 ? NULL : PyLong_FromSsize_t(mark_run(&m));
     release(&bs);
     return ret;
+}
+
+/* mark_fresh_later's result: the marking queued on the lane, with the buffers it uses. */
+typedef struct {
+    PyObject_HEAD
+    LaneJob job;
+    Bufs bs;
+    Mark m;
+    Py_ssize_t used; /* the result, once the job ran */
+    int held;        /* bs not released yet */
+} Marking;
+
+static void marking_run(LaneJob *j) {
+    Marking *mk = (Marking *)((char *)j - offsetof(Marking, job));
+    mk->used = mark_run(&mk->m);
+}
+
+/* Wait for the job (without the GIL) and release its buffers; once. */
+static void marking_finish(Marking *mk) {
+    if (!mk->held)
+        return;
+    if (!lane_finished(&mk->job)) {
+        Py_BEGIN_ALLOW_THREADS
+        lane_wait(&mk->job);
+        Py_END_ALLOW_THREADS
+    }
+    release(&mk->bs);
+    mk->held = 0;
+}
+
+static PyObject *marking_wait(PyObject *self, PyObject *unused) {
+    Marking *mk = (Marking *)self;
+    marking_finish(mk);
+    return PyLong_FromSsize_t(mk->used);
+}
+
+static PyObject *marking_done(PyObject *self, void *unused) {
+    Marking *mk = (Marking *)self;
+    return PyBool_FromLong(!mk->held || lane_finished(&mk->job));
+}
+
+static void marking_dealloc(PyObject *self) {
+    marking_finish((Marking *)self); /* the lane must be done with the buffers */
+    PyObject_Free(self);
+}
+
+static PyMethodDef marking_methods[] = {
+    {"wait", marking_wait, METH_NOARGS, "wait() -> used: wait until the marking ran"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef marking_getset[] = {
+    {"done", marking_done, NULL, "whether the marking ran (no wait)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject MarkingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "deltastream.tracking.native.Marking",
+    .tp_basicsize = sizeof(Marking),
+    .tp_dealloc = marking_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A mark_fresh queued on the lane thread (mark_fresh_later).",
+    .tp_methods = marking_methods,
+    .tp_getset = marking_getset,
+};
+
+static PyObject *hold_lane(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    lane_hold(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mark_fresh_later(PyObject *self, PyObject *args) {
+    Marking *mk = PyObject_New(Marking, &MarkingType);
+    if (mk == NULL)
+        return NULL;
+    mk->bs.n = 0;
+    mk->held = 1;
+    mk->job.done = 1; /* not queued yet */
+    mk->used = 0;
+    if (mark_setup(args, &mk->bs, &mk->m) < 0) {
+        Py_DECREF(mk); /* not queued: the dealloc only releases the buffers */
+        return NULL;
+    }
+    mk->job.run = marking_run;
+    if (mk->m.n == 0 || lane_submit(&mk->job) < 0) { /* nothing to do, or no thread: now */
+        mk->used = mark_run(&mk->m);
+        mk->job.done = 1;
+    }
+    return (PyObject *)mk;
 }
 
 /* One row to a destination that is not read again soon: with full 16-byte pieces at 16-byte
@@ -619,6 +742,11 @@ static PyMethodDef methods[] = {
      "-> used: "
      "mark new "
      "ids, copy their rows"},
+    {"mark_fresh_later", mark_fresh_later, METH_VARARGS,
+     "mark_fresh_later(same as mark_fresh) -> Marking: mark_fresh on the lane thread; "
+     "Marking.wait() -> used"},
+    {"hold_lane", hold_lane, METH_O,
+     "hold_lane(on): keep the lane's queued markings waiting (tests)"},
     {"drain_marked", drain_marked, METH_VARARGS,
      "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k: "
      "marked positions ascending"},
@@ -636,4 +764,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native",
                                     "FIRST-row bookkeeping of TorchRec shards on the CPU.",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_native(void) {
+    if (PyType_Ready(&MarkingType) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -135,18 +135,30 @@ class UniqueLookups(PendingLookups):
         self.marks = self.fresh.marks
 
     def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor] = None,
-            rows: Optional[torch.Tensor] = None) -> None:
+            rows: Optional[torch.Tensor] = None, later: bool = False) -> None:
         """Record a lookup of int32/int64 CPU ``positions`` ``[n]`` (repeats allowed, each
         ``< marks.numel()``: :meth:`grow` first; ``IndexError`` otherwise, nothing
         recorded). With ``weight`` (the table's ``[capacity, dim]`` rows, before the update)
         or ``rows`` (the lookup's output ``[n, dim]``, row ``i`` the row at
         ``positions[i]``) keep the FIRST state of each new position; with neither, the
-        positions only."""
+        positions only. With ``later`` the marking may run on the C code's lane thread
+        (:meth:`FreshRows.add`): :meth:`sync` before a row of ``weight`` changes; until
+        then the lookup counts as its ``n`` ids (``n`` stays an upper bound)."""
         src = weight if weight is not None else rows
-        k = self.fresh.add(positions, src, by_occurrence=weight is None)
-        self.n += k
+        k = self.fresh.add(positions, src, by_occurrence=weight is None, later=later)
+        if k is None:
+            k = int(positions.numel())
+        # what the markings run later (each with rows) counted too many
+        over, self.fresh.overcount = self.fresh.overcount, 0
+        self.n += k - over
+        self.n_states = max(0, self.n_states - over)
         if src is not None:
             self.n_states += k
+
+    def sync(self) -> None:
+        """Wait for a marking :meth:`add` left on the lane thread (before the table's rows
+        change)."""
+        self.fresh.sync()
 
     def drain(self, table: Any, with_states: bool
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -138,12 +138,13 @@ class Recorder:
 
     # ------------------------------------------------------------------ recording
 
-    def record_lookup(self, fqn: str, ids: torch.Tensor, output: Any) -> None:
+    def record_lookup(self, fqn: str, ids: torch.Tensor, output: Any,
+                      later: bool = False) -> None:
         """A lookup of a non-positional table: ``ids`` (flattened int tensor) and the
-        forward's ``output``."""
+        forward's ``output``; ``later``: see :meth:`record_positions`."""
         info = self.tables[fqn]
         if fqn in self.pending:  # a dense table on the lookups path: positions = ids
-            self._record_dense(fqn, info, ids, output)
+            self._record_dense(fqn, info, ids, output, later)
             return
         n = int(ids.numel())
         self.counts["lookups_recorded"] += 1
@@ -169,7 +170,7 @@ class Recorder:
         self.enforce_bound_if_set()
 
     def _record_dense(self, fqn: str, info: TrackedTable, ids: torch.Tensor,
-                      output: Any) -> None:
+                      output: Any, later: bool = False) -> None:
         unique = isinstance(self.pending[fqn], UniqueLookups)
         # kept as is (CUDA): a copy, the caller may reuse its id buffer before the flush
         pos = ids.to(torch.int64, copy=not unique)
@@ -185,16 +186,20 @@ class Recorder:
                 rows = output.detach().reshape(pos.numel(), info.dim)
             else:
                 self.degrade(fqn, "forward output is not [*ids.shape, dim]")
-        self.record_positions(fqn, pos, rows, whole_table=whole)
+        self.record_positions(fqn, pos, rows, whole_table=whole, later=later)
 
     def record_positions(self, fqn: str, positions: torch.Tensor,
-                         rows: Optional[torch.Tensor], whole_table: bool = False) -> None:
+                         rows: Optional[torch.Tensor], whole_table: bool = False,
+                         later: bool = False) -> None:
         """A training lookup of a positional table: its int64 ``positions`` ``[n]`` and, in
         EMBEDDING mode, the rows before the update: ``rows`` ``[n, dim]`` (the forward's
         output; a CUDA table borrows it, checked for in-place changes at the flush through
         its version counter) or, with ``whole_table``, the table's ``[capacity, dim]``
         weight. No copy, sort or sync on CUDA; on the CPU only the positions new since the
-        flush are kept, with a copy of their rows (:class:`UniqueLookups`)."""
+        flush are kept, with a copy of their rows (:class:`UniqueLookups`). With
+        ``later`` and ``whole_table`` that copy may run on the C code's lane thread while
+        training goes on: :meth:`sync_lookups` must run before the table's rows change (a
+        gradient hook on the lookup's output)."""
         n = positions.numel()
         p = self.pending[fqn]
         keep = self.with_states and not (self.touched.is_degraded(fqn) or p.stateless
@@ -205,7 +210,7 @@ class Recorder:
             p.grow(int(self.row_maps[fqn].capacity))
             src = rows.detach() if keep else None
             p.add(positions, weight=src if whole_table else None,
-                  rows=None if whole_table else src)
+                  rows=None if whole_table else src, later=later and whole_table)
         else:
             p.pos.append(positions)
             p.n += n
@@ -305,8 +310,16 @@ class Recorder:
                 max_positions -= walked
         return not any(f.owes for f in owing)
 
+    def sync_lookups(self) -> None:
+        """Wait for every lookup's marking left on the lane thread (before rows change)."""
+        for p in self.pending.values():
+            if isinstance(p, UniqueLookups):
+                p.sync()
+
     def settle_all(self) -> None:
-        """Copy every owed current row (before a change the lookups do not see)."""
+        """Finish every lookup's marking and copy every owed current row (before a change
+        the lookups do not see)."""
+        self.sync_lookups()
         self.capture(None)
 
     def drained_positions(self, fqn: str, ids: torch.Tensor) -> Optional[torch.Tensor]:

@@ -68,37 +68,55 @@ def fused_slots(owner: torch.nn.Module) -> set[Slot]:
 class LookupTap:
     """Forward hooks on the fused kernels of one sharded collection.
 
-    After the kernel's forward, not before: its fused optimizer changes the rows only in the
-    backward, so they still hold their FIRST state, and the forward has just read them (the
-    tracker's copy of each new row then mostly hits the cache: 0.15 instead of 0.21 ms per
-    step in ``deltastream bench torchrec-tracker --collection ebc``).
+    Its fused optimizer changes the rows only in the backward, so during the forward they
+    still hold their FIRST state. Without ``before_update`` the ids are recorded after the
+    kernel's forward, which has just read the rows (the tracker's copy of each new row then
+    mostly hits the cache: 0.15 instead of 0.21 ms per step in ``deltastream bench
+    torchrec-tracker --collection ebc``). With it, before the forward, ``later``: the marking
+    and the copy run on the C code's lane thread beside the kernel (the rows it copies are
+    in the shared cache when the kernel reads them), and a gradient hook on the kernel's
+    output calls ``before_update``, which waits for them, before the kernel's backward (an
+    output that needs no gradient: right after the forward).
 
     Args:
         owner: the sharded collection (its ``training`` flag says whether a lookup trains:
             the kernels are not registered submodules, so ``model.eval()`` reaches only it).
         keys: ``{slot: tracker key}`` of the shards to report.
-        on_ids: ``on_ids(key, local_ids)`` per training lookup of a reported shard
-            (``local_ids``: int64 ``[n]``, rows of the local shard, repeats allowed).
-        wrap: applied to the hook (the tracker keeps its hooks out of ``torch.compile``).
+        on_ids: ``on_ids(key, local_ids, later)`` per training lookup of a reported shard
+            (``local_ids``: int64 ``[n]``, rows of the local shard, repeats allowed;
+            ``later``: the FIRST rows may be copied off the training thread until
+            ``before_update`` runs).
+        wrap: applied to the hooks (the tracker keeps its hooks out of ``torch.compile``).
+        before_update: called by a gradient hook on the kernel's output, before the
+            kernel's backward; None: every lookup is recorded with ``later`` False.
     """
 
     def __init__(self, owner: torch.nn.Module, keys: dict[Slot, str],
-                 on_ids: Callable[[str, torch.Tensor], None],
-                 wrap: Callable[[Any], Any] = lambda f: f) -> None:
+                 on_ids: Callable[[str, torch.Tensor, bool], None],
+                 wrap: Callable[[Any], Any] = lambda f: f,
+                 before_update: Optional[Callable[[], None]] = None) -> None:
         self._owner = owner
         self._on_ids = on_ids
+        self._before_update = before_update
+        self._sync_hook = wrap(self._sync_hook)
         self.handles: list[Any] = []
         for kernel in _kernels(owner):
             if not _is_fused(kernel):
                 continue
             routes = [(keys.get(slot) if slot is not None else None, nf)
                       for slot, nf in _slots_of(kernel)]
-            if any(k is not None for k, _ in routes):
+            if not any(k is not None for k, _ in routes):
+                continue
+            if before_update is None:
                 self.handles.append(kernel.register_forward_hook(
-                    wrap(self._hook(routes))))
+                    wrap(self._hook(routes, False))))
+            else:
+                self.handles.append(kernel.register_forward_pre_hook(
+                    wrap(self._hook(routes, True))))
+                self.handles.append(kernel.register_forward_hook(wrap(self._after)))
 
-    def _hook(self, routes: list[tuple[Optional[str], int]]):
-        def hook(kernel: torch.nn.Module, args: tuple, output: Any) -> None:
+    def _hook(self, routes: list[tuple[Optional[str], int]], later: bool):
+        def hook(kernel: torch.nn.Module, args: tuple, output: Any = None) -> None:
             if not args or not (self._owner.training and torch.is_grad_enabled()):
                 return
             features = args[0]
@@ -108,10 +126,21 @@ class LookupTap:
             for key, nf in routes:
                 n = int(sum(lengths[f:f + nf]))
                 if key is not None and n:
-                    self._on_ids(key, values[start:start + n].to(torch.int64))
+                    self._on_ids(key, values[start:start + n].to(torch.int64), later)
                 start += n
                 f += nf
         return hook
+
+    def _after(self, kernel: torch.nn.Module, args: tuple, output: Any) -> None:
+        # the FIRST rows are copied while training goes on, until the gradient reaches the
+        # output: the kernel's backward (a fused optimizer's update) comes after
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self._sync_hook)
+        elif args and self._owner.training and torch.is_grad_enabled():
+            self._before_update()
+
+    def _sync_hook(self, grad: torch.Tensor) -> None:
+        self._before_update()
 
     def remove(self) -> None:
         """Remove the hooks."""
@@ -120,20 +149,21 @@ class LookupTap:
         self.handles = []
 
 
-def tap_tables(tables: dict[str, Any], on_ids: Callable[[str, torch.Tensor], None],
+def tap_tables(tables: dict[str, Any], on_ids: Callable[[str, torch.Tensor, bool], None],
                on_reload: Callable[[list[str]], Any],
-               wrap: Callable[[Any], Any] = lambda f: f) -> list[Any]:
+               wrap: Callable[[Any], Any] = lambda f: f,
+               before_update: Optional[Callable[[], None]] = None) -> list[Any]:
     """Hook every collection holding one of ``tables`` (``{tracker key: TorchRecTable}`` on
-    the lookups path): a :class:`LookupTap` calling ``on_ids(key, local_ids)``, and a
-    ``load_state_dict`` pre-hook calling ``on_reload(keys of that collection)``. Returns
-    the hook handles (``remove()`` each to detach)."""
+    the lookups path): a :class:`LookupTap` calling ``on_ids(key, local_ids, later)`` and
+    ``before_update``, and a ``load_state_dict`` pre-hook calling ``on_reload(keys of that
+    collection)``. Returns the hook handles (``remove()`` each to detach)."""
     owners: dict[int, tuple[torch.nn.Module, dict[Slot, str]]] = {}
     for key, t in tables.items():
         owners.setdefault(id(t.owner), (t.owner, {}))[1][
             (t.name, t.row_offset, t.column_offset)] = key
     handles: list[Any] = []
     for owner, keys in owners.values():
-        handles.extend(LookupTap(owner, keys, on_ids, wrap).handles)
+        handles.extend(LookupTap(owner, keys, on_ids, wrap, before_update).handles)
         fqns = list(keys.values())
         handles.append(owner.register_load_state_dict_pre_hook(
             wrap(lambda m, *a, fqns=fqns: on_reload(fqns))))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from deltastream.tracking import fresh_rows
-from deltastream.tracking.fresh_rows import FreshRows
+from deltastream.tracking.fresh_rows import FreshRows, as_bytes
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -389,3 +389,109 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
     pos2, at2, arena2, _ = f.take_unordered()
     assert pos2.tolist() == [3, 7] and torch.equal(arena2[at2], weight[[3, 7]])
     assert f.take_unordered() is None  # nothing marked since
+
+
+def _later_interval(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int):
+    """:func:`_interval` with every marking run later: synced before the weight moves (as
+    the tracker's gradient hook runs before a fused kernel's backward), then drained."""
+    f = FreshRows(capacity)
+    counted = 0
+    for q in lookups:
+        k = f.add(q, weight, later=True)  # None when it runs later (the C code)
+        counted += q.numel() if k is None else k
+        f.sync()
+        weight.index_add_(0, q.long(), torch.ones(q.numel(), weight.shape[1],
+                                                   dtype=weight.dtype))
+    marked = counted - f.overcount  # the positions marked, from the lookups' id counts
+    return f.drain(True) + (marked,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_markings_run_later_equal_markings_now(fresh_path, dtype, id_dtype):
+    g = torch.Generator().manual_seed(7)
+    capacity = 3000
+    lookups = [(torch.rand(900, generator=g) ** 4 * capacity).to(id_dtype) for _ in range(6)]
+    weight = torch.randn(capacity, 33, generator=g).to(dtype)
+    want_ids, want_rows = _expected(lookups, weight.clone())
+    ids, rows, marked = _later_interval(lookups, weight, capacity)
+    assert torch.equal(ids, want_ids) and torch.equal(rows, want_rows)
+    assert marked == want_ids.numel()
+
+
+def test_every_method_waits_for_a_marking_run_later(fresh_path):
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(500, 8, generator=g)
+    q1, q2 = torch.tensor([4, 9, 4, 7]), torch.tensor([9, 1, 499])
+    for finish in ("add", "drain", "drain_by_key", "grow", "clear"):
+        f = FreshRows(500)
+        f.add(q1, weight, later=True)
+        if finish == "add":  # a second lookup: the first's marks must be in place
+            f.add(q2, weight, later=True)
+            ids, rows = f.drain(True)
+            assert ids.tolist() == [1, 4, 7, 9, 499] and torch.equal(rows, weight[ids])
+        elif finish == "drain":
+            ids, rows = f.drain(True)
+            assert ids.tolist() == [4, 7, 9] and torch.equal(rows, weight[ids])
+        elif finish == "drain_by_key":
+            ids, pos, rows = f.drain_by_key(torch.arange(500) * -1, True)
+            assert ids.tolist() == [-9, -7, -4] and torch.equal(rows, weight[pos])
+        elif finish == "grow":
+            f.grow(800)
+            assert f.drain(False)[0].tolist() == [4, 7, 9]
+        else:
+            f.clear()
+            assert f.drain(False)[0].numel() == 0 and f.overcount == 0
+
+
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE, reason="deltastream.tracking.native "
+                    "is not built")
+def test_a_marking_on_the_lane_copies_the_rows_as_they_are_when_it_runs():
+    """The lane copies a row when it runs, not when the marking is queued: a change of the
+    table before :meth:`FreshRows.sync` would be taken as the FIRST state (what the tracker's
+    gradient hook exists to prevent), and ``sync`` waits for a held lane."""
+    import threading
+
+    native = fresh_rows.native
+    weight = torch.zeros(100, 4)
+    f = FreshRows(100)
+    native.hold_lane(True)
+    try:
+        f.add(torch.tensor([3, 5]), weight, later=True)
+        weight[3] = 1.0  # an update before the sync
+        threading.Timer(0.2, native.hold_lane, (False,)).start()
+        f.sync()  # waits for the timer to release the lane
+    finally:
+        native.hold_lane(False)
+    ids, rows = f.drain(True)
+    assert ids.tolist() == [3, 5] and rows[0].tolist() == [1.0] * 4 and not rows[1].any()
+    # a marking dropped before anyone waited for it still runs before its buffers go
+    slot, bits = np.zeros(100, np.int32), np.zeros(13, np.uint8)
+    order, arena = np.empty(8, np.int64), torch.empty(8, 4)
+    native.hold_lane(True)
+    m = native.mark_fresh_later(slot, bits, order, np.array([7, 7, 2]), as_bytes(weight),
+                                False, 16, as_bytes(arena), 0)
+    assert not m.done
+    threading.Timer(0.1, native.hold_lane, (False,)).start()
+    del m  # the deallocation waits for the lane
+    assert order[:2].tolist() == [7, 2] and slot[7] == 1 and slot[2] == 2
+
+
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE or not hasattr(os, "fork"),
+                    reason="needs deltastream.tracking.native and fork()")
+def test_a_forked_child_runs_markings_on_a_lane_of_its_own():
+    weight = torch.randn(50, 4)
+    f = FreshRows(50)
+    f.add(torch.tensor([1, 2]), weight, later=True)  # the parent's lane is up
+    pid = os.fork()
+    if pid == 0:  # the child: no lane thread was copied; a marking starts one
+        code = 1
+        try:
+            f.add(torch.tensor([2, 30]), weight, later=True)
+            ids, rows = f.drain(True)
+            code = 0 if ids.tolist() == [1, 2, 30] and torch.equal(rows, weight[ids]) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert f.drain(False)[0].tolist() == [1, 2]

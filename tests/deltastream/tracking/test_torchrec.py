@@ -179,6 +179,46 @@ def test_dmp_every_sharding_and_fused_optimizer_exact(gloo_world_1):
         assert sorted(read) == sorted(tables) and all(len(d) == 0 for d in read.values())
 
 
+def test_dmp_first_rows_copied_off_the_training_thread_before_the_fused_update(
+        gloo_world_1, monkeypatch):
+    """With a core to spare the FIRST rows are copied on the C code's lane thread while the
+    kernels run; the gradient hook on each kernel's output waits for them before the fused
+    update. A held lane (the copy still queued when the backward starts) proves the wait:
+    without it the update would be read as the FIRST state."""
+    import threading
+
+    from deltastream.tracking import fresh_rows
+    from tests.deltastream.tracking.torchrec_models import (
+        bag_tables,
+        batches,
+        build_dmp,
+        seq_tables,
+    )
+
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one core to spare here
+    monkeypatch.setattr(fresh_rows.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert fresh_rows.spare_core()
+    dmp = build_dmp(bag_tables(), seq_tables(), 1)
+    tracker = DeltaTracker(dmp, mode=TrackingMode.EMBEDDING)
+    before = _weights(tracker)
+    native = fresh_rows.native
+    try:
+        for step in range(6):
+            if step % 3 == 1:  # the copies queued, not run, when the backward starts
+                native.hold_lane(True)
+                threading.Timer(0.3, native.hold_lane, (False,)).start()
+            dmp(*batches(dmp.module, step, 0)).backward()
+            tracker.step()
+            if step % 3 == 2:
+                assert _check_exact(tracker, before, tracker.get_delta()) > 0
+                before = _weights(tracker)
+    finally:
+        native.hold_lane(False)
+        tracker.close()
+
+
 def test_torchrec_tracker_bench_runs_small():
     import sys
     from pathlib import Path

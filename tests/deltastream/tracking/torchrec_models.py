@@ -126,7 +126,8 @@ def build_dmp(bags: list[str], seqs: list[str], world: int, seed: int = 0,
     net = Net(bags, seqs)
     for t in bags:
         cls, kw = OPTIMIZERS[optimizer_of(t)]
-        apply_optimizer_in_backward(cls, [net.ebc.embedding_bags[t].weight], kw)
+        # a copy: TorchRec adds to the kwargs it is given (a second model would fail)
+        apply_optimizer_in_backward(cls, [net.ebc.embedding_bags[t].weight], dict(kw))
     for t in seqs:
         apply_optimizer_in_backward(torch.optim.SGD, [net.ec.embeddings[t].weight],
                                     {"lr": 0.05})

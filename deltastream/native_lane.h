@@ -1,0 +1,135 @@
+/* One background thread per process that runs queued C jobs without the GIL (deltastream's
+ * C extensions: the tracker's FIRST-row marking runs there while the training thread goes on).
+ *
+ *   lane_submit(job)  queue a job (GIL held); -1 when the thread cannot start: run it yourself
+ *   lane_finished(job) whether it ran (no wait)
+ *   lane_wait(job)    wait until it ran (call without the GIL)
+ *   lane_hold(on)     keep queued jobs waiting (tests: a job still running when the caller
+ *                     goes on); a fork while jobs are held waits for them
+ *
+ * Jobs run one at a time, in the order queued. A job touches no Python object: it reads and
+ * writes memory its submitter keeps alive (Py_buffers held until it is waited for). The
+ * thread blocks every signal (Python's handlers run on the main thread) and is started on
+ * the first submit. fork(): the prepare handler waits until no job is queued or running, so
+ * a child never inherits half-done work; the child starts a thread of its own when it needs
+ * one.
+ */
+#ifndef DELTASTREAM_NATIVE_LANE_H
+#define DELTASTREAM_NATIVE_LANE_H
+
+#include <pthread.h>
+#include <signal.h>
+
+typedef struct LaneJob {
+    void (*run)(struct LaneJob *);
+    struct LaneJob *next;
+    int done; /* guarded by lane_mu */
+} LaneJob;
+
+static pthread_mutex_t lane_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t lane_more = PTHREAD_COND_INITIALIZER; /* a job was queued */
+static pthread_cond_t lane_ran = PTHREAD_COND_INITIALIZER;  /* a job finished */
+static LaneJob *lane_head = NULL, *lane_tail = NULL;
+static int lane_running = 0; /* the thread is in a job */
+static int lane_up = 0;      /* the thread exists in this process */
+static int lane_atfork = 0;  /* the fork handlers are registered */
+static int lane_held = 0;    /* lane_hold */
+
+static void *lane_main(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&lane_mu);
+    for (;;) {
+        while (lane_head == NULL || lane_held)
+            pthread_cond_wait(&lane_more, &lane_mu);
+        LaneJob *j = lane_head;
+        lane_head = j->next;
+        if (lane_head == NULL)
+            lane_tail = NULL;
+        lane_running = 1;
+        pthread_mutex_unlock(&lane_mu);
+        j->run(j);
+        pthread_mutex_lock(&lane_mu);
+        j->done = 1;
+        lane_running = 0;
+        pthread_cond_broadcast(&lane_ran);
+    }
+    return NULL;
+}
+
+static void lane_prepare(void) {
+    pthread_mutex_lock(&lane_mu);
+    while (lane_head != NULL || lane_running)
+        pthread_cond_wait(&lane_ran, &lane_mu);
+}
+
+static void lane_parent(void) { pthread_mutex_unlock(&lane_mu); }
+
+static void lane_child(void) {
+    /* the one thread of the child holds lane_mu; the lane thread was not copied */
+    lane_up = 0;
+    pthread_cond_init(&lane_more, NULL);
+    pthread_cond_init(&lane_ran, NULL);
+    pthread_mutex_unlock(&lane_mu);
+}
+
+static int lane_submit(LaneJob *j) {
+    j->next = NULL;
+    j->done = 0;
+    pthread_mutex_lock(&lane_mu);
+    if (!lane_up) {
+        if (!lane_atfork) {
+            if (pthread_atfork(lane_prepare, lane_parent, lane_child) != 0)
+                goto refuse;
+            lane_atfork = 1;
+        }
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old); /* inherited by the new thread */
+        pthread_attr_t at;
+        pthread_t t;
+        int rc = pthread_attr_init(&at);
+        if (rc == 0) {
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            rc = pthread_create(&t, &at, lane_main, NULL);
+            pthread_attr_destroy(&at);
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc != 0)
+            goto refuse;
+        lane_up = 1;
+    }
+    if (lane_tail != NULL)
+        lane_tail->next = j;
+    else
+        lane_head = j;
+    lane_tail = j;
+    pthread_cond_signal(&lane_more);
+    pthread_mutex_unlock(&lane_mu);
+    return 0;
+refuse:
+    pthread_mutex_unlock(&lane_mu);
+    return -1;
+}
+
+static void lane_hold(int on) {
+    pthread_mutex_lock(&lane_mu);
+    lane_held = on;
+    pthread_cond_broadcast(&lane_more);
+    pthread_mutex_unlock(&lane_mu);
+}
+
+static int lane_finished(LaneJob *j) {
+    pthread_mutex_lock(&lane_mu);
+    int d = j->done;
+    pthread_mutex_unlock(&lane_mu);
+    return d;
+}
+
+static void lane_wait(LaneJob *j) {
+    pthread_mutex_lock(&lane_mu);
+    while (!j->done)
+        pthread_cond_wait(&lane_ran, &lane_mu);
+    pthread_mutex_unlock(&lane_mu);
+}
+
+#endif
