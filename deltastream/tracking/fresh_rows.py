@@ -131,7 +131,6 @@ class FreshRows:
     def clear(self) -> None:
         """Forget every lookup (the arena is kept for the next interval)."""
         self.settle()
-        self.overcount = 0
         if self.used:  # something may be marked (a drain leaves nothing marked)
             self.slot[:] = 0
             self.bits[:] = 0
