@@ -173,7 +173,8 @@ class Recorder:
                       output: Any, later: bool = False) -> None:
         unique = isinstance(self.pending[fqn], UniqueLookups)
         # kept as is (CUDA): a copy, the caller may reuse its id buffer before the flush
-        pos = ids.to(torch.int64, copy=not unique)
+        pos = ids if unique and ids.dtype == torch.int64 else \
+            ids.to(torch.int64, copy=not unique)
         rows, whole = None, False
         if self.with_states and not self.touched.is_degraded(fqn):
             if info.kind in ("embedding_bag", "torchrec"):

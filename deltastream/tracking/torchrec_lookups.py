@@ -126,7 +126,10 @@ class LookupTap:
             for key, nf in routes:
                 n = int(sum(lengths[f:f + nf]))
                 if key is not None and n:
-                    self._on_ids(key, values[start:start + n].to(torch.int64), later)
+                    v = values[start:start + n]
+                    # .to() costs ~3 us even when it returns its input: only when needed
+                    self._on_ids(key, v if v.dtype == torch.int64 else v.to(torch.int64),
+                                 later)
                 start += n
                 f += nf
         return hook
