@@ -21,11 +21,12 @@ setup(
             optional=True,
         ),
     ] + [
-        # one source each, sharing the buffer and row helpers of deltastream/native_*.h
-        Extension(f"deltastream.{room}.native", [f"deltastream/{room}/native.c"],
+        # sharing the buffer and row helpers of deltastream/native_*.h
+        Extension(f"deltastream.{room}.native", [f"deltastream/{room}/{name}" for name in files],
                   depends=["deltastream/native_buffers.h", "deltastream/native_rows.h",
-                           "deltastream/native_lane.h"],
+                           "deltastream/native_lane.h", "deltastream/tracking/native_tracking.h"],
                   extra_compile_args=["-O3"], optional=True)
-        for room in ("embedding", "publishing", "tracking")
+        for room, files in (("embedding", ["native.c"]), ("publishing", ["native.c"]),
+                            ("tracking", ["native.c", "native_later.c"]))
     ]
 )

@@ -33,13 +33,8 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   mark_fresh_later(same arguments) -> Marking
- *       mark_fresh checked now and run on the lane thread (../native_lane.h) without the
- *       GIL: the caller goes on and calls Marking.wait() -> used' before it touches any of
- *       the buffers, or a row of src changes (Marking.done: whether it ran, no wait). The
- *       Marking holds the buffers until then (its deallocation waits too).
- *   hold_lane(on)
- *       With a true on, queued markings wait until hold_lane(False) (tests).
+ *   mark_fresh_later, hold_lane: native_later.c (mark_fresh run on a background thread
+ *       while the caller goes on).
  *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
@@ -66,11 +61,9 @@
  *       its src row copied to out and its entry cleared; k: rows copied. Every id and owed
  *       entry is checked before anything is written (IndexError / ValueError).
  */
-#include "../native_buffers.h"
-#include "../native_lane.h"
+#include "native_tracking.h"
 #include "../native_rows.h"
 
-#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -105,18 +98,6 @@ static int check_words(const Py_buffer *words, Py_ssize_t nb) {
     return 0;
 }
 
-/* One lookup's marking, parsed and checked (mark_setup): everything mark_run needs, no
- * Python object (mark_fresh_later runs it on the lane thread, without the GIL). */
-typedef struct {
-    const void *ids;
-    int wide, by_occurrence;
-    Py_ssize_t n, used, rb;
-    uint8_t *bt, *wd, *a; /* bits, words (or NULL), arena (or NULL) */
-    int32_t *s;
-    int64_t *o;
-    const uint8_t *w; /* src (or NULL) */
-} Mark;
-
 /* The ids are taken CHUNK at a time: the marking pass collects the chunk's new positions,
  * then their rows are copied with prefetching (only new rows: a repeat's row is not
  * fetched at all). */
@@ -149,7 +130,7 @@ typedef struct {
     } while (0)
 
 /* Mark m's ids (see mark_fresh); returns the new used. */
-static Py_ssize_t mark_run(const Mark *m) {
+Py_ssize_t mark_run(const Mark *m) {
     Py_ssize_t n = m->n, used = m->used;
     uint8_t *bt = m->bt, *wd = m->wd;
     int32_t *s = m->s;
@@ -162,7 +143,7 @@ static Py_ssize_t mark_run(const Mark *m) {
 }
 
 /* mark_fresh's arguments taken into bs and checked into m; -1 with an error set. */
-static int mark_setup(PyObject *args, Bufs *bs, Mark *m) {
+int mark_setup(PyObject *args, Bufs *bs, Mark *m) {
     PyObject *o_slot, *o_bits, *o_order, *o_ids, *o_src, *o_arena, *o_words = Py_None;
     int by_occurrence;
     Py_ssize_t used, rb;
@@ -228,99 +209,6 @@ static PyObject *mark_fresh(PyObject *self, PyObject *args) {
     PyObject *ret = mark_setup(args, &bs, &m) < 0 ? NULL : PyLong_FromSsize_t(mark_run(&m));
     release(&bs);
     return ret;
-}
-
-/* mark_fresh_later's result: the marking queued on the lane, with the buffers it uses. */
-typedef struct {
-    PyObject_HEAD
-    LaneJob job;
-    Bufs bs;
-    Mark m;
-    Py_ssize_t used; /* the result, once the job ran */
-    int held;        /* bs not released yet */
-} Marking;
-
-static void marking_run(LaneJob *j) {
-    Marking *mk = (Marking *)((char *)j - offsetof(Marking, job));
-    mk->used = mark_run(&mk->m);
-}
-
-/* Wait for the job (without the GIL) and release its buffers; once. */
-static void marking_finish(Marking *mk) {
-    if (!mk->held)
-        return;
-    if (!lane_finished(&mk->job)) {
-        Py_BEGIN_ALLOW_THREADS
-        lane_wait(&mk->job);
-        Py_END_ALLOW_THREADS
-    }
-    release(&mk->bs);
-    mk->held = 0;
-}
-
-static PyObject *marking_wait(PyObject *self, PyObject *unused) {
-    Marking *mk = (Marking *)self;
-    marking_finish(mk);
-    return PyLong_FromSsize_t(mk->used);
-}
-
-static PyObject *marking_done(PyObject *self, void *unused) {
-    Marking *mk = (Marking *)self;
-    return PyBool_FromLong(!mk->held || lane_finished(&mk->job));
-}
-
-static void marking_dealloc(PyObject *self) {
-    marking_finish((Marking *)self); /* the lane must be done with the buffers */
-    PyObject_Free(self);
-}
-
-static PyMethodDef marking_methods[] = {
-    {"wait", marking_wait, METH_NOARGS, "wait() -> used: wait until the marking ran"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef marking_getset[] = {
-    {"done", marking_done, NULL, "whether the marking ran (no wait)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject MarkingType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "deltastream.tracking.native.Marking",
-    .tp_basicsize = sizeof(Marking),
-    .tp_dealloc = marking_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A mark_fresh queued on the lane thread (mark_fresh_later).",
-    .tp_methods = marking_methods,
-    .tp_getset = marking_getset,
-};
-
-static PyObject *hold_lane(PyObject *self, PyObject *arg) {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
-        return NULL;
-    lane_hold(on);
-    Py_RETURN_NONE;
-}
-
-static PyObject *mark_fresh_later(PyObject *self, PyObject *args) {
-    Marking *mk = PyObject_New(Marking, &MarkingType);
-    if (mk == NULL)
-        return NULL;
-    mk->bs.n = 0;
-    mk->held = 1;
-    mk->job.done = 1; /* not queued yet */
-    mk->used = 0;
-    if (mark_setup(args, &mk->bs, &mk->m) < 0) {
-        Py_DECREF(mk); /* not queued: the dealloc only releases the buffers */
-        return NULL;
-    }
-    mk->job.run = marking_run;
-    if (mk->m.n == 0 || lane_submit(&mk->job) < 0) { /* nothing to do, or no thread: now */
-        mk->used = mark_run(&mk->m);
-        mk->job.done = 1;
-    }
-    return (PyObject *)mk;
 }
 
 /* One row to a destination that is not read again soon: with full 16-byte pieces at 16-byte
@@ -765,7 +653,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native",
                                     -1, methods};
 
 PyMODINIT_FUNC PyInit_native(void) {
-    if (PyType_Ready(&MarkingType) < 0)
+    if (later_ready() < 0)
         return NULL;
     return PyModule_Create(&module);
 }
