@@ -108,13 +108,16 @@ class ModelHooks:
 
     def _attach_torchrec(self) -> None:
         """Hook the fused kernels of TorchRec tables on the lookups path (their collection's
-        ``load_state_dict`` moves them to the scan)."""
+        ``load_state_dict`` moves them to the scan). CPU tables copy their FIRST rows on
+        the C code's lane thread when torch leaves a core spare (CUDA tables copy none at
+        the lookup: no lane, no gradient hook)."""
+        tables = {f: i.module for f, i in self._tables.items()
+                  if i.kind == TORCHREC_KIND and i.path == LOOKUPS}
+        lane = spare_core() and any(t.device.type == "cpu" for t in tables.values())
         self._handles.extend(tap_tables(
-            {f: i.module for f, i in self._tables.items()
-             if i.kind == TORCHREC_KIND and i.path == LOOKUPS},
-            self._on_torchrec_ids,
+            tables, self._on_torchrec_ids,
             lambda fqns: [self._switch.before_dense_reload(f) for f in fqns], eager,
-            self._before_update if spare_core() else None))
+            self._before_update if lane else None))
 
     def _paused(self) -> bool:
         return getattr(self._local, "pause_depth", 0) > 0
