@@ -225,9 +225,10 @@ def _run(args: argparse.Namespace, configs: list[str]) -> list[dict]:
             times["cpu"][cfg].append((time.process_time() - c0) / k)
     per_step = times[args.clock]
 
-    def ratio(a: str, b: str, clock: str = args.clock) -> float:
-        return statistics.median(x / y for x, y in zip(times[clock][a], times[clock][b],
-                                                       strict=True))
+    def ratios(a: str, b: str) -> dict[str, float]:
+        """Median over rounds of ``a``'s chunk time over ``b``'s, per clock."""
+        return {clock: statistics.median(x / y for x, y in zip(t[a], t[b], strict=True))
+                for clock, t in times.items()}
 
     base = statistics.median(per_step["none"])
     out = []
@@ -236,15 +237,16 @@ def _run(args: argparse.Namespace, configs: list[str]) -> list[dict]:
         extra = {}
         twin = cfg.replace("deltastream", "torchrec")
         if cfg.startswith("deltastream") and twin in per_step:
-            extra["vs_torchrec"] = ratio(cfg, twin)
+            extra["vs_torchrec"] = ratios(cfg, twin)[args.clock]
+        vs_none = ratios(cfg, "none")
         out.append(result(
             f"torchrec_tracker.{cfg}", statistics.median(per_step[cfg]) * 1e3, base * 1e3,
-            goal, "ms/step", ratio=ratio(cfg, "none"), higher_is_better=False,
-            overhead_pct=(ratio(cfg, "none") - 1) * 100, rows=args.rows, dim=args.dim,
+            goal, "ms/step", ratio=vs_none[args.clock], higher_is_better=False,
+            overhead_pct=(vs_none[args.clock] - 1) * 100, rows=args.rows, dim=args.dim,
             batch=args.batch, bag=args.bag, read_every=k, rounds=args.rounds,
             rows_per_read=rows[cfg] / args.rounds, threads=torch.get_num_threads(),
-            clock=args.clock, wall_ratio=ratio(cfg, "none", "wall"),
-            cpu_ratio=ratio(cfg, "none", "cpu"), **extra))
+            clock=args.clock, wall_ratio=vs_none["wall"], cpu_ratio=vs_none["cpu"],
+            **extra))
     return out
 
 

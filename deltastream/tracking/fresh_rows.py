@@ -6,7 +6,8 @@ Two implementations with the same results: the C extension :mod:`deltastream.tra
 lookup, one over the marked words of the marks per read, no temporaries) and numpy (a mask,
 a compression and a scatter per lookup, a ``flatnonzero`` and a gather per read). Without
 the extension (or with ``DELTASTREAM_NATIVE=0`` in the environment, or after
-:func:`use_native(False) <use_native>`) numpy runs. Either path may follow the other inside one interval: both keep the same state.
+:func:`use_native(False) <use_native>`) numpy runs. Either path may follow the other inside
+one interval: both keep the same state.
 
 The state (a :class:`FreshRows` per table, held by
 :class:`~deltastream.tracking.positions.UniqueLookups`): ``slot`` (int32 ``[capacity]``:
@@ -136,9 +137,7 @@ class FreshRows:
             self.bits[:] = 0
             self.words[:] = 0
             self.bits_valid = True
-        self.used = 0
-        self.numpy_rows = False
-        self.overcount = 0
+        self._reset_counts()
 
     def add(self, ids: torch.Tensor, src: Optional[torch.Tensor] = None,
             by_occurrence: bool = False, later: bool = False) -> Optional[int]:
@@ -169,13 +168,12 @@ class FreshRows:
                     None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
                     0 if src is None else src.shape[1] * src.element_size(),
                     None if src is None else self._arena_bytes, self.used, self.words)
-            if later and src is not None:
+            if later and src is not None:  # used and new once it ran (sync)
                 self._late = (native.mark_fresh_later(*args), n)
-                if self.owed is not None and self.owed.left:
-                    self.owed.on_lookup(native, q, src, by_occurrence)
-                return None
-            used = native.mark_fresh(*args)
-            new = used - self.used  # the C code keeps no repeats
+                used, new = self.used, None
+            else:
+                used = native.mark_fresh(*args)
+                new = used - self.used  # the C code keeps no repeats
         else:
             used, new = _mark_numpy(self, ids, src, by_occurrence)
             self.bits_valid = self.bits_valid and new == 0
@@ -347,6 +345,10 @@ class FreshRows:
         self.bits[:] = 0  # 1/32 of slot: cheaper than finding the bytes
         self.words[:] = 0
         self.bits_valid = True
+        self._reset_counts()
+
+    def _reset_counts(self) -> None:
+        """Nothing marked: no arena row written, none by numpy, nothing counted too many."""
         self.used = 0
         self.numpy_rows = False
         self.overcount = 0
@@ -356,9 +358,7 @@ class FreshRows:
         over 4x what this interval used and over :data:`KEEP_BYTES` is released (one
         interval of many lookups, a long pause between reads, must not hold its memory for
         the rest of the run; the next lookups reserve what they need)."""
-        self.used = 0
-        self.numpy_rows = False
-        self.overcount = 0
+        self._reset_counts()
         held = self.order.nbytes + (0 if self.arena is None
                                     else self.arena.numel() * self.arena.element_size())
         if held > KEEP_BYTES and self.order.size > 4 * max(used, 1):

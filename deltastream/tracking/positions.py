@@ -142,7 +142,7 @@ class UniqueLookups(PendingLookups):
         or ``rows`` (the lookup's output ``[n, dim]``, row ``i`` the row at
         ``positions[i]``) keep the FIRST state of each new position; with neither, the
         positions only. With ``later`` the marking may run on the C code's lane thread
-        (:meth:`FreshRows.add`): :meth:`sync` before a row of ``weight`` changes; until
+        (:meth:`FreshRows.add`): ``fresh.sync()`` before a row of ``weight`` changes; until
         then the lookup counts as its ``n`` ids (``n`` stays an upper bound)."""
         src = weight if weight is not None else rows
         k = self.fresh.add(positions, src, by_occurrence=weight is None, later=later)
@@ -154,11 +154,6 @@ class UniqueLookups(PendingLookups):
         self.n_states = max(0, self.n_states - over)
         if src is not None:
             self.n_states += k
-
-    def sync(self) -> None:
-        """Wait for a marking :meth:`add` left on the lane thread (before the table's rows
-        change)."""
-        self.fresh.sync()
 
     def drain(self, table: Any, with_states: bool
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -315,7 +315,7 @@ class Recorder:
         """Wait for every lookup's marking left on the lane thread (before rows change)."""
         for p in self.pending.values():
             if isinstance(p, UniqueLookups):
-                p.sync()
+                p.fresh.sync()
 
     def settle_all(self) -> None:
         """Finish every lookup's marking and copy every owed current row (before a change
