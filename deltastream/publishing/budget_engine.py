@@ -237,6 +237,8 @@ class BudgetEngine:
             new, tombstones = th.live()
             t = self._table(th.fqn, th.current)
             c = t.merge(th.ids, th.first, th.current, new, tombstones, h.tick, th.first_at)
+            if th.give_back is not None:  # merged: the tracker may write them again
+                th.give_back()
             rejected += c.rejected
             out_of_range += c.out_of_range
             exact += c.exact

@@ -316,6 +316,9 @@ class ProcessWorker:
                     t = getattr(h.tables[k], f)
                     if t.numel():
                         _view(self._seg.map, off, shape, dtype).copy_(t)
+                for th in h.tables:  # copied: the tracker may write them again
+                    if th.give_back is not None:
+                        th.give_back()
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
                             charged=h.charged, fqns=[th.fqn for th in h.tables],
                             ordered=[th.ordered for th in h.tables],

@@ -22,7 +22,7 @@ on before it reads. The training stream is never synchronized with the host by t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -51,7 +51,9 @@ class TableHandoff:
     aligned with them, ``first`` the tracker's arena (``first_at[i]`` the row of
     ``ids[i]``), ``new`` None, ``inserted`` the interval's inserted ids (None: a table
     without ``new``); the worker works out ``new`` and the live tombstones
-    (:meth:`live`), not the training thread, and merges the rows in that order."""
+    (:meth:`live`), not the training thread, and merges the rows in that order.
+    ``give_back`` (None: nothing to give): call it once ``first`` and ``current`` are read
+    (merged, or copied elsewhere) — the tracker reuses their memory for a later interval."""
 
     fqn: str
     ids: torch.Tensor
@@ -62,6 +64,7 @@ class TableHandoff:
     inserted: Optional[torch.Tensor] = None
     first_at: Optional[torch.Tensor] = None
     ordered: bool = True
+    give_back: Optional[Callable[[], None]] = None
 
     def __len__(self) -> int:
         return int(self.ids.numel())
@@ -185,7 +188,8 @@ def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows
                             current=copier.host(cur), new=None,
                             tombstones=copier.host(d.tombstones),
                             inserted=copier.host(d.news) if d.dynamic else None,
-                            first_at=copier.host(d.at), ordered=False)
+                            first_at=copier.host(d.at), ordered=False,
+                            give_back=d.give_back)
     if len(d) and d.states is None:
         raise ValueError("a budget needs an EMBEDDING-mode delta (FIRST states) to know "
                          f"serving errors; table {fqn!r} has states=None (use "

@@ -24,7 +24,7 @@ read walks the words its lookups marked, not a large table's every bit.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from deltastream.native_ext import NativeExtension
 from deltastream.tensor_views import as_bytes
 from deltastream.tracking.owed_rows import OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
+from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows",
            "spare_core"]
@@ -85,8 +86,8 @@ class FreshRows:
     """
 
     __slots__ = ("marks", "slot", "bits", "words", "bits_valid", "order", "arena", "used",
-                 "numpy_rows", "owed", "overcount", "_late", "_arena_bytes", "_src_key",
-                 "_src_bytes")
+                 "numpy_rows", "owed", "overcount", "spares", "_late", "_arena_bytes",
+                 "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -113,6 +114,8 @@ class FreshRows:
         self.overcount = 0
         #: (marking, ids) of an :meth:`add` running on the C extension's lane thread
         self._late: Optional[tuple] = None
+        #: arenas and owed-row buffers a reader of :meth:`take_unordered` gave back
+        self.spares = SpareRows(keep=8)
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
@@ -234,9 +237,11 @@ class FreshRows:
         old = self.arena
         if src is None or (old is not None and old.shape[0] >= need and old.dtype == src.dtype):
             return
-        grown = torch.empty((self.order.size, src.shape[1]), dtype=src.dtype)
+        grown = self.spares.take(self.order.size, src.shape[1], src.dtype)
         if self.used and old is not None:
             grown[:self.used] = old[:self.used]
+        if old is not None:  # outgrown (nobody else holds it): a later interval may fit it
+            self.spares.give_back(old)
         self.arena, self._arena_bytes = grown, as_bytes(grown)
 
     def drain(self, with_rows: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -293,14 +298,16 @@ class FreshRows:
         return ids[:k], pos[:k], None if rows is None else rows[:k]
 
     def take_unordered(self, storage: Optional[torch.Tensor] = None
-                       ) -> Optional[tuple[torch.Tensor, ...]]:
-        """``(positions, at, arena, current)``: the marked positions ascending (int64
-        ``[k]``), the arena row holding each one's FIRST row (int64 ``[k]``), the arena
-        (``[k, dim]``, handed over: the next lookups fill a new one) and, with ``storage``
-        (the table's ``[capacity, dim]`` rows), the tensor ``[k, dim]`` their current rows
-        are copied to as they are owed (:mod:`~deltastream.tracking.owed_rows`: complete
-        once :attr:`owes` is 0), else None — one pass over the bits, no sort, no
-        copy of the rows; nothing is marked afterwards. None (nothing done) unless the C
+                       ) -> Optional[tuple[Any, ...]]:
+        """``(positions, at, arena, current, give_back)``: the marked positions ascending
+        (int64 ``[k]``), the arena row holding each one's FIRST row (int64 ``[k]``), the
+        arena (``[k, dim]``, handed over: the next lookups fill another one) and, with
+        ``storage`` (the table's ``[capacity, dim]`` rows), the tensor ``[k, dim]`` their
+        current rows are copied to as they are owed (:mod:`~deltastream.tracking.owed_rows`:
+        complete once :attr:`owes` is 0), else None — one pass over the bits, no sort, no
+        copy of the rows; nothing is marked afterwards. ``give_back()`` (any thread, once
+        nobody reads the arena and current any more) lets later intervals reuse their
+        memory (:mod:`~deltastream.tracking.spare_rows`). None (nothing done) unless the C
         code did every marking of this interval, with rows (numpy keeps a lookup's repeats
         of a new position), or nothing is marked."""
         self.settle()
@@ -315,11 +322,12 @@ class FreshRows:
         at = torch.empty(used, dtype=torch.int64)
         k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(), owed,
                                 self.words)
-        rows = self.arena[:used]
+        base, rows = self.arena, self.arena[:used]
         self.arena, self._arena_bytes = None, None
         self._drained(used)
-        current = None if storage is None else self.owed.start(pos[:k], storage)
-        return pos[:k], at[:k], rows, current
+        current = None if storage is None else self.owed.start(pos[:k], storage, self.spares)
+        lent = (base, None if current is None else self.owed.base)
+        return pos[:k], at[:k], rows, current, lambda: self.spares.give_back(*lent)
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from deltastream.tensor_views import as_bytes
+from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["OwedRows"]
 
@@ -39,12 +40,14 @@ class OwedRows:
         capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
     """
 
-    __slots__ = ("owed", "positions", "out", "storage", "next", "left", "_out_bytes")
+    __slots__ = ("owed", "positions", "out", "base", "storage", "next", "left", "_out_bytes")
 
     def __init__(self, capacity: int) -> None:
         self.owed = np.zeros(capacity, dtype=np.int32)
         self.positions = np.empty(0, dtype=np.int64)
         self.out: Optional[torch.Tensor] = None
+        #: the buffer ``out`` is the first rows of (``[>= n, dim]``)
+        self.base: Optional[torch.Tensor] = None
         self.storage: Optional[torch.Tensor] = None
         self._out_bytes: Optional[np.ndarray] = None
         self.next = 0  # positions before it were captured (by a slice or a lookup)
@@ -57,15 +60,20 @@ class OwedRows:
             owed[:self.owed.size] = self.owed
             self.owed = owed
 
-    def start(self, positions: torch.Tensor, storage: torch.Tensor) -> torch.Tensor:
+    def start(self, positions: torch.Tensor, storage: torch.Tensor,
+              spares: Optional[SpareRows] = None) -> torch.Tensor:
         """Owe the rows of ``positions`` (int64 CPU ``[n]``, unique, ascending) as they are
         in ``storage`` (the table's ``[capacity, dim]`` rows) now; returns the tensor
-        ``[n, dim]`` they are copied to (complete once :attr:`left` is 0). The drain wrote
-        ``owed`` already (``owed[positions[i]] = i + 1``: ``drain_marked``'s ``owed``). Any
-        rows still owed must have been captured (:meth:`capture` with no limit) first."""
+        ``[n, dim]`` they are copied to (complete once :attr:`left` is 0; the first rows of
+        :attr:`base`, a buffer from ``spares`` when one fits). The drain wrote ``owed``
+        already (``owed[positions[i]] = i + 1``: ``drain_marked``'s ``owed``). Any rows
+        still owed must have been captured (:meth:`capture` with no limit) first."""
         assert self.left == 0, "the previous hand-off's rows are still owed"
         n = int(positions.numel())
-        self.out = torch.empty((n, storage.shape[1]), dtype=storage.dtype)
+        dim = storage.shape[1]
+        self.base = torch.empty((n, dim), dtype=storage.dtype) if spares is None \
+            else spares.take(n, dim, storage.dtype)
+        self.out = self.base[:n]
         self._out_bytes = as_bytes(self.out)
         self.storage = storage
         self.positions = positions.numpy()
@@ -121,5 +129,5 @@ class OwedRows:
     def _done(self, k: int) -> None:
         self.left -= k
         if self.left == 0:  # drop the references: the reader owns the rows now
-            self.out, self._out_bytes, self.storage = None, None, None
+            self.out, self.base, self._out_bytes, self.storage = None, None, None, None
             self.positions = np.empty(0, dtype=np.int64)

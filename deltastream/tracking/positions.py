@@ -173,20 +173,20 @@ class UniqueLookups(PendingLookups):
         return ids, states
 
     def drain_unordered(self, table: Any, storage: Optional[torch.Tensor] = None
-                        ) -> Optional[tuple[torch.Tensor, ...]]:
-        """``(ids, positions, at, arena, current)`` of the touched positions, ascending by
-        position (not by id: a hash table's), with no sort and no copy of the FIRST rows
-        (:meth:`FreshRows.take_unordered`: row ``at[i]`` of ``arena`` is the FIRST row of
-        ``ids[i]``; with ``storage``, ``current`` receives their current rows as they are
-        owed, else None); None (nothing drained) when the C code did not keep this
-        interval's rows alone."""
+                        ) -> Optional[tuple[Any, ...]]:
+        """``(ids, positions, at, arena, current, give_back)`` of the touched positions,
+        ascending by position (not by id: a hash table's), with no sort and no copy of the
+        FIRST rows (:meth:`FreshRows.take_unordered`: row ``at[i]`` of ``arena`` is the
+        FIRST row of ``ids[i]``; with ``storage``, ``current`` receives their current rows
+        as they are owed, else None; ``give_back()`` once they are read); None (nothing
+        drained) when the C code did not keep this interval's rows alone."""
         got = self.fresh.take_unordered(storage)
         if got is None:
             return None
-        pos, at, arena, current = got
+        pos = got[0]
         self.drained = None
         PendingLookups.reset(self)  # the marks are clear already
-        return table.ids_at(pos), pos, at, arena, current
+        return (table.ids_at(pos), *got)
 
 
 def first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]

@@ -286,7 +286,8 @@ class Recorder:
     def drain_unordered(self, fqn: str, storage: Optional[torch.Tensor] = None
                         ) -> Optional[tuple[torch.Tensor, ...]]:
         """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
-        :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current)``
+        :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current,
+        give_back)``
         (``current`` owed from ``storage``, or None), nothing sorted, copied or stored.
         None (nothing done: :meth:`flush` then stores them) unless FIRST rows are kept
         whole for this table, none of its rows is in the store yet and the C code kept this

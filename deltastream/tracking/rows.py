@@ -8,6 +8,7 @@ ones (the older FIRST state wins), :func:`select_rows` / :func:`drop_ids` take s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -145,7 +146,9 @@ class UnorderedRows:
     int64 ascending ids evicted / inserted in the interval (``dynamic`` tables report
     ``new``); ``current`` ``[n, dim]`` (aligned with ``ids``) receives their current rows
     as the tracker captures them (``DeltaTracker.capture_rows``), or None (not asked
-    for)."""
+    for). ``give_back()`` (any thread; None: nothing to give): the reader is done with
+    ``arena`` and ``current``, the tracker may write them again
+    (:mod:`~deltastream.tracking.spare_rows`)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
@@ -155,6 +158,7 @@ class UnorderedRows:
     news: torch.Tensor
     dynamic: bool
     current: Optional[torch.Tensor] = None
+    give_back: Optional[Callable[[], None]] = None
 
     def __len__(self) -> int:
         return int(self.ids.numel())

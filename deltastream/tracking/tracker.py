@@ -277,8 +277,8 @@ class DeltaTracker:
             return self._read(c, raw)
 
     def _read(self, c: str, raw: dict[str, tuple]) -> dict[str, DeltaRows | UnorderedRows]:
-        """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena)}`` drained
-        unordered before the boundary (their tables have nothing else to read)."""
+        """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
+        give_back)}`` drained unordered before the boundary (their tables have nothing else to read)."""
         self._boundary()
         rec = self._rec
         end = rec.idx + 1
@@ -294,9 +294,9 @@ class DeltaTracker:
         out: dict[str, DeltaRows | UnorderedRows] = {}
         for fqn, info in self._tables.items():
             if fqn in raw:
-                ids, pos, at, arena, current = raw[fqn]
+                ids, pos, at, arena, current, give_back = raw[fqn]
                 out[fqn] = UnorderedRows(ids, pos, at, arena, tombs[fqn].ids, news[fqn].ids,
-                                         info.dynamic, current)
+                                         info.dynamic, current, give_back)
             else:
                 out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
                                           carry.get(fqn), info.dynamic)

@@ -297,3 +297,48 @@ def test_unbounded_rounds_read_as_inf_in_the_bound_quantiles_never_nan():
     bp.close()
     assert np.array_equal(serving["emb"].lookup(np.arange(n + 2)),
                           table.lookup(torch.arange(n + 2)).numpy())
+
+
+def test_hand_off_buffers_given_back_only_once_read(monkeypatch):
+    """A hand-off's FIRST rows (the tracker's arena) and current rows are given back to the
+    tracker for reuse once the worker merged them, never before: a merge that dawdles while
+    training goes on reads the rows as they were handed over (and the predictor ends up
+    holding the table: given back before the merge, it does not). And they are reused."""
+    from deltastream.publishing import budget, pending
+
+    handed: dict[int, torch.Tensor] = {}  # id of a hand-off's FIRST rows: them, then
+    seen: list[bool] = []
+    take, merge = budget.take_handoff, pending.PendingTable.merge
+
+    def taking(*args, **kwargs):
+        tables = take(*args, **kwargs)
+        handed.update({id(th.first): th.first.clone() for th in tables})
+        return tables
+
+    def slow_merge(self, ids, first, current, *args, **kwargs):
+        before = current.clone()
+        time.sleep(0.02)  # the training loop goes on meanwhile (its lookups, its ticks)
+        seen.append(torch.equal(first, handed.pop(id(first))) and torch.equal(current, before))
+        return merge(self, ids, first, current, *args, **kwargs)
+
+    monkeypatch.setattr(budget, "take_handoff", taking)
+    monkeypatch.setattr(pending.PendingTable, "merge", slow_merge)
+    dim, n = 8, 3000
+    table, tracker, serving = _zero_table(dim, n)
+    bp = BudgetPublisher(tracker, SlowSink(serving, delay=0.0), "p",
+                         BudgetPolicy(bytes_per_step=20_000, max_worker_share=None))
+    g = torch.Generator().manual_seed(9)
+    for step in range(1, 201):
+        ids = torch.randint(0, n, (400,), generator=g).unique()
+        with torch.no_grad():
+            rows = table(ids)
+            table.insert(ids, rows + torch.rand(len(ids), dim, generator=g))
+        tracker.step()
+        bp.tick(step)
+        time.sleep(0.001)
+    bp.flush(201)
+    bp.close()
+    assert np.array_equal(serving["emb"].lookup(np.arange(n)),
+                          table.lookup(torch.arange(n)).numpy())
+    assert len(seen) > 5 and all(seen)
+    assert tracker._rec.pending["emb"].fresh.spares.reused > 0  # came back, written again

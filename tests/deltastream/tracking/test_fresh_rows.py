@@ -260,7 +260,7 @@ def test_sparse_marks_in_a_large_table_all_drained(fresh_path, switch_at, unorde
                 assert not fresh_rows.native_enabled() or switch_at is not None
                 ids, rows = f.drain(True)
             else:
-                pos, at, arena, _ = got
+                pos, at, arena, _, _ = got
                 ids, rows = pos, arena[at]
         else:
             ids, rows = f.drain(True)
@@ -377,7 +377,7 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
         assert torch.equal(ids, torch.unique(torch.cat(lookups)))
         assert torch.equal(rows, w0[ids])
         return
-    pos, at, arena, current = got
+    pos, at, arena, current, give_back = got
     assert current is None  # not owed: the reader gathers the rows
     assert torch.equal(pos, torch.unique(torch.cat(lookups)))
     assert sorted(at.tolist()) == list(range(pos.numel()))  # one arena row each
@@ -386,9 +386,13 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
     kept = arena.clone()
     f.add(torch.tensor([7, 3]), weight)  # the next interval: a new arena
     assert torch.equal(arena, kept)
-    pos2, at2, arena2, _ = f.take_unordered()
+    pos2, at2, arena2, _, give_back2 = f.take_unordered()
     assert pos2.tolist() == [3, 7] and torch.equal(arena2[at2], weight[[3, 7]])
     assert f.take_unordered() is None  # nothing marked since
+    give_back()  # the reader is done with the first arena: the next interval writes it
+    f.add(torch.tensor([5]), weight)
+    assert f.arena.data_ptr() == arena.data_ptr() and f.spares.reused == 1
+    assert torch.equal(arena2[at2], weight[[3, 7]])  # not given back: untouched
 
 
 def _later_interval(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int):

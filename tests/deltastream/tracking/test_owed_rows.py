@@ -66,7 +66,7 @@ def test_owed_rows_are_the_rows_at_the_read(fresh_path, dtype, dim, by_occurrenc
         finally:
             fresh_rows.use_native(was)
         at_read = weight.clone()
-        pos, at, arena, current = _take(f, weight)
+        pos, at, arena, current, _ = _take(f, weight)
         assert torch.equal(arena[at], before[pos])
         walks = []
         while f.owes:
@@ -85,7 +85,7 @@ def test_a_lookup_copies_its_owed_rows_and_the_next_drain_the_rest(fresh_path):
     fresh_rows.use_native(True)
     _train_step(f, weight, [torch.arange(0, 600)], False)
     fresh_rows.use_native(fresh_path == "native")
-    pos, _, _, current = _take(f, weight)
+    pos, _, _, current, _ = _take(f, weight)
     at_read = weight.clone()
     _train_step(f, weight, [torch.arange(0, 50)], False)  # copied by the lookup, then moved
     assert f.owes == 550
