@@ -52,8 +52,9 @@ class TableHandoff:
     ``ids[i]``), ``new`` None, ``inserted`` the interval's inserted ids (None: a table
     without ``new``); the worker works out ``new`` and the live tombstones
     (:meth:`live`), not the training thread, and merges the rows in that order.
-    ``give_back`` (None: nothing to give): call it once ``first`` and ``current`` are read
-    (merged, or copied elsewhere) — the tracker reuses their memory for a later interval."""
+    ``give_back`` (None: nothing to give): calling it once ``first`` and ``current`` are
+    read (merged) lets the tracker reuse their memory for a later interval (the thread
+    worker does; the process worker frees them, see :mod:`.budget_process`)."""
 
     fqn: str
     ids: torch.Tensor
