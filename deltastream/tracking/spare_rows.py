@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import Optional
 
 import torch
 
@@ -28,16 +29,22 @@ SMALL_BYTES = 16 << 20
 #: buffers over this are not kept at all (a first read of millions of rows: its faults are
 #: a small part of its own cost, and holding it would hold that memory)
 MAX_BYTES = 64 << 20
+#: the most all kept buffers of one pool hold (the oldest go first)
+TOTAL_BYTES = 128 << 20
 
 
 class SpareRows:
-    """Given-back ``[rows, dim]`` buffers (at most ``keep``; the oldest is dropped).
+    """Given-back ``[rows, dim]`` buffers (at most ``keep`` and :data:`TOTAL_BYTES`; the
+    oldest are dropped).
 
     Any thread may call either (a lock, held for a few list operations: uncontended but
-    for the rare hand-off given back while the next interval takes its first buffer)."""
+    for the rare hand-off given back while the next interval takes its first buffer).
+    Each buffer is kept with its shape, dtype and size as plain values: a take compares
+    those, not tensor attributes (microseconds each on a cold cache, in a tick)."""
 
     def __init__(self, keep: int = 4) -> None:
-        self._back: deque[torch.Tensor] = deque(maxlen=keep)
+        #: ``(rows, dim, dtype, bytes, buffer)``, oldest first
+        self._back: deque[tuple[int, int, torch.dtype, int, torch.Tensor]] = deque(maxlen=keep)
         self._lock = threading.Lock()
         self.reused = 0  #: buffers taken from the given-back ones
         self.allocated = 0  #: buffers allocated because none fit
@@ -45,14 +52,15 @@ class SpareRows:
     def __len__(self) -> int:
         return len(self._back)
 
-    def give_back(self, *buffers: torch.Tensor) -> None:
+    def give_back(self, *buffers: Optional[torch.Tensor]) -> None:
         """Buffers nobody reads or writes any more (2-D CPU tensors; None is skipped, and
         so are buffers over :data:`MAX_BYTES`)."""
+        kept = [(b.shape[0], b.shape[1], b.dtype, b.numel() * b.element_size(), b)
+                for b in buffers if b is not None and b.dim() == 2 and b.device.type == "cpu"]
         with self._lock:
-            for b in buffers:
-                if b is not None and b.dim() == 2 and b.device.type == "cpu" \
-                        and b.numel() * b.element_size() <= MAX_BYTES:
-                    self._back.append(b)
+            self._back.extend(k for k in kept if k[3] <= MAX_BYTES)
+            while sum(k[3] for k in self._back) > TOTAL_BYTES:
+                self._back.popleft()
 
     def take(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
         """A CPU buffer ``[>= rows, dim]`` of ``dtype`` (contents undefined): the smallest
@@ -61,15 +69,16 @@ class SpareRows:
         slightly larger, interval fits it). The others stay for later takes (an arena and
         a hand-off's current rows differ in size)."""
         with self._lock:
-            fits = [i for i, b in enumerate(self._back)
-                    if b.dtype == dtype and b.shape[1] == dim and b.shape[0] >= rows and (
-                        b.shape[0] <= SLACK * max(rows, 1)
-                        or b.numel() * b.element_size() <= SMALL_BYTES)]
-            if fits:
-                at = min(fits, key=lambda i: self._back[i].shape[0])
-                best = self._back[at]
-                del self._back[at]
+            best = None
+            for i, (r, d, dt, nbytes, _) in enumerate(self._back):
+                if d == dim and dt == dtype and rows <= r and (
+                        r <= SLACK * max(rows, 1) or nbytes <= SMALL_BYTES) and (
+                        best is None or r < self._back[best][0]):
+                    best = i
+            if best is not None:
+                buf = self._back[best][4]
+                del self._back[best]
                 self.reused += 1
-                return best
+                return buf
         self.allocated += 1
         return torch.empty((1 << max(0, rows - 1).bit_length(), dim), dtype=dtype)

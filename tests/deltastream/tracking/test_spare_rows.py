@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from deltastream.tracking.spare_rows import MAX_BYTES, SLACK, SMALL_BYTES, SpareRows
+from deltastream.tracking.spare_rows import MAX_BYTES, SLACK, SMALL_BYTES, TOTAL_BYTES, SpareRows
 
 
 def test_take_allocates_a_power_of_two_rows_then_reuses_what_was_given_back():
@@ -52,12 +52,17 @@ def test_a_far_larger_buffer_is_taken_only_when_small_and_a_huge_one_is_never_ke
     assert len(s) == 0
 
 
-def test_at_most_keep_buffers_the_oldest_dropped():
+def test_at_most_keep_buffers_and_total_bytes_the_oldest_dropped():
     s = SpareRows(keep=2)
     a, b, c = (torch.empty(8, 2) for _ in range(3))
     s.give_back(a, b, c)
     assert len(s) == 2
     assert {id(s.take(8, 2, torch.float32)), id(s.take(8, 2, torch.float32))} == {id(b), id(c)}
+    s = SpareRows(keep=8)
+    rows = MAX_BYTES // 4 // 64  # MAX_BYTES each, dim 64 float32
+    bufs = [torch.empty(rows, 64) for _ in range(TOTAL_BYTES // MAX_BYTES + 1)]
+    s.give_back(*bufs)
+    assert len(s) == TOTAL_BYTES // MAX_BYTES and s.take(rows, 64, torch.float32) is bufs[1]
 
 
 def test_give_back_from_other_threads_while_the_owner_takes():
