@@ -61,18 +61,16 @@ class OwedRows:
             self.owed = owed
 
     def start(self, positions: torch.Tensor, storage: torch.Tensor,
-              spares: Optional[SpareRows] = None) -> torch.Tensor:
+              spares: SpareRows) -> torch.Tensor:
         """Owe the rows of ``positions`` (int64 CPU ``[n]``, unique, ascending) as they are
         in ``storage`` (the table's ``[capacity, dim]`` rows) now; returns the tensor
         ``[n, dim]`` they are copied to (complete once :attr:`left` is 0; the first rows of
-        :attr:`base`, a buffer from ``spares`` when one fits). The drain wrote ``owed``
+        :attr:`base`, a buffer of ``spares``). The drain wrote ``owed``
         already (``owed[positions[i]] = i + 1``: ``drain_marked``'s ``owed``). Any rows
         still owed must have been captured (:meth:`capture` with no limit) first."""
         assert self.left == 0, "the previous hand-off's rows are still owed"
         n = int(positions.numel())
-        dim = storage.shape[1]
-        self.base = torch.empty((n, dim), dtype=storage.dtype) if spares is None \
-            else spares.take(n, dim, storage.dtype)
+        self.base = spares.take(n, storage.shape[1], storage.dtype)
         self.out = self.base[:n]
         self._out_bytes = as_bytes(self.out)
         self.storage = storage

@@ -284,7 +284,7 @@ class Recorder:
         self.touched.append_unique(self.idx, fqn, ids, states)
 
     def drain_unordered(self, fqn: str, storage: Optional[torch.Tensor] = None
-                        ) -> Optional[tuple[torch.Tensor, ...]]:
+                        ) -> Optional[tuple[Any, ...]]:
         """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
         :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current,
         give_back)``

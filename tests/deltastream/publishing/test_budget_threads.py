@@ -14,6 +14,7 @@ import torch
 from consumers import ServingTable
 from deltastream import DeltaTracker, HashTable, PublishError, TrackingMode
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from tests.deltastream.publishing.budget_cases import move
 from tests.deltastream.publishing.test_budget import Loopback
 
 
@@ -241,9 +242,7 @@ def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, monkeyp
     g = torch.Generator().manual_seed(4)
     for step in range(1, 401):
         ids = torch.randint(0, n, (150,), generator=g).unique()
-        with torch.no_grad():
-            rows = table(ids)
-            table.insert(ids, rows + torch.rand(len(ids), 1, generator=g).expand(-1, dim))
+        move(table, ids, torch.rand(len(ids), 1, generator=g).expand(-1, dim))
         if step % 37 == 0:  # evicted while their rows may be owed, then back
             gone = torch.randint(0, n, (20,), generator=g).unique()
             table.evict(gone)
@@ -330,9 +329,7 @@ def test_hand_off_buffers_given_back_only_once_read(monkeypatch):
     g = torch.Generator().manual_seed(9)
     for step in range(1, 201):
         ids = torch.randint(0, n, (400,), generator=g).unique()
-        with torch.no_grad():
-            rows = table(ids)
-            table.insert(ids, rows + torch.rand(len(ids), dim, generator=g))
+        move(table, ids, torch.rand(len(ids), dim, generator=g))
         tracker.step()
         bp.tick(step)
         time.sleep(0.001)
