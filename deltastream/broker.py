@@ -34,6 +34,7 @@ import weakref
 from typing import Any, Optional, TextIO
 
 from deltastream.errors import BrokerError
+from deltastream.stop_flag import StopFlag
 
 __all__ = ["EmbeddedBroker", "BrokerError", "find_broker_binary", "free_port", "kafka_ready",
            "serve_foreground", "add_broker_arguments"]
@@ -279,7 +280,7 @@ def serve_foreground(port: int, *, out: Optional[TextIO] = None) -> int:
     from deltastream.cliargs import EXIT_OK, EXIT_UNAVAILABLE
 
     out = out or sys.stdout
-    stop = threading.Event()
+    stop = StopFlag()  # set in a signal handler: threading.Event could deadlock there
     received: list[str] = []
 
     def _on_signal(signum: int, _frame: Any) -> None:

@@ -26,7 +26,7 @@ ALLOWED_UP = {("deltastream.cli", "deltastream_demo.run")}
 # a package name alone (``consumers``) holds its ``__init__`` and any module not listed.
 ROOMS = (
     # trainer side and the shared contract
-    "deltastream.errors", "deltastream.types", "deltastream.kafka_config",
+    "deltastream.errors", "deltastream.stop_flag", "deltastream.types", "deltastream.kafka_config",
     "deltastream.kafka_compat", "deltastream.native_ext", "deltastream.tensor_views",
     "deltastream.wire_values",
     "deltastream.wire_codec", "deltastream.wire_batch",

@@ -62,6 +62,7 @@ from consumers.sync.source import BROKER_STATES, KafkaSource
 from consumers.sync.stall import StallWatch
 from consumers.sync.state import CHECKPOINT_KIND, load_start_state
 from consumers.sync.state_lock import check_owner, lock_state_dir
+from deltastream.stop_flag import StopFlag
 
 __all__ = ["SyncDaemon", "CHECKPOINT_DIR", "QUARANTINE_FILE", "BROKER_STATES"]
 
@@ -163,7 +164,7 @@ class SyncDaemon(OptionAttributes):
         self._started = time.monotonic()
         self._stall = StallWatch(o.startup_timeout, self._started)
         self._next_stall_check = 0.0
-        self._stop_event = threading.Event()
+        self._stop_event = StopFlag()  # signal handlers set it: a threading.Event could hang
         self._loop_lock = threading.Lock()
         self._loop_thread: Optional[int] = None
         self._unpin: Optional[frozenset[int]] = None  # CPUs of the loop's caller, given back
