@@ -110,7 +110,7 @@ class ModelHooks:
         """Hook the fused kernels of TorchRec tables on the lookups path (their collection's
         ``load_state_dict`` moves them to the scan). CPU tables copy their FIRST rows on
         the C code's lane thread when torch leaves a core spare (CUDA tables copy none at
-        the lookup: no lane, no gradient hook)."""
+        the lookup: no lane, no wait after the kernel)."""
         tables = {f: i.module for f, i in self._tables.items()
                   if i.kind == TORCHREC_KIND and i.path == LOOKUPS}
         lane = spare_core() and any(t.device.type == "cpu" for t in tables.values())

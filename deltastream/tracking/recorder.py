@@ -200,7 +200,7 @@ class Recorder:
         flush are kept, with a copy of their rows (:class:`UniqueLookups`). With
         ``later`` and ``whole_table`` that copy may run on the C code's lane thread while
         training goes on: :meth:`sync_lookups` must run before the table's rows change (a
-        gradient hook on the lookup's output)."""
+        forward hook after the kernel's forward)."""
         n = positions.numel()
         p = self.pending[fqn]
         keep = self.with_states and not (self.touched.is_degraded(fqn) or p.stateless

@@ -74,9 +74,12 @@ class LookupTap:
     mostly hits the cache: 0.15 instead of 0.21 ms per step in ``deltastream bench
     torchrec-tracker --collection ebc``). With it, before the forward, ``later``: the marking
     and the copy run on the C code's lane thread beside the kernel (the rows it copies are
-    in the shared cache when the kernel reads them), and a gradient hook on the kernel's
-    output calls ``before_update``, which waits for them, before the kernel's backward (an
-    output that needs no gradient: right after the forward).
+    in the shared cache when the kernel reads them), and a forward hook calls
+    ``before_update``, which waits for them, once the kernel's forward returned — before
+    any backward (the fused update) can start. (A gradient hook on the kernel's output,
+    waiting only at the backward, cost more than it let overlap: registering it and calling
+    it from the backward took ~30 us a step, and the copy of a step's new rows is done by
+    the time the kernel's forward is: ``BENCHMARKS.md``.)
 
     Args:
         owner: the sharded collection (its ``training`` flag says whether a lookup trains:
@@ -87,8 +90,8 @@ class LookupTap:
             ``later``: the FIRST rows may be copied off the training thread until
             ``before_update`` runs).
         wrap: applied to the hooks (the tracker keeps its hooks out of ``torch.compile``).
-        before_update: called by a gradient hook on the kernel's output, before the
-            kernel's backward; None: every lookup is recorded with ``later`` False.
+        before_update: called after the kernel's forward of a training lookup (before
+            its backward); None: every lookup is recorded with ``later`` False.
     """
 
     def __init__(self, owner: torch.nn.Module, keys: dict[Slot, str],
@@ -98,7 +101,6 @@ class LookupTap:
         self._owner = owner
         self._on_ids = on_ids
         self._before_update = before_update
-        self._sync_hook = wrap(self._sync_hook)
         self.handles: list[Any] = []
         for kernel in _kernels(owner):
             if not _is_fused(kernel):
@@ -135,15 +137,10 @@ class LookupTap:
         return hook
 
     def _after(self, kernel: torch.nn.Module, args: tuple, output: Any) -> None:
-        # the FIRST rows are copied while training goes on, until the gradient reaches the
-        # output: the kernel's backward (a fused optimizer's update) comes after
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(self._sync_hook)
-        elif args and self._owner.training and torch.is_grad_enabled():
+        # the FIRST rows were copied beside the kernel's forward; its backward (a fused
+        # optimizer's update) must find them copied
+        if args and self._owner.training and torch.is_grad_enabled():
             self._before_update()
-
-    def _sync_hook(self, grad: torch.Tensor) -> None:
-        self._before_update()
 
     def remove(self) -> None:
         """Remove the hooks."""

@@ -397,7 +397,7 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
 
 def _later_interval(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int):
     """:func:`_interval` with every marking run later: synced before the weight moves (as
-    the tracker's gradient hook runs before a fused kernel's backward), then drained."""
+    the tracker's hook after a fused kernel's forward runs before its backward), then drained."""
     f = FreshRows(capacity)
     counted = 0
     for q in lookups:
@@ -453,7 +453,7 @@ def test_every_method_waits_for_a_marking_run_later(fresh_path):
 def test_a_marking_on_the_lane_copies_the_rows_as_they_are_when_it_runs():
     """The lane copies a row when it runs, not when the marking is queued: a change of the
     table before :meth:`FreshRows.sync` would be taken as the FIRST state (what the tracker's
-    gradient hook exists to prevent), and ``sync`` waits for a held lane."""
+    hook after the kernel's forward exists to prevent), and ``sync`` waits for a held lane."""
     import threading
 
     native = fresh_rows.native

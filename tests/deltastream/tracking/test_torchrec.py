@@ -182,8 +182,8 @@ def test_dmp_every_sharding_and_fused_optimizer_exact(gloo_world_1):
 def test_dmp_first_rows_copied_off_the_training_thread_before_the_fused_update(
         gloo_world_1, monkeypatch):
     """With a core to spare the FIRST rows are copied on the C code's lane thread while the
-    kernels run; the gradient hook on each kernel's output waits for them before the fused
-    update. A held lane (the copy still queued when the backward starts) proves the wait:
+    kernels run; a hook after each kernel's forward waits for them, before the fused
+    update. A held lane (the copy still queued when the forward ends) proves the wait:
     without it the update would be read as the FIRST state."""
     import threading
 
