@@ -4,7 +4,7 @@
 the flag. A SIGTERM handler runs in the main thread between two bytecodes — possibly while
 that same thread is inside ``wait`` holding the lock — and its ``set()`` then waits forever
 for a lock its own thread holds: the process ignores SIGTERM until it is killed. (The
-broker's foreground loop did, about once in a few hundred stops on a slow machine.)
+foreground broker did so in one full run of the test suite on a slow machine.)
 
 :class:`StopFlag` takes no lock: ``set`` stores a flag and writes one byte to a pipe, and
 ``wait`` polls the pipe's other end, so a ``set`` between the check and the poll still wakes
