@@ -115,7 +115,7 @@ class FreshRows:
         #: (marking, ids) of an :meth:`add` running on the C extension's lane thread
         self._late: Optional[tuple] = None
         #: arenas and owed-row buffers a reader of :meth:`take_unordered` gave back
-        self.spares = SpareRows(keep=8)
+        self.spares = SpareRows()
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew

@@ -42,7 +42,7 @@ class SpareRows:
     Each buffer is kept with its shape, dtype and size as plain values: a take compares
     those, not tensor attributes (microseconds each on a cold cache, in a tick)."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 8) -> None:
         #: ``(rows, dim, dtype, bytes, buffer)``, oldest first
         self._back: deque[tuple[int, int, torch.dtype, int, torch.Tensor]] = deque(maxlen=keep)
         self._lock = threading.Lock()

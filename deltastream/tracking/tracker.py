@@ -278,7 +278,8 @@ class DeltaTracker:
 
     def _read(self, c: str, raw: dict[str, tuple]) -> dict[str, DeltaRows | UnorderedRows]:
         """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
-        give_back)}`` drained unordered before the boundary (their tables have nothing else to read)."""
+        give_back)}`` drained unordered before the boundary (their tables have nothing else
+        to read)."""
         self._boundary()
         rec = self._rec
         end = rec.idx + 1
