@@ -266,6 +266,7 @@ class ProcessWorker:
             self._cond.wait_for(lambda: not self._queue and not self._in_flight
                                 or self._dead is not None, timeout)
             self._cond.notify_all()
+        _join(self._shipper, timeout)
         if self._dead is None:
             try:
                 self._send(("close",))
@@ -286,6 +287,11 @@ class ProcessWorker:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        # The child is gone: the reader sees EOF. Neither thread may outlive close: one
+        # still dropping a hand-off at interpreter exit frees a tensor holding a Python
+        # hook after finalization began, which aborts the process (torch's hook destructor
+        # takes the GIL; a daemon thread that does then exits by unwinding through it).
+        _join(self._reader, timeout)
         self._conn.close()
         self._seg.close()
 
@@ -389,6 +395,15 @@ class ProcessWorker:
                 fut.set_exception(err)
             self._flushes.clear()
             self._cond.notify_all()
+
+
+def _join(t: threading.Thread, timeout: Optional[float]) -> None:
+    """Join ``t`` if it started and is not the caller (``close`` from ``on_round``)."""
+    if t.ident is not None and t is not threading.current_thread():
+        t.join(timeout)
+        if t.is_alive():
+            log.warning("budget publisher: thread %s still running after %s s", t.name,
+                        timeout)
 
 
 def _start_child() -> tuple[Any, subprocess.Popen]:
