@@ -121,7 +121,7 @@ WORKERS = ("thread", "process")
 #: bytes of owed current rows a tick copies for a hand-off (the tick that takes it counts
 #: its drained rows against them): rows that are cache misses copy at a few GB/s, so
 #: ~0.1-0.3 ms of the training thread per tick whatever the hand-off's size
-CAPTURE_BYTES = 1 << 20
+CAPTURE_BYTES = 1 << 19
 
 log = logging.getLogger(__name__)
 

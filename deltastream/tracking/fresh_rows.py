@@ -130,7 +130,7 @@ class FreshRows:
             self.marks, self.slot, self.bits = marks, marks.numpy(), bits
             self.words = _words_for(bits)
         if self.owed is not None:
-            self.owed.grow(capacity)
+            self.owed.grow(capacity)  # the set it owes from
 
     def clear(self) -> None:
         """Forget every lookup (the arena is kept for the next interval)."""
@@ -201,12 +201,14 @@ class FreshRows:
 
     @property
     def owes(self) -> int:
-        """Rows a deferred :meth:`take_unordered` still owes."""
-        return 0 if self.owed is None else self.owed.left
+        """Rows a deferred :meth:`take_unordered` still owes (at least 1 until its marks are
+        walked: positions and ids are written then)."""
+        return 0 if self.owed is None else max(self.owed.left, int(self.owed.walking))
 
     def capture(self, max_positions: Optional[int]) -> int:
-        """Copy the owed rows among the next ``max_positions`` drained positions (None:
-        all); returns the positions walked."""
+        """Walk the handed-over marks: at least ``max_positions`` positions (whole 64-bit
+        words of bits; None: all), copying the rows still owed; returns the positions
+        walked."""
         self.sync()
         if not self.owes:
             return 0
@@ -297,37 +299,64 @@ class FreshRows:
         self._drained(used)
         return ids[:k], pos[:k], None if rows is None else rows[:k]
 
-    def take_unordered(self, storage: Optional[torch.Tensor] = None
+    def take_unordered(self, storage: Optional[torch.Tensor] = None,
+                       keys: Optional[np.ndarray] = None, offset: int = 0
                        ) -> Optional[tuple[Any, ...]]:
-        """``(positions, at, arena, current, give_back)``: the marked positions ascending
-        (int64 ``[k]``), the arena row holding each one's FIRST row (int64 ``[k]``), the
-        arena (``[k, dim]``, handed over: the next lookups fill another one) and, with
-        ``storage`` (the table's ``[capacity, dim]`` rows), the tensor ``[k, dim]`` their
-        current rows are copied to as they are owed (:mod:`~deltastream.tracking.owed_rows`:
-        complete once :attr:`owes` is 0), else None — one pass over the bits, no sort, no
-        copy of the rows; nothing is marked afterwards. ``give_back()`` (any thread, once
-        nobody reads the arena and current any more) lets later intervals reuse their
-        memory (:mod:`~deltastream.tracking.spare_rows`). None (nothing done) unless the C
-        code did every marking of this interval, with rows (numpy keeps a lookup's repeats
-        of a new position), or nothing is marked."""
+        """``(ids, positions, at, arena, current, give_back)``: the marked positions (int64
+        ``[k]``), the id held at each (``keys[p]`` with ``keys``, int64 ``[>= capacity]``: a
+        hash table's; else ``p + offset`` — or None when drained: the caller maps them),
+        the arena row holding each one's FIRST row (int64 ``[k]``), the arena (``[k,
+        dim]``, handed over: the next lookups fill another one) and, with ``storage``
+        (the table's ``[capacity, dim]`` rows), the tensor ``[k, dim]`` their current rows
+        are copied to as they are owed (else None); nothing is marked afterwards.
+        ``give_back()`` (any thread, once nobody reads any of them any more) lets later
+        intervals reuse their memory (:mod:`~deltastream.tracking.spare_rows`: a buffer
+        reused is neither allocated nor faulted in, in a tick). None (nothing done) unless
+        the C code did every marking of this interval, with rows (numpy keeps a lookup's
+        repeats of a new position), or nothing is marked.
+
+        With ``storage`` the marks are handed over, not drained
+        (:mod:`~deltastream.tracking.owed_rows`): all but the arena are written as the
+        marks are walked — complete once :attr:`owes` is 0; the work here is a swap of
+        arrays. Either way the positions come ascending."""
         self.settle()
         used = self.used
         # numpy_rows False: the C code did every marking, so the bits are valid
         if not used or self.numpy_rows or not native_enabled() or self.arena is None:
             return None
-        if storage is not None and self.owed is None:
-            self.owed = OwedRows(self.slot.size)
-        owed = None if storage is None else self.owed.owed
-        pos = torch.empty(used, dtype=torch.int64)
-        at = torch.empty(used, dtype=torch.int64)
-        k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(), owed,
-                                self.words)
+        with_ids = keys is not None or storage is not None
+        # positions, ids and arena rows in one reused buffer (its column)
+        index = self.spares.take(3 * used, 1, torch.int64)
+        flat = index.view(-1)
+        pos, ids, at = flat[:used], flat[used:2 * used], flat[2 * used:3 * used]
         base, rows = self.arena, self.arena[:used]
+        if storage is None:
+            k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(),
+                                    None, self.words, keys,
+                                    None if keys is None else ids.numpy())
+            current, pos, at, ids = None, pos[:k], at[:k], ids[:k]
+        else:  # the C code kept no repeats: used positions are marked
+            if self.owed is None:
+                self.owed = OwedRows()
+            current = self.owed.start(self._hand_over_marks(), used, storage, self.spares,
+                                      (ids.numpy(), pos.numpy(), at.numpy()), keys, offset)
         self.arena, self._arena_bytes = None, None
         self._drained(used)
-        current = None if storage is None else self.owed.start(pos[:k], storage, self.spares)
-        lent = (base, None if current is None else self.owed.base)
-        return pos[:k], at[:k], rows, current, lambda: self.spares.give_back(*lent)
+        lent = (base, None if current is None else self.owed.base, index)
+        return (ids if with_ids else None, pos, at, rows, current,
+                lambda: self.spares.give_back(*lent))
+
+    def _hand_over_marks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This interval's ``(slot, bits, words)``, replaced by a clear set (the last
+        hand-off's, once worked off; else new): the next lookups mark that one."""
+        old = (self.slot, self.bits, self.words)
+        free = self.owed.free_marks()
+        if free is None or free[0].size != self.slot.size:
+            free = (np.zeros_like(self.slot), np.zeros_like(self.bits),
+                    np.zeros_like(self.words))
+        self.slot, self.bits, self.words = free
+        self.marks = torch.from_numpy(self.slot)
+        return old
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:
         """``(positions, arena_rows)``: each marked position once, in lookup order, and the

@@ -35,7 +35,8 @@
  *       naming it, raised before anything is written.
  *   mark_fresh_later, hold_lane: native_later.c (mark_fresh run on a background thread
  *       while the caller goes on).
- *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k
+ *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words[, keys,
+ *                out_keys]]]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
  *       and, with an arena, each one's arena row; with out_at (writable int64 [m], arena
@@ -45,6 +46,9 @@
  *       (everything left as it was). With words (mark_fresh's), only the words of bits it
  *       names are read, and words is cleared: the work follows the positions
  *       marked, not the capacity (a 10M-row table's bits are 1.25 MB; its words 20 KB).
+ *       With keys (int64, the id held at each position: a hash table's) and out_keys
+ *       (writable int64 like out_ids), out_keys[j] = keys[out_ids[j]]: the ids come out of
+ *       the same pass (a marked position past keys is a ValueError, nothing changed).
  *   drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k
  *       For a table whose ids are not its positions (a hash table): keys: int64 [capacity],
  *       the id held at each position; out_keys, out_pos: writable int64 [>= used];
@@ -59,7 +63,19 @@
  *       positions [n], each < capacity; src: rows of row_bytes, row ids[i] (the table) or
  *       with by_occurrence row i (a lookup's output, [n]); out: writable. Each owed id has
  *       its src row copied to out and its entry cleared; k: rows copied. Every id and owed
- *       entry is checked before anything is written (IndexError / ValueError).
+ *       entry is checked before anything is written (IndexError / ValueError). A copied
+ *       entry is negated (-(1 + row): captured, its row still known to walk_owed).
+ *   walk_owed(owed, bits, words, word, max_positions, src, early, out, row_bytes, keys,
+ *             ids_out, pos_out, at_out, offset, entry) -> (next_word, walked, copied)
+ *       The walk of a hand-off's handed-over marks (owed_rows.py): from 64-bit word `word`
+ *       of bits (the words words names only), whole words until max_positions set bits
+ *       were walked or none is left; output from entry `entry` on, one per position, in
+ *       position order. Each set bit's position p, r = |owed[p]| - 1: out's entry is src
+ *       row p when owed (owed[p] > 0), else early row r (where capture_owed copied it);
+ *       pos_out = p, at_out = r, ids_out = keys[p] (keys: int64, the id at each position)
+ *       or without keys p + offset; owed[p] and the bits walked are cleared. out and early
+ *       hold one row per entry. A bit whose entry names no row is a ValueError (the words
+ *       before it stay walked).
  */
 #include "native_tracking.h"
 #include "../native_rows.h"
@@ -238,9 +254,9 @@ static void scatter_arena(uint8_t *out, const uint8_t *arena, const int64_t *des
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
     PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None, *o_owed = Py_None;
-    PyObject *o_words = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOO|OOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
-                          &o_at, &o_owed, &o_words))
+    PyObject *o_words = Py_None, *o_keys = Py_None, *o_out_keys = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|OOOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
+                          &o_at, &o_owed, &o_words, &o_keys, &o_out_keys))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -253,8 +269,10 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     Py_buffer *ats = rows == BAD ? NULL : take(&bs, o_at, 1, "out_at");
     Py_buffer *owed = ats == BAD ? NULL : take(&bs, o_owed, 1, "owed");
     Py_buffer *words = owed == BAD ? NULL : take(&bs, o_words, 1, "words");
+    Py_buffer *keys = words == BAD ? NULL : take(&bs, o_keys, 0, "keys");
+    Py_buffer *okeys = keys == BAD ? NULL : take(&bs, o_out_keys, 1, "out_keys");
     if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD || ats == BAD ||
-        owed == BAD || words == BAD)
+        owed == BAD || words == BAD || keys == BAD || okeys == BAD)
         goto done;
     if (!slot || !bits || !out) {
         PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
@@ -276,6 +294,17 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         goto done;
     }
     int64_t *at_out = ats ? (int64_t *)ats->buf : NULL;
+    if ((keys == NULL) != (okeys == NULL) ||
+        (keys != NULL && (check_item(keys, 8, "ql", "keys") < 0 ||
+                          check_item(okeys, 8, "ql", "out_keys") < 0 ||
+                          okeys->len != out->len))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "keys and out_keys: both or neither; out_keys "
+                            "int64 as long as out_ids");
+        goto done;
+    }
+    const int64_t *kin = keys ? (const int64_t *)keys->buf : NULL;
+    Py_ssize_t n_keys = keys ? keys->len / 8 : 0;
     if (owed != NULL && (check_item(owed, 4, "i", "owed") < 0 || owed->len != slot->len)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "owed: int32, one per position like slot");
@@ -326,6 +355,11 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
                              (long long)at, m_out);
                 goto done;
             }
+            if (kin != NULL && p >= n_keys) {
+                PyErr_Format(PyExc_ValueError, "keys: position %zd is marked, keys has %zd",
+                             p, n_keys);
+                goto done;
+            }
             if (dest != NULL)
                 dest[at] = j;
             if (at_out != NULL)
@@ -335,13 +369,19 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     }
     if (dest != NULL)
         scatter_arena((uint8_t *)rows->buf, (const uint8_t *)arena->buf, dest, m_out, rb);
-    for (Py_ssize_t i = 0; i < j; i++) { /* every set bit was output: clear its byte */
-        s[o[i]] = 0;
-        bt[o[i] >> 3] = 0;
+    /* every entry proved valid: one pass over the positions output (ascending, so the
+     * arrays indexed by position are read and written in order) */
+    int32_t *ow = owed ? (int32_t *)owed->buf : NULL;
+    int64_t *ko = okeys ? (int64_t *)okeys->buf : NULL;
+    for (Py_ssize_t i = 0; i < j; i++) {
+        int64_t p = o[i];
+        s[p] = 0; /* every set bit was output: clear its byte */
+        bt[p >> 3] = 0;
+        if (ow != NULL)
+            ow[p] = (int32_t)(i + 1);
+        if (ko != NULL)
+            ko[i] = kin[p];
     }
-    if (owed != NULL) /* after every entry proved valid */
-        for (Py_ssize_t i = 0; i < j; i++)
-            ((int32_t *)owed->buf)[o[i]] = (int32_t)(i + 1);
     if (wd != NULL)
         memset(wd, 0, (size_t)words->len);
     ret = PyLong_FromSsize_t(j);
@@ -614,11 +654,132 @@ static PyObject *capture_owed(PyObject *self, PyObject *args) {
         if (r < 0)
             continue;
         copy_row(dst + (uint64_t)r * rb, from + (uint64_t)(by_occurrence ? i : p) * rb, rb);
-        o[p] = 0;
+        o[p] = -o[p]; /* captured; walk_owed still finds its row */
         k++;
     }
 #undef ID_AT
     ret = PyLong_FromSsize_t(k);
+done:
+    release(&bs);
+    return ret;
+}
+
+#define WALK_BATCH 256 /* positions collected (and their rows prefetched) before copies */
+
+static PyObject *walk_owed(PyObject *self, PyObject *args) {
+    PyObject *o_owed, *o_bits, *o_words, *o_src, *o_early, *o_out, *o_keys, *o_ids, *o_pos;
+    PyObject *o_at;
+    Py_ssize_t word, max_pos, rb, j;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "OOOnnOOOnOOOOLn", &o_owed, &o_bits, &o_words, &word, &max_pos,
+                          &o_src, &o_early, &o_out, &rb, &o_keys, &o_ids, &o_pos, &o_at,
+                          &offset, &j))
+        return NULL;
+    Bufs bs = {.n = 0};
+    PyObject *ret = NULL;
+    Py_buffer *owed = take(&bs, o_owed, 1, "owed");
+    Py_buffer *bits = owed == BAD ? NULL : take(&bs, o_bits, 1, "bits");
+    Py_buffer *words = bits == BAD ? NULL : take(&bs, o_words, 1, "words");
+    Py_buffer *src = words == BAD ? NULL : take(&bs, o_src, 0, "src");
+    Py_buffer *early = src == BAD ? NULL : take(&bs, o_early, 0, "early");
+    Py_buffer *out = early == BAD ? NULL : take(&bs, o_out, 1, "out");
+    Py_buffer *keys = out == BAD ? NULL : take(&bs, o_keys, 0, "keys");
+    Py_buffer *ids = keys == BAD ? NULL : take(&bs, o_ids, 1, "ids_out");
+    Py_buffer *pos = ids == BAD ? NULL : take(&bs, o_pos, 1, "pos_out");
+    Py_buffer *ats = pos == BAD ? NULL : take(&bs, o_at, 1, "at_out");
+    if (owed == BAD || bits == BAD || words == BAD || src == BAD || early == BAD || out == BAD ||
+        keys == BAD || ids == BAD || pos == BAD || ats == BAD)
+        goto done;
+    if (!owed || !bits || !words || !src || !early || !out || !ids || !pos || !ats) {
+        PyErr_SetString(PyExc_TypeError, "every argument but keys is required");
+        goto done;
+    }
+    if (check_item(owed, 4, "i", "owed") < 0 || check_bits(bits, owed->len / 4) < 0 ||
+        check_words(words, bits->len) < 0 || check_item(pos, 8, "ql", "pos_out") < 0 ||
+        check_item(ids, 8, "ql", "ids_out") < 0 || check_item(ats, 8, "ql", "at_out") < 0 ||
+        (keys != NULL && check_item(keys, 8, "ql", "keys") < 0))
+        goto done;
+    Py_ssize_t n = pos->len / 8;
+    if (ids->len != pos->len || ats->len != pos->len || j < 0 || j > n) {
+        PyErr_Format(PyExc_ValueError, "ids_out, pos_out and at_out: %zd entries each (got "
+                     "%zd, %zd, %zd), from entry %zd", n, ids->len / 8, pos->len / 8,
+                     ats->len / 8, j);
+        goto done;
+    }
+    if (rb <= 0 || src->len % rb || out->len != n * rb || early->len != n * rb) {
+        PyErr_Format(PyExc_ValueError, "src (%zd bytes), early (%zd) and out (%zd) are not "
+                     "rows of %zd bytes, early and out one per entry (%zd)", src->len,
+                     early->len, out->len, rb, n);
+        goto done;
+    }
+    int32_t *o = (int32_t *)owed->buf;
+    uint8_t *bt = (uint8_t *)bits->buf, *wd = (uint8_t *)words->buf, *dst = (uint8_t *)out->buf;
+    const uint8_t *from = (const uint8_t *)src->buf, *ear = (const uint8_t *)early->buf;
+    const int64_t *kin = keys ? (const int64_t *)keys->buf : NULL;
+    int64_t *ko = (int64_t *)ids->buf, *po = (int64_t *)pos->buf, *ao = (int64_t *)ats->buf;
+    Py_ssize_t nb = bits->len, nw = (nb + 7) / 8, src_rows = src->len / rb;
+    Py_ssize_t n_keys = keys ? keys->len / 8 : 0, walked = 0, copied = 0;
+    Py_ssize_t w = word < 0 ? 0 : word;
+    /* a batch of whole words' positions at a time: checked (nothing of the batch written
+     * before), then their rows copied (the storage's for a row still owed, else the one a
+     * lookup copied early), each prefetched AHEAD rows before its copy */
+    Py_ssize_t at_p[WALK_BATCH], w_end = w;
+    const uint8_t *row[WALK_BATCH];
+    while (w < nw && walked < max_pos) {
+        Py_ssize_t m = 0;
+        w_end = w;
+        while (w_end < nw && walked + m < max_pos) {
+            if (!wd[w_end >> 3]) { /* 8 words (512 positions) with nothing set */
+                w_end = (w_end | 7) + 1;
+                continue;
+            }
+            if (!(wd[w_end >> 3] & (1u << (w_end & 7)))) {
+                w_end++;
+                continue;
+            }
+            Py_ssize_t b = w_end * 8, len = nb - b < 8 ? nb - b : 8;
+            uint64_t bitword = 0;
+            memcpy(&bitword, bt + b, (size_t)len); /* little-endian bit order */
+            if (m + __builtin_popcountll(bitword) > WALK_BATCH)
+                break;
+            for (uint64_t v = bitword; v; v &= v - 1, m++) {
+                Py_ssize_t p = b * 8 + __builtin_ctzll(v);
+                int64_t e = o[p], r = (e < 0 ? -e : e) - 1;
+                if (r < 0 || r >= n || j + m >= n || p >= src_rows || (kin && p >= n_keys)) {
+                    PyErr_Format(PyExc_ValueError, "owed: position %zd names row %lld of a "
+                                 "%zd-row out, entry %zd (src %zd rows, keys %zd)", p,
+                                 (long long)r, n, j + m, src_rows, n_keys);
+                    goto done;
+                }
+                at_p[m] = p;
+                row[m] = e > 0 ? from + (uint64_t)p * rb : ear + (uint64_t)r * rb;
+            }
+            w_end++;
+        }
+        for (Py_ssize_t i = 0; i < m && i < AHEAD; i++) {
+            PREFETCH(row[i]);
+            PREFETCH(row[i] + rb - 1);
+        }
+        for (Py_ssize_t i = 0; i < m; i++, j++) { /* out, in walk order */
+            if (i + AHEAD < m) {
+                PREFETCH(row[i + AHEAD]);
+                PREFETCH(row[i + AHEAD] + rb - 1);
+            }
+            Py_ssize_t p = at_p[i];
+            int64_t e = o[p];
+            copy_row(dst + (uint64_t)j * rb, row[i], rb);
+            copied += e > 0;
+            o[p] = 0;
+            po[j] = p;
+            ao[j] = (e < 0 ? -e : e) - 1;
+            ko[j] = kin != NULL ? kin[p] : (int64_t)p + (int64_t)offset;
+        }
+        walked += m;
+        if (w_end > w) /* the words collected: their bits (the last may be partial) */
+            memset(bt + w * 8, 0, (size_t)((w_end * 8 < nb ? w_end * 8 : nb) - w * 8));
+        w = w_end;
+    }
+    ret = Py_BuildValue("nnn", w < nw ? w : nw, walked, copied);
 done:
     release(&bs);
     return ret;
@@ -636,12 +797,17 @@ static PyMethodDef methods[] = {
     {"hold_lane", hold_lane, METH_O,
      "hold_lane(on): keep the lane's queued markings waiting (tests)"},
     {"drain_marked", drain_marked, METH_VARARGS,
-     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words]]]) -> k: "
+     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words[, keys, "
+     "out_keys]]]]) -> k: "
      "marked positions ascending"},
     {"gather_rows", gather_rows, METH_VARARGS,
      "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},
     {"capture_owed", capture_owed, METH_VARARGS,
      "capture_owed(owed, ids, src, by_occurrence, out, row_bytes) -> k: copy owed rows"},
+    {"walk_owed", walk_owed, METH_VARARGS,
+     "walk_owed(owed, bits, words, word, max_positions, src, early, out, row_bytes, keys, "
+     "ids_out, pos_out, at_out, offset, entry) -> (next_word, walked, copied): walk "
+     "handed-over marks"},
     {"drain_by_key", drain_by_key, METH_VARARGS,
      "drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k: "
      "marked positions by ascending key"},

@@ -2,8 +2,8 @@
 
 A budget publisher's hand-off needs every changed row's value at the step boundary it was
 taken at. Gathered at once, that is tens of thousands of cache misses in one tick of the
-training thread. Deferred, the read only drains the marks and says which rows it **owes**;
-each owed row is copied later, on the training thread, by whichever comes first:
+training thread. Deferred, the read says which rows it **owes**; each owed row is copied
+later, on the training thread, by whichever comes first:
 
 * the next lookup of its position (the tracker's hook, in the forward, before the
   optimizer can write it: the row is the boundary's value, and hot from the forward's own
@@ -15,9 +15,20 @@ each owed row is copied later, on the training thread, by whichever comes first:
 
 That is exact under the lookups path's contract — a row changes only in a step that looked
 it up — so every copied row is its value at the boundary, however late it is copied.
-State: ``owed`` (int32 per position: 0, or 1 + the row of ``out`` its value goes to), the
-drained ``positions`` (ascending) and a cursor into them. The C code is
-``deltastream.tracking.native.capture_owed``; numpy does the same without it.
+
+The read does not even drain the marks: the interval's marks (``slot``, ``bits``,
+``words`` of :class:`~deltastream.tracking.fresh_rows.FreshRows`) are handed over whole,
+and the next lookups mark a clear set. The handed-over ``slot`` is ``owed`` here: 1 + the
+arena row ``r`` of a position whose current row is owed, its negation once a lookup copied
+the row (to row ``r`` of ``early``), 0 for a position not marked. The slices walk the set
+bits in position order, as a drain would, and write the reader's arrays in that order —
+each position, its arena row (``at``), the id it holds (a hash table's ``keys``) and its
+current row (from the storage, or from ``early``) — and clear the marks: the read's own
+work is a swap of arrays, and the walk reads and writes memory in order, its cache misses
+spread over the ticks. Once walked, the set is clear and the next read marks it again
+(:meth:`free_marks`). The C code is
+``deltastream.tracking.native.capture_owed`` / ``walk_owed``; numpy does the same without
+it.
 """
 
 from __future__ import annotations
@@ -32,50 +43,90 @@ from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["OwedRows"]
 
+Marks = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+#: an ``early`` buffer over 4x a hand-off's rows and this many bytes is not kept
+KEEP_BYTES = 64 << 20
+
 
 class OwedRows:
-    """The rows one hand-off still owes of one table (at most one hand-off at a time).
+    """The rows one hand-off still owes of one table (at most one hand-off at a time)."""
 
-    Args:
-        capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
-    """
+    __slots__ = ("owed", "bits", "words", "keys", "offset", "ids", "positions", "at", "out",
+                 "base", "early", "storage", "next", "entry", "left", "walking",
+                 "_out_bytes", "_early_bytes", "_free")
 
-    __slots__ = ("owed", "positions", "out", "base", "storage", "next", "left", "_out_bytes")
-
-    def __init__(self, capacity: int) -> None:
-        self.owed = np.zeros(capacity, dtype=np.int32)
-        self.positions = np.empty(0, dtype=np.int64)
+    def __init__(self) -> None:
+        self.owed = np.zeros(0, dtype=np.int32)  # the handed-over slot while walking
+        #: the handed-over set's bits and words (cleared as they are walked)
+        self.bits: Optional[np.ndarray] = None
+        self.words: Optional[np.ndarray] = None
+        #: the id held at each position (int64 ``[>= capacity]``; None: position +
+        #: ``offset``)
+        self.keys: Optional[np.ndarray] = None
+        self.offset = 0
+        #: the reader's ids, positions and arena rows (int64 ``[n]`` each) and current
+        #: rows (``[n, dim]``, the first rows of ``base``), written in walk order
+        self.ids = self.positions = self.at = np.empty(0, dtype=np.int64)
         self.out: Optional[torch.Tensor] = None
-        #: the buffer ``out`` is the first rows of (``[>= n, dim]``)
         self.base: Optional[torch.Tensor] = None
+        #: ``[>= n, dim]``: rows a lookup copied before the walk reached them (by arena
+        #: row); kept from one hand-off to the next (nobody else reads it)
+        self.early: Optional[torch.Tensor] = None
         self.storage: Optional[torch.Tensor] = None
         self._out_bytes: Optional[np.ndarray] = None
-        self.next = 0  # positions before it were captured (by a slice or a lookup)
+        self._early_bytes: Optional[np.ndarray] = None
+        self._free: Optional[Marks] = None
+        self.next = 0  # the 64-bit word of ``bits`` the walk goes on from
+        self.entry = 0  # entries of the reader's arrays written
         self.left = 0  # rows still owed
+        self.walking = False  # bits are left to walk (ids and positions not all written)
 
     def grow(self, capacity: int) -> None:
-        """Cover ``capacity`` positions (the owed ones kept)."""
-        if capacity > self.owed.size:
-            owed = np.zeros(capacity, dtype=np.int32)
-            owed[:self.owed.size] = self.owed
-            self.owed = owed
+        """Cover ``capacity`` positions while walking: the set is extended (the new
+        positions are not marked)."""
+        if self.walking and capacity > self.owed.size:
+            self.owed = _extended(self.owed, capacity)
+            self.bits = _extended(self.bits, (capacity + 7) // 8)
+            self.words = _extended(self.words, ((self.bits.size + 7) // 8 + 7) // 8)
 
-    def start(self, positions: torch.Tensor, storage: torch.Tensor,
-              spares: SpareRows) -> torch.Tensor:
-        """Owe the rows of ``positions`` (int64 CPU ``[n]``, unique, ascending) as they are
-        in ``storage`` (the table's ``[capacity, dim]`` rows) now; returns the tensor
-        ``[n, dim]`` they are copied to (complete once :attr:`left` is 0; the first rows of
-        :attr:`base`, a buffer of ``spares``). The drain wrote ``owed``
-        already (``owed[positions[i]] = i + 1``: ``drain_marked``'s ``owed``). Any rows
-        still owed must have been captured (:meth:`capture` with no limit) first."""
-        assert self.left == 0, "the previous hand-off's rows are still owed"
-        n = int(positions.numel())
-        self.base = spares.take(n, storage.shape[1], storage.dtype)
+    def free_marks(self) -> Optional[Marks]:
+        """``(slot, bits, words)`` of the last hand-off, clear once walked (None while
+        walking, or when there is none to give): the next set to mark."""
+        if self.walking:
+            return None
+        free, self._free = self._free, None
+        return free
+
+    def start(self, marks: Marks, n: int, storage: torch.Tensor, spares: SpareRows,
+              out: tuple[np.ndarray, np.ndarray, np.ndarray],
+              keys: Optional[np.ndarray] = None, offset: int = 0) -> torch.Tensor:
+        """Owe the current rows of the ``n`` positions marked in ``marks`` (the interval's
+        ``(slot, bits, words)``, handed over: ``slot[p] - 1`` is position ``p``'s arena
+        row) as they are in ``storage`` (the table's ``[capacity, dim]`` rows) now.
+        ``out``: ``(ids, positions, at)`` (int64 ``[n]`` each), written as the walk goes:
+        the id held at each position (``keys[p]``, keys int64 ``[capacity]``; without keys
+        ``p + offset``: a position holds its id until a row is freed, and anything that
+        frees one completes the walk first), the position and its arena row. Returns the
+        tensor ``[n, dim]`` of their current rows (aligned with ``out``; all complete once
+        :attr:`walking` is False; the first rows of :attr:`base`, a buffer of ``spares``).
+        The last hand-off must have been walked (:meth:`capture` with no limit) first."""
+        assert not self.walking, "the previous hand-off is still being walked"
+        self.owed, self.bits, self.words = marks
+        self._free = None
+        self.keys, self.offset = keys, int(offset)
+        self.ids, self.positions, self.at = out
+        dim, dtype = storage.shape[1], storage.dtype
+        self.base = spares.take(n, dim, dtype)
+        e = self.early
+        if e is None or e.shape[1] != dim or e.dtype != dtype or e.shape[0] < n \
+                or (e.shape[0] > 4 * n and e.numel() * e.element_size() > KEEP_BYTES):
+            self.early = torch.empty((1 << max(0, n - 1).bit_length(), dim), dtype=dtype)
         self.out = self.base[:n]
         self._out_bytes = as_bytes(self.out)
+        self._early_bytes = as_bytes(self.early[:n])
         self.storage = storage
-        self.positions = positions.numpy()
-        self.next, self.left = 0, n
+        self.next, self.entry, self.left, self.walking = 0, 0, n, True
         return self.out
 
     def on_lookup(self, native: object, ids: np.ndarray, src: torch.Tensor,
@@ -87,28 +138,30 @@ class OwedRows:
             src, by_occurrence = self.storage, False  # the table's own rows, not yet updated
         if native is not None and src.is_contiguous():
             k = native.capture_owed(self.owed, ids, as_bytes(src), by_occurrence,
-                                    self._out_bytes, self._row_bytes())
+                                    self._early_bytes, self._row_bytes())
         else:
             k = self._capture_numpy(ids, src, by_occurrence)
-        self._done(k)
+        self.left -= k
 
     def capture(self, native: object, max_positions: Optional[int]) -> int:
-        """Copy the owed rows among the next ``max_positions`` drained positions (None:
-        all) from the storage; returns the positions walked."""
-        if not self.left or max_positions == 0:
+        """Walk the marked positions (whole 64-bit words of the bits) until at least
+        ``max_positions`` were walked (at most 63 more; None: all), copying the rows still
+        owed from the storage; returns the positions walked."""
+        if not self.walking or max_positions == 0:
             return 0
-        end = self.positions.size if max_positions is None \
-            else min(self.positions.size, self.next + int(max_positions))
-        ids = self.positions[self.next:end]
+        limit = self.owed.size if max_positions is None else int(max_positions)
         src = self.storage
         if native is not None and src.is_contiguous():
-            k = native.capture_owed(self.owed, ids, as_bytes(src), False, self._out_bytes,
-                                    self._row_bytes())
+            self.next, walked, copied = native.walk_owed(
+                self.owed, self.bits, self.words, self.next, limit, as_bytes(src),
+                self._early_bytes, self._out_bytes, self._row_bytes(), self.keys, self.ids,
+                self.positions, self.at, self.offset, self.entry)
         else:
-            k = self._capture_numpy(ids, src, False)
-        walked = end - self.next
-        self.next = end
-        self._done(k)
+            walked, copied = self._walk_numpy(limit)
+        self.entry += walked
+        self.left -= copied
+        if self.next * 8 >= self.bits.size:
+            self._walked()
         return walked
 
     def _row_bytes(self) -> int:
@@ -118,14 +171,59 @@ class OwedRows:
         q = ids.astype(np.int64, copy=False)
         r = self.owed[q].astype(np.int64) - 1
         hit = np.flatnonzero(r >= 0)
-        if hit.size:
-            at = torch.from_numpy(hit if by_occurrence else q[hit])
-            self.out[torch.from_numpy(r[hit])] = src.index_select(0, at).to(self.out.dtype)
-            self.owed[q[hit]] = 0  # a repeat of a position: the same row again, harmless
-        return int(np.unique(q[hit]).size) if hit.size else 0
+        if not hit.size:
+            return 0
+        at = torch.from_numpy(hit if by_occurrence else q[hit])
+        self.early[torch.from_numpy(r[hit])] = src.index_select(0, at).to(self.out.dtype)
+        first = np.unique(q[hit])  # a repeat of a position: the same row again, harmless
+        self.owed[first] = -self.owed[first]
+        return int(first.size)
 
-    def _done(self, k: int) -> None:
-        self.left -= k
-        if self.left == 0:  # drop the references: the reader owns the rows now
-            self.out, self.base, self._out_bytes, self.storage = None, None, None, None
-            self.positions = np.empty(0, dtype=np.int64)
+    def _walk_numpy(self, limit: int) -> tuple[int, int]:
+        """:meth:`capture`'s walk in numpy, whole 64-bit words like the C code's (a block
+        of words at a time: at most 63 positions past ``limit``); returns ``(walked,
+        copied)``."""
+        walked = copied = 0
+        while walked < limit and self.next * 8 < self.bits.size:
+            b0 = self.next * 8
+            b1 = min(self.bits.size, b0 + 8 * max(1, -(-(limit - walked) // 64)))
+            p = np.flatnonzero(np.unpackbits(self.bits[b0:b1], bitorder="little")) + b0 * 8
+            e = self.owed[p].astype(np.int64)
+            r = np.abs(e) - 1
+            j = self.entry + walked
+            if p.size and (int(r.min()) < 0 or int(r.max()) >= self.at.size
+                           or j + p.size > self.at.size):
+                raise ValueError("owed: a marked position names no row of the "
+                                 f"{self.at.size}-row out")
+            own = e > 0
+            rows = torch.where(torch.from_numpy(own)[:, None],
+                               self.storage.index_select(0, torch.from_numpy(p)),
+                               self.early.index_select(0, torch.from_numpy(r)))
+            self.out[j:j + p.size] = rows.to(self.out.dtype)
+            self.owed[p] = 0
+            self.positions[j:j + p.size] = p
+            self.at[j:j + p.size] = r
+            self.ids[j:j + p.size] = p + self.offset if self.keys is None else self.keys[p]
+            self.bits[b0:b1] = 0
+            self.next = -(-b1 // 8)
+            walked += int(p.size)
+            copied += int(own.sum())
+        return walked, copied
+
+    def _walked(self) -> None:
+        """Every bit was walked: the set is clear (its words too), the reader owns the
+        rows, ids and positions."""
+        self.words[:] = 0  # 1/512 of the slot
+        self._free = (self.owed, self.bits, self.words)
+        self.walking = False
+        self.out, self.base, self._out_bytes, self.storage = None, None, None, None
+        self._early_bytes = None
+        self.keys, self.bits, self.words = None, None, None
+        self.ids = self.positions = self.at = np.empty(0, dtype=np.int64)
+
+
+def _extended(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` followed by zeros up to ``size`` entries."""
+    out = np.zeros(size, dtype=a.dtype)
+    out[:a.size] = a
+    return out

@@ -175,18 +175,29 @@ class UniqueLookups(PendingLookups):
     def drain_unordered(self, table: Any, storage: Optional[torch.Tensor] = None
                         ) -> Optional[tuple[Any, ...]]:
         """``(ids, positions, at, arena, current, give_back)`` of the touched positions,
-        ascending by position (not by id: a hash table's), with no sort and no copy of the
-        FIRST rows (:meth:`FreshRows.take_unordered`: row ``at[i]`` of ``arena`` is the
-        FIRST row of ``ids[i]``; with ``storage``, ``current`` receives their current rows
-        as they are owed, else None; ``give_back()`` once they are read); None (nothing
-        drained) when the C code did not keep this interval's rows alone."""
-        got = self.fresh.take_unordered(storage)
+        in no id order, with no sort and no copy of the FIRST rows
+        (:meth:`FreshRows.take_unordered`: row ``at[i]`` of ``arena`` is the FIRST row of
+        ``ids[i]``; with ``storage``, ``current`` and a hash table's ``ids`` are filled as
+        the rows are owed, else ``current`` is None; ``give_back()`` once they are read);
+        None (nothing drained) when the C code did not keep this interval's rows alone."""
+        keys, offset = None, 0
+        if getattr(table, "ids_ascending", False):  # id = position + offset
+            offset = int(getattr(table, "offset", 0))
+        else:  # a hash table: the id held at each position
+            held = table.position_ids()
+            if held.device.type == "cpu" and held.is_contiguous() \
+                    and held.numel() >= self.fresh.slot.size:
+                keys = held.numpy()
+            else:  # not every position's id at hand: drained now, mapped by ids_at
+                storage = None
+        got = self.fresh.take_unordered(storage, keys, offset)
         if got is None:
             return None
-        pos = got[0]
+        ids, pos = got[0], got[1]
         self.drained = None
+        self.marks = self.fresh.marks  # a new set when the marks were handed over
         PendingLookups.reset(self)  # the marks are clear already
-        return (table.ids_at(pos), *got)
+        return (table.ids_at(pos) if ids is None else ids, *got[1:])
 
 
 def first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]

@@ -141,13 +141,13 @@ class UnorderedRows:
     training thread hands over, :meth:`finish` (anywhere, later) turns into ``DeltaRows``.
 
     ``ids`` int64 ``[n]`` unique, in no id order; ``positions`` int64 ``[n]`` their storage
-    rows, ascending (valid until the table frees a row); ``arena`` ``[>= n, dim]`` FIRST
-    rows, row ``at[i]`` (int64 ``[n]``) that of ``ids[i]``; ``tombstones`` / ``news``
-    int64 ascending ids evicted / inserted in the interval (``dynamic`` tables report
-    ``new``); ``current`` ``[n, dim]`` (aligned with ``ids``) receives their current rows
-    as the tracker captures them (``DeltaTracker.capture_rows``), or None (not asked
-    for). ``give_back()`` (any thread; None: nothing to give): the reader is done with
-    ``arena`` and ``current``, the tracker may write them again
+    rows (valid until the table frees a row); ``arena`` ``[>= n, dim]`` FIRST rows, row
+    ``at[i]`` (int64 ``[n]``) that of ``ids[i]``; ``tombstones`` / ``news`` int64
+    ascending ids evicted / inserted in the interval (``dynamic`` tables report ``new``);
+    ``current`` ``[n, dim]`` (aligned with ``ids``) receives their current rows as the
+    tracker captures them (``DeltaTracker.capture_rows``; a hash table's ``ids`` are
+    filled then too), or None (not asked for). ``give_back()`` (any thread; None: nothing
+    to give): the reader is done with all of them, the tracker may write them again
     (:mod:`~deltastream.tracking.spare_rows`)."""
 
     ids: torch.Tensor

@@ -216,6 +216,19 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
             native.drain_marked(slot, bits, arena, np.zeros(2, np.int64),
                                 None if arena is None else np.zeros(16, np.uint8), at)
     assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
+    slot[1], at2 = 2, np.zeros(2, np.int64)  # valid marks: positions 0 and 1
+    with pytest.raises(ValueError, match="keys and out_keys: both or neither"):
+        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None, None,
+                            np.zeros(10, np.int64), None)
+    with pytest.raises(ValueError, match="keys: position 1 is marked, keys has 1"):
+        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None, None,
+                            np.zeros(1, np.int64), np.zeros(2, np.int64))
+    assert slot.tolist()[:5] == [1, 2, 0, 0, 0] and bits[0] == 0b11  # kept
+    out_keys = np.zeros(2, np.int64)
+    assert native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None, None,
+                               np.arange(10, dtype=np.int64) * 10, out_keys) == 2
+    assert out_keys.tolist() == [0, 10] and at2.tolist() == [0, 1] and not bits.any()
+    slot[:2], bits[0] = 1, 0b11
     keys = np.zeros(10, np.int64)
     with pytest.raises(ValueError, match=r"order, out_keys, out_pos: fewer than 5 entries"):
         native.drain_by_key(slot, bits, order, 5, keys, None, np.zeros(5, np.int64),
@@ -260,7 +273,7 @@ def test_sparse_marks_in_a_large_table_all_drained(fresh_path, switch_at, unorde
                 assert not fresh_rows.native_enabled() or switch_at is not None
                 ids, rows = f.drain(True)
             else:
-                pos, at, arena, _, _ = got
+                _, pos, at, arena, _, _ = got
                 ids, rows = pos, arena[at]
         else:
             ids, rows = f.drain(True)
@@ -377,22 +390,30 @@ def test_take_unordered_hands_over_the_arena_or_refuses(fresh_path, switch_at):
         assert torch.equal(ids, torch.unique(torch.cat(lookups)))
         assert torch.equal(rows, w0[ids])
         return
-    pos, at, arena, current, give_back = got
-    assert current is None  # not owed: the reader gathers the rows
+    ids, pos, at, arena, current, give_back = got
+    assert current is None and ids is None  # not owed: the reader gathers the rows
     assert torch.equal(pos, torch.unique(torch.cat(lookups)))
     assert sorted(at.tolist()) == list(range(pos.numel()))  # one arena row each
     assert torch.equal(arena[at], w0[pos])  # bit for bit
     assert not f.marks.any() and not f.bits.any() and f.used == 0 and f.arena is None
     kept = arena.clone()
+    keys = torch.randperm(capacity, generator=g) * 7  # a hash table's id at each position
     f.add(torch.tensor([7, 3]), weight)  # the next interval: a new arena
     assert torch.equal(arena, kept)
-    pos2, at2, arena2, _, give_back2 = f.take_unordered()
+    ids2, pos2, at2, arena2, _, give_back2 = f.take_unordered(keys=keys.numpy())
+    assert torch.equal(ids2, keys[pos2])  # the ids held at the positions, from the drain
     assert pos2.tolist() == [3, 7] and torch.equal(arena2[at2], weight[[3, 7]])
     assert f.take_unordered() is None  # nothing marked since
     give_back()  # the reader is done with the first arena: the next interval writes it
     f.add(torch.tensor([5]), weight)
     assert f.arena.data_ptr() == arena.data_ptr() and f.spares.reused == 1
     assert torch.equal(arena2[at2], weight[[3, 7]])  # not given back: untouched
+    assert torch.equal(ids2, keys[[3, 7]]) and pos2.tolist() == [3, 7]
+    # the first interval's positions were given back with its arena: the next drain
+    # writes them (no buffer allocated in the tick)
+    _, pos3, _, _, _, _ = f.take_unordered()
+    assert pos3.tolist() == [5] and pos3.data_ptr() == pos.data_ptr()
+    assert f.spares.reused == 2
 
 
 def _later_interval(lookups: list[torch.Tensor], weight: torch.Tensor, capacity: int):

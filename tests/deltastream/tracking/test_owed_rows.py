@@ -60,19 +60,23 @@ def test_owed_rows_are_the_rows_at_the_read(fresh_path, dtype, dim, by_occurrenc
         before = weight.clone()
         was = fresh_rows.native_enabled()
         fresh_rows.use_native(True)
+        looked_up = []
         try:
             for _ in range(3):
-                _train_step(f, weight, _lookups(g, capacity), by_occurrence)
+                looked_up += _lookups(g, capacity)
+                _train_step(f, weight, looked_up[-2:], by_occurrence)
         finally:
             fresh_rows.use_native(was)
         at_read = weight.clone()
-        pos, at, arena, current, _ = _take(f, weight)
-        assert torch.equal(arena[at], before[pos])
+        ids, pos, at, arena, current, _ = _take(f, weight)
         walks = []
         while f.owes:
             _train_step(f, weight, _lookups(g, capacity, 1), by_occurrence)
             walks.append(f.capture(97))
-        assert 0 < max(walks) <= 97
+        assert 0 < max(walks) <= 97 + 63  # whole 64-bit words of the marks
+        # the positions (and ids: id = position here) are written as the marks are walked
+        assert torch.equal(torch.sort(pos).values, torch.unique(torch.cat(looked_up)))
+        assert torch.equal(ids, pos) and torch.equal(arena[at], before[pos])
         assert not torch.equal(weight[pos], at_read[pos])  # rows moved while owed
         assert torch.equal(current, at_read[pos])  # yet each is its value at the read
         f.drain(True)  # the next interval starts from C marking
@@ -85,12 +89,72 @@ def test_a_lookup_copies_its_owed_rows_and_the_next_drain_the_rest(fresh_path):
     fresh_rows.use_native(True)
     _train_step(f, weight, [torch.arange(0, 600)], False)
     fresh_rows.use_native(fresh_path == "native")
-    pos, _, _, current, _ = _take(f, weight)
+    _, pos, _, _, current, _ = _take(f, weight)
     at_read = weight.clone()
     _train_step(f, weight, [torch.arange(0, 50)], False)  # copied by the lookup, then moved
     assert f.owes == 550
     f.drain(True)  # a drain (a flush, an eviction, a reload) settles what is owed first
     assert f.owes == 0 and torch.equal(current, at_read[pos])
+
+
+@needs_native
+def test_a_table_that_grows_while_its_marks_are_walked(fresh_path):
+    """The owed set grows with the table (new positions unmarked): lookups of the new
+    positions mark the next interval only, the walk finishes, and the next hand-off marks
+    a set of the new size."""
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(500, 3, generator=g)
+    f = FreshRows(500)
+    fresh_rows.use_native(True)
+    before = weight.clone()
+    _train_step(f, weight, [torch.arange(100, 400, 3)], False)
+    fresh_rows.use_native(fresh_path == "native")
+    ids, pos, at, arena, current, give_back = _take(f, weight)
+    at_read = weight.clone()
+    f.capture(10)
+    weight = torch.cat([weight, torch.randn(300, 3, generator=g)])  # the table grew
+    f.grow(800)
+    assert f.owed.owed.size == 800 and f.owed.bits.size == 100
+    fresh_rows.use_native(True)  # C marking: the next interval can be handed over
+    _train_step(f, weight, [torch.tensor([150, 600, 799])], False)
+    fresh_rows.use_native(fresh_path == "native")
+    while f.owes:
+        f.capture(16)
+    assert torch.equal(pos, torch.arange(100, 400, 3)) and torch.equal(ids, pos)
+    assert torch.equal(current, at_read[pos]) and torch.equal(arena[at], before[pos])
+    give_back()
+    fresh_rows.use_native(True)
+    _, pos2, _, _, current2, _ = _take(f, weight)  # the next interval: 150, 600, 799
+    f.settle()
+    assert pos2.tolist() == [150, 600, 799] and torch.equal(current2, weight[pos2])
+    assert f.slot.size == 800 and not f.marks.any()
+
+
+def test_native_walk_refuses_bad_input():
+    if not fresh_rows.NATIVE_AVAILABLE:
+        pytest.skip("deltastream.tracking.native is not built")
+    from deltastream.tracking import native
+
+    owed, bits, words = np.zeros(16, np.int32), np.zeros(2, np.uint8), np.ones(1, np.uint8)
+    owed[[1, 9]], bits[:] = [1, 5], [0b10, 0b10]  # position 9 names row 4 of a 2-row out
+    src, rows = np.arange(64, dtype=np.uint8), np.zeros(8, np.uint8)
+    out = [np.zeros(2, np.int64) for _ in range(3)]
+    with pytest.raises(ValueError, match="owed: position 9 names row 4 of a 2-row out"):
+        native.walk_owed(owed, bits, words, 0, 100, src, rows.copy(), rows, 4, None, *out, 0, 0)
+    assert owed.tolist()[:10] == [0, 1, 0, 0, 0, 0, 0, 0, 0, 5] and bits.tolist() == [2, 2]
+    with pytest.raises(ValueError, match="ids_out, pos_out and at_out: 2 entries each"):
+        native.walk_owed(owed, bits, words, 0, 100, src, rows.copy(), rows, 4, None,
+                         out[0], out[1], np.zeros(3, np.int64), 0, 0)
+    with pytest.raises(ValueError, match=r"bits: 1 bytes for 16 positions \(want 2\)"):
+        native.walk_owed(owed, bits[:1], words, 0, 100, src, rows.copy(), rows, 4, None,
+                         *out, 0, 0)
+    owed[9] = -2  # captured by a lookup: its row comes from early
+    early = np.arange(100, 108, dtype=np.uint8)
+    assert native.walk_owed(owed, bits, words, 0, 100, src, early, rows, 4,
+                            np.arange(16, dtype=np.int64) * 10, *out, 0, 0) == (1, 2, 1)
+    assert rows.tolist() == [4, 5, 6, 7, 104, 105, 106, 107]  # src row 1, early row 1
+    assert [o.tolist() for o in out] == [[10, 90], [1, 9], [0, 1]]  # ids, positions, at
+    assert not owed.any() and not bits.any()
 
 
 def test_native_capture_refuses_bad_input_and_writes_nothing():
@@ -110,7 +174,8 @@ def test_native_capture_refuses_bad_input_and_writes_nothing():
     assert not out.any() and owed[2] == 1 and owed[5] == 3
     owed[5] = 2
     assert native.capture_owed(owed, np.array([5, 2, 2, 7], np.int32), src, False, out, 4) == 2
-    assert out.tolist() == [8, 9, 10, 11, 20, 21, 22, 23] and not owed.any()
+    assert out.tolist() == [8, 9, 10, 11, 20, 21, 22, 23]
+    assert owed.tolist() == [0, 0, -1, 0, 0, -2, 0, 0]  # captured: negated (walk_owed)
     slot, bits = np.zeros(8, np.int32), np.zeros(1, np.uint8)
     with pytest.raises(ValueError, match="owed: int32, one per position like slot"):
         native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None,
