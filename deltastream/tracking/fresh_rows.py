@@ -266,8 +266,7 @@ class FreshRows:
         rows = None if arena is None else torch.empty((used, arena.shape[1]), dtype=arena.dtype)
         k = native.drain_marked(self.slot, self.bits,
                                 None if arena is None else self._arena_bytes, ids.numpy(),
-                                None if rows is None else as_bytes(rows), None, None,
-                                self.words)
+                                None if rows is None else as_bytes(rows), None, self.words)
         self._drained(used)
         return ids[:k], None if rows is None else rows[:k]
 
@@ -332,8 +331,7 @@ class FreshRows:
         base, rows = self.arena, self.arena[:used]
         if storage is None:
             k = native.drain_marked(self.slot, self.bits, None, pos.numpy(), None, at.numpy(),
-                                    None, self.words, keys,
-                                    None if keys is None else ids.numpy())
+                                    self.words, keys, None if keys is None else ids.numpy())
             current, pos, at, ids = None, pos[:k], at[:k], ids[:k]
         else:  # the C code kept no repeats: used positions are marked
             if self.owed is None:

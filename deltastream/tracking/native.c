@@ -35,14 +35,13 @@
  *       naming it, raised before anything is written.
  *   mark_fresh_later, hold_lane: native_later.c (mark_fresh run on a background thread
  *       while the caller goes on).
- *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words[, keys,
- *                out_keys]]]]) -> k
+ *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, words[, keys,
+ *                out_keys]]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
  *       [m * row_bytes] or None (with arena None). Writes the k marked positions ascending
  *       and, with an arena, each one's arena row; with out_at (writable int64 [m], arena
- *       None), the index of each one's arena row instead; then clears slot and bits. With
- *       owed (writable int32 like slot, all 0: owed_rows.py), owed[p] = 1 + the output
- *       index of each position p. A set bit whose slot names no arena row is a ValueError
+ *       None), the index of each one's arena row instead; then clears slot and bits. A set
+ *       bit whose slot names no arena row is a ValueError
  *       (everything left as it was). With words (mark_fresh's), only the words of bits it
  *       names are read, and words is cleared: the work follows the positions
  *       marked, not the capacity (a 10M-row table's bits are 1.25 MB; its words 20 KB).
@@ -253,10 +252,10 @@ static void scatter_arena(uint8_t *out, const uint8_t *arena, const int64_t *des
 }
 
 static PyObject *drain_marked(PyObject *self, PyObject *args) {
-    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None, *o_owed = Py_None;
+    PyObject *o_slot, *o_bits, *o_arena, *o_ids, *o_rows, *o_at = Py_None;
     PyObject *o_words = Py_None, *o_keys = Py_None, *o_out_keys = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOO|OOOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
-                          &o_at, &o_owed, &o_words, &o_keys, &o_out_keys))
+    if (!PyArg_ParseTuple(args, "OOOOO|OOOO", &o_slot, &o_bits, &o_arena, &o_ids, &o_rows,
+                          &o_at, &o_words, &o_keys, &o_out_keys))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
@@ -267,12 +266,11 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     Py_buffer *out = arena == BAD ? NULL : take(&bs, o_ids, 1, "out_ids");
     Py_buffer *rows = out == BAD ? NULL : take(&bs, o_rows, 1, "out_rows");
     Py_buffer *ats = rows == BAD ? NULL : take(&bs, o_at, 1, "out_at");
-    Py_buffer *owed = ats == BAD ? NULL : take(&bs, o_owed, 1, "owed");
-    Py_buffer *words = owed == BAD ? NULL : take(&bs, o_words, 1, "words");
+    Py_buffer *words = ats == BAD ? NULL : take(&bs, o_words, 1, "words");
     Py_buffer *keys = words == BAD ? NULL : take(&bs, o_keys, 0, "keys");
     Py_buffer *okeys = keys == BAD ? NULL : take(&bs, o_out_keys, 1, "out_keys");
     if (slot == BAD || bits == BAD || arena == BAD || out == BAD || rows == BAD || ats == BAD ||
-        owed == BAD || words == BAD || keys == BAD || okeys == BAD)
+        words == BAD || keys == BAD || okeys == BAD)
         goto done;
     if (!slot || !bits || !out) {
         PyErr_SetString(PyExc_TypeError, "slot, bits and out_ids are required");
@@ -305,11 +303,6 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
     }
     const int64_t *kin = keys ? (const int64_t *)keys->buf : NULL;
     Py_ssize_t n_keys = keys ? keys->len / 8 : 0;
-    if (owed != NULL && (check_item(owed, 4, "i", "owed") < 0 || owed->len != slot->len)) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "owed: int32, one per position like slot");
-        goto done;
-    }
     if (arena != NULL) {
         rb = m_out ? rows->len / m_out : 0;
         if (m_out == 0 || rb == 0 || rows->len != m_out * rb || arena->len % rb ||
@@ -371,14 +364,11 @@ static PyObject *drain_marked(PyObject *self, PyObject *args) {
         scatter_arena((uint8_t *)rows->buf, (const uint8_t *)arena->buf, dest, m_out, rb);
     /* every entry proved valid: one pass over the positions output (ascending, so the
      * arrays indexed by position are read and written in order) */
-    int32_t *ow = owed ? (int32_t *)owed->buf : NULL;
     int64_t *ko = okeys ? (int64_t *)okeys->buf : NULL;
     for (Py_ssize_t i = 0; i < j; i++) {
         int64_t p = o[i];
         s[p] = 0; /* every set bit was output: clear its byte */
         bt[p >> 3] = 0;
-        if (ow != NULL)
-            ow[p] = (int32_t)(i + 1);
         if (ko != NULL)
             ko[i] = kin[p];
     }
@@ -797,8 +787,8 @@ static PyMethodDef methods[] = {
     {"hold_lane", hold_lane, METH_O,
      "hold_lane(on): keep the lane's queued markings waiting (tests)"},
     {"drain_marked", drain_marked, METH_VARARGS,
-     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, owed[, words[, keys, "
-     "out_keys]]]]) -> k: "
+     "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, words[, keys, "
+     "out_keys]]]) -> k: "
      "marked positions ascending"},
     {"gather_rows", gather_rows, METH_VARARGS,
      "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},

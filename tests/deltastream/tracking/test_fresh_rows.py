@@ -218,14 +218,14 @@ def test_native_refuses_short_buffers_and_a_bad_slot():
     assert slot.tolist()[:5] == [1, 1, 0, 0, 0] and bits[0] == 0b11
     slot[1], at2 = 2, np.zeros(2, np.int64)  # valid marks: positions 0 and 1
     with pytest.raises(ValueError, match="keys and out_keys: both or neither"):
-        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None, None,
+        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None,
                             np.zeros(10, np.int64), None)
     with pytest.raises(ValueError, match="keys: position 1 is marked, keys has 1"):
-        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None, None,
+        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None,
                             np.zeros(1, np.int64), np.zeros(2, np.int64))
     assert slot.tolist()[:5] == [1, 2, 0, 0, 0] and bits[0] == 0b11  # kept
     out_keys = np.zeros(2, np.int64)
-    assert native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None, None,
+    assert native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None, at2, None,
                                np.arange(10, dtype=np.int64) * 10, out_keys) == 2
     assert out_keys.tolist() == [0, 10] and at2.tolist() == [0, 1] and not bits.any()
     slot[:2], bits[0] = 1, 0b11
@@ -300,14 +300,14 @@ def test_native_drain_reads_only_the_words_named():
     assert used == 2 and words.tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 2]  # words 0 and 65
     slot[700], bits[700 >> 3] = 3, 1 << (700 & 7)  # a mark its word's bit does not name
     out, at = np.zeros(3, np.int64), np.zeros(3, np.int64)
-    k = native.drain_marked(slot, bits, None, out, None, at, None, words)
+    k = native.drain_marked(slot, bits, None, out, None, at, words)
     assert out[:k].tolist() == [5, 4160] and at[:k].tolist() == [0, 1]
     assert not words.any() and slot[700] == 3 and bits[700 >> 3]  # not read, not cleared
     with pytest.raises(ValueError, match=r"words: 8 bytes for 521 bytes of bits \(want 9\)"):
         native.mark_fresh(slot, bits, order, np.array([1]), None, False, 0, None, 0,
                           words[:8])
     with pytest.raises(ValueError, match=r"words: 8 bytes"):
-        native.drain_marked(slot, bits, None, out, None, at, None, words[:8])
+        native.drain_marked(slot, bits, None, out, None, at, words[:8])
 
 
 def test_without_the_extension_numpy_runs(tmp_path):

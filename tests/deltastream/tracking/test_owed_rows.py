@@ -176,7 +176,3 @@ def test_native_capture_refuses_bad_input_and_writes_nothing():
     assert native.capture_owed(owed, np.array([5, 2, 2, 7], np.int32), src, False, out, 4) == 2
     assert out.tolist() == [8, 9, 10, 11, 20, 21, 22, 23]
     assert owed.tolist() == [0, 0, -1, 0, 0, -2, 0, 0]  # captured: negated (walk_owed)
-    slot, bits = np.zeros(8, np.int32), np.zeros(1, np.uint8)
-    with pytest.raises(ValueError, match="owed: int32, one per position like slot"):
-        native.drain_marked(slot, bits, None, np.zeros(2, np.int64), None,
-                            np.zeros(2, np.int64), np.zeros(4, np.int32))
