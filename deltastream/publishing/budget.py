@@ -60,9 +60,10 @@ FIRST states and a **copy** of their current values, taken at the step boundary,
 worker never reads a row the optimizer is writing (on CUDA an asynchronous copy to pinned
 memory on a side stream, with no synchronization of the training stream). On the CPU a
 table the tracker's C code keeps **owes** its current rows instead: the tick that takes the
-hand-off drains the tracker's marks, and the rows are copied over the next ticks, a
-:data:`CAPTURE_BYTES` slice each, or by their next lookup before the update (exact: a row
-changes only in a step that looks it up); the hand-off reaches the worker once complete
+hand-off takes the tracker's marks over whole (a swap), and the marks are walked over the
+next ticks, a :data:`CAPTURE_BYTES` slice each — the ids, positions and rows written — with
+a row copied earlier by its next lookup before the update (exact: a row changes only in a
+step that looks it up); the hand-off reaches the worker once complete
 (``stats()["capture_ticks"]``). So no tick copies every row changed since the last one. Merging,
 scoring, choosing, encoding and sending run on the publisher's worker threads
 (:mod:`~deltastream.publishing.budget_worker`); ``tick`` never waits for them or for the
@@ -118,9 +119,10 @@ __all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES", "WORKERS"]
 #: where a threaded budget publisher runs its rounds
 WORKERS = ("thread", "process")
 
-#: bytes of owed current rows a tick copies for a hand-off (the tick that takes it counts
-#: its drained rows against them): rows that are cache misses copy at a few GB/s, so
-#: ~0.1-0.3 ms of the training thread per tick whatever the hand-off's size
+#: bytes of owed current rows a tick walks for a hand-off (the tick that takes it counts its
+#: rows against them): a walked position costs ~50-100 ns on a cache the step just flushed
+#: (its marks, its id, its row: misses), so 4096 rows of 128 B are ~0.3-0.5 ms of the
+#: training thread per tick whatever the hand-off's size (BENCHMARKS.md, trainer-cost)
 CAPTURE_BYTES = 1 << 19
 
 log = logging.getLogger(__name__)

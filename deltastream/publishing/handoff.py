@@ -8,11 +8,11 @@ sends the copy, never the live table the optimizer keeps writing, so no row is e
 half-written. The work is O(rows changed since the last hand-off).
 
 On the CPU, a table the tracker's C code keeps can **owe** its current rows instead
-(:func:`owed_storages`, ``owe=`` here): the read drains the marks only, and the rows are
-copied over the next ticks — at their next lookup (hot from the forward's read) or a slice
-of the rest per tick (:meth:`DeltaTracker.capture_rows`) — so no tick copies tens of
-thousands of rows at once (:mod:`deltastream.tracking.owed_rows`). The hand-off goes to the
-worker once nothing is owed.
+(:func:`owed_storages`, ``owe=`` here): the read takes the marks over whole, and the ids
+and rows are written over the next ticks — a row at its next lookup (hot from the
+forward's read), the rest a slice of the marks per tick
+(:meth:`DeltaTracker.capture_rows`) — so no tick walks tens of thousands of rows at once
+(:mod:`deltastream.tracking.owed_rows`). The hand-off goes to the worker once complete.
 
 On CUDA the copy is asynchronous: the rows are gathered on the training stream (a kernel
 launch, no wait), then copied device → host into pinned memory on a side stream that waits

@@ -299,9 +299,8 @@ class Recorder:
         return p.drain_unordered(self.row_maps[fqn], storage)
 
     def capture(self, max_positions: Optional[int]) -> bool:
-        """Copy owed current rows (:meth:`FreshRows.capture`), walking at most
-        ``max_positions`` drained positions in all (None: every one); True when no table
-        owes rows any more."""
+        """Walk handed-over marks (:meth:`FreshRows.capture`): about ``max_positions``
+        positions in all (None: every one); True when no table owes rows any more."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
         for f in owing:

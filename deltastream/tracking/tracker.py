@@ -212,10 +212,11 @@ class DeltaTracker:
             return self._rec.drained_positions(fqn, ids)
 
     def capture_rows(self, max_positions: Optional[int] = None) -> bool:
-        """Copy current rows an ``owe``-ing :meth:`get_delta_unordered` still owes,
-        walking at most ``max_positions`` of its positions in all (None: every one); True
-        when nothing is owed any more (every ``current`` it returned is complete). Call at
-        a step boundary: O(max_positions)."""
+        """Walk the marks an ``owe``-ing :meth:`get_delta_unordered` handed over: about
+        ``max_positions`` of its positions in all (whole 64-bit words of marks; None: every
+        one), writing their ids, positions, arena rows and current rows; True when nothing
+        is left (every ``UnorderedRows`` it returned is complete). Call at a step boundary:
+        O(max_positions)."""
         with self._lock:
             return self._rec.capture(max_positions)
 
@@ -263,7 +264,8 @@ class DeltaTracker:
         ``owe``: ``{fqn: the table's [capacity, dim] rows}``: those tables' rows also carry
         ``current``, their values now, copied later — at their next lookup, by
         :meth:`capture_rows`, or before anything else changes a row
-        (:mod:`.owed_rows`); read ``current`` once :meth:`capture_rows` returned True."""
+        (:mod:`.owed_rows`); their ``ids``, ``positions`` and ``at`` are written by the same
+        walk: read any of them once :meth:`capture_rows` returned True."""
         with self._lock:
             c = self._resolve(consumer)
             raw: dict[str, tuple] = {}
