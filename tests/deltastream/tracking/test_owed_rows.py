@@ -30,12 +30,12 @@ def _train_step(f: FreshRows, weight: torch.Tensor, lookups: list[torch.Tensor],
     weight[touched] += torch.randn(touched.numel(), weight.shape[1]).to(weight.dtype)
 
 
-def _take(f: FreshRows, storage: torch.Tensor) -> tuple:
+def _take(f: FreshRows, storage: torch.Tensor, offset: int = 0) -> tuple:
     """A deferred unordered drain (the C code: the only one that drains unordered)."""
     was = fresh_rows.native_enabled()
     fresh_rows.use_native(True)
     try:
-        return f.take_unordered(storage)
+        return f.take_unordered(storage, offset=offset)
     finally:
         fresh_rows.use_native(was)
 
@@ -124,9 +124,10 @@ def test_a_table_that_grows_while_its_marks_are_walked(fresh_path):
     assert torch.equal(current, at_read[pos]) and torch.equal(arena[at], before[pos])
     give_back()
     fresh_rows.use_native(True)
-    _, pos2, _, _, current2, _ = _take(f, weight)  # the next interval: 150, 600, 799
+    ids2, pos2, _, _, current2, _ = _take(f, weight, offset=1000)  # 150, 600, 799
     f.settle()
     assert pos2.tolist() == [150, 600, 799] and torch.equal(current2, weight[pos2])
+    assert ids2.tolist() == [1150, 1600, 1799]  # a row-wise shard's: position + offset
     assert f.slot.size == 800 and not f.marks.any()
 
 
