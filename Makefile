@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
 		consumers/serving/native_loops.h deltastream/tracking/native.c \
 		deltastream/publishing/native.c deltastream/embedding/native.c deltastream/native_buffers.h \
 		deltastream/native_rows.h deltastream/native_lane.h deltastream/tracking/native_later.c \
+		deltastream/tracking/native_owed.c \
 		deltastream/tracking/native_tracking.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
