@@ -50,6 +50,7 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     servers = broker.bootstrap_servers
     table, tracker, pub = tracked_table(servers, topic_name)
     before = _handoff_files()
+    threads_before = set(threading.enumerate())  # other tests' may linger until collected
     rounds = []
     bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000),
                          worker="process", on_round=rounds.append)
@@ -69,7 +70,8 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     # no thread of its own left running: one still finishing at interpreter exit freed a
     # hand-off (a tensor holding a Python hook) after finalization began and aborted the
     # process ("terminate called without an active exception", 1 run in ~40)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("deltastream-p-")]
+    assert not [t.name for t in set(threading.enumerate()) - threads_before
+                if t.name.startswith("deltastream-p-")]
     assert _handoff_files() <= before  # every hand-off file it made is gone
     # the user's publisher continues the child's seqs: one more message, no repeat
     held = table.lookup(torch.arange(ROWS))
