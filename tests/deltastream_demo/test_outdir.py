@@ -17,6 +17,7 @@ def _a_run(out):
     (paths["state"] / "base-000001").mkdir()
     (paths["state"] / "base-000001" / "manifest.json").write_text("{}")
     (out / "report.json").write_text("{}")
+    (paths["work"] / "base" / "tables").mkdir(parents=True)  # a snapshot of no tables
     outdir.record(out)
     return paths
 
@@ -34,7 +35,17 @@ def test_a_second_run_removes_exactly_what_the_first_wrote(tmp_path):
     _a_run(out)
     paths = outdir.prepare(out)
     assert not (out / "report.json").exists() and not (paths["state"] / "base-000001").exists()
+    # the directories it made go too, empty ones included (a snapshot path left holding an
+    # empty tables/ is not a snapshot: the next run's writer refused to replace it)
     assert all(p.is_dir() and not any(p.iterdir()) for p in paths.values())
+
+
+def test_an_empty_directory_the_demo_did_not_make_stays(tmp_path):
+    out = tmp_path / "out"
+    _a_run(out)
+    (out / "work" / "mine").mkdir()
+    outdir.prepare(out)
+    assert (out / "work" / "mine").is_dir()
 
 
 @pytest.mark.parametrize("where", ["work/mine.txt", "snapshots/mine.txt", "mine.txt",
