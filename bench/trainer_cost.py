@@ -8,11 +8,13 @@ as a run does), each timed against the step alone in the chunk just before it:
 
 * ``tracker``: a :class:`~deltastream.DeltaTracker` (EMBEDDING) read every 10 steps;
 * ``budget-<B>``: tracker + :class:`~deltastream.BudgetPublisher` at ``B`` bytes/s
-  (``--budgets``), ticked after every step, threaded (the default mode);
+  (``--budgets``), ticked after every step, in the default mode (``worker="auto"``: a
+  worker process where torch's one thread leaves a core spare, as here; the figure's
+  ``worker`` says which);
 * ``budget-<B>-sync``: the same with ``threaded=False`` (every round on the training thread,
   as before the worker existed) at the first budget (``--sync``);
-* ``budget-<B>-process``: the same with ``worker="process"`` (rounds in a worker process:
-  no GIL shared with training) at the first budget (``--no-process`` leaves it out);
+* ``budget-<B>-thread``: the same with ``worker="thread"`` (rounds on threads of the
+  training process, sharing its GIL) at the first budget (``--no-thread`` leaves it out);
 * ``budget-<B>-uncapped``: the first budget with ``max_worker_share=None`` (a round every
   ``min_interval_s`` whatever the worker's CPU; ``--uncapped``);
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
@@ -79,7 +81,7 @@ class _Run:
 
     def __init__(self, name: str, model: TableCTR, servers: str, topic: str,
                  budget: float | None = None, threaded: bool = True,
-                 delta_every: int | None = None, worker: str = "thread",
+                 delta_every: int | None = None, worker: str = "auto",
                  residuals: bool = False, **policy: object) -> None:
         from deltastream import DeltaPublisher
 
@@ -284,10 +286,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-sync", model, servers, topic, budget=b,
                          threaded=False))
-    if args.process:
+    if args.thread:
         b = args.budgets[0]
-        runs.append(_Run(f"budget-{int(b)}-process", model, servers, topic, budget=b,
-                         worker="process"))
+        runs.append(_Run(f"budget-{int(b)}-thread", model, servers, topic, budget=b,
+                         worker="thread"))
     if args.uncapped:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-uncapped", model, servers, topic, budget=b,
@@ -332,11 +334,12 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 worker_share=None if worker is None else worker / r.measured_s,
                 max_backlog=(st.get("backlog") or {}).get("max_handoffs"), chunk_steps=chunk,
                 tail_steps=statistics.median(r.tail_steps),
-                pending=st.get("pending"), prefilled=args.pending if r.budget else 0)
+                pending=st.get("pending"), prefilled=args.pending if r.budget else 0,
+                worker=st.get("worker"))
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:
-                note += f", worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
+                note += f", {st['worker']} worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
             out.append(result(f"trainer_cost.{r.name}.b{batch}",
                               statistics.median(r.times) * 1e3, extra["step_alone_ms"],
                               RATIO_GOAL, "ms/step", ratio=ratio, higher_is_better=False,
@@ -361,8 +364,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "(50000,5000,500000)")
     p.add_argument("--no-sync", dest="sync", action="store_false",
                    help="leave out the synchronous-mode configuration")
-    p.add_argument("--no-process", dest="process", action="store_false",
-                   help="leave out the worker-process configuration")
+    p.add_argument("--no-thread", dest="thread", action="store_false",
+                   help="leave out the thread-worker configuration")
     p.add_argument("--uncapped", action="store_true",
                    help="also the first budget with BudgetPolicy(max_worker_share=None): "
                         "rounds every min_interval_s whatever the worker's CPU")

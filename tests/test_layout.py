@@ -27,7 +27,7 @@ ALLOWED_UP = {("deltastream.cli", "deltastream_demo.run")}
 ROOMS = (
     # trainer side and the shared contract
     "deltastream.errors", "deltastream.stop_flag", "deltastream.types", "deltastream.kafka_config",
-    "deltastream.kafka_compat", "deltastream.native_ext", "deltastream.tensor_views",
+    "deltastream.kafka_compat", "deltastream.cores", "deltastream.native_ext", "deltastream.tensor_views",
     "deltastream.wire_values",
     "deltastream.wire_codec", "deltastream.wire_batch",
     "deltastream.wire",

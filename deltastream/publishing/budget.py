@@ -71,10 +71,14 @@ broker and returns ``None``. When the worker falls behind, hand-offs coalesce in
 pending set (the newest value of a row wins; memory is bounded by the rows pending, at most
 the tables' rows), nothing is dropped, and the backlog shows in :meth:`~BudgetPublisher.stats`.
 A round that fails puts its rows back in the pending set and its ``PublishError`` is raised
-by the next ``tick`` or ``flush``. The worker's many small numpy and torch calls need the
-GIL between them, as does every op the training thread dispatches: ``worker="process"``
-runs the same rounds in a worker process (:mod:`~deltastream.publishing.budget_process`;
-one more copy of each hand-off, no GIL shared; ``BENCHMARKS.md`` compares the two).
+by the next ``tick`` or ``flush``. Where the worker runs: a worker's many small numpy and torch calls
+need the GIL between them, as does every op the training thread dispatches, and each
+hand-over of the GIL makes the training thread wait to be woken. So by default
+(``worker="auto"``) the rounds run in a worker process
+(:mod:`~deltastream.publishing.budget_process`: one more copy of each hand-off, no GIL
+shared) when the publisher can be re-made there and torch's threads leave the process a
+core (:func:`~deltastream.cores.spare_cores`), and on threads of this process otherwise
+(``BENCHMARKS.md`` compares the two).
 ``threaded=False`` runs each round
 inside ``tick`` (for tests and debugging) and returns its record. The clock decides how many
 bytes a round may spend, and ``min_interval_s`` skips ticks that come too soon (they only
@@ -101,11 +105,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
+import torch
 
 from deltastream import wire
+from deltastream.cores import process_cores, spare_cores
 from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, table_specs
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
-from deltastream.publishing.budget_process import ProcessWorker
+from deltastream.publishing.budget_process import ProcessWorker, cannot_spawn
 from deltastream.publishing.budget_worker import BudgetWorker
 from deltastream.publishing.handoff import Handoff, HostCopier, owed_storages, take_handoff
 from deltastream.publishing.rounds import RowPublisher
@@ -114,10 +120,26 @@ if TYPE_CHECKING:
     from deltastream.publishing.dense import DensePublisher
     from deltastream.tracking.tracker import DeltaTracker
 
-__all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES", "WORKERS"]
+__all__ = ["BudgetPolicy", "BudgetPublisher", "BudgetTick", "SCALES", "WORKERS",
+           "choose_worker"]
 
 #: where a threaded budget publisher runs its rounds
-WORKERS = ("thread", "process")
+WORKERS = ("auto", "thread", "process")
+
+
+def choose_worker(publisher: RowPublisher) -> str:
+    """``"process"`` when ``publisher`` can be re-made in a worker process and torch's
+    threads leave this process a core for it, else ``"thread"`` (why is logged)."""
+    why = cannot_spawn(publisher)
+    spare = spare_cores()
+    if why is None and spare == 0:
+        why = (f"torch's {torch.get_num_threads()} threads use every core of this process "
+               f"({process_cores()})")
+    if why is not None:
+        log.info("budget publisher: rounds run on a thread: %s", why)
+        return "thread"
+    log.info("budget publisher: rounds run in a worker process (%d cores spare)", spare)
+    return "process"
 
 #: bytes of owed current rows a tick walks for a hand-off (the tick that takes it counts its
 #: rows against them): a walked position costs ~50-100 ns on a cache the step just flushed
@@ -145,10 +167,14 @@ class BudgetPublisher:
             ``step − start_step`` at the first tick).
         threaded: run rounds off the training thread (default) or inside ``tick``
             (``False``: for tests and debugging).
-        worker: where rounds run when threaded: ``"thread"`` (default: threads of this
-            process) or ``"process"`` (a worker process: no GIL shared with training;
-            needs a :class:`~deltastream.DeltaPublisher`, which it must own while the
-            budget publisher is open; see :mod:`~deltastream.publishing.budget_process`).
+        worker: where rounds run when threaded: ``"process"`` (a worker process: no GIL
+            shared with training; needs a :class:`~deltastream.DeltaPublisher`, which it
+            owns while the budget publisher is open; see
+            :mod:`~deltastream.publishing.budget_process`), ``"thread"`` (threads of this
+            process), or ``"auto"`` (default): the process when the publisher can be
+            re-made there and torch's threads leave a core spare
+            (:func:`~deltastream.cores.spare_cores`), else the thread; ``stats()["worker"]``
+            says which, and the log why.
         on_round: called with each round's :class:`BudgetTick` once it is settled (on
             the worker's thread when threaded): per-round records, e.g. the
             ``PublishResult`` s whose offsets a snapshot needs.
@@ -164,7 +190,7 @@ class BudgetPublisher:
     def __init__(self, tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                  policy: BudgetPolicy, *, tables: Optional[Mapping[str, Any]] = None,
                  clock: Callable[[], float] = time.monotonic, start_step: int = 0,
-                 threaded: bool = True, worker: str = "thread",
+                 threaded: bool = True, worker: str = "auto",
                  on_round: Optional[Callable[[BudgetTick], None]] = None,
                  dense: Optional[DensePublisher] = None) -> None:
         if not isinstance(policy, BudgetPolicy):
@@ -187,10 +213,19 @@ class BudgetPublisher:
         self._capture_rows = max(1, CAPTURE_BYTES // max(1, widest))  # positions per tick
         self._capturing: Optional[Handoff] = None  # taken, its current rows still owed
         self._capture_ticks = 0  # ticks that copied rows a hand-off owed
-        self._mode = worker if threaded else "inline"
+        self._mode = (choose_worker(publisher) if worker == "auto" else worker) \
+            if threaded else "inline"
         self._worker: Optional[BudgetWorker | ProcessWorker] = None
         if self._mode == "process":  # the engine lives in the child; its reports here
-            self._worker = ProcessWorker(publisher, policy, specs, on_round, consumer)
+            try:
+                self._worker = ProcessWorker(publisher, policy, specs, on_round, consumer)
+            except (OSError, RuntimeError) as e:
+                if worker != "auto":
+                    raise
+                log.warning("budget publisher: no worker process (%s; %s); rounds run "
+                            "on a thread", e, e.__cause__)
+                self._mode = "thread"
+        if self._worker is not None:
             self._state: BudgetEngine | ProcessWorker = self._worker
         else:
             self._engine = self._state = BudgetEngine(publisher, policy, specs, on_round)

@@ -22,8 +22,9 @@ therefore be importable by name (not defined in ``__main__``). Its steps, in ord
 4. the child reports every settled round (its record and a snapshot of the engine's
    ``stats()``), every failed round, each flush's record and each drain through the socket;
    the parent's *reader* thread keeps them for ``tick`` / ``flush`` / ``stats`` / ``last``,
-   and calls ``on_round`` (in process mode a round record's ``TableRound.result`` is None:
-   the producer's futures stay in the child).
+   moves the user's publisher's seqs to the child's (its ``stats()["next_seq"]`` is
+   current), and calls ``on_round`` (a round record's ``TableRound.result`` is a settled
+   copy: :meth:`~deltastream.PublishResult.settled`, offsets included).
 
 One hand-off is in flight at a time (:meth:`behind` is True meanwhile; the tick leaves its
 rows in the tracker, where they coalesce). A child that dies (killed, out of memory) is an
@@ -59,12 +60,23 @@ from deltastream.publishing.budget_policy import BudgetPolicy
 from deltastream.publishing.budget_worker import BudgetWorker, first_error
 from deltastream.publishing.handoff import Handoff, TableHandoff
 
-__all__ = ["ProcessWorker"]
+__all__ = ["ProcessWorker", "cannot_spawn"]
 
 log = logging.getLogger(__name__)
 
 _FIELDS = ("ids", "first", "current", "new", "tombstones", "inserted", "first_at")
 _ALIGN = 64
+
+
+def cannot_spawn(publisher: Any) -> Optional[str]:
+    """Why ``publisher`` cannot be re-made in a worker process, or None when it can."""
+    if not callable(getattr(publisher, "spawn_args", None)):
+        return (f"a worker process needs a DeltaPublisher (with spawn_args), got "
+                f"{type(publisher).__name__}")
+    if type(publisher).__module__ == "__main__":
+        return (f"a worker process imports the publisher's class by name: "
+                f"{type(publisher).__name__} is defined in __main__; define it in a module")
+    return None
 
 
 def _shm_dir() -> str:
@@ -140,13 +152,9 @@ class ProcessWorker:
     def __init__(self, publisher: Any, policy: BudgetPolicy, specs: Mapping[str, TableSpec],
                  on_round: Optional[Callable[[BudgetTick], None]] = None,
                  name: str = "budget", start_timeout: float = 120.0) -> None:
-        if not callable(getattr(publisher, "spawn_args", None)):
-            raise TypeError(f"a worker process needs a DeltaPublisher (with spawn_args), got "
-                            f"{type(publisher).__name__}; use the thread worker")
-        if type(publisher).__module__ == "__main__":
-            raise TypeError(f"a worker process imports the publisher's class by name: "
-                            f"{type(publisher).__name__} is defined in __main__; define it "
-                            "in a module, or use the thread worker")
+        why = cannot_spawn(publisher)
+        if why is not None:
+            raise TypeError(f"{why}; use the thread worker")
         self._publisher, self._on_round = publisher, on_round
         self._send_lock = threading.Lock()
         self._conn, self._proc = _start_child()
@@ -185,6 +193,7 @@ class ProcessWorker:
                 self._dead = f"did not start within {start_timeout} s"
         if self._dead is not None:
             first = self.take_error()
+            self._seqs = publisher.next_seqs()  # nothing was handed over: nothing sent
             self.close()
             raise RuntimeError(f"budget worker process: {self._dead}") from first
         self._shipper.start()
@@ -363,6 +372,8 @@ class ProcessWorker:
                     _, rec, snap = msg
                     self._stats, self.last = snap, rec
                     self.busy_s = float(snap.get("busy_s", self.busy_s))
+                    # the user's publisher reports the seqs the child has used so far
+                    self._publisher.resume_seqs(snap["next_seq"])
                 elif kind == "flush":
                     fut = self._flushes.pop(msg[1], None)
                     if fut is not None:
@@ -445,8 +456,10 @@ def child_entry(fd: int) -> None:
 
 
 def _lite(rec: BudgetTick) -> BudgetTick:
-    """``rec`` without the producer's futures (they do not cross processes)."""
-    tables = tuple(dataclasses.replace(t, result=None) for t in rec.round.tables)
+    """``rec`` with settled copies of its results (the producer's futures do not cross
+    processes; their outcomes, offsets included, do)."""
+    tables = tuple(dataclasses.replace(t, result=t.result.settled() if callable(
+        getattr(t.result, "settled", None)) else None) for t in rec.round.tables)
     return dataclasses.replace(rec, round=dataclasses.replace(rec.round, tables=tables))
 
 
@@ -485,7 +498,8 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
     def snapshot() -> dict:
         st = engine.stats()
         return {"engine": st, "busy_s": worker.busy_s if worker else 0.0,
-                "backlog": worker.backlog() if worker else {}}
+                "backlog": worker.backlog() if worker else {},
+                "next_seq": publisher.next_seqs()}
 
     engine = BudgetEngine(publisher, policy, specs,
                           on_round=lambda rec: send(("round", _lite(rec), snapshot())))

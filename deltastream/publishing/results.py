@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -22,6 +22,7 @@ __all__ = [
     "PublishResult",
     "Undelivered",
     "SentMessage",
+    "SettledFuture",
     "describe_undelivered",
     "error_reason",
     "wait_future",
@@ -145,6 +146,30 @@ def wait_future(future: Any, timeout: Optional[float]) -> bool:
     return future.is_done
 
 
+class SettledFuture:
+    """A producer future's outcome, as a plain object that crosses processes: what
+    :class:`PublishResult` reads of one (``is_done``, ``exception``, ``value.offset``,
+    ``get``)."""
+
+    __slots__ = ("exception", "value")
+    is_done = True
+
+    def __init__(self, future: Any) -> None:
+        self.exception = future.exception if future.is_done else PublishError(
+            "not acknowledged when its round was settled")
+        self.value = _Acked(future.value.offset) if self.exception is None else None
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        if self.exception is not None:
+            raise self.exception
+        return self.value
+
+
+@dataclass(frozen=True)
+class _Acked:
+    offset: int
+
+
 @dataclass
 class PublishResult:
     """What one :meth:`DeltaPublisher.publish` call handed to Kafka.
@@ -189,6 +214,17 @@ class PublishResult:
         if not all(s.future.is_done and s.future.exception is None for s in self._sent):
             return None
         return [s.future.value.offset for s in self._sent]
+
+    def settled(self) -> PublishResult:
+        """A copy whose messages' futures are :class:`SettledFuture` s (picklable: a worker
+        process sends it to the training process with its offsets)."""
+        sent = []
+        for s in self._sent:
+            c = SentMessage(s.table, s.shard, s.seq, s.ids, s.tombstone_ids, s.col, s.width,
+                            s.nbytes, SettledFuture(s.future))
+            c.reported = s.reported
+            sent.append(c)
+        return replace(self, _sent=sent)
 
     def wait(self, timeout: Optional[float] = None) -> PublishResult:
         """Block until every message is acknowledged; returns ``self`` (with ``offsets``).

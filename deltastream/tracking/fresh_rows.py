@@ -23,12 +23,12 @@ read walks the words its lookups marked, not a large table's every bit.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from deltastream.cores import spare_cores
 from deltastream.native_ext import NativeExtension
 from deltastream.tensor_views import as_bytes
 from deltastream.tracking.owed_rows import OwedRows
@@ -57,11 +57,7 @@ def spare_core() -> bool:
     """Whether :meth:`FreshRows.add` with ``later`` is worth it: the C code runs and torch's
     threads leave one of this process's cores free for the lane thread (else the copy
     would only take a core from training)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return native_enabled() and torch.get_num_threads() < cores
+    return native_enabled() and spare_cores() > 0
 
 
 def _check_range(q: np.ndarray, capacity: int) -> None:

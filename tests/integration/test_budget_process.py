@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream import DeltaTracker, HashTable, wire
+from deltastream import DeltaPublisher, DeltaTracker, HashTable, wire
+from deltastream.cores import spare_cores
 from deltastream.errors import PublishError
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from tests.integration.test_budget_outage import DIM, ROWS, assert_every_row_served, tracked_table
@@ -63,7 +64,13 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
         st = bp.stats()
         assert st["worker"] == "process" and st["pending"] == 0
         assert final.round.final and bp.last is not None
-        assert rounds and all(t.result is None for r in rounds for t in r.round.tables)
+        # round records cross with their outcomes: offsets of every message, settled
+        results = [t.result for r in rounds for t in r.round.tables if t.result is not None]
+        assert results and all(len(res.offsets) == res.messages for res in results)
+        offsets = sorted(o for res in results for o in res.offsets)
+        assert len(set(offsets)) == len(offsets)
+        # the user's publisher reports the seqs the child used (a mid-run seq snapshot)
+        assert pub.stats()["next_seq"]["emb"] == max(res.last_seq for res in results) + 1
         assert st["bytes"] > 0 and st["rows"] > 0
     finally:
         bp.close()
@@ -172,3 +179,58 @@ def test_a_script_without_a_main_guard_runs_once(broker, topic_name, tmp_path, h
         assert int(r.stdout.split("PUBLISHED ")[1].split()[0]) >= 7, r.stdout
     else:
         assert "REFUSED" in r.stdout and "defined in __main__" in r.stdout, r.stdout
+
+
+class _FailsInTheChild(DeltaPublisher):
+    """A real publisher whose copy in a worker process fails to start (a module class, so
+    the child can import it)."""
+
+    def spawn_args(self) -> dict:
+        return dict(super().spawn_args(), model=None)  # the child's __init__ rejects it
+
+
+@pytest.fixture
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_auto_runs_rounds_in_a_worker_process_when_a_core_is_spare(broker, topic_name,
+                                                                   one_torch_thread):
+    if spare_cores() == 0:
+        pytest.skip("one core: torch's thread leaves none spare")
+    servers = broker.bootstrap_servers
+    table, tracker, pub = tracked_table(servers, topic_name)
+    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000))
+    try:
+        assert bp.stats()["worker"] == "process" and bp.stats()["worker_pid"] != os.getpid()
+        _train(table, tracker, bp, range(1, 21), torch.Generator().manual_seed(2))
+        bp.flush(20, timeout=60)
+    finally:
+        bp.close()
+    pub.close(timeout=10)
+    assert_every_row_served([read_all(servers, topic_name)], table)
+
+
+def test_auto_falls_back_to_the_thread_when_the_worker_process_cannot_start(
+        broker, topic_name, one_torch_thread, caplog):
+    if spare_cores() == 0:
+        pytest.skip("one core: auto would not try a worker process")
+    servers = broker.bootstrap_servers
+    table, tracker, _ = tracked_table(servers, topic_name)
+    pub = _FailsInTheChild(servers, topic_name, model="m", shard=0, dtype="f32")
+    with caplog.at_level(logging.WARNING, "deltastream.publishing.budget"):
+        bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000))
+    try:
+        assert bp.stats()["worker"] == "thread"
+        assert "no worker process" in caplog.text
+        _train(table, tracker, bp, range(1, 21), torch.Generator().manual_seed(3))
+        bp.flush(20, timeout=60)  # the user's publisher was given back: it sends
+    finally:
+        bp.close()
+    pub.close(timeout=10)
+    assert_every_row_served([read_all(servers, topic_name)], table)

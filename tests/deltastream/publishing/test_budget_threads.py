@@ -339,3 +339,32 @@ def test_hand_off_buffers_given_back_only_once_read(monkeypatch):
                           table.lookup(torch.arange(n)).numpy())
     assert len(seen) > 5 and all(seen)
     assert tracker._rec.pending["emb"].fresh.spares.reused > 0  # came back, written again
+
+
+class _Spawnable:
+    """What a worker process needs of a publisher: ``spawn_args`` (pure logic: never
+    spawned here)."""
+
+    def spawn_args(self) -> dict:
+        return {}
+
+
+def test_auto_picks_a_process_only_for_a_spawnable_publisher_with_a_core_spare(monkeypatch):
+    import deltastream.publishing.budget as budget
+
+    monkeypatch.setattr(budget, "spare_cores", lambda: 1)
+    assert budget.choose_worker(_Spawnable()) == "process"
+    assert budget.choose_worker(Loopback(ServingTable("emb", 4))) == "thread"  # no spawn_args
+    in_main = type("InMain", (_Spawnable,), {"__module__": "__main__"})
+    assert budget.choose_worker(in_main()) == "thread"  # the child could not import it
+    monkeypatch.setattr(budget, "spare_cores", lambda: 0)
+    assert budget.choose_worker(_Spawnable()) == "thread"
+
+
+def test_a_sink_publisher_runs_its_rounds_on_the_thread_by_default():
+    _, tracker, serving = _zero_table(4, 16)
+    bp = BudgetPublisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=1_000))
+    try:
+        assert bp.stats()["worker"] == "thread"
+    finally:
+        bp.close()

@@ -1,10 +1,16 @@
-"""``describe_undelivered``: runs of failed messages name their table, shard and ids."""
+"""``describe_undelivered``: runs of failed messages name their table, shard and ids;
+``PublishResult.settled``: a result's outcome that crosses processes."""
 
 from __future__ import annotations
 
-import numpy as np
+import pickle
+from types import SimpleNamespace
 
-from deltastream.publishing.results import SentMessage, describe_undelivered
+import numpy as np
+import pytest
+
+from deltastream.errors import PublishError
+from deltastream.publishing.results import PublishResult, SentMessage, describe_undelivered
 
 
 def _msg(table: str, shard: int, seq: int, ids: list[int], tombs=None, col: int = 0,
@@ -32,3 +38,35 @@ def test_a_gap_or_another_reason_starts_a_new_run():
     out = describe_undelivered(records, lambda r: "late" if r.seq == 3 else "down")
     assert [(u.first_seq, u.last_seq, u.ids.tolist(), u.reason) for u in out] == [
         (0, 0, [1], "down"), (2, 2, [2], "down"), (3, 3, [3], "late")]
+
+
+class _Future:
+    """A producer future's outcome (pure logic: no producer here)."""
+
+    def __init__(self, offset=None, exception=None, done=True):
+        self.is_done, self.exception = done, exception
+        self.value = SimpleNamespace(offset=offset)
+
+
+def _result(*futures) -> PublishResult:
+    res = PublishResult("t", 0, 1, 0, -1, 0, 0, 0, 0)
+    for seq, f in enumerate(futures):
+        res.add(SentMessage("t", 0, seq, np.array([seq], dtype=np.int64), None, 0, None, 10, f))
+    return res
+
+
+def test_a_settled_result_pickles_with_its_offsets():
+    back = pickle.loads(pickle.dumps(_result(_Future(7), _Future(8)).settled()))
+    assert back.offsets == [7, 8] and back.done and back.wait(0) is back
+    assert (back.first_seq, back.last_seq, back.messages, back.rows) == (0, 1, 2, 2)
+
+
+def test_a_settled_result_keeps_a_failure_and_a_message_still_in_flight():
+    back = pickle.loads(pickle.dumps(_result(
+        _Future(7), _Future(exception=PublishError("broker down")), _Future(done=False))
+        .settled()))
+    assert back.offsets is None
+    with pytest.raises(PublishError, match="not fully delivered") as e:
+        back.wait(0)
+    reasons = sorted(u.reason for u in e.value.undelivered)
+    assert len(reasons) == 2 and "broker down" in reasons[0] and "settled" in reasons[1]

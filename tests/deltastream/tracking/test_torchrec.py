@@ -187,6 +187,7 @@ def test_dmp_first_rows_copied_off_the_training_thread_before_the_fused_update(
     without it the update would be read as the FIRST state."""
     import threading
 
+    from deltastream import cores
     from deltastream.tracking import fresh_rows
     from tests.deltastream.tracking.torchrec_models import (
         bag_tables,
@@ -198,7 +199,7 @@ def test_dmp_first_rows_copied_off_the_training_thread_before_the_fused_update(
     if not fresh_rows.NATIVE_AVAILABLE:
         pytest.skip("deltastream.tracking.native is not built")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one core to spare here
-    monkeypatch.setattr(fresh_rows.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {0, 1})
     assert fresh_rows.spare_core()
     dmp = build_dmp(bag_tables(), seq_tables(), 1)
     tracker = DeltaTracker(dmp, mode=TrackingMode.EMBEDDING)
