@@ -31,15 +31,12 @@ import torch
 from deltastream.cores import spare_cores
 from deltastream.native_ext import NativeExtension
 from deltastream.tensor_views import as_bytes
-from deltastream.tracking.owed_rows import OwedRows
+from deltastream.tracking.owed_rows import KEEP_BYTES, OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
 from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["NATIVE_AVAILABLE", "native_enabled", "use_native", "as_bytes", "FreshRows",
            "spare_core"]
-
-#: an arena and order holding more than this after a drain, 4x what it used, are released
-KEEP_BYTES = 64 << 20
 
 _EXT = NativeExtension("deltastream.tracking.native", "native FIRST-row tracking",
                        "numpy runs")

@@ -41,11 +41,12 @@ import torch
 from deltastream.tensor_views import as_bytes
 from deltastream.tracking.spare_rows import SpareRows
 
-__all__ = ["OwedRows"]
+__all__ = ["KEEP_BYTES", "OwedRows"]
 
 Marks = tuple[np.ndarray, np.ndarray, np.ndarray]
 
-#: an ``early`` buffer over 4x a hand-off's rows and this many bytes is not kept
+#: a buffer over 4x what it was last used for and this many bytes is released (the
+#: tracker's arena and order, an ``early`` buffer)
 KEEP_BYTES = 64 << 20
 
 
