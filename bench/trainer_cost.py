@@ -29,7 +29,10 @@ deltastream, over its chunk and its *tail* ÷ the mean step alone in the adjacen
 totals, so rare slow ticks count) — goal ≤ 1.05; the tail is the steps after the chunk
 (every tracker paused) until the configuration's worker has finished the rounds the chunk
 handed it, so a round that runs after its chunk still counts as its cost; the **p99
-time the training thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096); **bytes/s** a budget sends when it
+time the training thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096) and its mean
+(``tick_mean_ms``: ÷ the step alone, what the training thread pays inside ``tick``; the rest
+of the ratio is paid outside it: GIL waits, caches and cores shared with the worker);
+**bytes/s** a budget sends when it
 runs alone after the chunks (``--rate-s`` seconds after a second that spends its bucket's
 burst; not over the chunks, between which its bucket refills by at most one burst, nor
 ``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
@@ -328,7 +331,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             extra = dict(
                 batch=batch, config=r.name, tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
-                else None, bytes_per_s=r.rate if r.budget is not None
+                else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
+                bytes_per_s=r.rate if r.budget is not None
                 else r.bytes0 / r.measured_s,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
                 worker_share=None if worker is None else worker / r.measured_s,
