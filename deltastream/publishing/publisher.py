@@ -233,7 +233,9 @@ class DeltaPublisher:
         if rows and self._lent is not None:
             raise RuntimeError(f"this DeltaPublisher is lent to {self._lent}, which sends "
                                "its row streams: a message sent here would reuse its seqs; "
-                               "publish after closing that (BudgetPublisher.close())")
+                               "publish after closing that (BudgetPublisher.close()), or "
+                               "keep the rounds in this process (BudgetPublisher(..., "
+                               "worker=\"thread\"))")
 
     # ------------------------------------------------------------------ public
 
