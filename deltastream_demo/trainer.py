@@ -105,9 +105,6 @@ class _Trainer:
         self.rank, self.cfg, self.events = rank, cfg, events
         self.world = int(cfg["world"])
         torch.set_num_threads(int(cfg.get("threads", 1)))
-        # every rank runs on this host and shares its cores (torchrun would say so too):
-        # the budget publisher's worker process needs a core none of them uses
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(self.world))
         self._join_process_group()
         torch.manual_seed(int(cfg["seed"]))  # same MLP init on every rank
         self._build_model()
