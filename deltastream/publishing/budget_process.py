@@ -16,8 +16,11 @@ therefore be importable by name (not defined in ``__main__``). Its steps, in ord
 
 1. the training thread queues a hand-off (:meth:`ProcessWorker.put`, O(1), never blocks);
 2. the parent's *shipper* thread waits for the hand-off's device copies (CUDA), packs its
-   tensors into one shared-memory segment (a file under ``/dev/shm``, mode 0600, unlinked
-   as soon as the child mapped it) and sends their layout through the socket;
+   tensors into one shared-memory segment (a file under ``/dev/shm``, mode 0600, its room
+   reserved up front, unlinked as soon as the child mapped it) and sends their layout
+   through the socket; when the tmpfs has no room for it (a container's 64 MB
+   ``/dev/shm``), the packed bytes follow the layout through the socket instead (slower;
+   ``stats()["backlog"]["inline_handoffs"]`` counts them, the log says so);
 3. the child copies them out, says the segment is free, and merges them in its worker;
 4. the child reports every settled round (its record and a snapshot of the engine's
    ``stats()``), every failed round, each flush's record and each drain through the socket;
@@ -38,12 +41,10 @@ import dataclasses
 import json
 import logging
 import mmap
-import os
 import pickle
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -58,15 +59,12 @@ from deltastream.errors import PublishError
 from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, TableSpec
 from deltastream.publishing.budget_policy import BudgetPolicy
 from deltastream.publishing.budget_worker import BudgetWorker, first_error
-from deltastream.publishing.handoff import Handoff, TableHandoff
+from deltastream.publishing.handoff import Handoff
+from deltastream.publishing.handoff_pack import Segment, layout, shm_dir, unpack, view
 
 __all__ = ["ProcessWorker", "cannot_spawn"]
 
 log = logging.getLogger(__name__)
-
-_FIELDS = ("ids", "first", "current", "new", "tombstones", "inserted", "first_at")
-_ALIGN = 64
-
 
 def cannot_spawn(publisher: Any) -> Optional[str]:
     """Why ``publisher`` cannot be re-made in a worker process, or None when it can."""
@@ -77,71 +75,6 @@ def cannot_spawn(publisher: Any) -> Optional[str]:
         return (f"a worker process imports the publisher's class by name: "
                 f"{type(publisher).__name__} is defined in __main__; define it in a module")
     return None
-
-
-def _shm_dir() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
-class _Segment:
-    """The parent's shared-memory file: grown (a new file) when a hand-off does not fit."""
-
-    def __init__(self) -> None:
-        self.path: Optional[str] = None
-        self.map: Optional[mmap.mmap] = None
-        self.size = 0
-
-    def fit(self, nbytes: int) -> bool:
-        """Make room for ``nbytes``; True when that took a new file."""
-        if nbytes <= self.size:
-            return False
-        self.close()
-        self.size = max(1 << 20, 1 << (nbytes - 1).bit_length())
-        fd, self.path = tempfile.mkstemp(prefix="deltastream-handoff-", dir=_shm_dir())
-        try:
-            os.ftruncate(fd, self.size)
-            self.map = mmap.mmap(fd, self.size)
-        finally:
-            os.close(fd)
-        return True
-
-    def unlink(self) -> None:
-        if self.path is not None:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            self.path = None
-
-    def close(self) -> None:
-        self.unlink()
-        if self.map is not None:
-            self.map.close()
-            self.map = None
-        self.size = 0
-
-
-def _layout(h: Handoff) -> tuple[list[tuple], int]:
-    """``[(table, field, offset, shape, dtype name)]`` of ``h``'s host tensors, and bytes."""
-    out, off = [], 0
-    for k, th in enumerate(h.tables):
-        for f in _FIELDS:
-            t = getattr(th, f)
-            if t is None:
-                continue
-            out.append((k, f, off, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-            off += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-    return out, off
-
-
-def _view(buf: Any, off: int, shape: tuple, dtype: str) -> torch.Tensor:
-    dt = getattr(torch, dtype)
-    n = 1
-    for d in shape:
-        n *= d
-    if n == 0:
-        return torch.empty(shape, dtype=dt)
-    return torch.frombuffer(buf, dtype=dt, count=n, offset=off).view(shape)
 
 
 class ProcessWorker:
@@ -182,7 +115,8 @@ class ProcessWorker:
         self.last: Optional[BudgetTick] = None
         self.busy_s = 0.0
         self.max_backlog = 0
-        self._seg = _Segment()
+        self.inline_handoffs = 0  #: hand-offs sent through the socket: no shm room
+        self._seg = Segment()
         self._reader = threading.Thread(target=self._read, daemon=True,
                                         name=f"deltastream-{name}-reader")
         self._shipper = threading.Thread(target=self._ship, daemon=True,
@@ -249,7 +183,8 @@ class ProcessWorker:
             child = self._stats.get("backlog") or {}
             return {"handoffs": len(self._queue) + int(self._in_flight), "rows": rows,
                     "in_flight_rows": child.get("in_flight_rows", 0),
-                    "max_handoffs": self.max_backlog}
+                    "max_handoffs": self.max_backlog,
+                    "inline_handoffs": self.inline_handoffs}
 
     def stats(self) -> dict:
         """The child engine's ``stats()`` as of its last report."""
@@ -306,10 +241,26 @@ class ProcessWorker:
 
     # ------------------------------------------------------------------ parent threads
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: tuple, payload: Optional[bytearray] = None) -> None:
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._send_lock:
+        with self._send_lock:  # a payload follows its message, nothing between them
             self._conn.send_bytes(data)
+            if payload is not None:
+                self._conn.send_bytes(payload)
+
+    def _room(self, nbytes: int) -> tuple[bool, Any]:
+        """Where the shipper packs a hand-off of ``nbytes``: ``(new file, buffer)``, the
+        segment, or a buffer sent through the socket when the shared-memory directory has
+        no room for it (slower, nothing lost; counted and logged)."""
+        try:
+            return self._seg.fit(nbytes), self._seg.map
+        except OSError as e:
+            self.inline_handoffs += 1
+            if self.inline_handoffs == 1 or self.inline_handoffs % 100 == 0:
+                log.warning("budget publisher: no room for a %d-byte hand-off in %s (%s); "
+                            "sent through the socket instead (%d so far)", nbytes,
+                            shm_dir(), e, self.inline_handoffs)
+            return False, bytearray(nbytes)
 
     def _ship(self) -> None:
         """Pack queued hand-offs into the segment, one at a time."""
@@ -325,12 +276,12 @@ class ProcessWorker:
                 self._in_flight = True
             try:
                 h.wait()
-                layout, nbytes = _layout(h)
-                new = self._seg.fit(nbytes)
-                for k, f, off, shape, dtype in layout:
+                places, nbytes = layout(h)
+                new, buf = self._room(nbytes)
+                for k, f, off, shape, dtype in places:
                     t = getattr(h.tables[k], f)
                     if t.numel():
-                        _view(self._seg.map, off, shape, dtype).copy_(t)
+                        view(buf, off, shape, dtype).copy_(t)
                 # Copied, but not given back to the tracker (TableHandoff.give_back): freed.
                 # This process then frees no other large buffer, and glibc raises its mmap
                 # threshold only when one is freed: kept, the training step's own
@@ -339,8 +290,9 @@ class ProcessWorker:
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
                             charged=h.charged, fqns=[th.fqn for th in h.tables],
                             ordered=[th.ordered for th in h.tables],
-                            layout=layout)
-                self._send(("handoff", self._seg.path if new else None, meta))
+                            layout=places, nbytes=nbytes, inline=buf is not self._seg.map)
+                self._send(("handoff", self._seg.path if new else None, meta),
+                           None if buf is self._seg.map else buf)
             except BaseException as e:  # a bug here must not stall ticks forever
                 log.exception("budget publisher: shipping a hand-off to the worker failed")
                 self._fail(f"shipping a hand-off failed: {e}", e)
@@ -527,7 +479,12 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                     buf.close()
                 with open(path, "r+b") as f:
                     buf = mmap.mmap(f.fileno(), 0)
-            h = _unpack(buf, meta)
+            if meta["inline"]:  # no room in shared memory: the bytes follow
+                data = bytearray(meta["nbytes"])
+                conn.recv_bytes_into(data)
+                h = unpack(data, meta)
+            else:
+                h = unpack(buf, meta)
             send(("free", path is not None))
             fut = worker.put(h)
             if fut is not None:
@@ -545,14 +502,3 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                 pass
             if buf is not None:
                 buf.close()
-
-
-def _unpack(buf: Any, meta: dict) -> Handoff:
-    """The hand-off ``meta`` describes, copied out of ``buf``."""
-    fields: list[dict] = [dict.fromkeys(_FIELDS) for _ in meta["fqns"]]
-    for k, f, off, shape, dtype in meta["layout"]:
-        fields[k][f] = _view(buf, off, tuple(shape), dtype).clone()
-    tables = [TableHandoff(fqn=fqn, ordered=o, **fl) for fqn, o, fl in zip(
-        meta["fqns"], meta["ordered"], fields, strict=True)]
-    return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],
-                   tables=tables, final=meta["final"], charged=meta["charged"])

@@ -57,8 +57,13 @@ def tracked_table(servers: str, topic: str
 
 def assert_every_row_served(lifetimes: list[list], table: HashTable) -> None:
     """Every row of ``table`` that changed (not zero) is served with its last value."""
+    assert_rows_served(lifetimes, table.lookup(torch.arange(ROWS)).numpy())
+
+
+def assert_rows_served(lifetimes: list[list], held: np.ndarray) -> None:
+    """Every row of ``held`` (``[ids, dim]``, row i is id i) that is not zero is served
+    with that value."""
     served = _served(lifetimes)
-    held = table.lookup(torch.arange(ROWS)).numpy()
     changed = np.flatnonzero(np.abs(held).sum(axis=1) > 0)
     missing = [i for i in changed.tolist() if i not in served]
     assert not missing, f"{len(missing)} changed rows never reached a predictor"

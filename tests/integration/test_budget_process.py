@@ -235,3 +235,62 @@ def test_auto_falls_back_to_the_thread_when_the_worker_process_cannot_start(
         bp.close()
     pub.close(timeout=10)
     assert_every_row_served([read_all(servers, topic_name)], table)
+
+
+_SMALL_SHM = """
+import sys
+import numpy as np
+import torch
+from deltastream import DeltaPublisher, DeltaTracker, HashTable, TrackingMode
+from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+servers, topic, out = sys.argv[1:4]
+rows, dim = 20_000, 32
+table = HashTable(dim, name="emb", capacity=2 * rows)
+table.insert(torch.arange(rows), torch.zeros(rows, dim))
+tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
+                       mode=TrackingMode.EMBEDDING)
+pub = DeltaPublisher(servers, topic, model="m", shard=0, dtype="f32")
+bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=100_000),
+                     worker="process")
+g = torch.Generator().manual_seed(4)
+for step in range(1, 31):  # each hand-off ~1 MB: more than the tmpfs holds
+    ids = torch.randint(0, rows, (4000,), generator=g).unique()
+    with torch.no_grad():
+        table.insert(ids, table(ids) + torch.randn(len(ids), dim, generator=g))
+    tracker.step()
+    bp.tick(step)
+bp.flush(30, timeout=120)
+print("INLINE", bp.stats()["backlog"]["inline_handoffs"], flush=True)
+bp.close()
+pub.close(timeout=30)
+np.save(out, table.lookup(torch.arange(rows)).numpy())
+"""
+
+
+def test_a_full_shm_tmpfs_ships_hand_offs_through_the_socket_and_loses_nothing(
+        broker, topic_name, tmp_path):
+    """/dev/shm too small for a hand-off (a real 512 KB tmpfs mounted over it in a mount
+    namespace of the trainer's own; Docker's default is 64 MB): a file mapped beyond the
+    tmpfs's room would kill the trainer with SIGBUS at the first write. The space is
+    reserved first, and a hand-off that does not fit goes through the socket."""
+    import subprocess
+    import sys
+
+    from deltastream import ensure_topic
+    from tests.disk_faults import mount_namespace
+    from tests.integration.test_budget_outage import assert_rows_served
+
+    ensure_topic(broker.bootstrap_servers, topic_name, 1)
+    script, out = tmp_path / "train.py", tmp_path / "held.npy"
+    script.write_text(_SMALL_SHM)
+    cmd = " ".join([
+        "mount -t tmpfs -o size=512k tmpfs /dev/shm || exit 77;", "exec", sys.executable,
+        str(script), broker.bootstrap_servers, topic_name, str(out)])
+    r = subprocess.run([*mount_namespace(), "sh", "-c", cmd], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    if r.returncode == 77:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert int(r.stdout.split("INLINE ")[1].split()[0]) > 0, r.stdout
+    assert_rows_served([read_all(broker.bootstrap_servers, topic_name)], np.load(out))

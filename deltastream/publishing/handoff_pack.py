@@ -1,0 +1,111 @@
+"""A hand-off's host tensors packed into one buffer, and back: the bytes a budget
+publisher's worker process gets (:mod:`~.budget_process`).
+
+:func:`layout` places every tensor of a :class:`~.handoff.Handoff` at a 64-byte aligned
+offset; the parent copies them into a :class:`Segment` (a file in the shared-memory
+directory, its room reserved up front) or, when that has no room, into a buffer it sends
+through the socket; the child maps or receives the bytes and :func:`unpack` copies them
+out into a new hand-off.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from typing import Any, Optional
+
+import torch
+
+from deltastream.publishing.handoff import Handoff, TableHandoff
+
+__all__ = ["ALIGN", "FIELDS", "Segment", "layout", "shm_dir", "unpack", "view"]
+
+#: the tensor fields of a table's hand-off, in packing order
+FIELDS = ("ids", "first", "current", "new", "tombstones", "inserted", "first_at")
+#: bytes every packed tensor is aligned to
+ALIGN = 64
+
+
+def shm_dir() -> str:
+    """Where segments are made: ``/dev/shm``, or the temporary directory without it."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class Segment:
+    """The parent's shared-memory file: grown (a new file) when a hand-off does not fit."""
+
+    def __init__(self) -> None:
+        self.path: Optional[str] = None
+        self.map: Optional[mmap.mmap] = None
+        self.size = 0
+
+    def fit(self, nbytes: int) -> bool:
+        """Make room for ``nbytes``; True when that took a new file. ``OSError`` (e.g.
+        ENOSPC: the tmpfs is full) when the room cannot be reserved, nothing kept."""
+        if nbytes <= self.size:
+            return False
+        self.close()
+        size = max(1 << 20, 1 << (nbytes - 1).bit_length())
+        fd, self.path = tempfile.mkstemp(prefix="deltastream-handoff-", dir=shm_dir())
+        try:
+            # reserved, not sparse: a page written beyond a full tmpfs's room is a SIGBUS
+            os.posix_fallocate(fd, 0, size)
+            self.map = mmap.mmap(fd, size)
+            self.size = size
+        except OSError:
+            self.close()
+            raise
+        finally:
+            os.close(fd)
+        return True
+
+    def unlink(self) -> None:
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.path = None
+
+    def close(self) -> None:
+        self.unlink()
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        self.size = 0
+
+
+def layout(h: Handoff) -> tuple[list[tuple], int]:
+    """``[(table, field, offset, shape, dtype name)]`` of ``h``'s host tensors, and bytes."""
+    out, off = [], 0
+    for k, th in enumerate(h.tables):
+        for f in FIELDS:
+            t = getattr(th, f)
+            if t is None:
+                continue
+            out.append((k, f, off, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+            off += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return out, off
+
+
+def view(buf: Any, off: int, shape: tuple, dtype: str) -> torch.Tensor:
+    """The tensor of ``shape`` and ``dtype`` (its name) at byte ``off`` of ``buf`` (no copy)."""
+    dt = getattr(torch, dtype)
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(buf, dtype=dt, count=n, offset=off).view(shape)
+
+
+def unpack(buf: Any, meta: dict) -> Handoff:
+    """The hand-off ``meta`` describes, copied out of ``buf``."""
+    fields: list[dict] = [dict.fromkeys(FIELDS) for _ in meta["fqns"]]
+    for k, f, off, shape, dtype in meta["layout"]:
+        fields[k][f] = view(buf, off, tuple(shape), dtype).clone()
+    tables = [TableHandoff(fqn=fqn, ordered=o, **fl) for fqn, o, fl in zip(
+        meta["fqns"], meta["ordered"], fields, strict=True)]
+    return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],
+                   tables=tables, final=meta["final"], charged=meta["charged"])
