@@ -248,12 +248,12 @@ class ProcessWorker:
             if payload is not None:
                 self._conn.send_bytes(payload)
 
-    def _room(self, nbytes: int) -> tuple[bool, Any]:
-        """Where the shipper packs a hand-off of ``nbytes``: ``(new file, buffer)``, the
-        segment, or a buffer sent through the socket when the shared-memory directory has
-        no room for it (slower, nothing lost; counted and logged)."""
+    def _room(self, nbytes: int) -> tuple[bool, Optional[bytearray]]:
+        """Room for a hand-off of ``nbytes``: ``(new file, None)`` in the segment, or
+        ``(False, buffer)``, a buffer sent through the socket, when the shared-memory
+        directory has no room for it (slower, nothing lost; counted and logged)."""
         try:
-            return self._seg.fit(nbytes), self._seg.map
+            return self._seg.fit(nbytes), None
         except OSError as e:
             self.inline_handoffs += 1
             if self.inline_handoffs == 1 or self.inline_handoffs % 100 == 0:
@@ -277,7 +277,8 @@ class ProcessWorker:
             try:
                 h.wait()
                 places, nbytes = layout(h)
-                new, buf = self._room(nbytes)
+                new, payload = self._room(nbytes)
+                buf = self._seg.map if payload is None else payload
                 for k, f, off, shape, dtype in places:
                     t = getattr(h.tables[k], f)
                     if t.numel():
@@ -290,9 +291,8 @@ class ProcessWorker:
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
                             charged=h.charged, fqns=[th.fqn for th in h.tables],
                             ordered=[th.ordered for th in h.tables],
-                            layout=places, nbytes=nbytes, inline=buf is not self._seg.map)
-                self._send(("handoff", self._seg.path if new else None, meta),
-                           None if buf is self._seg.map else buf)
+                            layout=places, nbytes=nbytes, inline=payload is not None)
+                self._send(("handoff", self._seg.path if new else None, meta), payload)
             except BaseException as e:  # a bug here must not stall ticks forever
                 log.exception("budget publisher: shipping a hand-off to the worker failed")
                 self._fail(f"shipping a hand-off failed: {e}", e)
@@ -410,8 +410,8 @@ def child_entry(fd: int) -> None:
 def _lite(rec: BudgetTick) -> BudgetTick:
     """``rec`` with settled copies of its results (the producer's futures do not cross
     processes; their outcomes, offsets included, do)."""
-    tables = tuple(dataclasses.replace(t, result=t.result.settled() if callable(
-        getattr(t.result, "settled", None)) else None) for t in rec.round.tables)
+    tables = tuple(dataclasses.replace(t, result=None if t.result is None
+                                       else t.result.settled()) for t in rec.round.tables)
     return dataclasses.replace(rec, round=dataclasses.replace(rec.round, tables=tables))
 
 
