@@ -72,6 +72,13 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
         assert len(set(offsets)) == len(offsets)
         # the user's publisher reports the seqs the child used (a mid-run seq snapshot)
         assert pub.stats()["next_seq"]["emb"] == max(res.last_seq for res in results) + 1
+        # and with their ids as tensors, as the thread worker's (they cross as numpy)
+        tables = [t for r in [*rounds, final] for t in r.round.tables]
+        assert all(isinstance(t.ids, torch.Tensor) and t.ids.numel() == t.published
+                   for t in tables)
+        assert sum(t.published for t in tables) == sum(res.rows for res in results
+                                                       + [t.result for t in final.round.tables
+                                                          if t.result is not None])
         assert st["bytes"] > 0 and st["rows"] > 0
     finally:
         bp.close()
