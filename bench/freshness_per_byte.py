@@ -67,8 +67,8 @@ messages sent (:mod:`bench._transport`).
 ``--sim-budgets B,...`` adds ``freshness_auc@sim-…`` records: idealized budgets
 (:mod:`bench._policy_sim`, a model of the publisher, not deltastream's) driven by the same
 training run and scored on the same ratings — i8 rows against 1-bit residuals with error
-feedback, one message per table per tick against one per tick — to measure a transport
-before building it.
+feedback, one message per table per tick against one per tick, keys weighted by how
+often a row is read or not — to measure an idea before building it.
 
 Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
 recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--wire-version 3]
@@ -307,7 +307,8 @@ def run(args: argparse.Namespace, data: Ratings, policies: list[Policy]) -> dict
                     seen[name][ids] = True
                     rows_now[name][ids] = model[name].lookup(torch.from_numpy(ids)).numpy()
             for s in sims:
-                s.tick(rows_now, seen)
+                s.tick(rows_now, seen, {name: touched[name.removesuffix("_bias")]
+                                        for name in dims})
         # ---- publish
         for p in policies:
             if p.budget is not None:

@@ -32,12 +32,14 @@ handed it, so a round that runs after its chunk still counts as its cost; the **
 time the training thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096) and its mean
 (``tick_mean_ms``: ÷ the step alone, what the training thread pays inside ``tick``; the rest
 of the ratio is paid outside it: GIL waits, caches and cores shared with the worker);
-**bytes/s** a budget sends when it
-runs alone after the chunks (``--rate-s`` seconds after a second that spends its bucket's
-burst; not over the chunks, between which its bucket refills by at most one burst, nor
-``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
-acknowledged bytes over its chunks);
-the worker's busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and
+``cpu_ratio``, the same ratio in the training thread's CPU time (``time.thread_time``: a
+GIL wait is not in it, nor, where the kernel accounts steal time, a stalled vCPU; a step
+slowed beside the worker is — where it stays low and the ratio does not, the difference
+is waiting, not work); **bytes/s** a budget sends when it runs alone after the chunks
+(``--rate-s`` seconds after a second that spends its bucket's burst; not over the chunks,
+between which its bucket refills by at most one burst, nor ``stats()["bytes_per_s"]``,
+which counts from the publisher's creation; ``delta-10``: acknowledged bytes over its
+chunks); the worker's busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and
 its largest backlog. Every configuration's worker is drained before each "alone" chunk, so
 the alone chunks measure the step by itself (before 2026-12-02 only the measured
 configuration's was, and a configuration's alone chunk could run beside the previous one's
@@ -102,6 +104,7 @@ class _Run:
         self.alone: list[float] = []
         #: per timed pair: mean step time with deltastream (its chunk and tail) ÷ alone
         self.pairs: list[float] = []
+        self.cpu_pairs: list[float] = []  # the same ratio in the training thread's CPU time
         self.tail_steps: list[int] = []  # per pair: steps until the worker settled
         self.tick_s: list[float] = []
         self.measured_s = 0.0
@@ -223,12 +226,15 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
         other.idle()
     with _paused(runs):
         alone = []
+        c0 = time.thread_time()
         for _ in range(chunk):  # the step alone (trackers paused)
             t0 = time.perf_counter()
             step(k)
             k += 1
             alone.append(time.perf_counter() - t0)
+        cpu_alone = time.thread_time() - c0
     b0, t_start = r.acked_bytes(), time.perf_counter()
+    c0 = time.thread_time()
     times = []
     with _paused(runs, but=r):
         for _ in range(chunk):
@@ -249,10 +255,12 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             k += 1
             settled = r.settled()
             tail.append(time.perf_counter() - t0)
+    cpu = time.thread_time() - c0
     r.alone += alone
     r.times += times
     r.pairs.append((sum(times) + sum(tail)) / (len(times) + len(tail))
                    / (sum(alone) / len(alone)))
+    r.cpu_pairs.append(cpu / (len(times) + len(tail)) / (cpu_alone / len(alone)))
     r.tail_steps.append(len(tail))
     return k
 
@@ -332,6 +340,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 batch=batch, config=r.name, tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
                 else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
+                cpu_ratio=statistics.median(r.cpu_pairs),
                 bytes_per_s=r.rate if r.budget is not None
                 else r.bytes0 / r.measured_s,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
@@ -341,6 +350,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 pending=st.get("pending"), prefilled=args.pending if r.budget else 0,
                 worker=st.get("worker"))
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
+            note += f", CPU ratio {extra['cpu_ratio']:.3f}"
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:
                 note += f", {st['worker']} worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
