@@ -126,6 +126,8 @@ class SimBudget:
 
     def _count_reads(self, changed: dict) -> None:
         self.now += 1
+        if self.reads == "none":  # unweighted keys read no counts
+            return
         for t, ids in changed.items():
             c = self.count[t]
             c[ids] = c[ids] * READS_DECAY ** (self.now - self.at[t][ids]) + 1.0

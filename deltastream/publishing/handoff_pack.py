@@ -10,6 +10,7 @@ out into a new hand-off.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import tempfile
@@ -92,9 +93,7 @@ def layout(h: Handoff) -> tuple[list[tuple], int]:
 def view(buf: Any, off: int, shape: tuple, dtype: str) -> torch.Tensor:
     """The tensor of ``shape`` and ``dtype`` (its name) at byte ``off`` of ``buf`` (no copy)."""
     dt = getattr(torch, dtype)
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if n == 0:
         return torch.empty(shape, dtype=dt)
     return torch.frombuffer(buf, dtype=dt, count=n, offset=off).view(shape)
