@@ -147,9 +147,17 @@ def test_big_native_index_batches_let_other_threads_run(lookup_path, gil_gap):
     running while one insert and one find are in C (the daemon's reader threads)."""
     if lookup_path != "native":
         pytest.skip("numpy holds the GIL")
-    idx = _index(1 << 23)
     keys = np.random.default_rng(3).choice(1 << 50, 2_000_000, replace=False).astype(np.int64)
-    for call in (lambda: idx.insert(keys, np.ones(keys.size, np.int32), None),
-                 lambda: idx.find(keys, 0)):
-        span, gap = gil_gap(call)
-        assert gap < span / 2, (span, gap)  # with the GIL held, one gap spans the call
+    # Up to three tries, each on a fresh index: a call that holds the GIL leaves one gap
+    # spanning it every time, while this VM's vCPU stalls (tens of ms, against a find of
+    # ~50 ms) can stretch one gap of one try.
+    tries = []
+    for _ in range(3):
+        idx = _index(1 << 23)
+        spans = [gil_gap(lambda i=idx: i.insert(keys, np.ones(keys.size, np.int32), None)),
+                 gil_gap(lambda i=idx: i.find(keys, 0))]
+        tries.append(spans)
+        if all(gap < span / 2 for span, gap in spans):
+            break
+    # with the GIL held, one gap spans the call
+    assert all(gap < span / 2 for span, gap in tries[-1]), tries
