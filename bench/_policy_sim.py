@@ -22,15 +22,17 @@ Transports (``kind``):
 * ``res2`` — 2-bit residuals: the sign and which of two f16 magnitudes (the means of
   ``|current − held|`` below and above its mean), ``dim / 4 + 4`` bytes. Modelled only.
 
-Reads (``reads``, res1 only in :func:`sim_budgets`): ``none`` ranks as above; the other two
+Reads (``reads``, res1 only in :func:`sim_budgets`): ``none`` ranks as above; the others
 also weight each row's key by how often it is read — the square root of a decayed count of
 the steps that touched it (× :data:`READS_DECAY` a step), as
 :class:`~deltastream.LookupRate` argues — normalized within its table so the tables'
 balance stays: ``decayed`` by the mean over the candidates every tick (the count decays
 while a row waits), ``at-change`` with the weight a row had at its last change, normalized
 by a running mean of the weights of the rows each step changed (a form an incremental
-order could keep: a pending row's key changes only when the row does). The decay was
-chosen on MovieLens-100K (0.8, 0.9 and 0.97 tried).
+order could keep: a pending row's key changes only when the row does); ``raw`` as
+``decayed`` without normalizing (a count is in the same unit in every table: what
+``BudgetPolicy(read_decay=)`` builds). The decay was chosen on MovieLens-100K (0.8, 0.9 and
+0.97 tried).
 
 Framing: ``per-table`` charges each table's message its real fixed cost (the bytes of that
 message of the bench's wire version, 3 at least, beyond its ids and values, measured with
@@ -51,7 +53,7 @@ __all__ = ["SimBudget", "sim_budgets", "KINDS", "FRAMINGS", "READS"]
 
 KINDS = ("i8", "res1", "res1b", "res2")
 FRAMINGS = ("per-table", "one")
-READS = ("none", "decayed", "at-change")
+READS = ("none", "decayed", "at-change", "raw")
 READS_DECAY = 0.9  # a step's weight in a row's read count (chosen on MovieLens-100K)
 BURST_STEPS = 4
 RMS_ALPHA = 0.1  # EMA weight of a tick's RMS row norm (the real TableScale's)
@@ -140,9 +142,9 @@ class SimBudget:
                     (1 - RMS_ALPHA) * m + RMS_ALPHA * float(w.mean())
 
     def _read_weight(self, table: str, rows: np.ndarray) -> np.ndarray | float:
-        if self.reads == "decayed":
+        if self.reads in ("decayed", "raw"):
             w = np.sqrt(self.count[table][rows] * READS_DECAY ** (self.now - self.at[table][rows]))
-            return w / max(float(w.mean()), 1e-12)
+            return w if self.reads == "raw" else w / max(float(w.mean()), 1e-12)
         if self.reads == "at-change":
             return self.weight_at_change[table][rows] / max(self.weight_mean[table] or 1.0,
                                                             1e-12)

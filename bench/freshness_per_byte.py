@@ -90,6 +90,7 @@ import numpy as np
 from bench._common import Loopback, result
 from bench._policy_sim import sim_budgets
 from bench._ratings import DATASETS, LogUnavailable, Ratings, load_ratings
+from deltastream.publishing.budget_policy import DEFAULT_READ_DECAY
 from deltastream_demo.plots import pyplot, save_png
 
 __all__ = ["main", "run"]
@@ -98,6 +99,19 @@ log = logging.getLogger(__name__)
 
 BASELINE = "touched/1"
 TABLES = (("user", "dim"), ("item", "dim"), ("user_bias", 1), ("item_bias", 1))
+
+
+def _decay(text: str) -> float | None:
+    """``none`` or a number in (0, 1)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"expected 'none' or a number in (0, 1), got {text!r}")
+    return v
 
 
 def _list(kind):
@@ -157,6 +171,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "(BudgetPolicy.wide_dtype)")
     p.add_argument("--residuals", action="store_true", help="budget policies send their ranked "
                    "rows as 1-bit residuals (BudgetPolicy.residuals; needs --wire-version 4)")
+    p.add_argument("--read-decay", type=_decay, default=DEFAULT_READ_DECAY,
+                   help="budget policies weight each row's error by its decayed change "
+                   "count (BudgetPolicy.read_decay; 'none': by error alone)")
     p.add_argument("--full-every", type=_list(int), default=[1, 4, 16])
     p.add_argument("--touched-every", type=_list(int), default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--fractions", type=_list(float), default=[0.05, 0.1, 0.2, 0.4])
@@ -198,7 +215,8 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
     from deltastream.publishing.budget import BudgetPolicy
     from deltastream.publishing.rounds import SelectionPolicy
 
-    wide = {"wide_dtype": args.wide_dtype, "residuals": args.residuals}
+    wide = {"wide_dtype": args.wide_dtype, "residuals": args.residuals,
+            "read_decay": args.read_decay}
     out = [Policy(f"full/{n}", "full", n, every=n) for n in args.full_every]
     out += [Policy(f"touched/{n}", "touched", n, every=n, select=SelectionPolicy())
             for n in sorted(set(args.touched_every) | {1})]
@@ -502,7 +520,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     common = dict(source=data.source, interactions=r["examples"], steps=r["steps"],
                   batch_size=args.batch_size, dim=args.dim, dtype=args.dtype,
                   wire_version=args.wire_version, wide_dtype=args.wide_dtype,
-                  residuals=args.residuals,
+                  residuals=args.residuals, read_decay=args.read_decay,
                   trainer_auc=tr, tolerance=args.tolerance, seconds=r["seconds"],
                   positives=r["positives"], plot=str(png) if png else None)
     head = by[args.policy]

@@ -17,6 +17,8 @@ as a run does), each timed against the step alone in the chunk just before it:
   training process, sharing its GIL) at the first budget (``--no-thread`` leaves it out);
 * ``budget-<B>-uncapped``: the first budget with ``max_worker_share=None`` (a round every
   ``min_interval_s`` whatever the worker's CPU; ``--uncapped``);
+* ``budget-<B>-residuals`` / ``budget-<B>-unweighted``: the first budget with
+  ``residuals=True`` (wire v4; ``--residuals``) / ``read_decay=None`` (``--unweighted``);
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
   (``SelectionPolicy(fraction=0.5)``, the leftover carried).
 
@@ -309,6 +311,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         b = args.budgets[0]
         runs.append(_Run(f"budget-{int(b)}-residuals", model, servers, topic, budget=b,
                          residuals=True))
+    if args.unweighted:
+        b = args.budgets[0]
+        runs.append(_Run(f"budget-{int(b)}-unweighted", model, servers, topic, budget=b,
+                         read_decay=None))
     runs.append(_Run("delta-10", model, servers, topic, delta_every=10))
     k = len(pool)
     try:
@@ -385,6 +391,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "rounds every min_interval_s whatever the worker's CPU")
     p.add_argument("--residuals", action="store_true",
                    help="also the first budget with BudgetPolicy(residuals=True), wire v4")
+    p.add_argument("--unweighted", action="store_true",
+                   help="also the first budget with BudgetPolicy(read_decay=None): keys "
+                        "not weighted by reads")
     p.add_argument("--pending", type=int, default=0,
                    help="rows pending in each budget before timing (0)")
     p.add_argument("--chunk", type=int, default=10,

@@ -16,7 +16,10 @@ budget** — bytes per second per trainer, or bytes per step — and calls
    changed, not the rows pending;
 3. errors are made comparable across tables (``scale="table"``: divided by the table's RMS
    row norm, so neither width nor value scale matters) and weighted per table by name
-   (``weights``); the rows of **all tables** are merged and taken by decreasing score per
+   (``weights``); with ``read_decay`` each row's error is also weighted by how often it is
+   read (√ of a decayed count of the hand-offs that changed it,
+   :mod:`~deltastream.publishing.read_weights`); the rows of **all tables** are merged and
+   taken by decreasing score per
    wire byte (``per_byte``, the default: the most error removed per byte) until the tick's
    tokens are spent (each row costs its wire bytes, each table's message its overhead),
    reading only the heads of orders kept up to date by the merges

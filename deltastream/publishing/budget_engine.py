@@ -217,7 +217,7 @@ class BudgetEngine:
             t = self.tables[fqn] = PendingTable(
                 spec.dim, like.dtype if like.is_floating_point() else
                 (spec.dtype or torch.float32),
-                new_rows=self.policy.new_rows,
+                new_rows=self.policy.new_rows, read_decay=self.policy.read_decay,
                 range_limit=wire.F16_MAX if self._dtype(spec.dim) == "f16" else None)
         return t
 

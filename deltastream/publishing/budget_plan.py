@@ -6,7 +6,8 @@ reads only the heads of those orders — about as many rows as the tokens pay fo
 round costs O(rows chosen), whatever the number of rows pending.
 
 Ranking (see :mod:`deltastream.publishing.budget` for the rules and their bounds): a row's
-key is ``error / scale_t · weight_t`` (``/ row bytes`` when ``per_byte``); rows of all
+key is ``error / scale_t · weight_t`` (``/ row bytes`` when ``per_byte``; ``error`` times
+its read weight when the tables keep them); rows of all
 tables are taken by decreasing key until the tokens are spent, each table's first row also
 paying its message overhead; overdue rows (carried ``max_age`` ticks or more) go first,
 oldest first, within ``overdue_share`` of the tokens but always the oldest one.
@@ -50,9 +51,10 @@ class Choice:
     starved: bool = False  # a full bucket paid for no eligible row
 
 
-def _keys(c: Candidate, err: np.ndarray, per_byte: bool) -> np.ndarray:
+def _keys(c: Candidate, rank: np.ndarray, per_byte: bool) -> np.ndarray:
+    """Round keys of rows whose ``by_rank`` keys are ``rank``."""
     with np.errstate(invalid="ignore"):
-        k = err * (c.weight / c.scale)
+        k = rank * (c.weight / c.scale)
         if per_byte:
             k = k / c.row_cost
     # a key of NaN (0 × inf weight) on a finite row: it moved, it must go
@@ -93,11 +95,9 @@ def _overdue(cands: list[Candidate], tick: int, max_age: int, min_error: float,
         if out and got >= enough and birth != out[-1][0]:
             break
         c = cands[i]
-        err = c.table.errors(slots)
-        ok = err >= min_error * c.scale
-        slots, err = slots[ok], err[ok]
+        slots = slots[c.table.errors(slots) >= min_error * c.scale]
         if slots.size:
-            out.append((birth, i, slots, _keys(c, err, per_byte)))
+            out.append((birth, i, slots, _keys(c, c.table.rank_keys(slots), per_byte)))
             got += slots.size * c.row_cost
     return out
 
@@ -167,14 +167,15 @@ def _by_key(cands: list[Candidate], cap: float, paid: np.ndarray,
     while True:
         parts, threshold = [], -math.inf
         for i, c in enumerate(cands):
-            err, slots, more = c.table.by_error.top(m, c.table.stamps)
-            if more and err.size:  # rows of this table beyond its last key are unseen
-                threshold = max(threshold, float(_keys(c, err[-1:], per_byte)[0]))
+            rank, slots, more = c.table.by_rank.top(m, c.table.stamps)
+            if more and rank.size:  # rows of this table beyond its last key are unseen
+                threshold = max(threshold, float(_keys(c, rank[-1:], per_byte)[0]))
+            err = rank if c.table.by_rank is c.table.by_error else c.table.errors(slots)
             ok = err >= max(min_error * c.scale, np.finfo(np.float64).tiny)
             if i in already:
                 ok &= ~np.isin(slots, already[i])
             parts.append((np.full(int(ok.sum()), i, dtype=np.int64), slots[ok],
-                          _keys(c, err[ok], per_byte)))
+                          _keys(c, rank[ok], per_byte)))
         tidx = np.concatenate([p[0] for p in parts])
         slots = np.concatenate([p[1] for p in parts])
         keys = np.concatenate([p[2] for p in parts])

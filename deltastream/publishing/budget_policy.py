@@ -24,6 +24,8 @@ SCALES = ("table", "none")
 DEFAULT_INTERVAL_S = 0.1
 #: default BudgetPolicy.max_worker_share (a twentieth of a core)
 DEFAULT_WORKER_SHARE = 0.05
+#: default BudgetPolicy.read_decay: a change weighs half after 7 hand-offs
+DEFAULT_READ_DECAY = 0.9
 
 def _real(name: str, v: Any, lo: float, *, lo_open: bool = False,
           hi: float = math.inf) -> float:
@@ -100,6 +102,19 @@ class BudgetPolicy:
             (``>= 1``; 1: whole rows only): whatever a predictor's copy of a row became
             (a trainer restarted from a checkpoint, a predictor restored from an older
             snapshot), it is whole again within this many sends.
+        read_decay: weight each row's error by how often predictors will read it, as
+            estimated from the trainer's own changes: √ of a count of the hand-offs that
+            changed the row, decayed by this factor at each hand-off (in ``(0, 1)``; 0.9:
+            a change weighs half after 7 hand-offs). The count is in the same unit in
+            every table (a user's embedding and its bias row are read together), so it is
+            not normalized per table. A row that many steps change, and changed lately,
+            goes before a row of equal error changed once long ago. Keys
+            are kept incrementally (:mod:`~deltastream.publishing.read_weights`); the
+            reported bound and ``min_error`` stay in plain error. Counts outlive a row's
+            pending life and fade: memory grows by ~50 bytes an id changed in the last
+            ``log(0.01) / log(read_decay)`` hand-offs. A hand-off is a step with a
+            ``bytes_per_step`` budget, a round with ``bytes_per_s``. Default 0.9 (chosen
+            on MovieLens-100K; BENCHMARKS.md); None: rank by error alone.
 
     Raises:
         ValueError / TypeError: naming the bad field and what was expected.
@@ -122,6 +137,7 @@ class BudgetPolicy:
     wide_dtype: Optional[str] = None
     residuals: bool = False
     whole_every: int = 16
+    read_decay: Optional[float] = DEFAULT_READ_DECAY
 
     def __post_init__(self) -> None:
         if (self.bytes_per_s is None) == (self.bytes_per_step is None):
@@ -176,6 +192,11 @@ class BudgetPolicy:
                 or self.whole_every < 1:
             raise ValueError(f"BudgetPolicy.whole_every must be an int >= 1, got "
                              f"{self.whole_every!r}")
+        d = self.read_decay
+        if d is not None and (isinstance(d, bool) or not isinstance(d, numbers.Real)
+                              or not 0.0 < float(d) < 1.0):
+            raise ValueError(f"BudgetPolicy.read_decay must be None or a number in (0, 1), "
+                             f"got {d!r}")
 
     @property
     def per_step(self) -> bool:
@@ -203,4 +224,5 @@ class BudgetPolicy:
                 "per_byte": self.per_byte, "min_interval_s": self.min_interval_s,
                 "max_worker_share": self.max_worker_share,
                 "charge_dense": self.charge_dense, "wide_dtype": self.wide_dtype,
-                "residuals": self.residuals, "whole_every": self.whole_every}
+                "residuals": self.residuals, "whole_every": self.whole_every,
+                "read_decay": self.read_decay}

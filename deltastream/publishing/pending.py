@@ -21,7 +21,11 @@ Rules (the same as a tracker delta scored with
 * a tombstone (evicted id) drops the id's pending row and is sent with the table's next
   message; a re-inserted id whose tombstone was not sent yet is scored against zeros;
 * a row put back with what a residual left (birth :data:`SENT_BIRTH`) is never overdue;
-  its next change gives it that hand-off's tick as its birth.
+  its next change gives it that hand-off's tick as its birth;
+* ``read_decay``: the rows are also kept in a second order, ``by_rank``, by error × a
+  weight for how often the row is read (:mod:`~deltastream.publishing.read_weights`; the
+  same unit in every table). ``by_error`` still gives the largest error (the bound);
+  without ``read_decay`` both names are one order.
 
 Memory: two ``[pending, dim]`` row arrays in the table's dtype, plus ~90 bytes per slot.
 Torch (CPU) holds the rows and the id index; the orders are numpy.
@@ -36,6 +40,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deltastream.publishing.read_weights import ReadWeights
 from deltastream.publishing.row_moves import move_rows
 from deltastream.publishing.score_order import AgeQueue, ScoreOrder
 from deltastream.publishing.serving_error import TableScale, row_errors
@@ -93,10 +98,13 @@ class PendingTable:
         dim: row width. dtype: the rows' dtype (the table's).
         new_rows: ``"drift"`` or ``"first"`` (how a row predictors never received scores).
         range_limit: largest finite magnitude the wire dtype carries (``None``: any).
+        read_decay: rank by error × √(read count decayed by this a hand-off) (``None``:
+            by error).
     """
 
     def __init__(self, dim: int, dtype: torch.dtype, *, new_rows: str = "drift",
-                 range_limit: Optional[float] = None, capacity: int = 1024) -> None:
+                 range_limit: Optional[float] = None, read_decay: Optional[float] = None,
+                 capacity: int = 1024) -> None:
         self.dim, self.dtype, self.new_rows, self.range_limit = dim, dtype, new_rows, range_limit
         #: slots and their columns: what predictors hold (``served``), the newest value
         #: (``current``), never received (``new``), birth tick, serving error, AgeQueue life
@@ -106,9 +114,14 @@ class PendingTable:
                                 "birth": np.zeros(capacity, dtype=np.int64),
                                 "sends": np.zeros(capacity, dtype=np.int64),
                                 "err": np.zeros(capacity, dtype=np.float64),
+                                "w": np.zeros(capacity, dtype=np.float64),
                                 "life": np.zeros(capacity, dtype=np.int64)}, "pending")
         self._c = self._slots.cols
         self.by_error = ScoreOrder()
+        self.reads = None if read_decay is None else ReadWeights(read_decay)
+        #: the order the budget takes rows in (``by_error`` itself without read weights)
+        self.by_rank = self.by_error if self.reads is None else ScoreOrder()
+        self._tick = 0  # the last hand-off merged
         self.by_age = AgeQueue()
         self.scale = TableScale()
         self.tombstones = torch.empty(0, dtype=torch.int64)  #: evicted ids not sent yet
@@ -132,6 +145,16 @@ class PendingTable:
         """Serving errors (float64, embedding units) of pending ``slots``."""
         return self._c["err"][slots]
 
+    def ids_of(self, slots: np.ndarray) -> torch.Tensor:
+        """The ids (int64) in pending ``slots``."""
+        return self._slots.ids.index_select(0, torch.from_numpy(np.asarray(slots, np.int64)))
+
+    def rank_keys(self, slots: np.ndarray) -> np.ndarray:
+        """The keys ``by_rank`` holds for pending ``slots`` (float64): their errors, times
+        their read weights with ``read_decay``."""
+        err = self._c["err"][slots]
+        return err if self.reads is None else err * self._c["w"][slots]
+
     def max_error(self) -> float:
         """The largest serving error among the pending rows (0 if none)."""
         k, _, _ = self.by_error.top(1, self._slots.stamp)
@@ -146,7 +169,10 @@ class PendingTable:
         served = self._c["served"]
         rows = 2 * served.numel() * served.element_size()
         orders = self.by_error.entries + self.by_age.entries
-        return rows + self._slots.capacity * 56 + 24 * orders
+        if self.reads is not None:
+            orders += self.by_rank.entries
+            rows += self.reads.memory_bytes()
+        return rows + self._slots.capacity * 64 + 24 * orders
 
     # ------------------------------------------------------------------ slots
 
@@ -155,6 +181,17 @@ class PendingTable:
         slots = self._slots.remove(ids)
         self._c["life"][slots] += 1  # their AgeQueue entries are dead now
         return int(slots.size)
+
+    def _rebase(self, tick: int) -> None:
+        """Move the read weights' base to ``tick``: every weight times one factor, and
+        ``by_rank`` keyed again (O(pending), every few hundred hand-offs)."""
+        factor = self.reads.rebase(tick)
+        s = self.live_slots()
+        w = self._c["w"]
+        w[s] *= factor
+        self.by_rank = ScoreOrder()
+        self.by_rank.add(self._c["err"][s] * w[s], s, self._slots.stamp[s], self._slots.stamp,
+                         len(self))
 
     # ------------------------------------------------------------------ scoring
 
@@ -186,6 +223,12 @@ class PendingTable:
             tick: the hand-off's tick (birth of rows that start pending).
         """
         counts = MergeCounts()
+        self._tick = tick
+        w = None
+        if self.reads is not None:  # every id changed counts a read, published or not
+            if self.reads.due(tick):
+                self._rebase(tick)
+            w = self.reads.touch(ids, tick)
         if tombstones is not None and tombstones.numel():
             self._drop(tombstones)
             self.tombstones = union(self.tombstones, torch.unique(tombstones))[0]
@@ -197,7 +240,7 @@ class PendingTable:
                                   first_at[a:a + MERGE_CHUNK_ROWS],
                                   current[a:a + MERGE_CHUNK_ROWS],
                                   None if new is None else new[a:a + MERGE_CHUNK_ROWS], tick,
-                                  counts)
+                                  None if w is None else w[a:a + MERGE_CHUNK_ROWS], counts)
                  for a in range(0, int(ids.numel()), MERGE_CHUNK_ROWS)]
         if norms:  # one update of the table's scale per hand-off, whatever its size
             self.scale.update(norms[0] if len(norms) == 1 else torch.cat(norms))
@@ -205,9 +248,10 @@ class PendingTable:
 
     def _merge_rows(self, ids: torch.Tensor, first: torch.Tensor, first_at: torch.Tensor,
                     current: torch.Tensor, new: Optional[torch.Tensor], tick: int,
-                    counts: MergeCounts) -> torch.Tensor:
-        """:meth:`merge` of ``ids`` (at most :data:`MERGE_CHUNK_ROWS`), added to ``counts``;
-        returns the rows' norms for the table's scale (NaN for rows rejected)."""
+                    w: Optional[np.ndarray], counts: MergeCounts) -> torch.Tensor:
+        """:meth:`merge` of ``ids`` (at most :data:`MERGE_CHUNK_ROWS`; ``w``: their read
+        weights), added to ``counts``; returns the rows' norms for the table's scale (NaN
+        for rows rejected)."""
         n = int(ids.numel())
         new = torch.zeros(n, dtype=torch.bool) if new is None else new.to(torch.bool)
         if self.tombstones.numel():  # re-inserted before its tombstone went out
@@ -254,7 +298,8 @@ class PendingTable:
             s = pos.index_select(0, stay)
             move_rows(self._c["current"], s, current, stay)
             sn = s.numpy()
-            self._rescore(sn, err.index_select(0, stay).numpy())
+            self._rescore(sn, err.index_select(0, stay).numpy(),
+                          None if w is None else w[stay.numpy()])
             sent = sn[self._c["birth"][sn] == SENT_BIRTH]
             if sent.size:  # a change after its residual went out: it ages from now
                 self._c["life"][sent] += 1
@@ -265,20 +310,31 @@ class PendingTable:
             self._add(ids.index_select(0, fresh), first, current, is_new.index_select(0, fresh),
                       np.full(fresh.numel(), tick, dtype=np.int64),
                       err.index_select(0, fresh).numpy(),
+                      w=None if w is None else w[fresh.numpy()],
                       served_at=first_at.index_select(0, fresh), current_at=fresh)
         return torch.where(ok, norm, math.nan)
 
-    def _rescore(self, slots: np.ndarray, err: np.ndarray) -> None:
+    def _rescore(self, slots: np.ndarray, err: np.ndarray, w: Optional[np.ndarray] = None
+                 ) -> None:
+        """New errors (and read weights: None keeps the slots') of pending ``slots``."""
         self._c["err"][slots] = err
         self._slots.stamp[slots] += 1
-        self.by_error.add(err, slots, self._slots.stamp[slots], self._slots.stamp, len(self))
+        stamps = self._slots.stamp[slots]
+        self.by_error.add(err, slots, stamps, self._slots.stamp, len(self))
+        if self.reads is not None:
+            if w is not None:
+                self._c["w"][slots] = w
+            self.by_rank.add(err * self._c["w"][slots], slots, stamps, self._slots.stamp,
+                             len(self))
 
     def _add(self, ids: torch.Tensor, served: torch.Tensor, current: torch.Tensor,
              new: torch.Tensor, birth: np.ndarray, err: np.ndarray,
-             sends: Optional[np.ndarray] = None, *, served_at: Optional[torch.Tensor] = None,
+             sends: Optional[np.ndarray] = None, *, w: Optional[np.ndarray] = None,
+             served_at: Optional[torch.Tensor] = None,
              current_at: Optional[torch.Tensor] = None) -> None:
         """New pending rows of ``ids``: their values are ``served`` / ``current`` rows
-        ``served_at`` / ``current_at`` (None: aligned with ``ids``)."""
+        ``served_at`` / ``current_at`` (None: aligned with ``ids``); ``w``: their read
+        weights (None: as of their last change)."""
         slots = self._slots.add(ids)
         move_rows(self._c["served"], slots, served, served_at)
         move_rows(self._c["current"], slots, current, current_at)
@@ -286,7 +342,9 @@ class PendingTable:
         s = slots.numpy()
         self._c["birth"][s] = birth
         self._c["sends"][s] = 0 if sends is None else sends
-        self._rescore(s, err)
+        if self.reads is not None and w is None:
+            w = self.reads.weights(ids, self._tick)
+        self._rescore(s, err, w)
         self._age(s)
 
     def _age(self, slots: np.ndarray) -> None:

@@ -3,12 +3,15 @@
 Rows travel through the real wire codec into ``consumers.ServingTable`` s (f32 on the wire,
 so "exact" means exact), and the tests compare what predictors hold with the trainer.
 Every test runs in both modes: rounds inside ``tick`` and rounds on the worker threads
-(there each tick is followed by ``drain``, so the assertions see the tick's round).
+(there each tick is followed by ``drain``, so the assertions see the tick's round); and once
+more in sync mode with ``read_decay=None`` (keys not weighted by reads): every guarantee
+holds either way, and where rows are read alike the order is the same.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,17 +31,21 @@ from tests.deltastream.publishing.budget_cases import (
 )
 
 
-@pytest.fixture(autouse=True, params=["sync", "threaded"])
+@pytest.fixture(autouse=True, params=["sync", "threaded", "unweighted"])
 def mode(request):
-    global _THREADED
+    global _THREADED, _UNWEIGHTED
     _THREADED = request.param == "threaded"
+    _UNWEIGHTED = request.param == "unweighted"
     yield request.param
 
 
-_THREADED = False
+_THREADED = _UNWEIGHTED = False
 
 
 def _publisher(*args, **kwargs) -> BudgetPublisher:
+    if _UNWEIGHTED:
+        args = tuple(replace(a, read_decay=None) if isinstance(a, BudgetPolicy) else a
+                     for a in args)
     return BudgetPublisher(*args, threaded=_THREADED, **kwargs)
 
 
@@ -69,6 +76,9 @@ def _train(model, tracker, bp: BudgetPublisher, steps: int, seed: int) -> None:
     ({"bytes_per_s": 10, "max_worker_share": 0}, "max_worker_share must be a finite number"),
     ({"bytes_per_s": 10, "max_worker_share": 1.5}, "max_worker_share"),
     ({"bytes_per_s": 10, "max_worker_share": "half"}, "max_worker_share"),
+    ({"bytes_per_s": 10, "read_decay": 1.0}, r"read_decay must be None or a number in \(0, 1\)"),
+    ({"bytes_per_s": 10, "read_decay": 0}, "read_decay"),
+    ({"bytes_per_s": 10, "read_decay": True}, "read_decay"),
 ])
 def test_policy_names_the_bad_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -86,6 +96,7 @@ def test_policy_defaults_and_burst():
     # follow steps, the same in every threading mode)
     assert (p.max_worker_share, q.max_worker_share) == (None, 0.05)
     assert BudgetPolicy(bytes_per_s=1, max_worker_share=None).max_worker_share is None
+    assert p.read_decay == 0.9 and p.describe()["read_decay"] == 0.9  # keys weighted by reads
 
 
 def test_token_bucket_caps_bursts_and_carries_debt():
