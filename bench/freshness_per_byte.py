@@ -171,6 +171,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "(BudgetPolicy.wide_dtype)")
     p.add_argument("--residuals", action="store_true", help="budget policies send their ranked "
                    "rows as 1-bit residuals (BudgetPolicy.residuals; needs --wire-version 4)")
+    p.add_argument("--whole-every", type=int, default=None, help="with --residuals: a row's "
+                   "sends from one whole row to the next (BudgetPolicy.whole_every)")
     p.add_argument("--read-decay", type=_decay, default=DEFAULT_READ_DECAY,
                    help="budget policies weight each row's error by its decayed change "
                    "count (BudgetPolicy.read_decay; 'none': by error alone)")
@@ -217,6 +219,8 @@ def _policies(args: argparse.Namespace) -> list[Policy]:
 
     wide = {"wide_dtype": args.wide_dtype, "residuals": args.residuals,
             "read_decay": args.read_decay}
+    if args.whole_every is not None:
+        wide["whole_every"] = args.whole_every
     out = [Policy(f"full/{n}", "full", n, every=n) for n in args.full_every]
     out += [Policy(f"touched/{n}", "touched", n, every=n, select=SelectionPolicy())
             for n in sorted(set(args.touched_every) | {1})]

@@ -81,16 +81,15 @@ class ReadWeights:
     def touch(self, ids: torch.Tensor, tick: int) -> np.ndarray:
         """Count one change of each of ``ids`` (int64 ``[n]``, unique) at hand-off ``tick``
         (not before the last one); their weights (float64 ``[n]``)."""
-        pos = self._pool.find(ids)
-        miss = pos < 0
-        if bool(miss.any()):
-            pos[miss] = self._pool.add(ids[miss])
-            s = pos[miss].numpy()
-            self._pool.cols["count"][s] = 0.0
-            self._pool.cols["at"][s] = tick
-        s = pos.numpy()
+        s = self._pool.find(ids).numpy()
+        miss = np.flatnonzero(s < 0)
         c, at = self._pool.cols["count"], self._pool.cols["at"]
-        c[s] = c[s] * self.decay ** (tick - at[s]).astype(np.float64) + 1.0
+        if miss.size:
+            new = self._pool.add(ids.index_select(0, torch.from_numpy(miss))).numpy()
+            c, at = self._pool.cols["count"], self._pool.cols["at"]  # grown with the pool
+            s[miss] = new
+            c[new], at[new] = 0.0, tick
+        c[s] = c[s] * np.exp((at[s] - tick) * (2.0 * self._half_ln)) + 1.0
         at[s] = tick
         if len(self._pool) > 2 * self._swept + 4096:
             self._sweep(tick)
