@@ -21,7 +21,8 @@ therefore be importable by name (not defined in ``__main__``). Its steps, in ord
    through the socket; when the tmpfs has no room for it (a container's 64 MB
    ``/dev/shm``), the packed bytes follow the layout through the socket instead (slower;
    ``stats()["backlog"]["inline_handoffs"]`` counts them, the log says so);
-3. the child copies them out, says the segment is free, and merges them in its worker;
+3. the child's worker merges them where they lie (the segment's pages, no copy), and then
+   the child says the segment is free;
 4. the child reports every settled round (its record and a snapshot of the engine's
    ``stats()``), every failed round, each flush's record and each drain through the socket;
    the parent's *reader* thread keeps them for ``tick`` / ``flush`` / ``stats`` / ``last``,
@@ -29,8 +30,8 @@ therefore be importable by name (not defined in ``__main__``). Its steps, in ord
    current), and calls ``on_round`` (a round record's ``TableRound.result`` is a settled
    copy: :meth:`~deltastream.PublishResult.settled`, offsets included).
 
-One hand-off is in flight at a time (:meth:`behind` is True meanwhile; the tick leaves its
-rows in the tracker, where they coalesce). A child that dies (killed, out of memory) is an
+One hand-off is in flight at a time, until it is merged (:meth:`behind` is True meanwhile;
+the tick leaves its rows in the tracker, where they coalesce). A child that dies (killed, out of memory) is an
 error at the next ``tick`` / ``flush``: the rows it held pending are lost to this publisher
 and must be republished (e.g. a full ``publish_delta``); nothing is silently dropped.
 """
@@ -150,8 +151,8 @@ class ProcessWorker:
         return fut
 
     def behind(self) -> bool:
-        """True while an earlier hand-off is not yet in the child (False once the child
-        died: the next hand-off raises why)."""
+        """True while an earlier hand-off is not yet merged by the child (False once the
+        child died: the next hand-off raises why)."""
         with self._cond:
             return (bool(self._queue) or self._in_flight) and self._dead is None
 
@@ -492,8 +493,8 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                 continue
             _, path, meta = msg
             if path is not None:  # a new (larger) file: the old one is done with
-                if buf is not None:
-                    buf.close()
+                # (not closed: the worker may still hold views of its last hand-off, which
+                # it no longer reads; the map goes with the last of them)
                 with open(path, "r+b") as f:
                     buf = mmap.mmap(f.fileno(), 0)
             if meta["inline"]:  # no room in shared memory: the bytes follow
@@ -502,7 +503,9 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                 h = unpack(data, meta)
             else:
                 h = unpack(buf, meta)
-            send(("free", path is not None))
+            # merged where it lies: the segment is free (the parent writes the next
+            # hand-off there) once the worker is done with it
+            h.merged = lambda new=path is not None: send(("free", new))
             fut = worker.put(h)
             if fut is not None:
                 fut.add_done_callback(lambda f, t=h.tick: send(("flush", t, _outcome(f))))
@@ -518,4 +521,7 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
             except OSError:
                 pass
             if buf is not None:
-                buf.close()
+                try:
+                    buf.close()
+                except BufferError:  # the worker still holds views of its last hand-off
+                    pass

@@ -143,6 +143,8 @@ class BudgetWorker:
                 self._step(batch)
             except BaseException as e:  # a bug must not end the thread silently
                 log.exception("budget publisher worker failed")
+                for h in batch:  # those not merged: their buffers are free all the same
+                    h.release()
                 with self._cond:
                     self._errors.append(e)
                     for fut in self._flushes.values():
@@ -165,7 +167,10 @@ class BudgetWorker:
     def _step(self, batch: list[Handoff]) -> None:
         eng = self._engine
         for h in batch:
-            eng.merge(h)
+            try:
+                eng.merge(h)
+            finally:
+                h.release()
             self._merged, self._last = h.tick, h
             if h.final:
                 self._final = h

@@ -99,7 +99,9 @@ class Handoff:
     bucket gains with it; ``final``: a flush (publish everything). ``ready``: a CUDA event
     recorded after the device → host copies (None on CPU). ``charged``: bytes sent outside
     the rounds since the last hand-off that the bucket pays for too (dense versions, with
-    ``BudgetPolicy.charge_dense``)."""
+    ``BudgetPolicy.charge_dense``). ``merged``: called once the worker is done with the
+    hand-off's tensors (merged, or its merge failed): they may be reused then (a worker
+    process merges them where they lie, in the segment the parent writes)."""
 
     tick: int
     step: int
@@ -109,6 +111,7 @@ class Handoff:
     final: bool = False
     ready: Any = None
     charged: int = 0
+    merged: Optional[Callable[[], None]] = None
 
     @property
     def rows(self) -> int:
@@ -119,6 +122,12 @@ class Handoff:
         if self.ready is not None:
             self.ready.synchronize()
             self.ready = None
+
+    def release(self) -> None:
+        """Call ``merged`` (once; later calls do nothing)."""
+        done, self.merged = self.merged, None
+        if done is not None:
+            done()
 
 
 class HostCopier:

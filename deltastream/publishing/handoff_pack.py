@@ -100,10 +100,11 @@ def view(buf: Any, off: int, shape: tuple, dtype: str) -> torch.Tensor:
 
 
 def unpack(buf: Any, meta: dict) -> Handoff:
-    """The hand-off ``meta`` describes, copied out of ``buf``."""
+    """The hand-off ``meta`` describes, its tensors views of ``buf`` (no copy: valid until
+    ``buf`` is written again)."""
     fields: list[dict] = [dict.fromkeys(FIELDS) for _ in meta["fqns"]]
     for k, f, off, shape, dtype in meta["layout"]:
-        fields[k][f] = view(buf, off, tuple(shape), dtype).clone()
+        fields[k][f] = view(buf, off, tuple(shape), dtype)
     tables = [TableHandoff(fqn=fqn, ordered=o, **fl) for fqn, o, fl in zip(
         meta["fqns"], meta["ordered"], fields, strict=True)]
     return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],

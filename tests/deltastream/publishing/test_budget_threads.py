@@ -145,7 +145,17 @@ class _NoDtypeSink:
         raise AssertionError("never reached: the merge fails first")
 
 
-def test_a_failing_merge_is_raised_by_drain_not_waited_for_forever():
+def test_a_failing_merge_is_raised_by_drain_not_waited_for_forever(monkeypatch):
+    from deltastream.publishing.budget_worker import BudgetWorker
+
+    released = []  # a worker process frees its segment there: a failed merge must too
+    put = BudgetWorker.put
+
+    def put_noting_release(self, h):
+        h.merged = lambda t=h.tick: released.append(t)
+        return put(self, h)
+
+    monkeypatch.setattr(BudgetWorker, "put", put_noting_release)
     table = HashTable(4, name="emb", capacity=64)
     table.insert(torch.arange(8), torch.zeros(8, 4))
     tracker = DeltaTracker(torch.nn.ModuleDict({"emb": table}), consumers=["p"],
@@ -158,6 +168,7 @@ def test_a_failing_merge_is_raised_by_drain_not_waited_for_forever():
         with pytest.raises(AttributeError, match="dtype"):
             bp.drain(timeout=20)  # before the fix: TimeoutError (forever without a timeout)
         assert bp.drain(timeout=20) is None  # the error was raised once; nothing waits
+        assert released == [1]
     finally:
         bp.close()
 
