@@ -211,6 +211,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--batch-size, --dim, --lr must be positive, --init-std >= 0")
     if args.residuals and args.wire_version < 4:
         p.error("--residuals needs --wire-version 4")
+    if args.whole_every is not None and (args.whole_every < 1 or not args.residuals):
+        p.error("--whole-every needs --residuals and must be >= 1")
     if any(f > 1 for f in args.fractions):
         p.error("--fractions must be in (0, 1]")
     return args

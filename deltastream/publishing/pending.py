@@ -27,7 +27,9 @@ Rules (the same as a tracker delta scored with
   same unit in every table). ``by_error`` still gives the largest error (the bound);
   without ``read_decay`` both names are one order.
 
-Memory: two ``[pending, dim]`` row arrays in the table's dtype, plus ~90 bytes per slot.
+Memory: two ``[pending, dim]`` row arrays in the table's dtype, plus ~100 bytes per slot;
+with ``read_decay`` also 24 bytes an entry of ``by_rank`` and ~50 bytes an id changed in
+the last few dozen hand-offs.
 Torch (CPU) holds the rows and the id index; the orders are numpy.
 """
 
