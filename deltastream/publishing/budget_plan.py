@@ -170,6 +170,7 @@ def _by_key(cands: list[Candidate], cap: float, paid: np.ndarray,
             rank, slots, more = c.table.by_rank.top(m, c.table.stamps)
             if more and rank.size:  # rows of this table beyond its last key are unseen
                 threshold = max(threshold, float(_keys(c, rank[-1:], per_byte)[0]))
+            # plain errors for min_error: the keys themselves when they are the errors
             err = rank if c.table.by_rank is c.table.by_error else c.table.errors(slots)
             ok = err >= max(min_error * c.scale, np.finfo(np.float64).tiny)
             if i in already:

@@ -31,9 +31,10 @@ therefore be importable by name (not defined in ``__main__``). Its steps, in ord
    copy: :meth:`~deltastream.PublishResult.settled`, offsets included).
 
 One hand-off is in flight at a time, until it is merged (:meth:`behind` is True meanwhile;
-the tick leaves its rows in the tracker, where they coalesce). A child that dies (killed, out of memory) is an
-error at the next ``tick`` / ``flush``: the rows it held pending are lost to this publisher
-and must be republished (e.g. a full ``publish_delta``); nothing is silently dropped.
+the tick leaves its rows in the tracker, where they coalesce). A child that dies (killed,
+out of memory) is an error at the next ``tick`` / ``flush``: the rows it held pending are
+lost to this publisher and must be republished (e.g. a full ``publish_delta``); nothing is
+silently dropped.
 """
 
 from __future__ import annotations

@@ -167,10 +167,8 @@ class BudgetWorker:
     def _step(self, batch: list[Handoff]) -> None:
         eng = self._engine
         for h in batch:
-            try:
-                eng.merge(h)
-            finally:
-                h.release()
+            eng.merge(h)
+            h.release()  # a merge that raised is released by _run
             self._merged, self._last = h.tick, h
             if h.final:
                 self._final = h

@@ -4,8 +4,8 @@ publisher's worker process gets (:mod:`~.budget_process`).
 :func:`layout` places every tensor of a :class:`~.handoff.Handoff` at a 64-byte aligned
 offset; the parent copies them into a :class:`Segment` (a file in the shared-memory
 directory, its room reserved up front) or, when that has no room, into a buffer it sends
-through the socket; the child maps or receives the bytes and :func:`unpack` copies them
-out into a new hand-off.
+through the socket; the child maps or receives the bytes and :func:`unpack` makes a new
+hand-off of views into them (the worker merges it where it lies).
 """
 
 from __future__ import annotations

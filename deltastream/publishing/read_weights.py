@@ -74,6 +74,10 @@ class ReadWeights:
         """Bytes held for the counts (slots, columns, index)."""
         return self._pool.capacity * 49
 
+    def _faded(self, count: np.ndarray, at: np.ndarray, tick: int) -> np.ndarray:
+        """Counts last changed at hand-offs ``at``, as of hand-off ``tick``."""
+        return count * np.exp((at - tick) * (2.0 * self._half_ln))
+
     def _weight(self, count: np.ndarray, at: np.ndarray | int) -> np.ndarray:
         return np.sqrt(count) * np.exp((np.asarray(at, dtype=np.float64) - self.base)
                                        * self._half_ln)
@@ -89,7 +93,7 @@ class ReadWeights:
             c, at = self._pool.cols["count"], self._pool.cols["at"]  # grown with the pool
             s[miss] = new
             c[new], at[new] = 0.0, tick
-        c[s] = c[s] * np.exp((at[s] - tick) * (2.0 * self._half_ln)) + 1.0
+        c[s] = self._faded(c[s], at[s], tick) + 1.0
         at[s] = tick
         if len(self._pool) > 2 * self._swept + 4096:
             self._sweep(tick)
@@ -119,7 +123,7 @@ class ReadWeights:
     def _sweep(self, tick: int) -> None:
         """Forget the counts that faded below ``min_count`` by ``tick`` (O(ids held))."""
         s = self._pool.live_slots()
-        c = self._pool.cols["count"][s] * self.decay ** (tick - self._pool.cols["at"][s])
+        c = self._faded(self._pool.cols["count"][s], self._pool.cols["at"][s], tick)
         gone = s[c < self.min_count]
         self._pool.remove_slots(gone)
         self._swept = len(self._pool)
