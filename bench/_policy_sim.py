@@ -18,7 +18,8 @@ Transports (``kind``):
   scale), and what the residual does not remove stays the row's error, to be sent again
   when it ranks. Biases as f16 full rows;
 * ``res1b`` — ``res1`` with a one-byte scale (a power of 2^(1/16): 4.4 % steps), ``dim / 8
-  + 1`` bytes. Modelled only;
+  + 1`` bytes. Built as wire v5's ``r1e`` (which also sends dim-1 rows as residuals: not
+  modelled here);
 * ``res2`` — 2-bit residuals: the sign and which of two f16 magnitudes (the means of
   ``|current − held|`` below and above its mean), ``dim / 4 + 4`` bytes. Modelled only.
 

@@ -73,9 +73,14 @@ training run and scored on the same ratings — i8 rows against 1-bit residuals 
 feedback, one message per table per tick against one per tick, keys weighted by how
 often a row is read or not — to measure an idea before building it.
 
+``--seeds N`` repeats the run with seeds ``--seed`` … ``--seed + N − 1`` (the initial rows
+differ, and so does every trajectory) and reports means, with each seed's AUC gap: on the
+held-out log one run's gap moves by up to ±0.0006 from seed to seed, more than the
+differences the transports compared here make, so choices are read off several seeds.
+
 Run: ``deltastream bench freshness-per-byte [--dataset ml-100k|ml-latest-small | --wheel
 recbole-1.2.1-py3-none-any.whl | --log FILE] [--budgets 2000,4000,...] [--wire-version 3]
-[--wide-dtype i8] [--transport]``
+[--wide-dtype i8] [--transport] [--seeds 6]``
 (about a minute per log on 2 cores).
 """
 
@@ -167,8 +172,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--init-std", type=float, default=0.1, help="std of new embedding rows")
     p.add_argument("--positive", type=float, default=4.0, help="rating >= this is a positive")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "i8"], default="f16")
-    p.add_argument("--wire-version", type=int, choices=[2, 3, 4], default=2,
-                   help="wire version of every policy's messages (3: ids as varint gaps)")
+    p.add_argument("--wire-version", type=int, choices=[2, 3, 4, 5], default=2,
+                   help="wire version of every policy's messages (3: ids as varint gaps; "
+                   "5: residuals as r1e)")
     p.add_argument("--wide-dtype", choices=["i8"], default=None,
                    help="budget policies send the tables wider than 4 in this dtype "
                    "(BudgetPolicy.wide_dtype)")
@@ -200,6 +206,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="also run bench._policy_sim's idealized budgets (i8 rows vs 1-bit "
                    "residuals, a message per table vs one per tick) at these bytes per step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1, help="repeat the run with seeds --seed, "
+                   "--seed + 1, …: every figure is the mean over the runs (each policy's AUC "
+                   "gap per seed too, and its standard deviation)")
     p.add_argument("--transport", action="store_true", help="also measure what Kafka's "
                    "compression and cheaper ids would save on the messages of touched/1, "
                    "--policy and the cheapest policy within tolerance (bench._transport)")
@@ -207,10 +216,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dataset and (args.log or args.wheel):
         p.error("--dataset names a log: give it, or --log / --wheel, not both")
-    if min(args.batch_size, args.dim) <= 0 or args.lr <= 0 or args.init_std < 0:
-        p.error("--batch-size, --dim, --lr must be positive, --init-std >= 0")
+    if min(args.batch_size, args.dim, args.seeds) <= 0 or args.lr <= 0 or args.init_std < 0:
+        p.error("--batch-size, --dim, --seeds, --lr must be positive, --init-std >= 0")
     if args.residuals and args.wire_version < 4:
-        p.error("--residuals needs --wire-version 4")
+        p.error("--residuals needs --wire-version 4 or 5")
     if args.whole_every is not None and (args.whole_every < 1 or not args.residuals):
         p.error("--whole-every needs --residuals and must be >= 1")
     if any(f > 1 for f in args.fractions):
@@ -410,6 +419,34 @@ def _count(p: Policy, rnd) -> None:
     p.sent["rounds"] += int(rows > 0)
 
 
+def _average(runs: list[tuple[dict, list[Policy]]]) -> dict:
+    """The first of ``runs`` (one ``(run result, policies)`` per seed) with the trainer's
+    and every policy's (and model's) AUC, bytes, rows and messages replaced by their means
+    over the runs, and each one's AUC gap per seed in ``sent["auc_gaps"]``. What else a
+    policy reports (its bounds, its max row error) is the first run's."""
+    first, pols = runs[0]
+    trainer = [r["trainer_auc"] for r, _ in runs]
+    first["trainer_auc"] = float(np.mean(trainer))
+    sents = [[p.sent for p in ps] + [m.sent for m in r["sims"]] for r, ps in runs]
+    rows = [[p.table_rows for p in ps] + [m.table_rows for m in r["sims"]] for r, ps in runs]
+    for i, sent in enumerate(sents[0]):
+        sent["auc_gaps"] = [t - s[i]["auc"] for t, s in zip(trainer, sents, strict=True)]
+        sent["auc"] = float(np.mean([s[i]["auc"] for s in sents]))
+        for k in ("bytes", "rows", "messages"):
+            sent[k] = round(float(np.mean([s[i][k] for s in sents])))
+        for t in rows[0][i]:
+            rows[0][i][t] = round(float(np.mean([r[i].get(t, 0) for r in rows])))
+    return first
+
+
+def _per_seed(gaps: list[float]) -> str:
+    """``gaps`` (one AUC gap per seed) as a note's words: "" for one seed."""
+    if len(gaps) < 2:
+        return ""
+    return (f", the mean of {len(gaps)} seeds: " + " ".join(f"{g:+.4f}" for g in gaps)
+            + f", sd {np.std(gaps, ddof=1):.4f}")
+
+
 def _max_error(model, serving: dict) -> float:
     """Largest L2 distance between a trainer row and its served copy, over every row."""
     worst = 0.0
@@ -509,13 +546,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.transport:  # keep every message (full/N: not analysed)
         for p in policies:
             p.messages = [] if p.family != "full" else None
-    import torch
-
     from bench._common import torch_threads
 
+    runs = []
     with torch_threads(1):
-        torch.manual_seed(args.seed)
-        r = run(args, data, policies)
+        for k in range(args.seeds):  # fresh policies per seed; --transport keeps the first's
+            pols = policies if k == 0 else _policies(args)
+            seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + k})
+            runs.append((run(seeded, data, pols), pols))
+    r = _average(runs)
     r["dataset"] = Path(args.log).name if args.log else \
         {"ml-100k": "MovieLens-100K (recbole)",
          "ml-latest-small": "MovieLens latest-small 2016 (dslabs)"}[args.dataset or DATASETS[0]]
@@ -530,6 +569,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   batch_size=args.batch_size, dim=args.dim, dtype=args.dtype,
                   wire_version=args.wire_version, wide_dtype=args.wide_dtype,
                   residuals=args.residuals, read_decay=args.read_decay,
+                  seeds=list(range(args.seed, args.seed + args.seeds)),
                   trainer_auc=tr, tolerance=args.tolerance, seconds=r["seconds"],
                   positives=r["positives"], plot=str(png) if png else None)
     head = by[args.policy]
@@ -541,9 +581,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   baseline_desc="bytes of sending every touched row every step (touched/1), "
                                 "same run",
                   note=f"{data.source}: policy {head.label} (fixed before the run): serving AUC "
-                       f"{head.sent['auc']:.4f} vs trainer {tr:.4f} (gap {gap:+.4f}, "
-                       f"tolerance {args.tolerance:g}); passes only within tolerance",
-                  policy=head.label, serving_auc=head.sent["auc"], auc_gap=gap, **common)]
+                       f"{head.sent['auc']:.4f} vs trainer {tr:.4f} (gap {gap:+.4f}"
+                       f"{_per_seed(head.sent['auc_gaps'])}, tolerance {args.tolerance:g}); "
+                       "passes only within tolerance",
+                  policy=head.label, serving_auc=head.sent["auc"], auc_gap=gap,
+                  auc_gaps=head.sent["auc_gaps"], **common)]
     out[0]["pass"] = ok
     ok_pol = [p for p in policies if tr - p.sent["auc"] <= args.tolerance]
     if ok_pol:
@@ -565,16 +607,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             baseline_desc="the trainer's own AUC on the same ratings",
             note=f"{sim.label} (bench._policy_sim, an idealized publisher): "
                  f"{s['bytes'] / base:.3f} × touched/1, {s['rows']:,} rows, AUC gap "
-                 f"{tr - s['auc']:+.4f}", policy=sim.label, family="sim", bytes=s["bytes"],
+                 f"{tr - s['auc']:+.4f}{_per_seed(s['auc_gaps'])}", policy=sim.label, family="sim", bytes=s["bytes"],
             rows=s["rows"], messages=s["messages"], bytes_ratio=s["bytes"] / base,
-            auc_gap=tr - s["auc"], table_rows=sim.table_rows, **common))
+            auc_gap=tr - s["auc"], auc_gaps=s["auc_gaps"], table_rows=sim.table_rows,
+            **common))
     for p in policies:
         s = p.sent
         extra = ""
         rec = dict(policy=p.label, family=p.family, policy_value=p.value, bytes=s["bytes"],
                    rows=s["rows"], messages=s["messages"], bytes_ratio=s["bytes"] / base,
-                   auc_gap=tr - s["auc"], max_row_error=s["max_row_error"],
-                   table_rows=p.table_rows)
+                   auc_gap=tr - s["auc"], auc_gaps=s["auc_gaps"],
+                   max_row_error=s["max_row_error"], table_rows=p.table_rows)
         if "budget_stats" in s:
             st = s["budget_stats"]
             b = st["bound"]
@@ -590,7 +633,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"freshness_auc@{p.label}", s["auc"], tr, None, "AUC",
             baseline_desc="the trainer's own AUC on the same ratings",
             note=f"{p.label}: {s['bytes'] / 2**20:.2f} MiB ({s['bytes'] / base:.3f} × "
-                 f"touched/1), {s['rows']:,} rows, AUC gap {tr - s['auc']:+.4f}, max row "
+                 f"touched/1), {s['rows']:,} rows, AUC gap {tr - s['auc']:+.4f}"
+                 f"{_per_seed(s['auc_gaps'])}, max row "
                  f"error at the end {s['max_row_error']:.3g}, rows per table "
                  + ", ".join(f"{k} {v:,}" for k, v in sorted(p.table_rows.items())) + extra,
             **rec, **common))

@@ -1,11 +1,11 @@
-"""Wire format v2 (and v3, v4): one Kafka message is one msgpack map carrying a batch of rows.
+"""Wire format v2 (and v3, v4, v5): one Kafka message is one msgpack map carrying a batch of rows.
 
 Torch-free: predictor hosts import this with numpy and msgpack only.
 
 Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arrays, never lists):
 
 ===============  ====  ================================================================
-``v``            int   schema version: 2, 3 or 4 (decoders also read 1)
+``v``            int   schema version: 2, 3, 4 or 5 (decoders also read 1)
 ``model``        str   model name; ``table``: table name (≤ 255 chars, no ``/``)
 ``shard``        int   trainer shard that owns the rows
 ``epoch``        int   trainer incarnation, new on every trainer start
@@ -14,7 +14,7 @@ Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arr
 ``n``, ``dim``   int   rows, width of the carried rows
 ``col``          int   v2, optional: ``rows`` are columns ``[col, col + dim)`` of rows
 ``width``        int   ``width`` wide (column-wise shards); default 0 and ``dim``
-``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8``; v4: also ``r1`` (see below)
+``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8``; v4: also ``r1``, v5 ``r1e`` (below)
 ``ids``          bin   n × int64
 ``idv``          bin   v3, instead of ``ids`` when shorter: varint ids (see below)
 ``rows``         bin   n × dim × itemsize, row-major (``r1``: n × ceil(dim / 8) sign bits)
@@ -46,7 +46,10 @@ key a msgpack positive fixint instead of its name — ``v`` 0, ``model`` 1, ``ta
 is ``0x12 0xce`` + 4 CRC bytes; same fields, order, types and checks, with the shortest
 map and bin headers (a fixmap up to 15 fields, bin8/bin16 for small arrays), ~60 bytes
 less per message (a budget's small messages are mostly header). A map's keys are all
-names (v1–v3) or all ints (v4). v4 also carries residuals (``r1``, with ``fresh``; below).
+names (v1–v3) or all ints (v4, v5). v4 also carries residuals (``r1``, with ``fresh``;
+below). **v5** is v4 that may also carry the residual dtype ``r1e``: the same residuals with
+a one-byte scale code a row and the sign bits packed over the message, 5 bytes for a dim-32
+row instead of 6 and 1.125 for a dim-1 row instead of 3 (so bias rows go as residuals too).
 
 Row dtypes and their worst-case error against the float32 value that was encoded
 (for finite inputs in range; all are exact for ids):
@@ -65,13 +68,15 @@ Row dtypes and their worst-case error against the float32 value that was encoded
           scale subnormal. Non-finite values are refused (the scale would be inf/NaN).
 ========  ==================================================================
 
-**Residuals** (``r1``, wire v4 on; :mod:`deltastream.wire_values` has the layout): the
+**Residuals** (``r1``, wire v4 on; ``r1e``, v5 on; :mod:`deltastream.wire_values` has the
+layouts): the
 rows are *added* to the row a predictor holds (zeros for an id it does not hold; an id in
 the same message's ``del`` or set in its ``fresh`` is deleted first), ``±scale`` per
 element by its sign bit. The trainer mirrors what predictors hold with the same float32
 additions and sends the error a residual leaves again (error feedback); a v2/v3 reader
-refuses them by ``dtype``, and a v4 message with ``dtype`` ``r1`` is applied exactly once
-and in order like any other (``BudgetPolicy.residuals``).
+refuses them by ``dtype`` (a v4 reader refuses v5 by its version), and a residual message
+is applied exactly once and in order like any other (``BudgetPolicy.residuals``). Decoded,
+both are int8 ±1 rows and a float32 scale a row.
 
 Non-finite values (inf, NaN) pass through ``f32``/``f16``/``bf16`` unchanged; refusing
 them is the publisher's job (``allow_nonfinite``).
@@ -126,12 +131,18 @@ from deltastream.wire_values import (
     error_bound,
     has_scale,
     pack_bits,
+    pack_scale_codes,
+    residual_fits,
     residual_scale,
     residual_values,
+    residual_version,
     rows_nbytes,
+    scale_from_codes,
     scale_nbytes,
     unpack_bits,
     unpack_residual,
+    unpack_residual_e,
+    value_bytes,
 )
 
 __all__ = [
@@ -144,6 +155,9 @@ __all__ = [
     "RESIDUAL_VERSION",
     "residual_values",
     "residual_scale",
+    "residual_fits",
+    "residual_version",
+    "value_bytes",
     "error_bound",
     "F16_MAX",
     "BF16_OVERFLOW",
@@ -181,13 +195,14 @@ _REQUIRED = {"v", "model", "table", "shard", "epoch", "seq", "step", "ts", "n", 
 _OPTIONAL = {"ids", "idv", "scale", "del", "col", "width", "fresh"}  # exactly one of ids / idv
 _FIELD_NAMES = {k: name for name, k in FIELD_KEYS.items()}  # v4's int keys
 _V2_ONLY = ("col", "width")
-_WIRE_FORM = ("bf16", "i8", "r1")  # decoded rows not in float: relayed as they are
+_WIRE_FORM = ("bf16", "i8", "r1", "r1e")  # decoded rows not in float: relayed as they are
 _INT_FIELDS = ("v", "shard", "epoch", "seq", "step", "ts", "n", "dim", "crc", "col", "width")
 
 
 def row_bytes(dim: int, dtype: str) -> int:
     """Bytes one row of width ``dim`` costs on the wire in ``dtype``: 8 (id) + ``dim`` ×
-    itemsize (+ 4 scale for i8; ``r1``: ``ceil(dim / 8)`` + 2); at most that from v3 on,
+    itemsize (+ 4 scale for i8; ``r1``: ``ceil(dim / 8)`` + 2; ``r1e``: at most that, see
+    :func:`value_bytes` for what a row adds to a message); at most that from v3 on,
     whose ids may cost less (:func:`id_bytes`). Raises :class:`WireError` for an unknown
     dtype."""
     check_dtype(dtype, residual=True)
@@ -346,7 +361,7 @@ def _fresh(batch: DeltaBatch, n: int) -> Optional[np.ndarray]:
     if batch.fresh is None:
         return None
     if batch.dtype not in RESIDUAL_DTYPES:
-        raise WireError(f"fresh: only residual batches (r1) start rows from zeros, not "
+        raise WireError(f"fresh: only residual batches (r1, r1e) start rows from zeros, not "
                         f"{batch.dtype}")
     fresh = np.asarray(batch.fresh)
     if fresh.dtype != np.bool_ or fresh.shape != (n,):
@@ -390,6 +405,9 @@ def _pack_one(b: DeltaBatch, version: int) -> bytes:
     if isinstance(b, DecodedBatch) and b.dtype == "r1":  # signs and f16 scales, repacked
         wire_rows = pack_bits(b.rows > 0)
         scale = np.ascontiguousarray(b.scale, dtype="<f2")
+    elif isinstance(b, DecodedBatch) and b.dtype == "r1e":  # signs and scale codes, repacked
+        wire_rows = pack_bits(np.asarray(b.rows > 0).reshape(-1))
+        scale = pack_scale_codes(b.scale)
     elif isinstance(b, DecodedBatch) and b.dtype in _WIRE_FORM:
         wire_rows = np.ascontiguousarray(b.rows)
         scale = None if b.scale is None else np.ascontiguousarray(b.scale, dtype="<f4")
@@ -415,9 +433,10 @@ def encode(batch: DeltaBatch, *, max_message_bytes: int = 1 << 20,
         raise WireError(f"max_message_bytes: expected a positive int, got {max_message_bytes!r}")
     if isinstance(version, bool) or version not in VERSIONS:
         raise WireError(f"version: expected one of {VERSIONS}, got {version!r}")
-    if getattr(batch, "dtype", None) in RESIDUAL_DTYPES and version < RESIDUAL_VERSION:
+    need = residual_version(getattr(batch, "dtype", None))
+    if version < need:
         raise WireError(f"version: dtype {batch.dtype} (residuals) needs wire "
-                        f"v{RESIDUAL_VERSION} or later, got v{version}")
+                        f"v{need} or later, got v{version}")
     if version == 1 and batch.is_column_slice:
         raise WireError(f"version: wire v1 cannot carry a column slice (col {batch.col}, "
                         f"width {batch.width}); use version 2")
@@ -481,11 +500,13 @@ def _read_map(view: memoryview) -> dict:
     return msg
 
 
-def _residual_parts(msg: dict, rows_b: memoryview, scale: np.ndarray, n: int, dim: int
-                    ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
-    """An r1 message's rows (int8 ±1, padding bits checked), float32 scale and ``fresh``
-    flags (bool ``[n]``, or None when absent)."""
-    signs = unpack_residual(np.frombuffer(rows_b, np.uint8).reshape(n, -(-dim // 8)), dim)
+def _residual_parts(msg: dict, rows_b: memoryview, scale: np.ndarray, n: int, dim: int,
+                    dtype: str) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """A residual message's rows (int8 ±1, padding bits checked), float32 scale and
+    ``fresh`` flags (bool ``[n]``, or None when absent)."""
+    bits = np.frombuffer(rows_b, np.uint8)
+    signs = unpack_residual_e(bits, n, dim) if dtype == "r1e" else \
+        unpack_residual(bits.reshape(n, -(-dim // 8)), dim)
     fresh = None
     if "fresh" in msg:
         fresh = unpack_bits(np.frombuffer(_bin(msg, "fresh", -(-n // 8)), np.uint8), n,
@@ -513,9 +534,9 @@ def decode(data: bytes) -> DecodedBatch:
     check_int("crc", msg["crc"], 0, (1 << 32) - 1)
     dtype = msg["dtype"]
     check_dtype(dtype, residual=True)
-    if dtype in RESIDUAL_DTYPES and msg["v"] < RESIDUAL_VERSION:
+    if msg["v"] < residual_version(dtype):
         raise WireError(f"dtype: {dtype} (residuals) is not a dtype of wire v{msg['v']} "
-                        f"(needs v{RESIDUAL_VERSION})")
+                        f"(needs v{residual_version(dtype)})")
     n, dim = msg["n"], msg["dim"]
     col, width = msg.get("col", 0), msg.get("width", dim)
     _check_columns(col, width, dim)
@@ -530,9 +551,10 @@ def decode(data: bytes) -> DecodedBatch:
             raise WireError(f"scale: required for dtype {dtype}")
         scale_b = _bin(msg, "scale", scale_nbytes(n, dtype))
         bins.append(scale_b)
-        scale = np.frombuffer(scale_b, dtype="<f4" if dtype == "i8" else "<f2")
+        scale = scale_from_codes(np.frombuffer(scale_b, np.uint8)) if dtype == "r1e" else \
+            np.frombuffer(scale_b, dtype="<f4" if dtype == "i8" else "<f2")
     elif "scale" in msg:
-        raise WireError(f"scale: only allowed for dtype i8 or r1, not {dtype}")
+        raise WireError(f"scale: only allowed for dtype i8, r1 or r1e, not {dtype}")
     tomb = None
     if "del" in msg:
         del_b = msg["del"]
@@ -558,10 +580,10 @@ def decode(data: bytes) -> DecodedBatch:
             raise WireError("ids: not strictly ascending")
     if scale is not None and not bool(np.all(np.isfinite(scale) & (scale >= 0))):
         raise WireError("scale: expected finite non-negative values")
-    if dtype == "r1":
-        rows, scale, fresh = _residual_parts(msg, rows_b, scale, n, dim)
+    if dtype in RESIDUAL_DTYPES:
+        rows, scale, fresh = _residual_parts(msg, rows_b, scale, n, dim, dtype)
     elif "fresh" in msg:
-        raise WireError(f"fresh: only allowed for dtype r1, not {dtype}")
+        raise WireError(f"fresh: only allowed for dtypes r1 and r1e, not {dtype}")
     else:
         rows, fresh = np.frombuffer(rows_b, dtype=NUMPY_DTYPES[dtype]).reshape(n, dim), None
     if n == 0 and (tomb is None or tomb.size == 0):

@@ -33,17 +33,17 @@ class DeltaBatch:
             float32/float16 arrays, bf16 bit patterns as uint16, or int8 with ``scale``.
             Use :meth:`rows_f32` for float32 values either way.
         dtype: wire dtype, one of ``f32``, ``f16``, ``bf16``, ``i8`` (full rows, replacing
-            what predictors hold) or ``r1`` (1-bit residuals *added* to it, wire v4 on;
-            :mod:`deltastream.wire_values`). A batch you build in ``r1`` holds the float
-            residuals ``[n, dim]``; a decoded one their signs (int8 ±1) and ``scale``.
-        scale: float32 ``[n]`` per-row scale, decoded ``i8`` and ``r1`` batches only.
+            what predictors hold) or ``r1`` / ``r1e`` (1-bit residuals *added* to it,
+            wire v4 / v5 on; :mod:`deltastream.wire_values`). A residual batch you build
+            holds the float residuals ``[n, dim]``; a decoded one their signs (int8 ±1) and ``scale``.
+        scale: float32 ``[n]`` per-row scale, decoded ``i8``, ``r1``, ``r1e`` batches only.
         tombstones: int64 ``[m]`` ids the trainer evicted, or ``None``. A consumer deletes
             them before upserting ``ids`` (the two sets are disjoint when produced by
             deltastream's tracker).
         col, width: the rows are columns ``[col, col + dim)`` of rows ``width`` wide (a
             column-wise shard). Defaults: ``col`` 0, ``width`` ``None`` = ``dim`` (whole
             rows); a decoded batch always has ``width`` set.
-        fresh: bool ``[n]`` or ``None``, ``r1`` only: rows that start from zeros at the
+        fresh: bool ``[n]`` or ``None``, residuals only: rows that start from zeros at the
             predictors (the trainer's mirror of them is zeros: an id inserted again after
             an eviction), whatever row they hold for the id.
     """
@@ -74,7 +74,7 @@ class DeltaBatch:
 
     @property
     def additive(self) -> bool:
-        """True when the rows are residuals to add to what predictors hold (``r1``)."""
+        """True when the rows are residuals to add to what predictors hold (``r1``, ``r1e``)."""
         return self.dtype in RESIDUAL_DTYPES
 
     @property
@@ -96,8 +96,8 @@ class DecodedBatch(DeltaBatch):
     Guarantees (on top of :class:`DeltaBatch`): names, ints and ``dtype`` valid; ``ids``
     int64 ``[n]`` strictly ascending (so unique); ``rows`` ``[n, dim]`` in the wire
     representation of ``dtype`` (float32, float16, bf16 bit patterns as uint16, int8);
-    ``scale`` float32 ``[n]`` finite and non-negative for ``i8`` and ``r1`` (else None;
-    ``r1`` rows are int8 ±1);
+    ``scale`` float32 ``[n]`` finite and non-negative for ``i8``, ``r1`` and ``r1e`` (else
+    None; residual rows are int8 ±1);
     ``tombstones`` int64 or None; ``width`` set and ``0 ≤ col``, ``col + dim ≤ width``.
     Not checked: whether the row values are finite (:meth:`nonfinite_rows`).
     """
@@ -110,15 +110,15 @@ class DecodedBatch(DeltaBatch):
         """Row values as float32 ``[n, dim]``, dequantized from the wire representation."""
         if self.dtype == "bf16":
             return (self.rows.astype(np.uint32) << 16).view(np.float32)
-        if self.dtype in ("i8", "r1"):
+        if self.dtype in ("i8", "r1", "r1e"):
             return self.rows.astype(np.float32) * self.scale[:, None]
         return self.rows.astype(np.float32, copy=False)
 
     def nonfinite_rows(self) -> int:
         """Rows holding a NaN or ±inf value, read off the wire representation (f16/bf16:
-        exponent bits all ones; cheaper than checking float32 values). An i8 or r1 row is
+        exponent bits all ones; cheaper than checking float32 values). An i8 or residual row is
         finite by construction (its scale is); 0 for those."""
-        if self.dtype in ("i8", "r1"):
+        if self.dtype in ("i8", "r1", "r1e"):
             return 0
         if self.dtype == "f32":
             return int(np.count_nonzero(~np.isfinite(self.rows).all(axis=1)))

@@ -18,7 +18,8 @@ version 3: v2 with the ids as ``idv`` varints when that is shorter (:func:`id_fi
 :func:`varint_ids`; :func:`read_varint_ids` is their strict reader), and version 4: v3 with
 every key a one-byte msgpack int (:data:`FIELD_KEYS`) instead of its name and the shortest
 map and bin headers — the same fields, order, types and CRC, ~60 bytes less per message;
-v4 also carries the residual dtype ``r1`` and its ``fresh`` bits.
+v4 also carries the residual dtype ``r1`` and its ``fresh`` bits, and version 5 is v4 that
+may also carry ``r1e`` (:mod:`~deltastream.wire_values`).
 
 :class:`Reader` is the strict msgpack reader :func:`deltastream.wire.decode` parses with.
 
@@ -83,8 +84,8 @@ __all__ = [
 #: the version encoders write by default
 VERSION = 2
 #: the versions decoders read (3: v2 whose ids may travel as :func:`varint_ids`; 4: v3 with
-#: int keys)
-VERSIONS = (1, 2, 3, 4)
+#: int keys; 5: v4 that may also carry the residual dtype ``r1e``)
+VERSIONS = (1, 2, 3, 4, 5)
 #: the version that may carry ids as sorted gaps in LEB128 varints (key ``idv``)
 COMPACT_IDS_VERSION = 3
 #: the version whose keys are msgpack positive fixints (:data:`FIELD_KEYS`), not names

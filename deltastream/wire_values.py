@@ -13,6 +13,23 @@ bytes a row, the unused high bits of the last byte zero. The trainer mirrors wha
 predictors hold with :func:`residual_values` — the same float32 additions the predictor
 makes — so it knows the error the residual left, and sends it again (error feedback).
 
+``r1e`` (wire v5 on) is ``r1`` in fewer bytes: the sign bits are packed over the whole
+message (element ``j`` of row ``i`` is bit ``i · dim + j``: ``ceil(n · dim / 8)`` bytes, so
+a dim-1 row costs one bit, not a byte), and each row's scale is one byte, a code ``c`` on
+a grid of sixteenth octaves above the message's base exponent ``b`` (an int8, the scale
+bin's first byte)::
+
+    c = 0:  s = 0 (the row is unchanged)
+    c ≥ 1:  s = 2^(b + (c − 1) / 16)       (float32: a table of 2^(k/16), times 2^e exactly)
+    b = floor(log2 max_rows mean|r|) − 14, clamped to [−128, 127]
+    c = round(16 · (log2 mean|r| − b)) + 1, 0 when that is below 1
+    then b is raised to the octave of the smallest scale sent (and the codes lowered with
+    it), so that a message has one encoding
+
+so a scale is within 2.2 % of ``mean |r|`` (2^(1/32) − 1), rows 2^15 below the message's
+largest go as 0 (their residual stays with the trainer), and a dim-32 row costs 5 bytes, a
+dim-1 row 1.125. What the residual misses stays pending like any other (error feedback).
+
 Torch-free (:func:`to_f16` uses torch only when the caller has already imported it).
 """
 
@@ -30,6 +47,7 @@ __all__ = [
     "NUMPY_DTYPES",
     "RESIDUAL_DTYPES",
     "RESIDUAL_VERSION",
+    "RESIDUAL_VERSIONS",
     "F16_MAX",
     "BF16_OVERFLOW",
     "max_abs_finite",
@@ -44,6 +62,11 @@ __all__ = [
     "unpack_residual",
     "residual_scale",
     "residual_values",
+    "residual_fits",
+    "residual_version",
+    "value_bytes",
+    "pack_scale_codes",
+    "scale_from_codes",
 ]
 
 #: wire dtype -> bytes per element
@@ -77,7 +100,8 @@ def max_abs_finite(rows: np.ndarray) -> tuple[float, bool]:
 
 def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Float rows ``[n, dim]`` -> (wire array ``[n, dim]``, float32 scale ``[n]`` or None);
-    for ``r1``, residuals -> (sign bits ``[n, ceil(dim/8)]``, float16 scale ``[n]``).
+    for ``r1``, residuals -> (sign bits ``[n, ceil(dim/8)]``, float16 scale ``[n]``); for
+    ``r1e`` (sign bits ``[ceil(n · dim / 8)]``, the uint8 scale bin ``[n + 1]``).
 
     Raises :class:`WireError` for values the dtype cannot carry (see
     :mod:`deltastream.wire` for each dtype's range and error bound).
@@ -91,6 +115,8 @@ def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, Optional[np.ndar
                                 "use dtype 'bf16' or 'f32'")
             rows = rows.astype(np.float16)
         return np.ascontiguousarray(rows, dtype="<f2"), None
+    if dtype == "r1e":
+        return _residual_r1e(rows)
     if dtype in RESIDUAL_DTYPES:
         return _residual_r1(rows)
     r32 = np.ascontiguousarray(rows, dtype=np.float32)
@@ -179,27 +205,53 @@ def to_f16(rows: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 # ----------------------------------------------------------------------------- residuals
 
 #: residual dtype -> bits per element (added to the row a predictor holds, not replacing it)
-RESIDUAL_DTYPES = {"r1": 1}
+RESIDUAL_DTYPES = {"r1": 1, "r1e": 1}
 #: the first wire version that may carry a residual dtype
 RESIDUAL_VERSION = 4
+#: residual dtype -> the first wire version that carries it
+RESIDUAL_VERSIONS = {"r1": 4, "r1e": 5}
+#: 2^(k/16), k = 0 … 15, as float32: the mantissas of r1e's scale grid (written out, so
+#: every platform decodes the same float32 scales)
+_SIXTEENTHS = np.array([float.fromhex(h) for h in (
+    "0x1p+0", "0x1.0b5586p+0", "0x1.172b84p+0", "0x1.2387a6p+0", "0x1.306fep+0",
+    "0x1.3dea64p+0", "0x1.4bfdaep+0", "0x1.5ab07ep+0", "0x1.6a09e6p+0", "0x1.7a1148p+0",
+    "0x1.8ace54p+0", "0x1.9c4918p+0", "0x1.ae89fap+0", "0x1.c199bep+0", "0x1.d5818ep+0",
+    "0x1.ea4afap+0")], dtype=np.float32)
+_E_SPAN = 14  # r1e's base: this many octaves below the message's largest scale
+
+
+def residual_version(dtype: str) -> int:
+    """The first wire version that carries ``dtype`` (1 for a full-row dtype)."""
+    return RESIDUAL_VERSIONS.get(dtype, 1)
 
 
 def rows_nbytes(n: int, dim: int, dtype: str) -> int:
     """Bytes of the ``rows`` bin of ``n`` rows of width ``dim`` in ``dtype`` (a full-row
     or residual dtype)."""
+    if dtype == "r1e":
+        return -(-n * dim // 8)
     if dtype in RESIDUAL_DTYPES:
         return n * -(-dim // 8)
     return n * dim * DTYPES[dtype]
 
 
 def has_scale(dtype: str) -> bool:
-    """Whether messages of ``dtype`` carry a per-row ``scale`` bin (``i8``, ``r1``)."""
-    return dtype in ("i8", "r1")
+    """Whether messages of ``dtype`` carry a ``scale`` bin (``i8``, ``r1``, ``r1e``)."""
+    return dtype in ("i8", "r1", "r1e")
 
 
 def scale_nbytes(n: int, dtype: str) -> int:
-    """Bytes of the ``scale`` bin of ``n`` rows: float32 for i8, float16 for r1, else 0."""
-    return 4 * n if dtype == "i8" else 2 * n if dtype == "r1" else 0
+    """Bytes of the ``scale`` bin of ``n`` rows: float32 for i8, float16 for r1, the base
+    and one code a row for r1e, else 0."""
+    return {"i8": 4 * n, "r1": 2 * n, "r1e": n + 1}.get(dtype, 0)
+
+
+def value_bytes(dim: int, dtype: str) -> float:
+    """Bytes one more row of width ``dim`` adds to a message of ``dtype``, its id apart
+    (r1e: ``dim / 8 + 1``, its bits shared with its neighbours')."""
+    if dtype == "r1e":
+        return dim / 8 + 1
+    return rows_nbytes(1, dim, dtype) + scale_nbytes(1, dtype)
 
 
 def pack_bits(flags: np.ndarray) -> np.ndarray:
@@ -214,6 +266,81 @@ def unpack_bits(bits: np.ndarray, count: int, padding: str) -> np.ndarray:
     if count % 8 and bits.size and bool(np.any(bits[..., -1] >> (count % 8))):
         raise WireError(f"{padding} must be zero")
     return np.unpackbits(bits, axis=-1, count=count, bitorder="little").view(np.bool_)
+
+
+def scale_from_codes(scale: np.ndarray) -> np.ndarray:
+    """An r1e ``scale`` bin (uint8 ``[n + 1]``: the base as int8, then the codes) ->
+    float32 ``[n]`` (see the module docstring)."""
+    base = int(scale[:1].view(np.int8)[0])
+    c = scale[1:].astype(np.int64) - 1
+    with np.errstate(over="ignore"):  # past float32: inf, which decode refuses by name
+        out = np.ldexp(_SIXTEENTHS[c % 16], base + c // 16).astype(np.float32)
+    out[c < 0] = 0.0
+    return out
+
+
+def pack_scale_codes(scale: np.ndarray) -> np.ndarray:
+    """Float32 r1e scales ``[n]`` that are on its grid (decoded ones) -> the uint8 ``scale``
+    bin ``[n + 1]`` that decodes to them, with the largest base that reaches the smallest
+    (exact: a relay re-encodes a decoded message without changing what it adds)."""
+    s = np.asarray(scale, dtype=np.float32)
+    nz = s > 0
+    frac, exp = np.frexp(s)  # s = frac · 2^exp, frac in [0.5, 1)
+    octave = exp.astype(np.int64) - 1
+    k = np.searchsorted(_SIXTEENTHS, (frac * 2).astype(np.float32))
+    base = int(np.clip(octave[nz].min(), -128, 127)) if nz.any() else 0
+    codes = np.where(nz, 16 * (octave - base) + k + 1, 0)
+    if codes.size and (codes.max() > 255 or codes.min() < 0 or
+                       not np.array_equal(scale_from_codes(_bin_of(base, codes)), s)):
+        raise WireError("scale: r1e scales must lie on its grid within 16 octaves")
+    return _bin_of(base, codes)
+
+
+def _bin_of(base: int, codes: np.ndarray) -> np.ndarray:
+    out = np.empty(codes.size + 1, np.uint8)
+    out[:1] = np.array([base], np.int8).view(np.uint8)
+    out[1:] = codes
+    return out
+
+
+def _residual_r1e(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float ``[n, dim]`` residuals -> (sign bits over the message, uint8 ``[ceil(n · dim /
+    8)]``; the scale bin, uint8 ``[n + 1]``); see the module docstring."""
+    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+    if not max_abs_finite(r32)[1]:
+        raise WireError("rows: dtype r1e cannot carry non-finite residuals (inf/NaN)")
+    mean = residual_scale(r32)
+    if not bool(np.all(np.isfinite(mean))):
+        raise WireError("scale: a residual's mean magnitude overflows float32; send the "
+                        "row whole")
+    nz = mean > 0
+    base = 0
+    codes = np.zeros(mean.shape[0], np.int64)
+    if nz.any():
+        with np.errstate(divide="ignore"):
+            lg = np.log2(mean.astype(np.float64))
+        base = int(np.clip(np.floor(lg[nz].max()) - _E_SPAN, -128, 127))
+        step = np.rint(16 * (lg - base))
+        codes = np.where(nz & (step >= 0), np.minimum(step, 254) + 1, 0).astype(np.int64)
+        # the base is the octave of the smallest scale sent, as pack_scale_codes picks it:
+        # a relay re-encodes the very bytes
+        up = int((codes[codes > 0].min() - 1) // 16) if (codes > 0).any() else 0
+        base, codes = base + up, np.where(codes > 0, codes - 16 * up, 0)
+    return pack_bits((r32 >= 0).reshape(-1)), _bin_of(base, codes)
+
+
+def unpack_residual_e(bits: np.ndarray, n: int, dim: int) -> np.ndarray:
+    """r1e's sign bits over the message (uint8 ``[ceil(n · dim / 8)]``) -> int8 ``[n,
+    dim]`` of ±1. Raises :class:`WireError` naming ``rows`` when a padding bit is set."""
+    signs = unpack_bits(bits, n * dim, f"rows: r1e padding bits past n · dim = {n * dim}")
+    return (signs.view(np.int8) * np.int8(2) - np.int8(1)).reshape(n, dim)
+
+
+def residual_fits(residual: np.ndarray, dtype: str) -> np.ndarray:
+    """bool ``[n]``: rows of ``residual`` ``[n, dim]`` whose scale ``dtype`` can carry (r1:
+    ``mean |r|`` within f16; r1e: finite), the others must go whole."""
+    mean = residual_scale(residual)
+    return mean <= F16_MAX if dtype == "r1" else np.isfinite(mean)
 
 
 def residual_scale(residual: np.ndarray) -> np.ndarray:
@@ -252,6 +379,11 @@ def residual_values(residual: np.ndarray, dtype: str = "r1") -> np.ndarray:
     :class:`WireError` as encoding would."""
     if dtype not in RESIDUAL_DTYPES:
         raise WireError(f"dtype: expected one of {sorted(RESIDUAL_DTYPES)}, got {dtype!r}")
-    bits, scale = _residual_r1(residual)
-    dim = int(np.shape(residual)[1])
-    return unpack_residual(bits, dim).astype(np.float32) * scale.astype(np.float32)[:, None]
+    n, dim = (int(x) for x in np.shape(residual))
+    if dtype == "r1e":
+        bits, codes = _residual_r1e(residual)
+        signs, scale = unpack_residual_e(bits, n, dim), scale_from_codes(codes)
+    else:
+        bits, scale = _residual_r1(residual)
+        signs = unpack_residual(bits, dim)
+    return signs.astype(np.float32) * scale.astype(np.float32)[:, None]

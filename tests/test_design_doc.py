@@ -45,9 +45,11 @@ def test_the_wire_table_lists_exactly_the_encoders_keys_in_order():
     plain = _batch()
     full = _batch(dtype="i8", tombstones=np.array([4, 6]), col=4, width=12)
     residual = _batch(dtype="r1", tombstones=np.array([4]), fresh=np.array([True, False, True]))
+    compact = _batch(dtype="r1e", fresh=np.array([True, False, True]))
     names = {k: name for name, k in FIELD_KEYS.items()}
     seen: set = set()
-    for b, version in ((plain, 2), (full, 2), (plain, 3), (full, 3), (residual, 4)):
+    for b, version in ((plain, 2), (full, 2), (plain, 3), (full, 3), (residual, 4),
+                       (compact, 5)):
         (msg,) = wire.encode(b, version=version)
         assert msg[0] == 0xde  # map16
         if version < 4:

@@ -173,7 +173,7 @@ class ServingTable:
     def apply(self, batch: DeltaBatch) -> ApplyResult:
         """Apply one wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
         ``batch.rows_f32()`` — or, for a residual batch (``batch.additive``, wire dtype
-        ``r1``), add them to the rows held (zeros for ids not held, tombstoned or flagged
+        ``r1`` or ``r1e``), add them to the rows held (zeros for ids not held, tombstoned or flagged
         ``batch.fresh``) in float32 — atomically for readers.
 
         A :class:`~deltastream.wire.DecodedBatch` (what :func:`~deltastream.wire.decode`
@@ -499,7 +499,7 @@ class ServingTable:
 
 
 def _check_scale(batch: DecodedBatch) -> None:
-    """An i8 or r1 batch's scale is one float per row (a DecodedBatch built by hand may
+    """An i8, r1 or r1e batch's scale is one float per row (a DecodedBatch built by hand may
     lack it); :class:`ApplyError` naming ``scale`` if not."""
     if batch.scale is None or np.shape(batch.scale) != (batch.n,):
         raise ApplyError(f"scale: an {batch.dtype} batch needs one scale per row")
@@ -519,10 +519,10 @@ def _residual_rows(batch: DecodedBatch) -> np.ndarray:
 def _built_ids(batch: DeltaBatch) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """(ids, tombstones) of a batch built by hand, checked: a known wire dtype, int64 ids
     without duplicates (a built batch may be unsorted)."""
-    if batch.dtype == "r1":
-        raise ApplyError("dtype: a residual batch (r1) is applied as decoded from the wire "
-                         "(its float residuals are not what predictors add); encode and "
-                         "decode it first")
+    if batch.additive:
+        raise ApplyError(f"dtype: a residual batch ({batch.dtype}) is applied as decoded "
+                         "from the wire (its float residuals are not what predictors add); "
+                         "encode and decode it first")
     if batch.dtype not in ("f32", "f16", "bf16", "i8"):
         raise ApplyError(f"dtype: unknown wire dtype {batch.dtype!r}")
     try:

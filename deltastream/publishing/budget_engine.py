@@ -53,8 +53,6 @@ log = logging.getLogger(__name__)
 #: first guess of a message's bytes beyond its rows (keys, names, counters, CRC); learnt
 #: per table from what the publisher reports after the first message.
 _OVERHEAD_GUESS = 256
-#: the residual dtype of ``BudgetPolicy.residuals``
-_RESIDUAL = "r1"
 #: the birth given to rows whose residual send failed: overdue at once, so they go soon
 #: (and whole: their send count is set to ``whole_every``)
 _OVERDUE_BIRTH = -(1 << 62)
@@ -197,6 +195,9 @@ class BudgetEngine:
         self._id_cost: dict[str, float] = {}
         self._warned_burst = False
         self._exact_since = 0  # exact rows merged since the last round
+        # BudgetPolicy.residuals: r1e where the publisher writes a wire version that has it
+        version = getattr(publisher, "wire_version", wire.VERSION)
+        self.residual_dtype = "r1e" if version >= wire.residual_version("r1e") else "r1"
         self._lock = threading.Lock()  # counters and bounds, read by stats()
         self.last: Optional[BudgetTick] = None
         self.n = dict.fromkeys(("ticks", "rounds", "bytes", "rows", "messages", "tombstones",
@@ -283,14 +284,15 @@ class BudgetEngine:
         a residual cheaper than its whole row."""
         t = self.tables[fqn]
         return self.policy.residuals and t.dtype == torch.float32 and \
-            wire.row_bytes(t.dim, _RESIDUAL) < wire.row_bytes(t.dim, self._dtype(t.dim))
+            wire.value_bytes(t.dim, self.residual_dtype) < wire.value_bytes(t.dim,
+                                                                             self._dtype(t.dim))
 
     def _row_cost(self, fqn: str, dim: int, residual: bool = False) -> float:
         """Wire bytes of one row of table ``fqn`` (a whole row, or its ``residual``): its
         values (and scale) plus its id's bytes per row in the table's last round (8 until
         one is sent)."""
-        dtype = _RESIDUAL if residual else self._dtype(dim)
-        return wire.row_bytes(dim, dtype) - 8 + self._id_cost.get(fqn, 8.0)
+        dtype = self.residual_dtype if residual else self._dtype(dim)
+        return wire.value_bytes(dim, dtype) + self._id_cost.get(fqn, 8.0)
 
     def start(self, tick: int, step: int, ts: int, final: bool) -> RoundJob:
         """Choose the round's rows and take them out of the pending set."""
@@ -337,15 +339,15 @@ class BudgetEngine:
         magnitude past f16)."""
         base = torch.where(rows.new[:, None], 0.0, rows.served.float())
         sent = rows.current.float() - base
-        # the scale as the encoder takes it, so both draw the f16 line alike
-        ok = torch.from_numpy(wire.residual_scale(sent.numpy()) <= wire.F16_MAX) \
+        # the scale as the encoder takes it, so both draw the line alike
+        ok = torch.from_numpy(wire.residual_fits(sent.numpy(), self.residual_dtype)) \
             & (rows.sends < self.policy.whole_every - 1)
         whole = rows.pick(~ok)
         if len(whole):
             rows, base, sent = rows.pick(ok), base[ok], sent[ok]
         if not len(rows):
             return None, whole
-        held = base + torch.from_numpy(wire.residual_values(sent.numpy(), _RESIDUAL))
+        held = base + torch.from_numpy(wire.residual_values(sent.numpy(), self.residual_dtype))
         return _Residual(rows, sent, held), whole
 
     # ------------------------------------------------------------------ 3. send
@@ -400,7 +402,7 @@ class BudgetEngine:
             r.attempted = True
             results.append(self.publisher.publish(
                 name, r.rows.ids, r.sent, step=job.step, ts=job.ts, tombstones=tombs,
-                dtype=_RESIDUAL, fresh=r.rows.new.numpy() if bool(r.rows.new.any()) else None,
+                dtype=self.residual_dtype, fresh=r.rows.new.numpy() if bool(r.rows.new.any()) else None,
                 **spec.publish_kwargs))
 
     def _record(self, jt: _JobTable, results: list[Any]) -> TableRound:

@@ -97,7 +97,10 @@ class BudgetPolicy:
             feedback), until it is within the error a whole row in the table's dtype would
             leave. A row goes whole at every ``whole_every``-th send, after a send of its
             residual failed (predictors may or may not hold it) and at a final flush. Needs
-            a publisher writing wire v4. False (default): whole rows only.
+            a publisher writing wire v4; with one writing v5 the residuals go as ``r1e``
+            (one byte of scale a row, sign bits packed over the message: ``dim / 8 + 1``
+            bytes, 5 for dim 32 and 1.125 for dim 1, so bias rows go as residuals too).
+            False (default): whole rows only.
         whole_every: with ``residuals``, a row's sends from one whole row to the next
             (``>= 1``; 1: whole rows only): whatever a predictor's copy of a row became
             (a trainer restarted from a checkpoint, a predictor restored from an older

@@ -403,7 +403,7 @@ def test_v1_is_still_decoded_and_written_on_request():
         assert encode(decode(v1[0]), max_message_bytes=400) == [v2[0]]  # relays upgrade
     with pytest.raises(WireError, match="v1 cannot carry a column slice"):
         encode(make([1], np.ones((1, 2)), col=2, width=4), version=1)
-    for bad in (0, 5, True, "2"):
+    for bad in (0, 6, True, "2"):
         with pytest.raises(WireError, match="version: expected one of"):
             encode(BASE, version=bad)
 

@@ -108,8 +108,8 @@ def test_decode_crc_mismatch_and_version(version):
     msg["rows"] = b"\x01" + msg["rows"][1:]  # payload changed, crc kept
     with pytest.raises(WireError, match="crc: CRC-32C mismatch"):
         decode(pack_fields(msg, version, crc=crc))
-    for v in (0, 5, 255):
-        with pytest.raises(WireError, match="unsupported schema version (0|5|255)"):
+    for v in (0, 6, 255):
+        with pytest.raises(WireError, match="unsupported schema version (0|6|255)"):
             decode(packed(version=version, v=v))
     other, keyed = (3, "int") if version >= INT_KEYS_VERSION else (4, "name")
     with pytest.raises(WireError, match=f"v: wire v{other} keys its fields by .*, this "

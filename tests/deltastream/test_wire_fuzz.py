@@ -23,11 +23,11 @@ ITERATIONS = 40_000
 TIME_LIMIT_S = 20.0  # a safety net on a loaded machine; the loop normally takes ~2-4 s
 
 
-def corpus(version: int = 2) -> list[bytes]:
-    """Valid messages of every dtype and shape the encoder produces."""
+def corpus(version: int = 2, dtypes=tuple(sorted(wire.DTYPES))) -> list[bytes]:
+    """Valid messages of every (full-row) dtype and shape the encoder produces."""
     rng = np.random.default_rng(SEED)
     out = []
-    for dtype in sorted(wire.DTYPES):
+    for dtype in dtypes:
         for n, dim, tomb in [(1, 1, None), (3, 4, [7, -2]), (0, 2, [1]), (6, 3, None),
                              (2, 16, list(range(5)))]:
             ids = np.sort(rng.choice(10**12, size=n, replace=False)) - 5 * 10**11
@@ -35,7 +35,9 @@ def corpus(version: int = 2) -> list[bytes]:
             b = DeltaBatch(model="ranker", table="user_emb", shard=3, epoch=1_700_000_000_000,
                            seq=int(rng.integers(0, 1000)), step=int(rng.integers(0, 10**6)),
                            ts=1_700_000_000_000_000_000, ids=ids, rows=rows, dtype=dtype,
-                           tombstones=None if tomb is None else np.array(tomb, np.int64))
+                           tombstones=None if tomb is None else np.array(tomb, np.int64),
+                           fresh=(np.arange(n) % 2 == 0) if dtype in wire.RESIDUAL_DTYPES
+                           else None)
             out.extend(encode(b, version=version))
             if version == 2 and dim == 4:  # a column slice
                 out.extend(encode(DeltaBatch(**{**b.__dict__, "col": 4, "width": 12})))
@@ -79,13 +81,15 @@ def mutate(rnd: random.Random, msg: bytes) -> bytes:
 def check_valid(batch: DeltaBatch, data: bytes) -> None:
     """A batch decode accepted must satisfy the wire contract and re-encode to itself."""
     assert isinstance(batch, DeltaBatch)
-    assert batch.dtype in wire.DTYPES
+    assert batch.dtype in wire.DTYPES or batch.dtype in wire.RESIDUAL_DTYPES
     assert batch.ids.dtype == np.int64 and batch.ids.ndim == 1
     assert batch.rows.shape == (batch.n, batch.dim) and 1 <= batch.dim <= wire.MAX_DIM
     assert batch.n == 0 or np.all(np.diff(batch.ids) > 0)
-    assert (batch.scale is not None) == (batch.dtype == "i8")
+    assert (batch.scale is not None) == (batch.dtype in ("i8", "r1", "r1e"))
     assert batch.n > 0 or (batch.tombstones is not None and batch.tombstones.size > 0)
-    again = encode(batch, max_message_bytes=len(data) + 4096)
+    # residuals re-encode in the last version (v5 reads what v4 wrote)
+    again = encode(batch, max_message_bytes=len(data) + 4096,
+                   version=max(wire.VERSIONS) if batch.additive else 2)
     assert len(again) == 1
     back = decode(again[0])
     for f in ("model", "table", "shard", "epoch", "seq", "step", "ts", "dtype"):
@@ -102,7 +106,8 @@ def check_valid(batch: DeltaBatch, data: bytes) -> None:
 
 def test_fuzz_decode_never_raises_anything_but_wire_error():
     rnd = random.Random(SEED)
-    messages = corpus() + corpus(version=1) + corpus(version=3) + corpus(version=4)
+    messages = corpus() + corpus(version=1) + corpus(version=3) + corpus(version=4) \
+        + corpus(version=4, dtypes=("r1",)) + corpus(version=5, dtypes=("f16", "r1e"))
     for m in messages:
         check_valid(decode(m), m)
     accepted = rejected = 0

@@ -213,7 +213,7 @@ def test_decode_refuses_bad_scales_and_rows_sizes():
         with pytest.raises(WireError, match="rows: expected 6 bytes"):
             decode(pack_fields(dict(fields, rows=rows), 4))
     assert decode(pack_fields(fields, 4)).n == 3
-    with pytest.raises(WireError, match="scale: only allowed for dtype i8 or r1"):
+    with pytest.raises(WireError, match="scale: only allowed for dtype i8, r1 or r1e"):
         decode(pack_fields(dict(_r1_fields(b, 4), dtype="f32",
                                 rows=np.ones((3, 13), "<f4").tobytes()), 4))
 
@@ -276,7 +276,7 @@ def test_fresh_is_refused_when_malformed_or_not_r1():
         with pytest.raises(WireError, match="fresh: expected 2 bytes"):
             decode(pack_fields(dict(fields, fresh=b"\x01" * size), 4))
     i8 = _wire_fields(one(make(np.arange(11), _residuals(11, 5, seed=10), "i8"), version=4))
-    with pytest.raises(WireError, match="fresh: only allowed for dtype r1, not i8"):
+    with pytest.raises(WireError, match="fresh: only allowed for dtypes r1 and r1e, not i8"):
         decode(pack_fields(dict(i8, fresh=fields["fresh"]), 4))
     with pytest.raises(WireError, match="fresh: only residual batches"):
         wire.encode(replace(b, dtype="i8"), version=4)
@@ -340,7 +340,7 @@ def test_a_big_r1_batch_splits_into_messages_that_each_decode():
 
 
 def test_r1_is_not_a_storage_or_full_row_dtype():
-    assert "r1" not in wire.DTYPES and wire.RESIDUAL_DTYPES == {"r1": 1}
+    assert "r1" not in wire.DTYPES and wire.RESIDUAL_DTYPES == {"r1": 1, "r1e": 1}
     assert wire.RESIDUAL_VERSION == 4
     assert make([1], [[1.0]], "r1").additive and not make([1], [[1.0]], "i8").additive
     assert not decode(one(make([1], [[1.0]], "i8"), version=4)).additive

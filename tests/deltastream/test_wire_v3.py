@@ -153,4 +153,4 @@ def test_encode_splits_v3_within_the_limit_and_refuses_unknown_versions():
     assert [decode(m).seq for m in msgs] == list(range(len(msgs)))
     np.testing.assert_array_equal(np.concatenate([decode(m).ids for m in msgs]), b.ids)
     with pytest.raises(WireError, match="version: expected one of"):
-        encode(b, version=5)
+        encode(b, version=6)

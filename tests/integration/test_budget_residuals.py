@@ -16,6 +16,8 @@ from consumers.replay import rebuild
 from consumers.sync import SyncDaemon
 from deltastream import DeltaPublisher, DeltaTracker, HashTable, TrackingMode, ensure_topic
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.wire import decode
+from tests.integration.test_publisher import read_all
 
 MODEL = "res"
 DIMS = {"user": 32, "user_bias": 1}
@@ -57,15 +59,18 @@ def _catch_up(servers: str, topic: str, state) -> SyncDaemon:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("worker", ["thread", "process"])
+@pytest.mark.parametrize(("worker", "version"), [("thread", 4), ("process", 5)])
 def test_residuals_are_served_exactly_once_and_rebuilt_bit_identically(broker, topic_name,
-                                                                        tmp_path, worker):
+                                                                        tmp_path, worker,
+                                                                        version):
+    """r1 (wire v4) from the worker thread, r1e (v5, bias rows as residuals too) from the
+    worker process: the daemon and the replay tool hold the trainer's mirror, bit for bit."""
     servers = broker.bootstrap_servers
     ensure_topic(servers, topic_name, 1)
     model = torch.nn.ModuleDict({n: HashTable(d, name=n, capacity=1024) for n, d in DIMS.items()})
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
     pub = DeltaPublisher(servers, topic_name, model=MODEL, shard=0, dtype="f32",
-                         wire_version=4)
+                         wire_version=version)
     policy = BudgetPolicy(bytes_per_step=1500, residuals=True, max_age=1000)
     bp = BudgetPublisher(tracker, pub, "p", policy, worker=worker)
     state = tmp_path / "state"
@@ -89,6 +94,12 @@ def test_residuals_are_served_exactly_once_and_rebuilt_bit_identically(broker, t
                 np.testing.assert_array_equal(ia, ib)
                 assert np.array_equal(ra.view(np.uint8), rb.view(np.uint8)), name
             assert res.counters["quarantined"] == 0
+            sent = {(decode(r.value).table, decode(r.value).dtype)
+                    for r in read_all(servers, topic_name)}
+            residual = "r1e" if version == 5 else "r1"
+            assert ("user", residual) in sent
+            # dim-1 rows: r1e (1.125 bytes) is cheaper than f32, r1 (3 bytes) too
+            assert ("user_bias", residual) in sent
             bp.flush(32)  # whole rows: predictors exact
             assert daemon.catch_up(timeout=60)
             assert _errors(model, daemon.tables()) == {name: 0.0 for name in DIMS}

@@ -147,3 +147,29 @@ def test_without_a_log_a_failed_fetch_fails_loudly_and_says_how_to_get_one(tmp_p
     assert "pip download --no-deps recbole" in text and "--log" in text
     with pytest.raises(_ratings.LogUnavailable, match="pip download"):
         _ratings.load_ratings(None, None, tmp_path, fetch=False)
+
+
+def test_seeds_report_the_mean_gap_and_each_seeds(tmp_path):
+    """--seeds 2: each figure is the mean over two runs with different seeds, and each
+    policy's gap per seed is kept; the first seed's run alone reads its own gap."""
+    log = tmp_path / "ratings.tsv"
+    _write_log(log, n=1200)
+    argv = ["--log", str(log), "--cache", str(tmp_path / "cache"), "--out", str(tmp_path),
+            "--batch-size", "64", "--dim", "8", "--full-every", "", "--touched-every", "1",
+            "--fractions", "", "--thresholds", "0.1", "--budgets", "300",
+            "--raw-budgets", "", "--by-error-budgets", "", "--policy", "budget=300",
+            "--sim-budgets", "300", "--seed", "3"]
+    two = {r["name"]: r for r in bench.main(argv + ["--seeds", "2"])}
+    one = {r["name"]: r for r in bench.main(argv)}
+    for name in ("freshness_auc@budget=300", "freshness_auc@threshold=0.1",
+                 "freshness_auc@sim-res1=300"):
+        gaps = two[name]["auc_gaps"]
+        assert len(gaps) == 2 and gaps[0] != gaps[1], name  # two trajectories
+        assert two[name]["auc_gap"] == pytest.approx(np.mean(gaps), abs=1e-12)
+        assert gaps[0] == pytest.approx(one[name]["auc_gap"], abs=1e-12)  # seed 3 alone
+        assert one[name]["auc_gaps"] == [one[name]["auc_gap"]]
+    head = two["freshness_bytes_vs_touched"]
+    assert head["seeds"] == [3, 4] and "the mean of 2 seeds" in head["note"]
+    assert head["auc_gap"] == two["freshness_auc@budget=300"]["auc_gap"]
+    with pytest.raises(SystemExit):
+        bench.main(argv + ["--seeds", "0"])

@@ -1,7 +1,8 @@
-"""BudgetPolicy(residuals=True): ranked rows go as 1-bit residuals (wire ``r1``) added to
-what predictors hold, and the trainer's mirror of what they hold stays exact.
+"""BudgetPolicy(residuals=True): ranked rows go as 1-bit residuals (wire ``r1``, or ``r1e``
+with a publisher writing v5) added to what predictors hold, and the trainer's mirror of
+what they hold stays exact.
 
-Rows travel through the real wire codec (v4) into ``consumers.ServingTable`` s; whole rows
+Rows travel through the real wire codec (v4, and v5: every test runs with both) into ``consumers.ServingTable`` s; whole rows
 are f32, so a row predictors got whole is exact, and a row still pending differs from the
 trainer by exactly the error the publisher reports for it (its mirror is bit-exact).
 """
@@ -29,8 +30,17 @@ def threaded(request) -> bool:
     return request.param == "threaded"
 
 
-def _residual_setup(n: int = 100):
-    return setup({"u": 32, "b": 1}, n=n, wire_version=4)
+#: wire version -> the residual dtype a budget publisher writing it sends
+RESIDUAL = {4: "r1", 5: "r1e"}
+
+
+@pytest.fixture(params=sorted(RESIDUAL))
+def version(request) -> int:
+    return request.param
+
+
+def _residual_setup(version: int, n: int = 100):
+    return setup({"u": 32, "b": 1}, n=n, wire_version=version)
 
 
 def _check_mirror(model, serving, bp: BudgetPublisher) -> None:
@@ -52,22 +62,22 @@ def test_policy_fields_and_publisher_needs_wire_v4():
         BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=100, residuals=True))
 
 
-def test_ranked_rows_go_as_residuals_and_the_mirror_stays_exact(threaded):
-    model, tracker, serving, pub = _residual_setup()
+def test_ranked_rows_go_as_residuals_and_the_mirror_stays_exact(threaded, version):
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=600, residuals=True, max_age=1000)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=threaded)
     for seed in range(4):
         train(model, tracker, bp, 10, seed, threaded)
         _check_mirror(model, serving, bp)
-    assert pub.dtypes["u"] == {"r1"} and pub.dtypes["b"] == {"r1"}
+    assert pub.dtypes["u"] == {RESIDUAL[version]} and pub.dtypes["b"] == {RESIDUAL[version]}
     assert bp.stats()["pending"] > 0  # residuals leave errors, ranked again
     bp.close()
 
 
-def test_error_feedback_then_whole_rows_make_predictors_exact(threaded):
+def test_error_feedback_then_whole_rows_make_predictors_exact(threaded, version):
     """Rows that stop changing: residuals shrink their error, and when they are overdue
     they go whole, so predictors end exact without a flush."""
-    model, tracker, serving, pub = _residual_setup()
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=3000, residuals=True, max_age=20)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=threaded)
     train(model, tracker, bp, 5, 0, threaded)
@@ -89,10 +99,10 @@ def test_error_feedback_then_whole_rows_make_predictors_exact(threaded):
     bp.close()
 
 
-def test_a_row_evicted_and_inserted_again_starts_from_zeros():
+def test_a_row_evicted_and_inserted_again_starts_from_zeros(version):
     """The tracker folds an eviction into the re-insert (no tombstone): the residual carries
     ``fresh``, so predictors drop the old row they hold instead of adding to it."""
-    model, tracker, serving, pub = _residual_setup()
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=10_000, residuals=True, max_age=1000)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
     ids = torch.tensor([3, 7])
@@ -104,22 +114,23 @@ def test_a_row_evicted_and_inserted_again_starts_from_zeros():
     bp.tick(1)
     _check_mirror(model, serving, bp)
     got = serving["u"].lookup(ids.numpy())
-    # from zeros: ±mean|0.25| = 0.25 exactly, nothing of the old rows left
+    # from zeros: ±mean|0.25| = 0.25 exactly (2^-2 is on r1e's grid too), nothing of the
+    # old rows left
     assert np.array_equal(got, np.full((2, 32), 0.25, np.float32))
     bp.close()
 
 
 @pytest.mark.parametrize("delivered", [False, True])
-def test_a_failed_residual_send_goes_whole_next(delivered):
+def test_a_failed_residual_send_goes_whole_next(delivered, version):
     """A residual send that failed — or whose acknowledgement was lost after predictors
     applied it — leaves their copy unknown; the rows go whole at the next round."""
-    model, tracker, serving, pub = _residual_setup()
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=10_000, residuals=True, max_age=1000)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
     train(model, tracker, bp, 3, 0)
     move(model["u"], torch.arange(10), 0.5)
     tracker.step()
-    pub.fail_next = ("r1", delivered)
+    pub.fail_next = (RESIDUAL[version], delivered)
     with pytest.raises(PublishError):
         bp.tick(4)
     pub.log.clear()
@@ -135,8 +146,8 @@ def test_a_failed_residual_send_goes_whole_next(delivered):
     bp.close()
 
 
-def test_flush_sends_whole_rows():
-    model, tracker, serving, pub = _residual_setup()
+def test_flush_sends_whole_rows(version):
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=300, residuals=True, max_age=1000)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
     train(model, tracker, bp, 10, 0)
@@ -147,11 +158,11 @@ def test_flush_sends_whole_rows():
     bp.close()
 
 
-def test_residuals_cost_fewer_bytes_for_the_same_rows():
+def test_residuals_cost_fewer_bytes_for_the_same_rows(version):
     """At one budget a residual publisher reaches more rows than whole i8 rows would."""
     rows = {}
     for residuals in (False, True):
-        model, tracker, serving, pub = _residual_setup(n=400)
+        model, tracker, serving, pub = _residual_setup(version, n=400)
         policy = BudgetPolicy(bytes_per_step=800, residuals=residuals, max_age=1000,
                               wide_dtype="i8")
         bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
@@ -162,11 +173,11 @@ def test_residuals_cost_fewer_bytes_for_the_same_rows():
     assert rows[True] > 2 * rows[False]
 
 
-def test_a_row_is_overdue_only_while_a_change_of_it_is_unsent():
+def test_a_row_is_overdue_only_while_a_change_of_it_is_unsent(version):
     """max_age bounds how long a change waits for a send (whole or residual); what a
     residual left is not a change, so it never makes the row overdue (its next change
     does: ``test_pending``)."""
-    model, tracker, serving, pub = _residual_setup()
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=120, burst_bytes=2000, residuals=True, max_age=2,
                           whole_every=1000)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
@@ -184,15 +195,17 @@ def test_a_row_is_overdue_only_while_a_change_of_it_is_unsent():
 
     ticks(20)  # a full bucket
     move(model["u"], torch.arange(60), 0.3)
-    assert ticks(1) == [0] and pub.dtypes["u"] == {"r1"}
+    assert ticks(1) == [0] and pub.dtypes["u"] == {RESIDUAL[version]}
     assert sorted(pub.log[-1][2]) == list(range(60))  # every change went out
     assert bp.stats()["pending"] >= 60  # what the residuals left
     assert ticks(10) == [0] * 10  # ranked again, never overdue
     bp.close()
 
 
-def test_a_residual_past_the_f16_scale_goes_whole():
-    model, tracker, serving, pub = _residual_setup()
+def test_a_residual_past_the_f16_scale_goes_whole_in_r1_only(version):
+    """r1's scale is an f16: a row whose mean |residual| is past it goes whole; r1e's
+    one-byte code spans every float32 scale of the message, so it goes as a residual."""
+    model, tracker, serving, pub = _residual_setup(version)
     policy = BudgetPolicy(bytes_per_step=10_000, residuals=True)
     bp = BudgetPublisher(tracker, pub, "p", policy, threaded=False)
     move(model["u"], torch.tensor([3]), 1e5)  # a mean |residual| of 1e5: no f16 scale
@@ -200,6 +213,7 @@ def test_a_residual_past_the_f16_scale_goes_whole():
     tracker.step()
     bp.tick(1)
     sent = {(dtype, i) for table, dtype, ids in pub.log if table == "u" for i in ids}
-    assert ("f32", 3) in sent and ("r1", 4) in sent
+    r = RESIDUAL[version]
+    assert ((r if version == 5 else "f32", 3) in sent) and (r, 4) in sent
     _check_mirror(model, serving, bp)
     bp.close()
