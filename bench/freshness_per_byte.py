@@ -96,10 +96,10 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import Loopback, result
+from bench._freshness_report import plot, transport_record
 from bench._policy_sim import sim_budgets
 from bench._ratings import DATASETS, LogUnavailable, Ratings, load_ratings
 from deltastream.publishing.budget_policy import DEFAULT_READ_DECAY
-from deltastream_demo.plots import pyplot, save_png
 
 __all__ = ["main", "run"]
 
@@ -459,78 +459,6 @@ def _max_error(model, serving: dict) -> float:
     return worst
 
 
-def _transport_record(p: Policy, base: int, common: dict) -> dict:
-    """``transport@LABEL``: what compression and cheaper ids would save on ``p``'s
-    messages (bytes after the best per-message codec vs the bytes sent)."""
-    from bench._transport import summarize
-
-    t = summarize(p.messages or [])
-    sent = max(1, t["bytes"])
-    codec, packed = min(t["per_message"].items(), key=lambda kv: kv[1])
-    note = (f"{p.label}: {t['bytes']:,} B in {t['messages']:,} messages; compressed per "
-            "message " + ", ".join(f"{k} {v / sent:.3f}" for k, v in t["per_message"].items())
-            + "; per step " + ", ".join(f"{k} {v / sent:.3f}" for k, v in t["per_step"].items())
-            + "; per message, ids hashed " + ", ".join(
-                f"{k} {v / sent:.3f}" for k, v in t["per_message_hashed"].items())
-            + f" (× bytes sent); ids {t['ids'] / sent:.1%} of the bytes, sorted delta varint "
-            f"{t['ids_delta_varint'] / max(1, t['ids_raw']):.3f} × their 8 bytes (hashed ids "
-            f"{t['ids_hashed_delta_varint'] / max(1, t['ids_raw']):.3f}); rows "
-            f"{t['rows_bytes'] / sent:.1%}, "
-            f"other {t['other'] / sent:.1%}")
-    return result(f"transport@{p.label}", float(packed), float(t["bytes"]), None, "bytes",
-                  ratio=packed / sent, higher_is_better=False, note=note, policy=p.label,
-                  codec=codec, bytes_ratio_sent=t["bytes"] / base if base else math.nan,
-                  transport=t, **common)
-
-
-# ----------------------------------------------------------------------------- report
-
-
-_STYLE = {"full": ("tab:gray", "x", "send everything every N"),
-          "touched": ("tab:blue", "o", "touched rows every N (Monolith)"),
-          "fraction": ("tab:cyan", "v", "top fraction F, every step"),
-          "threshold": ("tab:orange", "s", "threshold ε, every step"),
-          "budget": ("tab:red", "D", "byte budget B/step (default: scaled, per byte)"),
-          "budget-raw": ("tab:purple", "P", "byte budget, raw L2 (not scaled)"),
-          "budget-by-error": ("tab:brown", "X", "byte budget, by error (not per byte)")}
-
-
-def _plot(path: Path, args: argparse.Namespace, r: dict, policies: list[Policy]) -> Path | None:
-    plt = pyplot()
-    if plt is None:
-        return None
-    base = next(p for p in policies if p.label == BASELINE).sent["bytes"]
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
-    try:
-        for fam, (color, marker, legend) in _STYLE.items():
-            pts = [p for p in policies if p.family == fam]
-            if not pts:
-                continue
-            xs = np.array([p.sent["bytes"] / base for p in pts])
-            ys = np.array([r["trainer_auc"] - p.sent["auc"] for p in pts])
-            o = np.argsort(xs)
-            ax.plot(xs[o], ys[o], marker=marker, color=color, label=legend)
-            for p, x, yv in zip(pts, xs, ys, strict=True):
-                ax.annotate(f"{p.value:g}", (x, yv), textcoords="offset points", xytext=(4, 3),
-                            fontsize=7, color=color)
-        ax.axhline(args.tolerance, color="tab:green", ls=":", lw=1,
-                   label=f"goal: AUC gap ≤ {args.tolerance:g}")
-        ax.axvline(args.goal, color="tab:green", ls="--", lw=1,
-                   label=f"goal: ≤ {args.goal:g} × bytes of touched/1")
-        ax.axhline(0.0, color="black", lw=0.6)
-        ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=1e-3)
-        ax.set_xlabel("bytes sent / bytes of touched rows every step (log)")
-        ax.set_ylabel("AUC gap: trainer − serving (symlog)")
-        ax.set_title(f"freshness per byte, prequential MF on {r['dataset']}")
-        ax.grid(True, alpha=0.3, which="both")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        save_png(fig, path)
-    finally:
-        plt.close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run the benchmark; return the result records ([] when no log is available)."""
     args = _parse(argv)
@@ -561,7 +489,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # one plot per named log (bench all runs both); the default log keeps the old name
     png_name = "freshness_per_byte.png" if args.dataset in (None, DATASETS[0]) \
         else f"freshness_per_byte_{args.dataset}.png"
-    png = _plot(Path(args.out) / png_name, args, r, policies)
+    png = plot(Path(args.out) / png_name, policies, BASELINE, r["trainer_auc"],
+               r["dataset"], tolerance=args.tolerance, goal=args.goal)
     by = {p.label: p for p in policies}
     base = by[BASELINE].sent["bytes"]
     tr = r["trainer_auc"]
@@ -598,7 +527,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                f"{tr - best.sent['auc']:+.4f})", policy=best.label, **common))
     if args.transport:
         picked = [BASELINE, head.label] + ([best.label] if ok_pol else [])
-        out += [_transport_record(by[label], base, common) for label in dict.fromkeys(picked)
+        out += [transport_record(by[label], base, common) for label in dict.fromkeys(picked)
                 if by[label].messages is not None]  # full/N: its messages were not kept
     for sim in r["sims"]:
         s = sim.sent
