@@ -17,8 +17,9 @@ as a run does), each timed against the step alone in the chunk just before it:
   training process, sharing its GIL) at the first budget (``--no-thread`` leaves it out);
 * ``budget-<B>-uncapped``: the first budget with ``max_worker_share=None`` (a round every
   ``min_interval_s`` whatever the worker's CPU; ``--uncapped``);
-* ``budget-<B>-residuals`` / ``budget-<B>-unweighted``: the first budget with
-  ``residuals=True`` (wire v4; ``--residuals``) / ``read_decay=None`` (``--unweighted``);
+* ``budget-<B>-residuals`` / ``budget-<B>-unweighted``: the first budget with the transport
+  of issue 29's goal, ``residuals=True`` and ``wide_dtype="i8"`` on wire v5 (``r1e``;
+  ``--residuals``) / ``read_decay=None`` (``--unweighted``);
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
   (``SelectionPolicy(fraction=0.5)``, the leftover carried).
 
@@ -95,11 +96,12 @@ class _Run:
         self.name, self.delta_every = name, delta_every
         self.tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
         self.pub = DeltaPublisher(servers, topic, model="bench", shard=0,
-                                  wire_version=4 if residuals else 2) \
+                                  wire_version=5 if residuals else 2) \
             if budget or delta_every else None
+        if residuals:
+            policy.update(residuals=True, wide_dtype="i8")
         self.budget = BudgetPublisher(self.tracker, self.pub, "p",
-                                      BudgetPolicy(bytes_per_s=budget, residuals=residuals,
-                                                   **policy),
+                                      BudgetPolicy(bytes_per_s=budget, **policy),
                                       threaded=threaded, worker=worker) \
             if budget else None
         self.times: list[float] = []
@@ -390,7 +392,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="also the first budget with BudgetPolicy(max_worker_share=None): "
                         "rounds every min_interval_s whatever the worker's CPU")
     p.add_argument("--residuals", action="store_true",
-                   help="also the first budget with BudgetPolicy(residuals=True), wire v4")
+                   help="also the first budget with BudgetPolicy(residuals=True, "
+                        "wide_dtype='i8') on wire v5")
     p.add_argument("--unweighted", action="store_true",
                    help="also the first budget with BudgetPolicy(read_decay=None): keys "
                         "not weighted by reads")

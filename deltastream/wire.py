@@ -17,9 +17,11 @@ Fields (``docs/DESIGN.md`` has them byte by byte; bins are raw little-endian arr
 ``dtype``        str   ``f32``, ``f16``, ``bf16``, ``i8``; v4: also ``r1``, v5 ``r1e`` (below)
 ``ids``          bin   n × int64
 ``idv``          bin   v3, instead of ``ids`` when shorter: varint ids (see below)
-``rows``         bin   n × dim × itemsize, row-major (``r1``: n × ceil(dim / 8) sign bits)
-``scale``        bin   n × float32 for ``i8``, n × float16 for ``r1``, absent otherwise
-``fresh``        bin   ``r1`` only, optional: ceil(n / 8) bytes, bit i set = row i starts
+``rows``         bin   n × dim × itemsize, row-major (``r1``: n × ceil(dim / 8) sign bits;
+                       ``r1e``: ceil(n · dim / 8))
+``scale``        bin   n × float32 for ``i8``, n × float16 for ``r1``, 1 + n bytes for
+                       ``r1e`` (a base exponent, a code a row), absent otherwise
+``fresh``        bin   residuals only, optional: ceil(n / 8) bytes, bit i set = row i starts
                        from zeros, whatever the predictor holds for its id
 ``del``          bin   m × int64 tombstones (ids the trainer evicted), optional
 ``crc``          int   CRC-32C, see below

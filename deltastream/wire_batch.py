@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from deltastream.wire_values import RESIDUAL_DTYPES
+from deltastream.wire_values import RESIDUAL_DTYPES, has_scale
 
 __all__ = ["DeltaBatch", "DecodedBatch"]
 
@@ -35,7 +35,8 @@ class DeltaBatch:
         dtype: wire dtype, one of ``f32``, ``f16``, ``bf16``, ``i8`` (full rows, replacing
             what predictors hold) or ``r1`` / ``r1e`` (1-bit residuals *added* to it,
             wire v4 / v5 on; :mod:`deltastream.wire_values`). A residual batch you build
-            holds the float residuals ``[n, dim]``; a decoded one their signs (int8 ±1) and ``scale``.
+            holds the float residuals ``[n, dim]``; a decoded one their signs (int8 ±1)
+            and ``scale``.
         scale: float32 ``[n]`` per-row scale, decoded ``i8``, ``r1``, ``r1e`` batches only.
         tombstones: int64 ``[m]`` ids the trainer evicted, or ``None``. A consumer deletes
             them before upserting ``ids`` (the two sets are disjoint when produced by
@@ -74,7 +75,8 @@ class DeltaBatch:
 
     @property
     def additive(self) -> bool:
-        """True when the rows are residuals to add to what predictors hold (``r1``, ``r1e``)."""
+        """True when the rows are residuals to add to what predictors hold (``r1``,
+        ``r1e``)."""
         return self.dtype in RESIDUAL_DTYPES
 
     @property
@@ -110,15 +112,15 @@ class DecodedBatch(DeltaBatch):
         """Row values as float32 ``[n, dim]``, dequantized from the wire representation."""
         if self.dtype == "bf16":
             return (self.rows.astype(np.uint32) << 16).view(np.float32)
-        if self.dtype in ("i8", "r1", "r1e"):
+        if has_scale(self.dtype):
             return self.rows.astype(np.float32) * self.scale[:, None]
         return self.rows.astype(np.float32, copy=False)
 
     def nonfinite_rows(self) -> int:
         """Rows holding a NaN or ±inf value, read off the wire representation (f16/bf16:
-        exponent bits all ones; cheaper than checking float32 values). An i8 or residual row is
-        finite by construction (its scale is); 0 for those."""
-        if self.dtype in ("i8", "r1", "r1e"):
+        exponent bits all ones; cheaper than checking float32 values). An i8 or residual
+        row is finite by construction (its scale is); 0 for those."""
+        if has_scale(self.dtype):
             return 0
         if self.dtype == "f32":
             return int(np.count_nonzero(~np.isfinite(self.rows).all(axis=1)))

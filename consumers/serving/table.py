@@ -173,8 +173,8 @@ class ServingTable:
     def apply(self, batch: DeltaBatch) -> ApplyResult:
         """Apply one wire batch: delete ``batch.tombstones``, then upsert ``ids`` with
         ``batch.rows_f32()`` — or, for a residual batch (``batch.additive``, wire dtype
-        ``r1`` or ``r1e``), add them to the rows held (zeros for ids not held, tombstoned or flagged
-        ``batch.fresh``) in float32 — atomically for readers.
+        ``r1`` or ``r1e``), add them to the rows held (zeros for ids not held, tombstoned
+        or flagged ``batch.fresh``) in float32 — atomically for readers.
 
         A :class:`~deltastream.wire.DecodedBatch` (what :func:`~deltastream.wire.decode`
         returns) is trusted as validated: only what the table adds is checked here (its
@@ -499,8 +499,8 @@ class ServingTable:
 
 
 def _check_scale(batch: DecodedBatch) -> None:
-    """An i8, r1 or r1e batch's scale is one float per row (a DecodedBatch built by hand may
-    lack it); :class:`ApplyError` naming ``scale`` if not."""
+    """An i8, r1 or r1e batch's scale is one float per row (a DecodedBatch built by hand
+    may lack it); :class:`ApplyError` naming ``scale`` if not."""
     if batch.scale is None or np.shape(batch.scale) != (batch.n,):
         raise ApplyError(f"scale: an {batch.dtype} batch needs one scale per row")
 

@@ -335,8 +335,8 @@ class BudgetEngine:
 
     def _take_residual(self, rows: TakenRows) -> tuple[Optional[_Residual], TakenRows]:
         """Split taken rows into residuals and whole rows: a row goes whole at its
-        ``policy.whole_every``-th send, or when the wire cannot carry its residual (a mean
-        magnitude past f16)."""
+        ``policy.whole_every``-th send, or when the wire cannot carry its residual (``r1``:
+        a mean magnitude past f16)."""
         base = torch.where(rows.new[:, None], 0.0, rows.served.float())
         sent = rows.current.float() - base
         # the scale as the encoder takes it, so both draw the line alike
@@ -402,7 +402,8 @@ class BudgetEngine:
             r.attempted = True
             results.append(self.publisher.publish(
                 name, r.rows.ids, r.sent, step=job.step, ts=job.ts, tombstones=tombs,
-                dtype=self.residual_dtype, fresh=r.rows.new.numpy() if bool(r.rows.new.any()) else None,
+                dtype=self.residual_dtype,
+                fresh=r.rows.new.numpy() if bool(r.rows.new.any()) else None,
                 **spec.publish_kwargs))
 
     def _record(self, jt: _JobTable, results: list[Any]) -> TableRound:

@@ -1,4 +1,4 @@
-"""Wire dtype ``r1``: 1-bit residuals, *added* to what a predictor holds (wire v4 only).
+"""Wire dtype ``r1``: 1-bit residuals, *added* to what a predictor holds (wire v4 on).
 
 One sign bit per element, packed 8 to a byte in little bit order (``ceil(dim / 8)`` bytes
 a row, unused high bits zero), and one float16 scale per row, ``f16(mean |r|)`` computed in
