@@ -218,8 +218,8 @@ def test_argument_validation(broker, topic_name):
         DeltaPublisher(servers, topic_name, model="m", shard=0, max_message_bytes=100)
     with pytest.raises(ValueError, match="send_timeout"):
         DeltaPublisher(servers, topic_name, model="m", shard=0, send_timeout=0)
-    for version in (1, 5):  # v1 is read, never written; v5 does not exist
-        with pytest.raises(ValueError, match="wire_version: expected 2 ≤ wire_version ≤ 4"):
+    for version in (1, 6):  # v1 is read, never written; v6 does not exist
+        with pytest.raises(ValueError, match="wire_version: expected 2 ≤ wire_version ≤ 5"):
             DeltaPublisher(servers, topic_name, model="m", shard=0, wire_version=version)
 
     pub = DeltaPublisher(servers, topic_name, model="m", shard=0)
