@@ -536,8 +536,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             baseline_desc="the trainer's own AUC on the same ratings",
             note=f"{sim.label} (bench._policy_sim, an idealized publisher): "
                  f"{s['bytes'] / base:.3f} × touched/1, {s['rows']:,} rows, AUC gap "
-                 f"{tr - s['auc']:+.4f}{_per_seed(s['auc_gaps'])}", policy=sim.label, family="sim", bytes=s["bytes"],
-            rows=s["rows"], messages=s["messages"], bytes_ratio=s["bytes"] / base,
+                 f"{tr - s['auc']:+.4f}{_per_seed(s['auc_gaps'])}", policy=sim.label,
+            family="sim", bytes=s["bytes"], rows=s["rows"], messages=s["messages"], bytes_ratio=s["bytes"] / base,
             auc_gap=tr - s["auc"], auc_gaps=s["auc_gaps"], table_rows=sim.table_rows,
             **common))
     for p in policies:

@@ -26,9 +26,10 @@ bin's first byte)::
     then b is raised to the octave of the smallest scale sent (and the codes lowered with
     it), so that a message has one encoding
 
-so a scale is within 2.2 % of ``mean |r|`` (2^(1/32) − 1), rows 2^15 below the message's
-largest go as 0 (their residual stays with the trainer), and a dim-32 row costs 5 bytes, a
-dim-1 row 1.125. What the residual misses stays pending like any other (error feedback).
+so a scale is within 2.2 % of ``mean |r|`` (2^(1/32) − 1), rows more than 14–15 octaves
+below the message's largest go as 0 (their residual stays with the trainer), and a dim-32
+row costs 5 bytes, a dim-1 row 1.125. What the residual misses stays pending like any other
+(error feedback).
 
 Torch-free (:func:`to_f16` uses torch only when the caller has already imported it).
 """

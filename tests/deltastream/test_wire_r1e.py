@@ -57,7 +57,7 @@ def test_round_trip_values_and_scale_within_a_32nd_octave(dim):
 
 
 def test_rows_far_below_the_largest_go_as_zero():
-    """Scales more than 15 octaves below the message's largest cannot be coded: the row
+    """Scales more than 14–15 octaves below the message's largest are not coded: the row
     adds nothing (what it misses stays with the trainer's error feedback)."""
     r = np.array([[1.0, -1.0], [2.0 ** -16, 2.0 ** -16], [2.0 ** -10, 0.0]], np.float32)
     d = decode(one(make([1, 2, 3], r, "r1e"), version=5))
