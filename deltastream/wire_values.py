@@ -304,10 +304,10 @@ def _bin_of(base: int, codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def _residual_r1e(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float ``[n, dim]`` residuals -> (sign bits over the message, uint8 ``[ceil(n · dim /
-    8)]``; the scale bin, uint8 ``[n + 1]``); see the module docstring."""
-    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+def _r1e_scale_bin(r32: np.ndarray) -> np.ndarray:
+    """r1e's ``scale`` bin (uint8 ``[n + 1]``) for float32 residuals ``[n, dim]``: codes on
+    a provisional base, then in the one form :func:`pack_scale_codes` gives (a relay
+    re-encodes the very bytes)."""
     if not max_abs_finite(r32)[1]:
         raise WireError("rows: dtype r1e cannot carry non-finite residuals (inf/NaN)")
     mean = residual_scale(r32)
@@ -323,11 +323,14 @@ def _residual_r1e(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         base = int(np.clip(np.floor(lg[nz].max()) - _E_SPAN, -128, 127))
         step = np.rint(16 * (lg - base))
         codes = np.where(nz & (step >= 0), np.minimum(step, 254) + 1, 0).astype(np.int64)
-        # the base is the octave of the smallest scale sent, as pack_scale_codes picks it:
-        # a relay re-encodes the very bytes
-        up = int((codes[codes > 0].min() - 1) // 16) if (codes > 0).any() else 0
-        base, codes = base + up, np.where(codes > 0, codes - 16 * up, 0)
-    return pack_bits((r32 >= 0).reshape(-1)), _bin_of(base, codes)
+    return pack_scale_codes(scale_from_codes(_bin_of(base, codes)))
+
+
+def _residual_r1e(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float ``[n, dim]`` residuals -> (sign bits over the message, uint8 ``[ceil(n · dim /
+    8)]``; the scale bin, uint8 ``[n + 1]``); see the module docstring."""
+    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+    return pack_bits((r32 >= 0).reshape(-1)), _r1e_scale_bin(r32)
 
 
 def unpack_residual_e(bits: np.ndarray, n: int, dim: int) -> np.ndarray:
@@ -354,17 +357,22 @@ def residual_scale(residual: np.ndarray) -> np.ndarray:
         return np.abs(r32).mean(axis=1, dtype=np.float32)
 
 
-def _residual_r1(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float ``[n, dim]`` residuals -> (sign bits uint8 ``[n, ceil(dim/8)]``, float16 scale
-    ``[n]``); see the module docstring."""
-    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+def _r1_scale(r32: np.ndarray) -> np.ndarray:
+    """r1's float16 scales ``[n]`` of float32 residuals ``[n, dim]``, checked."""
     if not max_abs_finite(r32)[1]:
         raise WireError("rows: dtype r1 cannot carry non-finite residuals (inf/NaN)")
     mean = residual_scale(r32)
     if mean.size and float(mean.max()) > F16_MAX:
         raise WireError(f"scale: a residual's mean magnitude exceeds the f16 range "
                         f"(±{F16_MAX:g}); send the row whole")
-    return pack_bits(r32 >= 0), mean.astype("<f2")
+    return mean.astype("<f2")
+
+
+def _residual_r1(residual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float ``[n, dim]`` residuals -> (sign bits uint8 ``[n, ceil(dim/8)]``, float16 scale
+    ``[n]``); see the module docstring."""
+    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+    return pack_bits(r32 >= 0), _r1_scale(r32)
 
 
 def unpack_residual(bits: np.ndarray, dim: int) -> np.ndarray:
@@ -380,11 +388,8 @@ def residual_values(residual: np.ndarray, dtype: str = "r1") -> np.ndarray:
     :class:`WireError` as encoding would."""
     if dtype not in RESIDUAL_DTYPES:
         raise WireError(f"dtype: expected one of {sorted(RESIDUAL_DTYPES)}, got {dtype!r}")
-    n, dim = (int(x) for x in np.shape(residual))
-    if dtype == "r1e":
-        bits, codes = _residual_r1e(residual)
-        signs, scale = unpack_residual_e(bits, n, dim), scale_from_codes(codes)
-    else:
-        bits, scale = _residual_r1(residual)
-        signs = unpack_residual(bits, dim)
-    return signs.astype(np.float32) * scale.astype(np.float32)[:, None]
+    r32 = np.ascontiguousarray(residual, dtype=np.float32)
+    scale = scale_from_codes(_r1e_scale_bin(r32)) if dtype == "r1e" else \
+        _r1_scale(r32).astype(np.float32)
+    # the signs as the encoder packs them (r >= 0: +1, -0.0 included), not packed and read
+    return np.where(r32 >= 0, np.float32(1), np.float32(-1)) * scale[:, None]

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import msgpack
 import numpy as np
 import pytest
 
 from deltastream import wire
 from deltastream.wire import DecodedBatch, WireError, decode
-from deltastream.wire_codec import FIELD_KEYS, bin_header
+from deltastream.wire_codec import bin_header
 from deltastream.wire_values import residual_values
-from tests.deltastream.wire_messages import assert_same, fields_of, make, one, pack_fields
+from tests.deltastream.wire_messages import (
+    assert_same,
+    fields_of,
+    make,
+    one,
+    pack_fields,
+    wire_fields,
+)
 
 DIMS = pytest.mark.parametrize("dim", [1, 7, 8, 13, 32, 64])
-_NAMES = {k: name for name, k in FIELD_KEYS.items()}
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -41,18 +46,12 @@ def _residuals(n: int, dim: int, seed: int = 0) -> np.ndarray:
     return r
 
 
-def _wire_fields(message: bytes) -> dict:
-    """A v4 message's fields by name (``crc`` left out), bins as bytes."""
-    raw = msgpack.unpackb(message, strict_map_key=False)
-    return {_NAMES[k]: v for k, v in raw.items() if _NAMES[k] != "crc"}
-
-
 def _r1_fields(batch, version: int) -> dict:
     """The message of r1 ``batch`` as a plain dict of ``version``, built by hand: the header
     and ids of ``fields_of`` (the same batch as f32), the ``dtype``, sign bits and f16 scales
     of the real v4 encoding, in wire order."""
     base = fields_of(replace(batch, dtype="f32"), version)
-    r1 = _wire_fields(one(batch, version=4))
+    r1 = wire_fields(one(batch, version=4))
     msg = {k: v for k, v in base.items() if k not in ("rows", "del")}
     msg.update(dtype="r1", rows=r1["rows"], scale=r1["scale"])
     if "del" in base:
@@ -94,7 +93,7 @@ def test_bits_are_packed_little_bit_order_with_f16_scales():
     a[0], a[9] = 2.0, 0.0                 # elements 0 and 9 >= 0; mean |a| = 13 / 13 = 1
     b = np.full(13, -0.0, np.float32)     # -0.0 >= 0: every bit set, scale 0
     c = np.full(13, 0.1, np.float32)      # 0.1 is not a float16: scale f16(0.1)
-    fields = _wire_fields(one(make([4, 5, 6], np.stack([a, b, c]), "r1"), version=4))
+    fields = wire_fields(one(make([4, 5, 6], np.stack([a, b, c]), "r1"), version=4))
     assert fields["dtype"] == "r1"
     assert fields["rows"] == bytes([0x01, 0x02, 0xFF, 0x1F, 0xFF, 0x1F])
     assert fields["scale"] == np.array([1.0, 0.0, np.float16(0.1)], "<f2").tobytes()
@@ -129,7 +128,7 @@ def test_rows_bin_is_a_bit_per_element_and_scale_two_bytes_a_row(dim):
     r = _residuals(n, dim, seed=2)
     ids = np.arange(n) * 1000
     m_r1 = one(make(ids, r, "r1"), version=4)
-    fields = _wire_fields(m_r1)
+    fields = wire_fields(m_r1)
     assert len(fields["rows"]) == n * -(-dim // 8)
     assert len(fields["scale"]) == 2 * n
     # against i8 (same fields, same dtype string length): only the rows (1 byte an
@@ -252,7 +251,7 @@ def test_fresh_bits_travel_packed_and_follow_their_rows():
     fresh = np.zeros(11, bool)
     fresh[[0, 1, 10]] = True  # ids 100, 90 and 0: rows 10, 9 and 0 once sorted
     m = one(make(ids, r, "r1", fresh=fresh), version=4)
-    assert _wire_fields(m)["fresh"] == bytes([0x01, 0x06])  # ceil(11 / 8) bytes, little order
+    assert wire_fields(m)["fresh"] == bytes([0x01, 0x06])  # ceil(11 / 8) bytes, little order
     d = decode(m)
     assert np.flatnonzero(d.fresh).tolist() == [0, 9, 10]
     assert np.array_equal(_bits(d.rows_f32()), _bits(residual_values(r[::-1])))
@@ -260,12 +259,12 @@ def test_fresh_bits_travel_packed_and_follow_their_rows():
     # no bit set: no field, the message of the batch without fresh
     plain = one(make(ids, r, "r1"), version=4)
     assert one(make(ids, r, "r1", fresh=np.zeros(11, bool)), version=4) == plain
-    assert "fresh" not in _wire_fields(plain) and decode(plain).fresh is None
+    assert "fresh" not in wire_fields(plain) and decode(plain).fresh is None
 
 
 def test_fresh_is_refused_when_malformed_or_not_r1():
     b = make(np.arange(11), _residuals(11, 5, seed=10), "r1", fresh=np.arange(11) % 4 == 0)
-    fields = _wire_fields(one(b, version=4))
+    fields = wire_fields(one(b, version=4))
     assert np.array_equal(decode(pack_fields(fields, 4)).fresh, np.arange(11) % 4 == 0)
     for bit in range(3, 8):  # n = 11: bits 3..7 of the second byte are padding
         bad = bytearray(fields["fresh"])
@@ -275,7 +274,7 @@ def test_fresh_is_refused_when_malformed_or_not_r1():
     for size in (1, 3, 11):
         with pytest.raises(WireError, match="fresh: expected 2 bytes"):
             decode(pack_fields(dict(fields, fresh=b"\x01" * size), 4))
-    i8 = _wire_fields(one(make(np.arange(11), _residuals(11, 5, seed=10), "i8"), version=4))
+    i8 = wire_fields(one(make(np.arange(11), _residuals(11, 5, seed=10), "i8"), version=4))
     with pytest.raises(WireError, match="fresh: only allowed for dtypes r1 and r1e, not i8"):
         decode(pack_fields(dict(i8, fresh=fields["fresh"]), 4))
     with pytest.raises(WireError, match="fresh: only residual batches"):

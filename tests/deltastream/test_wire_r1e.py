@@ -11,19 +11,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import msgpack
 import numpy as np
 import pytest
 
 from consumers.serving.table import ServingTable
 from deltastream import wire
 from deltastream.wire import WireError, decode
-from deltastream.wire_codec import FIELD_KEYS
 from deltastream.wire_values import pack_scale_codes, residual_values, scale_from_codes
-from tests.deltastream.wire_messages import fields_of, make, one, pack_fields
+from tests.deltastream.wire_messages import fields_of, make, one, pack_fields, wire_fields
 
 DIMS = pytest.mark.parametrize("dim", [1, 3, 8, 13, 32])
-_NAMES = {k: name for name, k in FIELD_KEYS.items()}
 
 
 def _residuals(n: int, dim: int, seed: int = 0, octaves: float = 12.0) -> np.ndarray:
@@ -34,11 +31,6 @@ def _residuals(n: int, dim: int, seed: int = 0, octaves: float = 12.0) -> np.nda
     r = r.astype(np.float32)
     r[rng.random((n, dim)) < 0.1] = -0.0
     return r
-
-
-def _fields(message: bytes) -> dict:
-    raw = msgpack.unpackb(message, strict_map_key=False)
-    return {_NAMES[k]: v for k, v in raw.items() if _NAMES[k] != "crc"}
 
 
 @DIMS
@@ -69,7 +61,7 @@ def test_rows_far_below_the_largest_go_as_zero():
 def test_bits_are_shared_across_rows_and_the_scale_is_a_byte_a_row(dim):
     n = 11
     m = one(make(np.arange(n), _residuals(n, dim, seed=1), "r1e"), version=5)
-    f = _fields(m)
+    f = wire_fields(m)
     assert len(f["rows"]) == -(-n * dim // 8) and len(f["scale"]) == n + 1
     # element j of row i is bit i·dim + j, little bit order
     bits = np.unpackbits(np.frombuffer(f["rows"], np.uint8), bitorder="little")[:n * dim]
@@ -131,7 +123,7 @@ def test_r1e_needs_wire_v5(version):
         wire.encode(b, version=version)
     if version >= 4:  # a v4 message claiming r1e is refused by name
         msg = fields_of(replace(b, dtype="f32"), version)
-        f = _fields(one(b, version=5))
+        f = wire_fields(one(b, version=5))
         msg.update(dtype="r1e", rows=f["rows"], scale=f["scale"])
         with pytest.raises(WireError, match=r"dtype: r1e .* not a dtype of wire v4"):
             decode(pack_fields(msg, version))
@@ -147,7 +139,7 @@ def test_v5_still_carries_every_other_dtype():
 
 def test_decode_refuses_bad_bins_naming_them():
     b = make([1, 5, 9], _residuals(3, 5, seed=4), "r1e")
-    f = _fields(one(b, version=5))
+    f = wire_fields(one(b, version=5))
 
     def packed(**changes) -> bytes:
         msg = fields_of(replace(b, dtype="f32"), 5)

@@ -19,8 +19,8 @@ import numpy as np
 from deltastream.wire import DeltaBatch, decode, encode
 from deltastream.wire_codec import FIELD_KEYS, INT_KEYS_VERSION
 
-__all__ = ["DROP", "BASE", "make", "one", "fields_of", "crc_v1", "pack_fields", "packed",
-           "assert_same"]
+__all__ = ["DROP", "BASE", "make", "one", "fields_of", "wire_fields", "crc_v1", "pack_fields",
+           "packed", "assert_same"]
 
 #: a value for :func:`packed` that removes the field
 DROP = object()
@@ -61,6 +61,13 @@ def fields_of(batch: DeltaBatch, version: int = 2) -> dict:
     if d.tombstones is not None:
         msg["del"] = bytes(d.tombstones.data)
     return msg
+
+
+def wire_fields(message: bytes) -> dict:
+    """An int-keyed (v4, v5) message's fields by name (``crc`` left out), bins as bytes."""
+    names = {k: name for name, k in FIELD_KEYS.items()}
+    raw = msgpack.unpackb(message, strict_map_key=False)
+    return {names[k]: v for k, v in raw.items() if names[k] != "crc"}
 
 
 def crc_v1(msg: dict) -> int:
