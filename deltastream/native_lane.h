@@ -6,8 +6,14 @@
  *   lane_wait(job)    wait until it ran (call without the GIL)
  *   lane_hold(on)     keep queued jobs waiting (tests: a job still running when the caller
  *                     goes on); a fork while jobs are held waits for them
+ *   lane_busy()       whether another job waits (a long job's run checks it between pieces
+ *                     of work and returns 1: it is queued again behind the others)
  *
- * Jobs run one at a time, in the order queued. A job touches no Python object: it reads and
+ * Jobs run one at a time, in the order queued; a job whose run returns non-zero goes to the
+ * back of the queue and runs on later (a long walk does not hold up short markings). The
+ * thread runs at SCHED_IDLE (Linux): on time no other thread of the host wants, so it never
+ * preempts the training thread; a caller that waits for a job sleeps, and the lane
+ * thread gets the core it leaves. A job touches no Python object: it reads and
  * writes memory its submitter keeps alive (Py_buffers held until it is waited for). The
  * thread blocks every signal (Python's handlers run on the main thread) and is started on
  * the first submit. fork(): the prepare handler waits until no job is queued or running, so
@@ -18,10 +24,11 @@
 #define DELTASTREAM_NATIVE_LANE_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 
 typedef struct LaneJob {
-    void (*run)(struct LaneJob *);
+    int (*run)(struct LaneJob *); /* non-zero: not finished, run again later */
     struct LaneJob *next;
     int done; /* guarded by lane_mu */
 } LaneJob;
@@ -38,6 +45,12 @@ static int lane_woken = 0;   /* lane_more signalled since the thread last took a
 
 static void *lane_main(void *unused) {
     (void)unused;
+#if defined(__linux__) && defined(SCHED_IDLE)
+    /* The lane only uses time no other thread wants: it never takes a core from the
+     * training thread (a wait for one of its jobs frees the waiter's core for it). */
+    struct sched_param idle = {.sched_priority = 0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+#endif
     pthread_mutex_lock(&lane_mu);
     for (;;) {
         while (lane_head == NULL || lane_held)
@@ -49,10 +62,19 @@ static void *lane_main(void *unused) {
             lane_tail = NULL;
         lane_running = 1;
         pthread_mutex_unlock(&lane_mu);
-        j->run(j);
+        int again = j->run(j);
         pthread_mutex_lock(&lane_mu);
-        j->done = 1;
         lane_running = 0;
+        if (again) { /* behind the jobs queued meanwhile */
+            j->next = NULL;
+            if (lane_tail != NULL)
+                lane_tail->next = j;
+            else
+                lane_head = j;
+            lane_tail = j;
+            continue;
+        }
+        j->done = 1;
         pthread_cond_broadcast(&lane_ran);
     }
     return NULL;
@@ -125,6 +147,10 @@ static void lane_hold(int on) {
     lane_woken = 0;
     pthread_cond_broadcast(&lane_more);
     pthread_mutex_unlock(&lane_mu);
+}
+
+static int lane_busy(void) { /* a hint: read without the lock */
+    return __atomic_load_n(&lane_head, __ATOMIC_RELAXED) != NULL;
 }
 
 static int lane_finished(LaneJob *j) {

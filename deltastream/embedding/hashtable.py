@@ -457,7 +457,9 @@ class HashTable(TableHooks, torch.nn.Module):
         """Gradient accumulated since the last :meth:`zero_grad`, coalesced, or ``None``.
 
         Entries for rows evicted (or reused by another id) since the backward are dropped.
+        Update hooks run first (:meth:`register_update_hook`).
         """
+        self._fire_update()
         return self._grads.coalesce(self._pos_ids, self._occupied)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

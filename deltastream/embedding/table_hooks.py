@@ -1,5 +1,5 @@
-"""The hooks of a :class:`~deltastream.embedding.hashtable.HashTable`: insert, evict, lookup
-and write hooks (with removable handles) and weakly held row listeners.
+"""The hooks of a :class:`~deltastream.embedding.hashtable.HashTable`: insert, evict, lookup,
+write and update hooks (with removable handles) and weakly held row listeners.
 
 A mixin of the table: the table owns the hook dicts and the listener list (made in its
 ``__init__``) and fires them (:meth:`TableHooks._fire`, :meth:`TableHooks._notify_rows`);
@@ -77,6 +77,18 @@ class TableHooks:
         int64 ``[k]``, ``rows`` ``[k, dim]`` (a gather: the hook may keep it), k > 0, in
         training and eval mode alike. Returns a handle with ``.remove()``."""
         return _add_hook(self.__dict__.setdefault("_write_hooks", OrderedDict()), fn)
+
+    def register_update_hook(self, fn: Callable[[Any], None]) -> RemovableHandle:
+        """Call ``fn(table)`` whenever :meth:`sparse_grad` hands out the gradient: before an
+        optimizer moves rows with it (the tracker finishes copying the rows its lookups
+        read here). Returns a handle with ``.remove()``."""
+        return _add_hook(self.__dict__.setdefault("_update_hooks", OrderedDict()), fn)
+
+    def _fire_update(self) -> None:
+        hooks = self.__dict__.get("_update_hooks")  # absent on tables pickled before
+        if hooks:
+            for fn in list(hooks.values()):
+                fn(self)
 
     def _fire_writes(self, positions: torch.Tensor, rows: Optional[torch.Tensor] = None
                      ) -> None:

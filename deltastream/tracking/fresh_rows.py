@@ -201,11 +201,15 @@ class FreshRows:
     def capture(self, max_positions: Optional[int]) -> int:
         """Walk the handed-over marks: at least ``max_positions`` positions (whole 64-bit
         words of bits; None: all), copying the rows still owed; returns the positions
-        walked."""
+        walked. A bounded call (a tick's) queues the whole walk on the C code's lane
+        thread instead where torch leaves a core spare (:meth:`OwedRows.capture`), and
+        returns 0 until it ran; None waits for it."""
         self.sync()
         if not self.owes:
             return 0
-        return self.owed.capture(native if native_enabled() else None, max_positions)
+        o = self.owed
+        later = max_positions is not None and not o.queued and spare_core()
+        return o.capture(native if native_enabled() else None, max_positions, later)
 
     def _valid_bits(self) -> None:
         """Bring the bits up to date after numpy marked positions (a switch of path)."""

@@ -55,6 +55,10 @@ class ModelHooks:
         self._handles: list[Any] = []
         self._row_listeners: list[Any] = []
         self._reload_before: dict[str, torch.Tensor] = {}
+        #: tables whose lookups may copy their FIRST rows on the C code's lane thread
+        #: (torch leaves a core spare, and the table says before its rows move: an update
+        #: hook): see :meth:`_lane_source`
+        self._lane: set[str] = set()
         for fqn, info in tables.items():
             self._attach(fqn, info)
         self._attach_torchrec()
@@ -88,6 +92,10 @@ class ModelHooks:
             if callable(getattr(mod, "register_write_hook", None)):  # HashTable.insert
                 self._handles.append(mod.register_write_hook(eager(
                     lambda m, pos, rows: self._on_write(fqn, pos, rows))))
+            if callable(getattr(mod, "register_update_hook", None)) and spare_core():
+                self._handles.append(mod.register_update_hook(eager(
+                    lambda table: self._before_update())))
+                self._lane.add(fqn)
             cb = eager(lambda table, positions: self._flush(fqn))
             self._row_listeners.append(cb)  # the table holds it weakly
             mod.register_row_listener(cb)
@@ -160,8 +168,26 @@ class ModelHooks:
         if positions is None or not module.training:
             self._rec.counts["lookups_eval_skipped"] += 1
             return
+        storage = self._lane_source(fqn, module, rows)
         with self._lock:
-            self._rec.record_positions(fqn, positions, rows)
+            if storage is None:
+                self._rec.record_positions(fqn, positions, rows)
+            else:  # copied on the lane thread; the table's update hook waits for it
+                self._rec.record_positions(fqn, positions, storage, whole_table=True,
+                                           later=True)
+
+    def _lane_source(self, fqn: str, module: torch.nn.Module, rows: torch.Tensor
+                     ) -> Optional[torch.Tensor]:
+        """The storage a lookup of ``fqn`` may copy its FIRST rows from on the lane thread
+        (a contiguous CPU storage of the output's dtype, its table with an update hook),
+        or None: copied now, from the lookup's ``rows``."""
+        if fqn not in self._lane:
+            return None
+        storage = module.storage
+        if storage.device.type != "cpu" or storage.dtype != rows.dtype \
+                or not storage.is_contiguous():
+            return None
+        return storage
 
     def _on_write(self, fqn: str, positions: torch.Tensor, rows: torch.Tensor) -> None:
         # HashTable.insert changed rows without a lookup: recorded as a lookup of them (rows

@@ -33,8 +33,8 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   mark_fresh_later, hold_lane: native_later.c (mark_fresh run on a background thread
- *       while the caller goes on).
+ *   mark_fresh_later, walk_owed_later, hold_lane: native_later.c (mark_fresh and walk_owed
+ *       run on a background thread while the caller goes on).
  *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, words[, keys,
  *                out_keys]]]) -> k
  *       out_ids: writable int64 [m] (m >= the marked positions), out_rows: writable uint8
@@ -569,6 +569,9 @@ static PyMethodDef methods[] = {
      "walk_owed(owed, bits, words, word, max_positions, src, early, out, row_bytes, keys, "
      "ids_out, pos_out, at_out, offset, entry) -> (next_word, walked, copied): walk "
      "handed-over marks"},
+    {"walk_owed_later", walk_owed_later, METH_VARARGS,
+     "walk_owed_later(same arguments as walk_owed) -> Walking: the walk queued on the lane "
+     "thread"},
     {"drain_by_key", drain_by_key, METH_VARARGS,
      "drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k: "
      "marked positions by ascending key"},

@@ -24,8 +24,18 @@
 #include "native_tracking.h"
 #include "../native_rows.h"
 
+#include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+
+/* Spin until owed entry *e is no longer CLAIMED (the lane thread's walk is copying that row
+ * from the storage: a copy of one row, unless the thread was preempted). */
+static void wait_unclaimed(int32_t *e) {
+    for (unsigned spins = 0; __atomic_load_n(e, __ATOMIC_ACQUIRE) == CLAIMED; spins++)
+        if (spins > 64)
+            sched_yield();
+}
 
 #define MARK_AHEAD 32 /* ids between the prefetch of an id's owed entry and its test */
 
@@ -69,7 +79,7 @@ PyObject *capture_owed(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) { /* the owed entries, checked before any write */
         if (i + MARK_AHEAD < n)
             PREFETCH(o + ID_AT(i + MARK_AHEAD));
-        int64_t r = (int64_t)o[ID_AT(i)] - 1;
+        int64_t r = (int64_t)__atomic_load_n(o + ID_AT(i), __ATOMIC_RELAXED) - 1;
         if (r >= rows) {
             PyErr_Format(PyExc_ValueError, "owed: position %lld names row %lld of a %zd-row "
                          "out", (long long)ID_AT(i), (long long)r, rows);
@@ -85,12 +95,20 @@ PyObject *capture_owed(PyObject *self, PyObject *args) {
             PREFETCH(ahead);
             PREFETCH(ahead + rb - 1);
         }
-        int64_t p = ID_AT(i), r = (int64_t)o[p] - 1;
-        if (r < 0)
-            continue;
-        copy_row(dst + (uint64_t)r * rb, from + (uint64_t)(by_occurrence ? i : p) * rb, rb);
-        o[p] = -o[p]; /* captured; walk_owed still finds its row */
-        k++;
+        int64_t p = ID_AT(i);
+        int32_t v = __atomic_load_n(o + p, __ATOMIC_ACQUIRE);
+        if (v > 0) { /* owed: the row to early first, then the entry negated (a walk on the
+                      * lane thread reads early's row once it sees the negation) */
+            copy_row(dst + (uint64_t)(v - 1) * rb, from + (uint64_t)(by_occurrence ? i : p) * rb,
+                     rb);
+            if (__atomic_compare_exchange_n(o + p, &v, -v, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                k++; /* captured; walk_owed still finds its row */
+                continue;
+            }
+        }
+        if (v == CLAIMED) /* the walk is copying it from the storage: wait, it is complete */
+            wait_unclaimed(o + p);
     }
 #undef ID_AT
     ret = PyLong_FromSsize_t(k);
@@ -101,7 +119,7 @@ done:
 
 #define WALK_BATCH 256 /* positions collected (and their rows prefetched) before copies */
 
-PyObject *walk_owed(PyObject *self, PyObject *args) {
+int walk_setup(PyObject *args, Bufs *bs, Walk *st) {
     PyObject *o_owed, *o_bits, *o_words, *o_src, *o_early, *o_out, *o_keys, *o_ids, *o_pos;
     PyObject *o_at;
     Py_ssize_t word, max_pos, rb, j;
@@ -109,61 +127,84 @@ PyObject *walk_owed(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOnnOOOnOOOOLn", &o_owed, &o_bits, &o_words, &word, &max_pos,
                           &o_src, &o_early, &o_out, &rb, &o_keys, &o_ids, &o_pos, &o_at,
                           &offset, &j))
-        return NULL;
-    Bufs bs = {.n = 0};
-    PyObject *ret = NULL;
-    Py_buffer *owed = take(&bs, o_owed, 1, "owed");
-    Py_buffer *bits = owed == BAD ? NULL : take(&bs, o_bits, 1, "bits");
-    Py_buffer *words = bits == BAD ? NULL : take(&bs, o_words, 1, "words");
-    Py_buffer *src = words == BAD ? NULL : take(&bs, o_src, 0, "src");
-    Py_buffer *early = src == BAD ? NULL : take(&bs, o_early, 0, "early");
-    Py_buffer *out = early == BAD ? NULL : take(&bs, o_out, 1, "out");
-    Py_buffer *keys = out == BAD ? NULL : take(&bs, o_keys, 0, "keys");
-    Py_buffer *ids = keys == BAD ? NULL : take(&bs, o_ids, 1, "ids_out");
-    Py_buffer *pos = ids == BAD ? NULL : take(&bs, o_pos, 1, "pos_out");
-    Py_buffer *ats = pos == BAD ? NULL : take(&bs, o_at, 1, "at_out");
+        return -1;
+    Py_buffer *owed = take(bs, o_owed, 1, "owed");
+    Py_buffer *bits = owed == BAD ? NULL : take(bs, o_bits, 1, "bits");
+    Py_buffer *words = bits == BAD ? NULL : take(bs, o_words, 1, "words");
+    Py_buffer *src = words == BAD ? NULL : take(bs, o_src, 0, "src");
+    Py_buffer *early = src == BAD ? NULL : take(bs, o_early, 0, "early");
+    Py_buffer *out = early == BAD ? NULL : take(bs, o_out, 1, "out");
+    Py_buffer *keys = out == BAD ? NULL : take(bs, o_keys, 0, "keys");
+    Py_buffer *ids = keys == BAD ? NULL : take(bs, o_ids, 1, "ids_out");
+    Py_buffer *pos = ids == BAD ? NULL : take(bs, o_pos, 1, "pos_out");
+    Py_buffer *ats = pos == BAD ? NULL : take(bs, o_at, 1, "at_out");
     if (owed == BAD || bits == BAD || words == BAD || src == BAD || early == BAD || out == BAD ||
         keys == BAD || ids == BAD || pos == BAD || ats == BAD)
-        goto done;
+        return -1;
     if (!owed || !bits || !words || !src || !early || !out || !ids || !pos || !ats) {
         PyErr_SetString(PyExc_TypeError, "every argument but keys is required");
-        goto done;
+        return -1;
     }
     if (check_item(owed, 4, "i", "owed") < 0 || check_bits(bits, owed->len / 4) < 0 ||
         check_words(words, bits->len) < 0 || check_item(pos, 8, "ql", "pos_out") < 0 ||
         check_item(ids, 8, "ql", "ids_out") < 0 || check_item(ats, 8, "ql", "at_out") < 0 ||
         (keys != NULL && check_item(keys, 8, "ql", "keys") < 0))
-        goto done;
+        return -1;
     Py_ssize_t n = pos->len / 8;
     if (ids->len != pos->len || ats->len != pos->len || j < 0 || j > n) {
         PyErr_Format(PyExc_ValueError, "ids_out, pos_out and at_out: %zd entries each (got "
                      "%zd, %zd, %zd), from entry %zd", n, ids->len / 8, pos->len / 8,
                      ats->len / 8, j);
-        goto done;
+        return -1;
     }
     if (rb <= 0 || src->len % rb || out->len != n * rb || early->len != n * rb) {
         PyErr_Format(PyExc_ValueError, "src (%zd bytes), early (%zd) and out (%zd) are not "
                      "rows of %zd bytes, early and out one per entry (%zd)", src->len,
                      early->len, out->len, rb, n);
-        goto done;
+        return -1;
     }
-    int32_t *o = (int32_t *)owed->buf;
-    uint8_t *bt = (uint8_t *)bits->buf, *wd = (uint8_t *)words->buf, *dst = (uint8_t *)out->buf;
-    const uint8_t *from = (const uint8_t *)src->buf, *ear = (const uint8_t *)early->buf;
-    const int64_t *kin = keys ? (const int64_t *)keys->buf : NULL;
-    int64_t *ko = (int64_t *)ids->buf, *po = (int64_t *)pos->buf, *ao = (int64_t *)ats->buf;
-    Py_ssize_t nb = bits->len, nw = (nb + 7) / 8, src_rows = src->len / rb;
-    Py_ssize_t n_keys = keys ? keys->len / 8 : 0, walked = 0, copied = 0;
-    Py_ssize_t w = word < 0 ? 0 : word;
+    Py_ssize_t nb = bits->len;
+    *st = (Walk){.o = (int32_t *)owed->buf, .bt = (uint8_t *)bits->buf,
+                 .wd = (uint8_t *)words->buf, .dst = (uint8_t *)out->buf,
+                 .from = (const uint8_t *)src->buf, .ear = (const uint8_t *)early->buf,
+                 .kin = keys ? (const int64_t *)keys->buf : NULL, .ko = (int64_t *)ids->buf,
+                 .po = (int64_t *)pos->buf, .ao = (int64_t *)ats->buf, .n = n, .nb = nb,
+                 .nw = (nb + 7) / 8, .src_rows = src->len / rb,
+                 .n_keys = keys ? keys->len / 8 : 0, .rb = rb, .w = word < 0 ? 0 : word,
+                 .j = j, .max_pos = max_pos, .offset = offset};
+    return 0;
+}
+
+/* One position's row to entry j: the storage's while it is owed (claimed first: a lookup
+ * on another thread may be capturing it), else the one a lookup copied early. */
+static inline void walk_copy(Walk *st, Py_ssize_t p) {
+    int32_t *e = st->o + p;
+    int32_t v = __atomic_load_n(e, __ATOMIC_ACQUIRE);
+    if (v > 0 && __atomic_compare_exchange_n(e, &v, CLAIMED, 0, __ATOMIC_ACQ_REL,
+                                             __ATOMIC_ACQUIRE)) {
+        copy_row(st->dst + (uint64_t)st->j * st->rb, st->from + (uint64_t)p * st->rb, st->rb);
+        st->copied++;
+    } else { /* captured by a lookup: v = -(1 + row), and early's row is complete */
+        copy_row(st->dst + (uint64_t)st->j * st->rb, st->ear + (uint64_t)(-v - 1) * st->rb,
+                 st->rb);
+    }
+    __atomic_store_n(e, 0, __ATOMIC_RELEASE);
+    st->po[st->j] = p;
+    st->ao[st->j] = (v < 0 ? -v : v) - 1;
+    st->ko[st->j] = st->kin != NULL ? st->kin[p] : (int64_t)p + (int64_t)st->offset;
+    st->j++;
+}
+
+int walk_run(Walk *st, int (*yield)(void)) {
+    Py_ssize_t at_p[WALK_BATCH];
+    Py_ssize_t w = st->w, nw = st->nw, nb = st->nb;
+    const int32_t *o = st->o;
+    const uint8_t *bt = st->bt, *wd = st->wd;
     /* a batch of whole words' positions at a time: checked (nothing of the batch written
-     * before), then their rows copied (the storage's for a row still owed, else the one a
-     * lookup copied early), each prefetched AHEAD rows before its copy */
-    Py_ssize_t at_p[WALK_BATCH], w_end = w;
-    const uint8_t *row[WALK_BATCH];
-    while (w < nw && walked < max_pos) {
-        Py_ssize_t m = 0;
-        w_end = w;
-        while (w_end < nw && walked + m < max_pos) {
+     * before), then their rows copied, each row prefetched AHEAD rows before its copy */
+    while (w < nw && st->walked < st->max_pos) {
+        Py_ssize_t m = 0, w_end = w;
+        while (w_end < nw && st->walked + m < st->max_pos) {
             if (!wd[w_end >> 3]) { /* 8 words (512 positions) with nothing set */
                 w_end = (w_end | 7) + 1;
                 continue;
@@ -179,43 +220,54 @@ PyObject *walk_owed(PyObject *self, PyObject *args) {
                 break;
             for (uint64_t v = bitword; v; v &= v - 1, m++) {
                 Py_ssize_t p = b * 8 + __builtin_ctzll(v);
-                int64_t e = o[p], r = (e < 0 ? -e : e) - 1;
-                if (r < 0 || r >= n || j + m >= n || p >= src_rows || (kin && p >= n_keys)) {
-                    PyErr_Format(PyExc_ValueError, "owed: position %zd names row %lld of a "
-                                 "%zd-row out, entry %zd (src %zd rows, keys %zd)", p,
-                                 (long long)r, n, j + m, src_rows, n_keys);
-                    goto done;
+                /* a lookup may negate the entry meanwhile: its magnitude stays */
+                int64_t e = __atomic_load_n(o + p, __ATOMIC_ACQUIRE), r = (e < 0 ? -e : e) - 1;
+                if (r < 0 || r >= st->n || st->j + m >= st->n || p >= st->src_rows ||
+                    (st->kin && p >= st->n_keys)) {
+                    snprintf(st->err, sizeof st->err, "owed: position %zd names row %lld of "
+                             "a %zd-row out, entry %zd (src %zd rows, keys %zd)", p,
+                             (long long)r, st->n, st->j + m, st->src_rows, st->n_keys);
+                    st->w = w;
+                    return -1;
                 }
                 at_p[m] = p;
-                row[m] = e > 0 ? from + (uint64_t)p * rb : ear + (uint64_t)r * rb;
             }
             w_end++;
         }
         for (Py_ssize_t i = 0; i < m && i < AHEAD; i++) {
-            PREFETCH(row[i]);
-            PREFETCH(row[i] + rb - 1);
+            PREFETCH(st->from + (uint64_t)at_p[i] * st->rb);
+            PREFETCH(st->from + (uint64_t)at_p[i] * st->rb + st->rb - 1);
         }
-        for (Py_ssize_t i = 0; i < m; i++, j++) { /* out, in walk order */
+        for (Py_ssize_t i = 0; i < m; i++) { /* out, in walk order */
             if (i + AHEAD < m) {
-                PREFETCH(row[i + AHEAD]);
-                PREFETCH(row[i + AHEAD] + rb - 1);
+                PREFETCH(st->from + (uint64_t)at_p[i + AHEAD] * st->rb);
+                PREFETCH(st->from + (uint64_t)at_p[i + AHEAD] * st->rb + st->rb - 1);
             }
-            Py_ssize_t p = at_p[i];
-            int64_t e = o[p];
-            copy_row(dst + (uint64_t)j * rb, row[i], rb);
-            copied += e > 0;
-            o[p] = 0;
-            po[j] = p;
-            ao[j] = (e < 0 ? -e : e) - 1;
-            ko[j] = kin != NULL ? kin[p] : (int64_t)p + (int64_t)offset;
+            walk_copy(st, at_p[i]);
         }
-        walked += m;
+        st->walked += m;
         if (w_end > w) /* the words collected: their bits (the last may be partial) */
-            memset(bt + w * 8, 0, (size_t)((w_end * 8 < nb ? w_end * 8 : nb) - w * 8));
+            memset(st->bt + w * 8, 0, (size_t)((w_end * 8 < nb ? w_end * 8 : nb) - w * 8));
         w = w_end;
+        if (yield != NULL && w < nw && yield()) {
+            st->w = w;
+            return 1;
+        }
     }
-    ret = Py_BuildValue("nnn", w < nw ? w : nw, walked, copied);
-done:
+    st->w = w < nw ? w : nw;
+    return 0;
+}
+
+PyObject *walk_owed(PyObject *self, PyObject *args) {
+    Bufs bs = {.n = 0};
+    Walk st;
+    PyObject *ret = NULL;
+    if (walk_setup(args, &bs, &st) == 0) {
+        if (walk_run(&st, NULL) < 0)
+            PyErr_SetString(PyExc_ValueError, st.err);
+        else
+            ret = Py_BuildValue("nnn", st.w, st.walked, st.copied);
+    }
     release(&bs);
     return ret;
 }

@@ -43,13 +43,38 @@ static inline int check_words(const Py_buffer *words, Py_ssize_t nb) {
 int mark_setup(PyObject *args, Bufs *bs, Mark *m);        /* -1 with an exception set */
 Py_ssize_t mark_run(const Mark *m);                        /* the new used */
 
+/* An owed entry the lane thread's walk is copying from the storage (native_owed.c): a
+ * lookup's capture waits until the walk has stored 0 there. Never a row's own negation:
+ * those are -(1 + row) >= -(2**31 - 1). */
+#define CLAIMED INT32_MIN
+
+/* walk_owed's arguments, checked, and its progress (walk_run goes on from it). */
+typedef struct {
+    int32_t *o;
+    uint8_t *bt, *wd, *dst;
+    const uint8_t *from, *ear;
+    const int64_t *kin;
+    int64_t *ko, *po, *ao;
+    Py_ssize_t n, nb, nw, src_rows, n_keys, rb;
+    Py_ssize_t w, j, max_pos;   /* the next word, the next entry, the positions to walk */
+    Py_ssize_t walked, copied;  /* so far */
+    long long offset;
+    char err[240];              /* walk_run's error (it runs without the GIL) */
+} Walk;
+
 /* native_owed.c */
 PyObject *capture_owed(PyObject *self, PyObject *args);
 PyObject *walk_owed(PyObject *self, PyObject *args);
+int walk_setup(PyObject *args, Bufs *bs, Walk *st); /* -1 with an exception set */
+/* Walk on from st (no Python object: runs without the GIL): 0 when max_pos positions were
+ * walked or none is left, -1 on an entry naming no row (st->err), 1 when yield() said to
+ * stop between two batches (call again to go on). */
+int walk_run(Walk *st, int (*yield)(void));
 
 /* native_later.c */
 PyObject *mark_fresh_later(PyObject *self, PyObject *args);
+PyObject *walk_owed_later(PyObject *self, PyObject *args);
 PyObject *hold_lane(PyObject *self, PyObject *arg);
-int later_ready(void); /* the Marking type made ready: 0, or -1 with an exception set */
+int later_ready(void); /* the Marking and Walking types made ready: 0, or -1 with an exception set */
 
 #endif

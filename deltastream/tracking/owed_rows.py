@@ -3,13 +3,19 @@
 A budget publisher's hand-off needs every changed row's value at the step boundary it was
 taken at. Gathered at once, that is tens of thousands of cache misses in one tick of the
 training thread. Deferred, the read says which rows it **owes**; each owed row is copied
-later, on the training thread, by whichever comes first:
+later by whichever comes first:
 
 * the next lookup of its position (the tracker's hook, in the forward, before the
   optimizer can write it: the row is the boundary's value, and hot from the forward's own
   read);
-* the publisher's next ticks, a bounded slice of the owed positions each
-  (:meth:`OwedRows.capture`);
+* a walk of the owed positions: queued whole on the C code's lane thread at the
+  publisher's next tick where torch leaves a core spare, so it runs while training goes
+  on; else a bounded slice at each of the next ticks (:meth:`OwedRows.capture`). On the
+  lane the walk and a lookup may reach a row at once: the walk *claims* an owed entry
+  (an atomic compare-and-swap to ``CLAIMED``) before it copies the storage row and clears
+  the entry after; a lookup writes its row to ``early`` and then negates the entry with a
+  compare-and-swap, and waits if the walk holds the claim. Either way the row is copied
+  once, before the optimizer (which runs after the lookup) can write it;
 * anything else about to change rows or reuse their positions: the tracker completes the
   capture first (a flush, an eviction, a reload, a switch to the scan, the next read).
 
@@ -55,7 +61,7 @@ class OwedRows:
 
     __slots__ = ("owed", "bits", "words", "keys", "offset", "ids", "positions", "at", "out",
                  "base", "early", "storage", "next", "entry", "left", "walking",
-                 "_out_bytes", "_early_bytes", "_free")
+                 "_out_bytes", "_early_bytes", "_free", "_lane")
 
     def __init__(self) -> None:
         self.owed = np.zeros(0, dtype=np.int32)  # the handed-over slot while walking
@@ -82,10 +88,14 @@ class OwedRows:
         self.entry = 0  # entries of the reader's arrays written
         self.left = 0  # rows still owed
         self.walking = False  # bits are left to walk (ids and positions not all written)
+        #: the walk queued on the C code's lane thread (``walk_owed_later``), if any
+        self._lane: Optional[object] = None
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions while walking: the set is extended (the new
-        positions are not marked)."""
+        positions are not marked; a walk on the lane thread is finished first)."""
+        if self.walking and capacity > self.owed.size:
+            self._finish_lane()
         if self.walking and capacity > self.owed.size:
             self.owed = _extended(self.owed, capacity)
             self.bits = _extended(self.bits, (capacity + 7) // 8)
@@ -144,21 +154,52 @@ class OwedRows:
             k = self._capture_numpy(ids, src, by_occurrence)
         self.left -= k
 
-    def capture(self, native: object, max_positions: Optional[int]) -> int:
+    def capture(self, native: object, max_positions: Optional[int], later: bool = False
+                ) -> int:
         """Walk the marked positions (whole 64-bit words of the bits) until at least
         ``max_positions`` were walked (at most 63 more; None: all), copying the rows still
-        owed from the storage; returns the positions walked."""
-        if not self.walking or max_positions == 0:
+        owed from the storage; returns the positions walked.
+
+        With ``later`` (and the C code) the whole walk is queued on the C code's lane
+        thread instead, once, and runs while training goes on: a lookup meanwhile copies
+        the owed rows it reads itself, and waits for a row the walk is copying
+        (``capture_owed``), so a row is still copied before the optimizer can write it.
+        Until the walk ran this returns 0 (``max_positions`` None: waits for it)."""
+        if not self.walking:
+            return 0
+        src = self.storage
+        native_ok = native is not None and src.is_contiguous()
+        if self._lane is None and later and native_ok:
+            self._lane = native.walk_owed_later(*self._walk_args(src, self.owed.size))
+        if self._lane is not None:
+            if max_positions is not None and not self._lane.done:
+                return 0
+            return self._finish_lane()
+        if max_positions == 0:
             return 0
         limit = self.owed.size if max_positions is None else int(max_positions)
-        src = self.storage
-        if native is not None and src.is_contiguous():
-            self.next, walked, copied = native.walk_owed(
-                self.owed, self.bits, self.words, self.next, limit, as_bytes(src),
+        if native_ok:
+            return self._walk_done(*native.walk_owed(*self._walk_args(src, limit)))
+        walked, copied = self._walk_numpy(limit)
+        return self._walk_done(self.next, walked, copied)
+
+    @property
+    def queued(self) -> bool:
+        """Whether a walk is queued on the lane thread (not yet waited for)."""
+        return self._lane is not None
+
+    def _walk_args(self, src: torch.Tensor, limit: int) -> tuple:
+        return (self.owed, self.bits, self.words, self.next, limit, as_bytes(src),
                 self._early_bytes, self._out_bytes, self._row_bytes(), self.keys, self.ids,
                 self.positions, self.at, self.offset, self.entry)
-        else:
-            walked, copied = self._walk_numpy(limit)
+
+    def _finish_lane(self) -> int:
+        """Wait for the walk queued on the lane thread, if any; the positions it walked."""
+        lane, self._lane = self._lane, None
+        return 0 if lane is None else self._walk_done(*lane.wait())
+
+    def _walk_done(self, next_word: int, walked: int, copied: int) -> int:
+        self.next = next_word
         self.entry += walked
         self.left -= copied
         if self.next * 8 >= self.bits.size:

@@ -235,15 +235,23 @@ def test_the_worker_share_never_waits_past_a_full_bucket():
     c.close_and_check(5)
 
 
+@pytest.mark.parametrize("lane", [False, True])
 @pytest.mark.parametrize("back", ["lookup", "insert"])
-def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, monkeypatch):
+def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, lane, monkeypatch):
     """Each hand-off's current rows are owed and copied a few per tick (a tiny
-    ``CAPTURE_BYTES``) while training goes on, ids are evicted (zeroed) and re-inserted
+    ``CAPTURE_BYTES``), or (``lane``, as where torch leaves a core spare) walked on the
+    tracker's C thread while the lookups copy what they reach first, with the FIRST rows
+    copied on that thread too; training goes on, ids are evicted (zeroed) and re-inserted
     meanwhile — through a lookup, or by ``insert`` alone (a write without a lookup, once
     read as a tombstone): every value that reaches the predictor is one the table held at a
     step boundary (no torn row), and after the flush the predictor holds exactly the table."""
     from deltastream.publishing import budget
+    from deltastream.tracking import fresh_rows, model_hooks
 
+    if lane and not fresh_rows.native_enabled():
+        pytest.skip("deltastream.tracking.native is not built")
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: lane)
+    monkeypatch.setattr(model_hooks, "spare_core", lambda: lane)
     dim, n = 8, 1500
     monkeypatch.setattr(budget, "CAPTURE_BYTES", 40 * dim * 4)  # 40 positions a tick
     table, tracker, serving = _zero_table(dim, n)

@@ -1,7 +1,8 @@
 """deltastream.tracking.owed_rows: a deferred read's current rows are the rows at the read,
 bit for bit, however late each one is copied — by the next lookup of its position (before
-the update), by bounded slices, or when the next drain settles them — on the C code and on
-numpy; bad input to the C code is an error that writes nothing."""
+the update), by bounded slices, by a walk on the C code's lane thread while training goes
+on, or when the next drain settles them — on the C code and on numpy; bad input to the C
+code is an error that writes nothing."""
 
 from __future__ import annotations
 
@@ -44,14 +45,24 @@ needs_native = pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
                                   reason="deltastream.tracking.native is not built")
 
 
+@pytest.fixture(params=["here", "lane"])
+def walk_where(request, monkeypatch):
+    """Bounded walks on the calling thread, or (``lane``: as where torch leaves a core
+    spare) queued whole on the C code's lane thread."""
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: request.param == "lane")
+    return request.param
+
+
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("dim", [1, 33])
 @pytest.mark.parametrize("by_occurrence", [False, True])
-def test_owed_rows_are_the_rows_at_the_read(fresh_path, dtype, dim, by_occurrence):
+def test_owed_rows_are_the_rows_at_the_read(fresh_path, walk_where, dtype, dim,
+                                            by_occurrence):
     """Marked and drained by the C code; while the rows are owed, training goes on (its
     lookups and the slices on ``fresh_path``): lookups copy their owed rows before the
-    update, slices walk at most what they are given."""
+    update, slices walk at most what they are given (on the lane: the whole walk, once it
+    ran)."""
     g = torch.Generator().manual_seed(dim)
     capacity = 3000
     weight = torch.randn(capacity, dim, generator=g).to(dtype)
@@ -73,7 +84,10 @@ def test_owed_rows_are_the_rows_at_the_read(fresh_path, dtype, dim, by_occurrenc
         while f.owes:
             _train_step(f, weight, _lookups(g, capacity, 1), by_occurrence)
             walks.append(f.capture(97))
-        assert 0 < max(walks) <= 97 + 63  # whole 64-bit words of the marks
+        if walk_where == "here" or fresh_path == "numpy":
+            assert 0 < max(walks) <= 97 + 63  # whole 64-bit words of the marks
+        else:
+            assert walks[-1] == ids.numel() and not any(walks[:-1])
         # the positions (and ids: id = position here) are written as the marks are walked
         assert torch.equal(torch.sort(pos).values, torch.unique(torch.cat(looked_up)))
         assert torch.equal(ids, pos) and torch.equal(arena[at], before[pos])
@@ -98,7 +112,7 @@ def test_a_lookup_copies_its_owed_rows_and_the_next_drain_the_rest(fresh_path):
 
 
 @needs_native
-def test_a_table_that_grows_while_its_marks_are_walked(fresh_path):
+def test_a_table_that_grows_while_its_marks_are_walked(fresh_path, walk_where):
     """The owed set grows with the table (new positions unmarked): lookups of the new
     positions mark the next interval only, the walk finishes, and the next hand-off marks
     a set of the new size."""
@@ -114,7 +128,10 @@ def test_a_table_that_grows_while_its_marks_are_walked(fresh_path):
     f.capture(10)
     weight = torch.cat([weight, torch.randn(300, 3, generator=g)])  # the table grew
     f.grow(800)
-    assert f.owed.owed.size == 800 and f.owed.bits.size == 100
+    if walk_where == "lane" and fresh_path == "native":  # the walk queued: finished first
+        assert not f.owed.walking and not f.owes
+    else:
+        assert f.owed.owed.size == 800 and f.owed.bits.size == 100
     fresh_rows.use_native(True)  # C marking: the next interval can be handed over
     _train_step(f, weight, [torch.tensor([150, 600, 799])], False)
     fresh_rows.use_native(fresh_path == "native")
@@ -177,3 +194,45 @@ def test_native_capture_refuses_bad_input_and_writes_nothing():
     assert native.capture_owed(owed, np.array([5, 2, 2, 7], np.int32), src, False, out, 4) == 2
     assert out.tolist() == [8, 9, 10, 11, 20, 21, 22, 23]
     assert owed.tolist() == [0, 0, -1, 0, 0, -2, 0, 0]  # captured: negated (walk_owed)
+
+
+@needs_native
+def test_a_walk_on_the_lane_races_the_lookups_and_tears_no_row(monkeypatch):
+    """The lane thread walks a large hand-off while the training thread looks up the very
+    positions the walk is about to reach and moves each row right after its lookup, as an
+    optimizer does: every row handed over is still its value at the read, bit for bit (a
+    row the walk is copying is waited for by the lookup; a row the lookup copied first is
+    taken from there)."""
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: True)
+    fresh_rows.use_native(True)
+    g = torch.Generator().manual_seed(11)
+    capacity, dim = 1 << 17, 16
+    weight = torch.randn(capacity, dim, generator=g)
+    f = FreshRows(capacity)
+    raced = 0
+    for _ in range(6):
+        f.add(torch.randperm(capacity, generator=g)[:capacity // 2], weight)
+        _, pos, _, _, current, give_back = _take(f, weight)
+        at_read = weight.clone()
+        owed = f.owed.owed
+        fresh_rows.native.hold_lane(True)  # the walk queued, not yet running
+        try:
+            assert f.capture(1) == 0 and f.owed.queued
+            q = torch.from_numpy(np.flatnonzero(owed > 0)[:64].astype(np.int64))
+            f.add(q, weight)  # copied by the lookup: the walk takes them from there
+            weight[q] += 1.0
+            raced += int(q.numel())
+        finally:
+            fresh_rows.native.hold_lane(False)
+        while f.capture(1) == 0 and f.owed.queued:
+            front = np.flatnonzero(owed > 0)[:16]  # what the walk reaches next
+            q = torch.from_numpy(front.astype(np.int64))
+            f.add(q, weight)  # the lookup copies what is still owed, or waits for the walk
+            weight[q] += 1.0  # then the optimizer moves the rows
+            raced += int(q.numel())
+        while f.owes:
+            f.capture(97)
+        assert torch.equal(current, at_read[pos])
+        give_back()
+        f.drain(True)
+    assert raced > 0

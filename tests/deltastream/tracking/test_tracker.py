@@ -8,11 +8,13 @@ import threading
 import pytest
 import torch
 
+import deltastream.tracking.model_hooks as hooks_mod
 import deltastream.tracking.store as store_mod
 from deltastream.embedding.hashtable import HashTable
 from deltastream.embedding.initializers import normal_initializer
 from deltastream.embedding.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from deltastream.sharding import gen_slice
+from deltastream.tracking import fresh_rows
 from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import DeltaRows, TrackingMode
 
@@ -396,9 +398,22 @@ def test_ids_are_global_ids_of_a_shard():
 # ---------------------------------------------------------------------- end to end
 
 
+@pytest.fixture(params=["now", "lane"])
+def first_copied(request, monkeypatch):
+    """A HashTable lookup's FIRST rows copied at the lookup, from its output, or (``lane``,
+    as where torch leaves a core spare: the C code only) from the storage on the C code's
+    lane thread, waited for by the table's update hook."""
+    lane = request.param == "lane"
+    if lane and not fresh_rows.native_enabled():
+        pytest.skip("deltastream.tracking.native is not built")
+    monkeypatch.setattr(hooks_mod, "spare_core", lambda: lane)
+    return request.param
+
+
 @pytest.mark.parametrize("eager", [False, True])
 @pytest.mark.parametrize("sparse_opt", [SparseSGD, RowWiseAdagrad, SparseAdam])
-def test_end_to_end_embedding_first_with_real_optimizers(sparse_opt, eager, monkeypatch):
+def test_end_to_end_embedding_first_with_real_optimizers(sparse_opt, eager, first_copied,
+                                                         monkeypatch):
     """FIRST = value before the first update since the consumer's last read, both tables."""
     if eager:  # every lookup deduplicated in the hook (the path of lookups >= 16K ids)
         monkeypatch.setattr(store_mod, "EAGER_DEDUPE_MIN", 1)
@@ -539,9 +554,9 @@ def test_cuda_embedding_mode():
     assert t.get_delta()["user"].tombstones.tolist() == [1]
 
 
-def test_lookup_output_modified_in_place_on_cpu_keeps_exact_first_states():
-    """On the CPU a lookup's rows are copied at the lookup: changing its output in place
-    afterwards changes nothing the tracker reports."""
+def test_lookup_output_modified_in_place_on_cpu_keeps_exact_first_states(first_copied):
+    """On the CPU a lookup's rows are copied at the lookup (or from the storage, on the
+    lane): changing its output in place afterwards changes nothing the tracker reports."""
     table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=4))
     t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB)
     with torch.no_grad():
@@ -551,6 +566,27 @@ def test_lookup_output_modified_in_place_on_cpu_keeps_exact_first_states():
     d = t.get_delta()["t"]
     assert d.ids.tolist() == [1, 2] and torch.equal(d.states, before)
     assert t.stats()["states_modified"] == 0 and t.stats()["degradations"] == 0
+
+
+def test_an_optimizer_step_waits_for_first_rows_still_on_the_lane(first_copied):
+    """The lane thread has not yet copied a lookup's FIRST rows when the optimizer asks for
+    the gradient: the table's update hook waits for the copy, so FIRST is the rows before
+    the step (without the wait the lane would copy the rows the step wrote)."""
+    tr = Trainer(seed=5, sparse_opt=SparseAdam)
+    t = DeltaTracker(tr.net, consumers=["pub"], mode=EMB)
+    u, i = torch.arange(8), torch.arange(4)
+    tr.net.user(u)  # inserted: their rows before the step are known
+    t.get_delta("pub")
+    before = tr.rows("user", u)
+    fresh_rows.native.hold_lane(True)  # a marking queued now waits
+    try:
+        threading.Timer(0.3, fresh_rows.native.hold_lane, (False,)).start()
+        tr.step(u, i, [t])  # the update hook waits for the lane, released by the timer
+    finally:
+        fresh_rows.native.hold_lane(False)
+    d = t.get_delta("pub")["user"]
+    assert d.ids.tolist() == u.tolist() and torch.equal(d.states, before)
+    assert not torch.equal(tr.rows("user", u), before)  # the step moved them
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the borrowing path)")
