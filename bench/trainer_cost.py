@@ -29,7 +29,9 @@ so a tick's cost can be read against a large pending set.
 
 Figures per configuration and batch: **ratio** = median over pairs of (the mean step with
 deltastream, over its chunk and its *tail* ÷ the mean step alone in the adjacent chunk:
-totals, so rare slow ticks count) — goal ≤ 1.05; the tail is the steps after the chunk
+totals, so rare slow ticks count) — goal ≤ 1.05 — with a bootstrap 95 % interval of that
+median (``ratio_ci95``: on a VM whose speed moves 10-20 % between seconds a pair is mostly
+noise; ``--rounds`` buys a narrower interval); the tail is the steps after the chunk
 (every tracker paused) until the configuration's worker has finished the rounds the chunk
 handed it, so a round that runs after its chunk still counts as its cost; the **p99
 time the training thread spends in** ``tick`` (goal ≤ 1 ms at B = 4096) and its mean
@@ -206,6 +208,19 @@ def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) ->
     run.budget.drain()
 
 
+def _median_interval(pairs: list[float], level: float = 0.95, draws: int = 2000
+                     ) -> tuple[float, float]:
+    """A bootstrap interval (``level``, fixed seed) of the median of ``pairs``: on a VM
+    whose speed moves by 10-20 % from one second to the next, one pair's ratio is mostly
+    that noise, and the interval says how far the median of this many pairs can be
+    trusted."""
+    x = np.asarray(pairs, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    meds = np.median(x[rng.integers(0, x.size, (draws, x.size))], axis=1)
+    lo, hi = np.quantile(meds, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
     """Steps per chunk: ``--chunk``, or more to last ``--chunk-s`` seconds at ``step_s``
     a step. A chunk shorter than the budget's ``min_interval_s`` would hold one round in
@@ -349,6 +364,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
                 else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
                 cpu_ratio=statistics.median(r.cpu_pairs),
+                ratio_ci95=_median_interval(r.pairs), pairs=len(r.pairs),
                 bytes_per_s=r.rate if r.budget is not None
                 else r.bytes0 / r.measured_s,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
@@ -358,6 +374,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 pending=st.get("pending"), prefilled=args.pending if r.budget else 0,
                 worker=st.get("worker"))
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
+            lo, hi = extra["ratio_ci95"]
+            note += f", ratio 95 % interval {lo:.3f}-{hi:.3f} ({len(r.pairs)} pairs)"
             note += f", CPU ratio {extra['cpu_ratio']:.3f}"
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:

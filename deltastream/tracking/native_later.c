@@ -20,48 +20,70 @@
 
 #include <stddef.h>
 
+/* What a queued job's Python object holds: the job and the buffers it reads (until
+ * waited for). Marking and Walking begin with one. */
 typedef struct {
     PyObject_HEAD
     LaneJob job;
     Bufs bs;
+    int held; /* bs not released yet */
+} Queued;
+
+/* Wait for the job (without the GIL) and release its buffers; once. */
+static void queued_finish(Queued *q) {
+    if (!q->held)
+        return;
+    if (!lane_finished(&q->job)) {
+        Py_BEGIN_ALLOW_THREADS
+        lane_wait(&q->job);
+        Py_END_ALLOW_THREADS
+    }
+    release(&q->bs);
+    q->held = 0;
+}
+
+static PyObject *queued_done(PyObject *self, void *unused) {
+    Queued *q = (Queued *)self;
+    return PyBool_FromLong(!q->held || lane_finished(&q->job));
+}
+
+static void queued_dealloc(PyObject *self) {
+    queued_finish((Queued *)self); /* the lane must be done with the buffers */
+    PyObject_Free(self);
+}
+
+/* A new object of type t (a Queued first): not queued, nothing held yet. */
+static Queued *queued_new(PyTypeObject *t) {
+    Queued *q = (Queued *)PyObject_New(Queued, t);
+    if (q == NULL)
+        return NULL;
+    q->bs.n = 0;
+    q->held = 1;
+    q->job.done = 1; /* not queued yet: nothing to wait for */
+    return q;
+}
+
+static PyGetSetDef queued_getset[] = {
+    {"done", queued_done, NULL, "whether the job ran (no wait)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+typedef struct {
+    Queued q;
     Mark m;
     Py_ssize_t used; /* the result, once the job ran */
-    int held;        /* bs not released yet */
 } Marking;
 
 static int marking_run(LaneJob *j) {
-    Marking *mk = (Marking *)((char *)j - offsetof(Marking, job));
+    Marking *mk = (Marking *)((char *)j - offsetof(Marking, q.job));
     mk->used = mark_run(&mk->m);
     return 0;
 }
 
-/* Wait for the job (without the GIL) and release its buffers; once. */
-static void marking_finish(Marking *mk) {
-    if (!mk->held)
-        return;
-    if (!lane_finished(&mk->job)) {
-        Py_BEGIN_ALLOW_THREADS
-        lane_wait(&mk->job);
-        Py_END_ALLOW_THREADS
-    }
-    release(&mk->bs);
-    mk->held = 0;
-}
-
 static PyObject *marking_wait(PyObject *self, PyObject *unused) {
     Marking *mk = (Marking *)self;
-    marking_finish(mk);
+    queued_finish(&mk->q);
     return PyLong_FromSsize_t(mk->used);
-}
-
-static PyObject *marking_done(PyObject *self, void *unused) {
-    Marking *mk = (Marking *)self;
-    return PyBool_FromLong(!mk->held || lane_finished(&mk->job));
-}
-
-static void marking_dealloc(PyObject *self) {
-    marking_finish((Marking *)self); /* the lane must be done with the buffers */
-    PyObject_Free(self);
 }
 
 static PyMethodDef marking_methods[] = {
@@ -69,67 +91,37 @@ static PyMethodDef marking_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyGetSetDef marking_getset[] = {
-    {"done", marking_done, NULL, "whether the marking ran (no wait)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
 static PyTypeObject MarkingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "deltastream.tracking.native.Marking",
     .tp_basicsize = sizeof(Marking),
-    .tp_dealloc = marking_dealloc,
+    .tp_dealloc = queued_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A mark_fresh queued on the lane thread (mark_fresh_later).",
     .tp_methods = marking_methods,
-    .tp_getset = marking_getset,
+    .tp_getset = queued_getset,
 };
 
 typedef struct {
-    PyObject_HEAD
-    LaneJob job;
-    Bufs bs;
+    Queued q;
     Walk st;
-    int rc;   /* walk_run's result once the job ran */
-    int held; /* bs not released yet */
+    int rc; /* walk_run's result once the job ran */
 } Walking;
 
 static int walking_run(LaneJob *j) {
-    Walking *wk = (Walking *)((char *)j - offsetof(Walking, job));
+    Walking *wk = (Walking *)((char *)j - offsetof(Walking, q.job));
     wk->rc = walk_run(&wk->st, lane_busy);
     return wk->rc == 1;
 }
 
-static void walking_finish(Walking *wk) {
-    if (!wk->held)
-        return;
-    if (!lane_finished(&wk->job)) {
-        Py_BEGIN_ALLOW_THREADS
-        lane_wait(&wk->job);
-        Py_END_ALLOW_THREADS
-    }
-    release(&wk->bs);
-    wk->held = 0;
-}
-
 static PyObject *walking_wait(PyObject *self, PyObject *unused) {
     Walking *wk = (Walking *)self;
-    walking_finish(wk);
+    queued_finish(&wk->q);
     if (wk->rc < 0) {
         PyErr_SetString(PyExc_ValueError, wk->st.err);
         return NULL;
     }
     return Py_BuildValue("nnn", wk->st.w, wk->st.walked, wk->st.copied);
-}
-
-static PyObject *walking_done(PyObject *self, void *unused) {
-    Walking *wk = (Walking *)self;
-    return PyBool_FromLong(!wk->held || lane_finished(&wk->job));
-}
-
-static void walking_dealloc(PyObject *self) {
-    walking_finish((Walking *)self); /* the lane must be done with the buffers */
-    PyObject_Free(self);
 }
 
 static PyMethodDef walking_methods[] = {
@@ -138,64 +130,53 @@ static PyMethodDef walking_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyGetSetDef walking_getset[] = {
-    {"done", walking_done, NULL, "whether the walk ran (no wait)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
 static PyTypeObject WalkingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "deltastream.tracking.native.Walking",
     .tp_basicsize = sizeof(Walking),
-    .tp_dealloc = walking_dealloc,
+    .tp_dealloc = queued_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A walk_owed queued on the lane thread (walk_owed_later).",
     .tp_methods = walking_methods,
-    .tp_getset = walking_getset,
+    .tp_getset = queued_getset,
 };
 
 int later_ready(void) {
     return PyType_Ready(&MarkingType) < 0 ? -1 : PyType_Ready(&WalkingType);
 }
 
-PyObject *walk_owed_later(PyObject *self, PyObject *args) {
-    Walking *wk = PyObject_New(Walking, &WalkingType);
-    if (wk == NULL)
-        return NULL;
-    wk->bs.n = 0;
-    wk->held = 1;
-    wk->rc = 0;
-    wk->job.done = 1; /* not queued yet: nothing to wait for */
-    if (walk_setup(args, &wk->bs, &wk->st) < 0) {
-        Py_DECREF(wk);
-        return NULL;
-    }
-    wk->job.run = walking_run;
-    if (lane_submit(&wk->job) < 0) { /* no thread: now */
-        wk->rc = walk_run(&wk->st, NULL);
-        wk->job.done = 1;
-    }
-    return (PyObject *)wk;
-}
-
 PyObject *mark_fresh_later(PyObject *self, PyObject *args) {
-    Marking *mk = PyObject_New(Marking, &MarkingType);
+    Marking *mk = (Marking *)queued_new(&MarkingType);
     if (mk == NULL)
         return NULL;
-    mk->bs.n = 0;
-    mk->held = 1;
-    mk->job.done = 1; /* not queued yet: nothing to wait for */
     mk->used = 0;
-    if (mark_setup(args, &mk->bs, &mk->m) < 0) {
+    if (mark_setup(args, &mk->q.bs, &mk->m) < 0) {
         Py_DECREF(mk); /* not queued: the deallocation only releases the buffers */
         return NULL;
     }
-    mk->job.run = marking_run;
-    if (mk->m.n == 0 || lane_submit(&mk->job) < 0) { /* nothing to do, or no thread: now */
+    mk->q.job.run = marking_run;
+    if (mk->m.n == 0 || lane_submit(&mk->q.job) < 0) { /* nothing to do, or no thread: now */
         mk->used = mark_run(&mk->m);
-        mk->job.done = 1;
+        mk->q.job.done = 1;
     }
     return (PyObject *)mk;
+}
+
+PyObject *walk_owed_later(PyObject *self, PyObject *args) {
+    Walking *wk = (Walking *)queued_new(&WalkingType);
+    if (wk == NULL)
+        return NULL;
+    wk->rc = 0;
+    if (walk_setup(args, &wk->q.bs, &wk->st) < 0) {
+        Py_DECREF(wk);
+        return NULL;
+    }
+    wk->q.job.run = walking_run;
+    if (lane_submit(&wk->q.job) < 0) { /* no thread: now */
+        wk->rc = walk_run(&wk->st, NULL);
+        wk->q.job.done = 1;
+    }
+    return (PyObject *)wk;
 }
 
 PyObject *hold_lane(PyObject *self, PyObject *arg) {

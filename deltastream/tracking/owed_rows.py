@@ -95,7 +95,7 @@ class OwedRows:
         """Cover ``capacity`` positions while walking: the set is extended (the new
         positions are not marked; a walk on the lane thread is finished first)."""
         if self.walking and capacity > self.owed.size:
-            self._finish_lane()
+            self._finish_lane()  # it walks the arrays being replaced (and walks them all)
         if self.walking and capacity > self.owed.size:
             self.owed = _extended(self.owed, capacity)
             self.bits = _extended(self.bits, (capacity + 7) // 8)
@@ -151,6 +151,9 @@ class OwedRows:
             k = native.capture_owed(self.owed, ids, as_bytes(src), by_occurrence,
                                     self._early_bytes, self._row_bytes())
         else:
+            self._finish_lane()  # numpy claims nothing: no walk may run beside it
+            if not self.walking:
+                return
             k = self._capture_numpy(ids, src, by_occurrence)
         self.left -= k
 
