@@ -24,17 +24,20 @@
 #include "native_tracking.h"
 #include "../native_rows.h"
 
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
-/* Spin until owed entry *e is no longer CLAIMED (the lane thread's walk is copying that row
- * from the storage: a copy of one row, unless the thread was preempted). */
+/* Wait until owed entry *e is no longer CLAIMED (the lane thread's walk is copying that row
+ * from the storage: a copy of one row). A spin first; then short sleeps, which leave this
+ * core to the lane thread (SCHED_IDLE: a yield would not let it run here if it was
+ * preempted mid-copy). */
 static void wait_unclaimed(int32_t *e) {
+    const struct timespec pause = {.tv_sec = 0, .tv_nsec = 20000};
     for (unsigned spins = 0; __atomic_load_n(e, __ATOMIC_ACQUIRE) == CLAIMED; spins++)
         if (spins > 64)
-            sched_yield();
+            nanosleep(&pause, NULL);
 }
 
 #define MARK_AHEAD 32 /* ids between the prefetch of an id's owed entry and its test */

@@ -94,9 +94,10 @@ class OwedRows:
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions while walking: the set is extended (the new
         positions are not marked; a walk on the lane thread is finished first)."""
-        if self.walking and capacity > self.owed.size:
-            self._finish_lane()  # it walks the arrays being replaced (and walks them all)
-        if self.walking and capacity > self.owed.size:
+        if not self.walking or capacity <= self.owed.size:
+            return
+        self._finish_lane()  # it walks the arrays being replaced (and walks them all)
+        if self.walking:
             self.owed = _extended(self.owed, capacity)
             self.bits = _extended(self.bits, (capacity + 7) // 8)
             self.words = _extended(self.words, ((self.bits.size + 7) // 8 + 7) // 8)
