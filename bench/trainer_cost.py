@@ -23,7 +23,9 @@ as a run does), each timed against the step alone in the chunk just before it:
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
   (``SelectionPolicy(fraction=0.5)``, the leftover carried).
 
-Rows go to a real broker (the embedded one, f16). With ``--pending N`` each budget starts
+Rows go to a real broker (the embedded one, f16). Each budget first runs one chunk
+untimed (its worker's first rounds, CUDA's side stream and pinned host memory growing to
+the hand-offs' size are paid once per run, not per step). With ``--pending N`` each budget starts
 with ``N`` rows already pending (fresh ids inserted and handed off before the clock starts),
 so a tick's cost can be read against a large pending set.
 
@@ -51,7 +53,9 @@ configuration's was, and a configuration's alone chunk could run beside the prev
 last round, which read as a lower ratio for it).
 
 Clock: wall time on the training thread (a worker competing for the GIL or the cores shows
-as a slower step). Run: ``deltastream bench trainer-cost [--batches 512,4096] [--pending N]``.
+as a slower step); on CUDA (``--device cuda``) each chunk ends with a device synchronize,
+counted in its last step, so work the chunk queued (or a stall it caused) is in its time.
+Run: ``deltastream bench trainer-cost [--device cuda] [--batches 512,4096] [--pending N]``.
 """
 
 from __future__ import annotations
@@ -198,7 +202,8 @@ def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) ->
     base = (1 << 61) + step * (n + 1)
     with torch.no_grad(), _paused(runs, but=run):
         for start in range(0, n, 1 << 18):
-            ids = torch.arange(base + start, base + min(n, start + (1 << 18)))
+            ids = torch.arange(base + start, base + min(n, start + (1 << 18)),
+                               device=model.user.device)
             model.user(ids)
     run.budget.tick(step)
     run.budget.drain()
@@ -206,6 +211,22 @@ def _prefill(run: _Run, runs: list[_Run], model: TableCTR, n: int, step: int) ->
     time.sleep(run.budget.policy.min_interval_s)
     run.budget.tick(step)
     run.budget.drain()
+
+
+def _warm(run: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
+          chunk: int) -> int:
+    """``chunk`` untimed steps and ticks of ``run``'s budget: its first hand-offs' one-time
+    costs (the worker's first rounds; on CUDA the side stream, and pinned host memory
+    allocated as the hand-offs reach their size: up to 0.45 s for the first on an H200)
+    are a run's, not a step's. Returns the next step number."""
+    with _paused(runs, but=run):
+        for _ in range(chunk):
+            step(k)
+            run.tracker.step()
+            run.budget.tick(k)
+            k += 1
+    run.budget.drain()
+    return k
 
 
 def _median_interval(pairs: list[float], level: float = 0.95, draws: int = 2000
@@ -232,7 +253,7 @@ def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
 
 
 def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
-                chunk: int) -> int:
+                chunk: int, done: Callable[[], None]) -> int:
     """One timed pair for ``r``: ``chunk`` steps alone, ``chunk`` steps with ``r``'s tracker
     and publishing, then ``r``'s tail; returns the next step number.
 
@@ -240,7 +261,14 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
     another's alone chunk (it made the next configuration's baseline slow and its ratio
     low). The tail: the steps after the chunk (every tracker paused) until ``r``'s worker
     has finished the rounds the chunk handed it, timed as ``r``'s — without it a worker's
-    last round of each chunk would slow no chunk of its own."""
+    last round of each chunk would slow no chunk of its own. ``done`` waits for the
+    device's queued work (CUDA): its wait counts to the last step of each loop."""
+
+    def finish(times: list[float]) -> None:
+        t0 = time.perf_counter()
+        done()
+        times[-1] += time.perf_counter() - t0
+
     for other in runs:
         other.idle()
     with _paused(runs):
@@ -251,6 +279,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             step(k)
             k += 1
             alone.append(time.perf_counter() - t0)
+        finish(alone)
         cpu_alone = time.thread_time() - c0
     b0, t_start = r.acked_bytes(), time.perf_counter()
     c0 = time.thread_time()
@@ -263,6 +292,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             r.after_step(k)
             k += 1
             times.append(time.perf_counter() - t0)
+        finish(times)
     r.measured_s += time.perf_counter() - t_start
     r.bytes0 += r.acked_bytes() - b0
     tail = []
@@ -274,6 +304,8 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             k += 1
             settled = r.settled()
             tail.append(time.perf_counter() - t0)
+        if tail:
+            finish(tail)
     cpu = time.thread_time() - c0
     r.alone += alone
     r.times += times
@@ -288,11 +320,13 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     from deltastream import ensure_topic
 
     g = torch.Generator().manual_seed(args.seed)
-    model = TableCTR(args.dim, args.users, args.items, torch.device("cpu"))
+    dev = torch.device(args.device)
+    model = TableCTR(args.dim, args.users, args.items, dev)
     opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
-    pool = [(zipf_ids(batch, vocab=args.users, alpha=1.05, generator=g),
-             zipf_ids(batch, vocab=args.items, alpha=1.05, generator=g),
-             torch.randint(0, 2, (batch,), generator=g).float()) for _ in range(64)]
+    pool = [(zipf_ids(batch, vocab=args.users, alpha=1.05, generator=g).to(dev),
+             zipf_ids(batch, vocab=args.items, alpha=1.05, generator=g).to(dev),
+             torch.randint(0, 2, (batch,), generator=g).float().to(dev)) for _ in range(64)]
+    done = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step(k: int) -> None:
         u, i, y = pool[k % len(pool)]
@@ -305,8 +339,10 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
 
     for k in range(len(pool)):  # warm-up: ids resident, optimizer state allocated
         if k == len(pool) // 2:
+            done()
             t_warm = time.perf_counter()
         step(k)
+    done()
     chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (len(pool) - len(pool) // 2))
     topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
     ensure_topic(servers, topic, partitions=1)
@@ -336,6 +372,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     k = len(pool)
     try:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
+            if r.budget is not None:
+                k = _warm(r, runs, step, k, chunk)
             if r.budget is not None and args.pending:
                 _prefill(r, runs, model, args.pending, k)
         if args.pending:  # the optimizer's state grows to the prefilled table: untimed
@@ -344,7 +382,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 k += 1
         for _ in range(args.rounds):
             for r in runs:
-                k = _chunk_pair(r, runs, step, k, chunk)
+                k = _chunk_pair(r, runs, step, k, chunk, done)
         busy = {}
         for r in runs:
             if r.budget is not None:
@@ -433,6 +471,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "shorter one shows how much of the threaded cost is the training "
                         "thread waiting for the GIL the worker holds")
     add_threads_flag(p)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the model trains (cpu)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     old_interval = sys.getswitchinterval()

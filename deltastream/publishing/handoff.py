@@ -14,14 +14,19 @@ forward's read), the rest a slice of the marks per tick
 (:meth:`DeltaTracker.capture_rows`) — so no tick walks tens of thousands of rows at once
 (:mod:`deltastream.tracking.owed_rows`). The hand-off goes to the worker once complete.
 
-On CUDA the copy is asynchronous: the rows are gathered on the training stream (a kernel
-launch, no wait), then copied device → host into pinned memory on a side stream that waits
-for the training stream through an event; the hand-off carries an event the worker waits
-on before it reads. The training stream is never synchronized with the host by this code.
+On CUDA the copy is asynchronous: the tracker hands over every lookup as recorded
+(:class:`~deltastream.tracking.rows.RawRows`: repeats kept, since deduplicating on the
+device needs a sync for the result's size), the current rows are gathered at the recorded
+positions on the training stream (a kernel launch, no wait), then copied device → host
+into pinned memory on a side stream that waits for the training stream; the hand-off
+carries an event the worker polls before it deduplicates and reads
+(:meth:`Handoff.wait`). The training stream is never synchronized with the host by this
+code.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -30,8 +35,8 @@ import torch
 
 from deltastream.publishing.table_rows import row_reader, row_storage
 from deltastream.tracking.row_copy import gather_rows
-from deltastream.tracking.rows import UnorderedRows
-from deltastream.tracking.sorted_ids import member
+from deltastream.tracking.rows import RawRows, UnorderedRows
+from deltastream.tracking.sorted_ids import first_occurrences, member
 from deltastream.types import DeltaRows
 
 if TYPE_CHECKING:
@@ -54,7 +59,9 @@ class TableHandoff:
     (:meth:`live`), not the training thread, and merges the rows in that order.
     ``give_back`` (None: nothing to give): calling it once ``first`` and ``current`` are
     read (merged) lets the tracker reuse their memory for a later interval (the thread
-    worker does; the process worker frees them, see :mod:`.budget_process`)."""
+    worker does; the process worker frees them, see :mod:`.budget_process`). ``repeats``
+    (an accelerator's :class:`~deltastream.tracking.rows.RawRows`): ``ids`` as recorded,
+    repeats kept, ``first`` and ``current`` aligned, until :meth:`dedupe`."""
 
     fqn: str
     ids: torch.Tensor
@@ -66,9 +73,24 @@ class TableHandoff:
     first_at: Optional[torch.Tensor] = None
     ordered: bool = True
     give_back: Optional[Callable[[], None]] = None
+    repeats: bool = False
 
     def __len__(self) -> int:
         return int(self.ids.numel())
+
+    def dedupe(self) -> None:
+        """Keep each id once (the tracker's :class:`~deltastream.tracking.rows.RawRows`,
+        an accelerator's lookups as recorded): its first occurrence's FIRST state, the
+        ids ascending; ``inserted`` and ``tombstones`` unique. Host work, off the
+        training thread (:meth:`Handoff.wait`)."""
+        if not self.repeats:
+            return
+        ids, where = first_occurrences(self.ids)
+        self.ids, self.first = ids, self.first.index_select(0, where)
+        self.current = self.current.index_select(0, where)
+        self.tombstones = None if self.tombstones is None else torch.unique(self.tombstones)
+        self.inserted = None if self.inserted is None else torch.unique(self.inserted)
+        self.repeats = False
 
     def live(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """``(new, tombstones)`` for a merge: ``new`` bool ``[n]`` aligned with ``ids``
@@ -118,10 +140,19 @@ class Handoff:
         return sum(len(t) for t in self.tables)
 
     def wait(self) -> None:
-        """Block until the host copies are complete (CUDA); a no-op on CPU."""
+        """Block until the host copies are complete (CUDA), then keep each table's ids
+        once (:meth:`TableHandoff.dedupe`)."""
         if self.ready is not None:
-            self.ready.synchronize()
+            # polled, not ``synchronize()``: a wait that never counts as a host sync (the
+            # training thread may run under ``torch.cuda.set_sync_debug_mode("error")``);
+            # backing off, so that the poll seldom takes the GIL from the training thread
+            nap = 100e-6
+            while not self.ready.query():
+                time.sleep(nap)
+                nap = min(2e-3, 2 * nap)
             self.ready = None
+        for t in self.tables:
+            t.dedupe()
 
     def release(self) -> None:
         """Call ``merged`` (once; later calls do nothing)."""
@@ -136,31 +167,35 @@ class HostCopier:
 
     def __init__(self) -> None:
         self._stream: Optional[torch.cuda.Stream] = None
-        self._pending: list[torch.Tensor] = []  # device sources kept alive until copied
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device, pinned)
 
     def host(self, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """``x`` on the host: itself on CPU; on CUDA a pinned tensor being filled
-        asynchronously (valid after :meth:`finish`'s event)."""
+        """``x`` on the host: itself on CPU; on CUDA a pinned tensor that :meth:`finish`
+        fills asynchronously (valid once its event completed)."""
         if x is None or x.device.type == "cpu":
             return x
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=x.device)
-            self._stream.wait_stream(torch.cuda.current_stream(x.device))
-        elif not self._pending:
-            self._stream.wait_stream(torch.cuda.current_stream(x.device))
+        if x.numel() == 0:  # nothing to copy: no pinned block, no launch
+            return torch.empty(x.shape, dtype=x.dtype)
         out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-        with torch.cuda.stream(self._stream):
-            out.copy_(x, non_blocking=True)
-        self._pending.append(x)
+        self._pending.append((x, out))
         return out
 
     def finish(self) -> Any:
-        """An event the copies issued since the last call complete at (None if none)."""
+        """Issue the copies asked for since the last call, on the side stream after the
+        work queued so far on the current stream (no host wait); returns an event they
+        complete at (None if none)."""
         if not self._pending:
             return None
-        src, self._pending = self._pending, []
-        for x in src:  # the caching allocator must not reuse them before the copy ran
-            x.record_stream(self._stream)
+        pairs, self._pending = self._pending, []
+        dev = pairs[0][0].device
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=dev)
+        self._stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(self._stream):
+            for x, out in pairs:
+                out.copy_(x, non_blocking=True)
+                # the caching allocator must not reuse x before the copy ran
+                x.record_stream(self._stream)
         event = torch.cuda.Event()
         event.record(self._stream)
         return event
@@ -191,6 +226,13 @@ def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows
                    module: Any, copier: HostCopier) -> TableHandoff:
     """One table's part of :func:`take_handoff` (``d`` has rows or tombstones)."""
     mine = module is tracker.table(fqn)
+    if isinstance(d, RawRows):  # an accelerator's lookups as recorded: deduplicated later
+        cur = _current_rows(module, d.ids, d.states, d.positions if mine else None)
+        return TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(d.states),
+                            current=copier.host(cur), new=None,
+                            tombstones=copier.host(d.tombstones),
+                            inserted=copier.host(d.news) if d.dynamic else None,
+                            ordered=False, repeats=True)
     if isinstance(d, UnorderedRows):  # FIRST rows: the arena, through d.at; sorted later
         cur = d.current if d.current is not None \
             else _current_rows(module, d.ids, d.arena, d.positions if mine else None)
@@ -254,7 +296,7 @@ def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any
         return out
     except BaseException:
         for fqn, d in delta.items():
-            if isinstance(d, UnorderedRows):
+            if isinstance(d, (UnorderedRows, RawRows)):
                 d = d.finish()[0]
             if len(d):
                 tracker.retain(consumer, fqn, DeltaRows(ids=d.ids, states=d.states, new=d.new,

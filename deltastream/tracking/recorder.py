@@ -37,6 +37,7 @@ import torch
 
 from deltastream.tracking.discovery import LOOKUPS, SCAN, TrackedTable
 from deltastream.tracking.positions import PendingLookups, UniqueLookups
+from deltastream.tracking.rows import RawRows
 from deltastream.tracking.scan import DriftScan
 from deltastream.tracking.sorted_ids import member
 from deltastream.tracking.store import DeltaStore
@@ -47,6 +48,12 @@ __all__ = ["Recorder", "DenseRows", "COUNTERS"]
 log = logging.getLogger(__name__)
 
 _UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: UpdateMode.FIRST}
+
+#: Records an accelerator's table keeps as recorded for other consumers (:meth:`Recorder.
+#: drain_raw`) hold every lookup, repeats too: once they pass twice the rows held after the
+#: last merge plus this many, they are merged (sorted and deduplicated: a device sync, once
+#: per this many rows at least), so memory stays proportional to the distinct rows.
+RAW_MERGE_MIN = 1 << 20
 
 #: counters the recorder keeps (the tracker adds them to ``stats()``)
 COUNTERS = ("lookups_recorded", "ids_recorded", "lookups_paused", "lookups_eval_skipped",
@@ -76,6 +83,11 @@ class DenseRows:
         return positions + self.offset if self.offset else positions
 
 
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``, or the one part itself (no copy, no launch)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 class Recorder:
     """The record-keeping of one tracker (see the module docstring).
 
@@ -103,6 +115,7 @@ class Recorder:
         self.row_maps: dict[str, Any] = {}  # position -> id map of each pending table
         self.scans: dict[str, DriftScan] = {}  # scan-path tables' shadows
         self._next_bound_check = 0
+        self._merged_rows: dict[str, int] = {}  # rows held after a raw table's last merge
         self._warned_degraded: set[str] = set()
         self._warned_over = False
         for fqn, info in tables.items():
@@ -298,6 +311,55 @@ class Recorder:
             return None
         return p.drain_unordered(self.row_maps[fqn], storage)
 
+    def drain_raw(self, fqn: str, from_idx: int, take: bool) -> Optional[RawRows]:
+        """Table ``fqn``'s records at indices ``>= from_idx`` and its pending lookups as
+        recorded, with no sort and no device sync (but a merge now and then, below):
+        :class:`RawRows`, or None (nothing
+        done) unless the table records every lookup as is (an accelerator's table) with
+        its FIRST states. The pending lookups join the store as one record (no flush);
+        ``take``: the records read are removed (one consumer, deleted on read); else they
+        stay for the other consumers, merged now and then (:data:`RAW_MERGE_MIN`)."""
+        p = self.pending.get(fqn)
+        if not self.with_states or not isinstance(p, PendingLookups) \
+                or isinstance(p, UniqueLookups) or p.stateless \
+                or self.touched.is_degraded(fqn) \
+                or any(s._version != v for s, v in zip(p.states, p.versions, strict=True)):
+            return None
+        if not take and self.touched.num_rows(fqn) + p.n \
+                > 2 * self._merged_rows.get(fqn, 0) + RAW_MERGE_MIN:
+            self.compact_all(list(self._cursors()))  # flushes the pending lookups too
+            self._merged_rows[fqn] = self.touched.num_rows(fqn)
+        positions = got = None
+        if p.n:
+            row_map = self.row_maps[fqn]
+            dev = p.pos[0].device
+            positions = _joined([x.reshape(-1) for x in p.pos])
+            ids = row_map.ids_at(positions.to(getattr(row_map, "device", dev))).to(dev)
+            states = _joined([x.reshape(-1, x.shape[-1]) for x in p.states])
+            p.reset()
+            if take and not self.touched.num_records(fqn):
+                got = ids, states  # nothing stored: no round trip through the store
+            else:
+                self.touched.append(self.idx, fqn, ids, states, copy_states=False)
+        if got is None:
+            got = self.touched.raw_since(fqn, from_idx, take)
+            if got is None:
+                return None
+        ids, states = got
+        if positions is not None and positions.numel() != ids.numel():
+            positions = None  # older records came too: their rows are found by their ids
+        if states is None:  # a borrowed state changed in place: degraded, ids kept
+            if take:
+                self.touched.append(self.idx, fqn, ids)
+            return None
+
+        def raw(store: DeltaStore) -> torch.Tensor:
+            out = store.raw_since(fqn, from_idx, take)
+            return ids[:0] if out is None else out[0]
+
+        return RawRows(ids, states, positions, raw(self.tombs), raw(self.news),
+                       self.tables[fqn].dynamic)
+
     def capture(self, max_positions: Optional[int]) -> bool:
         """Walk handed-over marks (:meth:`FreshRows.capture`): about ``max_positions``
         positions in all (None: every one); True when no table owes rows any more."""
@@ -398,10 +460,10 @@ class Recorder:
         """Of :meth:`pending_rows`, those held with a borrowed state."""
         return sum(p.n_states for p in self.pending.values())
 
-    def compact(self, start: int, end: int) -> None:
-        """Compact ``[start, end)`` in every store."""
+    def compact(self, start: int, end: int, skip: frozenset[str] = frozenset()) -> None:
+        """Compact ``[start, end)`` in every store (the tables in ``skip`` apart)."""
         for store in self.stores():
-            store.compact(start, end)
+            store.compact(start, end, skip)
 
     def delete(self, upto: Optional[int] = None) -> None:
         """Drop records before ``upto`` (all with None) in every store."""

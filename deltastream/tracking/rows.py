@@ -14,11 +14,11 @@ from typing import Optional
 
 import torch
 
-from deltastream.tracking.sorted_ids import member, sort_ids_with_perm, union
+from deltastream.tracking.sorted_ids import first_occurrences, member, sort_ids_with_perm, union
 from deltastream.types import DeltaRows
 
 __all__ = ["select_rows", "drop_ids", "canonical_rows", "merge_carry", "carry_rows",
-           "assemble_delta", "UnorderedRows", "order_rows"]
+           "assemble_delta", "RawRows", "UnorderedRows", "order_rows"]
 
 
 def select_rows(rows: DeltaRows, keep: torch.Tensor) -> DeltaRows:
@@ -133,6 +133,36 @@ def assemble_delta(touched: DeltaRows, tombs: torch.Tensor, news: torch.Tensor,
         tombs = tombs[~hit]
     rows.tombstones = tombs
     return rows
+
+
+@dataclass
+class RawRows:
+    """One table's delta as recorded (``DeltaTracker.get_delta_unordered`` of a table on
+    an accelerator): deduplicating has a data-dependent size, a device sync, so it is left
+    to the reader, on the host (:meth:`finish`).
+
+    ``ids`` int64 ``[n]`` in the order recorded, repeats kept; ``states`` ``[n, dim]``
+    aligned (an id's first occurrence holds its FIRST state); ``positions`` int64 ``[n]``
+    their storage rows, or None (not all known); ``tombstones`` / ``news`` int64 ids
+    evicted / inserted in the interval, as recorded (repeats kept)."""
+
+    ids: torch.Tensor
+    states: torch.Tensor
+    positions: Optional[torch.Tensor]
+    tombstones: torch.Tensor
+    news: torch.Tensor
+    dynamic: bool
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    def finish(self) -> tuple[DeltaRows, torch.Tensor]:
+        """``(rows, where)``: the ``DeltaRows`` ``get_delta`` would have returned, and for
+        each of its rows the index of that id's first occurrence in ``ids``."""
+        ids, where = first_occurrences(self.ids)
+        touched = DeltaRows(ids=ids, states=self.states.index_select(0, where))
+        return assemble_delta(touched, torch.unique(self.tombstones),
+                              torch.unique(self.news), None, self.dynamic), where
 
 
 @dataclass

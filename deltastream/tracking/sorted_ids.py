@@ -13,7 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["radix_sort", "sort_ids", "sort_ids_with_perm", "member", "union"]
+__all__ = ["radix_sort", "sort_ids", "sort_ids_with_perm", "first_occurrences", "member",
+           "union"]
 
 
 #: Below this many ids a comparison sort beats the radix passes of :func:`radix_sort`.
@@ -60,6 +61,19 @@ def sort_ids_with_perm(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out, order = radix_sort(ids.numpy(), True)
         return torch.from_numpy(out), torch.from_numpy(order)
     return torch.sort(ids)
+
+
+def first_occurrences(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(unique, where)`` for int64 ``ids`` [n] with repeats: the distinct ids ascending
+    and, for each, the index of its first occurrence in ``ids`` (int64, aligned)."""
+    order = torch.sort(ids, stable=True).indices  # equal ids keep their order: first first
+    ordered = ids.index_select(0, order)
+    n = ordered.numel()
+    start = torch.ones(n, dtype=torch.bool, device=ids.device)
+    if n > 1:
+        torch.ne(ordered[1:], ordered[:-1], out=start[1:])
+    where = order[start]
+    return ordered[start], where
 
 
 def member(sorted_ids: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

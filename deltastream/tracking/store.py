@@ -402,14 +402,18 @@ class DeltaStore:
         else:
             t.runs.insert(bisect.bisect_right(t.runs, batch_idx, key=lambda r: r.idx), run)
 
-    def compact(self, start_idx: int, end_idx: int) -> None:
+    def compact(self, start_idx: int, end_idx: int, skip: frozenset[str] = frozenset()
+                ) -> None:
         """Merge every table's records in ``[start_idx, end_idx)`` into one record at
-        ``start_idx`` (FIRST/LAST resolved in index order). An empty range is a no-op."""
+        ``start_idx`` (FIRST/LAST resolved in index order), the tables in ``skip`` apart.
+        An empty range is a no-op."""
         if not isinstance(start_idx, int) or not isinstance(end_idx, int):
             raise TypeError(f"start_idx and end_idx must be ints, got {start_idx!r}, {end_idx!r}")
         if start_idx > end_idx:
             raise ValueError(f"start_idx ({start_idx}) must not exceed end_idx ({end_idx})")
         for fqn, t in self._tables.items():
+            if fqn in skip:
+                continue
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, start_idx, key=lambda r: r.idx)
             hi = bisect.bisect_left(t.runs, end_idx, key=lambda r: r.idx)
@@ -423,14 +427,18 @@ class DeltaStore:
             t.recount()
             self.compactions += 1
 
-    def get_unique(self, from_idx: int = 0) -> dict[str, DeltaRows]:
+    def get_unique(self, from_idx: int = 0, skip: frozenset[str] = frozenset()
+                   ) -> dict[str, DeltaRows]:
         """Unique ids (ascending) and FIRST/LAST states per table, over records at indices
-        ``>= from_idx``. Every known table is present; one with no such records maps to an
-        empty :class:`DeltaRows` (``[0, dim]`` states when the store keeps states)."""
+        ``>= from_idx``. Every known table is present (those in ``skip`` apart); one with
+        no such records maps to an empty :class:`DeltaRows` (``[0, dim]`` states when the
+        store keeps states)."""
         if not isinstance(from_idx, int):
             raise TypeError(f"from_idx must be an int, got {from_idx!r}")
         out: dict[str, DeltaRows] = {}
         for fqn, t in self._tables.items():
+            if fqn in skip:
+                continue
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
             keep = self._with_states(t)
@@ -463,6 +471,29 @@ class DeltaStore:
             t.recount()
 
     # -- extras the tracker uses --------------------------------------------------------
+    def raw_since(self, fqn: str, from_idx: int = 0, take: bool = True
+                  ) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """``fqn``'s records at indices ``>= from_idx`` as recorded: ``(ids, states)``,
+        the runs' ids (int64, duplicates kept) and aligned states (None when not kept)
+        concatenated in index order, so an id's first occurrence has its FIRST state;
+        None when there is no such record. ``take``: the records are removed. No sort, no
+        device sync (for a reader that deduplicates elsewhere). A borrowed state changed
+        in place degrades the table first (states None)."""
+        t = self._tables.get(fqn)
+        lo = 0 if t is None else bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
+        if t is None or lo == len(t.runs):
+            return None
+        self._check_borrowed(fqn, t)
+        runs = t.runs[lo:]
+        keep = self._with_states(t) and all(r.states is not None for r in runs)
+        if take:
+            del t.runs[lo:]
+            t.recount()
+        ids = torch.cat([r.ids for r in runs]) if len(runs) > 1 else runs[0].ids
+        if not keep:
+            return ids, None
+        return ids, torch.cat([r.states for r in runs]) if len(runs) > 1 else runs[0].states
+
     def discard(self, fqn: str, ids: torch.Tensor) -> int:
         """Remove ``ids`` from every record of ``fqn`` (e.g. evicted rows). Returns rows removed."""
         t = self._tables.get(fqn)

@@ -73,6 +73,7 @@ from deltastream.tracking.options import consumer_names, resolve_consumer, track
 from deltastream.tracking.path_choice import PathSwitch, declare_lookups
 from deltastream.tracking.recorder import Recorder
 from deltastream.tracking.rows import (
+    RawRows,
     UnorderedRows,
     assemble_delta,
     canonical_rows,
@@ -253,13 +254,16 @@ class DeltaTracker:
 
     def get_delta_unordered(self, consumer: Optional[str] = None,
                             owe: Optional[Mapping[str, torch.Tensor]] = None
-                            ) -> dict[str, DeltaRows | UnorderedRows]:
+                            ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """:meth:`get_delta` for a reader that sorts elsewhere (a publisher's worker): a CPU
         table whose lookups the C code kept comes as :class:`UnorderedRows` — ids in
         storage order, the FIRST rows handed over without a copy, ``finish()`` gives the
         ``DeltaRows`` — when ``consumer`` is the only consumer, records are deleted on read
-        and it retains nothing of that table; every other table as :meth:`get_delta`.
-        The work left here is O(rows changed) with no sort.
+        and it retains nothing of that table; a positional table on an accelerator as
+        :class:`RawRows` — every lookup as recorded, no sort and no device sync,
+        ``finish()`` deduplicates — when ``consumer`` retains nothing of it (with other
+        consumers its records stay for them, unmerged); every other table as
+        :meth:`get_delta`. The work left here is O(rows changed) with no sort.
 
         ``owe``: ``{fqn: the table's [capacity, dim] rows}``: those tables' rows also carry
         ``current``, their values now, copied later — at their next lookup, by
@@ -268,35 +272,43 @@ class DeltaTracker:
         walk: read any of them once :meth:`capture_rows` returned True."""
         with self._lock:
             c = self._resolve(consumer)
-            raw: dict[str, tuple] = {}
+            raw: dict[str, tuple | RawRows] = {}
             owe = owe or {}
-            if len(self._cursor) == 1 and self._delete_on_read:
-                for fqn in self._rec.pending:
-                    got = None if fqn in self._carry[c] \
-                        else self._rec.drain_unordered(fqn, owe.get(fqn))
-                    if got is not None:
-                        raw[fqn] = got
+            only = len(self._cursor) == 1 and self._delete_on_read
+            for fqn in self._rec.pending:
+                if fqn in self._carry[c]:
+                    continue
+                got = self._rec.drain_unordered(fqn, owe.get(fqn)) if only else None
+                if got is None:
+                    got = self._rec.drain_raw(fqn, self._cursor[c], take=only)
+                if got is not None:
+                    raw[fqn] = got
             return self._read(c, raw)
 
-    def _read(self, c: str, raw: dict[str, tuple]) -> dict[str, DeltaRows | UnorderedRows]:
+    def _read(self, c: str, raw: dict[str, tuple | RawRows]
+              ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
-        give_back)}`` drained unordered before the boundary (their tables have nothing else
-        to read)."""
+        give_back)}`` drained unordered before the boundary, or ``RawRows`` (their tables
+        have nothing else to read)."""
         self._boundary()
         rec = self._rec
         end = rec.idx + 1
         start = max(self._cursor.values())
+        # tables read as recorded keep their records as they are (other consumers merge them)
+        skip = frozenset(f for f, r in raw.items() if isinstance(r, RawRows))
         if start < end:  # the interval nobody has read yet becomes one record
-            rec.compact(start, end)
+            rec.compact(start, end, skip)
         frm = self._cursor[c]
-        touched = rec.touched.get_unique(frm)
-        tombs = rec.tombs.get_unique(frm)
-        news = rec.news.get_unique(frm)
+        touched = rec.touched.get_unique(frm, skip)
+        tombs = rec.tombs.get_unique(frm, skip)
+        news = rec.news.get_unique(frm, skip)
         carry = self._carry[c]
         self._carry[c] = {}
-        out: dict[str, DeltaRows | UnorderedRows] = {}
+        out: dict[str, DeltaRows | UnorderedRows | RawRows] = {}
         for fqn, info in self._tables.items():
-            if fqn in raw:
+            if isinstance(raw.get(fqn), RawRows):
+                out[fqn] = raw[fqn]
+            elif fqn in raw:
                 ids, pos, at, arena, current, give_back = raw[fqn]
                 out[fqn] = UnorderedRows(ids, pos, at, arena, tombs[fqn].ids, news[fqn].ids,
                                          info.dynamic, current, give_back)

@@ -401,3 +401,63 @@ def test_cuda_tables_publish_within_the_budget_and_flush_exactly():
     for name, t in model.items():
         ids = t.ids()
         assert np.array_equal(serving[name].lookup(ids.cpu().numpy()), t.lookup(ids).cpu().numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("consumers", [["p"], ["p", "snapshot"]])
+@pytest.mark.parametrize("table", ["embedding", "hashtable"])
+def test_a_cuda_training_loop_with_its_ticks_never_syncs(mode, table, consumers):
+    """Train on CUDA, tick every step: under ``set_sync_debug_mode("error")`` any host
+    sync raises. An ``nn.Embedding`` (lookups declared sparse) with SGD: the whole step,
+    hooks and tick included; a ``HashTable`` (which reads back its own inserts) with
+    deltastream's SparseAdam: the tracker's step and the tick. Then every touched row
+    reaches the serving table exactly, and a second consumer reads every touched id."""
+    if mode != "threaded":
+        pytest.skip("the hand-off only: a synchronous tick runs its round on this thread")
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    batches = [torch.randint(0, 300, (256,), device=dev, generator=g) for _ in range(40)]
+    if table == "embedding":
+        emb = torch.nn.Embedding(300, 16, device=dev)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.5)
+        tracker = DeltaTracker(torch.nn.ModuleDict({"emb": emb}), consumers=consumers,
+                               mode=TrackingMode.EMBEDDING, sparse_updates_only=["emb"])
+    else:
+        from deltastream.embedding.optim import SparseAdam
+        emb = HashTable(16, name="emb", device=dev)
+        model = torch.nn.ModuleDict({"emb": emb})
+        emb(torch.arange(300, device=dev))  # every id inserted before the timed loop
+        opt = SparseAdam(model, lr=0.05)
+        tracker = DeltaTracker(model, consumers=consumers, mode=TrackingMode.EMBEDDING)
+    serving = {"emb": ServingTable("emb", 16)}
+    bp = _publisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=4000))
+    whole_step = table == "embedding"
+
+    def no_sync(on: bool):
+        torch.cuda.set_sync_debug_mode("error" if on else "default")
+
+    try:
+        torch.cuda.synchronize()
+        for step, ids in enumerate(batches, start=1):
+            no_sync(whole_step)
+            loss = (emb(ids) - 1.0).pow(2).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            no_sync(True)
+            tracker.step()
+            assert bp.tick(step) is None
+            no_sync(False)
+    finally:
+        no_sync(False)
+    bp.flush(len(batches) + 1, timeout=60)
+    stats = bp.stats()
+    bp.close()
+    ids = torch.cat(batches).unique()
+    want = emb.weight.detach()[ids] if table == "embedding" else emb.lookup(ids)
+    assert stats["ticks"] == len(batches) and stats["deferred_ticks"] < len(batches)
+    assert np.array_equal(serving["emb"].lookup(ids.cpu().numpy()), want.cpu().numpy())
+    if "snapshot" in consumers:
+        seen = tracker.get_delta("snapshot")["emb"].ids
+        assert set(ids.tolist()) <= set(seen.tolist())

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from deltastream.embedding.optim import SparseAdam
-from deltastream.tracking import fresh_rows
-from deltastream.tracking.rows import UnorderedRows
+from deltastream.tracking import fresh_rows, recorder
+from deltastream.tracking.rows import RawRows, UnorderedRows
 from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import DeltaRows, TrackingMode
 
@@ -27,32 +27,41 @@ def _same(a: DeltaRows, b: DeltaRows) -> None:
         assert (x is None) == (y is None) and (x is None or torch.equal(x, y))
 
 
-def _twins():
+def _twins(device: str = "cpu", consumers=("p",)):
     """Two identical trainers (same seed, same steps), one tracker each."""
     out = []
     for _ in range(2):
-        t = Trainer(seed=3, sparse_opt=SparseAdam)
-        out.append((t, DeltaTracker(t.net, consumers=["p"], mode=EMB)))
+        t = Trainer(device=device, seed=3, sparse_opt=SparseAdam)
+        out.append((t, DeltaTracker(t.net, consumers=list(consumers), mode=EMB)))
     return out
+
+
+def _intervals(twins, n: int, evict_at: tuple[int, ...]):
+    """Train both twins alike, yielding after each of ``n`` intervals of 3 steps (Zipf-ish
+    user ids over a growing range: repeats and inserts); after the intervals in
+    ``evict_at`` a few ids held now are evicted in both."""
+    g = torch.Generator().manual_seed(9)
+    for interval in range(n):
+        for _ in range(3):
+            u = (torch.rand(60, generator=g) ** 2 * (40 + 30 * interval)).long() * 7919 + 11
+            i = torch.randint(0, 64, (20,), generator=g)
+            for t, tracker in twins:
+                t.step(u, i, [tracker])
+        if interval in evict_at:
+            gone = u[:4].unique()
+            for t, _ in twins:
+                t.net.user.evict(gone.to(t.device))
+        yield interval
 
 
 def test_the_unordered_read_finishes_into_get_deltas_rows():
     """Intervals with repeats, inserts (new), evictions (tombstones, and a row freed after
     it was looked up: that interval is stored, the unsorted form steps aside) — each read
     equals get_delta's on a twin, bit for bit; positions are where the rows live."""
-    (ta, a), (tb, b) = _twins()
-    g = torch.Generator().manual_seed(9)
+    twins = _twins()
+    (ta, a), (tb, b) = twins
     kinds = set()
-    for interval in range(8):
-        for _ in range(3):
-            u = (torch.rand(60, generator=g) ** 2 * (40 + 30 * interval)).long() * 7919 + 11
-            i = torch.randint(0, 64, (20,), generator=g)
-            ta.step(u, i, [a])
-            tb.step(u, i, [b])
-        if interval in (2, 5):  # evict a few ids held now, in both twins
-            gone = u[:4].unique()
-            ta.net.user.evict(gone)
-            tb.net.user.evict(gone)
+    for _ in _intervals(twins, 8, evict_at=(2, 5)):
         want = a.get_delta("p")
         got = b.get_delta_unordered("p")
         assert got.keys() == want.keys()
@@ -68,6 +77,62 @@ def test_the_unordered_read_finishes_into_get_deltas_rows():
     assert ("user", "UnorderedRows") in kinds  # the HashTable: unsorted on most reads
     assert ("user", "DeltaRows") in kinds  # after an eviction: the stored, sorted rows
     assert ("item", "DeltaRows") in kinds  # nn.Embedding with SGD: the scan, as before
+
+
+def test_raw_rows_finish_into_unique_rows_with_their_first_states():
+    """An accelerator's read as recorded: each id once with its first occurrence's state,
+    ``new`` from the inserted ids, tombstones once and only for ids not live again."""
+    raw = RawRows(ids=torch.tensor([5, 2, 5, 2]), states=torch.tensor([[1.0], [2], [3], [4]]),
+                  positions=None, tombstones=torch.tensor([2, 9, 9]), news=torch.tensor([2, 2]),
+                  dynamic=True)
+    rows, where = raw.finish()
+    assert rows.ids.tolist() == [2, 5] and where.tolist() == [1, 0]
+    assert rows.states.flatten().tolist() == [2.0, 1.0]
+    assert rows.new.tolist() == [True, False] and rows.tombstones.tolist() == [9]
+
+
+def _same_rows(d: DeltaRows, w: DeltaRows) -> None:
+    assert torch.equal(d.ids, w.ids) and torch.equal(d.tombstones, w.tombstones)
+    assert (d.new is None) == (w.new is None)
+    assert d.new is None or torch.equal(d.new, w.new)
+    torch.testing.assert_close(d.states, w.states)  # twins on CUDA: atomics may differ
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("consumers,merge_min", [(["p"], None), (["p", "q"], None),
+                                                 (["p", "q"], 50)])
+def test_an_accelerators_read_as_recorded_finishes_into_get_deltas_rows(
+        consumers, merge_min, monkeypatch):
+    """On CUDA every lookup is recorded as is; the unordered read hands them over with no
+    sort (:class:`RawRows`) and finishes into get_delta's rows on a twin, across repeats,
+    inserts and evictions; a second consumer, read now and then, still reads every row
+    (its records merged now and then: every few reads with ``merge_min`` 50)."""
+    merges = []
+    if merge_min is not None:
+        monkeypatch.setattr(recorder, "RAW_MERGE_MIN", merge_min)
+        real = recorder.Recorder.compact_all
+
+        def counted(self, cursors):
+            merges.append(len(cursors))
+            return real(self, cursors)
+        monkeypatch.setattr(recorder.Recorder, "compact_all", counted)
+    twins = _twins("cuda", consumers)
+    (_, a), (_, b) = twins
+    kinds = set()
+    for interval in _intervals(twins, 6, evict_at=(2, 4)):
+        want = a.get_delta("p")
+        for fqn, d in b.get_delta_unordered("p").items():
+            kinds.add((fqn, type(d).__name__))
+            if isinstance(d, RawRows):
+                d = d.finish()[0]
+            _same_rows(d, want[fqn])
+        if "q" in consumers and interval % 3 == 2:
+            want, got = a.get_delta("q"), b.get_delta("q")
+            for fqn, d in got.items():
+                _same_rows(d, want[fqn])
+    assert ("user", "RawRows") in kinds
+    assert bool(merges) == (merge_min is not None)  # merged while held for "q"
 
 
 def test_the_unsorted_form_steps_aside_where_it_cannot_hold():
