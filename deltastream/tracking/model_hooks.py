@@ -181,7 +181,7 @@ class ModelHooks:
         """The storage a lookup of ``fqn`` may copy its FIRST rows from on the lane thread
         (a contiguous CPU storage of the output's dtype, its table with an update hook),
         or None: copied now, from the lookup's ``rows``."""
-        if fqn not in self._lane:
+        if fqn not in self._lane or not self._rec.keeps_unique(fqn):
             return None
         storage = module.storage
         if storage.device.type != "cpu" or storage.dtype != rows.dtype \

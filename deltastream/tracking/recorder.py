@@ -83,6 +83,14 @@ class DenseRows:
         return positions + self.offset if self.offset else positions
 
 
+def records_as_is(device: torch.device) -> bool:
+    """Whether a positional table on ``device`` records every lookup as it is (an
+    accelerator: a hook must not sync, and keeping each position once has a
+    data-dependent size) rather than each position once, its FIRST row copied at the
+    lookup (the CPU). Tests run the accelerators' path on CPU tensors by replacing it."""
+    return device.type != "cpu"
+
+
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(parts)``, or the one part itself (no copy, no launch)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -136,9 +144,8 @@ class Recorder:
         # (a hand-off per budget tick pays O(rows), not O(lookups)) and holds no borrowed
         # outputs. On CUDA every lookup is recorded as is: a boolean selection has a
         # data-dependent size, and a hook must not sync.
-        unique = row_map.device.type == "cpu"
-        self.pending[fqn] = (UniqueLookups if unique else PendingLookups)(
-            int(row_map.capacity), row_map.device)
+        self.pending[fqn] = (PendingLookups if records_as_is(row_map.device)
+                             else UniqueLookups)(int(row_map.capacity), row_map.device)
 
     @property
     def with_states(self) -> bool:
@@ -310,6 +317,11 @@ class Recorder:
                 or self.touched.is_degraded(fqn) or self.touched.num_records(fqn):
             return None
         return p.drain_unordered(self.row_maps[fqn], storage)
+
+    def keeps_unique(self, fqn: str) -> bool:
+        """Whether positional table ``fqn`` keeps each position once (see
+        :func:`records_as_is`)."""
+        return isinstance(self.pending.get(fqn), UniqueLookups)
 
     def drain_raw(self, fqn: str, from_idx: int, take: bool) -> Optional[RawRows]:
         """Table ``fqn``'s records at indices ``>= from_idx`` and its pending lookups as

@@ -21,6 +21,7 @@ from consumers import ServingTable
 from deltastream import DeltaTracker, HashTable, PublishError, TrackingMode, wire
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from deltastream.publishing.token_bucket import TokenBucket
+from deltastream.tracking import recorder
 from tests.deltastream.publishing.budget_cases import (
     Loopback,
     move,
@@ -403,19 +404,24 @@ def test_cuda_tables_publish_within_the_budget_and_flush_exactly():
         assert np.array_equal(serving[name].lookup(ids.cpu().numpy()), t.lookup(ids).cpu().numpy())
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", id="cpu-as-recorded"),  # the accelerators' path on CPU tensors
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
 @pytest.mark.parametrize("consumers", [["p"], ["p", "snapshot"]])
 @pytest.mark.parametrize("table", ["embedding", "hashtable"])
-def test_a_cuda_training_loop_with_its_ticks_never_syncs(mode, table, consumers):
+def test_an_accelerators_training_loop_never_syncs_in_its_ticks(mode, table, consumers, device,
+                                                          monkeypatch):
     """Train on CUDA, tick every step: under ``set_sync_debug_mode("error")`` any host
     sync raises. An ``nn.Embedding`` (lookups declared sparse) with SGD: the whole step,
     hooks and tick included; a ``HashTable`` (which reads back its own inserts) with
     deltastream's SparseAdam: the tracker's step and the tick. Then every touched row
-    reaches the serving table exactly, and a second consumer reads every touched id."""
+    reaches the serving table exactly, and a second consumer reads every touched id. On
+    the CPU the tables record every lookup as CUDA's do (no sync mode there)."""
     if mode != "threaded":
         pytest.skip("the hand-off only: a synchronous tick runs its round on this thread")
-    dev = torch.device("cuda")
+    monkeypatch.setattr(recorder, "records_as_is", lambda d: True)
+    dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(0)
     batches = [torch.randint(0, 300, (256,), device=dev, generator=g) for _ in range(40)]
     if table == "embedding":
@@ -427,7 +433,8 @@ def test_a_cuda_training_loop_with_its_ticks_never_syncs(mode, table, consumers)
         from deltastream.embedding.optim import SparseAdam
         emb = HashTable(16, name="emb", device=dev)
         model = torch.nn.ModuleDict({"emb": emb})
-        emb(torch.arange(300, device=dev))  # every id inserted before the timed loop
+        batches = [b * 7919 + 11 for b in batches]  # ids that are not their positions
+        emb(torch.arange(300, device=dev) * 7919 + 11)  # every id inserted before the loop
         opt = SparseAdam(model, lr=0.05)
         tracker = DeltaTracker(model, consumers=consumers, mode=TrackingMode.EMBEDDING)
     serving = {"emb": ServingTable("emb", 16)}
@@ -435,10 +442,10 @@ def test_a_cuda_training_loop_with_its_ticks_never_syncs(mode, table, consumers)
     whole_step = table == "embedding"
 
     def no_sync(on: bool):
-        torch.cuda.set_sync_debug_mode("error" if on else "default")
+        if dev.type == "cuda":
+            torch.cuda.set_sync_debug_mode("error" if on else "default")
 
     try:
-        torch.cuda.synchronize()
         for step, ids in enumerate(batches, start=1):
             no_sync(whole_step)
             loss = (emb(ids) - 1.0).pow(2).sum()

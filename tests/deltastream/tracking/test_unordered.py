@@ -98,16 +98,24 @@ def _same_rows(d: DeltaRows, w: DeltaRows) -> None:
     torch.testing.assert_close(d.states, w.states)  # twins on CUDA: atomics may differ
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+ACCELERATORS = [
+    pytest.param("cpu", id="cpu-as-recorded"),  # the accelerators' path on CPU tensors
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")]),
+]
+
+
+@pytest.mark.parametrize("device", ACCELERATORS)
 @pytest.mark.parametrize("consumers,merge_min", [(["p"], None), (["p", "q"], None),
                                                  (["p", "q"], 50)])
 def test_an_accelerators_read_as_recorded_finishes_into_get_deltas_rows(
-        consumers, merge_min, monkeypatch):
-    """On CUDA every lookup is recorded as is; the unordered read hands them over with no
-    sort (:class:`RawRows`) and finishes into get_delta's rows on a twin, across repeats,
-    inserts and evictions; a second consumer, read now and then, still reads every row
-    (its records merged now and then: every few reads with ``merge_min`` 50)."""
+        device, consumers, merge_min, monkeypatch):
+    """On an accelerator every lookup is recorded as is; the unordered read hands them
+    over with no sort (:class:`RawRows`) and finishes into get_delta's rows on a twin,
+    across repeats, inserts and evictions; a second consumer, read now and then, still
+    reads every row (its records merged now and then: every few reads with ``merge_min``
+    50). On the CPU the same path runs with ``records_as_is`` true for CPU tables."""
+    monkeypatch.setattr(recorder, "records_as_is", lambda d: True)
     merges = []
     if merge_min is not None:
         monkeypatch.setattr(recorder, "RAW_MERGE_MIN", merge_min)
@@ -117,7 +125,7 @@ def test_an_accelerators_read_as_recorded_finishes_into_get_deltas_rows(
             merges.append(len(cursors))
             return real(self, cursors)
         monkeypatch.setattr(recorder.Recorder, "compact_all", counted)
-    twins = _twins("cuda", consumers)
+    twins = _twins(device, consumers)
     (_, a), (_, b) = twins
     kinds = set()
     for interval in _intervals(twins, 6, evict_at=(2, 4)):
