@@ -143,6 +143,25 @@ def test_an_accelerators_read_as_recorded_finishes_into_get_deltas_rows(
     assert bool(merges) == (merge_min is not None)  # merged while held for "q"
 
 
+def _retained_round_trip(kind: type):
+    """A first read of ``kind`` (lookups of 5, 6, 7, 5), handed back (``retain``): the
+    next read is the sorted one, the retained rows merged with the new ones (the older
+    FIRST state wins, ``age`` counts the retains). Returns the trainer and its tracker."""
+    t = Trainer(seed=1, sparse_opt=SparseAdam)
+    tr = DeltaTracker(t.net, consumers=["p"], mode=EMB)
+    t.step([5, 6, 7, 5], [1], [tr])
+    first = tr.get_delta_unordered("p")["user"]
+    assert isinstance(first, kind)
+    rows, _ = first.finish()
+    tr.retain("p", "user", rows)
+    t.step([9, 5], [1], [tr])
+    again = tr.get_delta_unordered("p")["user"]
+    assert isinstance(again, DeltaRows)  # the retained rows come merged, in order
+    assert again.ids.tolist() == [5, 6, 7, 9] and again.age.tolist() == [1, 1, 1, 0]
+    assert torch.equal(again.states[:3], rows.states)
+    return t, tr
+
+
 def test_the_unsorted_form_steps_aside_where_it_cannot_hold():
     """Two consumers (the records serve both), retained rows (merged with the fresh ones),
     numpy-kept lookups (repeats in the arena): get_delta's rows, sorted here."""
@@ -152,18 +171,7 @@ def test_the_unsorted_form_steps_aside_where_it_cannot_hold():
     assert all(isinstance(d, DeltaRows) for d in two.get_delta_unordered("p").values())
     two.close()
 
-    t = Trainer(seed=1, sparse_opt=SparseAdam)
-    tr = DeltaTracker(t.net, consumers=["p"], mode=EMB)
-    t.step([5, 6, 7], [1], [tr])
-    first = tr.get_delta_unordered("p")["user"]
-    assert isinstance(first, UnorderedRows)
-    rows, _ = first.finish()
-    tr.retain("p", "user", rows)
-    t.step([9, 5], [1], [tr])
-    again = tr.get_delta_unordered("p")["user"]
-    assert isinstance(again, DeltaRows)  # the retained rows come merged, in order
-    assert again.ids.tolist() == [5, 6, 7, 9] and again.age.tolist() == [1, 1, 1, 0]
-
+    t, tr = _retained_round_trip(UnorderedRows)
     was = fresh_rows.native_enabled()
     try:
         fresh_rows.use_native(False)
@@ -221,3 +229,35 @@ def test_owed_rows_are_the_rows_at_the_read_across_evictions_reloads_and_trainin
         assert torch.equal(d.current, rows_then[d.positions])
     assert deferred >= 4
     tr.close()
+
+
+def test_an_accelerators_retained_rows_come_back_through_the_sorted_read(monkeypatch):
+    """Rows handed back (``retain``) after a read as recorded: that table's next read is
+    the sorted one, the retained rows merged with the new ones (the older FIRST state
+    wins, ``age`` counts the retains); the read after that is as recorded again."""
+    monkeypatch.setattr(recorder, "records_as_is", lambda d: True)
+    t, tr = _retained_round_trip(RawRows)
+    t.step([3], [1], [tr])
+    assert isinstance(tr.get_delta_unordered("p")["user"], RawRows)
+
+
+def test_an_accelerators_records_kept_for_another_consumer_respect_the_bound(monkeypatch):
+    """Records kept as recorded for a consumer that seldom reads count against
+    ``max_tracked_rows``: past it they are merged (and tables degraded), so the rows held
+    stay bounded; that consumer still reads every id touched since its last read."""
+    monkeypatch.setattr(recorder, "records_as_is", lambda d: True)
+    t = Trainer(seed=1, sparse_opt=SparseAdam)
+    tr = DeltaTracker(t.net, consumers=["p", "q"], mode=EMB, max_tracked_rows=400)
+    g = torch.Generator().manual_seed(4)
+    touched, held = set(), []
+    for _ in range(30):
+        u = (torch.rand(40, generator=g) ** 2 * 300).long() * 7919 + 11
+        t.step(u, torch.randint(0, 64, (8,), generator=g), [tr])
+        touched |= set(u.tolist())
+        d = tr.get_delta_unordered("p")["user"]
+        assert isinstance(d, (RawRows, DeltaRows))
+        held.append(tr.stats()["rows_tracked"])
+    assert max(held) <= 400 + 40 * 2  # the bound, plus at most the lookups of one step
+    assert tr.stats()["bound_compactions"] > 0  # the bound was reached, and held
+    got = tr.get_delta("q")["user"]
+    assert set(got.ids.tolist()) == touched
