@@ -326,14 +326,13 @@ class Recorder:
     def drain_raw(self, fqn: str, from_idx: int, take: bool) -> Optional[RawRows]:
         """Table ``fqn``'s records at indices ``>= from_idx`` and its pending lookups as
         recorded, with no sort and no device sync (but a merge now and then, below):
-        :class:`RawRows`, or None (nothing
-        done) unless the table records every lookup as is (an accelerator's table) with
-        its FIRST states. The pending lookups join the store as one record (no flush);
-        ``take``: the records read are removed (one consumer, deleted on read); else they
-        stay for the other consumers, merged now and then (:data:`RAW_MERGE_MIN`)."""
+        :class:`RawRows`, or None (nothing done) unless the table records every lookup as
+        is (:func:`records_as_is`) with its FIRST states. The pending lookups join the
+        store as one record (no flush); ``take``: the records read are removed (one
+        consumer, deleted on read); else they stay for the other consumers, merged now and
+        then (:data:`RAW_MERGE_MIN`)."""
         p = self.pending.get(fqn)
-        if not self.with_states or not isinstance(p, PendingLookups) \
-                or isinstance(p, UniqueLookups) or p.stateless \
+        if not self.with_states or p is None or self.keeps_unique(fqn) or p.stateless \
                 or self.touched.is_degraded(fqn) \
                 or any(s._version != v for s, v in zip(p.states, p.versions, strict=True)):
             return None
