@@ -167,6 +167,10 @@ def _training_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) ->
         ("examples/s", _num(g("train", "examples_per_s"), ",.0f")),
         ("final loss", _num(g("train", "final_loss"), ".4f")),
     ]
+    split, steps = g("train", "loop_split"), g("train", "steps")
+    if split and steps:  # rank 0's loop, ms per step: where a slow run's time went
+        rows.append(("loop, ms per step (rank 0)",
+                     ", ".join(f"{k} {1e3 * v / steps:.2f}" for k, v in split.items())))
     plan = g("sharding", "plan")
     if plan:  # --sharding table|column (row sharding: the table is unchanged)
         rows.append(("sharding", str(g("sharding", "kind"))))

@@ -165,6 +165,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
             "final_loss": f0["final_loss"], "flush_seconds": max(
                 float(finals[r]["flush_seconds"]) for r in ranks),
             "wall_seconds": wall_s,
+            "loop_split": f0.get("loop_split"),
             "rows_held": {name: sum(int(finals[r]["rows_held"][name]) for r in ranks)
                           for name in f0["rows_held"]},
         },

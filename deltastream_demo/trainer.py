@@ -335,17 +335,27 @@ class _Trainer:
         last_report = 0.0
         step, loss, stop = 0, float("nan"), False
         losses: list[tuple[int, float]] = []
+        # seconds of the loop per part (the report's "where the training loop's time went")
+        split = dict.fromkeys(("train", "publish", "snapshots", "evaluations"), 0.0)
         while not stop and (steps is None or step < steps):
-            want_stop = duration is not None and time.monotonic() - t0 >= float(duration)
+            t_step = time.monotonic()
+            want_stop = duration is not None and t_step - t0 >= float(duration)
             loss, stop = self._train_step(step, want_stop)
             step += 1
+            t_pub = time.monotonic()
+            split["train"] += t_pub - t_step
             if pub.budget is not None or step % pub_every == 0:
                 pub.publish_round(step)
+            t_snap = time.monotonic()
+            split["publish"] += t_snap - t_pub
             if step % snap_every == 0 and self.plan is None:
                 pub.snapshot_round(step)
+            t_eval = time.monotonic()
+            split["snapshots"] += t_eval - t_snap
             if eval_every and step % eval_every == 0 and not stop:
                 self.evaluate(step)
             now = time.monotonic()
+            split["evaluations"] += now - t_eval
             if self.rank == 0 and (now - last_report >= 0.25 or step == steps):
                 last_report = now
                 losses.append((step, loss))
@@ -370,6 +380,7 @@ class _Trainer:
             "device": str(self.device), "kernels": self._kernels(),
             "examples": step * self.world * int(cfg["batch_size"]),
             "train_seconds": train_s, "flush_seconds": flush_s, "final_loss": loss,
+            "loop_split": split,
             "losses": losses, "rounds": pub.rounds, "totals": pub.totals,
             "bounds": pub.bounds,
             "left_after_flush": int(left),

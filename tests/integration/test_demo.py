@@ -78,6 +78,11 @@ def _check_common(proc: subprocess.CompletedProcess, r: dict, out: Path, workers
     t = r["train"]
     assert t["steps"] == 60 and t["examples"] == 60 * workers * 256
     assert t["examples_per_s"] > 0 and t["seconds"] > 0
+    # where rank 0's loop went: its parts add up to at most the loop's time
+    split = t["loop_split"]
+    assert set(split) == {"train", "publish", "snapshots", "evaluations"}
+    assert split["train"] > 0 and 0 < sum(split.values()) <= t["seconds"]
+    assert "loop, ms per step (rank 0)" in proc.stdout
 
     # every candidate row is accounted for; nothing is left after the final flush
     rows = r["rows"]
