@@ -53,6 +53,10 @@ class PendingLookups:
         self.n_states = 0  # of which with a borrowed state
         self.stateless = False  # some lookup was recorded without its state (degraded)
 
+    def states_changed(self) -> bool:
+        """Whether a borrowed lookup output was modified in place since it was recorded."""
+        return any(s._version != v for s, v in zip(self.states, self.versions, strict=True))
+
     def drop_states(self) -> None:
         """Keep the positions only (the table is degraded to ids)."""
         self.states, self.versions = [], []

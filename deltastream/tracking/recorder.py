@@ -291,8 +291,7 @@ class Recorder:
             return
         want_states = False
         if self.with_states:
-            if not p.stateless and any(s._version != v for s, v in
-                                       zip(p.states, p.versions, strict=True)):
+            if not p.stateless and p.states_changed():
                 self.touched.note_states_modified(fqn)
                 p.drop_states()
             if p.stateless:
@@ -333,8 +332,7 @@ class Recorder:
         then (:data:`RAW_MERGE_MIN`)."""
         p = self.pending.get(fqn)
         if not self.with_states or p is None or self.keeps_unique(fqn) or p.stateless \
-                or self.touched.is_degraded(fqn) \
-                or any(s._version != v for s, v in zip(p.states, p.versions, strict=True)):
+                or self.touched.is_degraded(fqn) or p.states_changed():
             return None
         if not take and self.touched.num_rows(fqn) + p.n \
                 > 2 * self._merged_rows.get(fqn, 0) + RAW_MERGE_MIN:

@@ -13,8 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["radix_sort", "sort_ids", "sort_ids_with_perm", "first_occurrences", "member",
-           "union"]
+__all__ = ["radix_sort", "sort_ids", "sort_ids_with_perm", "group_mask", "first_occurrences",
+           "member", "union"]
 
 
 #: Below this many ids a comparison sort beats the radix passes of :func:`radix_sort`.
@@ -63,17 +63,24 @@ def sort_ids_with_perm(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.sort(ids)
 
 
+def group_mask(sorted_ids: torch.Tensor, last: bool) -> torch.Tensor:
+    """Bool mask over sorted ids: True at the first (or last) element of each equal group."""
+    n = sorted_ids.numel()
+    mask = torch.ones(n, dtype=torch.bool, device=sorted_ids.device)
+    if n > 1:
+        if last:
+            torch.ne(sorted_ids[1:], sorted_ids[:-1], out=mask[:-1])
+        else:
+            torch.ne(sorted_ids[1:], sorted_ids[:-1], out=mask[1:])
+    return mask
+
+
 def first_occurrences(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(unique, where)`` for int64 ``ids`` [n] with repeats: the distinct ids ascending
     and, for each, the index of its first occurrence in ``ids`` (int64, aligned)."""
-    order = torch.sort(ids, stable=True).indices  # equal ids keep their order: first first
-    ordered = ids.index_select(0, order)
-    n = ordered.numel()
-    start = torch.ones(n, dtype=torch.bool, device=ids.device)
-    if n > 1:
-        torch.ne(ordered[1:], ordered[:-1], out=start[1:])
-    where = order[start]
-    return ordered[start], where
+    ordered, order = torch.sort(ids, stable=True)  # equal ids keep their order: first first
+    start = group_mask(ordered, last=False)
+    return ordered[start], order[start]
 
 
 def member(sorted_ids: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from deltastream.tracking.sorted_ids import member, union
+from deltastream.tracking.sorted_ids import group_mask, member, union
 from deltastream.types import DeltaRows, UpdateMode
 
 __all__ = ["DeltaStore"]
@@ -89,18 +89,6 @@ class _Table:
             self.degraded = False  # nothing held: the table keeps states again
 
 
-def _group_mask(sorted_ids: torch.Tensor, last: bool) -> torch.Tensor:
-    """Bool mask over sorted ids: True at the first (or last) element of each equal group."""
-    n = sorted_ids.numel()
-    mask = torch.ones(n, dtype=torch.bool, device=sorted_ids.device)
-    if n > 1:
-        if last:
-            torch.ne(sorted_ids[1:], sorted_ids[:-1], out=mask[:-1])
-        else:
-            torch.ne(sorted_ids[1:], sorted_ids[:-1], out=mask[1:])
-    return mask
-
-
 def _dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
             mode: UpdateMode) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Sort ``ids`` [N] and keep one entry per id; states [N, dim] follow FIRST/LAST.
@@ -111,7 +99,7 @@ def _dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
         return torch.unique(ids, sorted=True), None
     # A stable sort keeps equal ids in arrival order: the first of a group is the earliest.
     sorted_ids, perm = torch.sort(ids, stable=True)
-    keep = _group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
+    keep = group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
     if keep.numel() == sorted_ids.numel():
         return sorted_ids, states.index_select(0, perm)
     return sorted_ids.index_select(0, keep), states.index_select(0, perm.index_select(0, keep))
@@ -164,7 +152,7 @@ def _merge_runs(runs: list[_Run], mode: UpdateMode,
     # A stable sort keeps equal ids in recording order (runs in order, and arrival order
     # inside a run as recorded), so a group's first entry is FIRST and its last LAST.
     sorted_ids, perm = torch.sort(ids, stable=True)
-    keep = _group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
+    keep = group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
     out_ids = sorted_ids.index_select(0, keep)
     src = perm.index_select(0, keep)  # concatenation position of the chosen entry per out row
     # Gather the chosen states run by run (each run's chosen rows in position order), then
