@@ -21,13 +21,16 @@ as a run does), each timed against the step alone in the chunk just before it:
   of issue 29's goal, ``residuals=True`` and ``wide_dtype="i8"`` on wire v5 (``r1e``;
   ``--residuals``) / ``read_decay=None`` (``--unweighted``);
 * ``delta-10``: tracker + :func:`~deltastream.publish_delta` every 10 steps
-  (``SelectionPolicy(fraction=0.5)``, the leftover carried).
+  (``SelectionPolicy(fraction=0.5)``, the leftover carried), on the training thread;
+* ``rounds-10``: the same rounds off the training loop: a
+  :class:`~deltastream.RoundPublisher` (``RoundPolicy(SelectionPolicy(fraction=0.5),
+  every=10)``, the default worker) ticked after every step.
 
 Rows go to a real broker (the embedded one, f16). Each budget first runs one chunk
 untimed (its worker's first rounds, CUDA's side stream and pinned host memory growing to
 the hand-offs' size are paid once per run, not per step). With ``--pending N`` each budget starts
 with ``N`` rows already pending (fresh ids inserted and handed off before the clock starts),
-so a tick's cost can be read against a large pending set.
+so a tick's cost can be read against a large pending set (``rounds-10`` starts empty).
 
 Figures per configuration and batch: **ratio** = median over pairs of (the mean step with
 deltastream, over its chunk and its *tail* ÷ the mean step alone in the adjacent chunk:
@@ -76,6 +79,7 @@ from bench._common import add_threads_flag, result, torch_threads, zipf_ids
 from bench.train_step import TableCTR
 from deltastream.embedding.optim import SparseAdam
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
 from deltastream.publishing.rounds import SelectionPolicy, publish_delta
 from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import TrackingMode
@@ -96,20 +100,26 @@ class _Run:
     def __init__(self, name: str, model: TableCTR, servers: str, topic: str,
                  budget: float | None = None, threaded: bool = True,
                  delta_every: int | None = None, worker: str = "auto",
-                 residuals: bool = False, **policy: object) -> None:
+                 residuals: bool = False, rounds_every: int | None = None,
+                 **policy: object) -> None:
         from deltastream import DeltaPublisher
 
         self.name, self.delta_every = name, delta_every
         self.tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
         self.pub = DeltaPublisher(servers, topic, model="bench", shard=0,
                                   wire_version=5 if residuals else 2) \
-            if budget or delta_every else None
+            if budget or delta_every or rounds_every else None
         if residuals:
             policy.update(residuals=True, wide_dtype="i8")
-        self.budget = BudgetPublisher(self.tracker, self.pub, "p",
-                                      BudgetPolicy(bytes_per_s=budget, **policy),
-                                      threaded=threaded, worker=worker) \
-            if budget else None
+        #: the publisher ticked after every step (a budget, or publish_delta's rounds)
+        self.budget: BudgetPublisher | None = BudgetPublisher(
+            self.tracker, self.pub, "p", BudgetPolicy(bytes_per_s=budget, **policy),
+            threaded=threaded, worker=worker) if budget else None
+        if rounds_every:
+            self.budget = RoundPublisher(
+                self.tracker, self.pub, "p",
+                RoundPolicy(SelectionPolicy(fraction=0.5), every=rounds_every),
+                threaded=threaded, worker=worker)
         self.times: list[float] = []
         self.alone: list[float] = []
         #: per timed pair: mean step time with deltastream (its chunk and tail) ÷ alone
@@ -369,12 +379,16 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         runs.append(_Run(f"budget-{int(b)}-unweighted", model, servers, topic, budget=b,
                          read_decay=None))
     runs.append(_Run("delta-10", model, servers, topic, delta_every=10))
+    runs.append(_Run("rounds-10", model, servers, topic, rounds_every=10))
     k = len(pool)
     try:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
             if r.budget is not None:
                 k = _warm(r, runs, step, k, chunk)
-            if r.budget is not None and args.pending:
+            # (publish_delta's rounds take a fraction of their candidates: a prefill would
+            # be published in halves, round after round; they start empty)
+            if args.pending and isinstance(r.budget, BudgetPublisher) \
+                    and not isinstance(r.budget, RoundPublisher):
                 _prefill(r, runs, model, args.pending, k)
         if args.pending:  # the optimizer's state grows to the prefilled table: untimed
             with _paused(runs):

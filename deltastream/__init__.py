@@ -56,6 +56,8 @@ _EXPORTS = {
     "SelectionPolicy": "publishing.rounds",
     "BudgetPolicy": "publishing.budget_policy",
     "BudgetPublisher": "publishing.budget",
+    "RoundPolicy": "publishing.round_engine",
+    "RoundPublisher": "publishing.round_publisher",
     "DensePublisher": "publishing.dense",
     "DenseOptions": "publishing.dense",
     "EmbeddedBroker": "broker",

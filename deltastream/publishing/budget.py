@@ -117,6 +117,7 @@ from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
 from deltastream.publishing.budget_process import ProcessWorker, cannot_spawn
 from deltastream.publishing.budget_worker import BudgetWorker
 from deltastream.publishing.handoff import Handoff, HostCopier, owed_storages, take_handoff
+from deltastream.publishing.round_engine import RoundEngine, engine_for
 from deltastream.publishing.rounds import RowPublisher
 
 if TYPE_CHECKING:
@@ -190,14 +191,18 @@ class BudgetPublisher:
     Use it as a context manager, or call :meth:`close`, to stop the worker.
     """
 
+    #: the policy class this publisher takes
+    policy_type: type = BudgetPolicy
+
     def __init__(self, tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                  policy: BudgetPolicy, *, tables: Optional[Mapping[str, Any]] = None,
                  clock: Callable[[], float] = time.monotonic, start_step: int = 0,
                  threaded: bool = True, worker: str = "auto",
                  on_round: Optional[Callable[[BudgetTick], None]] = None,
                  dense: Optional[DensePublisher] = None) -> None:
-        if not isinstance(policy, BudgetPolicy):
-            raise TypeError(f"policy must be a BudgetPolicy, got {type(policy).__name__}")
+        if not isinstance(policy, self.policy_type):
+            raise TypeError(f"policy must be a {self.policy_type.__name__}, got "
+                            f"{type(policy).__name__}")
         version = getattr(publisher, "wire_version", wire.VERSION)
         if policy.residuals and version < wire.RESIDUAL_VERSION:
             raise ValueError(f"BudgetPolicy(residuals=True) needs a publisher writing wire "
@@ -229,9 +234,9 @@ class BudgetPublisher:
                             "on a thread", e, e.__cause__)
                 self._mode = "thread"
         if self._worker is not None:
-            self._state: BudgetEngine | ProcessWorker = self._worker
+            self._state: BudgetEngine | RoundEngine | ProcessWorker = self._worker
         else:
-            self._engine = self._state = BudgetEngine(publisher, policy, specs, on_round)
+            self._engine = self._state = engine_for(publisher, policy, specs, on_round)
             if threaded:
                 self._worker = BudgetWorker(self._engine, consumer)
         self._clock = clock
@@ -240,6 +245,7 @@ class BudgetPublisher:
         self._last_step = int(start_step)
         self._first_step: Optional[int] = None
         self._last_round_t: Optional[float] = None
+        self._last_round_step = int(start_step)  # the step of the last hand-off
         self._busy_mark = 0.0  # the worker's busy seconds at the last hand-off
         self._units = 0.0  # refill units of ticks that only refilled
         self._tick = 0
@@ -272,8 +278,7 @@ class BudgetPublisher:
         self._ticks += 1
         if self._first_step is None:
             self._first_step = int(step)
-        too_soon = self._last_round_t is not None \
-            and now - self._last_round_t < self._gap()
+        too_soon = not self._due(int(step), now)
         out = None
         if self._capturing is not None:  # the last hand-off's rows are still being copied
             self._capture_ticks += 1
@@ -285,7 +290,7 @@ class BudgetPublisher:
             # tracker (coalescing there, newest value at the next hand-off)
             self._skipped += 1
         elif not too_soon:
-            self._last_round_t = now
+            self._last_round_t, self._last_round_step = now, int(step)
             if self._worker is not None:
                 self._busy_mark = self._worker.busy_s
             out = self._hand_off(int(step), ts, final=False)
@@ -377,6 +382,11 @@ class BudgetPublisher:
         e = self._worker.take_error() if self._worker is not None else None
         if e is not None:
             raise e
+
+    def _due(self, step: int, now: float) -> bool:
+        """Whether a tick at ``step`` (``now``: the clock) hands off: ``_gap()`` seconds
+        after the last hand-off."""
+        return self._last_round_t is None or now - self._last_round_t >= self._gap()
 
     def _gap(self) -> float:
         """Seconds the next hand-off waits after the last round: ``min_interval_s``, or

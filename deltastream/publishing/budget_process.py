@@ -58,11 +58,12 @@ from typing import Any, Optional
 import torch
 
 from deltastream.errors import PublishError
-from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, TableSpec
+from deltastream.publishing.budget_engine import BudgetTick, TableSpec
 from deltastream.publishing.budget_policy import BudgetPolicy
 from deltastream.publishing.budget_worker import BudgetWorker, first_error
 from deltastream.publishing.handoff import Handoff
 from deltastream.publishing.handoff_pack import Segment, layout, shm_dir, unpack, view
+from deltastream.publishing.round_engine import RoundPolicy, engine_for
 
 __all__ = ["ProcessWorker", "cannot_spawn"]
 
@@ -84,7 +85,7 @@ class ProcessWorker:
     the interface of :class:`~.budget_worker.BudgetWorker` plus :meth:`stats` / ``last``
     snapshots of the child's engine."""
 
-    def __init__(self, publisher: Any, policy: BudgetPolicy, specs: Mapping[str, TableSpec],
+    def __init__(self, publisher: Any, policy: BudgetPolicy | RoundPolicy, specs: Mapping[str, TableSpec],
                  on_round: Optional[Callable[[BudgetTick], None]] = None,
                  name: str = "budget", start_timeout: float = 120.0) -> None:
         why = cannot_spawn(publisher)
@@ -447,7 +448,7 @@ def _outcome(f: Future) -> Any:
     return _picklable(e) if e is not None else _lite(f.result())
 
 
-def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPolicy,
+def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPolicy | RoundPolicy,
                 specs: dict, name: str) -> None:
     """The worker process: one engine and its worker threads, driven through ``conn``."""
     torch.set_num_threads(1)
@@ -472,7 +473,7 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                 "backlog": worker.backlog() if worker else {},
                 "next_seq": publisher.next_seqs()}
 
-    engine = BudgetEngine(publisher, policy, specs,
+    engine = engine_for(publisher, policy, specs,
                           on_round=lambda rec: send(("round", _lite(rec), snapshot())))
     worker = BudgetWorker(engine, name)
     send(("ready", snapshot()))

@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from deltastream.tracking.tracker import DeltaTracker
 
 __all__ = ["SelectionPolicy", "TableRound", "PublishRound", "RowPublisher", "publish_delta",
-           "table_name", "shard_publish_kwargs"]
+           "run_round", "hand_back_failed", "table_name", "shard_publish_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -383,9 +383,8 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
     names = _table_names(modules)  # checked before the delta is read: nothing is consumed
     t0 = time.monotonic()
     ts = time.time_ns() if ts is None else ts
-    rnd = _Round(tracker, consumer, publisher, policy, modules, names, step=step, ts=ts,
-                 final=final)
-    done = rnd.run(tracker.get_delta(consumer))
+    done = run_round(tracker, consumer, publisher, policy, modules, names,
+                     lambda: tracker.get_delta(consumer), step=step, ts=ts, final=final)
     if dense is not None:  # before the final flush below, which then covers it too
         (dense.flush if final else dense.tick)(step, ts=ts)
     flush = getattr(publisher, "flush", None) if final else None
@@ -393,10 +392,25 @@ def publish_delta(tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
         try:  # a final round ends with every message acknowledged, or handed back
             flush()
         except PublishError as e:
-            _hand_back_failed(tracker, consumer, e, names, modules, policy)
+            hand_back_failed(tracker, consumer, e, names, modules, policy)
             raise
     return PublishRound(step=step, ts=ts, final=final, seconds=time.monotonic() - t0,
                         tables=tuple(done))
+
+
+def run_round(tracker: Any, consumer: str, publisher: RowPublisher, policy: SelectionPolicy,
+              modules: Mapping[str, torch.nn.Module], names: Mapping[str, str],
+              read: Callable[[], Mapping[str, DeltaRows]], *, step: int, ts: int,
+              final: bool) -> list[TableRound]:
+    """The tables of one round (:func:`publish_delta` without its read, dense tick and
+    final flush): ``read()`` gives the deltas once the round is numbered; rows are read
+    from ``modules``, carried between rounds per ``tracker`` and ``consumer``, and handed
+    back with ``tracker.retain`` (``tracker``: a :class:`~deltastream.DeltaTracker`, or
+    anything with its ``retain``: :class:`~deltastream.publishing.round_engine.RoundEngine`
+    runs rounds on the rows a worker holds). ``names``: ``{fqn: published name}``."""
+    rnd = _Round(tracker, consumer, publisher, policy, modules, names, step=step, ts=ts,
+                 final=final)
+    return rnd.run(read())
 
 
 # (fqn, rows, ids of the rows still at stake: None = all of them): what is left of a
@@ -436,8 +450,8 @@ class _Round:
                 rec = self._table(pending)
             except BaseException as e:
                 _hand_back(self.tracker, self.consumer, pending, e)
-                _hand_back_failed(self.tracker, self.consumer, e, self.names, self.modules,
-                                  self.policy)
+                hand_back_failed(self.tracker, self.consumer, e, self.names, self.modules,
+                                 self.policy)
                 raise
             pending.pop(0)
             if rec is not None:
@@ -505,9 +519,9 @@ class _Round:
         return merge_carry(rows, delta)
 
 
-def _hand_back_failed(tracker: DeltaTracker, consumer: str, error: BaseException,
-                      names: Mapping[str, str], modules: Mapping[str, torch.nn.Module],
-                      policy: SelectionPolicy) -> None:
+def hand_back_failed(tracker: Any, consumer: str, error: BaseException,
+                     names: Mapping[str, str], modules: Mapping[str, torch.nn.Module],
+                     policy: SelectionPolicy) -> None:
     """After a ``PublishError``: retain the ids of the messages it names as undelivered
     (sent by this or an earlier round), so a later round publishes their current value."""
     undelivered = getattr(error, "undelivered", None) if isinstance(error, PublishError) \

@@ -1,5 +1,5 @@
-"""BudgetPublisher (threaded, the default, and with a worker process) across a real broker
-outage: the training loop keeps its pace while the broker is down, the pending set stays bounded, a ``flush`` during
+"""BudgetPublisher and RoundPublisher (threaded, the default, and with a worker process)
+across a real broker outage: the training loop keeps its pace while the broker is down, the pending set stays bounded, a ``flush`` during
 the outage raises and loses nothing, and once the broker is back every row's last value
 reaches a predictor.
 
@@ -20,6 +20,8 @@ from deltastream import DeltaTracker, HashTable, TrackingMode, wire
 from deltastream.errors import PublishError
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from deltastream.publishing.publisher import DeltaPublisher, ensure_topic
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
+from deltastream.publishing.rounds import SelectionPolicy
 from tests.integration.test_publisher import read_all
 
 pytestmark = pytest.mark.integration
@@ -78,12 +80,21 @@ def _step(table: HashTable, g: torch.Generator) -> None:
         table.insert(ids, rows + torch.randn(len(ids), DIM, generator=g))
 
 
+#: the publishers that run rounds off the training loop: a byte budget, publish_delta's
+#: rounds (a count budget every 3 steps)
+KINDS = {"budget": lambda *a, **kw: BudgetPublisher(*a, BudgetPolicy(bytes_per_step=4_000),
+                                                    **kw),
+         "rounds": lambda *a, **kw: RoundPublisher(*a, RoundPolicy(SelectionPolicy(k=150),
+                                                                   every=3), **kw)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_broker_outage_never_stalls_the_loop_and_every_row_arrives(own_broker, topic_name,
-                                                                     worker):
+                                                                     worker, kind):
     servers = own_broker.bootstrap_servers
     table, tracker, pub = tracked_table(servers, topic_name)
-    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=4_000), worker=worker)
+    bp = KINDS[kind](tracker, pub, "p", worker=worker)
     g = torch.Generator().manual_seed(0)
     errors: list[PublishError] = []
 

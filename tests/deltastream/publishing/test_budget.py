@@ -20,6 +20,8 @@ import torch
 from consumers import ServingTable
 from deltastream import DeltaTracker, HashTable, PublishError, TrackingMode, wire
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
+from deltastream.publishing.rounds import SelectionPolicy
 from deltastream.publishing.token_bucket import TokenBucket
 from deltastream.tracking import recorder
 from tests.deltastream.publishing.budget_cases import (
@@ -410,14 +412,16 @@ def test_cuda_tables_publish_within_the_budget_and_flush_exactly():
         not torch.cuda.is_available(), reason="needs CUDA")])])
 @pytest.mark.parametrize("consumers", [["p"], ["p", "snapshot"]])
 @pytest.mark.parametrize("table", ["embedding", "hashtable"])
+@pytest.mark.parametrize("kind", ["budget", "rounds"])
 def test_an_accelerators_training_loop_never_syncs_in_its_ticks(mode, table, consumers, device,
-                                                          monkeypatch):
+                                                          kind, monkeypatch):
     """Train on CUDA, tick every step: under ``set_sync_debug_mode("error")`` any host
     sync raises. An ``nn.Embedding`` (lookups declared sparse) with SGD: the whole step,
     hooks and tick included; a ``HashTable`` (which reads back its own inserts) with
     deltastream's SparseAdam: the tracker's step and the tick. Then every touched row
     reaches the serving table exactly, and a second consumer reads every touched id. On
-    the CPU the tables record every lookup as CUDA's do (no sync mode there)."""
+    the CPU the tables record every lookup as CUDA's do (no sync mode there). ``kind``: a
+    BudgetPublisher, or a RoundPublisher (publish_delta's rounds every 3 steps)."""
     if mode != "threaded":
         pytest.skip("the hand-off only: a synchronous tick runs its round on this thread")
     monkeypatch.setattr(recorder, "records_as_is", lambda d: True)
@@ -438,7 +442,9 @@ def test_an_accelerators_training_loop_never_syncs_in_its_ticks(mode, table, con
         opt = SparseAdam(model, lr=0.05)
         tracker = DeltaTracker(model, consumers=consumers, mode=TrackingMode.EMBEDDING)
     serving = {"emb": ServingTable("emb", 16)}
-    bp = _publisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=4000))
+    bp = _publisher(tracker, Loopback(serving), "p", BudgetPolicy(bytes_per_step=4000)) \
+        if kind == "budget" else RoundPublisher(
+            tracker, Loopback(serving), "p", RoundPolicy(SelectionPolicy(k=60), every=3))
     whole_step = table == "embedding"
 
     def no_sync(on: bool):

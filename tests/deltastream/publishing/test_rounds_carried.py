@@ -4,8 +4,6 @@ tests of publish_delta are in test_rounds.py and tests/integration/)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -20,26 +18,16 @@ from deltastream import (
 )
 from deltastream.publishing import carried_select
 from deltastream.publishing.rounds import SelectionPolicy
-
-DIM = 6
-
-
-class _Recorder:
-    """A RowPublisher that keeps what each call hands it: ``(table, ids, rows, tombs)``."""
-
-    dtype = "f16"
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, list[int], torch.Tensor, list[int]]] = []
-
-    def publish(self, table, ids, rows, *, step, tombstones=None, ts=None, **kw):
-        tombs = [] if tombstones is None else sorted(tombstones.tolist())
-        self.sent.append((table, ids.tolist(), rows.clone(), tombs))
-        return SimpleNamespace(rows=int(ids.numel()), tombstones=len(tombs), messages=1,
-                               bytes=int(ids.numel()) * (8 + 2 * DIM))
+from tests.deltastream.publishing.round_cases import (
+    DIM,
+    Recorder,
+    apply_step,
+    random_steps,
+    twin_model,
+)
 
 
-def _reference_round(tracker: DeltaTracker, pub: _Recorder, policy: SelectionPolicy,
+def _reference_round(tracker: DeltaTracker, pub: Recorder, policy: SelectionPolicy,
                      tables: dict) -> None:
     """The loop publish_delta has always run: the full delta (every carried row read and
     scored again), select_changed, retain the leftover."""
@@ -53,56 +41,6 @@ def _reference_round(tracker: DeltaTracker, pub: _Recorder, policy: SelectionPol
         if len(sel) or n_tomb:
             pub.publish(tables[fqn].name, sel.ids, sel.rows, step=0,
                         tombstones=sel.tombstones if n_tomb else None)
-
-
-def _model(n: int, seed: int) -> torch.nn.ModuleDict:
-    gen = torch.Generator().manual_seed(seed)
-    out = torch.nn.ModuleDict()
-    for name in ("u", "v"):
-        t = HashTable(DIM, name=name, capacity=8 * n)
-        t.insert(torch.arange(n), torch.randn(n, DIM, generator=gen))
-        out[name] = t
-    return out
-
-
-def _steps(rng: np.random.Generator, n: int, rounds: int, steps: int):
-    """A random sequence of table changes per round: per step, per table, the ids looked up
-    and moved (Zipf-like: some hot, most cold), ids inserted, ids evicted."""
-    plan, next_id = [], n
-    for _ in range(rounds):
-        rnd = []
-        for _ in range(steps):
-            step = {}
-            for name in ("u", "v"):
-                touch = np.unique(np.minimum(rng.zipf(1.3, size=rng.integers(1, 40)) - 1,
-                                             next_id - 1))
-                fresh = np.arange(next_id, next_id + rng.integers(0, 4))
-                next_id += fresh.size
-                evict = rng.choice(next_id, size=rng.integers(0, 3), replace=False)
-                step[name] = (touch, fresh, evict, rng.normal(size=(touch.size, DIM)),
-                              rng.normal(size=(fresh.size, DIM)))
-            rnd.append(step)
-        plan.append(rnd)
-    return plan
-
-
-def _apply(model: torch.nn.ModuleDict, tracker: DeltaTracker, step: dict) -> None:
-    with torch.no_grad():
-        for name, (touch, fresh, evict, moves, values) in step.items():
-            t = model[name]
-            ids = torch.from_numpy(touch)
-            live = ids[t.contains(ids)]
-            if live.numel():
-                rows = t(live)  # a recorded lookup, then the "optimizer" moves the rows
-                move = torch.from_numpy(moves[:live.numel()]).float()
-                t.insert(live, rows + move)
-            if fresh.size:  # inserted, then moved by a write without a lookup: reported
-                # with the inserted row as FIRST, a drift of its own (no ties to break)
-                value = torch.from_numpy(values).float()
-                t.insert(torch.from_numpy(fresh), value)
-                t.insert(torch.from_numpy(fresh), 2 * value)
-            t.evict(torch.from_numpy(evict))
-    tracker.step()
 
 
 POLICIES = {
@@ -133,19 +71,19 @@ def test_rounds_choose_what_a_full_rescore_chooses(policies, seed, share, monkey
     default: rounds switch between both paths as the carried set grows and shrinks."""
     monkeypatch.setattr(carried_select, "TAKE_SHARE", share)
     n, rounds = 300, 12
-    plan = _steps(np.random.default_rng(seed), n, rounds, steps=3)
+    plan = random_steps(np.random.default_rng(seed), n, rounds, steps=3)
     runs = []
     for _ in range(2):
-        model = _model(n, seed)
+        model = twin_model(n, seed)
         tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
-        runs.append((model, tracker, _Recorder()))
+        runs.append((model, tracker, Recorder()))
     (m_new, t_new, p_new), (m_ref, t_ref, p_ref) = runs
     tables = t_ref.get_tracked_modules()
     carried_some = False
     for r, rnd in enumerate(plan):
         for step in rnd:
-            _apply(m_new, t_new, step)
-            _apply(m_ref, t_ref, step)
+            apply_step(m_new, t_new, step)
+            apply_step(m_ref, t_ref, step)
         final, policy = r == rounds - 1, policies[r % len(policies)]
         got = publish_delta(t_new, p_new, "p", policy, step=r, final=final)
         carried_some |= got.carried > 0
@@ -162,7 +100,7 @@ def test_rounds_choose_what_a_full_rescore_chooses(policies, seed, share, monkey
     assert carried_some  # the budget did carry rows across rounds
 
 
-def _reference_final(tracker: DeltaTracker, pub: _Recorder, tables: dict) -> None:
+def _reference_final(tracker: DeltaTracker, pub: Recorder, tables: dict) -> None:
     for fqn, delta in tracker.get_delta("p").items():
         n_tomb = 0 if delta.tombstones is None else int(delta.tombstones.numel())
         if len(delta) or n_tomb:
@@ -188,7 +126,7 @@ def test_a_round_reads_the_changed_rows_and_the_rows_it_takes_not_the_carried_se
     gen = torch.Generator().manual_seed(3)
     table.insert(torch.arange(carried + k), torch.randn(carried + k, DIM, generator=gen))
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
-    policy, pub = SelectionPolicy(k=k), _Recorder()
+    policy, pub = SelectionPolicy(k=k), Recorder()
 
     def move(ids: torch.Tensor) -> None:
         with torch.no_grad():
@@ -229,7 +167,7 @@ def test_a_round_whose_table_read_fails_loses_no_carried_row(monkeypatch):
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
     with torch.no_grad():
         table.insert(torch.arange(n), table(torch.arange(n)) + 1.0)
-    pub = _Recorder()
+    pub = Recorder()
     first = publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=1)
     assert (first.published, first.carried) == (k, n - k)
     _FailingReads.broken = True  # no row changed: the round only reads the rows it takes
@@ -243,7 +181,7 @@ def test_a_round_whose_table_read_fails_loses_no_carried_row(monkeypatch):
     assert sorted(i for _, ids, _, _ in pub.sent for i in ids) == list(range(n))
 
 
-class _FailsOnce(_Recorder):
+class _FailsOnce(Recorder):
     """A recorder whose ``fail_at``-th publish call raises PublishError (nothing sent)."""
 
     def __init__(self, fail_at: int) -> None:
@@ -263,18 +201,18 @@ def test_a_failed_publish_from_carried_rows_hands_back_every_row(monkeypatch):
     and a final round publishes every row with its last value."""
     monkeypatch.setattr(carried_select, "TAKE_SHARE", 0)
     n, k = 120, 7
-    model = _model(n, seed=4)
+    model = twin_model(n, seed=4)
     model["w"] = HashTable(DIM, name="w", capacity=8 * n)
     model["w"].insert(torch.arange(n), torch.randn(n, DIM))
     before = {name: dict(zip(model[name].ids().tolist(), model[name].lookup(model[name].ids()),
                              strict=True)) for name in ("u", "v", "w")}
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
     rng = np.random.default_rng(4)
-    plan = _steps(rng, n, rounds=4, steps=2)
+    plan = random_steps(rng, n, rounds=4, steps=2)
     pub = _FailsOnce(fail_at=3 * 2 + 2)  # round 3, table "v"
     for r, rnd in enumerate(plan):
         for step in rnd:
-            _apply(model, tracker, {**step, "w": step["u"]})
+            apply_step(model, tracker, {**step, "w": step["u"]})
         if r == 2:
             with pytest.raises(PublishError, match="broker gone") as info:
                 publish_delta(tracker, pub, "p", SelectionPolicy(k=k), step=r)
