@@ -3,7 +3,8 @@
  *
  *   lane_submit(job)  queue a job (GIL held); -1 when the thread cannot start: run it yourself
  *   lane_finished(job) whether it ran (no wait)
- *   lane_wait(job)    wait until it ran (call without the GIL)
+ *   lane_wait(job)    wait until it ran (call without the GIL); while no thread is in a
+ *                     job, the caller runs the queued jobs itself, in order, up to its own
  *   lane_hold(on)     keep queued jobs waiting (tests: a job still running when the caller
  *                     goes on); a fork while jobs are held waits for them
  *   lane_busy()       whether another job waits (a long job's run checks it between pieces
@@ -12,8 +13,11 @@
  * Jobs run one at a time, in the order queued; a job whose run returns non-zero goes to the
  * back of the queue and runs on later (a long walk does not hold up short markings). The
  * thread runs at SCHED_IDLE (Linux): on time no other thread of the host wants, so it never
- * preempts the training thread; a caller that waits for a job sleeps, and the lane
- * thread gets the core it leaves. A job touches no Python object: it reads and
+ * preempts the training thread. So it also waits while another process keeps the spare
+ * core busy (a publisher's worker process, a broker): a caller that waits for a job the
+ * thread has not started runs it on its own core instead — the core it would leave idle
+ * while it slept — with the jobs queued before it (one thread in a job at a time, in
+ * queue order, whichever thread runs it). A job touches no Python object: it reads and
  * writes memory its submitter keeps alive (Py_buffers held until it is waited for). The
  * thread blocks every signal (Python's handlers run on the main thread) and is started on
  * the first submit. fork(): the prepare handler waits until no job is queued or running, so
@@ -37,11 +41,36 @@ static pthread_mutex_t lane_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t lane_more = PTHREAD_COND_INITIALIZER; /* a job was queued */
 static pthread_cond_t lane_ran = PTHREAD_COND_INITIALIZER;  /* a job finished */
 static LaneJob *lane_head = NULL, *lane_tail = NULL;
-static int lane_running = 0; /* the thread is in a job */
+static int lane_running = 0; /* a thread (the lane's, or a waiter) is in a job */
 static int lane_up = 0;      /* the thread exists in this process */
 static int lane_atfork = 0;  /* the fork handlers are registered */
 static int lane_held = 0;    /* lane_hold */
 static int lane_woken = 0;   /* lane_more signalled since the thread last took a job */
+
+/* Run the job at the head of the queue (lane_mu held, lane_head != NULL, no thread in a
+ * job); returns with lane_mu held. A job that is not finished goes to the back. */
+static void lane_run_head(void) {
+    LaneJob *j = lane_head;
+    lane_head = j->next;
+    if (lane_head == NULL)
+        lane_tail = NULL;
+    lane_running = 1;
+    pthread_mutex_unlock(&lane_mu);
+    int again = j->run(j);
+    pthread_mutex_lock(&lane_mu);
+    lane_running = 0;
+    if (again) { /* behind the jobs queued meanwhile */
+        j->next = NULL;
+        if (lane_tail != NULL)
+            lane_tail->next = j;
+        else
+            lane_head = j;
+        lane_tail = j;
+        return;
+    }
+    j->done = 1;
+    pthread_cond_broadcast(&lane_ran);
+}
 
 static void *lane_main(void *unused) {
     (void)unused;
@@ -53,29 +82,12 @@ static void *lane_main(void *unused) {
 #endif
     pthread_mutex_lock(&lane_mu);
     for (;;) {
-        while (lane_head == NULL || lane_held)
+        while (lane_head == NULL || lane_held || lane_running) { /* running: a waiter's */
+            lane_woken = 0; /* asleep: the next submit (or a waiter done) wakes it */
             pthread_cond_wait(&lane_more, &lane_mu);
-        LaneJob *j = lane_head;
-        lane_woken = 0;
-        lane_head = j->next;
-        if (lane_head == NULL)
-            lane_tail = NULL;
-        lane_running = 1;
-        pthread_mutex_unlock(&lane_mu);
-        int again = j->run(j);
-        pthread_mutex_lock(&lane_mu);
-        lane_running = 0;
-        if (again) { /* behind the jobs queued meanwhile */
-            j->next = NULL;
-            if (lane_tail != NULL)
-                lane_tail->next = j;
-            else
-                lane_head = j;
-            lane_tail = j;
-            continue;
         }
-        j->done = 1;
-        pthread_cond_broadcast(&lane_ran);
+        lane_woken = 0;
+        lane_run_head();
     }
     return NULL;
 }
@@ -162,8 +174,19 @@ static int lane_finished(LaneJob *j) {
 
 static void lane_wait(LaneJob *j) {
     pthread_mutex_lock(&lane_mu);
-    while (!j->done)
-        pthread_cond_wait(&lane_ran, &lane_mu);
+    int ran = 0;
+    while (!j->done) {
+        if (!lane_running && !lane_held && lane_head != NULL) {
+            lane_run_head(); /* not started: run it here (and what is queued before it) */
+            ran = 1;
+        } else {
+            pthread_cond_wait(&lane_ran, &lane_mu);
+        }
+    }
+    if (ran && lane_head != NULL && !lane_running) { /* the rest is the lane thread's */
+        lane_woken = 1;
+        pthread_cond_signal(&lane_more);
+    }
     pthread_mutex_unlock(&lane_mu);
 }
 
