@@ -9,6 +9,7 @@
  *                     goes on); a fork while jobs are held waits for them
  *   lane_busy()       whether another job waits (a long job's run checks it between pieces
  *                     of work and returns 1: it is queued again behind the others)
+ *   lane_jobs(out)    jobs finished so far: out[0] by the lane thread, out[1] by waiters
  *
  * Jobs run one at a time, in the order queued; a job whose run returns non-zero goes to the
  * back of the queue and runs on later (a long walk does not hold up short markings). The
@@ -46,10 +47,12 @@ static int lane_up = 0;      /* the thread exists in this process */
 static int lane_atfork = 0;  /* the fork handlers are registered */
 static int lane_held = 0;    /* lane_hold */
 static int lane_woken = 0;   /* lane_more signalled since the thread last took a job */
+static long lane_done_by[2] = {0, 0}; /* jobs finished: by the lane thread, by waiters */
 
 /* Run the job at the head of the queue (lane_mu held, lane_head != NULL, no thread in a
- * job); returns with lane_mu held. A job that is not finished goes to the back. */
-static void lane_run_head(void) {
+ * job) on the lane thread (waiter 0) or a waiter's; returns with lane_mu held. A job that
+ * is not finished goes to the back. */
+static void lane_run_head(int waiter) {
     LaneJob *j = lane_head;
     lane_head = j->next;
     if (lane_head == NULL)
@@ -69,11 +72,15 @@ static void lane_run_head(void) {
         return;
     }
     j->done = 1;
+    lane_done_by[waiter]++;
     pthread_cond_broadcast(&lane_ran);
 }
 
 static void *lane_main(void *unused) {
     (void)unused;
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), "ds-lane"); /* in top -H, /proc/<pid>/task */
+#endif
 #if defined(__linux__) && defined(SCHED_IDLE)
     /* The lane only uses time no other thread wants: it never takes a core from the
      * training thread (a wait for one of its jobs frees the waiter's core for it). */
@@ -87,7 +94,7 @@ static void *lane_main(void *unused) {
             pthread_cond_wait(&lane_more, &lane_mu);
         }
         lane_woken = 0;
-        lane_run_head();
+        lane_run_head(0);
     }
     return NULL;
 }
@@ -165,6 +172,13 @@ static int lane_busy(void) { /* a hint: read without the lock */
     return __atomic_load_n(&lane_head, __ATOMIC_RELAXED) != NULL;
 }
 
+static void lane_jobs(long out[2]) {
+    pthread_mutex_lock(&lane_mu);
+    out[0] = lane_done_by[0];
+    out[1] = lane_done_by[1];
+    pthread_mutex_unlock(&lane_mu);
+}
+
 static int lane_finished(LaneJob *j) {
     pthread_mutex_lock(&lane_mu);
     int d = j->done;
@@ -177,7 +191,7 @@ static void lane_wait(LaneJob *j) {
     int ran = 0;
     while (!j->done) {
         if (!lane_running && !lane_held && lane_head != NULL) {
-            lane_run_head(); /* not started: run it here (and what is queued before it) */
+            lane_run_head(1); /* not started: run it here (and what is queued before it) */
             ran = 1;
         } else {
             pthread_cond_wait(&lane_ran, &lane_mu);

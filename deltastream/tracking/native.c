@@ -33,7 +33,7 @@
  *       [capacity * row_bytes]) or, with by_occurrence, src row i for ids[i] (src: the
  *       lookup's output, [n * row_bytes]). An id outside [0, capacity) is an IndexError
  *       naming it, raised before anything is written.
- *   mark_fresh_later, walk_owed_later, hold_lane: native_later.c (mark_fresh and walk_owed
+ *   mark_fresh_later, walk_owed_later, hold_lane, lane_jobs: native_later.c (mark_fresh and walk_owed
  *       run on a background thread while the caller goes on).
  *   drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, words[, keys,
  *                out_keys]]]) -> k
@@ -557,6 +557,9 @@ static PyMethodDef methods[] = {
      "Marking.wait() -> used"},
     {"hold_lane", hold_lane, METH_O,
      "hold_lane(on): keep the lane's queued markings waiting (tests)"},
+    {"lane_jobs", lane_jobs_done, METH_NOARGS,
+     "lane_jobs() -> (by_lane, by_waiters): jobs finished by the lane thread, and by "
+     "callers that waited for a job the lane had not started"},
     {"drain_marked", drain_marked, METH_VARARGS,
      "drain_marked(slot, bits, arena, out_ids, out_rows[, out_at[, words[, keys, "
      "out_keys]]]) -> k: "

@@ -14,6 +14,9 @@
  *       walk gives way to other queued jobs between batches of 256 positions.
  *   hold_lane(on)
  *       With a true on, queued jobs wait until hold_lane(False) (tests).
+ *   lane_jobs() -> (by_lane, by_waiters)
+ *       Jobs finished so far by the lane thread, and by callers that waited for a job the
+ *       lane had not started (they run it themselves).
  */
 #include "native_tracking.h"
 #include "../native_lane.h"
@@ -185,4 +188,10 @@ PyObject *hold_lane(PyObject *self, PyObject *arg) {
         return NULL;
     lane_hold(on);
     Py_RETURN_NONE;
+}
+
+PyObject *lane_jobs_done(PyObject *self, PyObject *unused) {
+    long n[2];
+    lane_jobs(n);
+    return Py_BuildValue("ll", n[0], n[1]);
 }

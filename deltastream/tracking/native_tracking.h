@@ -75,6 +75,7 @@ int walk_run(Walk *st, int (*yield)(void));
 PyObject *mark_fresh_later(PyObject *self, PyObject *args);
 PyObject *walk_owed_later(PyObject *self, PyObject *args);
 PyObject *hold_lane(PyObject *self, PyObject *arg);
+PyObject *lane_jobs_done(PyObject *self, PyObject *unused);
 int later_ready(void); /* the Marking and Walking types made ready: 0, or -1 with an exception set */
 
 #endif

@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -520,3 +522,50 @@ def test_a_forked_child_runs_markings_on_a_lane_of_its_own():
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert f.drain(False)[0].tolist() == [1, 2]
+
+
+def _lane_tid() -> Optional[int]:
+    """The thread id of this process's lane thread (named ``ds-lane``), if it runs."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == "ds-lane":
+                return int(task.name)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE or not sys.platform.startswith("linux"),
+                    reason="deltastream.tracking.native is not built, or not Linux")
+def test_a_wait_runs_the_marking_itself_while_another_process_keeps_the_lane_off_its_cpu():
+    """The lane thread runs at SCHED_IDLE: a busy process on its CPU (a publisher's worker,
+    a broker) keeps it from running. A caller that then waits for a marking the lane has not
+    started runs it on its own thread instead of sleeping until the lane gets the CPU; the
+    rows are marked and copied as the lane would have."""
+    native = fresh_rows.native
+    weight = torch.randn(1000, 8)
+    f = FreshRows(1000)
+    f.add(torch.tensor([0]), weight, later=True)  # the lane thread starts
+    f.sync()
+    tid = _lane_tid()
+    assert tid is not None
+    cpu = min(os.sched_getaffinity(0))
+    everywhere = os.sched_getaffinity(tid)
+    spin = subprocess.Popen([sys.executable, "-c",
+                             f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(tid, {cpu})
+        time.sleep(0.3)  # the spinner runs on the lane's only CPU
+        before = native.lane_jobs()
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            f.add(torch.from_numpy(rng.integers(1, 1000, 50)), weight, later=True)
+            f.sync()
+        by_lane, by_waiters = (a - b for a, b in zip(native.lane_jobs(), before, strict=True))
+    finally:
+        spin.kill()
+        spin.wait()
+        os.sched_setaffinity(tid, everywhere)
+    assert by_lane + by_waiters == 20 and by_waiters >= 15, (by_lane, by_waiters)
+    ids, rows = f.drain(True)
+    torch.testing.assert_close(rows, weight[ids], rtol=0, atol=0)
