@@ -46,7 +46,8 @@ from deltastream.publishing.rounds import (
 from deltastream.publishing.table_rows import row_reader
 from deltastream.publishing.token_bucket import TokenBucket
 
-__all__ = ["BudgetEngine", "BudgetTick", "RoundJob", "TableSpec", "table_specs"]
+__all__ = ["BudgetEngine", "BudgetTick", "RoundJob", "TableSpec", "table_specs", "count_round",
+           "report_round"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,32 @@ def table_specs(modules: Mapping[str, Any]) -> dict[str, TableSpec]:
         _, dim, dtype, _ = row_reader(m)
         out[fqn] = TableSpec(table_name(fqn, m), int(dim), dtype, shard_publish_kwargs(m))
     return out
+
+
+def count_round(n: dict[str, int], rnd: PublishRound, error: Optional[BaseException]
+                ) -> None:
+    """Add settled round ``rnd`` to an engine's counters ``n`` (a final flush's bytes and
+    rows apart from the budgeted ones)."""
+    if rnd.final:
+        n["final_bytes"] += rnd.bytes
+        n["final_rows"] += rnd.published
+    else:
+        n["rounds"] += int(rnd.published > 0 or rnd.tombstones > 0)
+        n["bytes"] += rnd.bytes
+        n["rows"] += rnd.published
+    n["failed_rounds"] += int(error is not None)
+    n["messages"] += rnd.messages
+    n["tombstones"] += rnd.tombstones
+
+
+def report_round(on_round: Optional[Callable[[BudgetTick], None]], tick: BudgetTick) -> None:
+    """Call the user's ``on_round`` with a settled round's record (its error logged: the
+    user's callback must not undo the accounting)."""
+    if on_round is not None:
+        try:
+            on_round(tick)
+        except Exception:
+            log.exception("publisher: on_round callback failed")
 
 
 def _quantile(values: list[float], q: float) -> Optional[float]:
@@ -459,28 +486,15 @@ class BudgetEngine:
         tick = BudgetTick(round=rnd, tokens=job.tokens, bound=bound,
                           table_bounds=table_bounds, overdue=job.overdue, exact=job.exact)
         with self._lock:
-            n = self.n
-            if job.final:
-                n["final_bytes"] += rnd.bytes
-                n["final_rows"] += rnd.published
-            else:
-                n["rounds"] += int(rnd.published > 0 or rnd.tombstones > 0)
-                n["bytes"] += rnd.bytes
-                n["rows"] += rnd.published
-                n["overdue_rows"] += job.overdue
+            count_round(self.n, rnd, error)
+            if not job.final:
+                self.n["overdue_rows"] += job.overdue
                 self._bounds.append(bound)
                 for name, v in table_bounds.items():
                     self._table_bounds.setdefault(
                         name, deque(maxlen=self.policy.window)).append(v)
-            n["failed_rounds"] += int(error is not None)
-            n["messages"] += rnd.messages
-            n["tombstones"] += rnd.tombstones
             self.last = tick
-        if self._on_round is not None:
-            try:
-                self._on_round(tick)
-            except Exception:  # the user's callback must not undo the accounting
-                log.exception("budget publisher: on_round callback failed")
+        report_round(self._on_round, tick)
         return tick
 
     def _residual_sent(self, jt: _JobTable) -> None:

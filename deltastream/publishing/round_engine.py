@@ -16,16 +16,18 @@ round (:func:`~.rounds.run_round`):
 3. :meth:`~RoundEngine.send` — the round: ``policy.select`` per table on the held rows
    (carried rows kept scored between rounds, as ``publish_delta`` keeps them), the
    leftover handed back to this engine (:meth:`retain`), the selection published; then
-   wait until the broker acknowledged it.
-4. :meth:`~RoundEngine.settle` — count; the ids of messages that were not delivered come
-   back (FIRST state zeros, overdue: a later round sends their current value), as
-   ``publish_delta`` hands them back; held rows no round can read any more are dropped.
+   wait until the broker acknowledged it. The ids of messages that were not delivered
+   come back (FIRST state zeros, overdue: a later round sends their current value), as
+   ``publish_delta`` hands them back.
+4. :meth:`~RoundEngine.settle` — count; held rows no round can read any more are dropped.
 
 Run in order for every hand-off (a synchronous :class:`~.round_publisher.RoundPublisher`),
 the rounds publish what ``publish_delta`` called at the same steps publishes
-(``tests/deltastream/publishing/test_round_engine.py``). A worker that falls behind merges
-several hand-offs into one round: rows coalesce (their newest value, their oldest FIRST
-state).
+(``tests/deltastream/publishing/test_round_publisher.py``). A worker that falls behind
+merges several hand-offs into one round: rows coalesce (their newest value, their oldest
+FIRST state). The worker's threads merge (its worker thread) while a round is sent (its
+sender thread); the round's selection and its hand-over to the publisher hold the engine's
+lock, so a merge waits for them, never for the broker's acknowledgement.
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ from typing import Any, Optional
 
 import torch
 
-from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, TableSpec
+from deltastream.publishing.budget_engine import (
+    BudgetEngine,
+    BudgetTick,
+    TableSpec,
+    count_round,
+    report_round,
+)
 from deltastream.publishing.carried import carried_state
 from deltastream.publishing.handoff import Handoff, TableHandoff
 from deltastream.publishing.held_rows import HeldRows
@@ -167,7 +175,7 @@ class RoundEngine:
         self.tokens = 0.0  # no byte bucket: rounds follow steps
         self.n = dict.fromkeys(("rounds", "bytes", "rows", "messages", "tombstones",
                                 "rejected", "final_bytes", "final_rows", "failed_rounds",
-                                "coalesced_rows", "handed_back_rows"), 0)
+                                "coalesced_rows"), 0)
         self.select_s = 0.0
         self.send_s = 0.0
 
@@ -285,26 +293,12 @@ class RoundEngine:
                            tables=tuple(job.done) if error is None else ())
         with self._lock:
             self._drop_unread(job, error)
-            n = self.n
-            if job.final:
-                n["final_bytes"] += rnd.bytes
-                n["final_rows"] += rnd.published
-            else:
-                n["rounds"] += int(rnd.published > 0 or rnd.tombstones > 0)
-                n["bytes"] += rnd.bytes
-                n["rows"] += rnd.published
-            n["failed_rounds"] += int(error is not None)
-            n["messages"] += rnd.messages
-            n["tombstones"] += rnd.tombstones
-            n["rejected"] += rnd.rejected
+            count_round(self.n, rnd, error)
+            self.n["rejected"] += rnd.rejected
             tick = BudgetTick(round=rnd, tokens=0.0, bound=float("nan"), table_bounds={},
                               overdue=0, exact=0)
             self.last = tick
-        if self._on_round is not None:
-            try:
-                self._on_round(tick)
-            except Exception:  # the user's callback must not undo the accounting
-                log.exception("round publisher: on_round callback failed")
+        report_round(self._on_round, tick)
         return tick
 
     def _drop_unread(self, job: _Job, error: Optional[BaseException]) -> None:

@@ -24,6 +24,8 @@ from deltastream import DeltaPublisher, DeltaTracker, HashTable, wire
 from deltastream.cores import spare_cores
 from deltastream.errors import PublishError
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
+from deltastream.publishing.rounds import SelectionPolicy
 from tests.integration.test_budget_outage import DIM, ROWS, assert_every_row_served, tracked_table
 from tests.integration.test_publisher import read_all
 
@@ -46,15 +48,18 @@ def _handoff_files() -> set[str]:
     return set(glob.glob("/dev/shm/deltastream-handoff-*"))
 
 
+@pytest.mark.parametrize("kind", ["budget", "rounds"])
 def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(broker,
-                                                                            topic_name):
+                                                                            topic_name, kind):
     servers = broker.bootstrap_servers
     table, tracker, pub = tracked_table(servers, topic_name)
     before = _handoff_files()
     threads_before = set(threading.enumerate())  # other tests' may linger until collected
     rounds = []
     bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=3_000),
-                         worker="process", on_round=rounds.append)
+                         worker="process", on_round=rounds.append) if kind == "budget" else \
+        RoundPublisher(tracker, pub, "p", RoundPolicy(SelectionPolicy(k=100), every=4),
+                       worker="process", on_round=rounds.append)
     g = torch.Generator().manual_seed(0)
     try:
         _train(table, tracker, bp, range(1, 61), g)
@@ -135,6 +140,8 @@ print("TOP LEVEL", flush=True)  # a training script with no __main__ guard
 import torch
 from deltastream import DeltaPublisher, DeltaTracker, HashTable, TrackingMode
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
+from deltastream.publishing.rounds import SelectionPolicy
 servers, topic, how = sys.argv[1:4]
 if how == "main-class":
     class MyPublisher(DeltaPublisher):
@@ -249,6 +256,8 @@ import numpy as np
 import torch
 from deltastream import DeltaPublisher, DeltaTracker, HashTable, TrackingMode
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
+from deltastream.publishing.rounds import SelectionPolicy
 servers, topic, out = sys.argv[1:4]
 rows, dim = 20_000, 32
 table = HashTable(dim, name="emb", capacity=2 * rows)
