@@ -85,7 +85,8 @@ class ProcessWorker:
     the interface of :class:`~.budget_worker.BudgetWorker` plus :meth:`stats` / ``last``
     snapshots of the child's engine."""
 
-    def __init__(self, publisher: Any, policy: BudgetPolicy | RoundPolicy, specs: Mapping[str, TableSpec],
+    def __init__(self, publisher: Any, policy: BudgetPolicy | RoundPolicy,
+                 specs: Mapping[str, TableSpec],
                  on_round: Optional[Callable[[BudgetTick], None]] = None,
                  name: str = "budget", start_timeout: float = 120.0) -> None:
         why = cannot_spawn(publisher)
@@ -448,8 +449,8 @@ def _outcome(f: Future) -> Any:
     return _picklable(e) if e is not None else _lite(f.result())
 
 
-def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPolicy | RoundPolicy,
-                specs: dict, name: str) -> None:
+def _child_main(conn: Any, cls: type, args: dict, seqs: dict,
+                policy: BudgetPolicy | RoundPolicy, specs: dict, name: str) -> None:
     """The worker process: one engine and its worker threads, driven through ``conn``."""
     torch.set_num_threads(1)
     lock = threading.Lock()
@@ -474,7 +475,7 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPoli
                 "next_seq": publisher.next_seqs()}
 
     engine = engine_for(publisher, policy, specs,
-                          on_round=lambda rec: send(("round", _lite(rec), snapshot())))
+                        on_round=lambda rec: send(("round", _lite(rec), snapshot())))
     worker = BudgetWorker(engine, name)
     send(("ready", snapshot()))
     buf: Optional[mmap.mmap] = None  # the parent's current hand-off file
