@@ -150,6 +150,12 @@ class _Run:
         elif step % 10 == 0:
             self.tracker.get_delta("p")
 
+    def prefills(self) -> bool:
+        """Whether ``--pending`` rows are made pending before timing: a budget's. Not
+        ``rounds-10``'s: publish_delta's rounds take a fraction of their candidates, so a
+        prefill would go out in halves, round after round; they start empty."""
+        return self.budget is not None and not isinstance(self.budget, RoundPublisher)
+
     def idle(self) -> None:
         if self.budget is not None:
             self.budget.drain()
@@ -385,10 +391,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
             if r.budget is not None:
                 k = _warm(r, runs, step, k, chunk)
-            # (publish_delta's rounds take a fraction of their candidates: a prefill would
-            # be published in halves, round after round; they start empty)
-            if args.pending and isinstance(r.budget, BudgetPublisher) \
-                    and not isinstance(r.budget, RoundPublisher):
+            if args.pending and r.prefills():
                 _prefill(r, runs, model, args.pending, k)
         if args.pending:  # the optimizer's state grows to the prefilled table: untimed
             with _paused(runs):
@@ -423,7 +426,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 worker_share=None if worker is None else worker / r.measured_s,
                 max_backlog=(st.get("backlog") or {}).get("max_handoffs"), chunk_steps=chunk,
                 tail_steps=statistics.median(r.tail_steps),
-                pending=st.get("pending"), prefilled=args.pending if r.budget else 0,
+                pending=st.get("pending"), prefilled=args.pending if r.prefills() else 0,
                 worker=st.get("worker"))
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
             lo, hi = extra["ratio_ci95"]

@@ -9,7 +9,9 @@
 
 with the bookkeeping done once: table names, the wire dtype the byte budget is counted in,
 counters per table and in total, and no row lost when publishing fails part-way (the rows
-not handed to the publisher go back to the tracker before the error propagates).
+not handed to the publisher go back to the tracker before the error propagates). It runs
+on the calling thread; :class:`~deltastream.RoundPublisher` runs the same rounds
+(:func:`run_round`) off the training loop.
 
 Carried rows: re-reading and re-scoring the whole leftover every round costs O(rows
 carried). Where it pays (a budget that takes a small share of its candidates, the usual
