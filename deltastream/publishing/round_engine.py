@@ -332,12 +332,23 @@ class RoundEngine:
     # ------------------------------------------------------------------ reading
 
     def pending_rows(self) -> int:
-        """Rows waiting for a round: merged, handed back or carried."""
+        """Distinct rows waiting for a round: merged since the last one, handed back, or
+        carried (a row changed again while it is carried is in two of them; O(rows merged
+        and handed back))."""
         with self._lock:
             carried = carried_state(self).of(_CONSUMER)
-            return (sum(len(d) for d in self._fresh.values())
-                    + sum(len(d) for d in self._carry.values())
-                    + sum(len(c) for c in carried.values()))
+            total = 0
+            for fqn in set(self._fresh) | set(self._carry) | set(carried):
+                parts = [d.ids for d in (self._fresh.get(fqn), self._carry.get(fqn))
+                         if d is not None and len(d)]
+                ids = parts[0] if len(parts) == 1 else \
+                    torch.unique(torch.cat(parts)) if parts else None
+                ct = carried.get(fqn)
+                n_ct = len(ct) if ct is not None else 0
+                total += n_ct
+                if ids is not None:
+                    total += int(ids.numel()) if not n_ct else int((ct.find(ids) < 0).sum())
+            return total
 
     def stats(self) -> dict:
         """Counters, pending and held rows (plain values)."""

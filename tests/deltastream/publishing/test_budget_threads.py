@@ -1,5 +1,6 @@
-"""BudgetPublisher's worker: the training loop never waits for it, rows coalesce while it is
-slow or the sink is down, nothing torn or non-finite is published, and everything arrives."""
+"""BudgetPublisher's worker (and RoundPublisher's, the same threads): the training loop never
+waits for it, rows coalesce while it is slow or the sink is down, nothing torn or non-finite
+is published, and everything arrives."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 from consumers import ServingTable
 from deltastream import DeltaTracker, HashTable, PublishError, TrackingMode
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
+from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
+from deltastream.publishing.rounds import SelectionPolicy
 from tests.deltastream.publishing.budget_cases import move
 from tests.deltastream.publishing.test_budget import Loopback
 
@@ -60,11 +63,15 @@ def _zero_table(dim: int, n: int, served: bool = True):
     return table, tracker, serving
 
 
-def test_a_slow_sink_never_slows_the_loop_and_every_last_value_arrives():
+@pytest.mark.parametrize("kind", ["budget", "rounds"])
+def test_a_slow_sink_never_slows_the_loop_and_every_last_value_arrives(kind):
+    """``kind``: a byte budget, or publish_delta's rounds (RoundPublisher, every 2 steps)."""
     dim, n = 16, 2000
     table, tracker, serving = _zero_table(dim, n)
     sink = SlowSink(serving, delay=0.05)
-    bp = BudgetPublisher(tracker, sink, "p", BudgetPolicy(bytes_per_step=20_000))
+    bp = BudgetPublisher(tracker, sink, "p", BudgetPolicy(bytes_per_step=20_000)) \
+        if kind == "budget" else \
+        RoundPublisher(tracker, sink, "p", RoundPolicy(SelectionPolicy(k=150), every=2))
     g = torch.Generator().manual_seed(0)
     for step in range(1, 301):
         ids = torch.randint(0, n, (200,), generator=g).unique()
