@@ -14,8 +14,10 @@ table.
 
 What reaches predictors is what ``publish_delta`` called at the same steps with
 ``policy.select`` publishes, as long as the worker keeps up. When it falls behind, the
-next round's rows wait in the tracker and coalesce there (a later round covers more
-steps: the newest value of each row, its oldest FIRST state). Errors, ``flush``, ``drain``,
+next round's rows wait and coalesce — in the tracker, or merged in the worker while a
+round is sent — so a later round covers more steps (the newest value of each row, its
+oldest FIRST state); ``stats()["pending"]`` counts them, ``held_rows`` the row copies the
+worker keeps for its rounds (at most the tables' rows). Errors, ``flush``, ``drain``,
 ``close`` and ``stats()`` are the budget publisher's; a round's record is a
 :class:`~deltastream.publishing.budget_engine.BudgetTick` whose ``round`` is the
 ``PublishRound`` (``bound`` NaN: rounds keep no serving-error bound).
