@@ -193,13 +193,15 @@ class RoundEngine:
     def _merge_table(self, th: TableHandoff) -> None:
         new, tombs = th.live()
         first = th.first if th.first_at is None else th.first.index_select(0, th.first_at)
-        ids, cur = th.ids, th.current
-        if th.ordered:  # copies: the hand-off's memory is reused once merged
-            ids, first, cur = ids.clone(), first.clone(), cur.clone()
+        # the current rows go to the held rows in the hand-off's order (a copy: its memory
+        # is reused once merged); the delta's columns are copied, sorted by id
+        held = self._held(th.fqn, th.current.dtype)
+        if th.ordered:
+            ids, first = th.ids.clone(), first.clone()
             new = None if new is None else new.clone()
         else:
-            ids, order = sort_ids_with_perm(ids)
-            first, cur = first.index_select(0, order), cur.index_select(0, order)
+            ids, order = sort_ids_with_perm(th.ids)
+            first = first.index_select(0, order)
             new = None if new is None else new.index_select(0, order)
         dynamic = self._dynamic.setdefault(th.fqn, new is not None or th.inserted is not None)
         if dynamic and new is None:
@@ -220,10 +222,9 @@ class RoundEngine:
         carried = self._carry.get(th.fqn)
         if carried is not None and evicted is not None and evicted.numel():
             self._carry[th.fqn] = drop_ids(carried, evicted)
-        held = self._held(th.fqn, cur.dtype)
         if tombs is not None and tombs.numel():
             held.drop(tombs)
-        held.put(ids, cur)
+        held.put(th.ids, th.current)
 
     def _held(self, fqn: str, dtype: torch.dtype) -> HeldRows:
         t = self.held.get(fqn)
