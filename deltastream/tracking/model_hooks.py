@@ -31,6 +31,17 @@ __all__ = ["ModelHooks", "eager"]
 log = logging.getLogger(__name__)
 
 
+def first_rows_on_lane() -> bool:
+    """Whether a CPU ``HashTable`` lookup's FIRST rows are copied from its storage on the C
+    code's lane thread (where torch leaves a core spare), the table's update hook waiting
+    for the copy, instead of at the lookup from its output. Off: on a 2-core VM with a 6 ms
+    step the lane's copies cost the step 1.3–3.0 % more than the training thread's own, in
+    two interleaved A/B runs with a budget publisher (the cross-core hand-over, and rows the
+    optimizer then writes held in the other core's cache; ``BENCHMARKS.md``, stop 58). On a
+    14 ms step (stop 56) they took 0.11 ms a step off the hook. Tests turn it on."""
+    return False
+
+
 def eager(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` made to run eagerly under ``torch.compile``."""
     # Hooks record real tensors under a lock. Importing dynamo costs seconds, so only when it
@@ -92,7 +103,8 @@ class ModelHooks:
             if callable(getattr(mod, "register_write_hook", None)):  # HashTable.insert
                 self._handles.append(mod.register_write_hook(eager(
                     lambda m, pos, rows: self._on_write(fqn, pos, rows))))
-            if callable(getattr(mod, "register_update_hook", None)) and spare_core():
+            if callable(getattr(mod, "register_update_hook", None)) and first_rows_on_lane() \
+                    and spare_core():
                 self._handles.append(mod.register_update_hook(eager(
                     lambda table: self._before_update())))
                 self._lane.add(fqn)

@@ -259,6 +259,7 @@ def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, lane, m
         pytest.skip("deltastream.tracking.native is not built")
     monkeypatch.setattr(fresh_rows, "spare_core", lambda: lane)
     monkeypatch.setattr(model_hooks, "spare_core", lambda: lane)
+    monkeypatch.setattr(model_hooks, "first_rows_on_lane", lambda: lane)
     dim, n = 8, 1500
     monkeypatch.setattr(budget, "CAPTURE_BYTES", 40 * dim * 4)  # 40 positions a tick
     table, tracker, serving = _zero_table(dim, n)

@@ -407,6 +407,7 @@ def first_copied(request, monkeypatch):
     if lane and not fresh_rows.native_enabled():
         pytest.skip("deltastream.tracking.native is not built")
     monkeypatch.setattr(hooks_mod, "spare_core", lambda: lane)
+    monkeypatch.setattr(hooks_mod, "first_rows_on_lane", lambda: lane)
     return request.param
 
 
