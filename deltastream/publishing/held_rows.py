@@ -61,14 +61,6 @@ class HeldRows:
         if ids.numel() and len(self._pool):
             self._pool.remove(ids)
 
-    def held(self, ids: torch.Tensor) -> torch.Tensor:
-        """bool ``[n]``: whether each of ``ids`` is held."""
-        return self._pool.find(ids) >= 0
-
-    def ids(self) -> torch.Tensor:
-        """Every held id, ascending (int64; O(rows held))."""
-        return self._pool.by_id(self._pool.live_slots())[0]
-
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The held rows of ``ids`` (int64 ``[n]``) as a new ``[n, dim]`` tensor.
 

@@ -148,6 +148,15 @@ def unite_deltas(old: DeltaRows, fresh: DeltaRows, evicted: Optional[torch.Tenso
     return rows
 
 
+def _union(parts: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The ids of ``parts`` (int64 ``[n_i]`` each, unique within each) once, ascending
+    where there are several; None if all are empty."""
+    parts = [x for x in parts if x.numel()]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+
+
 class RoundEngine:
     """Held rows, merged deltas and counters of one round publisher (see the module
     docstring).
@@ -192,17 +201,19 @@ class RoundEngine:
 
     def _merge_table(self, th: TableHandoff) -> None:
         new, tombs = th.live()
-        first = th.first if th.first_at is None else th.first.index_select(0, th.first_at)
         # the current rows go to the held rows in the hand-off's order (a copy: its memory
-        # is reused once merged); the delta's columns are copied, sorted by id
+        # is reused once merged); the delta's columns are copied once, sorted by id (the
+        # FIRST rows through first_at where the arena holds them)
         held = self._held(th.fqn, th.current.dtype)
         if th.ordered:
-            ids, first = th.ids.clone(), first.clone()
+            ids, order = th.ids.clone(), None
             new = None if new is None else new.clone()
         else:
             ids, order = sort_ids_with_perm(th.ids)
-            first = first.index_select(0, order)
             new = None if new is None else new.index_select(0, order)
+        at = th.first_at if order is None else \
+            order if th.first_at is None else th.first_at.index_select(0, order)
+        first = th.first.clone() if at is None else th.first.index_select(0, at)
         dynamic = self._dynamic.setdefault(th.fqn, new is not None or th.inserted is not None)
         if dynamic and new is None:
             new = torch.zeros(ids.numel(), dtype=torch.bool)
@@ -316,11 +327,9 @@ class RoundEngine:
             for fqn, d in job.deltas.items():
                 ids_of.setdefault(fqn, []).append(d.ids)
         for fqn, parts in ids_of.items():
-            held = self.held.get(fqn)
-            parts = [x for x in parts if x.numel()]
-            if held is None or not parts:
+            held, ids = self.held.get(fqn), _union(parts)
+            if held is None or ids is None:
                 continue
-            ids = parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
             keep = torch.zeros(ids.numel(), dtype=torch.bool)
             for other in (self._fresh.get(fqn), self._carry.get(fqn)):
                 if other is not None and len(other):
@@ -340,10 +349,8 @@ class RoundEngine:
             carried = carried_state(self).of(_CONSUMER)
             total = 0
             for fqn in set(self._fresh) | set(self._carry) | set(carried):
-                parts = [d.ids for d in (self._fresh.get(fqn), self._carry.get(fqn))
-                         if d is not None and len(d)]
-                ids = parts[0] if len(parts) == 1 else \
-                    torch.unique(torch.cat(parts)) if parts else None
+                ids = _union([d.ids for d in (self._fresh.get(fqn), self._carry.get(fqn))
+                              if d is not None])
                 ct = carried.get(fqn)
                 n_ct = len(ct) if ct is not None else 0
                 total += n_ct
