@@ -17,15 +17,19 @@ therefore be importable by name (not defined in ``__main__``). Its steps, in ord
 1. the training thread queues a hand-off (:meth:`ProcessWorker.put`, O(1), never blocks);
 2. the parent's *shipper* thread waits for the hand-off's device copies (CUDA), packs its
    tensors into one shared-memory segment (a file under ``/dev/shm``, mode 0600, its room
-   reserved up front, unlinked as soon as the child mapped it) and sends their layout
-   through the socket; when the tmpfs has no room for it (a container's 64 MB
-   ``/dev/shm``), the packed bytes follow the layout through the socket instead (slower;
+   reserved up front, unlinked as soon as the child mapped it; one C call copies them
+   all without the GIL, :func:`~.handoff_pack.pack`), gives the row buffers back to the
+   tracker for its next interval, and sends their layout through the socket; when the
+   tmpfs has no room for it (a container's 64 MB ``/dev/shm``), the packed bytes follow
+   the layout through the socket instead (slower;
    ``stats()["backlog"]["inline_handoffs"]`` counts them, the log says so);
 3. the child's worker merges them where they lie (the segment's pages, no copy), and then
    the child says the segment is free;
-4. the child reports every settled round (its record and a snapshot of the engine's
-   ``stats()``), every failed round, each flush's record and each drain through the socket;
-   the parent's *reader* thread keeps them for ``tick`` / ``flush`` / ``stats`` / ``last``,
+4. the child reports every settled round (its record, pickled on its own, and a snapshot
+   of the engine's ``stats()``), every failed round, each flush's record and each drain
+   through the socket; the parent's *reader* thread keeps them for ``tick`` / ``flush`` /
+   ``stats`` / ``last`` (a round's record unpickled only when ``last`` or ``on_round``
+   reads it: the reader holds the GIL the training thread needs as little as it can),
    moves the user's publisher's seqs to the child's (its ``stats()["next_seq"]`` is
    current), and calls ``on_round`` (a round record's ``TableRound.result`` is a settled
    copy: :meth:`~deltastream.PublishResult.settled`, offsets included).
@@ -62,7 +66,7 @@ from deltastream.publishing.budget_engine import BudgetTick, TableSpec
 from deltastream.publishing.budget_policy import BudgetPolicy
 from deltastream.publishing.budget_worker import BudgetWorker, first_error
 from deltastream.publishing.handoff import Handoff
-from deltastream.publishing.handoff_pack import Segment, layout, shm_dir, unpack, view
+from deltastream.publishing.handoff_pack import Segment, layout, pack, shm_dir, unpack
 from deltastream.publishing.round_engine import RoundPolicy, engine_for
 
 __all__ = ["ProcessWorker", "cannot_spawn"]
@@ -116,7 +120,9 @@ class ProcessWorker:
         self._closed = False
         self._seqs: Optional[dict] = None
         self._stats: dict = {}
-        self.last: Optional[BudgetTick] = None
+        #: the last round's record, pickled as the child sent it: unpickled when asked for
+        #: (:attr:`last`) or for ``on_round``, not on the reader thread for every round
+        self._last: Optional[bytes | BudgetTick] = None
         self.busy_s = 0.0
         self.max_backlog = 0
         self.inline_handoffs = 0  #: hand-offs sent through the socket: no shm room
@@ -194,6 +200,19 @@ class ProcessWorker:
         """The child engine's ``stats()`` as of its last report."""
         with self._cond:
             return dict(self._stats.get("engine", {}))
+
+    @property
+    def last(self) -> Optional[BudgetTick]:
+        """The last settled round's record (None before the first)."""
+        with self._cond:
+            rec = self._last
+        if not isinstance(rec, bytes):
+            return rec
+        out = _restored(rec)  # not under the lock a tick's behind() takes
+        with self._cond:
+            if self._last is rec:
+                self._last = out
+        return out
 
     @property
     def pid(self) -> Optional[int]:
@@ -282,16 +301,10 @@ class ProcessWorker:
                 h.wait()
                 places, nbytes = layout(h)
                 new, payload = self._room(nbytes)
-                buf = self._seg.map if payload is None else payload
-                for k, f, off, shape, dtype in places:
-                    t = getattr(h.tables[k], f)
-                    if t.numel():
-                        view(buf, off, shape, dtype).copy_(t)
-                # Copied, but not given back to the tracker (TableHandoff.give_back): freed.
-                # This process then frees no other large buffer, and glibc raises its mmap
-                # threshold only when one is freed: kept, the training step's own
-                # megabyte tensors were mapped and faulted in anew every step (~150 page
-                # faults a step in bench trainer-cost, against ~20 in the hooks saved).
+                pack(h, places, self._seg.map if payload is None else payload)
+                for th in h.tables:  # copied: the tracker may write them again
+                    if th.give_back is not None:
+                        th.give_back()
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
                             charged=h.charged, fqns=[th.fqn for th in h.tables],
                             ordered=[th.ordered for th in h.tables],
@@ -315,9 +328,7 @@ class ProcessWorker:
                     self._fail(f"exited (code {code})", None)
                 return
             kind = msg[0]
-            if kind == "round":
-                msg = (kind, _restored(msg[1]), msg[2])
-            elif kind == "flush":
+            if kind == "flush":
                 msg = (kind, msg[1], _restored(msg[2]))
             if kind == "error":
                 with self._cond:
@@ -330,7 +341,7 @@ class ProcessWorker:
                         self._seg.unlink()
                 elif kind == "round":
                     _, rec, snap = msg
-                    self._stats, self.last = snap, rec
+                    self._stats, self._last = snap, rec
                     self.busy_s = float(snap.get("busy_s", self.busy_s))
                     # the user's publisher reports the seqs the child has used so far
                     self._publisher.resume_seqs(snap["next_seq"])
@@ -349,7 +360,7 @@ class ProcessWorker:
                 self._cond.notify_all()
             if kind == "round" and self._on_round is not None:
                 try:
-                    self._on_round(msg[1])
+                    self._on_round(self.last)
                 except Exception:  # the user's callback must not stop the reader
                     log.exception("budget publisher: on_round callback failed")
 
@@ -415,22 +426,27 @@ def child_entry(fd: int) -> None:
     _child_main(conn, *msg[1:])
 
 
-def _lite(rec: BudgetTick) -> BudgetTick:
-    """``rec`` as the worker process sends it: settled copies of its results (the
+def _lite(rec: BudgetTick) -> bytes:
+    """``rec`` pickled as the worker process sends it: settled copies of its results (the
     producer's futures do not cross processes; their outcomes, offsets included, do), and
     its ids as numpy arrays — a tensor unpickles through ``torch.load`` (~150 µs each,
-    against ~10), on the training process's reader thread, holding the GIL the training
-    loop needs. :func:`_restored` undoes the second part."""
+    against ~10). Pickled on its own, so that the parent's reader thread takes the bytes
+    as they are: unpickling a round's record (~250 KB for 30K rows: its ids, and each
+    message's) holds the GIL the training loop needs for 80-200 µs, a wait for the
+    training thread's next op. :func:`_restored` undoes the ids part once it is read."""
     tables = tuple(dataclasses.replace(t, ids=t.ids.numpy(), result=None if t.result is None
                                        else t.result.settled()) for t in rec.round.tables)
-    return dataclasses.replace(rec, round=dataclasses.replace(rec.round, tables=tables))
+    return pickle.dumps(dataclasses.replace(rec, round=dataclasses.replace(rec.round,
+                                                                           tables=tables)),
+                        protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _restored(rec: Any) -> Any:
-    """A record :func:`_lite` sent, with its ids tensors again (zero-copy); anything else
-    (an error) as is."""
-    if not isinstance(rec, BudgetTick):
+    """The record :func:`_lite` made of bytes ``rec``, with its ids tensors again (zero-copy);
+    anything else (an error) as is."""
+    if not isinstance(rec, bytes):
         return rec
+    rec = pickle.loads(rec)
     tables = tuple(dataclasses.replace(t, ids=torch.from_numpy(t.ids))
                    for t in rec.round.tables)
     return dataclasses.replace(rec, round=dataclasses.replace(rec.round, tables=tables))

@@ -58,8 +58,8 @@ class TableHandoff:
     without ``new``); the worker works out ``new`` and the live tombstones
     (:meth:`live`), not the training thread, and merges the rows in that order.
     ``give_back`` (None: nothing to give): calling it once ``first`` and ``current`` are
-    read (merged) lets the tracker reuse their memory for a later interval (the thread
-    worker does; the process worker frees them, see :mod:`.budget_process`). ``repeats``
+    read (merged, or copied for the worker process) lets the tracker reuse their memory
+    for a later interval. ``repeats``
     (an accelerator's :class:`~deltastream.tracking.rows.RawRows`): ``ids`` as recorded,
     repeats kept, ``first`` and ``current`` aligned, until :meth:`dedupe`."""
 

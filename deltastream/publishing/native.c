@@ -26,6 +26,13 @@
  *   move_rows(dst, dst_at, src, src_at, row_bytes) -> n
  *       dst row dst_at[i] = src row src_at[i] for i < n (either index None: row i); rows of
  *       row_bytes bytes; dst_at must not repeat (the last copy would win).
+ *   pack(dst, pieces) -> bytes
+ *       pieces: a sequence of (offset, address, nbytes): the nbytes at address (memory the
+ *       caller keeps alive and unchanged until this returns, e.g. a contiguous CPU
+ *       tensor's data_ptr()) go to dst[offset : offset + nbytes]. A piece outside dst is
+ *       a ValueError naming it, raised before anything is written. The worker process's
+ *       parent packs a hand-off with it: one call, the copies without the GIL (a torch
+ *       copy per tensor takes the GIL back between them, from the training thread).
  */
 #include "../native_buffers.h"
 #include "../native_rows.h"
@@ -194,6 +201,53 @@ done:
     return ret;
 }
 
+static PyObject *pack(PyObject *self, PyObject *args) {
+    PyObject *dst_o, *pieces_o;
+    if (!PyArg_ParseTuple(args, "OO", &dst_o, &pieces_o))
+        return NULL;
+    Py_buffer dst;
+    if (PyObject_GetBuffer(dst_o, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(pieces_o, "pack: pieces must be a sequence");
+    PyObject *ret = NULL;
+    Py_ssize_t *at = NULL;
+    if (!seq)
+        goto done;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    at = PyMem_Malloc(sizeof(Py_ssize_t) * 3 * (size_t)(n > 0 ? n : 1));
+    if (!at) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t off, nb;
+        unsigned long long addr;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "nKn", &off, &addr, &nb))
+            goto done;
+        if (off < 0 || nb < 0 || off > dst.len - nb || (nb > 0 && addr == 0)) {
+            PyErr_Format(PyExc_ValueError, "pack: piece %zd (offset %zd, %zd bytes) is outside "
+                         "the %zd-byte buffer", i, off, nb, dst.len);
+            goto done;
+        }
+        at[3 * i] = off;
+        at[3 * i + 1] = (Py_ssize_t)addr;
+        at[3 * i + 2] = nb;
+        total += nb;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (at[3 * i + 2])
+            memcpy((uint8_t *)dst.buf + at[3 * i], (const void *)at[3 * i + 1], (size_t)at[3 * i + 2]);
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromSsize_t(total);
+done:
+    PyMem_Free(at);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&dst);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"row_errors", row_errors, METH_VARARGS,
      "row_errors(current, served, zero, dim, err, norm, finite, amax, cur_at, srv_at) -> None: "
@@ -201,6 +255,8 @@ static PyMethodDef methods[] = {
     {"move_rows", move_rows, METH_VARARGS,
      "move_rows(dst, dst_at, src, src_at, row_bytes) -> n: dst row dst_at[i] = src row "
      "src_at[i]"},
+    {"pack", pack, METH_VARARGS,
+     "pack(dst, pieces) -> bytes: each (offset, address, nbytes) piece copied into dst"},
     {NULL, NULL, 0, NULL},
 };
 

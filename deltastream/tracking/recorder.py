@@ -317,6 +317,17 @@ class Recorder:
             return None
         return p.drain_unordered(self.row_maps[fqn], storage)
 
+    def row_buffers(self) -> dict[str, int]:
+        """``{"reused", "allocated"}``: row buffers (FIRST-row arenas, a hand-off's current
+        rows) the tables took from the ones their readers gave back, and allocated anew
+        (:class:`~deltastream.tracking.spare_rows.SpareRows`)."""
+        out = {"reused": 0, "allocated": 0}
+        for p in self.pending.values():
+            if isinstance(p, UniqueLookups) and p.fresh is not None:
+                out["reused"] += p.fresh.spares.reused
+                out["allocated"] += p.fresh.spares.allocated
+        return out
+
     def keeps_unique(self, fqn: str) -> bool:
         """Whether positional table ``fqn`` keeps each position once (see
         :func:`records_as_is`)."""

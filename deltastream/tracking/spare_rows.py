@@ -7,9 +7,10 @@ interval needs new buffers. Fresh memory costs its first write a page fault per 
 (~3 µs each on a VM, ~20 a step in ``bench trainer-cost``), paid inside the lookup hooks
 and the ticks; and a reader freeing megabytes on another thread lets the allocator hand
 them back to the system, so the training step's own tensors fault again. A reader done
-with the rows (a budget publisher's worker once it merged a hand-off) gives the buffers
-back instead (:meth:`SpareRows.give_back`, from any thread), and the tracker takes them
-for its next interval (:meth:`SpareRows.take`, on the training thread).
+with the rows (a budget publisher's worker once it merged a hand-off, or the worker
+process's parent once it copied one) gives the buffers back instead
+(:meth:`SpareRows.give_back`, from any thread), and the tracker takes them for its next
+interval (:meth:`SpareRows.take`, on the training thread).
 """
 
 from __future__ import annotations

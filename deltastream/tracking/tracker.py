@@ -397,7 +397,9 @@ class DeltaTracker:
         ``paths``: ``{fqn: "lookups" | "scan"}``; ``scans``, ``scan_seconds``: drift scans
         run and their time; ``rows_moved_without_lookup``: rows a scan found changed that
         no lookup had touched (what lookups alone would have missed); ``shadow_bytes``:
-        memory of the shadows.
+        memory of the shadows; ``row_buffers``: ``{"reused", "allocated"}``, row buffers
+        (FIRST rows, a hand-off's current rows) taken from those a reader gave back, and
+        allocated anew (whose pages fault in on the training thread).
         """
         with self._lock:
             rec = self._rec
@@ -421,6 +423,7 @@ class DeltaTracker:
                 scan_seconds=sum(sc.seconds for sc in scans),
                 rows_moved_without_lookup=sum(sc.unlooked for sc in scans),
                 shadow_bytes=sum(sc.nbytes for sc in scans),
+                row_buffers=rec.row_buffers(),
             )
             return s
 

@@ -63,10 +63,19 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     g = torch.Generator().manual_seed(0)
     try:
         _train(table, tracker, bp, range(1, 61), g)
+        # the parent gives each shipped hand-off's row buffers back to the tracker: later
+        # intervals reuse them, not new memory faulted in on the training thread
+        bufs0 = tracker.stats()["row_buffers"]
+        for step in range(61, 81):
+            _train(table, tracker, bp, range(step, step + 1), g)
+            bp.drain(timeout=60)  # every tick hands off
+        bufs = tracker.stats()["row_buffers"]
+        assert bufs["reused"] - bufs0["reused"] >= 5, (bufs0, bufs)  # a hand-off every 4 ticks or less
+        assert bufs["allocated"] - bufs0["allocated"] <= 4, (bufs0, bufs)
         with pytest.raises(RuntimeError,
                            match="lent to budget worker process.*worker=\"thread\""):
-            pub.publish("emb", torch.arange(2), torch.zeros(2, DIM), step=60)  # a 2nd writer
-        final = bp.flush(60, timeout=60)
+            pub.publish("emb", torch.arange(2), torch.zeros(2, DIM), step=80)  # a 2nd writer
+        final = bp.flush(80, timeout=60)
         st = bp.stats()
         assert st["worker"] == "process" and st["pending"] == 0
         assert final.round.final and bp.last is not None
@@ -94,7 +103,7 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     assert _handoff_files() <= before  # every hand-off file it made is gone
     # the user's publisher continues the child's seqs: one more message, no repeat
     held = table.lookup(torch.arange(ROWS))
-    pub.publish("emb", torch.arange(5), held[:5], step=61).wait(10)
+    pub.publish("emb", torch.arange(5), held[:5], step=81).wait(10)
     pub.close(timeout=10)
     records = read_all(servers, topic_name)
     batches = [wire.decode(r.value) for r in records]
