@@ -101,7 +101,8 @@ class ProcessWorker:
         self._conn, self._proc = _start_child()
         try:
             self._send(("start", type(publisher), publisher.spawn_args(),
-                        publisher.next_seqs(), policy, dict(specs), name))
+                        publisher.next_seqs(), policy, dict(specs), name,
+                        on_round is not None))
         except BaseException:  # not started: the child must not outlive this call
             self._proc.kill()
             self._proc.wait()
@@ -120,9 +121,12 @@ class ProcessWorker:
         self._closed = False
         self._seqs: Optional[dict] = None
         self._stats: dict = {}
-        #: the last round's record, pickled as the child sent it: unpickled when asked for
-        #: (:attr:`last`) or for ``on_round``, not on the reader thread for every round
+        #: the last round's record as of round ``_last_round`` of the ``_rounds`` the child
+        #: reported: pickled as the child sent it, unpickled when read (:attr:`last`). The
+        #: child sends each round's record only for ``on_round``; else :attr:`last` asks
+        #: for it (``_asked``, ``_answered``: the requests sent and answered)
         self._last: Optional[bytes | BudgetTick] = None
+        self._rounds = self._last_round = self._asked = self._answered = 0
         self.busy_s = 0.0
         self.max_backlog = 0
         self.inline_handoffs = 0  #: hand-offs sent through the socket: no shm room
@@ -203,7 +207,23 @@ class ProcessWorker:
 
     @property
     def last(self) -> Optional[BudgetTick]:
-        """The last settled round's record (None before the first)."""
+        """The last settled round's record (None before the first); asked of the child
+        when it has settled rounds since the last one it sent (waits up to 30 s)."""
+        with self._cond:
+            ask = self._last_round < self._rounds and self._dead is None \
+                and self._seqs is None
+            if ask:
+                self._asked += 1
+                n = self._asked
+        if ask:
+            try:
+                self._send(("last", n))
+            except OSError:  # the child is gone: what it sent last
+                pass
+            else:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._answered >= n or self._dead is not None,
+                                        30.0)
         with self._cond:
             rec = self._last
         if not isinstance(rec, bytes):
@@ -341,7 +361,10 @@ class ProcessWorker:
                         self._seg.unlink()
                 elif kind == "round":
                     _, rec, snap = msg
-                    self._stats, self._last = snap, rec
+                    self._stats = snap
+                    self._rounds += 1
+                    if rec is not None:
+                        self._last, self._last_round = rec, self._rounds
                     self.busy_s = float(snap.get("busy_s", self.busy_s))
                     # the user's publisher reports the seqs the child has used so far
                     self._publisher.resume_seqs(snap["next_seq"])
@@ -350,6 +373,11 @@ class ProcessWorker:
                     if fut is not None:
                         (fut.set_exception if isinstance(msg[2], BaseException)
                          else fut.set_result)(msg[2])
+                elif kind == "last":  # the child's last record, after its rounds so far
+                    self._answered = max(self._answered, msg[1])
+                    if msg[2] is not None:
+                        self._last = msg[2]
+                    self._last_round = self._rounds
                 elif kind == "drained":
                     self._drained = max(self._drained, msg[1])
                     self._stats = msg[2]
@@ -466,8 +494,11 @@ def _outcome(f: Future) -> Any:
 
 
 def _child_main(conn: Any, cls: type, args: dict, seqs: dict,
-                policy: BudgetPolicy | RoundPolicy, specs: dict, name: str) -> None:
-    """The worker process: one engine and its worker threads, driven through ``conn``."""
+                policy: BudgetPolicy | RoundPolicy, specs: dict, name: str,
+                records: bool) -> None:
+    """The worker process: one engine and its worker threads, driven through ``conn``;
+    ``records``: send every round's record (the parent has an ``on_round``), else only
+    when asked for the last."""
     torch.set_num_threads(1)
     lock = threading.Lock()
 
@@ -490,8 +521,13 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict,
                 "backlog": worker.backlog() if worker else {},
                 "next_seq": publisher.next_seqs()}
 
-    engine = engine_for(publisher, policy, specs,
-                        on_round=lambda rec: send(("round", _lite(rec), snapshot())))
+    last: list[Optional[BudgetTick]] = [None]
+
+    def settled(rec: BudgetTick) -> None:
+        last[0] = rec
+        send(("round", _lite(rec) if records else None, snapshot()))
+
+    engine = engine_for(publisher, policy, specs, on_round=settled)
     worker = BudgetWorker(engine, name)
     send(("ready", snapshot()))
     buf: Optional[mmap.mmap] = None  # the parent's current hand-off file
@@ -505,6 +541,10 @@ def _child_main(conn: Any, cls: type, args: dict, seqs: dict,
             msg = pickle.loads(conn.recv_bytes())
             if msg[0] == "close":
                 break
+            if msg[0] == "last":
+                rec = last[0]
+                send(("last", msg[1], None if rec is None else _lite(rec)))
+                continue
             if msg[0] == "drain":
                 tick = msg[1]
                 threading.Thread(target=lambda t=tick: (worker.wait_idle(t), send(

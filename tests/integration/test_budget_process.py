@@ -113,6 +113,32 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     assert_every_row_served([records], table)
 
 
+def test_last_is_the_latest_rounds_record_without_an_on_round(broker, topic_name):
+    """Without ``on_round`` the child sends no round's record (the reader thread would
+    unpickle each beside training); ``last`` asks for the latest when read."""
+    table, tracker, pub = tracked_table(broker.bootstrap_servers, topic_name)
+    bp = RoundPublisher(tracker, pub, "p", RoundPolicy(SelectionPolicy(k=50), every=3),
+                        worker="process")
+    g = torch.Generator().manual_seed(2)
+    try:
+        assert bp.last is None  # no round yet
+        for start, end in ((1, 10), (11, 22)):
+            for step in range(start, end + 1):
+                _train(table, tracker, bp, range(step, step + 1), g)
+                last = bp.drain(timeout=60)  # no tick deferred: a round every 3 steps
+            assert last is bp.last  # read once, then kept until a later round
+            assert last.round.step == end - end % 3 and not last.round.final
+            (t,) = last.round.tables
+            assert isinstance(t.ids, torch.Tensor) and 0 < t.ids.numel() == t.published <= 50
+            assert len(t.result.offsets) == t.result.messages
+        final = bp.flush(23, timeout=60)
+        assert bp.last.round.final and bp.last.round.step == final.round.step == 23
+    finally:
+        bp.close()
+    assert bp.last.round.step == 23  # what it read before closing
+    pub.close(timeout=10)
+
+
 def test_a_killed_worker_process_is_an_error_at_the_next_tick_not_a_stall(broker, topic_name):
     servers = broker.bootstrap_servers
     table, tracker, pub = tracked_table(servers, topic_name)
