@@ -9,10 +9,11 @@ runs the same :class:`~.budget_worker.BudgetWorker` in a child process (a new in
 one thread of torch), with its own :class:`~deltastream.DeltaPublisher` made from the user's
 (:meth:`~deltastream.DeltaPublisher.spawn_args`: same topic, shard and epoch; its seqs
 continue the user's and are handed back on :meth:`close`). The child is started with
-``python -c`` importing this module, not by multiprocessing's spawn, which re-runs the
-user's ``__main__`` in the child: a training script without an ``if __name__ ==
-"__main__":`` guard would start its whole job again there. The publisher's class must
-therefore be importable by name (not defined in ``__main__``). Its steps, in order:
+``python -c`` importing :mod:`~.budget_child` (its side), not by multiprocessing's spawn,
+which re-runs the user's ``__main__`` in the child: a training script without an ``if
+__name__ == "__main__":`` guard would start its whole job again there. The publisher's
+class must therefore be importable by name (not defined in ``__main__``). Its steps, in
+order:
 
 1. the training thread queues a hand-off (:meth:`ProcessWorker.put`, O(1), never blocks);
 2. the parent's *shipper* thread waits for the hand-off's device copies (CUDA), packs its
@@ -43,10 +44,8 @@ silently dropped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import mmap
 import pickle
 import socket
 import subprocess
@@ -59,15 +58,14 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
-import torch
-
 from deltastream.errors import PublishError
+from deltastream.publishing.budget_child import record_from
 from deltastream.publishing.budget_engine import BudgetTick, TableSpec
 from deltastream.publishing.budget_policy import BudgetPolicy
-from deltastream.publishing.budget_worker import BudgetWorker, first_error
+from deltastream.publishing.budget_worker import first_error
 from deltastream.publishing.handoff import Handoff
-from deltastream.publishing.handoff_pack import Segment, layout, pack, shm_dir, unpack
-from deltastream.publishing.round_engine import RoundPolicy, engine_for
+from deltastream.publishing.handoff_pack import Segment, layout, pack, shm_dir
+from deltastream.publishing.round_engine import RoundPolicy
 
 __all__ = ["ProcessWorker", "cannot_spawn"]
 
@@ -228,7 +226,7 @@ class ProcessWorker:
             rec = self._last
         if not isinstance(rec, bytes):
             return rec
-        out = _restored(rec)  # not under the lock a tick's behind() takes
+        out = record_from(rec)  # not under the lock a tick's behind() takes
         with self._cond:
             if self._last is rec:
                 self._last = out
@@ -349,7 +347,7 @@ class ProcessWorker:
                 return
             kind = msg[0]
             if kind == "flush":
-                msg = (kind, msg[1], _restored(msg[2]))
+                msg = (kind, msg[1], record_from(msg[2]))
             if kind == "error":
                 with self._cond:
                     self._errors.append(msg[1])
@@ -422,7 +420,7 @@ def _start_child() -> tuple[Any, subprocess.Popen]:
     ``sys.path`` and one end of a socket pair; it waits for a ``("start", ...)`` message."""
     mine, theirs = socket.socketpair()
     code = ("import sys, json; sys.path[:0] = json.loads(sys.argv[2]); "
-            "from deltastream.publishing.budget_process import child_entry; "
+            "from deltastream.publishing.budget_child import child_entry; "
             "child_entry(int(sys.argv[1]))")
     try:
         proc = subprocess.Popen(
@@ -435,152 +433,3 @@ def _start_child() -> tuple[Any, subprocess.Popen]:
     finally:
         theirs.close()
     return Connection(mine.detach()), proc
-
-
-# ---------------------------------------------------------------------- the child
-
-
-def child_entry(fd: int) -> None:
-    """The worker interpreter's entry (see :func:`_start_child`): read the start message
-    from the socket ``fd``, then run :func:`_child_main`."""
-    conn = Connection(fd)
-    try:
-        msg = pickle.loads(conn.recv_bytes())
-    except (EOFError, OSError):
-        return  # the parent went away before it said what to run
-    except BaseException as e:  # e.g. a class this interpreter cannot import
-        conn.send_bytes(pickle.dumps(("error", _picklable(e))))
-        return
-    _child_main(conn, *msg[1:])
-
-
-def _lite(rec: BudgetTick) -> bytes:
-    """``rec`` pickled as the worker process sends it: settled copies of its results (the
-    producer's futures do not cross processes; their outcomes, offsets included, do), and
-    its ids as numpy arrays — a tensor unpickles through ``torch.load`` (~150 µs each,
-    against ~10). Pickled on its own, so that the parent's reader thread takes the bytes
-    as they are: unpickling a round's record (~250 KB for 30K rows: its ids, and each
-    message's) holds the GIL the training loop needs for 80-200 µs, a wait for the
-    training thread's next op. :func:`_restored` undoes the ids part once it is read."""
-    tables = tuple(dataclasses.replace(t, ids=t.ids.numpy(), result=None if t.result is None
-                                       else t.result.settled()) for t in rec.round.tables)
-    return pickle.dumps(dataclasses.replace(rec, round=dataclasses.replace(rec.round,
-                                                                           tables=tables)),
-                        protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _restored(rec: Any) -> Any:
-    """The record :func:`_lite` made of bytes ``rec``, with its ids tensors again (zero-copy);
-    anything else (an error) as is."""
-    if not isinstance(rec, bytes):
-        return rec
-    rec = pickle.loads(rec)
-    tables = tuple(dataclasses.replace(t, ids=torch.from_numpy(t.ids))
-                   for t in rec.round.tables)
-    return dataclasses.replace(rec, round=dataclasses.replace(rec.round, tables=tables))
-
-
-def _picklable(e: BaseException) -> BaseException:
-    try:
-        pickle.dumps(e)
-        return e
-    except Exception:
-        return PublishError(f"{type(e).__name__}: {e}")
-
-
-def _outcome(f: Future) -> Any:
-    e = f.exception()
-    return _picklable(e) if e is not None else _lite(f.result())
-
-
-def _child_main(conn: Any, cls: type, args: dict, seqs: dict,
-                policy: BudgetPolicy | RoundPolicy, specs: dict, name: str,
-                records: bool) -> None:
-    """The worker process: one engine and its worker threads, driven through ``conn``;
-    ``records``: send every round's record (the parent has an ``on_round``), else only
-    when asked for the last."""
-    torch.set_num_threads(1)
-    lock = threading.Lock()
-
-    def send(msg: tuple) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        with lock:
-            conn.send_bytes(data)
-
-    try:
-        publisher = cls(**args)
-        publisher.resume_seqs(seqs)
-    except BaseException as e:
-        send(("error", _picklable(e)))
-        return
-    worker: Optional[BudgetWorker] = None
-
-    def snapshot() -> dict:
-        st = engine.stats()
-        return {"engine": st, "busy_s": worker.busy_s if worker else 0.0,
-                "backlog": worker.backlog() if worker else {},
-                "next_seq": publisher.next_seqs()}
-
-    last: list[Optional[BudgetTick]] = [None]
-
-    def settled(rec: BudgetTick) -> None:
-        last[0] = rec
-        send(("round", _lite(rec) if records else None, snapshot()))
-
-    engine = engine_for(publisher, policy, specs, on_round=settled)
-    worker = BudgetWorker(engine, name)
-    send(("ready", snapshot()))
-    buf: Optional[mmap.mmap] = None  # the parent's current hand-off file
-    try:
-        while True:
-            if not conn.poll(0.05):
-                e = worker.take_error()
-                if e is not None:
-                    send(("error", _picklable(e)))
-                continue
-            msg = pickle.loads(conn.recv_bytes())
-            if msg[0] == "close":
-                break
-            if msg[0] == "last":
-                rec = last[0]
-                send(("last", msg[1], None if rec is None else _lite(rec)))
-                continue
-            if msg[0] == "drain":
-                tick = msg[1]
-                threading.Thread(target=lambda t=tick: (worker.wait_idle(t), send(
-                    ("drained", t, snapshot()))), daemon=True).start()
-                continue
-            _, path, meta = msg
-            if path is not None:  # a new (larger) file: the old one is done with
-                # (not closed: the worker may still hold views of its last hand-off, which
-                # it no longer reads; the map goes with the last of them)
-                with open(path, "r+b") as f:
-                    buf = mmap.mmap(f.fileno(), 0)
-            if meta["inline"]:  # no room in shared memory: the bytes follow
-                data = bytearray(meta["nbytes"])
-                conn.recv_bytes_into(data)
-                h = unpack(data, meta)
-            else:
-                h = unpack(buf, meta)
-            # merged where it lies: the segment is free (the parent writes the next
-            # hand-off there) once the worker is done with it
-            h.merged = lambda new=path is not None: send(("free", new))
-            fut = worker.put(h)
-            if fut is not None:
-                fut.add_done_callback(lambda f, t=h.tick: send(("flush", t, _outcome(f))))
-    except (EOFError, OSError):
-        pass
-    finally:
-        worker.close()
-        try:
-            publisher.close()
-        finally:
-            try:
-                send(("closed", publisher.next_seqs()))
-            except OSError:
-                pass
-            if buf is not None:
-                try:
-                    buf.close()
-                except BufferError:  # the worker still holds views of its last hand-off
-                    pass
