@@ -52,6 +52,7 @@ ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows
 	tests/deltastream/tracking/test_owed_rows.py tests/deltastream/tracking/test_unordered.py \
 	tests/deltastream/tracking/test_positions.py tests/deltastream/publishing/test_serving_error.py \
 	tests/deltastream/publishing/test_row_moves.py tests/deltastream/publishing/test_pending.py \
+	tests/deltastream/publishing/test_handoff_pack.py \
 	tests/deltastream/kernels/test_hash_probe.py
 asan-test: $(STAMP)
 	@lib="$$($(CC) -print-file-name=libasan.so)"; \
