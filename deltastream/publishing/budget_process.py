@@ -220,8 +220,8 @@ class ProcessWorker:
                 pass
             else:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._answered >= n or self._dead is not None,
-                                        30.0)
+                    self._cond.wait_for(lambda: self._answered >= n or self._dead is not None
+                                        or self._seqs is not None, 30.0)  # or it closed
         with self._cond:
             rec = self._last
         if not isinstance(rec, bytes):
@@ -253,6 +253,7 @@ class ProcessWorker:
             self._cond.notify_all()
         _join(self._shipper, timeout)
         if self._dead is None:
+            _ = self.last  # fetched while the child can still send it: read after close too
             try:
                 self._send(("close",))
             except OSError:
