@@ -26,11 +26,12 @@ order:
    ``stats()["backlog"]["inline_handoffs"]`` counts them, the log says so);
 3. the child's worker merges them where they lie (the segment's pages, no copy), and then
    the child says the segment is free;
-4. the child reports every settled round (its record, pickled on its own, and a snapshot
-   of the engine's ``stats()``), every failed round, each flush's record and each drain
-   through the socket; the parent's *reader* thread keeps them for ``tick`` / ``flush`` /
-   ``stats`` / ``last`` (a round's record unpickled only when ``last`` or ``on_round``
-   reads it: the reader holds the GIL the training thread needs as little as it can),
+4. the child reports every settled round (a snapshot of the engine's ``stats()``, and the
+   round's record when there is an ``on_round``; else it keeps the last one until
+   :attr:`ProcessWorker.last` asks), every failed round, each flush's record and each
+   drain through the socket; the parent's *reader* thread keeps them for ``tick`` /
+   ``flush`` / ``stats`` / ``last`` (a record unpickled only when read: the reader holds
+   the GIL the training thread needs as little as it can),
    moves the user's publisher's seqs to the child's (its ``stats()["next_seq"]`` is
    current), and calls ``on_round`` (a round record's ``TableRound.result`` is a settled
    copy: :meth:`~deltastream.PublishResult.settled`, offsets included).
