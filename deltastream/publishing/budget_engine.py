@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -47,7 +47,7 @@ from deltastream.publishing.table_rows import row_reader
 from deltastream.publishing.token_bucket import TokenBucket
 
 __all__ = ["BudgetEngine", "BudgetTick", "RoundJob", "TableSpec", "table_specs", "count_round",
-           "report_round"]
+           "report_round", "wait_delivered"]
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,17 @@ def count_round(n: dict[str, int], rnd: PublishRound, error: Optional[BaseExcept
     n["tombstones"] += rnd.tombstones
 
 
+def wait_delivered(publisher: RowPublisher, results: Iterable[Any]) -> None:
+    """Wait until the broker acknowledged every message of ``results`` (what ``publish``
+    returned; those without a ``wait`` are done), each up to the publisher's
+    ``send_timeout``; raises the first ``PublishError``."""
+    timeout = getattr(publisher, "send_timeout", None)
+    for res in results:
+        wait = getattr(res, "wait", None)
+        if callable(wait):
+            wait(timeout)
+
+
 def report_round(on_round: Optional[Callable[[BudgetTick], None]], tick: BudgetTick) -> None:
     """Call the user's ``on_round`` with a settled round's record (its error logged: the
     user's callback must not undo the accounting)."""
@@ -265,8 +276,7 @@ class BudgetEngine:
             new, tombstones = th.live()
             t = self._table(th.fqn, th.current)
             c = t.merge(th.ids, th.first, th.current, new, tombstones, h.tick, th.first_at)
-            if th.give_back is not None:  # merged: the tracker may write them again
-                th.give_back()
+            th.rows_read()
             rejected += c.rejected
             out_of_range += c.out_of_range
             exact += c.exact
@@ -396,10 +406,7 @@ class BudgetEngine:
             pending_results.append((jt, results))
         for jt, results in pending_results:
             try:
-                for res in results:
-                    wait = getattr(res, "wait", None)
-                    if callable(wait):
-                        wait(getattr(self.publisher, "send_timeout", None))
+                wait_delivered(self.publisher, results)
             except BaseException as e:
                 error = error or e
                 job.failed.append(jt)

@@ -322,9 +322,8 @@ class ProcessWorker:
                 places, nbytes = layout(h)
                 new, payload = self._room(nbytes)
                 pack(h, places, self._seg.map if payload is None else payload)
-                for th in h.tables:  # copied: the tracker may write them again
-                    if th.give_back is not None:
-                        th.give_back()
+                for th in h.tables:
+                    th.rows_read()
                 meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
                             charged=h.charged, fqns=[th.fqn for th in h.tables],
                             ordered=[th.ordered for th in h.tables],

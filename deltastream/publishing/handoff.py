@@ -57,9 +57,9 @@ class TableHandoff:
     ``ids[i]``), ``new`` None, ``inserted`` the interval's inserted ids (None: a table
     without ``new``); the worker works out ``new`` and the live tombstones
     (:meth:`live`), not the training thread, and merges the rows in that order.
-    ``give_back`` (None: nothing to give): calling it once ``first`` and ``current`` are
-    read (merged, or copied for the worker process) lets the tracker reuse their memory
-    for a later interval. ``repeats``
+    ``give_back`` (None: nothing to give): called once ``first`` and ``current`` are read
+    (merged, or copied for the worker process: :meth:`rows_read`), it lets the tracker
+    reuse their memory for a later interval. ``repeats``
     (an accelerator's :class:`~deltastream.tracking.rows.RawRows`): ``ids`` as recorded,
     repeats kept, ``first`` and ``current`` aligned, until :meth:`dedupe`."""
 
@@ -77,6 +77,13 @@ class TableHandoff:
 
     def __len__(self) -> int:
         return int(self.ids.numel())
+
+    def rows_read(self) -> None:
+        """``first`` and ``current`` are read (merged, or copied): call ``give_back`` once,
+        so the tracker may write them again (later calls do nothing)."""
+        back, self.give_back = self.give_back, None
+        if back is not None:
+            back()
 
     def dedupe(self) -> None:
         """Keep each id once (the tracker's :class:`~deltastream.tracking.rows.RawRows`,

@@ -48,6 +48,7 @@ from deltastream.publishing.budget_engine import (
     TableSpec,
     count_round,
     report_round,
+    wait_delivered,
 )
 from deltastream.publishing.carried import carried_state
 from deltastream.publishing.handoff import Handoff, TableHandoff
@@ -196,8 +197,7 @@ class RoundEngine:
         with self._lock:
             for th in h.tables:
                 self._merge_table(th)
-                if th.give_back is not None:  # copied: the tracker may write them again
-                    th.give_back()
+                th.rows_read()
 
     def _merge_table(self, th: TableHandoff) -> None:
         new, tombs = th.live()
@@ -280,10 +280,7 @@ class RoundEngine:
             self.select_s += time.monotonic() - t0
         t1 = time.monotonic()
         try:
-            for rec in job.done:
-                wait = getattr(rec.result, "wait", None)
-                if callable(wait):
-                    wait(getattr(self.publisher, "send_timeout", None))
+            wait_delivered(self.publisher, (rec.result for rec in job.done))
         except BaseException as e:  # publish_delta's final flush does the same
             with self._lock:
                 hand_back_failed(self, _CONSUMER, e, names, self.held, pol)
