@@ -30,7 +30,7 @@ import torch
 
 from deltastream.cores import spare_cores
 from deltastream.native_ext import NativeExtension
-from deltastream.tensor_views import as_bytes
+from deltastream.tensor_views import as_buffer, as_bytes
 from deltastream.tracking.owed_rows import KEEP_BYTES, OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
 from deltastream.tracking.spare_rows import SpareRows
@@ -80,7 +80,7 @@ class FreshRows:
 
     __slots__ = ("marks", "slot", "bits", "words", "bits_valid", "order", "arena", "used",
                  "numpy_rows", "owed", "overcount", "spares", "_late", "_arena_bytes",
-                 "_src_key", "_src_bytes")
+                 "_arena_dtype", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -95,7 +95,8 @@ class FreshRows:
         self.bits_valid = True
         self.order = np.empty(0, dtype=np.int64)  # the position of each arena row
         self.arena: Optional[torch.Tensor] = None  # [>= used, dim], the rows' dtype
-        self._arena_bytes: Optional[np.ndarray] = None
+        self._arena_bytes: Optional[np.ndarray] = None  # the arena's bytes
+        self._arena_dtype: Optional[torch.dtype] = None  # and its dtype
         self._src_key: Optional[tuple] = None  # (address, shape, dtype) of the table seen
         self._src_bytes: Optional[np.ndarray] = None  # its bytes (keeps that memory alive)
         self.used = 0  # arena rows written (>= the marked positions)
@@ -113,6 +114,8 @@ class FreshRows:
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
         between two drains)."""
+        if capacity <= self.slot.size and (self.owed is None or not self.owed.walking):
+            return  # the common case, at every lookup: nothing to extend
         self.sync()
         old = self.marks.numel()
         if capacity > old:
@@ -149,21 +152,30 @@ class FreshRows:
         returns None: :meth:`sync` must run before any row of ``src`` changes (every other
         method syncs first); it adds the lookup's ids minus its new positions to
         :attr:`overcount`."""
-        self.sync()
+        if self._late is not None:
+            self.sync()
         n = ids.numel()
         if n == 0:
             return 0
         if self.used + n >= 2**31 - 1:  # slot is int32
             raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
                                 f"int32 slot can name; read more often")
-        self._reserve(self.used + n, src)
-        q = ids.contiguous().numpy()
+        rb = 0 if src is None else src.shape[1] * src.element_size()  # bytes per row
+        need = self.used + n
+        # room checked without a torch call (this runs at every lookup)
+        if self.order.size < need or (src is not None and (
+                self._arena_bytes is None or self._arena_bytes.size < need * rb
+                or self._arena_dtype is not src.dtype)):
+            self._reserve(need, src)
+        q = ids.numpy()
+        if not q.flags.c_contiguous:
+            q = np.ascontiguousarray(q)
         if native_enabled() and (src is None or src.is_contiguous()):
-            self._valid_bits()
+            if not self.bits_valid:
+                self._valid_bits()
             args = (self.slot, self.bits, self.order, q,
                     None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
-                    0 if src is None else src.shape[1] * src.element_size(),
-                    None if src is None else self._arena_bytes, self.used, self.words)
+                    rb, None if src is None else self._arena_bytes, self.used, self.words)
             if later and src is not None:  # used and new once it ran (sync)
                 self._late = (native.mark_fresh_later(*args), n)
                 used, new = self.used, None
@@ -220,7 +232,7 @@ class FreshRows:
 
     def _bytes_of(self, src: torch.Tensor, by_occurrence: bool) -> np.ndarray:
         if by_occurrence:  # a lookup's output: new every time
-            return as_bytes(src)
+            return as_buffer(src)
         key = (src.data_ptr(), src.shape, src.dtype)
         if key != self._src_key:  # the address cannot be reused while the view holds it
             self._src_bytes, self._src_key = as_bytes(src), key
@@ -241,7 +253,7 @@ class FreshRows:
             grown[:self.used] = old[:self.used]
         if old is not None:  # outgrown (nobody else holds it): a later interval may fit it
             self.spares.give_back(old)
-        self.arena, self._arena_bytes = grown, as_bytes(grown)
+        self.arena, self._arena_bytes, self._arena_dtype = grown, as_bytes(grown), grown.dtype
 
     def drain(self, with_rows: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The marked positions (int64 ``[k]``, ascending) and, with ``with_rows``, each

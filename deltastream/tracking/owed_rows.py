@@ -44,7 +44,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from deltastream.tensor_views import as_bytes
+from deltastream.tensor_views import as_buffer, as_bytes
 from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["KEEP_BYTES", "OwedRows"]
@@ -149,7 +149,7 @@ class OwedRows:
         if src is None or src.dtype != self.out.dtype or not src.is_contiguous():
             src, by_occurrence = self.storage, False  # the table's own rows, not yet updated
         if native is not None and src.is_contiguous():
-            k = native.capture_owed(self.owed, ids, as_bytes(src), by_occurrence,
+            k = native.capture_owed(self.owed, ids, as_buffer(src), by_occurrence,
                                     self._early_bytes, self._row_bytes())
         else:
             self._finish_lane()  # numpy claims nothing: no walk may run beside it

@@ -223,9 +223,9 @@ class Recorder:
         forward hook after the kernel's forward)."""
         n = positions.numel()
         p = self.pending[fqn]
-        keep = self.with_states and not (self.touched.is_degraded(fqn) or p.stateless
-                                         or rows is None)
-        if self.with_states and not keep:
+        states = self.mode is TrackingMode.EMBEDDING  # with_states, read once: a hot path
+        keep = states and not (p.stateless or rows is None or self.touched.is_degraded(fqn))
+        if states and not keep:
             p.stateless = True
         if isinstance(p, UniqueLookups):
             p.grow(int(self.row_maps[fqn].capacity))
