@@ -205,9 +205,14 @@ static PyObject *pack(PyObject *self, PyObject *args) {
     PyObject *dst_o, *pieces_o;
     if (!PyArg_ParseTuple(args, "OO", &dst_o, &pieces_o))
         return NULL;
-    Py_buffer dst;
-    if (PyObject_GetBuffer(dst_o, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+    Bufs bs = {.n = 0};
+    Py_buffer *dst = take(&bs, dst_o, 1, "dst");
+    if (dst == BAD || dst == NULL) {
+        if (dst == NULL)
+            PyErr_SetString(PyExc_TypeError, "pack: dst is required");
+        release(&bs);
         return NULL;
+    }
     PyObject *seq = PySequence_Fast(pieces_o, "pack: pieces must be a sequence");
     PyObject *ret = NULL;
     Py_ssize_t *at = NULL;
@@ -225,9 +230,9 @@ static PyObject *pack(PyObject *self, PyObject *args) {
         unsigned long long addr;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "nKn", &off, &addr, &nb))
             goto done;
-        if (off < 0 || nb < 0 || off > dst.len - nb || (nb > 0 && addr == 0)) {
+        if (off < 0 || nb < 0 || off > dst->len - nb || (nb > 0 && addr == 0)) {
             PyErr_Format(PyExc_ValueError, "pack: piece %zd (offset %zd, %zd bytes) is outside "
-                         "the %zd-byte buffer", i, off, nb, dst.len);
+                         "the %zd-byte buffer", i, off, nb, dst->len);
             goto done;
         }
         at[3 * i] = off;
@@ -238,13 +243,13 @@ static PyObject *pack(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
         if (at[3 * i + 2])
-            memcpy((uint8_t *)dst.buf + at[3 * i], (const void *)at[3 * i + 1], (size_t)at[3 * i + 2]);
+            memcpy((uint8_t *)dst->buf + at[3 * i], (const void *)at[3 * i + 1], (size_t)at[3 * i + 2]);
     Py_END_ALLOW_THREADS
     ret = PyLong_FromSsize_t(total);
 done:
     PyMem_Free(at);
     Py_XDECREF(seq);
-    PyBuffer_Release(&dst);
+    release(&bs);
     return ret;
 }
 

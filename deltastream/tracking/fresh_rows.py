@@ -161,12 +161,7 @@ class FreshRows:
             raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
                                 f"int32 slot can name; read more often")
         rb = 0 if src is None else src.shape[1] * src.element_size()  # bytes per row
-        need = self.used + n
-        # room checked without a torch call (this runs at every lookup)
-        if self.order.size < need or (src is not None and (
-                self._arena_bytes is None or self._arena_bytes.size < need * rb
-                or self._arena_dtype is not src.dtype)):
-            self._reserve(need, src)
+        self._reserve(self.used + n, src, rb)
         q = ids.numpy()
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
@@ -238,16 +233,19 @@ class FreshRows:
             self._src_bytes, self._src_key = as_bytes(src), key
         return self._src_bytes
 
-    def _reserve(self, need: int, src: Optional[torch.Tensor]) -> None:
-        """Room for ``need`` rows in ``order`` and (with ``src``) in an arena of ``src``'s
-        dtype and width (rows in use moved over; at least doubled: amortized growth)."""
+    def _reserve(self, need: int, src: Optional[torch.Tensor], rb: int) -> None:
+        """Room for ``need`` rows in ``order`` and (with ``src``, rows of ``rb`` bytes) in
+        an arena of ``src``'s dtype and width (rows in use moved over; at least doubled:
+        amortized growth). The room is checked against the arena's cached bytes and dtype,
+        not its torch attributes: this runs at every lookup."""
         if self.order.size < need:
             order = np.empty(max(need, 2 * self.order.size, 1024), dtype=np.int64)
             order[:self.used] = self.order[:self.used]
             self.order = order
-        old = self.arena
-        if src is None or (old is not None and old.shape[0] >= need and old.dtype == src.dtype):
+        if src is None or (self._arena_bytes is not None and self._arena_bytes.size >= need * rb
+                           and self._arena_dtype is src.dtype):
             return
+        old = self.arena
         grown = self.spares.take(self.order.size, src.shape[1], src.dtype)
         if self.used and old is not None:
             grown[:self.used] = old[:self.used]
