@@ -6,7 +6,11 @@ One model per batch size; the configurations take turns on it, chunk by chunk (a
 ``--chunk`` steps and ``--chunk-s`` seconds, so a chunk holds many of the budget's rounds
 as a run does), each timed against the step alone in the chunk just before it:
 
-* ``tracker``: a :class:`~deltastream.DeltaTracker` (EMBEDDING) read every 10 steps;
+* ``tracker``: a :class:`~deltastream.DeltaTracker` (EMBEDDING) read every 10 steps
+  (``get_delta`` on the training thread: the floor of any publishing that reads it as
+  often, ``rounds-10`` and ``delta-10``);
+* ``tracker-idle``: the same tracker never read: what its lookup hooks cost once every
+  row the ids reach is marked (a budget reads about every 0.5 s, close to this);
 * ``budget-<B>``: tracker + :class:`~deltastream.BudgetPublisher` at ``B`` bytes/s
   (``--budgets``), ticked after every step, in the default mode (``worker="auto"``: a
   worker process where torch's one thread leaves a core spare, as here; the figure's
@@ -101,10 +105,10 @@ class _Run:
                  budget: float | None = None, threaded: bool = True,
                  delta_every: int | None = None, worker: str = "auto",
                  residuals: bool = False, rounds_every: int | None = None,
-                 **policy: object) -> None:
+                 reads_every: int | None = 10, **policy: object) -> None:
         from deltastream import DeltaPublisher
 
-        self.name, self.delta_every = name, delta_every
+        self.name, self.delta_every, self.reads_every = name, delta_every, reads_every
         self.tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
         self.pub = DeltaPublisher(servers, topic, model="bench", shard=0,
                                   wire_version=5 if residuals else 2) \
@@ -147,7 +151,7 @@ class _Run:
                 self.tick_s.append(time.perf_counter() - t0)
             else:
                 self.tick_s.append(0.0)
-        elif step % 10 == 0:
+        elif self.reads_every is not None and step % self.reads_every == 0:
             self.tracker.get_delta("p")
 
     def prefills(self) -> bool:
@@ -362,7 +366,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (len(pool) - len(pool) // 2))
     topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
     ensure_topic(servers, topic, partitions=1)
-    runs = [_Run("tracker", model, servers, topic)]
+    runs = [_Run("tracker", model, servers, topic),
+            _Run("tracker-idle", model, servers, topic, reads_every=None)]
     runs += [_Run(f"budget-{int(b)}", model, servers, topic, budget=b) for b in args.budgets]
     if args.sync:
         b = args.budgets[0]
