@@ -206,16 +206,16 @@ static PyObject *pack(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO", &dst_o, &pieces_o))
         return NULL;
     Bufs bs = {.n = 0};
-    Py_buffer *dst = take(&bs, dst_o, 1, "dst");
-    if (dst == BAD || dst == NULL) {
-        if (dst == NULL)
-            PyErr_SetString(PyExc_TypeError, "pack: dst is required");
-        release(&bs);
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(pieces_o, "pack: pieces must be a sequence");
-    PyObject *ret = NULL;
+    PyObject *seq = NULL, *ret = NULL;
     Py_ssize_t *at = NULL;
+    Py_buffer *dst = take(&bs, dst_o, 1, "dst");
+    if (dst == BAD)
+        goto done;
+    if (!dst) {
+        PyErr_SetString(PyExc_TypeError, "pack: dst is required");
+        goto done;
+    }
+    seq = PySequence_Fast(pieces_o, "pack: pieces must be a sequence");
     if (!seq)
         goto done;
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);

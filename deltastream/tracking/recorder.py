@@ -223,7 +223,7 @@ class Recorder:
         forward hook after the kernel's forward)."""
         n = positions.numel()
         p = self.pending[fqn]
-        states = self.mode is TrackingMode.EMBEDDING  # with_states, read once: a hot path
+        states = self.with_states  # read once: a hot path
         keep = states and not (p.stateless or rows is None or self.touched.is_degraded(fqn))
         if states and not keep:
             p.stateless = True
