@@ -31,7 +31,8 @@ __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_ST
 
 DEFAULT_STEPS = 2400
 #: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
-#: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``)
+#: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``, by
+#: a RoundPublisher)
 DEFAULT_BUDGET = 50_000.0
 #: steps between dense (MLP) versions: half of --eval-every's default, so a progressive
 #: evaluation scores with an MLP about 50 steps old. Adam changes every tensor every step,

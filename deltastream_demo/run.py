@@ -6,7 +6,7 @@ The whole job on one machine, with real processes::
       ├─ embedded broker (Tansu)            unless --bootstrap-servers names a Kafka
       ├─ trainer 0 … W-1 (torch)            deltastream_demo.trainer: ShardedEmbedding over
       │                                     gloo (nccl with --device cuda), DeltaTracker,
-      │                                     publish_delta rounds, base snapshots
+      │                                     a budget or round publisher, base snapshots
       └─ predictor (no torch)               deltastream_demo.predictor: SyncDaemon, then
                                             scoring with serving vs trainer tables
 

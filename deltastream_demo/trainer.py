@@ -15,9 +15,11 @@ consumers:
 * ``publish`` — with ``publish_budget`` > 0 (bytes/s), a
   :class:`~deltastream.BudgetPublisher` ticked after every step: the rows with the most
   serving error per byte, across tables, within the budget (its rounds run on the
-  publisher's worker, off the training loop); the rest stays pending. Otherwise
-  every ``publish_every`` steps one :func:`deltastream.publish_delta` round: ``select_changed``
-  (top ``topk_fraction`` by drift, new rows first), ``retain`` the leftover. Either way
+  publisher's worker, off the training loop); the rest stays pending. Otherwise a
+  :class:`~deltastream.RoundPublisher` ticked after every step: every ``publish_every``
+  steps the round :func:`deltastream.publish_delta` would run (``select_changed``, top
+  ``topk_fraction`` by drift, new rows first; ``retain`` the leftover), on its worker too
+  (rounds coalesce when the worker falls behind). Either way
   ``DeltaPublisher.publish`` per table (shard = rank, so the rows go to partition
   ``rank % partitions``);
 * ``snapshot`` — every ``snapshot_every`` steps: the rows changed since the last snapshot are
@@ -27,8 +29,7 @@ consumers:
 
 The MLP is replicated on every rank (its gradients are all-reduced), so one rank publishes
 it: a :class:`~deltastream.DensePublisher` (``DenseOptions(rank=0)``, a version every
-``dense_every`` steps) ticked by the publish path above (``BudgetPublisher(dense=)`` or
-``publish_delta(dense=)``), on the same :class:`~deltastream.DeltaPublisher` as the rows;
+``dense_every`` steps) ticked by the publish path above (the publisher's ``dense=``), on the same :class:`~deltastream.DeltaPublisher` as the rows;
 the final flush sends a last full version. The predictor scores with the versions it
 assembles from the stream.
 
@@ -325,7 +326,6 @@ class _Trainer:
         cfg = self.cfg
         steps = cfg.get("steps")
         duration = cfg.get("duration")
-        pub_every = int(cfg["publish_every"])
         eval_every = int(cfg.get("eval_every") or 0)
         snap_every = int(cfg["snapshot_every"])
         pub = self.pub
@@ -344,8 +344,7 @@ class _Trainer:
             step += 1
             t_pub = time.monotonic()
             split["train"] += t_pub - t_step
-            if pub.budget is not None or step % pub_every == 0:
-                pub.publish_round(step)
+            pub.publish_round(step)  # a tick: a hand-off when a round is due
             t_snap = time.monotonic()
             split["publish"] += t_snap - t_pub
             if step % snap_every == 0 and self.plan is None:
@@ -390,7 +389,7 @@ class _Trainer:
             "tracker": _plain(tstats), "publisher": _plain(pstats),
             "epoch": pub.publisher.epoch,
             "dense": _plain(pub.dense_pub.stats()),
-            "budget": None if pub.budget is None else _plain(pub.budget.stats()),
+            "budget": _plain(pub.rounds_pub.stats()) if pub.budgeted else None,
             **({} if self.plan is None else {"plan": self.plan.describe()}),
             **({} if self.model_plan is None else {"model_plan": self.model_plan}),
         })

@@ -1,9 +1,10 @@
 """The demo trainer's two tracker consumers: ``publish`` and ``snapshot`` (torch on use).
 
 :class:`TrainerPublishing` holds one rank's :class:`~deltastream.DeltaPublisher`, its
-:class:`~deltastream.DensePublisher` (rank 0 sends the MLP) and, with a byte budget, its
-:class:`~deltastream.BudgetPublisher`; it runs the publish rounds (budget ticks, or
-:func:`deltastream.publish_delta` every ``publish_every`` steps) and the snapshot rounds
+:class:`~deltastream.DensePublisher` (rank 0 sends the MLP) and the publisher that runs its
+publish rounds off the training loop: a :class:`~deltastream.BudgetPublisher` with a byte
+budget, else a :class:`~deltastream.RoundPublisher` (``publish_delta``'s rounds every
+``publish_every`` steps); both are ticked after every step. It also runs the snapshot rounds
 (this shard's mirror written as a base snapshot with the next offset and seq state), and
 counts what they did for the demo's report (see :mod:`deltastream_demo.trainer`).
 """
@@ -49,6 +50,8 @@ class TrainerPublishing:
             DeltaPublisher,
             DenseOptions,
             DensePublisher,
+            RoundPolicy,
+            RoundPublisher,
         )
         from deltastream.publishing.rounds import SelectionPolicy
 
@@ -71,12 +74,14 @@ class TrainerPublishing:
         frac = float(cfg["topk_fraction"])
         self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
         budget = float(cfg.get("publish_budget") or 0.0)
-        # the budget's rounds run on its worker; their records come back through on_round
-        self.budget_rounds: queue.SimpleQueue = queue.SimpleQueue()
-        self.budget = BudgetPublisher(tracker, self.publisher, "publish",
-                                      BudgetPolicy(bytes_per_s=budget),
-                                      tables=fqn_table, dense=self.dense_pub,
-                                      on_round=self.budget_rounds.put) if budget > 0 else None
+        self.budgeted = budget > 0
+        # the rounds run on the publisher's worker; their records come back through on_round
+        self.worker_rounds: queue.SimpleQueue = queue.SimpleQueue()
+        policy = (BudgetPolicy(bytes_per_s=budget) if self.budgeted else
+                  RoundPolicy(self.policy, every=int(cfg["publish_every"])))
+        kind = BudgetPublisher if self.budgeted else RoundPublisher
+        self.rounds_pub = kind(tracker, self.publisher, "publish", policy, tables=fqn_table,
+                               dense=self.dense_pub, on_round=self.worker_rounds.put)
         self.next_offset = self.end_offset()
         # next offsets of other partitions: a plan's shards publish under their own shard
         # ids (partition shard % partitions), e.g. a whole table on rank 1 is shard 0
@@ -117,31 +122,25 @@ class TrainerPublishing:
         self.pending.clear()
 
     def publish_round(self, step: int, *, final: bool = False) -> Optional[dict]:
-        """One ``publish`` consumer round (:func:`deltastream.publish_delta`, or a budget
-        tick / final flush); the counters of the last round recorded (``None`` when no
-        budget round finished)."""
-        from deltastream import publish_delta
-
-        if self.budget is None:
-            rnd = publish_delta(self.tracker, self.publisher, "publish", self.policy,
-                                step=step, final=final, tables=self.fqn_table,
-                                dense=self.dense_pub)
-            return self._record_round(rnd, 0)
+        """The ``publish`` consumer's tick after ``step`` (a hand-off when a round is due:
+        the round runs on the publisher's worker), or the final flush; the counters of the
+        last round recorded (``None`` when no round finished since the last call)."""
         if final:
-            self.budget.flush(step)
+            self.rounds_pub.flush(step)
         else:
-            self.budget.tick(step)  # a hand-off: the round runs on the budget's worker
-        return self._collect_budget_rounds()
+            self.rounds_pub.tick(step)
+        return self._collect_rounds()
 
-    def _collect_budget_rounds(self) -> Optional[dict]:
-        """Record the budget rounds that finished since the last call."""
+    def _collect_rounds(self) -> Optional[dict]:
+        """Record the rounds that finished since the last call."""
         rec = None
         while True:
             try:
-                tick = self.budget_rounds.get_nowait()
+                tick = self.worker_rounds.get_nowait()
             except queue.Empty:
                 return rec
-            rec = self._record_round(tick.round, tick.exact, tick.bound)
+            rec = self._record_round(tick.round, tick.exact,
+                                     tick.bound if self.budgeted else None)
 
     def _record_round(self, rnd: Any, exact: int, bound: Optional[float] = None) -> dict:
         for t in rnd.tables:
@@ -160,8 +159,8 @@ class TrainerPublishing:
         self.totals["rounds"] += 1
         if final:
             self.totals["final_flush"] = rec["published"]
-        if final or rec["published"] or rec["tombstones"] or self.budget is None:
-            # a budget ticks every step: only the rounds that sent something are recorded
+        if final or rec["published"] or rec["tombstones"] or not self.budgeted:
+            # a budget's round may come every step: only those that sent something count
             self.rounds.append(rec)
             self.events.put(dict(rec, kind="publish", rank=self.rank))
         return rec
@@ -171,9 +170,8 @@ class TrainerPublishing:
         from consumers.storage.snapshot import write_snapshot
 
         t0 = time.monotonic()
-        if self.budget is not None:  # every hand-off so far is published or pending
-            self.budget.drain()
-            self._collect_budget_rounds()
+        self.rounds_pub.drain()  # every hand-off so far is published or pending
+        self._collect_rounds()
         self.settle()  # offsets of everything published so far are now known
         delta = self.tracker.get_delta("snapshot")
         for fqn, d in delta.items():
@@ -203,8 +201,7 @@ class TrainerPublishing:
         """Everything still retained goes out now, with a last full dense version; the
         offsets then cover every acknowledged message."""
         self.publish_round(step, final=True)
-        if self.budget is not None:
-            self.budget.close()
+        self.rounds_pub.close()
         self.dense_pub.close()
         self.settle()
         # the dense chunks' offsets are not among the rows' results: everything is
