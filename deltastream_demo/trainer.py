@@ -204,8 +204,9 @@ class _Trainer:
         flat = torch.cat([g.reshape(-1) for g in grads]
                          + [loss.detach().reshape(1),
                             torch.tensor([1.0 if stop else 0.0], device=self.device)])
-        dist.all_reduce(flat)
-        flat[:-1] /= self.world
+        if self.world > 1:  # one rank: the sum is its own (gloo would still copy it)
+            dist.all_reduce(flat)
+            flat[:-1] /= self.world
         off = 0
         for p, g in zip(self.dense, grads, strict=True):
             n = g.numel()
