@@ -29,9 +29,9 @@ consumers:
 
 The MLP is replicated on every rank (its gradients are all-reduced), so one rank publishes
 it: a :class:`~deltastream.DensePublisher` (``DenseOptions(rank=0)``, a version every
-``dense_every`` steps) ticked by the publish path above (the publisher's ``dense=``), on the same :class:`~deltastream.DeltaPublisher` as the rows;
-the final flush sends a last full version. The predictor scores with the versions it
-assembles from the stream.
+``dense_every`` steps) ticked by the publish path above (the publisher's ``dense=``), on
+the same :class:`~deltastream.DeltaPublisher` as the rows; the final flush sends a last
+full version. The predictor scores with the versions it assembles from the stream.
 
 Every ``eval_every`` steps (progressive validation) the ranks score the next
 ``eval_examples`` of the stream — not trained on yet — together; rank 0 sends the AUC, and

@@ -72,13 +72,13 @@ class TrainerPublishing:
             self.publisher, torch.nn.ModuleDict({"mlp": mlp}),
             DenseOptions(every_steps=int(cfg["dense_every"]), rank=0))
         frac = float(cfg["topk_fraction"])
-        self.policy = SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy()
         budget = float(cfg.get("publish_budget") or 0.0)
         self.budgeted = budget > 0
         # the rounds run on the publisher's worker; their records come back through on_round
         self.worker_rounds: queue.SimpleQueue = queue.SimpleQueue()
-        policy = (BudgetPolicy(bytes_per_s=budget) if self.budgeted else
-                  RoundPolicy(self.policy, every=int(cfg["publish_every"])))
+        policy = (BudgetPolicy(bytes_per_s=budget) if self.budgeted else RoundPolicy(
+            SelectionPolicy(fraction=frac) if frac < 1.0 else SelectionPolicy(),
+            every=int(cfg["publish_every"])))
         kind = BudgetPublisher if self.budgeted else RoundPublisher
         self.rounds_pub = kind(tracker, self.publisher, "publish", policy, tables=fqn_table,
                                dense=self.dense_pub, on_round=self.worker_rounds.put)
