@@ -152,6 +152,8 @@ class FreshRows:
         returns None: :meth:`sync` must run before any row of ``src`` changes (every other
         method syncs first); it adds the lookup's ids minus its new positions to
         :attr:`overcount`."""
+        # sync and _valid_bits check their own state too; tested here first, because this
+        # runs at every lookup and most lookups need neither call
         if self._late is not None:
             self.sync()
         n = ids.numel()
