@@ -146,7 +146,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
     auc = dict(result["auc"])
     cfg = asdict(opts)
     cfg.update(topic=topic, bootstrap_servers=servers, embedded_broker=embedded,
-               steps=opts.resolved_steps)
+               steps=opts.resolved_steps, batch_size=opts.resolved_batch_size)
     boot = result.get("bootstrap") or {}
     if f0.get("plan"):  # a column shard holds part of every row: no per-rank base snapshots
         boot = {"skipped": f"base snapshots need --sharding row (this run: {opts.sharding})"}

@@ -180,12 +180,17 @@ class _Trainer:
     # ------------------------------------------------------------------ training
 
     def _batch(self, step: int):
+        """This rank's step ``step`` batch on its device: user ids, item ids ``[B]``, dense
+        features ``[B, n_dense]``, labels ``[B]``. On CUDA the host arrays are staged in
+        pinned memory and copied asynchronously: a pageable copy would wait for the device."""
         torch = self.torch
         b = self.stream.batch((step * self.world + self.rank) * int(self.cfg["batch_size"]),
                               int(self.cfg["batch_size"]))
-        dev = self.device
-        return (torch.from_numpy(b.user_ids).to(dev), torch.from_numpy(b.item_ids).to(dev),
-                torch.from_numpy(b.dense).to(dev), torch.from_numpy(b.labels).to(dev))
+        arrays = (b.user_ids, b.item_ids, b.dense, b.labels)
+        if self.device.type != "cuda":
+            return tuple(torch.from_numpy(a) for a in arrays)
+        return tuple(torch.from_numpy(a).pin_memory().to(self.device, non_blocking=True)
+                     for a in arrays)
 
     def _kernels(self) -> bool:
         """Whether deltastream's Triton kernels ran the tables' updates (CUDA fast path)."""
@@ -193,7 +198,11 @@ class _Trainer:
 
         return any(use_kernels(t.storage) for t in self.tables.values())
 
-    def _train_step(self, step: int, stop: bool) -> tuple[float, bool]:
+    def _train_step(self, step: int, stop: bool) -> tuple[Any, Any]:
+        """One step on every rank (collective). Returns the mean loss and the stop flag
+        (anyone's ``stop``) as 0-d tensors on the device, unread: reading either is a host
+        sync on CUDA, so the loop reads the loss when it reports and the flag only when a
+        rank can ask to stop (``--duration``)."""
         torch, dist = self.torch, self.dist
         u, i, x, y = self._batch(step)
         logits = self.model(u, i, x)
@@ -218,7 +227,7 @@ class _Trainer:
         self.dense_opt.step()
         self.dense_opt.zero_grad(set_to_none=True)
         self.tracker.step()
-        return float(flat[-2]), bool(flat[-1] > 0)
+        return flat[-2], flat[-1]
 
     def _heldout_scores(self, start: int, n: Optional[int] = None
                         ) -> tuple[np.ndarray, np.ndarray]:
@@ -341,7 +350,8 @@ class _Trainer:
         while not stop and (steps is None or step < steps):
             t_step = time.monotonic()
             want_stop = duration is not None and t_step - t0 >= float(duration)
-            loss, stop = self._train_step(step, want_stop)
+            loss_t, stop_t = self._train_step(step, want_stop)
+            stop = duration is not None and bool(stop_t > 0)
             step += 1
             t_pub = time.monotonic()
             split["train"] += t_pub - t_step
@@ -358,11 +368,14 @@ class _Trainer:
             split["evaluations"] += now - t_eval
             if self.rank == 0 and (now - last_report >= 0.25 or step == steps):
                 last_report = now
+                loss = float(loss_t)
                 losses.append((step, loss))
                 self.events.put({"kind": "train", "rank": 0, "step": step, "loss": loss,
                                  "examples": step * self.world * int(cfg["batch_size"]),
                                  "t": time.time()})
         train_s = time.monotonic() - t0
+        if step:
+            loss = float(loss_t)
         # ---- final flush: everything still retained goes out now
         t_flush = time.monotonic()
         pub.final_flush(step)

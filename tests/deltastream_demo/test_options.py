@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from deltastream_demo.options import (
+    DEFAULT_BATCH,
     DEFAULT_BUDGET,
     DEFAULT_STEPS,
     DemoOptions,
@@ -32,6 +33,16 @@ def test_flags_become_options_with_the_defaults():
     assert o.stream_config().n_users == o.users
     assert _parse().publish_budget == DEFAULT_BUDGET > 0  # the budget mode is the default
     assert _parse("--publish-budget", "0").publish_budget == 0.0  # fixed rounds
+
+
+def test_the_batch_defaults_by_device_and_an_explicit_one_wins():
+    assert _parse().resolved_batch_size == DEFAULT_BATCH["cpu"] == 512
+    # CUDA's default is larger: a 512-example GPU step is launch- and sync-bound
+    assert DemoOptions(device="cuda").resolved_batch_size == DEFAULT_BATCH["cuda"] > 512
+    assert DemoOptions(device="cuda", batch_size=512).resolved_batch_size == 512
+    assert _parse("--batch-size", "64").resolved_batch_size == 64
+    with pytest.raises(ValueError, match=r"--batch-size must be an integer in \[1, 1048576\]"):
+        DemoOptions(batch_size=0).validate()
 
 
 @pytest.mark.parametrize("field, value, words", [

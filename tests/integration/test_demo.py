@@ -207,6 +207,20 @@ def test_short_demo_one_worker_f32_is_exact(tmp_path, broker, topic_name):
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_duration_stops_every_rank_at_the_same_step(tmp_path):
+    """``--duration``: rank 0's clock asks to stop, the flag rides the step's all_reduce, and
+    both trainers leave the loop after the same step (a rank left behind would wait in its
+    next collective until the timeout); what was trained is then served as in any run."""
+    proc, r = _demo(tmp_path / "o", "--steps", "1000000", "--duration", "4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert r["invariants"]["problems"] == [] and check_report(r) == []
+    steps = r["train"]["steps"]
+    assert 0 < steps < 1_000_000 and r["train"]["examples"] == steps * 2 * 256
+    assert r["train"]["seconds"] >= 4
+    assert 0 < r["drift"]["max_abs"] <= r["drift"]["tolerance"]
+    assert r["train"]["final_loss"] == r["train"]["final_loss"]  # read, not NaN
+
+
 def test_short_demo_byte_budget_default(tmp_path):
     """The default: a BudgetPublisher per trainer, ticked every step within --publish-budget
     bytes/s; the report shows the budget, the bytes/s sent and the serving-error bound."""
