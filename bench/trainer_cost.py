@@ -49,7 +49,10 @@ of the ratio is paid outside it: GIL waits, caches and cores shared with the wor
 ``cpu_ratio``, the same ratio in the training thread's CPU time (``time.thread_time``: a
 GIL wait is not in it, nor, where the kernel accounts steal time, a stalled vCPU; a step
 slowed beside the worker is — where it stays low and the ratio does not, the difference
-is waiting, not work); **bytes/s** a budget sends when it runs alone after the chunks
+is waiting, not work); ``faults_per_step`` and ``faults_alone_per_step``, the training
+thread's minor page faults a step with deltastream and alone (a loop whose temporaries glibc
+maps afresh every step faults thousands of times a step, ~1 µs each; where the two differ,
+the ratio is partly the allocator's); **bytes/s** a budget sends when it runs alone after the chunks
 (``--rate-s`` seconds after a second that spends its bucket's burst; not over the chunks,
 between which its bucket refills by at most one burst, nor ``stats()["bytes_per_s"]``,
 which counts from the publisher's creation; ``delta-10``: acknowledged bytes over its
@@ -70,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import resource
 import statistics
 import sys
 import time
@@ -129,6 +133,9 @@ class _Run:
         #: per timed pair: mean step time with deltastream (its chunk and tail) ÷ alone
         self.pairs: list[float] = []
         self.cpu_pairs: list[float] = []  # the same ratio in the training thread's CPU time
+        #: the training thread's minor page faults in the measured steps (chunks and tails)
+        #: and in the alone chunks
+        self.faults = self.faults_alone = 0
         self.tail_steps: list[int] = []  # per pair: steps until the worker settled
         self.tick_s: list[float] = []
         self.measured_s = 0.0
@@ -262,6 +269,15 @@ def _median_interval(pairs: list[float], level: float = 0.95, draws: int = 2000
     return float(lo), float(hi)
 
 
+def _faults() -> int:
+    """Minor page faults of the calling thread so far (Linux ``RUSAGE_THREAD``; else the
+    process's). A step that faults pays ~1 µs a page; glibc's malloc hands large freed
+    blocks back to the kernel, so a training loop's own temporaries can fault every step,
+    in the alone chunks as in the others — the figure tells that noise from our cost."""
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    return resource.getrusage(who).ru_minflt
+
+
 def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
     """Steps per chunk: ``--chunk``, or more to last ``--chunk-s`` seconds at ``step_s``
     a step. A chunk shorter than the budget's ``min_interval_s`` would hold one round in
@@ -293,16 +309,16 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
         other.idle()
     with _paused(runs):
         alone = []
-        c0 = time.thread_time()
+        c0, f0 = time.thread_time(), _faults()
         for _ in range(chunk):  # the step alone (trackers paused)
             t0 = time.perf_counter()
             step(k)
             k += 1
             alone.append(time.perf_counter() - t0)
         finish(alone)
-        cpu_alone = time.thread_time() - c0
+        cpu_alone, faults_alone = time.thread_time() - c0, _faults() - f0
     b0, t_start = r.acked_bytes(), time.perf_counter()
-    c0 = time.thread_time()
+    c0, f0 = time.thread_time(), _faults()
     times = []
     with _paused(runs, but=r):
         for _ in range(chunk):
@@ -326,7 +342,9 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             tail.append(time.perf_counter() - t0)
         if tail:
             finish(tail)
-    cpu = time.thread_time() - c0
+    cpu, faults = time.thread_time() - c0, _faults() - f0
+    r.faults += faults
+    r.faults_alone += faults_alone
     r.alone += alone
     r.times += times
     r.pairs.append((sum(times) + sum(tail)) / (len(times) + len(tail))
@@ -424,6 +442,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
                 else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
                 cpu_ratio=statistics.median(r.cpu_pairs),
+                faults_per_step=r.faults / max(1, len(r.times) + sum(r.tail_steps)),
+                faults_alone_per_step=r.faults_alone / max(1, len(r.alone)),
                 ratio_ci95=_median_interval(r.pairs), pairs=len(r.pairs),
                 bytes_per_s=r.rate if r.budget is not None
                 else r.bytes0 / r.measured_s,
@@ -437,6 +457,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             lo, hi = extra["ratio_ci95"]
             note += f", ratio 95 % interval {lo:.3f}-{hi:.3f} ({len(r.pairs)} pairs)"
             note += f", CPU ratio {extra['cpu_ratio']:.3f}"
+            note += (f", page faults {extra['faults_per_step']:.0f}/step "
+                     f"(alone {extra['faults_alone_per_step']:.0f})")
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:
                 note += f", {st['worker']} worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
