@@ -31,9 +31,9 @@ __all__ = ["DemoOptions", "add_demo_arguments", "options_from_args", "DEFAULT_ST
            "SHARDINGS", "MODEL_KINDS"]
 
 DEFAULT_STEPS = 2400
-#: examples per worker per step by --device. A GPU step of 512 examples is bound by kernel
-#: launches and host syncs (stop 57 on an H200: ~93 launches and 13 ms a step, the GPU
-#: mostly idle), so CUDA's default is a batch a GPU trainer would use
+#: examples per worker per step by --device. A GPU step of 512 examples pays mostly for
+#: kernel launches and host syncs (BENCHMARKS.md, stop 57, an H200: the demo's step took
+#: 13 ms at 512, the bench's 3.4-5 ms at 4,096), so CUDA's default is a GPU trainer's batch
 DEFAULT_BATCH = {"cpu": 512, "cuda": 8192}
 #: bytes/s per trainer of the byte-budgeted publisher (``bench freshness-per-byte``: the most
 #: serving AUC per byte); 0 = fixed rounds (``--topk-fraction`` every ``--publish-every``, by
