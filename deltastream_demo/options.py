@@ -77,6 +77,10 @@ class DemoOptions:
     batch_size: Optional[int] = option(
         None, f"examples per worker per step (default {DEFAULT_BATCH['cpu']} on CPU, "
               f"{DEFAULT_BATCH['cuda']} on CUDA)", flag={"type": int})
+    prefetch: str = option(
+        "auto", "make each worker's next batch on a thread while a step trains: auto = on "
+                "CUDA only (on a 2-core CPU it sped 8,192-example steps and slowed "
+                "512-example ones)", flag={"choices": ["auto", "on", "off"]})
     publish_every: int = option(10, "steps between publish rounds (tracker consumer "
                                     "'publish')", flag={"type": int})
     snapshot_every: int = option(500, "steps between base snapshots (tracker consumer "
@@ -149,6 +153,11 @@ class DemoOptions:
         """Examples per worker per step: ``batch_size``, else the device's default."""
         return self.batch_size if self.batch_size is not None else DEFAULT_BATCH[self.device]
 
+    @property
+    def resolved_prefetch(self) -> bool:
+        """Whether the trainers make their next batch on a thread (``prefetch``)."""
+        return self.prefetch == "on" or (self.prefetch == "auto" and self.device == "cuda")
+
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad option and what was expected."""
         def pos_int(name: str, lo: int = 1, hi: int = 1 << 40) -> None:
@@ -211,6 +220,8 @@ class DemoOptions:
             _check_torchrec(self.sharding)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.prefetch not in ("auto", "on", "off"):
+            raise ValueError(f"--prefetch must be auto, on or off, got {self.prefetch!r}")
         if self.progress not in ("auto", "on", "off"):
             raise ValueError(f"--progress must be auto, on or off, got {self.progress!r}")
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):

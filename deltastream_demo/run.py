@@ -290,6 +290,7 @@ def _trainer_config(common: dict, opts: DemoOptions) -> dict:
     """What each trainer process is given: ``common`` plus the training settings."""
     return dict(common, world=opts.workers, master_port=free_port(), device=opts.device,
                 hidden=tuple(opts.hidden), batch_size=opts.resolved_batch_size,
+                prefetch=opts.resolved_prefetch,
                 steps=opts.resolved_steps, duration=opts.duration,
                 publish_every=opts.publish_every, snapshot_every=opts.snapshot_every,
                 eval_every=opts.eval_every, eval_examples=opts.eval_examples,

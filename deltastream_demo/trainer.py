@@ -59,6 +59,7 @@ import numpy as np
 
 from deltastream.clilog import setup_logging
 from deltastream.kafka_config import secret_values
+from deltastream_demo.batches import BatchPrefetcher
 from deltastream_demo.trainer_publishing import SNAPSHOT_PREFIX, TrainerPublishing
 
 __all__ = ["trainer_main", "SNAPSHOT_PREFIX"]
@@ -121,6 +122,10 @@ class _Trainer:
         self.pub = TrainerPublishing(rank, cfg, events, self.tracker, self.fqn_table,
                                      self.net.mlp, self.table_names, self.plan is None)
         self.work = Path(cfg["work_dir"])
+        # with --prefetch, the next step's batch is made on a thread while this one trains
+        self.batches = BatchPrefetcher(self.stream, self.rank, self.world,
+                                       int(cfg["batch_size"]), self.device, torch,
+                                       ahead=bool(cfg.get("prefetch", False)))
 
     def _join_process_group(self) -> None:
         """Pick this rank's device and join the process group (NCCL on CUDA, else gloo)."""
@@ -179,19 +184,6 @@ class _Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def _batch(self, step: int):
-        """This rank's step ``step`` batch on its device: user ids, item ids ``[B]``, dense
-        features ``[B, n_dense]``, labels ``[B]``. On CUDA the host arrays are staged in
-        pinned memory and copied asynchronously: a pageable copy would wait for the device."""
-        torch = self.torch
-        b = self.stream.batch((step * self.world + self.rank) * int(self.cfg["batch_size"]),
-                              int(self.cfg["batch_size"]))
-        arrays = (b.user_ids, b.item_ids, b.dense, b.labels)
-        if self.device.type != "cuda":
-            return tuple(torch.from_numpy(a) for a in arrays)
-        return tuple(torch.from_numpy(a).pin_memory().to(self.device, non_blocking=True)
-                     for a in arrays)
-
     def _kernels(self) -> bool:
         """Whether deltastream's Triton kernels ran the tables' updates (CUDA fast path)."""
         from deltastream.kernels.runtime import use_kernels
@@ -204,7 +196,7 @@ class _Trainer:
         sync on CUDA, so the loop reads the loss when it reports and the flag only when a
         rank can ask to stop (``--duration``)."""
         torch, dist = self.torch, self.dist
-        u, i, x, y = self._batch(step)
+        u, i, x, y = self.batches.get(step)
         logits = self.model(u, i, x)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y)
         loss.backward()
@@ -374,6 +366,7 @@ class _Trainer:
                                  "examples": step * self.world * int(cfg["batch_size"]),
                                  "t": time.time()})
         train_s = time.monotonic() - t0
+        self.batches.close()
         if step:
             loss = float(loss_t)
         # ---- final flush: everything still retained goes out now

@@ -45,6 +45,15 @@ def test_the_batch_defaults_by_device_and_an_explicit_one_wins():
         DemoOptions(batch_size=0).validate()
 
 
+def test_prefetch_is_on_for_cuda_by_default_and_either_way_when_asked():
+    assert _parse().resolved_prefetch is False
+    assert DemoOptions(device="cuda").resolved_prefetch is True
+    assert _parse("--prefetch", "on").resolved_prefetch is True
+    assert DemoOptions(device="cuda", prefetch="off").resolved_prefetch is False
+    with pytest.raises(ValueError, match="--prefetch must be auto, on or off, got 'yes'"):
+        DemoOptions(prefetch="yes").validate()
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("workers", 0, "--workers must be an integer in [1, 64], got 0"),
     ("topk_fraction", 1.5, "--topk-fraction must be in (0, 1], got 1.5"),

@@ -210,8 +210,11 @@ def test_short_demo_one_worker_f32_is_exact(tmp_path, broker, topic_name):
 def test_duration_stops_every_rank_at_the_same_step(tmp_path):
     """``--duration``: rank 0's clock asks to stop, the flag rides the step's all_reduce, and
     both trainers leave the loop after the same step (a rank left behind would wait in its
-    next collective until the timeout); what was trained is then served as in any run."""
-    proc, r = _demo(tmp_path / "o", "--steps", "1000000", "--duration", "4")
+    next collective until the timeout); what was trained is then served as in any run. With
+    ``--prefetch on`` (each rank's next batch made on a thread), whose batch made ahead
+    when the loop stops is dropped."""
+    proc, r = _demo(tmp_path / "o", "--steps", "1000000", "--duration", "4",
+                    "--prefetch", "on")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert r["invariants"]["problems"] == [] and check_report(r) == []
     steps = r["train"]["steps"]
