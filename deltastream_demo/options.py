@@ -166,6 +166,12 @@ class DemoOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer in "
                                  f"[{lo}, {hi}], got {v!r}")
 
+        def one_of(name: str, choices: tuple) -> None:
+            v = getattr(self, name)
+            if v not in choices:
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {choices}, "
+                                 f"got {v!r}")
+
         pos_int("workers", 1, 64)
         if self.steps is not None:
             pos_int("steps")
@@ -188,9 +194,7 @@ class DemoOptions:
                              f"(0 = rounds of --topk-fraction), got {b!r}")
         pos_int("dense_every")
         pos_int("dim", 1, 4096)
-        if self.wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"--wire-dtype must be one of {WIRE_DTYPES}, got "
-                             f"{self.wire_dtype!r}")
+        one_of("wire_dtype", WIRE_DTYPES)
         pos_int("max_message_bytes", 4096, 1 << 30)
         from deltastream.wire import row_bytes
 
@@ -208,22 +212,16 @@ class DemoOptions:
                                  f"got {v!r}")
         pos_int("held_out", 100, 1 << 26)
         pos_int("seed", 0, (1 << 63) - 1)
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"--sharding must be one of {SHARDINGS}, got {self.sharding!r}")
+        one_of("sharding", SHARDINGS)
         if self.sharding == "column" and self.dim < self.workers:
             raise ValueError(f"--sharding column splits --dim {self.dim} over --workers "
                              f"{self.workers}: needs dim >= workers")
-        if self.model_kind not in MODEL_KINDS:
-            raise ValueError(f"--model-kind must be one of {MODEL_KINDS}, got "
-                             f"{self.model_kind!r}")
+        one_of("model_kind", MODEL_KINDS)
         if self.model_kind == "torchrec":
             _check_torchrec(self.sharding)
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"--device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.prefetch not in ("auto", "on", "off"):
-            raise ValueError(f"--prefetch must be auto, on or off, got {self.prefetch!r}")
-        if self.progress not in ("auto", "on", "off"):
-            raise ValueError(f"--progress must be auto, on or off, got {self.progress!r}")
+        one_of("device", ("cpu", "cuda"))
+        one_of("prefetch", ("auto", "on", "off"))
+        one_of("progress", ("auto", "on", "off"))
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ValueError(f"--timeout must be positive seconds, got {self.timeout!r}")
         if not self.model_name or "/" in self.model_name:
