@@ -78,3 +78,61 @@ def test_batch_argument_validation():
         s.batch(0, 0)
     with pytest.raises(ValueError, match="start"):
         s.batch(-1, 10)
+
+
+def _reference_roots(cfg: StreamConfig, pos: np.ndarray) -> tuple[np.ndarray, int]:
+    """The session roots by the definition: every chain walked link by link from its
+    position, at most 256 links (what ``_session_root`` computed before it remembered);
+    and the most links any chain took."""
+    from deltastream_demo.data import _hash_uniform
+
+    cur, most = pos.copy(), 0
+    for i in range(cur.size):
+        c, n = int(cur[i]), 0
+        while n < 256:
+            one = np.array([c], np.int64)
+            back = _hash_uniform(cfg.seed, 2, one)[0] < cfg.session_return
+            delta = 1 + int(np.floor(_hash_uniform(cfg.seed, 3, one)[0]
+                                     * cfg.session_window))
+            if not (back and c - delta >= 0):
+                break
+            c, n = c - delta, n + 1
+        cur[i], most = c, max(most, n)
+    return cur, most
+
+
+@pytest.mark.parametrize("ret, window", [(0.9, 50), (0.995, 3)])
+def test_remembered_session_roots_give_the_stream_its_users_exactly(ret, window):
+    """A long-lived stream (its roots remembered over many calls, ranks interleaved, from a
+    thread too) gives every position the user the definition gives: the memory only saves
+    walking. ``0.995`` with a window of 3 makes chains of ~200 links, some past the 256-link
+    cap, and later batches reach the remembered ends of earlier ones many links back."""
+    import threading
+
+    cfg = StreamConfig(seed=5, n_users=3000, n_items=200, session_return=ret,
+                       session_window=window)
+    stream = ClickStream(cfg)
+    # two ranks, a gap, repeats; then batch after batch a few hundred positions apart
+    starts = [0, 64, 128, 192, 4096, 160, 256, 320, 256] + list(range(2000, 3300, 100))
+    got = {}
+
+    def take(s: int) -> None:
+        got[s] = stream._session_root(np.arange(s, s + 64, dtype=np.int64))
+
+    for s in starts[:4]:
+        take(s)
+    t = threading.Thread(target=lambda: [take(s) for s in starts[4:6]])
+    t.start()
+    take(starts[6])
+    t.join()
+    for s in starts[7:]:
+        take(s)
+    most = 0
+    for s, roots in got.items():
+        want, n = _reference_roots(cfg, np.arange(s, s + 64))
+        np.testing.assert_array_equal(roots, want)
+        most = max(most, n)
+    assert most == 256 if window == 3 else most < 256  # the cap was (not) reached
+    # and the users themselves: a fresh stream (nothing remembered) agrees with this one
+    np.testing.assert_array_equal(ClickStream(cfg).batch(256, 64).user_ids,
+                                  stream.batch(256, 64).user_ids)
