@@ -1,15 +1,15 @@
 """A trainer rank's batches, optionally made one step ahead on a thread.
 
 The click stream is generated in numpy (:class:`~deltastream_demo.data.ClickStream`): about
-0.9 ms for 512 examples and 6 ms for 8,192 on this project's 2-core VM — a fifth to a third
+0.4-0.6 ms for 512 examples and 4-5 ms for 8,192 on this project's 2-core VM, a large part
 of the demo's step when the training thread makes it itself. With ``ahead``,
 :class:`BatchPrefetcher` makes step ``k + 1``'s batch on its own thread while step ``k``
 trains; on CUDA it also stages the arrays in pinned memory, so the training thread only
 issues the asynchronous copies. That pays where the batch's array work (numpy releases the
 GIL in it) outweighs its Python, or the training thread waits on a device: on the 2-core VM
 the CPU demo's examples/s rose 20 % at 8,192 examples and fell 19 % at 512, where the
-thread's Python holds the GIL the step needs (``BENCHMARKS.md``, stop 63; the demo's
-``--prefetch``). Batches depend only on their step (the stream is a pure function of its
+thread's Python holds the GIL the step needs (measured before the stream remembered its
+session roots; ``BENCHMARKS.md``, stop 63; the demo's ``--prefetch``). Batches depend only on their step (the stream is a pure function of its
 positions), so prefetching changes nothing a rank trains on.
 """
 
