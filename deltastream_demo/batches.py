@@ -9,8 +9,9 @@ issues the asynchronous copies. That pays where the batch's array work (numpy re
 GIL in it) outweighs its Python, or the training thread waits on a device: on the 2-core VM
 the CPU demo's examples/s rose 20 % at 8,192 examples and fell 19 % at 512, where the
 thread's Python holds the GIL the step needs (measured before the stream remembered its
-session roots; ``BENCHMARKS.md``, stop 63; the demo's ``--prefetch``). Batches depend only on their step (the stream is a pure function of its
-positions), so prefetching changes nothing a rank trains on.
+session roots; ``BENCHMARKS.md``, stop 63; the demo's ``--prefetch``). Batches depend only
+on their step (the stream is a pure function of its positions), so prefetching changes
+nothing a rank trains on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class BatchPrefetcher:
     ``[(k·world + rank)·batch_size, … + batch_size)``.
 
     Args:
-        stream: the click stream (its ``batch`` is thread-safe: no state between calls).
+        stream: the click stream (its ``batch`` is thread-safe).
         rank, world: this rank and the number of ranks.
         batch_size: examples per rank per step.
         device: a ``torch.device``; on CUDA the host arrays are pinned.
