@@ -50,7 +50,8 @@ def test_prefetch_is_on_for_cuda_by_default_and_either_way_when_asked():
     assert DemoOptions(device="cuda").resolved_prefetch is True
     assert _parse("--prefetch", "on").resolved_prefetch is True
     assert DemoOptions(device="cuda", prefetch="off").resolved_prefetch is False
-    with pytest.raises(ValueError, match=r"--prefetch must be one of \('auto', 'on', 'off'\), got 'yes'"):
+    with pytest.raises(ValueError,
+                       match=r"--prefetch must be one of \('auto', 'on', 'off'\), got 'yes'"):
         DemoOptions(prefetch="yes").validate()
 
 
