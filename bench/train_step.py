@@ -69,6 +69,25 @@ class TableCTR(torch.nn.Module):
         return self.mlp(torch.cat([a, b, a * b], 1)).squeeze(1)
 
 
+class FeatureCTR(torch.nn.Module):
+    """``n`` HashTables of width ``dim`` (vocabulary ``vocab`` each), one lookup per
+    feature, and an MLP ``[n·dim] -> 64 -> 1`` over their concatenation: a DLRM-like
+    model with many small tables (logits ``[B]``)."""
+
+    def __init__(self, dim: int, n: int, vocab: int, device: torch.device) -> None:
+        super().__init__()
+        self.tables = torch.nn.ModuleList(
+            HashTable(dim, name=f"f{j}", device=device, capacity=vocab + 1024,
+                      initializer=normal_initializer(0.05, seed=j + 1)) for j in range(n))
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(n * dim, 64), torch.nn.ReLU(),
+                                       torch.nn.Linear(64, 1)).to(device)
+
+    def forward(self, *ids: torch.Tensor) -> torch.Tensor:
+        """``ids``: one int64 ``[B]`` per table."""
+        return self.mlp(torch.cat([t(x) for t, x in zip(self.tables, ids, strict=True)],
+                                  1)).squeeze(1)
+
+
 class EmbeddingCTR(torch.nn.Module):
     """The same model on ``nn.Embedding(sparse=True)`` tables of fixed vocabularies."""
 

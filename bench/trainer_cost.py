@@ -1,7 +1,8 @@
 """Benchmark: what deltastream costs the user's training loop.
 
 The step is ``train-step``'s (two :class:`~deltastream.HashTable` s of width ``--dim``, Zipf
-user/item ids, an MLP ``[u, v, u*v] -> 64 -> 32 -> 1``, SparseAdam + Adam, batch ``--batch``).
+user/item ids, an MLP ``[u, v, u*v] -> 64 -> 32 -> 1``, SparseAdam + Adam, batch ``--batch``;
+with ``--tables N``, N feature tables and an MLP over their concatenation instead).
 One model per batch size; the configurations take turns on it, chunk by chunk (at least
 ``--chunk`` steps and ``--chunk-s`` seconds, so a chunk holds many of the budget's rounds
 as a run does), each timed against the step alone in the chunk just before it:
@@ -84,7 +85,7 @@ import numpy as np
 import torch
 
 from bench._common import add_threads_flag, result, torch_threads, zipf_ids
-from bench.train_step import TableCTR
+from bench.train_step import FeatureCTR, TableCTR
 from deltastream.embedding.optim import SparseAdam
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
@@ -359,16 +360,20 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
 
     g = torch.Generator().manual_seed(args.seed)
     dev = torch.device(args.device)
-    model = TableCTR(args.dim, args.users, args.items, dev)
+    if args.tables:  # --tables N: N feature tables of vocabulary --users each
+        model = FeatureCTR(args.dim, args.tables, args.users, dev)
+        vocabs = [args.users] * args.tables
+    else:  # the README's loop: users and items
+        model = TableCTR(args.dim, args.users, args.items, dev)
+        vocabs = [args.users, args.items]
     opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
-    pool = [(zipf_ids(batch, vocab=args.users, alpha=1.05, generator=g).to(dev),
-             zipf_ids(batch, vocab=args.items, alpha=1.05, generator=g).to(dev),
+    pool = [([zipf_ids(batch, vocab=v, alpha=1.05, generator=g).to(dev) for v in vocabs],
              torch.randint(0, 2, (batch,), generator=g).float().to(dev)) for _ in range(64)]
     done = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step(k: int) -> None:
-        u, i, y = pool[k % len(pool)]
-        logits = model(u, i)
+        ids, y = pool[k % len(pool)]
+        logits = model(*ids)
         torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
         for o in opts:
             o.step()
@@ -438,7 +443,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             st = r.budget.stats() if r.budget is not None else {}
             worker = busy.get(r.name)
             extra = dict(
-                batch=batch, config=r.name, tick_p99_ms=float(np.quantile(tick, 0.99))
+                batch=batch, config=r.name, tables=args.tables or 2, tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
                 else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
                 cpu_ratio=statistics.median(r.cpu_pairs),
@@ -462,7 +467,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:
                 note += f", {st['worker']} worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
-            out.append(result(f"trainer_cost.{r.name}.b{batch}",
+            model_tag = f".t{args.tables}" if args.tables else ""
+            out.append(result(f"trainer_cost.{r.name}.b{batch}{model_tag}",
                               statistics.median(r.times) * 1e3, extra["step_alone_ms"],
                               RATIO_GOAL, "ms/step", ratio=ratio, higher_is_better=False,
                               baseline_desc="the same step alone, adjacent chunks",
@@ -481,6 +487,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--dim", type=int, default=32, help="embedding width (32)")
     p.add_argument("--users", type=int, default=200_000, help="Zipf user vocabulary (200K)")
     p.add_argument("--items", type=int, default=50_000, help="Zipf item vocabulary (50K)")
+    p.add_argument("--tables", type=int, default=0,
+                   help="instead of the user/item model, this many feature tables of "
+                        "vocabulary --users each (a DLRM-like model; 0: the README's loop)")
     p.add_argument("--budgets", type=_ints, default=[50_000, 5_000, 500_000],
                    help="BudgetPublisher bytes/s, the first also in sync mode "
                         "(50000,5000,500000)")

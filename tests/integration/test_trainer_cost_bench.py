@@ -12,15 +12,19 @@ from bench import trainer_cost
 pytestmark = pytest.mark.integration
 
 
-def test_trainer_cost_runs_small_and_reports_every_configuration(broker):
+@pytest.mark.parametrize("tables", [0, 3])
+def test_trainer_cost_runs_small_and_reports_every_configuration(broker, tables):
+    """The README's two-table model (``--tables 0``) and a model of three feature tables."""
     out = trainer_cost.main(["--batches", "64", "--rounds", "2", "--chunk", "12",
                              "--chunk-s", "0", "--rate-s", "0.5", "--budgets", "50000",
                              "--no-sync", "--no-thread", "--users", "2000", "--items", "500",
-                             "--servers", broker.bootstrap_servers])
+                             "--tables", str(tables), "--servers", broker.bootstrap_servers])
     by = {r["config"]: r for r in out}
     assert set(by) == {"tracker", "tracker-idle", "budget-50000", "delta-10", "rounds-10"}
+    tag = f".t{tables}" if tables else ""
     for r in out:
-        assert r["name"] == f"trainer_cost.{r['config']}.b64" and r["pairs"] == 2
+        assert r["name"] == f"trainer_cost.{r['config']}.b64{tag}" and r["pairs"] == 2
+        assert r["tables"] == (tables or 2)
         # the ratio is the median pair's, against the step alone measured in the same run
         assert math.isfinite(r["ratio"]) and r["ratio"] > 0 and r["step_alone_ms"] > 0
         lo, hi = r["ratio_ci95"]
