@@ -207,6 +207,12 @@ class FreshRows:
         walked: positions and ids are written then)."""
         return 0 if self.owed is None else max(self.owed.left, int(self.owed.walking))
 
+    @property
+    def walk_queued(self) -> bool:
+        """Whether the owed rows' walk is queued on the C code's lane thread (its positions
+        are walked there, not on the thread that calls :meth:`capture`)."""
+        return self.owed is not None and self.owed.queued
+
     def capture(self, max_positions: Optional[int]) -> int:
         """Walk the handed-over marks: at least ``max_positions`` positions (whole 64-bit
         words of bits; None: all), copying the rows still owed; returns the positions

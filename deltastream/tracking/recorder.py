@@ -382,14 +382,18 @@ class Recorder:
 
     def capture(self, max_positions: Optional[int]) -> bool:
         """Walk handed-over marks (:meth:`FreshRows.capture`): about ``max_positions``
-        positions in all (None: every one); True when no table owes rows any more."""
+        positions in all on this thread (None: every one); True when no table owes rows
+        any more. A walk the lane thread ran costs this thread only its wait, which it
+        does not count: else a tick would finish one table's lane walk at a time, and a
+        hand-off of many tables would wait a tick per table for walks long done."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
         for f in owing:
             if max_positions is not None and max_positions <= 0:
                 break
+            on_lane = f.walk_queued
             walked = f.capture(max_positions)
-            if max_positions is not None:
+            if max_positions is not None and not on_lane:
                 max_positions -= walked
         return not any(f.owes for f in owing)
 

@@ -261,3 +261,42 @@ def test_an_accelerators_records_kept_for_another_consumer_respect_the_bound(mon
     assert tr.stats()["bound_compactions"] > 0  # the bound was reached, and held
     got = tr.get_delta("q")["user"]
     assert set(got.ids.tolist()) == touched
+
+
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
+                    reason="deltastream.tracking.native is not built")
+def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatch):
+    """Where torch leaves a core spare, each owing table's walk is queued on the C code's
+    lane thread. Once they ran, one ``capture_rows`` call with a small budget finishes
+    every table: the budget bounds the training thread's own walking, and the lane's is
+    not its own. (It counted the lane's positions, so a hand-off of N tables each over the
+    budget took N ticks: a budget publisher on a 26-table model sent a third less than its
+    budget, its hand-offs waiting a tick per table for walks long done.)"""
+    import time
+
+    from deltastream import HashTable
+
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: True)
+    n, dim, rows = 6, 64, 3000
+    net = torch.nn.ModuleList(HashTable(dim, name=f"f{j}", capacity=4 * rows)
+                              for j in range(n))
+    tr = DeltaTracker(net, consumers=["p"], mode=EMB)
+    g = torch.Generator().manual_seed(3)
+    for t in net:  # every table looks up `rows` distinct ids, then its rows move
+        t(torch.randperm(4 * rows, generator=g)[:rows])
+    tr.step()
+    with torch.no_grad():
+        for t in net:
+            t.storage.add_(1.0)
+    owe = {fqn: m.storage.detach() for fqn, m in tr.get_tracked_modules().items()}
+    at_read = {fqn: s.clone() for fqn, s in owe.items()}
+    d = tr.get_delta_unordered("p", owe=owe)
+    assert all(isinstance(r, UnorderedRows) for r in d.values()) and len(d) == n
+    budget = rows // 2  # positions per call: each table's walk is over it
+    assert not tr.capture_rows(budget)  # queues the walks on the lane
+    time.sleep(1.0)  # they take microseconds; the lane is otherwise idle
+    assert tr.capture_rows(budget)  # every table finished in this one call
+    for fqn, r in d.items():
+        assert r.ids.numel() == rows
+        assert torch.equal(r.current, at_read[fqn][r.positions])
+    tr.close()
