@@ -58,10 +58,10 @@ after the chunks (``--rate-s`` seconds after a second that spends its bucket's b
 over the chunks, between which its bucket refills by at most one burst, nor
 ``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
 acknowledged bytes over its chunks); the worker's busy share (worker seconds ÷ measured
-seconds: near 1 it cannot keep up) and its largest backlog. Every configuration's worker is drained before each "alone" chunk, so
-the alone chunks measure the step by itself (before 2026-12-02 only the measured
-configuration's was, and a configuration's alone chunk could run beside the previous one's
-last round, which read as a lower ratio for it).
+seconds: near 1 it cannot keep up) and its largest backlog. Every configuration's worker is
+drained before each "alone" chunk, so the alone chunks measure the step by itself (before
+2026-12-02 only the measured configuration's was, and a configuration's alone chunk could
+run beside the previous one's last round, which read as a lower ratio for it).
 
 Clock: wall time on the training thread (a worker competing for the GIL or the cores shows
 as a slower step); on CUDA (``--device cuda``) each chunk ends with a device synchronize,
@@ -443,7 +443,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             st = r.budget.stats() if r.budget is not None else {}
             worker = busy.get(r.name)
             extra = dict(
-                batch=batch, config=r.name, tables=args.tables or 2, tick_p99_ms=float(np.quantile(tick, 0.99))
+                batch=batch, config=r.name, tables=args.tables or 2,
+                tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
                 else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
                 cpu_ratio=statistics.median(r.cpu_pairs),
@@ -466,7 +467,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                      f"(alone {extra['faults_alone_per_step']:.0f})")
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:
-                note += f", {st['worker']} worker busy {extra['worker_share']:.0%}, pending {st['pending']:,}"
+                note += (f", {st['worker']} worker busy {extra['worker_share']:.0%}, "
+                         f"pending {st['pending']:,}")
             model_tag = f".t{args.tables}" if args.tables else ""
             out.append(result(f"trainer_cost.{r.name}.b{batch}{model_tag}",
                               statistics.median(r.times) * 1e3, extra["step_alone_ms"],

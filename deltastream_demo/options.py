@@ -48,6 +48,9 @@ DEFAULT_DENSE_EVERY = 50
 WIRE_DTYPES = ("f32", "f16", "bf16", "i8")
 SHARDINGS = ("row", "table", "column")
 MODEL_KINDS = ("hashtable", "torchrec")
+DEVICES = ("cpu", "cuda")
+#: the choices of --prefetch and --progress
+SWITCHES = ("auto", "on", "off")
 
 
 @dataclass
@@ -67,7 +70,7 @@ class DemoOptions:
     workers: int = option(2, "trainer processes (torch.distributed; one shard and partition "
                              "each)", flag={"type": int})
     device: str = option("cpu", "trainer device; cuda uses nccl and one GPU per worker",
-                         flag={"choices": ["cpu", "cuda"]})
+                         flag={"choices": list(DEVICES)})
     steps: Optional[int] = option(
         None, f"training steps (default {DEFAULT_STEPS}, or unbounded when only --duration "
               "is given)", flag={"type": int})
@@ -80,7 +83,7 @@ class DemoOptions:
     prefetch: str = option(
         "auto", "make each worker's next batch on a thread while a step trains: auto = on "
                 "CUDA only (on a 2-core CPU it sped 8,192-example steps and slowed "
-                "512-example ones)", flag={"choices": ["auto", "on", "off"]})
+                "512-example ones)", flag={"choices": list(SWITCHES)})
     publish_every: int = option(10, "steps between publish rounds (tracker consumer "
                                     "'publish')", flag={"type": int})
     snapshot_every: int = option(500, "steps between base snapshots (tracker consumer "
@@ -119,7 +122,7 @@ class DemoOptions:
                       flag={})
     seed: int = option(0, "seed of the stream and the model", flag={"type": int})
     progress: str = option("auto", "live progress line: auto = only when stderr is a "
-                                   "terminal", flag={"choices": ["auto", "on", "off"]})
+                                   "terminal", flag={"choices": list(SWITCHES)})
     timeout: float = option(900.0, "abort the demo when it runs longer than this many "
                                    "seconds", flag={"type": float})
     log_level: str = option("WARNING", "Logging level of the demo (the shared --log-level).")
@@ -219,9 +222,9 @@ class DemoOptions:
         one_of("model_kind", MODEL_KINDS)
         if self.model_kind == "torchrec":
             _check_torchrec(self.sharding)
-        one_of("device", ("cpu", "cuda"))
-        one_of("prefetch", ("auto", "on", "off"))
-        one_of("progress", ("auto", "on", "off"))
+        one_of("device", DEVICES)
+        one_of("prefetch", SWITCHES)
+        one_of("progress", SWITCHES)
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ValueError(f"--timeout must be positive seconds, got {self.timeout!r}")
         if not self.model_name or "/" in self.model_name:

@@ -27,6 +27,7 @@ recorded by :class:`ApplyLog`, the daemon's ``on_apply`` hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import queue
@@ -236,14 +237,21 @@ def _served_weights(view: Any) -> Optional[DenseWeights]:
     return None if view is None else weights_from_state_dict(view.tensors)
 
 
+@functools.lru_cache(maxsize=1)
+def _stream(config: StreamConfig) -> ClickStream:
+    """The click stream of ``config``, built once: every evaluation reads the same one
+    (its hidden model and the session roots it remembers)."""
+    return ClickStream(config)
+
+
 def _score_all(cfg: dict, trainer_weights: DenseWeights, serving: dict[str, ServingTable],
                trainer: dict[str, RowTable], torch_scores: dict,
                served: Optional[DenseWeights]) -> dict:
     """AUCs of the held-out examples: the serving tables under the dense version streamed
     to the predictor (``served``; None: no serving AUC, and ``dense_source`` "none"), and
     the trainer's tables under the trainer's own MLP (the comparison line)."""
-    stream = ClickStream(StreamConfig(**cfg["stream"]))
-    ho = stream.batch(cfg["heldout_start"], cfg["heldout"], salt=1)
+    ho = _stream(StreamConfig(**cfg["stream"])).batch(cfg["heldout_start"], cfg["heldout"],
+                                                       salt=1)
     trainer_logits = score(trainer_weights, trainer["user"].lookup, trainer["item"].lookup,
                            ho.user_ids, ho.item_ids, ho.dense)
     out = {
@@ -372,8 +380,8 @@ def serving_eval(msg: dict, daemon: SyncDaemon, cfg: dict) -> dict:
     weights = _served_weights(view)
     if weights is None:
         return out
-    stream = ClickStream(StreamConfig(**cfg["stream"]))
-    ho = stream.batch(int(msg["start"]), int(msg["n"]), salt=1)
+    ho = _stream(StreamConfig(**cfg["stream"])).batch(int(msg["start"]), int(msg["n"]),
+                                                       salt=1)
     zeros = RowTable(np.empty(0, np.int64), np.empty((0, cfg["dim"]), np.float32))
     tables = daemon.tables()  # the live tables: lookups are lock-free
     logits = score(weights, (tables.get("user") or zeros).lookup,
