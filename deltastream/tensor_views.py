@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["as_buffer", "as_bytes", "numpy_view"]
+__all__ = ["as_buffer", "as_bytes", "head_buffer", "numpy_view"]
 
 #: dtypes ``Tensor.numpy()`` takes (bf16 has no numpy dtype)
 _NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64,
@@ -34,6 +34,14 @@ def as_buffer(t: torch.Tensor) -> np.ndarray:
     if t.dtype in _NUMPY_DTYPES and not t.requires_grad:
         return t.numpy()
     return as_bytes(t)
+
+
+def head_buffer(t: torch.Tensor, n: int) -> np.ndarray:
+    """The first ``n`` rows of a C-contiguous 2-D CPU tensor as :func:`as_buffer` gives
+    memory (rows sliced in numpy: a torch slice and its view cost more than the rest of a
+    hand-off's per-table bookkeeping)."""
+    b = as_buffer(t)
+    return b[:n] if b.ndim == 2 else b[:n * t.shape[1] * t.element_size()]
 
 
 def numpy_view(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:

@@ -44,7 +44,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from deltastream.tensor_views import as_buffer, as_bytes
+from deltastream.tensor_views import as_buffer, head_buffer
 from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["KEEP_BYTES", "OwedRows"]
@@ -135,8 +135,8 @@ class OwedRows:
                 or (e.shape[0] > 4 * n and e.numel() * e.element_size() > KEEP_BYTES):
             self.early = torch.empty((1 << max(0, n - 1).bit_length(), dim), dtype=dtype)
         self.out = self.base[:n]
-        self._out_bytes = as_bytes(self.out)
-        self._early_bytes = as_bytes(self.early[:n])
+        self._out_bytes = head_buffer(self.base, n)
+        self._early_bytes = head_buffer(self.early, n)
         self.storage = storage
         self.next, self.entry, self.left, self.walking = 0, 0, n, True
         return self.out
@@ -193,7 +193,7 @@ class OwedRows:
         return self._lane is not None
 
     def _walk_args(self, src: torch.Tensor, limit: int) -> tuple:
-        return (self.owed, self.bits, self.words, self.next, limit, as_bytes(src),
+        return (self.owed, self.bits, self.words, self.next, limit, as_buffer(src),
                 self._early_bytes, self._out_bytes, self._row_bytes(), self.keys, self.ids,
                 self.positions, self.at, self.offset, self.entry)
 

@@ -75,6 +75,8 @@ class _Table:
     degraded: bool = False
     n_rows: int = 0  # ids held over all runs (kept current by the store)
     n_state_rows: int = 0  # of which held with a state
+    #: ``(key, ids, states)``: the zero-row tensors of its empty results (``_empty``)
+    empty: Optional[tuple] = None
 
     def rows(self) -> int:
         return self.n_rows
@@ -400,7 +402,7 @@ class DeltaStore:
         if start_idx > end_idx:
             raise ValueError(f"start_idx ({start_idx}) must not exceed end_idx ({end_idx})")
         for fqn, t in self._tables.items():
-            if fqn in skip:
+            if not t.runs or fqn in skip:  # nothing held: nothing to merge
                 continue
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, start_idx, key=lambda r: r.idx)
@@ -427,9 +429,12 @@ class DeltaStore:
         for fqn, t in self._tables.items():
             if fqn in skip:
                 continue
+            keep = self._with_states(t)
+            if not t.runs:  # most tables of a read, in the stores of evictions and inserts
+                out[fqn] = self._empty(t, keep)
+                continue
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
-            keep = self._with_states(t)
             for i in range(lo, len(t.runs)):  # normalize in place: same index, fewer rows
                 if not t.runs[i].sorted and len(t.runs) - lo <= 2:
                     t.runs[i] = _normalized(t.runs[i], self._mode, keep)
@@ -450,6 +455,9 @@ class DeltaStore:
         if up_to_idx is not None and not isinstance(up_to_idx, int):
             raise TypeError(f"up_to_idx must be an int or None, got {up_to_idx!r}")
         for t in self._tables.values():
+            if not t.runs:  # nothing held: the counts are 0 already
+                t.degraded = False
+                continue
             if up_to_idx is None:
                 t.runs = []
             else:
@@ -521,7 +529,13 @@ class DeltaStore:
         self.degrade(fqn)
 
     def _empty(self, t: _Table, keep: bool) -> DeltaRows:
-        device = t.device or torch.device("cpu")
-        if keep and t.dim is not None:
-            return DeltaRows.empty(t.dim, device=device, dtype=t.dtype)
-        return DeltaRows.empty(device=device)
+        """An empty result of ``t`` (``[0, dim]`` states when ``keep`` and the dim is
+        known). Its zero-row tensors are made once per table and shape and shared by the
+        table's later empty results: a read of a model of many tables finds most of them
+        empty in most stores, and two new tensors each cost more than the rest of it."""
+        dim = t.dim if keep else None
+        key = (dim, t.dtype, t.device)
+        if t.empty is None or t.empty[0] != key:
+            e = DeltaRows.empty(dim, device=t.device or torch.device("cpu"), dtype=t.dtype)
+            t.empty = (key, e.ids, e.states)
+        return DeltaRows(ids=t.empty[1], states=t.empty[2])

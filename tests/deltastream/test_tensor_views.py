@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream.tensor_views import as_buffer, as_bytes
+from deltastream.tensor_views import as_buffer, as_bytes, head_buffer
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -22,3 +22,15 @@ def test_as_buffer_of_a_tensor_that_requires_grad() -> None:
     w = torch.ones(3, 2, requires_grad=True)
     buf = as_buffer(w)
     assert buf.dtype == np.uint8 and buf.tobytes() == w.detach().numpy().tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [0, 1, 4, 6])
+def test_head_buffer_is_the_first_rows_memory(dtype: torch.dtype, n: int) -> None:
+    t = (torch.arange(24, dtype=torch.float32) - 7).reshape(6, 4).to(dtype)
+    head = head_buffer(t, n)
+    assert head.flags["C_CONTIGUOUS"] and head.nbytes == n * 4 * t.element_size()
+    assert head.tobytes() == as_bytes(t[:n]).tobytes()
+    if n:
+        t[n - 1, 3] = 5  # a view of the tensor's memory
+        assert head.tobytes() == as_bytes(t[:n]).tobytes()
