@@ -306,3 +306,22 @@ def test_ids_only_store_refuses_states():
     assert s.num_rows() == 0  # nothing half-recorded
     s.append(0, "t", torch.tensor([2, 1]))
     assert s.get_unique()["t"].ids.tolist() == [1, 2]
+
+
+def test_an_empty_tables_result_follows_its_declaration():
+    # a table holding nothing is skipped by compact/delete and its empty result reuses
+    # zero-row tensors: each result is still a new DeltaRows, shaped as declared now
+    s = DeltaStore(UpdateMode.FIRST)
+    s.add_table("t", DIM)
+    a, b = s.get_unique()["t"], s.get_unique()["t"]
+    assert a is not b and tuple(a.states.shape) == (0, DIM) and a.ids.dtype == torch.int64
+    s.add_table("t", DIM, dtype=torch.float16)
+    assert s.get_unique()["t"].states.dtype == torch.float16
+    s.degrade("t")  # nothing held: ids only until the next delete
+    assert s.is_degraded("t") and s.get_unique()["t"].states is None
+    s.compact(0, 5)
+    s.delete()
+    assert not s.is_degraded("t") and tuple(s.get_unique()["t"].states.shape) == (0, DIM)
+    s.append(0, "t", torch.tensor([3, 1]), torch.ones(2, DIM, dtype=torch.float16))
+    s.delete(1)
+    assert s.num_rows("t") == 0 and s.get_unique()["t"].ids.numel() == 0
