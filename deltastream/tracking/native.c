@@ -83,34 +83,6 @@
  * 0.89 -> 0.75 ms at 26 tables; BENCHMARKS.md, stop 64). */
 #define CHUNK 512
 
-/* One row to a destination that is not read again soon: with full 16-byte pieces at 16-byte
- * aligned addresses, streaming stores (no read of the destination's lines first). */
-static inline void put_row(uint8_t *dst, const uint8_t *src, Py_ssize_t rb) {
-#if defined(__SSE2__)
-    if (!(rb & 15) && !((uintptr_t)dst & 15)) {
-        for (Py_ssize_t b = 0; b < rb; b += 16)
-            _mm_stream_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
-        return;
-    }
-#endif
-    copy_row(dst, src, rb);
-}
-
-/* Rows src_at[i] of src to the consecutive rows of dst (the arena: read again only at the
- * hand-off, on another thread), sources prefetched as copy_rows_at does, destinations
- * streamed (put_row). The caller fences (_mm_sfence) before another thread may read them. */
-static inline void stream_rows_from(uint8_t *dst, const uint8_t *src, const int64_t *src_at,
-                                    Py_ssize_t n, Py_ssize_t rb) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + AHEAD < n) {
-            const uint8_t *r = src + (uint64_t)src_at[i + AHEAD] * rb;
-            PREFETCH(r);
-            PREFETCH(r + rb - 1);
-        }
-        put_row(dst + (uint64_t)i * rb, src + (uint64_t)src_at[i] * rb, rb);
-    }
-}
-
 #define MARK_LOOP(T)                                                                     \
     do {                                                                                 \
         const T *q = (const T *)m->ids;                                                  \
@@ -132,7 +104,8 @@ static inline void stream_rows_from(uint8_t *dst, const uint8_t *src, const int6
                 from[k++] = m->by_occurrence ? (int64_t)i : (int64_t)p;                  \
             }                                                                            \
             if (m->w != NULL)                                                            \
-                stream_rows_from(m->a + (uint64_t)used * m->rb, m->w, from, k, m->rb);   \
+                move_rows_at(m->a + (uint64_t)used * m->rb, NULL, m->w, from, k,         \
+                             m->rb, 1); /* streamed: the arena */                        \
             used += k;                                                                   \
         }                                                                                \
     } while (0)
