@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile setup.py consumers/serving/native.c \
 		consumers/serving/native_loops.h deltastream/tracking/native.c \
 		deltastream/publishing/native.c deltastream/embedding/native.c deltastream/native_buffers.h \
 		deltastream/native_rows.h deltastream/native_lane.h deltastream/tracking/native_later.c \
-		deltastream/tracking/native_owed.c \
+		deltastream/tracking/native_owed.c deltastream/tracking/native_sorted.c \
 		deltastream/tracking/native_tracking.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
@@ -50,7 +50,8 @@ CC ?= cc
 ASAN_FLAGS := -fsanitize=address -fno-omit-frame-pointer -g -O1
 ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows.py \
 	tests/deltastream/tracking/test_owed_rows.py tests/deltastream/tracking/test_unordered.py \
-	tests/deltastream/tracking/test_positions.py tests/deltastream/publishing/test_serving_error.py \
+	tests/deltastream/tracking/test_positions.py tests/deltastream/tracking/test_sorted_ids.py \
+	tests/deltastream/publishing/test_serving_error.py \
 	tests/deltastream/publishing/test_row_moves.py tests/deltastream/publishing/test_pending.py \
 	tests/deltastream/publishing/test_handoff_pack.py \
 	tests/deltastream/kernels/test_hash_probe.py

@@ -27,6 +27,7 @@ setup(
                            "deltastream/native_lane.h", "deltastream/tracking/native_tracking.h"],
                   extra_compile_args=["-O3"], optional=True)
         for room, files in (("embedding", ["native.c"]), ("publishing", ["native.c"]),
-                            ("tracking", ["native.c", "native_owed.c", "native_later.c"]))
+                            ("tracking", ["native.c", "native_owed.c", "native_later.c",
+                                          "native_sorted.c"]))
     ]
 )

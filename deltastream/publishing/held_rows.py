@@ -17,7 +17,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deltastream.publishing.row_moves import move_rows
 from deltastream.publishing.slot_pool import SlotPool
+from deltastream.tracking.row_copy import gather_rows
 
 __all__ = ["HeldRows"]
 
@@ -54,7 +56,8 @@ class HeldRows:
         miss = slots < 0
         if bool(miss.any()):
             slots[miss] = self._pool.add(ids[miss])
-        self._pool.cols["row"].index_copy_(0, slots, rows.to(self.dtype))
+        # one pass of the C code (index_copy_ takes ~2x longer per row)
+        move_rows(self._pool.cols["row"], slots, rows.to(self.dtype), None)
 
     def drop(self, ids: torch.Tensor) -> None:
         """Forget ``ids`` (int64 ``[n]``, unique; ids not held are ignored)."""
@@ -73,7 +76,7 @@ class HeldRows:
             bad = ids[miss][:8].tolist()
             raise KeyError(f"held rows of {self.name}: {int(miss.sum())} ids not held, "
                            f"e.g. {bad}")
-        return self._pool.cols["row"].index_select(0, slots)
+        return gather_rows(self._pool.cols["row"], slots)
 
     def memory_bytes(self) -> int:
         """Bytes of the held rows' storage."""

@@ -61,8 +61,9 @@ from deltastream.publishing.rounds import (
     hand_back_failed,
     run_round,
 )
+from deltastream.tracking.row_copy import gather_rows
 from deltastream.tracking.rows import canonical_rows, carry_rows, drop_ids, merge_carry
-from deltastream.tracking.sorted_ids import member, sort_ids_with_perm
+from deltastream.tracking.sorted_ids import member, member_sorted, sort_ids_with_perm
 from deltastream.types import DeltaRows
 
 __all__ = ["RoundPolicy", "RoundEngine", "engine_for", "unite_deltas"]
@@ -213,7 +214,7 @@ class RoundEngine:
             new = None if new is None else new.index_select(0, order)
         at = th.first_at if order is None else \
             order if th.first_at is None else th.first_at.index_select(0, order)
-        first = th.first.clone() if at is None else th.first.index_select(0, at)
+        first = th.first.clone() if at is None else gather_rows(th.first, at)
         dynamic = self._dynamic.setdefault(th.fqn, new is not None or th.inserted is not None)
         if dynamic and new is None:
             new = torch.zeros(ids.numel(), dtype=torch.bool)
@@ -228,7 +229,8 @@ class RoundEngine:
             evicted = ids[new] if evicted is None else torch.cat([evicted, ids[new]])
         old = self._fresh.get(th.fqn)
         if old is not None:
-            self.n["coalesced_rows"] += int(member(old.ids, ids)[0].sum()) if len(old) else 0
+            self.n["coalesced_rows"] += int(member_sorted(old.ids, ids)[0].sum()) \
+                if len(old) else 0
         self._fresh[th.fqn] = fresh if old is None else unite_deltas(old, fresh, evicted)
         carried = self._carry.get(th.fqn)
         if carried is not None and evicted is not None and evicted.numel():
@@ -330,7 +332,7 @@ class RoundEngine:
             keep = torch.zeros(ids.numel(), dtype=torch.bool)
             for other in (self._fresh.get(fqn), self._carry.get(fqn)):
                 if other is not None and len(other):
-                    keep |= member(other.ids, ids)[0]
+                    keep |= member_sorted(other.ids, ids)[0]
             ct = carried.get(fqn)
             if ct is not None and len(ct):
                 keep |= ct.find(ids) >= 0

@@ -58,6 +58,7 @@
  *       pairs, 11 bits a pass, passes whose digit is the same for every id skipped.
  *   capture_owed, walk_owed: native_owed.c (the rows a hand-off owes, and the walk of its
  *       handed-over marks).
+ *   merge_sorted: native_sorted.c (the union of two ascending id sets in one pass).
  */
 #include "native_tracking.h"
 #include "../native_rows.h"
@@ -569,6 +570,9 @@ static PyMethodDef methods[] = {
     {"walk_owed_later", walk_owed_later, METH_VARARGS,
      "walk_owed_later(same arguments as walk_owed) -> Walking: the walk queued on the lane "
      "thread"},
+    {"merge_sorted", merge_sorted, METH_VARARGS,
+     "merge_sorted(a, b, out, pos_a, b_only, pos_b, in_a, at_a) -> m: the union of two "
+     "ascending id sets in one pass (native_sorted.c)"},
     {"drain_by_key", drain_by_key, METH_VARARGS,
      "drain_by_key(slot, bits, order, used, keys, arena, out_keys, out_pos, out_rows) -> k: "
      "marked positions by ascending key"},

@@ -1,8 +1,8 @@
-/* What native.c, native_owed.c and native_later.c share: the checks of bits and words, and
- * mark_fresh, shared by native.c (checked and run at once) and native_later.c (run on the
- * lane thread of ../native_lane.h): mark_setup takes the arguments into a Mark (with the
- * GIL: errors are Python exceptions, buffers held in a Bufs) and mark_run runs it (no
- * Python object: runs without the GIL). */
+/* What native.c, native_owed.c, native_later.c and native_sorted.c share: the checks of
+ * bits and words, and mark_fresh, shared by native.c (checked and run at once) and
+ * native_later.c (run on the lane thread of ../native_lane.h): mark_setup takes the
+ * arguments into a Mark (with the GIL: errors are Python exceptions, buffers held in a
+ * Bufs) and mark_run runs it (no Python object: runs without the GIL). */
 #ifndef DELTASTREAM_NATIVE_TRACKING_H
 #define DELTASTREAM_NATIVE_TRACKING_H
 
@@ -77,5 +77,8 @@ PyObject *walk_owed_later(PyObject *self, PyObject *args);
 PyObject *hold_lane(PyObject *self, PyObject *arg);
 PyObject *lane_jobs_done(PyObject *self, PyObject *unused);
 int later_ready(void); /* the Marking and Walking types made ready: 0, or -1 with an exception set */
+
+/* native_sorted.c */
+PyObject *merge_sorted(PyObject *self, PyObject *args);
 
 #endif

