@@ -13,7 +13,10 @@ Records cross as :func:`record_bytes`, and :func:`record_from` makes them record
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import logging
 import mmap
 import pickle
 import threading
@@ -30,7 +33,14 @@ from deltastream.publishing.budget_worker import BudgetWorker
 from deltastream.publishing.handoff_pack import unpack
 from deltastream.publishing.round_engine import RoundPolicy, engine_for
 
-__all__ = ["child_entry", "record_bytes", "record_from"]
+__all__ = ["child_entry", "record_bytes", "record_from", "HEAP_BYTES", "TRIM_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: the worker's allocations up to this size come from glibc's heap, not from new mappings
+HEAP_BYTES = 32 << 20
+#: the free memory at the top of the heap glibc keeps before giving it back to the system
+TRIM_BYTES = 128 << 20
 
 
 def child_entry(fd: int) -> None:
@@ -92,6 +102,7 @@ def _run(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPolicy | Ro
     """The worker process: the user's publisher made again (``cls(**args)``, its seqs
     resumed), then :class:`_Child` until the parent closes it."""
     torch.set_num_threads(1)
+    _hold_heap()
     try:
         publisher = cls(**args)
         publisher.resume_seqs(seqs)
@@ -99,6 +110,27 @@ def _run(conn: Any, cls: type, args: dict, seqs: dict, policy: BudgetPolicy | Ro
         conn.send_bytes(pickle.dumps(("error", _picklable(e))))
         return
     _Child(conn, publisher, policy, specs, name, records).serve()
+
+
+def _hold_heap() -> None:
+    """Keep the rounds' temporaries in glibc's heap (this process only; nothing without
+    glibc). Every round allocates and frees tens of megabytes (merged columns, gathered
+    rows). glibc's thresholds follow what was freed: a block over the largest one freed so
+    far (128 KB at first) is a new mapping, its pages faulted in (zeroed by the kernel) and
+    unmapped again, and the heap's top is given back past twice that — on the core beside
+    the training thread. With the mmap threshold fixed at :data:`HEAP_BYTES` and the heap
+    trimmed only past :data:`TRIM_BYTES`, a round reuses the last one's memory: the
+    worker's CPU per round fell ~10 % (28.6 → 25.7 ms, the README model's rounds every 10
+    steps, three interleaved pairs, 2026-12-05); it holds up to that much more memory when
+    idle."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # M_MMAP_THRESHOLD (-3) and M_TRIM_THRESHOLD (-1) of malloc.h; 0 means refused
+    if not (mallopt(-3, HEAP_BYTES) and mallopt(-1, TRIM_BYTES)):
+        log.debug("budget worker: glibc refused the heap thresholds; defaults kept")
 
 
 class _Child:
