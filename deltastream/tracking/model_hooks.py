@@ -49,6 +49,13 @@ def eager(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(fn) if "torch._dynamo" in sys.modules else fn
 
 
+class _PauseDepth(threading.local):
+    """This thread's :meth:`ModelHooks.pause` depth: 0 on a thread that never paused (a
+    class default, so that reading it never raises and catches an ``AttributeError``)."""
+
+    depth = 0
+
+
 class ModelHooks:
     """Registers the tracker's hooks on ``tables`` (and the ``root`` model) and records what
     they see into ``rec``; ``drop_carried(fqn, ids)`` forgets retained rows of ids that left
@@ -62,7 +69,7 @@ class ModelHooks:
         self._lock = lock
         self._switch = switch
         self._drop_carried = drop_carried
-        self._local = threading.local()
+        self._local = _PauseDepth()
         self._handles: list[Any] = []
         self._row_listeners: list[Any] = []
         self._reload_before: dict[str, torch.Tensor] = {}
@@ -87,11 +94,11 @@ class ModelHooks:
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
         """Lookups on this thread inside the block are not recorded."""
-        self._local.pause_depth = getattr(self._local, "pause_depth", 0) + 1
+        self._local.depth += 1
         try:
             yield
         finally:
-            self._local.pause_depth -= 1
+            self._local.depth -= 1
 
     def _attach(self, fqn: str, info: TrackedTable) -> None:
         mod = info.module
@@ -140,7 +147,7 @@ class ModelHooks:
             self._before_update if lane else None))
 
     def _paused(self) -> bool:
-        return getattr(self._local, "pause_depth", 0) > 0
+        return self._local.depth > 0
 
     def _on_torchrec_ids(self, fqn: str, local_ids: torch.Tensor, later: bool) -> None:
         if self._paused():
@@ -174,13 +181,13 @@ class ModelHooks:
 
     def _on_positions(self, fqn: str, module: torch.nn.Module,
                       positions: Optional[torch.Tensor], rows: torch.Tensor) -> None:
-        if self._paused():
+        if self._local.depth:  # _paused(), inline: this runs at every lookup
             self._rec.counts["lookups_paused"] += 1
             return
         if positions is None or not module.training:
             self._rec.counts["lookups_eval_skipped"] += 1
             return
-        storage = self._lane_source(fqn, module, rows)
+        storage = self._lane_source(fqn, module, rows) if fqn in self._lane else None
         with self._lock:
             if storage is None:
                 self._rec.record_positions(fqn, positions, rows)
@@ -190,10 +197,10 @@ class ModelHooks:
 
     def _lane_source(self, fqn: str, module: torch.nn.Module, rows: torch.Tensor
                      ) -> Optional[torch.Tensor]:
-        """The storage a lookup of ``fqn`` may copy its FIRST rows from on the lane thread
-        (a contiguous CPU storage of the output's dtype, its table with an update hook),
-        or None: copied now, from the lookup's ``rows``."""
-        if fqn not in self._lane or not self._rec.keeps_unique(fqn):
+        """The storage a lookup of ``fqn`` (a table in ``_lane``) may copy its FIRST rows
+        from on the lane thread (a contiguous CPU storage of the output's dtype), or None:
+        copied now, from the lookup's ``rows``."""
+        if not self._rec.keeps_unique(fqn):
             return None
         storage = module.storage
         if storage.device.type != "cpu" or storage.dtype != rows.dtype \
