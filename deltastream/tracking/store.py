@@ -85,10 +85,12 @@ class _Table:
         return self.n_state_rows
 
     def recount(self) -> None:
+        if not self.runs:  # nothing held (most tables of a many-table read): no sums
+            self.n_rows = self.n_state_rows = 0
+            self.degraded = False  # the table keeps states again
+            return
         self.n_rows = sum(int(r.ids.numel()) for r in self.runs)
         self.n_state_rows = sum(int(r.ids.numel()) for r in self.runs if r.states is not None)
-        if not self.runs:
-            self.degraded = False  # nothing held: the table keeps states again
 
 
 def _dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
@@ -455,12 +457,9 @@ class DeltaStore:
         if up_to_idx is not None and not isinstance(up_to_idx, int):
             raise TypeError(f"up_to_idx must be an int or None, got {up_to_idx!r}")
         for t in self._tables.values():
-            if not t.runs:  # nothing held: the counts are 0 already
-                t.degraded = False
-                continue
             if up_to_idx is None:
                 t.runs = []
-            else:
+            elif t.runs:
                 lo = bisect.bisect_left(t.runs, up_to_idx, key=lambda r: r.idx)
                 if lo:
                     del t.runs[:lo]
