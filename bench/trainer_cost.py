@@ -54,8 +54,9 @@ is waiting, not work); ``faults_per_step`` and ``faults_alone_per_step``, the tr
 thread's minor page faults a step with deltastream and alone (a loop whose temporaries glibc
 maps afresh every step can fault thousands of times a step, ~1 µs each; where the two
 differ, the ratio is partly the allocator's); **bytes/s** a budget sends when it runs alone
-after the chunks (``--rate-s`` seconds after a second that spends its bucket's burst; not
-over the chunks, between which its bucket refills by at most one burst, nor
+after the chunks (``--rate-s`` seconds, and at least two rounds, after a second that spends
+its bucket's burst; not over the chunks, between which its bucket refills by at most one
+burst, nor
 ``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
 acknowledged bytes over its chunks); the worker's busy share (worker seconds ÷ measured
 seconds: near 1 it cannot keep up) and its largest backlog. Every configuration's worker is
@@ -174,21 +175,30 @@ class _Run:
             if self.worker_s0 is None:  # before the first timed chunk, drained
                 self.worker_s0 = self.budget.stats()["worker_s"] or 0.0
 
-    def steady_rate(self, step: Callable[[int], None], k: int, seconds: float) -> int:
+    def steady_rate(self, step: Callable[[int], None], k: int, seconds: float,
+                    min_rounds: int = 2, most_s: float = 120.0) -> int:
         """Bytes/s the budget sends while it alone runs for ``seconds`` after a warm-up
         second that empties its bucket's burst (drained at both ends: each round counted
         once); returns the next step number. The chunks cannot give it: between a
         configuration's chunks the bucket refills by at most one second's burst, so bytes
-        over a span with other configurations' chunks in it understate the rate."""
+        over a span with other configurations' chunks in it understate the rate.
+
+        The span also lasts until ``min_rounds`` rounds have published in it (``most_s``
+        at most): a budget whose worker is slow hands off only once per bucket refill (a
+        second at the default burst), ``rounds-10`` once per ten steps, so a short span on
+        a loaded machine can hold no round and read 0 B/s."""
         b = self.budget
         spans = []
-        for secs in (1.0, seconds):
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < secs:
+        for secs, rounds in ((1.0, 0), (seconds, min_rounds)):
+            t0, r0 = time.perf_counter(), b.stats()["rounds"]
+            while True:
                 step(k)
                 self.tracker.step()
                 b.tick(k)
                 k += 1
+                took = time.perf_counter() - t0
+                if took >= secs and (took >= most_s or b.stats()["rounds"] - r0 >= rounds):
+                    break
             b.drain()
             spans.append((time.perf_counter(), int(b.stats()["bytes"])))
         (t0, b0), (t1, b1) = spans
