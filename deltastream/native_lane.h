@@ -78,9 +78,6 @@ static void lane_run_head(int waiter) {
 
 static void *lane_main(void *unused) {
     (void)unused;
-#if defined(__linux__)
-    pthread_setname_np(pthread_self(), "ds-lane"); /* in top -H, /proc/<pid>/task */
-#endif
 #if defined(__linux__) && defined(SCHED_IDLE)
     /* The lane only uses time no other thread wants: it never takes a core from the
      * training thread (a wait for one of its jobs frees the waiter's core for it). */
@@ -140,6 +137,11 @@ static int lane_submit(LaneJob *j) {
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (rc != 0)
             goto refuse;
+#if defined(__linux__)
+        /* named here, not by the thread: a thread a loaded host has not run yet is found
+         * by its name too (top -H, /proc/<pid>/task) */
+        pthread_setname_np(t, "ds-lane");
+#endif
         lane_up = 1;
     }
     if (lane_tail != NULL)

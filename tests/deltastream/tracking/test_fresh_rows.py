@@ -552,10 +552,15 @@ def test_a_wait_runs_the_marking_itself_while_another_process_keeps_the_lane_off
     cpu = min(os.sched_getaffinity(0))
     everywhere = os.sched_getaffinity(tid)
     spin = subprocess.Popen([sys.executable, "-c",
-                             f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+                             f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n"
+                             "print('pinned', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
     try:
         os.sched_setaffinity(tid, {cpu})
-        time.sleep(0.3)  # the spinner runs on the lane's only CPU
+        # the spinner runs on the lane's only CPU: wait for it (an interpreter's start on a
+        # loaded machine can outlast any fixed sleep, and the lane ran freely until then)
+        assert spin.stdout.readline() == "pinned\n"
+        time.sleep(0.1)
         before = native.lane_jobs()
         rng = np.random.default_rng(0)
         for _ in range(20):
