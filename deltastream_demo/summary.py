@@ -176,6 +176,7 @@ def build_report(opts: DemoOptions, finals: dict[int, dict], result: dict, *, to
             "tombstones": totals["tombstones"], "final_flush": totals["final_flush"],
             "rounds": int(f0["totals"]["rounds"]), "unique_published": uniq,
             "left_after_flush": sum(int(finals[r]["left_after_flush"]) for r in ranks),
+            "deferred_ticks": sum(int(finals[r]["deferred_ticks"]) for r in ranks),
         },
         "wire": {
             "dtype": opts.wire_dtype, "messages": totals["messages"], "bytes": totals["bytes"],

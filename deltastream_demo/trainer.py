@@ -392,6 +392,8 @@ class _Trainer:
             "losses": losses, "rounds": pub.rounds, "totals": pub.totals,
             "bounds": pub.bounds,
             "left_after_flush": int(left),
+            # hand-offs that waited for a busy worker: their rows went out in a later round
+            "deferred_ticks": int(pub.rounds_pub.stats()["deferred_ticks"]),
             "offsets": {**pub.other_offsets, pub.partition: int(pub.next_offset)},
             "dump": dump, "heldout_start": heldout_start, "snapshots": pub.snapshots,
             "rows_held": {n: len(ids) for n, (ids, _) in held.items()},

@@ -21,7 +21,7 @@ def _final(rank: int, rounds: list[dict]) -> dict:
     totals.update(rounds=len(rounds), final_flush=rounds[-1]["published"])
     return {"rank": rank, "steps": 20, "examples": 20 * 2 * 8, "train_seconds": 2.0 + rank,
             "flush_seconds": 0.1, "final_loss": 0.6, "losses": [[10, 0.65], [20, 0.6]],
-            "rounds": rounds, "totals": totals, "left_after_flush": 0,
+            "rounds": rounds, "totals": totals, "left_after_flush": 0, "deferred_ticks": 0,
             "offsets": {rank: len(rounds)}, "dump": f"trainer-{rank}.npz",
             "heldout_start": 320, "rows_held": {"user": 10 + rank, "item": 5},
             "snapshots": {"count": 1, "last_step": 10, "seconds": 0.2 * (rank + 1)},
@@ -64,7 +64,8 @@ def test_build_report_adds_up_the_ranks_and_passes_the_checks():
                      embedded=True, wall_s=5.0)
     assert r["rows"] == {"tracked": 35, "published": 27, "carried": 8, "rejected": 0,
                          "exact": 0, "tombstones": 0, "final_flush": 9, "rounds": 3,
-                         "unique_published": 30, "left_after_flush": 0}
+                         "unique_published": 30, "left_after_flush": 0,
+                         "deferred_ticks": 0}
     assert r["train"]["seconds"] == 3.0 and r["train"]["examples_per_s"] == pytest.approx(
         320 / 3.0)
     assert r["train"]["rows_held"] == {"user": 21, "item": 10}
