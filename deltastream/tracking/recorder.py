@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 import torch
 
+from deltastream.tracking import fresh_rows
 from deltastream.tracking.discovery import LOOKUPS, SCAN, TrackedTable
 from deltastream.tracking.positions import PendingLookups, UniqueLookups
 from deltastream.tracking.rows import RawRows
@@ -388,11 +389,12 @@ class Recorder:
         hand-off of many tables would wait a tick per table for walks long done."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
+        spare = max_positions is not None and bool(owing) and fresh_rows.spare_core()
         for f in owing:
             if max_positions is not None and max_positions <= 0:
                 break
             on_lane = f.walk_queued
-            walked = f.capture(max_positions)
+            walked = f.capture(max_positions, spare)
             if max_positions is not None and not on_lane:
                 max_positions -= walked
         return not any(f.owes for f in owing)
