@@ -293,8 +293,12 @@ def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatc
     d = tr.get_delta_unordered("p", owe=owe)
     assert all(isinstance(r, UnorderedRows) for r in d.values()) and len(d) == n
     budget = rows // 2  # positions per call: each table's walk is over it
+    before = sum(fresh_rows.native.lane_jobs())
     assert not tr.capture_rows(budget)  # queues the walks on the lane
-    time.sleep(1.0)  # they take microseconds; the lane is otherwise idle
+    # they take microseconds, but the lane runs at SCHED_IDLE: on a loaded host it may wait
+    deadline = time.monotonic() + 60
+    while sum(fresh_rows.native.lane_jobs()) - before < n and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert tr.capture_rows(budget)  # every table finished in this one call
     for fqn, r in d.items():
         assert r.ids.numel() == rows
