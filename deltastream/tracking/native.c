@@ -506,43 +506,34 @@ done:
 }
 
 static PyObject *gather_rows(PyObject *self, PyObject *args) {
-    PyObject *o_src, *o_at, *o_out, *o_out_at = Py_None;
+    PyObject *o_src, *o_at, *o_out;
     Py_ssize_t rb;
-    if (!PyArg_ParseTuple(args, "OOOn|O", &o_src, &o_at, &o_out, &rb, &o_out_at))
+    if (!PyArg_ParseTuple(args, "OOOn", &o_src, &o_at, &o_out, &rb))
         return NULL;
     Bufs bs = {.n = 0};
     PyObject *ret = NULL;
     Py_buffer *src = take(&bs, o_src, 0, "src");
     Py_buffer *at = src == BAD ? NULL : take(&bs, o_at, 0, "at");
     Py_buffer *out = at == BAD ? NULL : take(&bs, o_out, 1, "out");
-    Py_buffer *out_at = out == BAD ? NULL : take(&bs, o_out_at, 0, "out_at");
-    if (src == BAD || at == BAD || out == BAD || out_at == BAD)
+    if (src == BAD || at == BAD || out == BAD)
         goto done;
-    if (!src || !out || (!at && !out_at)) {
-        PyErr_SetString(PyExc_TypeError, "src and out are required, and at or out_at");
-        goto done;
-    }
-    if ((at && check_item(at, 8, "ql", "at") < 0) ||
-        (out_at && check_item(out_at, 8, "ql", "out_at") < 0))
-        goto done;
-    Py_ssize_t n = at ? at->len / 8 : out_at->len / 8;
-    if (at && out_at && out_at->len / 8 != n) {
-        PyErr_Format(PyExc_ValueError, "out_at has %zd entries, at %zd", out_at->len / 8, n);
+    if (!src || !at || !out) {
+        PyErr_SetString(PyExc_TypeError, "src, at and out are required");
         goto done;
     }
-    /* an index None: that side has exactly n rows */
-    if (rb <= 0 || src->len % rb || out->len % rb || (!out_at && out->len != n * rb) ||
-        (!at && src->len != n * rb)) {
-        PyErr_Format(PyExc_ValueError, "out: %zd bytes, src: %zd bytes: not rows of %zd bytes "
-                     "(%zd of them where an index is None)", out->len, src->len, rb, n);
+    if (check_item(at, 8, "ql", "at") < 0)
+        goto done;
+    Py_ssize_t n = at->len / 8, rows = rb > 0 ? src->len / rb : 0;
+    if (rb <= 0 || src->len % rb || out->len != n * rb) {
+        PyErr_Format(PyExc_ValueError, "out: %zd bytes are not %zd rows of %zd bytes (src %zd "
+                     "bytes)", out->len, n, rb, src->len);
         goto done;
     }
-    if (check_at(at, src->len / rb, "at") < 0 || check_at(out_at, out->len / rb, "out_at") < 0)
+    if (check_at(at, rows, "at") < 0)
         goto done;
-    const int64_t *q = at ? (const int64_t *)at->buf : NULL;
-    const int64_t *d = out_at ? (const int64_t *)out_at->buf : NULL;
+    const int64_t *q = (const int64_t *)at->buf;
     Py_BEGIN_ALLOW_THREADS
-    copy_rows_at((uint8_t *)out->buf, d, (const uint8_t *)src->buf, q, n, rb);
+    copy_rows_at((uint8_t *)out->buf, NULL, (const uint8_t *)src->buf, q, n, rb);
     Py_END_ALLOW_THREADS
     ret = PyLong_FromSsize_t(n);
 done:
@@ -569,8 +560,7 @@ static PyMethodDef methods[] = {
      "out_keys]]]) -> k: "
      "marked positions ascending"},
     {"gather_rows", gather_rows, METH_VARARGS,
-     "gather_rows(src, at, out, row_bytes[, out_at]) -> n: out row out_at[i] = src row at[i] "
-     "(an index None: row i; out_at must not repeat)"},
+     "gather_rows(src, at, out, row_bytes) -> n: out row i = src row at[i]"},
     {"capture_owed", capture_owed, METH_VARARGS,
      "capture_owed(owed, ids, src, by_occurrence, out, row_bytes) -> k: copy owed rows"},
     {"walk_owed", walk_owed, METH_VARARGS,
