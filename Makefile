@@ -52,7 +52,6 @@ ASAN_TESTS ?= tests/consumers/serving tests/deltastream/tracking/test_fresh_rows
 	tests/deltastream/tracking/test_owed_rows.py tests/deltastream/tracking/test_unordered.py \
 	tests/deltastream/tracking/test_positions.py tests/deltastream/tracking/test_sorted_ids.py \
 	tests/deltastream/tracking/test_row_copy.py::test_rows_equal_index_select \
-	tests/deltastream/tracking/test_row_copy.py::test_scatter_equals_index_copy \
 	tests/deltastream/tracking/test_row_copy.py::test_the_c_copy_runs_when_built \
 	tests/deltastream/publishing/test_serving_error.py \
 	tests/deltastream/publishing/test_row_moves.py tests/deltastream/publishing/test_pending.py \

@@ -380,7 +380,7 @@ class _Trainer:
         pos, logits = self._heldout_scores(heldout_start)
         held = self._held_rows()
         dump = self._dump(pos, logits, held)
-        pstats = pub.publisher.stats()
+        pstats, rstats = pub.publisher.stats(), pub.rounds_pub.stats()
         pub.publisher.close()
         tstats = self.tracker.stats() if hasattr(self.tracker, "stats") else {}
         self.events.put({
@@ -393,14 +393,14 @@ class _Trainer:
             "bounds": pub.bounds,
             "left_after_flush": int(left),
             # hand-offs that waited for a busy worker: their rows went out in a later round
-            "deferred_ticks": int(pub.rounds_pub.stats()["deferred_ticks"]),
+            "deferred_ticks": int(rstats["deferred_ticks"]),
             "offsets": {**pub.other_offsets, pub.partition: int(pub.next_offset)},
             "dump": dump, "heldout_start": heldout_start, "snapshots": pub.snapshots,
             "rows_held": {n: len(ids) for n, (ids, _) in held.items()},
             "tracker": _plain(tstats), "publisher": _plain(pstats),
             "epoch": pub.publisher.epoch,
             "dense": _plain(pub.dense_pub.stats()),
-            "budget": _plain(pub.rounds_pub.stats()) if pub.budgeted else None,
+            "budget": _plain(rstats) if pub.budgeted else None,
             **({} if self.plan is None else {"plan": self.plan.describe()}),
             **({} if self.model_plan is None else {"model_plan": self.model_plan}),
         })
