@@ -241,14 +241,14 @@ def _table_handoff(tracker: DeltaTracker, fqn: str, d: DeltaRows | UnorderedRows
                             inserted=copier.host(d.news) if d.dynamic else None,
                             ordered=False, repeats=True)
     if isinstance(d, UnorderedRows):  # FIRST rows: the arena, through d.at; sorted later
+        # a CPU table's by construction (the C marking's): nothing for the copier (six
+        # device reads a table, in a tick that hands off every table)
         cur = d.current if d.current is not None \
             else _current_rows(module, d.ids, d.arena, d.positions if mine else None)
-        return TableHandoff(fqn=fqn, ids=copier.host(d.ids), first=copier.host(d.arena),
-                            current=copier.host(cur), new=None,
-                            tombstones=copier.host(d.tombstones),
-                            inserted=copier.host(d.news) if d.dynamic else None,
-                            first_at=copier.host(d.at), ordered=False,
-                            give_back=d.give_back)
+        return TableHandoff(fqn=fqn, ids=d.ids, first=d.arena, current=cur, new=None,
+                            tombstones=d.tombstones,
+                            inserted=d.news if d.dynamic else None,
+                            first_at=d.at, ordered=False, give_back=d.give_back)
     if len(d) and d.states is None:
         raise ValueError("a budget needs an EMBEDDING-mode delta (FIRST states) to know "
                          f"serving errors; table {fqn!r} has states=None (use "

@@ -44,7 +44,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from deltastream.tensor_views import as_buffer, head_buffer
+from deltastream.tensor_views import as_buffer, head_rows
 from deltastream.tracking.spare_rows import SpareRows
 
 __all__ = ["KEEP_BYTES", "OwedRows"]
@@ -61,7 +61,8 @@ class OwedRows:
 
     __slots__ = ("owed", "bits", "words", "keys", "offset", "ids", "positions", "at", "out",
                  "base", "early", "storage", "next", "entry", "left", "walking",
-                 "_out_bytes", "_early_bytes", "_free", "_lane")
+                 "_out_bytes", "_early_bytes", "_early_all", "_early_key", "_row_width",
+                 "_free", "_lane")
 
     def __init__(self) -> None:
         self.owed = np.zeros(0, dtype=np.int32)  # the handed-over slot while walking
@@ -83,6 +84,11 @@ class OwedRows:
         self.storage: Optional[torch.Tensor] = None
         self._out_bytes: Optional[np.ndarray] = None
         self._early_bytes: Optional[np.ndarray] = None
+        #: ``early``'s memory (:func:`as_buffer`) and ``(rows, dim, dtype)``: plain values
+        #: a hand-off compares, not tensor attributes (each a cold read, per table)
+        self._early_all: Optional[np.ndarray] = None
+        self._early_key: tuple = (0, 0, None)
+        self._row_width = 0  # bytes of a row of ``out``
         self._free: Optional[Marks] = None
         self.next = 0  # the 64-bit word of ``bits`` the walk goes on from
         self.entry = 0  # entries of the reader's arrays written
@@ -130,13 +136,16 @@ class OwedRows:
         self.ids, self.positions, self.at = out
         dim, dtype = storage.shape[1], storage.dtype
         self.base = spares.take(n, dim, dtype)
-        e = self.early
-        if e is None or e.shape[1] != dim or e.dtype != dtype or e.shape[0] < n \
-                or (e.shape[0] > 4 * n and e.numel() * e.element_size() > KEEP_BYTES):
+        rows, edim, edtype = self._early_key
+        if edim != dim or edtype is not dtype or rows < n \
+                or (rows > 4 * n and rows * self._row_width > KEEP_BYTES):
             self.early = torch.empty((1 << max(0, n - 1).bit_length(), dim), dtype=dtype)
+            self._early_all = as_buffer(self.early)
+            self._early_key = (self.early.shape[0], dim, dtype)
         self.out = self.base[:n]
-        self._out_bytes = head_buffer(self.base, n)
-        self._early_bytes = head_buffer(self.early, n)
+        self._row_width = dim * self.out.element_size()
+        self._out_bytes = head_rows(as_buffer(self.base), n, self._row_width)
+        self._early_bytes = head_rows(self._early_all, n, self._row_width)
         self.storage = storage
         self.next, self.entry, self.left, self.walking = 0, 0, n, True
         return self.out
@@ -211,7 +220,7 @@ class OwedRows:
         return walked
 
     def _row_bytes(self) -> int:
-        return self.out.shape[1] * self.out.element_size()
+        return self._row_width
 
     def _capture_numpy(self, ids: np.ndarray, src: torch.Tensor, by_occurrence: bool) -> int:
         q = ids.astype(np.int64, copy=False)

@@ -54,7 +54,7 @@ def walk_where(request, monkeypatch):
 
 
 @needs_native
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("dim", [1, 33])
 @pytest.mark.parametrize("by_occurrence", [False, True])
 def test_owed_rows_are_the_rows_at_the_read(fresh_path, walk_where, dtype, dim,
