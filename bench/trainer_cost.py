@@ -67,6 +67,11 @@ run beside the previous one's last round, which read as a lower ratio for it).
 Clock: wall time on the training thread (a worker competing for the GIL or the cores shows
 as a slower step); on CUDA (``--device cuda``) each chunk ends with a device synchronize,
 counted in its last step, so work the chunk queued (or a stall it caused) is in its time.
+
+Picture: ``--out``/``trainer_cost.png`` (``trainer_cost_t<N>.png`` with ``--tables N``;
+with matplotlib): every pair's ratio, the median and its interval against the goal, and
+the tick's p50 and p99 against 1 ms, per configuration (``bench/_trainer_cost_plot.py``).
+Each record's ``pair_ratios`` holds the pairs themselves.
 Run: ``deltastream bench trainer-cost [--device cuda] [--batches 512,4096] [--pending N]``.
 """
 
@@ -80,12 +85,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
 from bench._common import add_threads_flag, result, torch_threads, zipf_ids
+from bench._trainer_cost_plot import plot
 from bench.train_step import FeatureCTR, TableCTR
 from deltastream.embedding.optim import SparseAdam
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
@@ -461,6 +468,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 faults_per_step=r.faults / max(1, len(r.times) + sum(r.tail_steps)),
                 faults_alone_per_step=r.faults_alone / max(1, len(r.alone)),
                 ratio_ci95=_median_interval(r.pairs), pairs=len(r.pairs),
+                pair_ratios=[float(x) for x in r.pairs],
                 bytes_per_s=r.rate if r.budget is not None
                 else r.bytes0 / r.measured_s,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
@@ -539,6 +547,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the model trains (cpu)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench-out",
+                   help="directory of the PNG (trainer_cost.png; trainer_cost_t<N>.png "
+                        "with --tables N)")
     args = p.parse_args(argv)
     old_interval = sys.getswitchinterval()
     with torch_threads(args.threads), contextlib.ExitStack() as stack:
@@ -549,7 +560,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if servers is None:
             from deltastream.broker import EmbeddedBroker
             servers = stack.enter_context(EmbeddedBroker()).bootstrap_servers
-        return [r for b in args.batches for r in _measure(args, b, servers)]
+        out = [r for b in args.batches for r in _measure(args, b, servers)]
+    tag = f"_t{args.tables}" if args.tables else ""
+    png = plot(Path(args.out) / f"trainer_cost{tag}.png", out, ratio_goal=RATIO_GOAL,
+               tick_goal_ms=TICK_GOAL_MS)
+    for r in out:
+        r["plot"] = None if png is None else str(png)
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover
