@@ -1,7 +1,7 @@
 """``bench trainer-cost`` as a picture: what the training loop pays, per configuration.
 
 Top row, one panel per batch size: every pair's ratio (a chunk with deltastream ÷ the
-step alone in the chunk next to it, one dot per pair), the median the figure reports and
+step alone in the chunks around it, one dot per pair), the median the figure reports and
 its bootstrap 95 % interval, against the ratio goal. The dots show what a single number
 hides on a shared VM: how far one pair lies from the next. Bottom row: the time the
 training thread spends inside ``tick`` (p50 and p99, a log scale above 0.01 ms) against the tick goal;

@@ -1,0 +1,39 @@
+"""How ``bench trainer-cost`` turns its chunks into ratios (pure logic, no training)."""
+
+from __future__ import annotations
+
+import statistics
+from types import SimpleNamespace
+
+import pytest
+
+from bench import trainer_cost
+
+
+def _run(with_s: list[tuple[float, float]], alone_at: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(with_s=with_s, alone_at=alone_at)
+
+
+def test_the_bracketed_ratio_cancels_a_step_time_that_drifts_over_the_run():
+    """Alone chunks at 10, 11, 12 ... ms (the VM slowing down 1 ms a pair) and deltastream
+    costing 5 %: a pair's chunk lies halfway between its alone chunk and the next, so the
+    bracketed ratio reads 1.05 exactly where the chunk before alone reads it too high."""
+    alones = [(10e-3 + i * 1e-3, 5e-3 + i * 1e-3) for i in range(6)]
+    r = _run([(1.05 * (10.5e-3 + i * 1e-3), 1.05 * (5.5e-3 + i * 1e-3)) for i in (0, 2, 4)],
+             [0, 2, 4])
+    for col in (0, 1):  # wall and CPU time alike
+        assert trainer_cost._pair_ratios(r, alones, col, bracketed=True) == \
+            pytest.approx([1.05] * 3)
+        adjacent = trainer_cost._pair_ratios(r, alones, col, bracketed=False)
+        assert all(x > 1.05 for x in adjacent)
+
+
+def test_the_last_pair_of_a_run_has_only_its_own_alone_chunk():
+    alones = [(10e-3, 1e-3), (20e-3, 2e-3)]
+    r = _run([(11e-3, 1e-3), (21e-3, 2e-3)], [0, 1])
+    assert trainer_cost._pair_ratios(r, alones, 0, bracketed=True) == \
+        pytest.approx([11 / 15, 21 / 20])
+    assert trainer_cost._pair_ratios(r, alones, 0, bracketed=False) == \
+        pytest.approx([11 / 10, 21 / 20])
+    assert statistics.median(trainer_cost._pair_ratios(r, alones, 1, bracketed=True)) == \
+        pytest.approx((1 / 1.5 + 1) / 2)
