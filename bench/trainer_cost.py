@@ -31,6 +31,7 @@ as a run does), each timed against the step alone in the chunk just before it:
   :class:`~deltastream.RoundPublisher` (``RoundPolicy(SelectionPolicy(fraction=0.5),
   every=10)``, the default worker) ticked after every step.
 
+``--only NAMES`` runs just those configurations (more pairs of one in the same time).
 Rows go to a real broker (the embedded one, f16). Each budget first runs one chunk
 untimed (its worker's first rounds, CUDA's side stream and pinned host memory growing to
 the hand-offs' size are paid once per run, not per step). With ``--pending N`` each budget starts
@@ -397,6 +398,29 @@ def _pair_ratios(r: _Run, alones: list[tuple[float, float]], col: int, bracketed
     return out
 
 
+def _configurations(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """``(name, _Run keywords)`` of the configurations the arguments ask for, in the order
+    they take turns (``--only``: those named, in that order too)."""
+    b = args.budgets[0] if args.budgets else None
+    out = [("tracker", {}), ("tracker-idle", {"reads_every": None})]
+    out += [(f"budget-{int(x)}", {"budget": x}) for x in args.budgets]
+    variants = [("sync", args.sync, {"threaded": False}),
+                ("thread", args.thread, {"worker": "thread"}),
+                ("uncapped", args.uncapped, {"max_worker_share": None}),
+                ("residuals", args.residuals, {"residuals": True}),
+                ("unweighted", args.unweighted, {"read_decay": None})]
+    out += [(f"budget-{int(b)}-{v}", {"budget": b, **kw}) for v, on, kw in variants
+            if on and b is not None]
+    out += [("delta-10", {"delta_every": 10}), ("rounds-10", {"rounds_every": 10})]
+    if args.only:
+        names = dict(out)
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            raise SystemExit(f"--only: no configuration {unknown} among {list(names)}")
+        out = [(n, names[n]) for n in args.only]
+    return out
+
+
 def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     from deltastream import ensure_topic
 
@@ -431,31 +455,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (len(pool) - len(pool) // 2))
     topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
     ensure_topic(servers, topic, partitions=1)
-    runs = [_Run("tracker", model, servers, topic),
-            _Run("tracker-idle", model, servers, topic, reads_every=None)]
-    runs += [_Run(f"budget-{int(b)}", model, servers, topic, budget=b) for b in args.budgets]
-    if args.sync:
-        b = args.budgets[0]
-        runs.append(_Run(f"budget-{int(b)}-sync", model, servers, topic, budget=b,
-                         threaded=False))
-    if args.thread:
-        b = args.budgets[0]
-        runs.append(_Run(f"budget-{int(b)}-thread", model, servers, topic, budget=b,
-                         worker="thread"))
-    if args.uncapped:
-        b = args.budgets[0]
-        runs.append(_Run(f"budget-{int(b)}-uncapped", model, servers, topic, budget=b,
-                         max_worker_share=None))
-    if args.residuals:
-        b = args.budgets[0]
-        runs.append(_Run(f"budget-{int(b)}-residuals", model, servers, topic, budget=b,
-                         residuals=True))
-    if args.unweighted:
-        b = args.budgets[0]
-        runs.append(_Run(f"budget-{int(b)}-unweighted", model, servers, topic, budget=b,
-                         read_decay=None))
-    runs.append(_Run("delta-10", model, servers, topic, delta_every=10))
-    runs.append(_Run("rounds-10", model, servers, topic, rounds_every=10))
+    runs = [_Run(name, model, servers, topic, **kw) for name, kw in _configurations(args)]
     k = len(pool)
     try:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
@@ -543,6 +543,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--budgets", type=_ints, default=[50_000, 5_000, 500_000],
                    help="BudgetPublisher bytes/s, the first also in sync mode "
                         "(50000,5000,500000)")
+    p.add_argument("--only", type=lambda t: [x for x in t.split(",") if x], default=None,
+                   help="run only these configurations (comma-separated names, e.g. "
+                        "rounds-10,budget-50000): more pairs of one in the same time")
     p.add_argument("--no-sync", dest="sync", action="store_false",
                    help="leave out the synchronous-mode configuration")
     p.add_argument("--no-thread", dest="thread", action="store_false",

@@ -1,7 +1,9 @@
-"""How ``bench trainer-cost`` turns its chunks into ratios (pure logic, no training)."""
+"""``bench trainer-cost``'s pure logic: which configurations run, and how its chunks become
+ratios (no training)."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from types import SimpleNamespace
 
@@ -37,3 +39,25 @@ def test_the_last_pair_of_a_run_has_only_its_own_alone_chunk():
         pytest.approx([11 / 10, 21 / 20])
     assert statistics.median(trainer_cost._pair_ratios(r, alones, 1, bracketed=True)) == \
         pytest.approx((1 / 1.5 + 1) / 2)
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(budgets=[50000, 5000], sync=True, thread=False, uncapped=False,
+                residuals=False, unweighted=True, only=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_configurations_take_turns_in_a_fixed_order():
+    names = [n for n, _ in trainer_cost._configurations(_args())]
+    assert names == ["tracker", "tracker-idle", "budget-50000", "budget-5000",
+                     "budget-50000-sync", "budget-50000-unweighted", "delta-10", "rounds-10"]
+    kw = dict(trainer_cost._configurations(_args()))
+    assert kw["budget-50000-sync"] == {"budget": 50000, "threaded": False}
+    assert kw["tracker-idle"] == {"reads_every": None} and kw["rounds-10"] == {"rounds_every": 10}
+
+
+def test_only_runs_the_named_configurations_in_its_order_and_refuses_unknown_names():
+    got = trainer_cost._configurations(_args(only=["rounds-10", "tracker-idle"]))
+    assert got == [("rounds-10", {"rounds_every": 10}), ("tracker-idle", {"reads_every": None})]
+    with pytest.raises(SystemExit, match="budget-7"):
+        trainer_cost._configurations(_args(only=["budget-7"]))
