@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["as_buffer", "as_bytes", "head_buffer", "head_rows", "numpy_view"]
+__all__ = ["as_buffer", "as_bytes", "head_rows", "numpy_view"]
 
 #: dtypes ``Tensor.numpy()`` takes (bf16 has no numpy dtype)
 _NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64,
@@ -36,16 +36,10 @@ def as_buffer(t: torch.Tensor) -> np.ndarray:
     return as_bytes(t)
 
 
-def head_buffer(t: torch.Tensor, n: int) -> np.ndarray:
-    """The first ``n`` rows of a C-contiguous 2-D CPU tensor as :func:`as_buffer` gives
-    memory (rows sliced in numpy: a torch slice and its view cost more than the rest of a
-    hand-off's per-table bookkeeping)."""
-    return head_rows(as_buffer(t), n, t.shape[1] * t.element_size())
-
-
 def head_rows(buf: np.ndarray, n: int, row_bytes: int) -> np.ndarray:
-    """The first ``n`` rows of a 2-D tensor's :func:`as_buffer` ``buf`` (rows of
-    ``row_bytes`` bytes): :func:`head_buffer` for a caller that keeps the buffer."""
+    """The first ``n`` rows of a C-contiguous 2-D CPU tensor's :func:`as_buffer` ``buf``
+    (rows of ``row_bytes`` bytes), sliced in numpy: a torch slice and its view cost more than
+    the rest of a hand-off's per-table bookkeeping; a caller keeps ``buf`` between calls."""
     return buf[:n] if buf.ndim == 2 else buf[:n * row_bytes]
 
 

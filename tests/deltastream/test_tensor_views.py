@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream.tensor_views import as_buffer, as_bytes, head_buffer
+from deltastream.tensor_views import as_buffer, as_bytes, head_rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -26,9 +26,9 @@ def test_as_buffer_of_a_tensor_that_requires_grad() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [0, 1, 4, 6])
-def test_head_buffer_is_the_first_rows_memory(dtype: torch.dtype, n: int) -> None:
+def test_head_rows_is_the_first_rows_memory(dtype: torch.dtype, n: int) -> None:
     t = (torch.arange(24, dtype=torch.float32) - 7).reshape(6, 4).to(dtype)
-    head = head_buffer(t, n)
+    head = head_rows(as_buffer(t), n, 4 * t.element_size())  # bf16: numpy has no dtype
     assert head.flags["C_CONTIGUOUS"] and head.nbytes == n * 4 * t.element_size()
     assert head.tobytes() == as_bytes(t[:n]).tobytes()
     if n:
