@@ -5,7 +5,7 @@ user/item ids, an MLP ``[u, v, u*v] -> 64 -> 32 -> 1``, SparseAdam + Adam, batch
 with ``--tables N``, N feature tables and an MLP over their concatenation instead).
 One model per batch size; the configurations take turns on it, chunk by chunk (at least
 ``--chunk`` steps and ``--chunk-s`` seconds, so a chunk holds many of the budget's rounds
-as a run does), each timed against the step alone in the chunk just before it:
+as a run does), each timed against the step alone in the chunks on either side of it:
 
 * ``tracker``: a :class:`~deltastream.DeltaTracker` (EMBEDDING) read every 10 steps
   (``get_delta`` on the training thread: the floor of any publishing that reads it as
@@ -315,7 +315,8 @@ def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
 
 
 def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
-                chunk: int, done: Callable[[], None], alones: list[float]) -> int:
+                chunk: int, done: Callable[[], None], alones: list[tuple[float, float]]
+                ) -> int:
     """One timed pair for ``r``: ``chunk`` steps alone, ``chunk`` steps with ``r``'s tracker
     and publishing, then ``r``'s tail; returns the next step number.
 
@@ -325,7 +326,8 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
     has finished the rounds the chunk handed it, timed as ``r``'s — without it a worker's
     last round of each chunk would slow no chunk of its own. ``done`` waits for the
     device's queued work (CUDA): its wait counts to the last step of each loop.
-    ``alones``: every alone chunk's mean step (s) so far, in order; this pair's is added."""
+    ``alones``: every alone chunk's mean step (s; wall and the thread's CPU) so far, in
+    order; this pair's is added."""
 
     def finish(times: list[float]) -> None:
         t0 = time.perf_counter()
@@ -467,7 +469,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             with _paused(runs):
                 step(k)
                 k += 1
-        alones: list[float] = []
+        alones: list[tuple[float, float]] = []
         for _ in range(args.rounds):
             for r in runs:
                 k = _chunk_pair(r, runs, step, k, chunk, done, alones)
