@@ -88,7 +88,7 @@ class OwedRows:
         #: a hand-off compares, not tensor attributes (each a cold read, per table)
         self._early_all: Optional[np.ndarray] = None
         self._early_key: tuple = (0, 0, None)
-        self._row_width = 0  # bytes of a row of ``out``
+        self._row_width = 0  # bytes of a row of ``out`` (and of ``early``)
         self._free: Optional[Marks] = None
         self.next = 0  # the 64-bit word of ``bits`` the walk goes on from
         self.entry = 0  # entries of the reader's arrays written
@@ -135,6 +135,7 @@ class OwedRows:
         self.keys, self.offset = keys, int(offset)
         self.ids, self.positions, self.at = out
         dim, dtype = storage.shape[1], storage.dtype
+        self._row_width = dim * storage.element_size()  # out's and early's rows alike
         self.base = spares.take(n, dim, dtype)
         rows, edim, edtype = self._early_key
         if edim != dim or edtype is not dtype or rows < n \
@@ -143,7 +144,6 @@ class OwedRows:
             self._early_all = as_buffer(self.early)
             self._early_key = (self.early.shape[0], dim, dtype)
         self.out = self.base[:n]
-        self._row_width = dim * self.out.element_size()
         self._out_bytes = head_rows(as_buffer(self.base), n, self._row_width)
         self._early_bytes = head_rows(self._early_all, n, self._row_width)
         self.storage = storage
