@@ -144,7 +144,10 @@ class DenseAssembler:
             self.counters["stale"] += 1
             return "stale", f"epoch {c.epoch} is older than the current one"
         b = self._building.get(c.shard)
-        if b is not None and b.key != (c.epoch, c.step):
+        # chunk 0 (not a duplicate: the seq said so) starts a version, even one of the same
+        # (epoch, step): a publisher's flush sends a full version of the step its tick's
+        # partial one had, and that partial one's lost tail must not take the full one along
+        if b is not None and (b.key != (c.epoch, c.step) or c.index == 0):
             self._abandon(c.shard, b, f"a chunk of version ({c.epoch}, {c.step}) came first")
             b = None
         if verdict.missing is not None:

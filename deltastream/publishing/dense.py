@@ -194,7 +194,8 @@ class DensePublisher:
     def flush(self, step: int, *, ts: Optional[int] = None,
               timeout: Optional[float] = None) -> None:
         """Wait for the version in flight, then publish a full version of ``step`` (the
-        final one on stop). Raises the error of a failed version."""
+        final one on stop; when a tick sent a partial version of the same step, predictors
+        get both, the full one last). Raises the error of a failed version."""
         if not self._active:
             return
         self.wait(timeout)

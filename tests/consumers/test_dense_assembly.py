@@ -108,6 +108,25 @@ def test_a_missing_chunk_means_the_version_is_never_served_and_the_gap_is_counte
     assert a.view().version == (1, 30) and _same(a.view(), t3)
 
 
+def test_a_full_version_of_the_step_whose_partial_version_lost_its_tail_is_served():
+    # DensePublisher.flush(step) after a tick's partial version of the same step: two
+    # versions share (epoch, step); chunk 0 of the second starts it, whatever the first left
+    a, t1 = DenseAssembler(), _tensors(10)
+    first = _chunks(t1, seq=0, step=10)
+    for c in first:
+        a.offer(c)
+    t2 = {**t1, "mlp.0.weight": t1["mlp.0.weight"] + 1}
+    part = _chunks({"mlp.0.weight": t2["mlp.0.weight"]}, seq=len(first), step=20,
+                   base_step=10)
+    assert len(part) > 1
+    assert "served" not in [a.offer(c)[0] for c in part[:-1]]  # its last chunk is lost
+    full = _chunks(t2, seq=len(first) + len(part), step=20)
+    verdicts = [a.offer(c)[0] for c in full]
+    assert verdicts == ["taken"] * (len(full) - 1) + ["served"]
+    assert a.view().version == (1, 20) and _same(a.view(), t2)
+    assert a.counters["incomplete"] == 1 and a.counters["missing_chunks"] == 1
+
+
 def test_a_chunk_that_contradicts_its_version_is_refused_and_the_version_lost():
     a, t = DenseAssembler(), _tensors(9)
     chunks = _chunks(t, seq=0, step=10)
