@@ -25,7 +25,8 @@ verdict       when                                                       assembl
 
 A version missing any chunk is therefore never served: the served version stays the
 previous complete one, and the gap is counted (``gaps``, ``missing_chunks``,
-``incomplete``). Seqs of ``refused`` chunks are not committed (like a quarantined row
+``incomplete``). A chunk 0 always starts a version: a version still being built is then
+abandoned (``incomplete``), also one of the same (epoch, step). Seqs of ``refused`` chunks are not committed (like a quarantined row
 message), so the next chunk reports the gap.
 
 Serving: :meth:`DenseAssembler.view` returns a :class:`DenseView` — an immutable snapshot
@@ -148,7 +149,8 @@ class DenseAssembler:
         # (epoch, step): a publisher's flush sends a full version of the step its tick's
         # partial one had, and that partial one's lost tail must not take the full one along
         if b is not None and (b.key != (c.epoch, c.step) or c.index == 0):
-            self._abandon(c.shard, b, f"a chunk of version ({c.epoch}, {c.step}) came first")
+            self._abandon(c.shard, b, f"chunk {c.index} of version ({c.epoch}, {c.step}) "
+                                      "came first")
             b = None
         if verdict.missing is not None:
             lo, hi = verdict.missing
