@@ -4,8 +4,8 @@ Top row, one panel per batch size: every pair's ratio (a chunk with deltastream 
 step alone in the chunks around it, one dot per pair), the median the figure reports and
 its bootstrap 95 % interval, against the ratio goal. The dots show what a single number
 hides on a shared VM: how far one pair lies from the next. Bottom row: the time the
-training thread spends inside ``tick`` (p50 and p99, a log scale above 0.01 ms) against the tick goal;
-configurations without a tick (the tracker alone) are left out there.
+training thread spends inside ``tick`` (p50 and p99, a log scale above 0.01 ms) against
+the tick goal; configurations without a tick (the tracker alone) are left out there.
 """
 
 from __future__ import annotations

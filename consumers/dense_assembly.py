@@ -26,8 +26,9 @@ verdict       when                                                       assembl
 A version missing any chunk is therefore never served: the served version stays the
 previous complete one, and the gap is counted (``gaps``, ``missing_chunks``,
 ``incomplete``). A chunk 0 always starts a version: a version still being built is then
-abandoned (``incomplete``), also one of the same (epoch, step). Seqs of ``refused`` chunks are not committed (like a quarantined row
-message), so the next chunk reports the gap.
+abandoned (``incomplete``), also one of the same (epoch, step). Seqs of ``refused``
+chunks are not committed (like a quarantined row message), so the next chunk reports the
+gap.
 
 Serving: :meth:`DenseAssembler.view` returns a :class:`DenseView` — an immutable snapshot
 (read-only arrays). A new version replaces the reference in one assignment, so a reader

@@ -159,7 +159,7 @@ class OwedRows:
             src, by_occurrence = self.storage, False  # the table's own rows, not yet updated
         if native is not None and src.is_contiguous():
             k = native.capture_owed(self.owed, ids, as_buffer(src), by_occurrence,
-                                    self._early_bytes, self._row_bytes())
+                                    self._early_bytes, self._row_width)
         else:
             self._finish_lane()  # numpy claims nothing: no walk may run beside it
             if not self.walking:
@@ -203,7 +203,7 @@ class OwedRows:
 
     def _walk_args(self, src: torch.Tensor, limit: int) -> tuple:
         return (self.owed, self.bits, self.words, self.next, limit, as_buffer(src),
-                self._early_bytes, self._out_bytes, self._row_bytes(), self.keys, self.ids,
+                self._early_bytes, self._out_bytes, self._row_width, self.keys, self.ids,
                 self.positions, self.at, self.offset, self.entry)
 
     def _finish_lane(self) -> int:
@@ -218,9 +218,6 @@ class OwedRows:
         if self.next * 8 >= self.bits.size:
             self._walked()
         return walked
-
-    def _row_bytes(self) -> int:
-        return self._row_width
 
     def _capture_numpy(self, ids: np.ndarray, src: torch.Tensor, by_occurrence: bool) -> int:
         q = ids.astype(np.int64, copy=False)
