@@ -155,6 +155,8 @@ class OwedRows:
         """A lookup of positions ``ids`` (int32/int64 ``[n]``, checked by the marking) whose
         rows are ``src`` (the table's, or with ``by_occurrence`` the lookup's ``[n, dim]``
         output; None: the storage's), before any update: copy the owed ones."""
+        if self._lane is not None and self._lane.done:
+            return  # the lane's walk copied every row still owed (``left`` counts at its wait)
         if src is None or src.dtype != self.out.dtype or not src.is_contiguous():
             src, by_occurrence = self.storage, False  # the table's own rows, not yet updated
         if native is not None and src.is_contiguous():

@@ -389,11 +389,13 @@ class Recorder:
         hand-off of many tables would wait a tick per table for walks long done."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
-        spare = max_positions is not None and bool(owing) and fresh_rows.spare_core()
+        # asked once per hand-off (a syscall, ~30 us cold): once queued, a walk needs no answer
+        spare = max_positions is not None and any(not f.walk_queued for f in owing) \
+            and fresh_rows.spare_core()
         for f in owing:
-            if max_positions is not None and max_positions <= 0:
-                break
-            on_lane = f.walk_queued
+            on_lane = f.walk_queued or spare
+            if max_positions is not None and max_positions <= 0 and not on_lane:
+                continue  # a lane walk is queued whatever this thread's budget: it costs none
             walked = f.capture(max_positions, spare)
             if max_positions is not None and not on_lane:
                 max_positions -= walked

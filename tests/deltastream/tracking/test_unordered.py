@@ -265,13 +265,17 @@ def test_an_accelerators_records_kept_for_another_consumer_respect_the_bound(mon
 
 @pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
                     reason="deltastream.tracking.native is not built")
-def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatch):
+@pytest.mark.parametrize("budget", [1500, 0])
+def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatch,
+                                                                      budget: int):
     """Where torch leaves a core spare, each owing table's walk is queued on the C code's
     lane thread. Once they ran, one ``capture_rows`` call with a small budget finishes
     every table: the budget bounds the training thread's own walking, and the lane's is
     not its own. (It counted the lane's positions, so a hand-off of N tables each over the
     budget took N ticks: a budget publisher on a 26-table model sent a third less than its
-    budget, its hand-offs waiting a tick per table for walks long done.)"""
+    budget, its hand-offs waiting a tick per table for walks long done.) A budget of 0 (a
+    hand-off that drained its tick's share) queues them too: else they waited for the
+    next tick, and the step between copied the rows it read itself."""
     import time
 
     from deltastream import HashTable
@@ -292,7 +296,7 @@ def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatc
     at_read = {fqn: s.clone() for fqn, s in owe.items()}
     d = tr.get_delta_unordered("p", owe=owe)
     assert all(isinstance(r, UnorderedRows) for r in d.values()) and len(d) == n
-    budget = rows // 2  # positions per call: each table's walk is over it
+    assert budget < rows  # positions per call: each table's walk is over it
     before = sum(fresh_rows.native.lane_jobs())
     assert not tr.capture_rows(budget)  # queues the walks on the lane
     # they take microseconds, but the lane runs at SCHED_IDLE: on a loaded host it may wait
