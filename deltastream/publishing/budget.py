@@ -150,6 +150,11 @@ def choose_worker(publisher: RowPublisher) -> str:
 #: (its marks, its id, its row: misses), so 4096 rows of 128 B are ~0.3-0.5 ms of the
 #: training thread per tick whatever the hand-off's size (BENCHMARKS.md, trainer-cost)
 CAPTURE_BYTES = 1 << 19
+#: a hand-off whose drain took the training thread less than this (s) queues its tables'
+#: walks on the lane at once (~10 µs each; half the tick p99 goal of 1 ms, so a drain and
+#: its queueing stay under it); a longer one (a model of many tables) leaves them to the
+#: next tick, as it leaves the walking
+QUEUE_WALKS_S = 0.5e-3
 
 log = logging.getLogger(__name__)
 
@@ -417,8 +422,10 @@ class BudgetPublisher:
 
     def _hand_off(self, step: int, ts: Optional[int], *, final: bool,
                   timeout: Optional[float] = None) -> Optional[BudgetTick]:
+        t0 = time.perf_counter()
         tables = take_handoff(self.tracker, self.consumer, self._modules, self._copier,
                               owe=owed_storages(self.tracker, self._modules))
+        lane = time.perf_counter() - t0 < QUEUE_WALKS_S
         self._tick += 1
         h = Handoff(tick=self._tick, step=step, ts=time.time_ns() if ts is None else ts,
                     units=self._units, tables=tables, final=final, ready=self._copier.finish(),
@@ -427,7 +434,7 @@ class BudgetPublisher:
         # the owed current rows: a slice now (the drain counts against it), the rest over
         # the next ticks; all at once for a flush or a synchronous publisher
         budget = None if final or self._worker is None else max(0, self._capture_rows - h.rows)
-        if not self.tracker.capture_rows(budget):
+        if not self.tracker.capture_rows(budget, lane=lane):
             self._capturing = h
             return None
         return self._submit(h, timeout)

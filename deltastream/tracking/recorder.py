@@ -381,12 +381,14 @@ class Recorder:
         return RawRows(ids, states, positions, raw(self.tombs), raw(self.news),
                        self.tables[fqn].dynamic)
 
-    def capture(self, max_positions: Optional[int]) -> bool:
+    def capture(self, max_positions: Optional[int], lane: bool = True) -> bool:
         """Walk handed-over marks (:meth:`FreshRows.capture`): about ``max_positions``
         positions in all on this thread (None: every one); True when no table owes rows
         any more. A walk the lane thread ran costs this thread only its wait, which it
         does not count: else a tick would finish one table's lane walk at a time, and a
-        hand-off of many tables would wait a tick per table for walks long done."""
+        hand-off of many tables would wait a tick per table for walks long done. A walk is
+        queued on the lane whatever ``max_positions`` (it is not this thread's), except with
+        ``lane`` False and ``max_positions`` 0 (left to a later call)."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
         # asked once per hand-off (a syscall, ~30 us cold): once queued, a walk needs no answer
@@ -394,7 +396,8 @@ class Recorder:
             and fresh_rows.spare_core()
         for f in owing:
             on_lane = f.walk_queued or spare
-            if max_positions is not None and max_positions <= 0 and not on_lane:
+            if max_positions is not None and max_positions <= 0 and not (
+                    f.walk_queued or spare and lane):
                 continue  # a lane walk is queued whatever this thread's budget: it costs none
             walked = f.capture(max_positions, spare)
             if max_positions is not None and not on_lane:

@@ -212,14 +212,16 @@ class DeltaTracker:
         with self._lock:
             return self._rec.drained_positions(fqn, ids)
 
-    def capture_rows(self, max_positions: Optional[int] = None) -> bool:
+    def capture_rows(self, max_positions: Optional[int] = None, *, lane: bool = True) -> bool:
         """Walk the marks an ``owe``-ing :meth:`get_delta_unordered` handed over: about
         ``max_positions`` of its positions in all (whole 64-bit words of marks; None: every
         one), writing their ids, positions, arena rows and current rows; True when nothing
         is left (every ``UnorderedRows`` it returned is complete). Call at a step boundary:
-        O(max_positions)."""
+        O(max_positions). Where torch leaves a core spare, a bounded call queues every
+        table's whole walk on the C code's lane thread (whatever ``max_positions``: the walk
+        is not this thread's); with ``lane`` False a call with ``max_positions`` 0 queues none."""
         with self._lock:
-            return self._rec.capture(max_positions)
+            return self._rec.capture(max_positions, lane)
 
     def step(self) -> None:
         """Mark the end of a training step (compacts the unread interval if auto_compact)."""

@@ -265,6 +265,31 @@ def test_an_accelerators_records_kept_for_another_consumer_respect_the_bound(mon
 
 @pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
                     reason="deltastream.tracking.native is not built")
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
+                    reason="deltastream.tracking.native is not built")
+def test_a_spent_budget_queues_lane_walks_unless_told_not_to(monkeypatch):
+    """``capture_rows(0)`` queues each owing table's walk on the lane (the walk is not the
+    training thread's); ``capture_rows(0, lane=False)`` queues none (a hand-off whose drain
+    took its tick's time leaves them to the next tick), and walks nothing."""
+    from deltastream import HashTable
+
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: True)
+    net = torch.nn.ModuleList(HashTable(16, name=f"f{j}", capacity=4000) for j in range(3))
+    tr = DeltaTracker(net, consumers=["p"], mode=EMB)
+    for t in net:
+        t(torch.arange(1000))
+    tr.step()
+    tr.get_delta_unordered("p", owe={f: m.storage.detach()
+                                     for f, m in tr.get_tracked_modules().items()})
+    queued = tr._rec.pending  # the tracker's recorder: which tables' walks are queued
+    assert not tr.capture_rows(0, lane=False)
+    assert not any(p.fresh.walk_queued for p in queued.values())
+    tr.capture_rows(0)
+    assert all(p.fresh.walk_queued or not p.fresh.owes for p in queued.values())
+    assert tr.capture_rows(None)  # waits for them
+    tr.close()
+
+
 @pytest.mark.parametrize("budget", [1500, 0])
 def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatch,
                                                                       budget: int):
