@@ -396,9 +396,9 @@ class Recorder:
             and fresh_rows.spare_core()
         for f in owing:
             on_lane = f.walk_queued or spare
-            if max_positions is not None and max_positions <= 0 and not (
-                    f.walk_queued or spare and lane):
-                continue  # a lane walk is queued whatever this thread's budget: it costs none
+            spent = max_positions is not None and max_positions <= 0
+            if spent and not (f.walk_queued or spare and lane):
+                continue  # nothing more to walk here, and no lane walk to queue (or wait for)
             walked = f.capture(max_positions, spare)
             if max_positions is not None and not on_lane:
                 max_positions -= walked

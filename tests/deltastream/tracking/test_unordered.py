@@ -265,8 +265,6 @@ def test_an_accelerators_records_kept_for_another_consumer_respect_the_bound(mon
 
 @pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
                     reason="deltastream.tracking.native is not built")
-@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
-                    reason="deltastream.tracking.native is not built")
 def test_a_spent_budget_queues_lane_walks_unless_told_not_to(monkeypatch):
     """``capture_rows(0)`` queues each owing table's walk on the lane (the walk is not the
     training thread's); ``capture_rows(0, lane=False)`` queues none (a hand-off whose drain
@@ -290,6 +288,8 @@ def test_a_spent_budget_queues_lane_walks_unless_told_not_to(monkeypatch):
     tr.close()
 
 
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
+                    reason="deltastream.tracking.native is not built")
 @pytest.mark.parametrize("budget", [1500, 0])
 def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatch,
                                                                       budget: int):
