@@ -395,10 +395,11 @@ class Recorder:
         spare = max_positions is not None and any(not f.walk_queued for f in owing) \
             and fresh_rows.spare_core()
         for f in owing:
-            on_lane = f.walk_queued or spare
-            spent = max_positions is not None and max_positions <= 0
-            if spent and not (f.walk_queued or spare and lane):
-                continue  # nothing more to walk here, and no lane walk to queue (or wait for)
+            on_lane = f.walk_queued  # its positions are the lane's, not this thread's
+            if max_positions is not None and max_positions <= 0:
+                if not (on_lane or spare and lane):
+                    continue  # nothing more to walk here, and no lane walk to queue
+                max_positions = 0  # (whole words may have overshot it)
             walked = f.capture(max_positions, spare)
             if max_positions is not None and not on_lane:
                 max_positions -= walked
