@@ -116,7 +116,7 @@ class UniqueLookups(PendingLookups):
     when built, else numpy).
     """
 
-    __slots__ = ("fresh", "drained")
+    __slots__ = ("fresh", "drained", "_ids_of")
 
     def __init__(self, capacity: int, device: torch.device) -> None:
         self.fresh: Optional[FreshRows] = None
@@ -126,6 +126,18 @@ class UniqueLookups(PendingLookups):
         #: ``(ids, positions)`` of the last drain of a hashed table, aligned (None when a
         #: row was freed since: positions may then hold other ids)
         self.drained: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        #: ``(table, ascending, offset)`` of the last drain's table (see :meth:`_id_map`)
+        self._ids_of: Optional[tuple[Any, bool, int]] = None
+
+    def _id_map(self, table: Any) -> tuple[bool, int]:
+        """Whether ``table``'s ids are its positions (``ids_ascending``) and their offset,
+        read once per table: a hash table is a module, whose ``getattr`` of a missing
+        attribute raises inside (~6 µs on a tick's cold cache, per table)."""
+        got = self._ids_of
+        if got is None or got[0] is not table:
+            asc = bool(getattr(table, "ids_ascending", False))
+            got = self._ids_of = (table, asc, int(getattr(table, "offset", 0)) if asc else 0)
+        return got[1], got[2]
 
     def reset(self) -> None:
         super().reset()
@@ -167,7 +179,7 @@ class UniqueLookups(PendingLookups):
         call."""
         f = self.fresh
         with_states = with_states and f.arena is not None
-        if getattr(table, "ids_ascending", False):  # ascending positions = ascending ids
+        if self._id_map(table)[0]:  # ascending positions = ascending ids
             touched, states = f.drain(with_states)
             ids = table.ids_at(touched)
         else:
@@ -184,10 +196,9 @@ class UniqueLookups(PendingLookups):
         ``ids[i]``; with ``storage``, ``current`` and a hash table's ``ids`` are filled as
         the rows are owed, else ``current`` is None; ``give_back()`` once they are read);
         None (nothing drained) when the C code did not keep this interval's rows alone."""
-        keys, offset = None, 0
-        if getattr(table, "ids_ascending", False):  # id = position + offset
-            offset = int(getattr(table, "offset", 0))
-        else:  # a hash table: the id held at each position
+        keys = None
+        ascending, offset = self._id_map(table)
+        if not ascending:  # a hash table: the id held at each position (else position + offset)
             held = table.position_ids()
             if held.device.type == "cpu" and held.is_contiguous() \
                     and held.numel() >= self.fresh.slot.size:

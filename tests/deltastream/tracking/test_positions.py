@@ -85,3 +85,18 @@ def test_unique_lookups_grow_keeps_marks_of_the_interval(fresh_path):
     p.add(torch.tensor([8, 3]), rows=torch.tensor([[8.0], [-3.0]]))  # 3: not new
     ids, states = p.drain(_Hashed(list(range(100, 109))), with_states=True)
     assert ids.tolist() == [103, 108] and states.flatten().tolist() == [3.0, 8.0]
+
+
+def test_a_drain_maps_ids_by_the_table_it_is_given_not_the_one_before(fresh_path):
+    """Whether a table's ids are its positions is read once per table object (a hash
+    table's missing attribute costs a raise inside ``getattr``, per table in a tick): a
+    different table object (a row map replaced) is read anew."""
+    p = UniqueLookups(6, torch.device("cpu"))
+    w = torch.arange(6, dtype=torch.float32).reshape(6, 1)
+    p.add(torch.tensor([4, 1]), w)
+    assert p.drain(_Rows(), with_states=True)[0].tolist() == [101, 104]
+    p.add(torch.tensor([4, 1]), w)
+    ids, states = p.drain(_Hashed([50, 10, 40, 20, 30, 60]), with_states=True)
+    assert ids.tolist() == [10, 30] and states.flatten().tolist() == [1.0, 4.0]
+    p.add(torch.tensor([3]), w)
+    assert p.drain(_Rows(), with_states=True)[0].tolist() == [103]
