@@ -301,7 +301,8 @@ class DeltaTracker:
         if start < end:  # the interval nobody has read yet becomes one record
             rec.compact(start, end, skip)
         frm = self._cursor[c]
-        touched = rec.touched.get_unique(frm, skip)
+        # a table drained unordered has no touched records (it is drained only then)
+        touched = rec.touched.get_unique(frm, frozenset(raw))
         tombs = rec.tombs.get_unique(frm, skip)
         news = rec.news.get_unique(frm, skip)
         carry = self._carry[c]
