@@ -301,7 +301,8 @@ class DeltaTracker:
         if start < end:  # the interval nobody has read yet becomes one record
             rec.compact(start, end, skip)
         frm = self._cursor[c]
-        # a table drained unordered has no touched records (it is drained only then)
+        # none of raw's tables is read from the touched store: those read as recorded keep
+        # their records, and one is drained unordered only while it has none there
         touched = rec.touched.get_unique(frm, frozenset(raw))
         tombs = rec.tombs.get_unique(frm, skip)
         news = rec.news.get_unique(frm, skip)
