@@ -36,9 +36,8 @@ import time
 
 import torch
 
-from bench._common import result, torch_threads, zipf_ids
-from bench.train_step import TableCTR
-from deltastream.embedding.optim import SparseAdam
+from bench._common import result, torch_threads
+from bench.train_step import LOOP_BATCHES, TableCTR, zipf_loop
 
 #: each load's loop body; ``busy()`` is True while its burst lasts
 LOADS = {
@@ -110,20 +109,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def _measure(args: argparse.Namespace, loads: list[str]) -> list[dict]:
-    g = torch.Generator().manual_seed(args.seed)
-    model = TableCTR(32, 200_000, 50_000, torch.device("cpu"))
-    opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
-    pool = [([zipf_ids(args.batch, vocab=v, alpha=1.05, generator=g) for v in
-              (200_000, 50_000)], torch.randint(0, 2, (args.batch,), generator=g).float())
-            for _ in range(64)]
-
-    def step(k: int) -> None:
-        ids, y = pool[k % len(pool)]
-        torch.nn.functional.binary_cross_entropy_with_logits(model(*ids), y).backward()
-        for o in opts:
-            o.step()
-        for o in opts:
-            o.zero_grad(set_to_none=True)
+    step = zipf_loop(TableCTR(32, 200_000, 50_000, torch.device("cpu")), [200_000, 50_000],
+                     args.batch, torch.Generator().manual_seed(args.seed), torch.device("cpu"))
 
     def chunk(k: int) -> float:
         t0 = time.perf_counter()
@@ -131,9 +118,9 @@ def _measure(args: argparse.Namespace, loads: list[str]) -> list[dict]:
             step(k + i)
         return (time.perf_counter() - t0) / args.steps
 
-    for k in range(len(pool)):  # warm-up: ids resident, optimizer state allocated
+    for k in range(LOOP_BATCHES):  # warm-up: ids resident, optimizer state allocated
         step(k)
-    k = len(pool)
+    k = LOOP_BATCHES
     idle: list[float] = []
     loaded: dict[str, list[float]] = {name: [] for name in loads}
     for _ in range(args.rounds):

@@ -104,6 +104,35 @@ class EmbeddingCTR(torch.nn.Module):
         return self.mlp(torch.cat([a, b, a * b], 1)).squeeze(1)
 
 
+#: batches a :func:`zipf_loop` draws up front and cycles through
+LOOP_BATCHES = 64
+
+
+def zipf_loop(model: torch.nn.Module, vocabs: list[int], batch: int,
+              generator: torch.Generator, device: torch.device) -> Callable[[int], None]:
+    """The README's training step on ``model`` (its tables' forward takes one id tensor per
+    vocabulary, its ``mlp`` the rest): SparseAdam + Adam, binary cross-entropy, over
+    :data:`LOOP_BATCHES` batches of ``batch`` Zipf(1.05) ids per vocabulary of ``vocabs``
+    and random labels, drawn now from ``generator``. Returns ``step(k)``, which trains on
+    batch ``k`` modulo that many."""
+    opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
+    pool = [([zipf_ids(batch, vocab=v, alpha=1.05, generator=generator).to(device)
+              for v in vocabs],
+             torch.randint(0, 2, (batch,), generator=generator).float().to(device))
+            for _ in range(LOOP_BATCHES)]
+
+    def step(k: int) -> None:
+        ids, y = pool[k % len(pool)]
+        logits = model(*ids)
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
+        for o in opts:
+            o.step()
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+
+    return step
+
+
 class _Config:
     """A model with its optimizers and batches; ``tracker`` makes a tracker or None."""
 

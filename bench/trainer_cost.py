@@ -97,10 +97,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from bench._common import add_threads_flag, result, torch_threads, zipf_ids
+from bench._common import add_threads_flag, result, torch_threads
 from bench._trainer_cost_plot import plot
-from bench.train_step import FeatureCTR, TableCTR
-from deltastream.embedding.optim import SparseAdam
+from bench.train_step import LOOP_BATCHES, FeatureCTR, TableCTR, zipf_loop
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
 from deltastream.publishing.rounds import SelectionPolicy, publish_delta
@@ -434,31 +433,20 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     else:  # the README's loop: users and items
         model = TableCTR(args.dim, args.users, args.items, dev)
         vocabs = [args.users, args.items]
-    opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
-    pool = [([zipf_ids(batch, vocab=v, alpha=1.05, generator=g).to(dev) for v in vocabs],
-             torch.randint(0, 2, (batch,), generator=g).float().to(dev)) for _ in range(64)]
+    step = zipf_loop(model, vocabs, batch, g, dev)
     done = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-
-    def step(k: int) -> None:
-        ids, y = pool[k % len(pool)]
-        logits = model(*ids)
-        torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
-        for o in opts:
-            o.step()
-        for o in opts:
-            o.zero_grad(set_to_none=True)
-
-    for k in range(len(pool)):  # warm-up: ids resident, optimizer state allocated
-        if k == len(pool) // 2:
+    n = LOOP_BATCHES
+    for k in range(n):  # warm-up: ids resident, optimizer state allocated
+        if k == n // 2:
             done()
             t_warm = time.perf_counter()
         step(k)
     done()
-    chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (len(pool) - len(pool) // 2))
+    chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (n - n // 2))
     topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
     ensure_topic(servers, topic, partitions=1)
     runs = [_Run(name, model, servers, topic, **kw) for name, kw in _configurations(args)]
-    k = len(pool)
+    k = n
     try:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
             if r.budget is not None:
