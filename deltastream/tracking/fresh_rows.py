@@ -111,11 +111,15 @@ class FreshRows:
         #: arenas and owed-row buffers a reader of :meth:`take_unordered` gave back
         self.spares = SpareRows()
 
+    def must_grow(self, capacity: int) -> bool:
+        """Whether :meth:`grow` to ``capacity`` has work to do (asked at every lookup)."""
+        return capacity > self.slot.size or (self.owed is not None and self.owed.walking)
+
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, the marks of this interval kept (a table that grew
         between two drains)."""
-        if capacity <= self.slot.size and (self.owed is None or not self.owed.walking):
-            return  # the common case, at every lookup: nothing to extend
+        if not self.must_grow(capacity):
+            return  # the common case: nothing to extend
         self.sync()
         old = self.marks.numel()
         if capacity > old:
@@ -163,7 +167,11 @@ class FreshRows:
             raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
                                 f"int32 slot can name; read more often")
         rb = 0 if src is None else src.shape[1] * src.element_size()  # bytes per row
-        self._reserve(self.used + n, src, rb)
+        need = self.used + n
+        if self.order.size < need or src is not None and (
+                self._arena_bytes is None or self._arena_bytes.size < need * rb
+                or self._arena_dtype is not src.dtype):
+            self._reserve(need, src, rb)  # tested here first: most lookups have room
         q = ids.numpy()
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
@@ -171,7 +179,8 @@ class FreshRows:
             if not self.bits_valid:
                 self._valid_bits()
             args = (self.slot, self.bits, self.order, q,
-                    None if src is None else self._bytes_of(src, by_occurrence), by_occurrence,
+                    None if src is None else
+                    as_buffer(src) if by_occurrence else self._weight_bytes(src), by_occurrence,
                     rb, None if src is None else self._arena_bytes, self.used, self.words)
             if later and src is not None:  # used and new once it ran (sync)
                 self._late = (native.mark_fresh_later(*args), n)
@@ -235,9 +244,9 @@ class FreshRows:
             self.words = _words_for(self.bits)
             self.bits_valid = True
 
-    def _bytes_of(self, src: torch.Tensor, by_occurrence: bool) -> np.ndarray:
-        if by_occurrence:  # a lookup's output: new every time
-            return as_buffer(src)
+    def _weight_bytes(self, src: torch.Tensor) -> np.ndarray:
+        """The bytes of a table's weight, viewed once while it stays the same tensor (a
+        lookup's output is new every time: :func:`as_buffer` at the call)."""
         key = (src.data_ptr(), src.shape, src.dtype)
         if key != self._src_key:  # the address cannot be reused while the view holds it
             self._src_bytes, self._src_key = as_bytes(src), key

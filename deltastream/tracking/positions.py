@@ -151,7 +151,8 @@ class UniqueLookups(PendingLookups):
         self.marks = self.fresh.marks
 
     def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor] = None,
-            rows: Optional[torch.Tensor] = None, later: bool = False) -> None:
+            rows: Optional[torch.Tensor] = None, later: bool = False,
+            capacity: Optional[int] = None) -> None:
         """Record a lookup of int32/int64 CPU ``positions`` ``[n]`` (repeats allowed, each
         ``< marks.numel()``: :meth:`grow` first; ``IndexError`` otherwise, nothing
         recorded). With ``weight`` (the table's ``[capacity, dim]`` rows, before the update)
@@ -159,9 +160,14 @@ class UniqueLookups(PendingLookups):
         ``positions[i]``) keep the FIRST state of each new position; with neither, the
         positions only. With ``later`` the marking may run on the C code's lane thread
         (:meth:`FreshRows.add`): ``fresh.sync()`` before a row of ``weight`` changes; until
-        then the lookup counts as its ``n`` ids (``n`` stays an upper bound)."""
+        then the lookup counts as its ``n`` ids (``n`` stays an upper bound). ``capacity``:
+        the table's positions now, when it may have grown (:meth:`grow` runs first if
+        needed)."""
+        fresh = self.fresh
+        if capacity is not None and fresh.must_grow(capacity):
+            self.grow(capacity)
         src = weight if weight is not None else rows
-        k = self.fresh.add(positions, src, by_occurrence=weight is None, later=later)
+        k = fresh.add(positions, src, by_occurrence=weight is None, later=later)
         if k is None:
             k = int(positions.numel())
         # what the markings run later (each with rows) counted too many

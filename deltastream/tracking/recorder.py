@@ -111,6 +111,9 @@ class Recorder:
     def __init__(self, mode: TrackingMode, tables: dict[str, TrackedTable],
                  max_rows: Optional[int], cursors: Callable[[], Iterable[int]]) -> None:
         self.mode = mode
+        #: whether FIRST states are kept (EMBEDDING mode); an attribute, not a property:
+        #: it is read at every lookup
+        self.with_states = mode is TrackingMode.EMBEDDING
         self._cursors = cursors
         self.tables = tables
         self.max_rows = max_rows
@@ -147,11 +150,6 @@ class Recorder:
         # data-dependent size, and a hook must not sync.
         self.pending[fqn] = (PendingLookups if records_as_is(row_map.device)
                              else UniqueLookups)(int(row_map.capacity), row_map.device)
-
-    @property
-    def with_states(self) -> bool:
-        """Whether FIRST states are kept (EMBEDDING mode)."""
-        return self.mode is TrackingMode.EMBEDDING
 
     def stores(self) -> tuple[DeltaStore, DeltaStore, DeltaStore]:
         """The touched, tombstone and insert stores (advanced together)."""
@@ -222,17 +220,17 @@ class Recorder:
         ``later`` and ``whole_table`` that copy may run on the C code's lane thread while
         training goes on: :meth:`sync_lookups` must run before the table's rows change (a
         forward hook after the kernel's forward)."""
-        n = positions.numel()
         p = self.pending[fqn]
-        states = self.with_states  # read once: a hot path
+        states = self.with_states
         keep = states and not (p.stateless or rows is None or self.touched.is_degraded(fqn))
         if states and not keep:
             p.stateless = True
+        n = positions.numel()
         if isinstance(p, UniqueLookups):
-            p.grow(int(self.row_maps[fqn].capacity))
             src = rows.detach() if keep else None
             p.add(positions, weight=src if whole_table else None,
-                  rows=None if whole_table else src, later=later and whole_table)
+                  rows=None if whole_table else src, later=later and whole_table,
+                  capacity=self.row_maps[fqn].capacity)
         else:
             p.pos.append(positions)
             p.n += n
@@ -241,9 +239,11 @@ class Recorder:
                 p.states.append(states)
                 p.versions.append(states._version)
                 p.n_states += n
-        self.counts["lookups_recorded"] += 1
-        self.counts["ids_recorded"] += n
-        self.enforce_bound_if_set()
+        counts = self.counts
+        counts["lookups_recorded"] += 1
+        counts["ids_recorded"] += n
+        if self.max_rows is not None:  # enforce_bound_if_set, inlined: every lookup runs this
+            self.enforce_bound(list(self._cursors()))
 
     def record_insert(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids inserted into a dynamic table (they are ``new`` until each consumer reads)."""

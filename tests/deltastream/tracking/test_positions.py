@@ -3,6 +3,7 @@ the CPU (new positions only, FIRST rows gathered into one arena)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deltastream.tracking.positions import UniqueLookups
@@ -83,6 +84,19 @@ def test_unique_lookups_grow_keeps_marks_of_the_interval(fresh_path):
     p.add(torch.tensor([3]), rows=torch.tensor([[3.0]]))
     p.grow(9)
     p.add(torch.tensor([8, 3]), rows=torch.tensor([[8.0], [-3.0]]))  # 3: not new
+    ids, states = p.drain(_Hashed(list(range(100, 109))), with_states=True)
+    assert ids.tolist() == [103, 108] and states.flatten().tolist() == [3.0, 8.0]
+
+
+def test_a_lookup_given_the_table_capacity_grows_the_marks_first(fresh_path):
+    """``add(capacity=...)``: a lookup of a position past the marks (the table grew since
+    the last lookup) grows them before marking, and keeps the marks set before."""
+    p = UniqueLookups(4, torch.device("cpu"))
+    p.add(torch.tensor([3]), rows=torch.tensor([[3.0]]), capacity=4)
+    with pytest.raises(IndexError):  # without the capacity: out of range, nothing marked
+        p.add(torch.tensor([8]), rows=torch.tensor([[8.0]]))
+    p.add(torch.tensor([8, 3]), rows=torch.tensor([[8.0], [-3.0]]), capacity=9)
+    assert p.marks.numel() == 9
     ids, states = p.drain(_Hashed(list(range(100, 109))), with_states=True)
     assert ids.tolist() == [103, 108] and states.flatten().tolist() == [3.0, 8.0]
 
