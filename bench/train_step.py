@@ -31,6 +31,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -109,26 +110,37 @@ LOOP_BATCHES = 64
 
 
 def zipf_loop(model: torch.nn.Module, vocabs: list[int], batch: int,
-              generator: torch.Generator, device: torch.device) -> Callable[[int], None]:
+              generator: torch.Generator, device: torch.device,
+              phases: Optional[list[float]] = None) -> Callable[[int], None]:
     """The README's training step on ``model`` (its tables' forward takes one id tensor per
     vocabulary, its ``mlp`` the rest): SparseAdam + Adam, binary cross-entropy, over
     :data:`LOOP_BATCHES` batches of ``batch`` Zipf(1.05) ids per vocabulary of ``vocabs``
     and random labels, drawn now from ``generator``. Returns ``step(k)``, which trains on
-    batch ``k`` modulo that many."""
+    batch ``k`` modulo that many. ``phases`` (3 floats): each step adds the seconds of its
+    forward, its backward and its optimizer steps (with ``zero_grad``) to them — host
+    time: on CUDA the time to queue the work, not to run it."""
     opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
     pool = [([zipf_ids(batch, vocab=v, alpha=1.05, generator=generator).to(device)
               for v in vocabs],
              torch.randint(0, 2, (batch,), generator=generator).float().to(device))
             for _ in range(LOOP_BATCHES)]
+    clock = time.perf_counter
 
     def step(k: int) -> None:
         ids, y = pool[k % len(pool)]
+        t0 = clock()
         logits = model(*ids)
+        t1 = clock()
         torch.nn.functional.binary_cross_entropy_with_logits(logits, y).backward()
+        t2 = clock()
         for o in opts:
             o.step()
         for o in opts:
             o.zero_grad(set_to_none=True)
+        if phases is not None:
+            phases[0] += t1 - t0
+            phases[1] += t2 - t1
+            phases[2] += clock() - t2
 
     return step
 

@@ -59,7 +59,11 @@ slowed beside the worker is — where it stays low and the ratio does not, the d
 is waiting, not work); ``faults_per_step`` and ``faults_alone_per_step``, the training
 thread's minor page faults a step with deltastream and alone (a loop whose temporaries glibc
 maps afresh every step can fault thousands of times a step, ~1 µs each; where the two
-differ, the ratio is partly the allocator's); **bytes/s** a budget sends when it runs alone
+differ, the ratio is partly the allocator's); ``extra_us``, where the steps with deltastream
+took longer than alone, µs a step: ``forward`` (the tracker's lookup hooks run there),
+``backward`` and ``optimizer`` (no deltastream code runs in them on the CPU: what they gain
+is the machine shared with the worker and the broker), ``rest`` (``tracker.step`` and
+``tick``); host time (on CUDA, the time to queue the work); **bytes/s** a budget sends when it runs alone
 after the chunks (``--rate-s`` seconds, and at least two rounds, after a second that spends
 its bucket's burst; not over the chunks, between which its bucket refills by at most one
 burst, nor
@@ -152,7 +156,12 @@ class _Run:
         #: the training thread's minor page faults in the measured steps (chunks and tails)
         #: and in the alone chunks
         self.faults = self.faults_alone = 0
+        #: seconds in the step's forward, backward and optimizer: over the alone chunks,
+        #: and over the chunks with deltastream and their tails
+        self.phases_alone = [0.0, 0.0, 0.0]
+        self.phases_with = [0.0, 0.0, 0.0]
         self.tail_steps: list[int] = []  # per pair: steps until the worker settled
+        self.tail_s: list[float] = []  # per pair: their seconds
         self.tick_s: list[float] = []
         self.measured_s = 0.0
         self.bytes0 = 0
@@ -303,6 +312,21 @@ def _faults() -> int:
     return resource.getrusage(who).ru_minflt
 
 
+def _extra_us(r: _Run) -> dict[str, float]:
+    """Where ``r``'s steps took longer than the step alone, µs per step (means over every
+    pair, not bracketed): ``forward`` (the tracker's lookup hooks, and a slower machine),
+    ``backward``, ``optimizer`` (with ``zero_grad``; no deltastream code runs in either
+    on the CPU: what they gain is the machine shared with the worker and the broker),
+    ``rest`` (``tracker.step``, ``tick``, and time between the phases)."""
+    n_with = len(r.times) + sum(r.tail_steps)
+    n_alone = max(1, len(r.alone))
+    out = {name: 1e6 * (w / max(1, n_with) - a / n_alone) for name, w, a in zip(
+        ("forward", "backward", "optimizer"), r.phases_with, r.phases_alone, strict=True)}
+    with_s = (sum(r.times) + sum(r.tail_s)) / max(1, n_with)
+    out["rest"] = 1e6 * (with_s - sum(r.alone) / n_alone) - sum(out.values())
+    return out
+
+
 def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
     """Steps per chunk: ``--chunk``, or more to last ``--chunk-s`` seconds at ``step_s``
     a step. A chunk shorter than the budget's ``min_interval_s`` would hold one round in
@@ -314,8 +338,8 @@ def _chunk_steps(args: argparse.Namespace, step_s: float) -> int:
 
 
 def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
-                chunk: int, done: Callable[[], None], alones: list[tuple[float, float]]
-                ) -> int:
+                chunk: int, done: Callable[[], None], alones: list[tuple[float, float]],
+                phases: list[float]) -> int:
     """One timed pair for ``r``: ``chunk`` steps alone, ``chunk`` steps with ``r``'s tracker
     and publishing, then ``r``'s tail; returns the next step number.
 
@@ -326,7 +350,9 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
     last round of each chunk would slow no chunk of its own. ``done`` waits for the
     device's queued work (CUDA): its wait counts to the last step of each loop.
     ``alones``: every alone chunk's mean step (s; wall and the thread's CPU) so far, in
-    order; this pair's is added."""
+    order; this pair's is added. ``phases``: what ``step`` adds its forward, backward and
+    optimizer seconds to (:func:`~bench.train_step.zipf_loop`); ``r`` sums them over its
+    alone chunks and over its chunks with their tails."""
 
     def finish(times: list[float]) -> None:
         t0 = time.perf_counter()
@@ -337,6 +363,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
         other.idle()
     with _paused(runs):
         alone = []
+        p0 = list(phases)
         c0, f0 = time.thread_time(), _faults()
         for _ in range(chunk):  # the step alone (trackers paused)
             t0 = time.perf_counter()
@@ -345,6 +372,8 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             alone.append(time.perf_counter() - t0)
         finish(alone)
         cpu_alone, faults_alone = time.thread_time() - c0, _faults() - f0
+    r.phases_alone = [a + x - y for a, x, y in zip(r.phases_alone, phases, p0, strict=True)]
+    p0 = list(phases)
     b0, t_start = r.acked_bytes(), time.perf_counter()
     c0, f0 = time.thread_time(), _faults()
     times = []
@@ -371,6 +400,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
         if tail:
             finish(tail)
     cpu, faults = time.thread_time() - c0, _faults() - f0
+    r.phases_with = [a + x - y for a, x, y in zip(r.phases_with, phases, p0, strict=True)]
     r.faults += faults
     r.faults_alone += faults_alone
     r.alone += alone
@@ -380,6 +410,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
     r.alone_at.append(len(alones))
     alones.append((sum(alone) / len(alone), cpu_alone / len(alone)))
     r.tail_steps.append(len(tail))
+    r.tail_s.append(sum(tail))
     return k
 
 
@@ -433,7 +464,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     else:  # the README's loop: users and items
         model = TableCTR(args.dim, args.users, args.items, dev)
         vocabs = [args.users, args.items]
-    step = zipf_loop(model, vocabs, batch, g, dev)
+    phases = [0.0, 0.0, 0.0]
+    step = zipf_loop(model, vocabs, batch, g, dev, phases)
     done = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     n = LOOP_BATCHES
     for k in range(n):  # warm-up: ids resident, optimizer state allocated
@@ -460,7 +492,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         alones: list[tuple[float, float]] = []
         for _ in range(args.rounds):
             for r in runs:
-                k = _chunk_pair(r, runs, step, k, chunk, done, alones)
+                k = _chunk_pair(r, runs, step, k, chunk, done, alones, phases)
         busy = {}
         for r in runs:
             if r.budget is not None:
@@ -495,7 +527,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 max_backlog=(st.get("backlog") or {}).get("max_handoffs"), chunk_steps=chunk,
                 tail_steps=statistics.median(r.tail_steps),
                 pending=st.get("pending"), prefilled=args.pending if r.prefills() else 0,
-                worker=st.get("worker"))
+                worker=st.get("worker"), extra_us=_extra_us(r))
             note = (f"tick p99 {extra['tick_p99_ms']:.3g} ms" if tick.size else "no tick")
             lo, hi = extra["ratio_ci95"]
             note += f", ratio 95 % interval {lo:.3f}-{hi:.3f} ({len(pairs)} pairs)"
@@ -503,6 +535,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             note += f", CPU ratio {extra['cpu_ratio']:.3f}"
             note += (f", page faults {extra['faults_per_step']:.0f}/step "
                      f"(alone {extra['faults_alone_per_step']:.0f})")
+            note += ", per step more than alone: " + ", ".join(
+                f"{k} {v:+.0f} µs" for k, v in extra["extra_us"].items())
             note += f", {extra['bytes_per_s']:,.0f} B/s acked"
             if worker is not None:
                 note += (f", {st['worker']} worker busy {extra['worker_share']:.0%}, "

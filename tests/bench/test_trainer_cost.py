@@ -41,6 +41,18 @@ def test_the_last_pair_of_a_run_has_only_its_own_alone_chunk():
         pytest.approx((1 / 1.5 + 1) / 2)
 
 
+def test_the_extra_time_splits_into_the_phases_of_the_step_and_the_rest():
+    """Two alone steps of 10 ms (4 forward, 4 backward, 2 optimizer) against three steps
+    with deltastream (two in the chunk, one in the tail) of 12 ms: 5 forward, 4.5
+    backward, 2 optimizer and 0.5 ms outside the phases (the tick)."""
+    r = SimpleNamespace(times=[12e-3, 12e-3], tail_steps=[1], tail_s=[12e-3],
+                        alone=[10e-3, 10e-3], phases_alone=[8e-3, 8e-3, 4e-3],
+                        phases_with=[15e-3, 13.5e-3, 6e-3])
+    got = trainer_cost._extra_us(r)
+    assert got == pytest.approx({"forward": 1000, "backward": 500, "optimizer": 0,
+                                 "rest": 500})
+
+
 def _args(**kw) -> argparse.Namespace:
     base = dict(budgets=[50000, 5000], sync=True, thread=False, uncapped=False,
                 residuals=False, unweighted=True, only=None)

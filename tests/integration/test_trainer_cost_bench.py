@@ -34,6 +34,9 @@ def test_trainer_cost_runs_small_and_reports_every_configuration(broker, tables,
         # the pairs themselves, whose median the ratio is
         assert len(r["pair_ratios"]) == 2 and r["ratio"] == statistics.median(r["pair_ratios"])
         assert r["faults_per_step"] >= 0 and r["faults_alone_per_step"] >= 0
+        # where the steps took longer: the phases of the step, and the rest (the tick)
+        assert set(r["extra_us"]) == {"forward", "backward", "optimizer", "rest"}
+        assert all(math.isfinite(v) for v in r["extra_us"].values())
     for name in ("budget-50000", "rounds-10"):  # published off the loop, by a worker
         r = by[name]
         assert r["worker"] in ("process", "thread") and r["bytes_per_s"] > 0
