@@ -59,20 +59,20 @@ slowed beside the worker is — where it stays low and the ratio does not, the d
 is waiting, not work); ``faults_per_step`` and ``faults_alone_per_step``, the training
 thread's minor page faults a step with deltastream and alone (a loop whose temporaries glibc
 maps afresh every step can fault thousands of times a step, ~1 µs each; where the two
-differ, the ratio is partly the allocator's); ``extra_us``, where the steps with deltastream
-took longer than alone, µs a step: ``forward`` (the tracker's lookup hooks run there),
-``backward`` and ``optimizer`` (no deltastream code runs in them on the CPU: what they gain
-is the machine shared with the worker and the broker), ``rest`` (``tracker.step`` and
-``tick``); host time (on CUDA, the time to queue the work); **bytes/s** a budget sends when it runs alone
-after the chunks (``--rate-s`` seconds, and at least two rounds, after a second that spends
-its bucket's burst; not over the chunks, between which its bucket refills by at most one
-burst, nor
-``stats()["bytes_per_s"]``, which counts from the publisher's creation; ``delta-10``:
-acknowledged bytes over its chunks); the worker's busy share (worker seconds ÷ measured
-seconds: near 1 it cannot keep up) and its largest backlog. Every configuration's worker is
-drained before each "alone" chunk, so the alone chunks measure the step by itself (before
-2026-12-02 only the measured configuration's was, and a configuration's alone chunk could
-run beside the previous one's last round, which read as a lower ratio for it).
+differ, the ratio is partly the allocator's); ``extra_us``, where the steps with
+deltastream took longer than alone, µs a step: ``forward`` (the tracker's lookup hooks run
+there), ``backward`` and ``optimizer`` (no deltastream code runs in them on the CPU: what
+they gain is the machine shared with the worker and the broker), ``rest`` (``tracker.step``
+and ``tick``), in host time (on CUDA, the time to queue the work); **bytes/s** a budget
+sends when it runs alone after the chunks (``--rate-s`` seconds, and at least two rounds,
+after a second that spends its bucket's burst; not over the chunks, between which its
+bucket refills by at most one burst, nor ``stats()["bytes_per_s"]``, which counts from
+the publisher's creation; ``delta-10``: acknowledged bytes over its chunks); the worker's
+busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and its largest
+backlog. Every configuration's worker is drained before each "alone" chunk, so the alone
+chunks measure the step by itself (before 2026-12-02 only the measured configuration's
+was, and a configuration's alone chunk could run beside the previous one's last round,
+which read as a lower ratio for it).
 
 Clock: wall time on the training thread (a worker competing for the GIL or the cores shows
 as a slower step); on CUDA (``--device cuda``) each chunk ends with a device synchronize,

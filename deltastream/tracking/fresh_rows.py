@@ -255,8 +255,8 @@ class FreshRows:
     def _reserve(self, need: int, src: Optional[torch.Tensor], rb: int) -> None:
         """Room for ``need`` rows in ``order`` and (with ``src``, rows of ``rb`` bytes) in
         an arena of ``src``'s dtype and width (rows in use moved over; at least doubled:
-        amortized growth). The room is checked against the arena's cached bytes and dtype,
-        not its torch attributes: this runs at every lookup."""
+        amortized growth). :meth:`add` calls it only when one of them lacks room (checked
+        against the arena's cached bytes and dtype, not its torch attributes)."""
         if self.order.size < need:
             order = np.empty(max(need, 2 * self.order.size, 1024), dtype=np.int64)
             order[:self.used] = self.order[:self.used]
