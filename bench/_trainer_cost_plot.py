@@ -6,6 +6,10 @@ its bootstrap 95 % interval, against the ratio goal. The dots show what a single
 hides on a shared VM: how far one pair lies from the next. Bottom row: the time the
 training thread spends inside ``tick`` (p50 and p99, a log scale above 0.01 ms) against
 the tick goal; configurations without a tick (the tracker alone) are left out there.
+Third row: where the extra time goes (``extra_us``): the µs a step that each phase of the
+step (forward, backward, optimizer) and the rest (``tick``) took more than alone, one bar
+each per configuration — a bar below zero is a phase that ran faster (noise: no
+deltastream code runs in the backward or the optimizer on the CPU).
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ def plot(path: Path, results: list[dict], *, ratio_goal: float, tick_goal_ms: fl
     if plt is None or not results:
         return None
     batches = sorted({r["batch"] for r in results})
-    fig, axes = plt.subplots(2, len(batches), figsize=(1.5 + 5.5 * len(batches), 7.5),
+    fig, axes = plt.subplots(3, len(batches), figsize=(1.5 + 5.5 * len(batches), 11),
                              dpi=100, squeeze=False)
     try:
         for col, batch in enumerate(batches):
             rs = [r for r in results if r["batch"] == batch]
             _ratios(axes[0][col], rs, ratio_goal)
             _ticks(axes[1][col], rs, tick_goal_ms)
+            _extra(axes[2][col], rs)
         save_png(fig, path)
     finally:
         plt.close(fig)
@@ -88,3 +93,23 @@ def _ticks(ax, rs: list[dict], goal_ms: float) -> None:
     ax.set_ylabel("time in tick on the training thread (ms, symlog)")
     ax.grid(True, axis="y", alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left")
+
+
+#: ``extra_us``'s parts, in the order of a step, and their colours
+_PARTS = (("forward", "tab:blue"), ("backward", "tab:orange"), ("optimizer", "tab:purple"),
+          ("rest", "tab:gray"))
+
+
+def _extra(ax, rs: list[dict]) -> None:
+    """``extra_us`` per configuration: one bar per part of the step."""
+    width = 0.8 / len(_PARTS)
+    for j, (part, colour) in enumerate(_PARTS):
+        x = np.arange(len(rs)) + (j - (len(_PARTS) - 1) / 2) * width
+        ax.bar(x, [r["extra_us"][part] for r in rs], width, color=colour, label=part)
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set_xticks(range(len(rs)), [r["config"] for r in rs], rotation=25, ha="right",
+                  fontsize=8)
+    ax.set_xlim(-0.6, len(rs) - 0.4)
+    ax.set_ylabel("µs a step more than the step alone")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", ncols=len(_PARTS))
