@@ -312,6 +312,11 @@ def _faults() -> int:
     return resource.getrusage(who).ru_minflt
 
 
+def _added(total: list[float], now: list[float], before: list[float]) -> list[float]:
+    """``total`` plus what each of ``now`` gained since ``before`` (phase seconds)."""
+    return [t + x - y for t, x, y in zip(total, now, before, strict=True)]
+
+
 def _extra_us(r: _Run) -> dict[str, float]:
     """Where ``r``'s steps took longer than the step alone, µs per step (means over every
     pair, not bracketed): ``forward`` (the tracker's lookup hooks, and a slower machine),
@@ -372,7 +377,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
             alone.append(time.perf_counter() - t0)
         finish(alone)
         cpu_alone, faults_alone = time.thread_time() - c0, _faults() - f0
-    r.phases_alone = [a + x - y for a, x, y in zip(r.phases_alone, phases, p0, strict=True)]
+    r.phases_alone = _added(r.phases_alone, phases, p0)
     p0 = list(phases)
     b0, t_start = r.acked_bytes(), time.perf_counter()
     c0, f0 = time.thread_time(), _faults()
@@ -400,7 +405,7 @@ def _chunk_pair(r: _Run, runs: list[_Run], step: Callable[[int], None], k: int,
         if tail:
             finish(tail)
     cpu, faults = time.thread_time() - c0, _faults() - f0
-    r.phases_with = [a + x - y for a, x, y in zip(r.phases_with, phases, p0, strict=True)]
+    r.phases_with = _added(r.phases_with, phases, p0)
     r.faults += faults
     r.faults_alone += faults_alone
     r.alone += alone

@@ -167,11 +167,7 @@ class FreshRows:
             raise OverflowError(f"{self.used} + {n} rows since the last read: more than an "
                                 f"int32 slot can name; read more often")
         rb = 0 if src is None else src.shape[1] * src.element_size()  # bytes per row
-        need = self.used + n
-        if self.order.size < need or src is not None and (
-                self._arena_bytes is None or self._arena_bytes.size < need * rb
-                or self._arena_dtype is not src.dtype):
-            self._reserve(need, src, rb)  # tested here first: most lookups have room
+        self._reserve(self.used + n, src, rb)
         q = ids.numpy()
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
@@ -255,8 +251,8 @@ class FreshRows:
     def _reserve(self, need: int, src: Optional[torch.Tensor], rb: int) -> None:
         """Room for ``need`` rows in ``order`` and (with ``src``, rows of ``rb`` bytes) in
         an arena of ``src``'s dtype and width (rows in use moved over; at least doubled:
-        amortized growth). :meth:`add` calls it only when one of them lacks room (checked
-        against the arena's cached bytes and dtype, not its torch attributes)."""
+        amortized growth). The room is checked against the arena's cached bytes and dtype,
+        not its torch attributes: this runs at every lookup."""
         if self.order.size < need:
             order = np.empty(max(need, 2 * self.order.size, 1024), dtype=np.int64)
             order[:self.used] = self.order[:self.used]

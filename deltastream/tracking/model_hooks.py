@@ -181,13 +181,13 @@ class ModelHooks:
 
     def _on_positions(self, fqn: str, module: torch.nn.Module,
                       positions: Optional[torch.Tensor], rows: torch.Tensor) -> None:
-        if self._local.depth > 0:  # _paused(), inlined: this runs at every lookup
+        if self._paused():
             self._rec.counts["lookups_paused"] += 1
             return
         if positions is None or not module.training:
             self._rec.counts["lookups_eval_skipped"] += 1
             return
-        storage = self._lane_source(fqn, module, rows) if fqn in self._lane else None
+        storage = self._lane_source(fqn, module, rows)
         with self._lock:
             if storage is None:
                 self._rec.record_positions(fqn, positions, rows)

@@ -239,11 +239,9 @@ class Recorder:
                 p.states.append(states)
                 p.versions.append(states._version)
                 p.n_states += n
-        counts = self.counts
-        counts["lookups_recorded"] += 1
-        counts["ids_recorded"] += n
-        if self.max_rows is not None:  # enforce_bound_if_set, inlined: every lookup runs this
-            self.enforce_bound(list(self._cursors()))
+        self.counts["lookups_recorded"] += 1
+        self.counts["ids_recorded"] += n
+        self.enforce_bound_if_set()
 
     def record_insert(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids inserted into a dynamic table (they are ``new`` until each consumer reads)."""
