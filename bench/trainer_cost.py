@@ -81,6 +81,7 @@ counted in its last step, so work the chunk queued (or a stall it caused) is in 
 Picture: ``--out``/``trainer_cost.png`` (``trainer_cost_t<N>.png`` with ``--tables N``;
 with matplotlib): every pair's ratio, the median and its interval against the goal, and
 the tick's p50 and p99 against 1 ms, per configuration (``bench/_trainer_cost_plot.py``).
+One configuration's tracker and publishing, and its untimed set-up: ``bench/_trainer_cost_run.py``.
 Each record's ``pair_ratios`` holds the pairs themselves.
 Run: ``deltastream bench trainer-cost [--device cuda] [--batches 512,4096] [--pending N]``.
 """
