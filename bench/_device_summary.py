@@ -70,7 +70,7 @@ def demo_lines(top: Path, device: str) -> list[str]:
                       (f"{device}-w1-b8192", "cpu-w2-b8192")):
         if mine in rate and cpu in rate and rate[cpu] > 0:
             out.append(f"  {mine} / {cpu}: {rate[mine] / rate[cpu]:.2f}")
-    return out
+    return out or ["  no demo ran"]
 
 
 def main(argv: list[str]) -> int:

@@ -33,7 +33,7 @@
 set -u
 
 DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; OUT=/tmp/device-checks-dry; else
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; OUT=$(mktemp -d); trap 'rm -rf "$OUT"' EXIT; else
     OUT=${1:?usage: bench/device_checks.sh OUT_DIR | --dry-run}; fi
 PY=${PYTHON:-python3}
 SCALE=${DEVICE_CHECKS_SCALE:-1}
@@ -46,7 +46,11 @@ mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 [ "$DRY" = 1 ] || : > "$SUMMARY"
 
-say() { if [ "$DRY" = 1 ]; then echo "$*"; else echo "$*" | tee -a "$SUMMARY"; fi; }
+FAILED=0  # the exit status: 1 once a stage failed or was skipped
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+# summary lines made from a stage's records (bench/_device_summary.py), to both
+summarize() { "$PY" -m bench._device_summary "$@" 2>&1 | tee -a "$SUMMARY"; }
 
 # stage NAME LIMIT_S LOG COMMAND...: run COMMAND under a time limit, its output to LOG
 stage() {
@@ -54,11 +58,14 @@ stage() {
     limit=$(awk -v s="$limit" -v k="$SCALE" 'BEGIN { printf "%d", s * k }')
     if [ "$DRY" = 1 ]; then echo "[$name, ${limit} s] $*"; return 0; fi
     local left=$((TOTAL - SECONDS))
-    if [ "$left" -lt 15 ]; then say "$name: skipped, ${left} s left of ${TOTAL}"; return 125; fi
+    if [ "$left" -lt 15 ]; then
+        say "$name: skipped, ${left} s left of ${TOTAL}"; FAILED=1; return 125
+    fi
     [ "$limit" -le "$left" ] || limit=$left
     local t0=$SECONDS rc=0
     timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1 || rc=$?
     say "$name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo " (over its ${limit} s limit)")"
+    [ $rc = 0 ] || FAILED=1
     return $rc
 }
 
@@ -70,8 +77,7 @@ if [ "$DRY" = 0 ]; then
         export PYTHONPATH=/tmp/device-site:${PYTHONPATH:-}
     fi
     export PYTHONPATH=$PWD:${PYTHONPATH:-}
-    "$PY" -m bench._device_summary machine >> "$SUMMARY" 2>&1
-    cat "$SUMMARY"
+    summarize machine
 fi
 
 stage build 90 "$OUT/build.log" \
@@ -80,15 +86,15 @@ stage build 90 "$OUT/build.log" \
 stage gpu-tests 120 "$OUT/gpu_tests.log" \
     "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/deltastream \
     tests/integration/test_publisher.py
-[ "$DRY" = 1 ] || say "  $(tail -n 1 "$OUT/gpu_tests.log")"
+[ "$DRY" = 0 ] && [ -e "$OUT/gpu_tests.log" ] && say "  $(tail -n 1 "$OUT/gpu_tests.log")"
 
 stage trainer-cost 150 "$OUT/trainer_cost.log" \
     "$PY" -m deltastream.cli bench trainer-cost --device "$DEV" --batches 4096 \
     --budgets 50000 --only tracker,budget-50000,rounds-10 --no-sync --no-thread --rounds "$ROUNDS" \
     --json --out "$OUT"
-if [ "$DRY" = 0 ]; then
+if [ "$DRY" = 0 ] && [ -e "$OUT/trainer_cost.log" ]; then
     grep '^{' "$OUT/trainer_cost.log" > "$OUT/trainer_cost.json"
-    "$PY" -m bench._device_summary trainer-cost "$OUT/trainer_cost.json" >> "$SUMMARY" 2>&1
+    summarize trainer-cost "$OUT/trainer_cost.json"
 fi
 
 DEMOS=$(mktemp -d)
@@ -99,6 +105,6 @@ for run in "$DEV 1 8192" "$DEV 1 512" "cpu 2 512" "cpu 2 8192"; do
         --duration "$DEMO_S" --progress off --out "$DEMOS/$1-w$2-b$3"
 done
 # examples/s of each run, and the device's against the CPU demo's (2 workers)
-[ "$DRY" = 1 ] || "$PY" -m bench._device_summary demo "$DEMOS" "$DEV" >> "$SUMMARY" 2>&1
+[ "$DRY" = 1 ] || summarize demo "$DEMOS" "$DEV"
 rm -rf "$DEMOS"
-[ "$DRY" = 1 ] || cat "$SUMMARY"
+exit $FAILED

@@ -8,8 +8,11 @@ is made from records shaped as the bench and the demo write them.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +94,22 @@ def test_the_summary_reads_the_bench_and_demo_records(tmp_path):
 def test_the_summary_command_refuses_a_bad_call(argv, capsys):
     assert _device_summary.main(argv) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_a_run_out_of_time_skips_every_stage_says_so_and_fails(tmp_path):
+    """The run's own limit at 0: nothing heavy runs, every stage is named as skipped in the
+    summary, the summary still closes with each stage's records (none), and the exit status
+    says the checks are incomplete."""
+    env = {**os.environ, "PYTHON": sys.executable, "DEVICE_CHECKS_TOTAL_S": "0",
+           "DEVICE_CHECKS_WHEELS": str(tmp_path / "no-wheels")}
+    run = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr == ""
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith(f"python {platform.python_version()}, torch ")
+    assert summary[1].startswith("missing: ")
+    skipped = [line.split(":")[0] for line in summary if ": skipped, " in line]
+    assert skipped == list(_dry_run())
+    assert summary[-1] == "  no demo ran" and "  no records" not in summary
+    assert run.stdout.splitlines() == summary  # the same lines, live on stdout
