@@ -83,7 +83,7 @@ fi
 stage build 90 "$OUT/build.log" \
     "$PY" setup.py -q build_ext --inplace --build-temp build/device
 
-stage gpu-tests 120 "$OUT/gpu_tests.log" \
+stage gpu-tests 180 "$OUT/gpu_tests.log" \
     "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/deltastream \
     tests/integration/test_publisher.py
 [ "$DRY" = 0 ] && [ -e "$OUT/gpu_tests.log" ] && say "  $(tail -n 1 "$OUT/gpu_tests.log")"

@@ -43,7 +43,7 @@ def test_the_dry_run_lists_every_stage_in_order_within_one_device_call():
     assert list(_dry_run()) == ["build", "gpu-tests", "trainer-cost", "demo-cuda-w1-b8192",
                                 "demo-cuda-w1-b512", "demo-cpu-w2-b512", "demo-cpu-w2-b8192"]
     # the whole run's own limit (540 s) caps the stages; their typical times are far less
-    assert all(0 < s <= 150 for s in limits)
+    assert all(0 < s <= 180 for s in limits)
 
 
 def test_the_scripts_commands_parse_with_the_parsers_that_will_read_them():
