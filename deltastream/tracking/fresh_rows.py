@@ -78,14 +78,13 @@ class FreshRows:
         capacity: positions ``[0, capacity)`` (:meth:`grow` extends them).
     """
 
-    __slots__ = ("marks", "slot", "bits", "words", "bits_valid", "order", "arena", "used",
+    __slots__ = ("slot", "bits", "words", "bits_valid", "order", "arena", "used",
                  "numpy_rows", "owed", "overcount", "spares", "_late", "_arena_bytes",
                  "_arena_dtype", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
-        self.marks = torch.zeros(capacity, dtype=torch.int32)
-        self.slot = self.marks.numpy()
+        self.slot = np.zeros(capacity, dtype=np.int32)
         #: the C code's marks: bit ``p & 7`` of byte ``p >> 3`` set iff ``slot[p] != 0``
         #: (numpy does not keep them: ``bits_valid`` says whether they are up to date)
         self.bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
@@ -111,6 +110,12 @@ class FreshRows:
         #: arenas and owed-row buffers a reader of :meth:`take_unordered` gave back
         self.spares = SpareRows()
 
+    @property
+    def marks(self) -> torch.Tensor:
+        """``slot`` as a tensor (a view made on demand: a hand-off swaps ``slot`` for
+        another set per table, and a tensor made there would cost each one ~3 µs cold)."""
+        return torch.from_numpy(self.slot)
+
     def must_grow(self, capacity: int) -> bool:
         """Whether :meth:`grow` to ``capacity`` has work to do (asked at every lookup)."""
         return capacity > self.slot.size or (self.owed is not None and self.owed.walking)
@@ -121,13 +126,13 @@ class FreshRows:
         if not self.must_grow(capacity):
             return  # the common case: nothing to extend
         self.sync()
-        old = self.marks.numel()
+        old = self.slot.size
         if capacity > old:
-            marks = torch.zeros(capacity, dtype=torch.int32)
-            marks[:old] = self.marks
+            slot = np.zeros(capacity, dtype=np.int32)
+            slot[:old] = self.slot
             bits = np.zeros((capacity + 7) // 8, dtype=np.uint8)
             bits[:self.bits.size] = self.bits  # positions past the old capacity: clear
-            self.marks, self.slot, self.bits = marks, marks.numpy(), bits
+            self.slot, self.bits = slot, bits
             self.words = _words_for(bits)
         if self.owed is not None:
             self.owed.grow(capacity)  # the set it owes from
@@ -348,8 +353,8 @@ class FreshRows:
         with_ids = keys is not None or storage is not None
         # positions, ids and arena rows in one reused buffer (its column), sliced in numpy:
         # a torch slice costs ~10x a numpy one, and this runs per table in one tick
-        index = self.spares.take(3 * used, 1, torch.int64)
-        flat = index.numpy().reshape(-1)
+        index, flat = self.spares.take_viewed(3 * used, 1, torch.int64)
+        flat = flat.reshape(-1)
         pos, ids, at = flat[:used], flat[used:2 * used], flat[2 * used:3 * used]
         base, rows = self.arena, self.arena[:used]
         if storage is None:
@@ -376,7 +381,6 @@ class FreshRows:
             free = (np.zeros_like(self.slot), np.zeros_like(self.bits),
                     np.zeros_like(self.words))
         self.slot, self.bits, self.words = free
-        self.marks = torch.from_numpy(self.slot)
         return old
 
     def drain_unordered(self) -> tuple[np.ndarray, np.ndarray]:

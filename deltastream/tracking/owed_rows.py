@@ -136,7 +136,7 @@ class OwedRows:
         self.ids, self.positions, self.at = out
         dim, dtype = storage.shape[1], storage.dtype
         self._row_width = dim * storage.element_size()  # out's and early's rows alike
-        self.base = spares.take(n, dim, dtype)
+        self.base, base_view = spares.take_viewed(n, dim, dtype)
         rows, edim, edtype = self._early_key
         if edim != dim or edtype is not dtype or rows < n \
                 or (rows > 4 * n and rows * self._row_width > KEEP_BYTES):
@@ -144,7 +144,7 @@ class OwedRows:
             self._early_all = as_buffer(self.early)
             self._early_key = (self.early.shape[0], dim, dtype)
         self.out = self.base[:n]
-        self._out_bytes = head_rows(as_buffer(self.base), n, self._row_width)
+        self._out_bytes = head_rows(base_view, n, self._row_width)
         self._early_bytes = head_rows(self._early_all, n, self._row_width)
         self.storage = storage
         self.next, self.entry, self.left, self.walking = 0, 0, n, True

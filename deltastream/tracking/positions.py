@@ -116,18 +116,18 @@ class UniqueLookups(PendingLookups):
     when built, else numpy).
     """
 
-    __slots__ = ("fresh", "drained", "_ids_of")
+    __slots__ = ("fresh", "drained", "_ids_of", "_keys")
 
     def __init__(self, capacity: int, device: torch.device) -> None:
-        self.fresh: Optional[FreshRows] = None
-        super().__init__(0, device)  # the marks are the FreshRows'
         self.fresh = FreshRows(capacity)
-        self.marks = self.fresh.marks
+        PendingLookups.reset(self)  # nothing marked yet
         #: ``(ids, positions)`` of the last drain of a hashed table, aligned (None when a
         #: row was freed since: positions may then hold other ids)
         self.drained: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         #: ``(table, ascending, offset)`` of the last drain's table (see :meth:`_id_map`)
         self._ids_of: Optional[tuple[Any, bool, int]] = None
+        #: ``(position_ids tensor, its numpy view or None)`` (see :meth:`_keys_of`)
+        self._keys: Optional[tuple[torch.Tensor, Optional[np.ndarray]]] = None
 
     def _id_map(self, table: Any) -> tuple[bool, int]:
         """Whether ``table``'s ids are its positions (``ids_ascending``) and their offset,
@@ -139,16 +139,29 @@ class UniqueLookups(PendingLookups):
             got = self._ids_of = (table, asc, int(getattr(table, "offset", 0)) if asc else 0)
         return got[1], got[2]
 
+    def _keys_of(self, held: torch.Tensor) -> Optional[np.ndarray]:
+        """``held`` (a hash table's ``position_ids()``) as numpy, or None when it is not a
+        contiguous CPU array over every marked position. The view is kept while the table
+        hands out the same tensor (until it grows): the checks cost ~5 µs a table cold."""
+        got = self._keys
+        if got is None or got[0] is not held:
+            ok = held.device.type == "cpu" and held.is_contiguous()
+            got = self._keys = (held, held.numpy() if ok else None)
+        view = got[1]
+        return view if view is not None and view.size >= self.fresh.slot.size else None
+
+    @property
+    def marks(self) -> torch.Tensor:  # the FreshRows' (not the base class's bool scratch)
+        return self.fresh.marks
+
     def reset(self) -> None:
         super().reset()
-        if self.fresh is not None:
-            self.fresh.clear()
+        self.fresh.clear()
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions, keeping the marks set (a table that grew between
         two flushes)."""
         self.fresh.grow(capacity)
-        self.marks = self.fresh.marks
 
     def add(self, positions: torch.Tensor, weight: Optional[torch.Tensor] = None,
             rows: Optional[torch.Tensor] = None, later: bool = False,
@@ -205,18 +218,14 @@ class UniqueLookups(PendingLookups):
         keys = None
         ascending, offset = self._id_map(table)
         if not ascending:  # a hash table: the id held at each position (else position + offset)
-            held = table.position_ids()
-            if held.device.type == "cpu" and held.is_contiguous() \
-                    and held.numel() >= self.fresh.slot.size:
-                keys = held.numpy()
-            else:  # not every position's id at hand: drained now, mapped by ids_at
+            keys = self._keys_of(table.position_ids())
+            if keys is None:  # not every position's id at hand: drained now, mapped by ids_at
                 storage = None
         got = self.fresh.take_unordered(storage, keys, offset)
         if got is None:
             return None
         ids, pos = got[0], got[1]
         self.drained = None
-        self.marks = self.fresh.marks  # a new set when the marks were handed over
         PendingLookups.reset(self)  # the marks are clear already
         return (table.ids_at(pos) if ids is None else ids, *got[1:])
 

@@ -30,6 +30,7 @@ reads, which return device tensors (no host copy).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
@@ -55,6 +56,10 @@ _UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: U
 #: last merge plus this many, they are merged (sorted and deduplicated: a device sync, once
 #: per this many rows at least), so memory stays proportional to the distinct rows.
 RAW_MERGE_MIN = 1 << 20
+#: seconds :meth:`Recorder.capture` reuses :func:`~.fresh_rows.spare_core`'s answer for: it
+#: is asked once per hand-off, and its syscall, environment read and torch call cost ~25 µs
+#: on a tick's cold cache (a change of threads or affinity shows within this time)
+SPARE_CORE_TTL_S = 1.0
 
 #: counters the recorder keeps (the tracker adds them to ``stats()``)
 COUNTERS = ("lookups_recorded", "ids_recorded", "lookups_paused", "lookups_eval_skipped",
@@ -127,6 +132,7 @@ class Recorder:
         self.row_maps: dict[str, Any] = {}  # position -> id map of each pending table
         self.scans: dict[str, DriftScan] = {}  # scan-path tables' shadows
         self._next_bound_check = 0
+        self._spare_core = (float("-inf"), False)  # (valid until, spare_core's answer)
         self._merged_rows: dict[str, int] = {}  # rows held after a raw table's last merge
         self._warned_degraded: set[str] = set()
         self._warned_over = False
@@ -389,9 +395,9 @@ class Recorder:
         ``lane`` False and ``max_positions`` 0 (left to a later call)."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
-        # asked once per hand-off (a syscall, ~30 us cold): once queued, a walk needs no answer
+        # asked once per hand-off at most: once queued, a walk needs no answer
         spare = max_positions is not None and any(not f.walk_queued for f in owing) \
-            and fresh_rows.spare_core()
+            and self._spare()
         for f in owing:
             on_lane = f.walk_queued  # its positions are the lane's, not this thread's
             if max_positions is not None and max_positions <= 0:
@@ -402,6 +408,15 @@ class Recorder:
             if max_positions is not None and not on_lane:
                 max_positions -= walked
         return not any(f.owes for f in owing)
+
+    def _spare(self) -> bool:
+        """:func:`~.fresh_rows.spare_core`, asked at most once per :data:`SPARE_CORE_TTL_S`."""
+        until, answer = self._spare_core
+        now = time.monotonic()
+        if now >= until:
+            answer = fresh_rows.spare_core()
+            self._spare_core = (now + SPARE_CORE_TTL_S, answer)
+        return answer
 
     def sync_lookups(self) -> None:
         """Wait for every lookup's marking left on the lane thread (before rows change)."""

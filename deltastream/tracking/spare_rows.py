@@ -19,7 +19,10 @@ import threading
 from collections import deque
 from typing import Optional
 
+import numpy as np
 import torch
+
+from deltastream.tensor_views import as_buffer
 
 __all__ = ["SpareRows"]
 
@@ -41,11 +44,14 @@ class SpareRows:
     Any thread may call either (a lock, held for a few list operations: uncontended but
     for the rare hand-off given back while the next interval takes its first buffer).
     Each buffer is kept with its shape, dtype and size as plain values: a take compares
-    those, not tensor attributes (microseconds each on a cold cache, in a tick)."""
+    those, not tensor attributes (microseconds each on a cold cache, in a tick); and with
+    its :func:`~deltastream.tensor_views.as_buffer` view, made where it is given back
+    (the reader's thread), which :meth:`take_viewed` hands out with it."""
 
     def __init__(self, keep: int = 8) -> None:
-        #: ``(rows, dim, dtype, bytes, buffer)``, oldest first
-        self._back: deque[tuple[int, int, torch.dtype, int, torch.Tensor]] = deque(maxlen=keep)
+        #: ``(rows, dim, dtype, bytes, buffer, view)``, oldest first
+        self._back: deque[tuple[int, int, torch.dtype, int, torch.Tensor, np.ndarray]] = \
+            deque(maxlen=keep)
         self._lock = threading.Lock()
         self.reused = 0  #: buffers taken from the given-back ones
         self.allocated = 0  #: buffers allocated because none fit
@@ -56,7 +62,8 @@ class SpareRows:
     def give_back(self, *buffers: Optional[torch.Tensor]) -> None:
         """Buffers nobody reads or writes any more (2-D CPU tensors; None is skipped, and
         so are buffers over :data:`MAX_BYTES`)."""
-        kept = [(b.shape[0], b.shape[1], b.dtype, b.numel() * b.element_size(), b)
+        kept = [(b.shape[0], b.shape[1], b.dtype, b.numel() * b.element_size(), b,
+                 as_buffer(b))
                 for b in buffers if b is not None and b.dim() == 2 and b.device.type == "cpu"]
         with self._lock:
             self._back.extend(k for k in kept if k[3] <= MAX_BYTES)
@@ -69,17 +76,23 @@ class SpareRows:
         small), else a new one of ``rows`` rounded up to a power of two (so that the next,
         slightly larger, interval fits it). The others stay for later takes (an arena and
         a hand-off's current rows differ in size)."""
+        return self.take_viewed(rows, dim, dtype)[0]
+
+    def take_viewed(self, rows: int, dim: int, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, np.ndarray]:
+        """:meth:`take`'s buffer and its :func:`~deltastream.tensor_views.as_buffer` view."""
         with self._lock:
             best = None
-            for i, (r, d, dt, nbytes, _) in enumerate(self._back):
+            for i, (r, d, dt, nbytes, _, _) in enumerate(self._back):
                 if d == dim and dt == dtype and rows <= r and (
                         r <= SLACK * max(rows, 1) or nbytes <= SMALL_BYTES) and (
                         best is None or r < self._back[best][0]):
                     best = i
             if best is not None:
-                buf = self._back[best][4]
+                got = self._back[best]
                 del self._back[best]
                 self.reused += 1
-                return buf
+                return got[4], got[5]
         self.allocated += 1
-        return torch.empty((1 << max(0, rows - 1).bit_length(), dim), dtype=dtype)
+        buf = torch.empty((1 << max(0, rows - 1).bit_length(), dim), dtype=dtype)
+        return buf, as_buffer(buf)

@@ -114,3 +114,21 @@ def test_a_drain_maps_ids_by_the_table_it_is_given_not_the_one_before(fresh_path
     assert ids.tolist() == [10, 30] and states.flatten().tolist() == [1.0, 4.0]
     p.add(torch.tensor([3]), w)
     assert p.drain(_Rows(), with_states=True)[0].tolist() == [103]
+
+
+def test_an_unordered_drain_reads_the_ids_the_table_holds_now(fresh_path):
+    """A hash table's ids per position are read through a numpy view kept between drains
+    while the table hands out the same ``position_ids`` tensor: one it replaced (same size,
+    other ids: a reload, a move) is read anew."""
+    if fresh_path != "native":
+        pytest.skip("an unordered drain is the C code's")
+    p = UniqueLookups(6, torch.device("cpu"))
+    w = torch.arange(6, dtype=torch.float32).reshape(6, 1)
+    table = _Hashed([50, 10, 40, 20, 30, 60])
+    for ids in ([50, 10, 40, 20, 30, 60], [50, 10, 40, 20, 30, 60], [5, 1, 4, 2, 3, 6]):
+        table.ids = torch.tensor(ids) if ids[0] != table.ids[0] else table.ids
+        p.add(torch.tensor([4, 1]), w)
+        got = p.drain_unordered(table, w)
+        p.fresh.settle()  # the owed rows' walk writes the ids
+        assert sorted(got[0].tolist()) == sorted([ids[1], ids[4]])
+        got[-1]()

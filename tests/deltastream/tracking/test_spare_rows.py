@@ -85,3 +85,13 @@ def test_give_back_from_other_threads_while_the_owner_takes():
     assert all(g.shape[0] >= 32 and g.shape[1] == 4 for g in got)
     assert len({id(g) for g in got}) == len(got)  # no buffer handed out twice
     assert s.reused > 0 and len(s) <= 8
+
+
+def test_take_viewed_hands_out_the_buffers_own_memory_kept_with_it():
+    s = SpareRows()
+    a, view = s.take_viewed(10, 4, torch.float32)
+    view[3, 2] = 7.0  # the view is the buffer's memory, not a copy
+    assert a[3, 2] == 7.0
+    s.give_back(a)
+    b, again = s.take_viewed(10, 4, torch.float32)  # given back: the same buffer and memory
+    assert b is a and again[3, 2] == 7.0 and again.ctypes.data == a.data_ptr()

@@ -79,6 +79,28 @@ def test_the_unordered_read_finishes_into_get_deltas_rows():
     assert ("item", "DeltaRows") in kinds  # nn.Embedding with SGD: the scan, as before
 
 
+def test_the_unordered_read_follows_a_hash_table_that_grew_between_reads():
+    """Each read maps positions to ids through the table's ``position_ids``, whose numpy
+    view the tracker keeps between reads: after the table grew (a new array) the read
+    still equals get_delta's on a twin."""
+    twins = _twins()
+    (ta, a), (tb, b) = twins
+    user = tb.net.user
+    seen = []
+    for interval in range(5):
+        ids = (torch.arange(600) + 600 * interval) * 7919 + 11  # all new: the table grows
+        for t, tracker in twins:
+            t.step(ids, torch.arange(8), [tracker])
+            t.step(ids[::3], torch.arange(8), [tracker])  # repeats
+        seen.append(user.position_ids())
+        want, got = a.get_delta("p"), b.get_delta_unordered("p")
+        d = got["user"]
+        assert isinstance(d, UnorderedRows)
+        assert torch.equal(user.ids_at(d.positions), d.ids)
+        _same(d.finish()[0], want["user"])
+    assert len({id(x) for x in seen}) > 1  # it grew: position_ids was replaced
+
+
 def test_raw_rows_finish_into_unique_rows_with_their_first_states():
     """An accelerator's read as recorded: each id once with its first occurrence's state,
     ``new`` from the inserted ids, tombstones once and only for ids not live again."""
@@ -332,4 +354,26 @@ def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatc
     for fqn, r in d.items():
         assert r.ids.numel() == rows
         assert torch.equal(r.current, at_read[fqn][r.positions])
+    tr.close()
+
+
+@pytest.mark.parametrize("ttl,asks", [(60.0, 1), (0.0, 3)])
+def test_whether_a_core_is_spare_is_asked_once_per_ttl_not_per_hand_off(monkeypatch, ttl,
+                                                                         asks):
+    """Its answer costs ~25 µs on a tick's cold cache (a syscall, the environment, torch):
+    three hand-offs within ``SPARE_CORE_TTL_S`` ask once; with no TTL, each asks."""
+    from deltastream import HashTable
+
+    calls = []
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: calls.append(1) or True)
+    monkeypatch.setattr(recorder, "SPARE_CORE_TTL_S", ttl)
+    table = HashTable(16, name="f", capacity=4000)
+    tr = DeltaTracker(torch.nn.ModuleList([table]), consumers=["p"], mode=EMB)
+    for k in range(3):
+        table(torch.arange(100 * k, 100 * k + 500))
+        tr.step()
+        tr.get_delta_unordered("p", owe={"0": table.storage.detach()})
+        tr.capture_rows(0)  # queues the walk on the lane: asks (or reuses) the answer
+        assert tr.capture_rows(None)
+    assert len(calls) == asks
     tr.close()
