@@ -142,7 +142,8 @@ class UniqueLookups(PendingLookups):
     def _keys_of(self, held: torch.Tensor) -> Optional[np.ndarray]:
         """``held`` (a hash table's ``position_ids()``) as numpy, or None when it is not a
         contiguous CPU array over every marked position. The view is kept while the table
-        hands out the same tensor (until it grows): the checks cost ~5 µs a table cold."""
+        hands out the same tensor (until it grows): the checks cost ~5 µs a table cold. A
+        grown table's old array is held until the next drain reads the new one."""
         got = self._keys
         if got is None or got[0] is not held:
             ok = held.device.type == "cpu" and held.is_contiguous()

@@ -395,7 +395,7 @@ class Recorder:
         ``lane`` False and ``max_positions`` 0 (left to a later call)."""
         owing = [p.fresh for p in self.pending.values()
                  if isinstance(p, UniqueLookups) and p.fresh.owes]
-        # asked once per hand-off at most: once queued, a walk needs no answer
+        # asked only while a walk is still to queue, at most once per SPARE_CORE_TTL_S
         spare = max_positions is not None and any(not f.walk_queued for f in owing) \
             and self._spare()
         for f in owing:
