@@ -353,8 +353,8 @@ class FreshRows:
         with_ids = keys is not None or storage is not None
         # positions, ids and arena rows in one reused buffer (its column), sliced in numpy:
         # a torch slice costs ~10x a numpy one, and this runs per table in one tick
-        index, flat = self.spares.take_viewed(3 * used, 1, torch.int64)
-        flat = flat.reshape(-1)
+        index, view = self.spares.take_viewed(3 * used, 1, torch.int64)
+        flat = view.reshape(-1)
         pos, ids, at = flat[:used], flat[used:2 * used], flat[2 * used:3 * used]
         base, rows = self.arena, self.arena[:used]
         if storage is None:
