@@ -55,8 +55,9 @@ class TableHandoff:
     :class:`~deltastream.tracking.rows.UnorderedRows`): ids in storage order, ``current``
     aligned with them, ``first`` the tracker's arena (``first_at[i]`` the row of
     ``ids[i]``), ``new`` None, ``inserted`` the interval's inserted ids (None: a table
-    without ``new``); the worker works out ``new`` and the live tombstones
-    (:meth:`live`), not the training thread, and merges the rows in that order.
+    without ``new``), it and ``tombstones`` as recorded (repeats kept, any order); the
+    worker works out ``new`` and the live tombstones (:meth:`live`), not the training
+    thread, and merges the rows in that order.
     ``give_back`` (None: nothing to give): called once ``first`` and ``current`` are read
     (merged, or copied for the worker process: :meth:`rows_read`), it lets the tracker
     reuse their memory for a later interval. ``repeats``
@@ -95,9 +96,17 @@ class TableHandoff:
         ids, where = first_occurrences(self.ids)
         self.ids, self.first = ids, self.first.index_select(0, where)
         self.current = self.current.index_select(0, where)
-        self.tombstones = None if self.tombstones is None else torch.unique(self.tombstones)
-        self.inserted = None if self.inserted is None else torch.unique(self.inserted)
+        self._unique_ids()
         self.repeats = False
+
+    def _unique_ids(self) -> None:
+        """Make ``tombstones`` and ``inserted`` ascending and unique: a hand-off not
+        ``ordered`` carries them as the tracker recorded them (their sort is the
+        worker's, not the training thread's)."""
+        if self.tombstones is not None:
+            self.tombstones = torch.unique(self.tombstones)
+        if self.inserted is not None:
+            self.inserted = torch.unique(self.inserted)
 
     def live(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """``(new, tombstones)`` for a merge: ``new`` bool ``[n]`` aligned with ``ids``
@@ -107,6 +116,7 @@ class TableHandoff:
         merge does not need them sorted."""
         if self.ordered:
             return self.new, self.tombstones
+        self._unique_ids()
         new = None
         if self.inserted is not None:
             new = member(self.inserted, self.ids)[0] if self.inserted.numel() \

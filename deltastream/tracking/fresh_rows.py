@@ -79,8 +79,8 @@ class FreshRows:
     """
 
     __slots__ = ("slot", "bits", "words", "bits_valid", "order", "arena", "used",
-                 "numpy_rows", "owed", "overcount", "spares", "_late", "_arena_bytes",
-                 "_arena_dtype", "_src_key", "_src_bytes")
+                 "numpy_rows", "owed", "overcount", "forgotten", "spares", "_late",
+                 "_arena_bytes", "_arena_dtype", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -105,6 +105,9 @@ class FreshRows:
         #: ids of markings run later minus their new positions (:meth:`sync` adds, the
         #: caller that counted a later marking as its ids takes it back)
         self.overcount = 0
+        #: marked positions unmarked since the drain (:meth:`forget`): the C code's marked
+        #: positions are ``used - forgotten``
+        self.forgotten = 0
         #: (marking, ids) of an :meth:`add` running on the C extension's lane thread
         self._late: Optional[tuple] = None
         #: arenas and owed-row buffers a reader of :meth:`take_unordered` gave back
@@ -197,6 +200,25 @@ class FreshRows:
         if self.owed is not None and self.owed.left:  # before the update: the owed value
             self.owed.on_lookup(native if native_enabled() else None, q, src, by_occurrence)
         return new
+
+    def forget(self, positions: np.ndarray) -> int:
+        """Unmark ``positions`` (int64 ``[k]``: rows being freed, their ids evicted): their
+        FIRST rows are void, and a later lookup of a position reused by
+        another id marks it afresh with that id's row. The other marks stay: their
+        positions keep their ids. Returns how many were marked. Work in ``k``, not in the
+        marks: an eviction no longer turns the interval's marks into a sorted record."""
+        self.sync()
+        if not self.used or positions.size == 0:
+            return 0
+        p = positions[(positions >= 0) & (positions < self.slot.size)]
+        hit = np.unique(p[self.slot[p] != 0])  # each counted once
+        if hit.size:
+            self.slot[hit] = 0
+            if self.bits_valid:  # a word's bit may stay set (the drain skips it)
+                np.bitwise_and.at(self.bits, hit >> 3,
+                                  ~np.left_shift(1, hit & 7).astype(np.uint8))
+            self.forgotten += int(hit.size)
+        return int(hit.size)
 
     def sync(self) -> None:
         """Wait for the marking an :meth:`add` left on the lane thread, if any."""
@@ -351,21 +373,27 @@ class FreshRows:
         if not used or self.numpy_rows or not native_enabled() or self.arena is None:
             return None
         with_ids = keys is not None or storage is not None
+        marked = used - self.forgotten  # the C code kept no repeats
+        if not marked:
+            storage = None  # every mark forgotten: nothing to owe
         # positions, ids and arena rows in one reused buffer (its column), sliced in numpy:
-        # a torch slice costs ~10x a numpy one, and this runs per table in one tick
-        index, view = self.spares.take_viewed(3 * used, 1, torch.int64)
+        # a torch slice costs ~10x a numpy one, and this runs per table in one tick. The
+        # walk of owed rows writes one entry per mark; the drain wants room for an entry
+        # per arena row
+        n = used if storage is None else marked
+        index, view = self.spares.take_viewed(3 * n, 1, torch.int64)
         flat = view.reshape(-1)
-        pos, ids, at = flat[:used], flat[used:2 * used], flat[2 * used:3 * used]
+        pos, ids, at = flat[:n], flat[n:2 * n], flat[2 * n:3 * n]
         base, rows = self.arena, self.arena[:used]
         if storage is None:
             k = native.drain_marked(self.slot, self.bits, None, pos, None, at, self.words,
                                     keys, None if keys is None else ids)
             current, pos, at, ids = None, pos[:k], at[:k], ids[:k]
-        else:  # the C code kept no repeats: used positions are marked
+        else:
             if self.owed is None:
                 self.owed = OwedRows()
-            current = self.owed.start(self._hand_over_marks(), used, storage, self.spares,
-                                      (ids, pos, at), keys, offset)
+            current = self.owed.start(self._hand_over_marks(), marked, storage, self.spares,
+                                      (ids, pos, at), keys, offset, used)
         self.arena, self._arena_bytes = None, None
         self._drained(used)
         lent = (base, None if current is None else self.owed.base, index)
@@ -414,6 +442,7 @@ class FreshRows:
         self.used = 0
         self.numpy_rows = False
         self.overcount = 0
+        self.forgotten = 0
 
     def _drained(self, used: int) -> None:
         """After a drain of ``used`` arena rows: nothing is marked; an arena (and order)

@@ -115,7 +115,7 @@ class ModelHooks:
                 self._handles.append(mod.register_update_hook(eager(
                     lambda table: self._before_update())))
                 self._lane.add(fqn)
-            cb = eager(lambda table, positions: self._flush(fqn))
+            cb = eager(lambda table, positions: self._rows_freed(fqn, positions))
             self._row_listeners.append(cb)  # the table holds it weakly
             mod.register_row_listener(cb)
         else:
@@ -215,13 +215,13 @@ class ModelHooks:
         with self._lock:
             self._rec.record_positions(fqn, positions, rows)
 
-    def _flush(self, fqn: str) -> None:
-        # Rows are being freed: their positions may be reused by the next insert, so the
-        # marks must become ids now (the table still knows which id each position held),
-        # and rows a hand-off owes are copied while they still hold their values.
+    def _rows_freed(self, fqn: str, positions: Optional[torch.Tensor]) -> None:
+        # Rows are being freed: their positions may be reused by the next insert, so their
+        # marks go now (Recorder.rows_freed), and rows a hand-off owes are copied while
+        # they still hold their values.
         with self._lock:
             self._rec.settle_all()
-            self._rec.flush(fqn)
+            self._rec.rows_freed(fqn, positions)
 
     def _on_insert(self, fqn: str, ids: torch.Tensor) -> None:
         with self._lock:

@@ -17,9 +17,10 @@
  *       position order. Each set bit's position p, r = |owed[p]| - 1: out's entry is src
  *       row p when owed (owed[p] > 0), else early row r (where capture_owed copied it);
  *       pos_out = p, at_out = r, ids_out = keys[p] (keys: int64, the id at each position)
- *       or without keys p + offset; owed[p] and the bits walked are cleared. out and early
- *       hold one row per entry. A bit whose entry names no row is a ValueError (the words
- *       before it stay walked).
+ *       or without keys p + offset; owed[p] and the bits walked are cleared. out holds one
+ *       row per entry, early at least as many (one per arena row: a mark forgotten when
+ *       its row was freed leaves its arena row unnamed). A bit whose entry names no row is
+ *       a ValueError (the words before it stay walked).
  */
 #include "native_tracking.h"
 #include "../native_rows.h"
@@ -160,10 +161,11 @@ int walk_setup(PyObject *args, Bufs *bs, Walk *st) {
                      ats->len / 8, j);
         return -1;
     }
-    if (rb <= 0 || src->len % rb || out->len != n * rb || early->len != n * rb) {
+    if (rb <= 0 || src->len % rb || out->len != n * rb || early->len % rb ||
+        early->len < n * rb) {
         PyErr_Format(PyExc_ValueError, "src (%zd bytes), early (%zd) and out (%zd) are not "
-                     "rows of %zd bytes, early and out one per entry (%zd)", src->len,
-                     early->len, out->len, rb, n);
+                     "rows of %zd bytes, out one per entry (%zd), early at least as many",
+                     src->len, early->len, out->len, rb, n);
         return -1;
     }
     Py_ssize_t nb = bits->len;
@@ -172,7 +174,7 @@ int walk_setup(PyObject *args, Bufs *bs, Walk *st) {
                  .from = (const uint8_t *)src->buf, .ear = (const uint8_t *)early->buf,
                  .kin = keys ? (const int64_t *)keys->buf : NULL, .ko = (int64_t *)ids->buf,
                  .po = (int64_t *)pos->buf, .ao = (int64_t *)ats->buf, .n = n, .nb = nb,
-                 .nw = (nb + 7) / 8, .src_rows = src->len / rb,
+                 .nw = (nb + 7) / 8, .src_rows = src->len / rb, .early_rows = early->len / rb,
                  .n_keys = keys ? keys->len / 8 : 0, .rb = rb, .w = word < 0 ? 0 : word,
                  .j = j, .max_pos = max_pos, .offset = offset};
     return 0;
@@ -225,11 +227,12 @@ int walk_run(Walk *st, int (*yield)(void)) {
                 Py_ssize_t p = b * 8 + __builtin_ctzll(v);
                 /* a lookup may negate the entry meanwhile: its magnitude stays */
                 int64_t e = __atomic_load_n(o + p, __ATOMIC_ACQUIRE), r = (e < 0 ? -e : e) - 1;
-                if (r < 0 || r >= st->n || st->j + m >= st->n || p >= st->src_rows ||
+                if (r < 0 || r >= st->early_rows || st->j + m >= st->n || p >= st->src_rows ||
                     (st->kin && p >= st->n_keys)) {
                     snprintf(st->err, sizeof st->err, "owed: position %zd names row %lld of "
-                             "a %zd-row out, entry %zd (src %zd rows, keys %zd)", p,
-                             (long long)r, st->n, st->j + m, st->src_rows, st->n_keys);
+                             "a %zd-row early, entry %zd of %zd (src %zd rows, keys %zd)", p,
+                             (long long)r, st->early_rows, st->j + m, st->n, st->src_rows,
+                             st->n_keys);
                     st->w = w;
                     return -1;
                 }

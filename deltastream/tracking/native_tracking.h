@@ -55,7 +55,7 @@ typedef struct {
     const uint8_t *from, *ear;
     const int64_t *kin;
     int64_t *ko, *po, *ao;
-    Py_ssize_t n, nb, nw, src_rows, n_keys, rb;
+    Py_ssize_t n, nb, nw, src_rows, n_keys, rb, early_rows;
     Py_ssize_t w, j, max_pos;   /* the next word, the next entry, the positions to walk */
     Py_ssize_t walked, copied;  /* so far */
     long long offset;

@@ -118,10 +118,12 @@ class OwedRows:
 
     def start(self, marks: Marks, n: int, storage: torch.Tensor, spares: SpareRows,
               out: tuple[np.ndarray, np.ndarray, np.ndarray],
-              keys: Optional[np.ndarray] = None, offset: int = 0) -> torch.Tensor:
+              keys: Optional[np.ndarray] = None, offset: int = 0,
+              arena_rows: Optional[int] = None) -> torch.Tensor:
         """Owe the current rows of the ``n`` positions marked in ``marks`` (the interval's
         ``(slot, bits, words)``, handed over: ``slot[p] - 1`` is position ``p``'s arena
-        row) as they are in ``storage`` (the table's ``[capacity, dim]`` rows) now.
+        row, below ``arena_rows``: ``n`` when None; more where marks were forgotten) as
+        they are in ``storage`` (the table's ``[capacity, dim]`` rows) now.
         ``out``: ``(ids, positions, at)`` (int64 ``[n]`` each), written as the walk goes:
         the id held at each position (``keys[p]``, keys int64 ``[capacity]``; without keys
         ``p + offset``: a position holds its id until a row is freed, and anything that
@@ -137,15 +139,16 @@ class OwedRows:
         dim, dtype = storage.shape[1], storage.dtype
         self._row_width = dim * storage.element_size()  # out's and early's rows alike
         self.base, base_view = spares.take_viewed(n, dim, dtype)
+        need = n if arena_rows is None else max(n, arena_rows)  # early: a row per arena row
         rows, edim, edtype = self._early_key
-        if edim != dim or edtype is not dtype or rows < n \
-                or (rows > 4 * n and rows * self._row_width > KEEP_BYTES):
-            self.early = torch.empty((1 << max(0, n - 1).bit_length(), dim), dtype=dtype)
+        if edim != dim or edtype is not dtype or rows < need \
+                or (rows > 4 * need and rows * self._row_width > KEEP_BYTES):
+            self.early = torch.empty((1 << max(0, need - 1).bit_length(), dim), dtype=dtype)
             self._early_all = as_buffer(self.early)
             self._early_key = (self.early.shape[0], dim, dtype)
         self.out = self.base[:n]
         self._out_bytes = head_rows(base_view, n, self._row_width)
-        self._early_bytes = head_rows(self._early_all, n, self._row_width)
+        self._early_bytes = head_rows(self._early_all, need, self._row_width)
         self.storage = storage
         self.next, self.entry, self.left, self.walking = 0, 0, n, True
         return self.out
@@ -245,10 +248,12 @@ class OwedRows:
             e = self.owed[p].astype(np.int64)
             r = np.abs(e) - 1
             j = self.entry + walked
-            if p.size and (int(r.min()) < 0 or int(r.max()) >= self.at.size
+            early_rows = self._early_bytes.nbytes // self._row_width
+            if p.size and (int(r.min()) < 0 or int(r.max()) >= early_rows
                            or j + p.size > self.at.size):
-                raise ValueError("owed: a marked position names no row of the "
-                                 f"{self.at.size}-row out")
+                raise ValueError(f"owed: a marked position names no row of the "
+                                 f"{early_rows}-row early, or no entry of the "
+                                 f"{self.at.size}-entry out")
             own = e > 0
             rows = torch.where(torch.from_numpy(own)[:, None],
                                self.storage.index_select(0, torch.from_numpy(p)),

@@ -191,6 +191,14 @@ class UniqueLookups(PendingLookups):
         if src is not None:
             self.n_states += k
 
+    def forget(self, positions: torch.Tensor) -> None:
+        """Rows at ``positions`` (int64 CPU ``[k]``) are being freed: their marks go
+        (:meth:`FreshRows.forget`); the other marks keep their ids."""
+        k = self.fresh.forget(positions.numpy())
+        self.drained = None  # positions may now hold other ids
+        self.n = max(0, self.n - k)
+        self.n_states = max(0, self.n_states - k)
+
     def drain(self, table: Any, with_states: bool
               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """:meth:`PendingLookups.drain`: the ids ascending, their FIRST states gathered once

@@ -254,11 +254,27 @@ class Recorder:
         self.news.append(self.idx, fqn, ids)
         self.counts["inserted"] += int(ids.numel())
 
+    def rows_freed(self, fqn: str, positions: Optional[torch.Tensor]) -> None:
+        """Table ``fqn`` is freeing the rows at ``positions`` (int64 ``[k]``; None:
+        every row), whose ids are evicted: their positions may be reused by the next insert.
+        A table that keeps each position once (:class:`UniqueLookups`) on the CPU forgets
+        just their marks, in O(k); any other has its lookups flushed into the store now,
+        while the table still knows which id each position held."""
+        p = self.pending.get(fqn)
+        if isinstance(p, UniqueLookups) and positions is not None \
+                and positions.device.type == "cpu":
+            p.forget(positions.to(torch.int64))
+        else:
+            self.flush(fqn)
+
     def record_evict(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids evicted from a dynamic table: their touches are void, they become tombstones.
         (The tracker drops them from retained rows.) On CUDA this syncs (the flush and the
         discard have data-dependent sizes), as the eviction itself does."""
-        self.flush(fqn)  # touches before the eviction are in the store
+        if not isinstance(self.pending.get(fqn), UniqueLookups):
+            # touches before the eviction are in the store (a UniqueLookups' marks of the
+            # freed rows were forgotten as they were freed: rows_freed)
+            self.flush(fqn)
         # A later re-insert + lookup records the id afresh (after this point).
         self.touched.discard(fqn, ids)
         self.news.discard(fqn, ids)

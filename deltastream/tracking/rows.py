@@ -173,8 +173,9 @@ class UnorderedRows:
 
     ``ids`` int64 ``[n]`` unique, in no id order; ``positions`` int64 ``[n]`` their storage
     rows (valid until the table frees a row); ``arena`` ``[>= n, dim]`` FIRST rows, row
-    ``at[i]`` (int64 ``[n]``) that of ``ids[i]``; ``tombstones`` / ``news`` int64
-    ascending ids evicted / inserted in the interval (``dynamic`` tables report ``new``);
+    ``at[i]`` (int64 ``[n]``) that of ``ids[i]``; ``tombstones`` / ``news`` int64 ids
+    evicted / inserted in the interval, as recorded (repeats kept, in no id order: the
+    reader sorts them) (``dynamic`` tables report ``new``);
     ``current`` ``[n, dim]`` (aligned with ``ids``) receives their current rows as the
     tracker captures them (``DeltaTracker.capture_rows``; a hash table's ``ids`` are
     filled then too), or None (not asked for). ``give_back()`` (any thread; None: nothing
@@ -196,8 +197,8 @@ class UnorderedRows:
 
     def finish(self) -> tuple[DeltaRows, torch.Tensor]:
         """:func:`order_rows` of these rows."""
-        return order_rows(self.ids, self.arena, self.at, self.tombstones, self.news,
-                          self.dynamic)
+        return order_rows(self.ids, self.arena, self.at, torch.unique(self.tombstones),
+                          torch.unique(self.news), self.dynamic)
 
 
 def order_rows(ids: torch.Tensor, arena: torch.Tensor, at: torch.Tensor,

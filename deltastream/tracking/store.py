@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -178,6 +179,10 @@ def _merge_runs(runs: list[_Run], mode: UpdateMode,
         start += size
     rank = chosen.cumsum(0).sub_(1)
     return out_ids, staged.index_select(0, rank.index_select(0, src))
+
+
+#: the ids of a table no record ever named (a shared empty tensor: never written)
+_NO_IDS = torch.empty(0, dtype=torch.int64)
 
 
 def _as_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
@@ -488,6 +493,18 @@ class DeltaStore:
         if not keep:
             return ids, None
         return ids, torch.cat([r.states for r in runs]) if len(runs) > 1 else runs[0].states
+
+    def take_ids(self, fqns: Iterable[str], from_idx: int = 0) -> dict[str, torch.Tensor]:
+        """``{fqn: ids}``: :meth:`raw_since`'s ids of each table of ``fqns``, the records
+        taken: int64, repeats kept, in recording order; empty (on the table's device) where
+        there is no such record. One call for many tables: most have no record."""
+        out = {}
+        for fqn in fqns:
+            t = self._tables.get(fqn)
+            got = self.raw_since(fqn, from_idx, take=True) if t is not None and t.runs else None
+            out[fqn] = got[0] if got is not None else \
+                _NO_IDS if t is None else self._empty(t, False).ids
+        return out
 
     def discard(self, fqn: str, ids: torch.Tensor) -> int:
         """Remove ``ids`` from every record of ``fqn`` (e.g. evicted rows). Returns rows removed."""

@@ -296,14 +296,19 @@ class DeltaTracker:
         rec = self._rec
         end = rec.idx + 1
         start = max(self._cursor.values())
-        # tables read as recorded keep their records as they are (other consumers merge them)
-        skip = frozenset(f for f, r in raw.items() if isinstance(r, RawRows))
+        frm = self._cursor[c]
+        # tables read as recorded keep their records as they are (other consumers merge
+        # them); a table drained unordered (its only consumer's) takes its evictions and
+        # inserts as recorded too: their sort is the reader's (UnorderedRows.finish), not
+        # this thread's — a few ms a hand-off at 26 tables while new ids keep arriving
+        skip = frozenset(raw)
+        unordered = [f for f, r in raw.items() if not isinstance(r, RawRows)]
+        evicted, inserted = rec.tombs.take_ids(unordered, frm), rec.news.take_ids(unordered, frm)
         if start < end:  # the interval nobody has read yet becomes one record
             rec.compact(start, end, skip)
-        frm = self._cursor[c]
         # none of raw's tables is read from the touched store: those read as recorded keep
         # their records, and one is drained unordered only while it has none there
-        touched = rec.touched.get_unique(frm, frozenset(raw))
+        touched = rec.touched.get_unique(frm, skip)
         tombs = rec.tombs.get_unique(frm, skip)
         news = rec.news.get_unique(frm, skip)
         carry = self._carry[c]
@@ -314,7 +319,7 @@ class DeltaTracker:
                 out[fqn] = raw[fqn]
             elif fqn in raw:
                 ids, pos, at, arena, current, give_back = raw[fqn]
-                out[fqn] = UnorderedRows(ids, pos, at, arena, tombs[fqn].ids, news[fqn].ids,
+                out[fqn] = UnorderedRows(ids, pos, at, arena, evicted[fqn], inserted[fqn],
                                          info.dynamic, current, give_back)
             else:
                 out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
@@ -403,7 +408,10 @@ class DeltaTracker:
         no lookup had touched (what lookups alone would have missed); ``shadow_bytes``:
         memory of the shadows; ``row_buffers``: ``{"reused", "allocated"}``, row buffers
         (FIRST rows, a hand-off's current rows) taken from those a reader gave back, and
-        allocated anew (whose pages fault in on the training thread).
+        allocated anew (whose pages fault in on the training thread); ``compactions``:
+        records merged into one at a read, over the stores of touches, evictions and
+        inserts (a sort on the reading thread; an unordered read of a table leaves its
+        records to the reader).
         """
         with self._lock:
             rec = self._rec
@@ -418,7 +426,7 @@ class DeltaTracker:
                 rows_tracked=rec.touched.num_rows() + rec.pending_rows(),
                 state_rows=rec.touched.num_state_rows() + rec.pending_state_rows(),
                 tombstones_pending=rec.tombs.num_rows(),
-                compactions=rec.touched.compactions,
+                compactions=sum(store.compactions for store in rec.stores()),
                 states_modified=rec.touched.states_modified,
                 degraded_tables=sorted(f for f in self._tables if rec.touched.is_degraded(f)),
                 retained=sum(len(r) for carry in self._carry.values() for r in carry.values()),

@@ -30,6 +30,17 @@ def test_live_gives_new_flags_in_the_ids_order_and_drops_tombstones_of_live_ids(
     assert new is None and tombs.tolist() == []
 
 
+def test_live_takes_inserted_and_evicted_ids_as_recorded():
+    """The tracker hands them over unsorted, repeats kept (an id evicted, re-inserted and
+    evicted again in one interval): ``new`` and the tombstones come out as from sorted,
+    unique ids, each tombstone once."""
+    h = _unordered([40, 7, 19, 3], inserted=[50, 19, 3, 19], tombstones=[40, 8, 1, 8, 7])
+    new, tombs = h.live()
+    assert new.tolist() == [False, False, True, True]
+    assert tombs.tolist() == [1, 8]
+    assert h.inserted.tolist() == [3, 19, 50]
+
+
 def test_an_ordered_hand_off_is_passed_through():
     h = TableHandoff(fqn="t", ids=torch.tensor([1, 2]), first=torch.zeros(2, 2),
                      current=torch.ones(2, 2), new=torch.tensor([True, False]),

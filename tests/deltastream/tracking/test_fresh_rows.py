@@ -574,3 +574,44 @@ def test_a_wait_runs_the_marking_itself_while_another_process_keeps_the_lane_off
     assert by_lane + by_waiters == 20 and by_waiters >= 15, (by_lane, by_waiters)
     ids, rows = f.drain(True)
     torch.testing.assert_close(rows, weight[ids], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("owed", [False, True])
+def test_forgotten_marks_are_not_drained_and_a_reused_position_marks_afresh(fresh_path, owed):
+    """Rows freed mid-interval (their ids evicted): their marks go, the others stay; a
+    position reused by a new id marks afresh with that id's row. Every drain agrees: by
+    position, by key and — the C code's — unordered, with the current rows owed or not.
+    Duplicates and unmarked positions among the freed ones count nothing."""
+    if owed and not fresh_rows.native_enabled():
+        pytest.skip("an owed drain is the C code's")
+    capacity = 64
+    weight = torch.arange(capacity * 4, dtype=torch.float32).reshape(capacity, 4)
+    f = FreshRows(capacity)
+    f.add(torch.tensor([3, 9, 12, 40]), weight)
+    weight[[3, 9, 12, 40]] += 1000  # the optimizer moves them
+    assert f.forget(np.array([9, 40, 40, 50])) == 2  # 50 was not marked
+    assert f.forget(np.array([9])) == 0  # forgotten already
+    weight[9] = -7.0  # reused by a new id: its row as inserted
+    f.add(torch.tensor([9, 3, 5]), weight)
+    weight[[9, 5]] += 1000
+    want_pos, want_first = [3, 5, 9, 12], torch.stack([weight[3], weight[5] - 1000,
+                                                       torch.full((4,), -7.0), weight[12]])
+    want_first[0] -= 1000
+    want_first[3] -= 1000
+    if fresh_rows.native_enabled():
+        got = f.take_unordered(weight if owed else None, np.arange(capacity) * 10)
+        ids, pos, at, arena, current, _ = got
+        if owed:
+            f.capture(None)
+            assert torch.equal(current[torch.argsort(pos)], weight[want_pos])
+        order = torch.argsort(pos)
+        assert pos[order].tolist() == want_pos and ids[order].tolist() == [30, 50, 90, 120]
+        assert torch.equal(arena[at[order]], want_first)
+    else:
+        ids, pos, rows = f.drain_by_key(torch.arange(capacity) * 10, True)
+        assert pos.tolist() == want_pos and torch.equal(rows, want_first)
+    assert f.forgotten == 0 and f.used == 0
+    f.add(torch.tensor([1, 2]), weight)  # the next interval: nothing forgotten carried over
+    f.forget(np.array([2]))
+    positions, rows = f.drain(True)
+    assert positions.tolist() == [1] and torch.equal(rows, weight[[1]])

@@ -157,7 +157,7 @@ def test_native_walk_refuses_bad_input():
     owed[[1, 9]], bits[:] = [1, 5], [0b10, 0b10]  # position 9 names row 4 of a 2-row out
     src, rows = np.arange(64, dtype=np.uint8), np.zeros(8, np.uint8)
     out = [np.zeros(2, np.int64) for _ in range(3)]
-    with pytest.raises(ValueError, match="owed: position 9 names row 4 of a 2-row out"):
+    with pytest.raises(ValueError, match="owed: position 9 names row 4 of a 2-row early"):
         native.walk_owed(owed, bits, words, 0, 100, src, rows.copy(), rows, 4, None, *out, 0, 0)
     assert owed.tolist()[:10] == [0, 1, 0, 0, 0, 0, 0, 0, 0, 5] and bits.tolist() == [2, 2]
     with pytest.raises(ValueError, match="ids_out, pos_out and at_out: 2 entries each"):
@@ -173,6 +173,14 @@ def test_native_walk_refuses_bad_input():
     assert rows.tolist() == [4, 5, 6, 7, 104, 105, 106, 107]  # src row 1, early row 1
     assert [o.tolist() for o in out] == [[10, 90], [1, 9], [0, 1]]  # ids, positions, at
     assert not owed.any() and not bits.any()
+    # early holds a row per arena row: more than the entries where a mark was forgotten
+    # (arena row 1's position was freed): two entries name arena rows 0 and 2
+    owed[[1, 9]], bits[:] = [1, -3], [0b10, 0b10]
+    early = np.arange(100, 112, dtype=np.uint8)
+    assert native.walk_owed(owed, bits, words, 0, 100, src, early, rows, 4, None, *out,
+                            0, 0) == (1, 2, 1)
+    assert rows.tolist() == [4, 5, 6, 7, 108, 109, 110, 111]  # src row 1, early row 2
+    assert [o.tolist() for o in out] == [[1, 9], [1, 9], [0, 2]]
 
 
 def test_native_capture_refuses_bad_input_and_writes_nothing():

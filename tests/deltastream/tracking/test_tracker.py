@@ -477,17 +477,20 @@ def test_max_tracked_rows_10x_overload_degrades_and_keeps_every_id(caplog):
 
 def test_max_tracked_rows_compaction_suffices_without_degrading():
     table = HashTable(DIM, name="t", initializer=normal_initializer(0.1, seed=2))
-    # 150: compaction leaves 100 rows, within the quarter of headroom it must leave free
-    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB, max_tracked_rows=150)
+    # 300: compaction leaves 200 rows (the 100 ids on either side of a's cursor), within
+    # the quarter of headroom it must leave free
+    t = DeltaTracker(torch.nn.ModuleDict({"t": table}), mode=EMB, max_tracked_rows=300,
+                     consumers=["a", "b"])
     first = table(torch.arange(100)).detach().clone()
     for s in range(20):  # the same 100 ids every step: 2000 rows recorded, 100 unique
         table(torch.arange(100))
         table(torch.tensor([1000 + s]))
-        table.evict(torch.tensor([1000 + s]))  # a row freed: the lookups become a record
+        table.evict(torch.tensor([1000 + s]))  # a row freed: its touches are void
+        t.get_delta("a")  # each step's lookups become a record "b" has not read
         t.step()
     st = t.stats()
     assert st["degradations"] == 0 and st["bound_compactions"] >= 1
-    d = t.get_delta()["t"]
+    d = t.get_delta("b")["t"]
     assert d.ids.tolist() == list(range(100)) and torch.equal(d.states, first)
 
 

@@ -55,11 +55,14 @@ def _intervals(twins, n: int, evict_at: tuple[int, ...]):
 
 
 def test_the_unordered_read_finishes_into_get_deltas_rows():
-    """Intervals with repeats, inserts (new), evictions (tombstones, and a row freed after
-    it was looked up: that interval is stored, the unsorted form steps aside) — each read
-    equals get_delta's on a twin, bit for bit; positions are where the rows live."""
+    """Intervals with repeats, inserts (new), evictions (tombstones, and rows freed after
+    they were looked up: their marks are forgotten, the unsorted form holds) — each read
+    equals get_delta's on a twin, bit for bit; positions are where the rows live. The twin
+    turns its marks into a sorted record at every freed row (as before marks could be
+    forgotten): an oracle apart from the forgetting."""
     twins = _twins()
     (ta, a), (tb, b) = twins
+    a._rec.rows_freed = lambda fqn, positions: a._rec.flush(fqn)
     kinds = set()
     for _ in _intervals(twins, 8, evict_at=(2, 5)):
         want = a.get_delta("p")
@@ -74,8 +77,8 @@ def test_the_unordered_read_finishes_into_get_deltas_rows():
                 assert torch.equal(rows.ids, d.ids[order])
                 d = rows
             _same(d, want[fqn])
-    assert ("user", "UnorderedRows") in kinds  # the HashTable: unsorted on most reads
-    assert ("user", "DeltaRows") in kinds  # after an eviction: the stored, sorted rows
+    assert ("user", "UnorderedRows") in kinds  # the HashTable: unsorted on every read,
+    assert ("user", "DeltaRows") not in kinds  # after an eviction too
     assert ("item", "DeltaRows") in kinds  # nn.Embedding with SGD: the scan, as before
 
 
@@ -377,3 +380,37 @@ def test_whether_a_core_is_spare_is_asked_once_per_ttl_not_per_hand_off(monkeypa
         assert tr.capture_rows(None)
     assert len(calls) == asks
     tr.close()
+
+
+def test_an_unordered_read_leaves_the_sort_of_inserts_and_evictions_to_its_reader():
+    """Several steps of inserts and an eviction in each interval: the unordered read
+    hands the inserted and evicted ids over as recorded — nothing is merged (sorted) on the
+    reading thread, ``compactions`` stays 0 — and they finish into get_delta's rows."""
+    twins = _twins()
+    (ta, a), (tb, b) = twins
+    g = torch.Generator().manual_seed(5)
+    fresh = 10_000
+    unordered = 0
+    for _ in range(4):
+        # an id evicted (with no lookup pending) before this interval's lookups insert
+        held = tb.net.user.position_ids()
+        gone = held[held >= 0][:2]
+        for t, _ in twins:
+            t.net.user.evict(gone.clone())
+        for _ in range(3):  # three steps, each inserting ids never seen
+            u = torch.cat([torch.randint(0, 64, (30,), generator=g) * 7919 + 11,
+                           torch.arange(fresh, fresh + 10) * 7919 + 13])
+            fresh += 10
+            i = torch.randint(0, 64, (20,), generator=g)
+            for t, tracker in twins:
+                t.step(u, i, [tracker])
+        want = a.get_delta("p")["user"]
+        got = b.get_delta_unordered("p")["user"]
+        if isinstance(got, UnorderedRows):
+            unordered += 1
+            assert got.news.numel() >= 30  # three steps' records, as recorded
+            got = got.finish()[0]
+        _same(got, want)
+    assert unordered == 4
+    assert b.stats()["compactions"] == 0
+    assert a.stats()["compactions"] > 0  # get_delta merges the steps' records
