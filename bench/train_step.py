@@ -31,6 +31,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -42,7 +43,7 @@ from deltastream.kernels.runtime import kernels_mode
 from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import TrackingMode
 
-__all__ = ["main", "TableCTR", "EmbeddingCTR"]
+__all__ = ["main", "Churn", "TableCTR", "EmbeddingCTR"]
 
 #: the issue's goal for one step on an H100 (ms)
 CUDA_STEP_GOAL_MS = 1.5
@@ -107,18 +108,50 @@ class EmbeddingCTR(torch.nn.Module):
 
 #: batches a :func:`zipf_loop` draws up front and cycles through
 LOOP_BATCHES = 64
+#: the first id :class:`Churn` makes (far above any Zipf vocabulary)
+FRESH_BASE = 1 << 40
+
+
+@dataclass(frozen=True)
+class Churn:
+    """Ids that come and go, as a production table's do: a loop that cycles through
+    :data:`LOOP_BATCHES` batches inserts no id after its first cycle, and evicts none.
+
+    Each step's last ``fresh`` ids of every vocabulary are ids never seen before; every
+    ``evict_every`` steps (0: never) the fresh ids older than ``ttl`` steps are evicted
+    from every :class:`~deltastream.HashTable` of the model (a time-to-live eviction that
+    keeps the tables bounded)."""
+
+    fresh: int
+    evict_every: int = 0
+    ttl: int = 50
+
+    def ids(self, k: int, device: torch.device) -> torch.Tensor:
+        """Step ``k``'s fresh ids (int64 ``[fresh]``)."""
+        start = FRESH_BASE + k * self.fresh
+        return torch.arange(start, start + self.fresh, device=device)
+
+    def expired(self, k: int, device: torch.device) -> Optional[torch.Tensor]:
+        """The fresh ids step ``k`` evicts (those of the ``evict_every`` steps that passed
+        ``ttl`` since the last eviction), or None."""
+        if not self.evict_every or k % self.evict_every or k < self.ttl + self.evict_every:
+            return None
+        lo = FRESH_BASE + (k - self.ttl - self.evict_every) * self.fresh
+        return torch.arange(lo, lo + self.evict_every * self.fresh, device=device)
 
 
 def zipf_loop(model: torch.nn.Module, vocabs: list[int], batch: int,
               generator: torch.Generator, device: torch.device,
-              phases: Optional[list[float]] = None) -> Callable[[int], None]:
+              phases: Optional[list[float]] = None,
+              churn: Optional[Churn] = None) -> Callable[[int], None]:
     """The README's training step on ``model`` (its tables' forward takes one id tensor per
     vocabulary, its ``mlp`` the rest): SparseAdam + Adam, binary cross-entropy, over
     :data:`LOOP_BATCHES` batches of ``batch`` Zipf(1.05) ids per vocabulary of ``vocabs``
     and random labels, drawn now from ``generator``. Returns ``step(k)``, which trains on
     batch ``k`` modulo that many. ``phases`` (3 floats): each step adds the seconds of its
     forward, its backward and its optimizer steps (with ``zero_grad``) to them — host
-    time: on CUDA the time to queue the work, not to run it."""
+    time: on CUDA the time to queue the work, not to run it. ``churn``: ids inserted and
+    evicted as the steps go (:class:`Churn`; outside ``phases``)."""
     opts = [SparseAdam(model, lr=1e-3), torch.optim.Adam(model.mlp.parameters(), lr=1e-3)]
     pool = [([zipf_ids(batch, vocab=v, alpha=1.05, generator=generator).to(device)
               for v in vocabs],
@@ -126,8 +159,17 @@ def zipf_loop(model: torch.nn.Module, vocabs: list[int], batch: int,
             for _ in range(LOOP_BATCHES)]
     clock = time.perf_counter
 
+    tables = [m for m in model.modules() if isinstance(m, HashTable)]
+
     def step(k: int) -> None:
         ids, y = pool[k % len(pool)]
+        if churn is not None and churn.fresh:
+            new = churn.ids(k, device)
+            ids = [torch.cat([x[:-churn.fresh], new]) for x in ids]
+            gone = churn.expired(k, device)
+            if gone is not None:
+                for t in tables:
+                    t.evict(gone)
         t0 = clock()
         logits = model(*ids)
         t1 = clock()

@@ -32,6 +32,10 @@ as a run does), each timed against the step alone in the chunks on either side o
   every=10)``, the default worker) ticked after every step.
 
 ``--only NAMES`` runs just those configurations (more pairs of one in the same time).
+``--fresh N`` puts N never-seen ids in every step's batch per table and ``--evict-every E``
+evicts those older than ``--ttl`` steps every E steps (:class:`bench.train_step.Churn`): the
+cycled batches alone insert nothing after their first cycle and evict nothing, where a
+production table does both all the time.
 Rows go to a real broker (the embedded one, f16). Each budget first runs one chunk
 untimed (its worker's first rounds, CUDA's side stream and pinned host memory growing to
 the hand-offs' size are paid once per run, not per step). With ``--pending N`` each budget starts
@@ -90,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import resource
 import statistics
@@ -104,7 +109,7 @@ import torch
 from bench._common import add_threads_flag, result, torch_threads
 from bench._trainer_cost_plot import plot
 from bench._trainer_cost_run import Run, paused, prefill, warm
-from bench.train_step import LOOP_BATCHES, FeatureCTR, TableCTR, zipf_loop
+from bench.train_step import LOOP_BATCHES, Churn, FeatureCTR, TableCTR, zipf_loop
 
 __all__ = ["main", "parser"]
 
@@ -296,7 +301,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
         model = TableCTR(args.dim, args.users, args.items, dev)
         vocabs = [args.users, args.items]
     phases = [0.0, 0.0, 0.0]
-    step = zipf_loop(model, vocabs, batch, g, dev, phases)
+    churn = Churn(args.fresh, args.evict_every, args.ttl) if args.fresh else None
+    step = zipf_loop(model, vocabs, batch, g, dev, phases, churn)
     done = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     n = LOOP_BATCHES
     for k in range(n):  # warm-up: ids resident, optimizer state allocated
@@ -342,6 +348,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
             worker = busy.get(r.name)
             extra = dict(
                 batch=batch, config=r.name, tables=args.tables or 2,
+                churn=None if churn is None else dataclasses.asdict(churn),
                 tick_p99_ms=float(np.quantile(tick, 0.99))
                 if tick.size else None, tick_p50_ms=float(np.median(tick)) if tick.size
                 else None, tick_mean_ms=float(tick.mean()) if tick.size else None,
@@ -414,6 +421,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--unweighted", action="store_true",
                    help="also the first budget with BudgetPolicy(read_decay=None): keys "
                         "not weighted by reads")
+    p.add_argument("--fresh", type=int, default=0,
+                   help="ids never seen before in every step's batch, per table (0: the "
+                        "cycled batches insert nothing after the first cycle)")
+    p.add_argument("--evict-every", type=int, default=0, metavar="E",
+                   help="with --fresh: every E steps evict the fresh ids older than --ttl "
+                        "steps from every table (0: never)")
+    p.add_argument("--ttl", type=int, default=50,
+                   help="steps a fresh id lives before an eviction removes it (50)")
     p.add_argument("--pending", type=int, default=0,
                    help="rows pending in each budget before timing (0)")
     p.add_argument("--chunk", type=int, default=10,
