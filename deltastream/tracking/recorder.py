@@ -275,9 +275,11 @@ class Recorder:
             # touches before the eviction are in the store (a UniqueLookups' marks of the
             # freed rows were forgotten as they were freed: rows_freed)
             self.flush(fqn)
-        # A later re-insert + lookup records the id afresh (after this point).
+        # A later re-insert + lookup records the id afresh (after this point). Its inserts
+        # stay recorded: a read flags `new` only on ids that are rows, and an evicted id is
+        # a row again only once re-inserted (new either way); dropping them cost a search
+        # of every insert record per eviction, on the training thread.
         self.touched.discard(fqn, ids)
-        self.news.discard(fqn, ids)
         self.tombs.append(self.idx, fqn, ids)
         self.counts["tombstones"] += int(ids.numel())
 
