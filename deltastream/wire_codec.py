@@ -54,6 +54,7 @@ __all__ = [
     "VERSIONS",
     "CRC_TRAILER",
     "TRAILER_BYTES",
+    "TOMBSTONE_BYTES",
     "DTYPES",
     "NUMPY_DTYPES",
     "F16_MAX",
@@ -103,6 +104,8 @@ _VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, _VARINT_MAX)], dtype=np
 CRC_TRAILER = b"\xa3crc\xce"
 #: bytes of the v2 trailer: :data:`CRC_TRAILER` + the big-endian CRC-32C
 TRAILER_BYTES = len(CRC_TRAILER) + 4
+#: bytes one tombstone id takes in a message (``del``: int64 each)
+TOMBSTONE_BYTES = 8
 #: the v4 trailer before the CRC bytes: the key of ``crc`` and the uint32 type byte
 _CRC_TRAILER_INT = bytes([FIELD_KEYS["crc"], 0xCE])
 #: how every dense-weights message (:mod:`deltastream.dense_wire`) begins after its map16
@@ -224,7 +227,7 @@ def bin_sizes(n: int, dim: int, dtype: str, with_scale: bool, n_tombstones: Opti
     if fresh:
         bins.append(("fresh", -(-n // 8)))
     if n_tombstones is not None:
-        bins.append(("del", n_tombstones * 8))
+        bins.append(("del", n_tombstones * TOMBSTONE_BYTES))
     return bins
 
 

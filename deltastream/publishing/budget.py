@@ -356,7 +356,8 @@ class BudgetPublisher:
 
         ``bound`` / ``table_bounds``: p50 / p99 / max / last over the last ``window`` rounds
         (normalized, and in embedding units per table). ``bytes_per_s`` / ``bytes_per_step``:
-        budgeted bytes (the final flush apart) over the time and steps since the first tick.
+        bytes sent by rounds (the final flush apart) over the time and steps since the first
+        tick; of those, ``8 × tombstones`` were tombstones, not charged to the budget.
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
         ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
         ``deferred_ticks``: ticks that left their rows in the tracker because the worker had

@@ -451,7 +451,9 @@ class BudgetEngine:
             self._id_cost[jt.fqn] = wire.id_bytes(ids.cpu().numpy(), version) / n
             values = len(jt.rows) * self._row_cost(jt.fqn, dim) + (
                 len(jt.residual.rows) * self._row_cost(jt.fqn, dim, True) if jt.residual else 0)
-            self._overhead[jt.fqn] = max(0.0, (total["bytes"] - values) / total["messages"])
+            # a message's header and id bytes; its tombstones are not a row's to pay
+            rest = total["bytes"] - values - wire.TOMBSTONE_BYTES * total["tombstones"]
+            self._overhead[jt.fqn] = max(0.0, rest / total["messages"])
         return TableRound(
             fqn=jt.fqn, table=self._names[jt.fqn], tracked=jt.pending_before,
             published=total["rows"], tombstones=total["tombstones"], carried=jt.carried,
@@ -483,7 +485,10 @@ class BudgetEngine:
                 error.add_note(text)
         rnd = PublishRound(step=job.step, ts=job.ts, final=job.final,
                            seconds=time.monotonic() - job.t0, tables=tuple(job.done))
-        self.bucket.spend(rnd.bytes)
+        # tombstones go whatever the budget (a predictor must not serve an evicted row) and
+        # are not charged: charged, ids evicted faster than the budget refills kept the
+        # bucket in a debt no refill paid back, and no row went out again
+        self.bucket.spend(rnd.bytes - wire.TOMBSTONE_BYTES * rnd.tombstones)
         bound, table_bounds = 0.0, {}
         for fqn, t in self.tables.items():
             e = t.max_error()

@@ -43,7 +43,9 @@ class BudgetPolicy:
     Exactly one of ``bytes_per_s`` (wall clock, per trainer) and ``bytes_per_step``.
 
     Attributes:
-        bytes_per_s / bytes_per_step: the refill rate of the byte budget (``> 0``).
+        bytes_per_s / bytes_per_step: the refill rate of the byte budget (``> 0``). It
+            buys rows: the tombstones of evicted ids go in the next round whatever the
+            budget, and their 8 bytes an id are not charged to it.
         burst_bytes: most bytes one tick may send after idling (the bucket's size);
             default one second's (``bytes_per_s``) or four steps' (``bytes_per_step``)
             budget. Must hold the largest row plus a message header or that row never fits.

@@ -173,6 +173,38 @@ def test_bytes_stay_within_rate_times_ticks_plus_burst_and_track_the_rate():
     assert set(st["table_bounds"]) == {"emb", "bias"}
 
 
+def test_tombstones_go_whatever_the_budget_and_do_not_starve_the_rows():
+    """Every step inserts 150 ids; every 10 steps those inserted 10-20 steps before are
+    evicted: their tombstones (8 bytes an id) alone need twice what the budget refills, a
+    round's more than the bucket holds. They go in the next round whatever the budget and
+    are not charged to it, nor to the message overhead the budget learns, so the rows still
+    get the whole budget, round after round. (Charged, the bucket sank into a debt no refill
+    paid back; counted as overhead, no row fitted a round again.)"""
+    model, tracker, serving, pub = setup({"emb": 8})
+    emb, rate, churn, steps = model["emb"], 600.0, 150, 120
+    bp = _publisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=rate))
+    g = torch.Generator().manual_seed(2)
+    moved_sent = []  # per step: rows of the moving ids 0..99 published
+    for step in range(1, steps + 1):
+        emb.insert(torch.arange(churn) + 1000 + step * churn, torch.zeros(churn, 8))
+        if step % 10 == 0 and step >= 20:
+            emb.evict(torch.arange(10 * churn) + 1000 + (step - 19) * churn)
+        ids = torch.randint(0, 100, (20,), generator=g).unique()
+        move(emb, ids, 0.1 * torch.randn(len(ids), 8, generator=g))
+        tracker.step()
+        rec = _tick(bp, step)
+        moved_sent.append(sum(int((t.ids < 100).sum()) for t in rec.round.tables)
+                          if rec is not None else 0)
+    st = bp.stats()
+    assert st["tombstones"] >= churn * (steps - 20)
+    tombstone_bytes = 8 * st["tombstones"]
+    assert tombstone_bytes > 1.5 * rate * steps  # more than the budget on their own
+    charged = st["bytes"] - tombstone_bytes  # rows, ids, headers
+    assert 0.8 * rate * steps <= charged <= rate * steps + bp.policy.burst + 256
+    assert sum(moved_sent[steps // 2:]) >= 100  # the rows kept going out to the end
+    assert bp.stats()["bound"]["max"] < math.inf
+
+
 def test_wire_v3_rows_are_costed_at_their_varint_ids_so_the_budget_buys_more_rows():
     """v3 sends these dense ids in ~1-2 bytes instead of 8: the budget learns each table's
     id bytes per row, still spends its rate, and publishes more rows for it than v2."""
