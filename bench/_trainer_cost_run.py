@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from bench.train_step import TableCTR
+from deltastream import wire
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
 from deltastream.publishing.round_publisher import RoundPolicy, RoundPublisher
 from deltastream.publishing.rounds import SelectionPolicy, publish_delta
@@ -72,6 +73,7 @@ class Run:
         #: are not the timed run's), and that tick's and the last's time
         self.worker_s0: float | None = None
         self.rate: float | None = None  # bytes/s of the steady phase (budgets)
+        self.tombstone_rate: float | None = None  # of which tombstones (8 bytes an id)
 
     def after_step(self, step: int) -> None:
         if self.budget is not None:
@@ -126,9 +128,11 @@ class Run:
                 if took >= secs and (took >= most_s or b.stats()["rounds"] - r0 >= rounds):
                     break
             b.drain()
-            spans.append((time.perf_counter(), int(b.stats()["bytes"])))
-        (t0, b0), (t1, b1) = spans
+            st = b.stats()
+            spans.append((time.perf_counter(), int(st["bytes"]), int(st["tombstones"])))
+        (t0, b0, m0), (t1, b1, m1) = spans
         self.rate = (b1 - b0) / max(1e-9, t1 - t0)
+        self.tombstone_rate = wire.TOMBSTONE_BYTES * (m1 - m0) / max(1e-9, t1 - t0)
         return k
 
     def settled(self) -> bool:

@@ -71,7 +71,9 @@ and ``tick``), in host time (on CUDA, the time to queue the work); **bytes/s** a
 sends when it runs alone after the chunks (``--rate-s`` seconds, and at least two rounds,
 after a second that spends its bucket's burst; not over the chunks, between which its
 bucket refills by at most one burst, nor ``stats()["bytes_per_s"]``, which counts from
-the publisher's creation; ``delta-10``: acknowledged bytes over its chunks); the worker's
+the publisher's creation; ``delta-10``: acknowledged bytes over its chunks), and of those
+``tombstone_bytes_per_s``, evicted ids' tombstones (8 bytes an id, not charged to a
+budget: ``--evict-every``); the worker's
 busy share (worker seconds ÷ measured seconds: near 1 it cannot keep up) and its largest
 backlog. Every configuration's worker is drained before each "alone" chunk, so the alone
 chunks measure the step by itself (before 2026-12-02 only the measured configuration's
@@ -359,7 +361,7 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
                 ratio_adjacent=statistics.median(adjacent),
                 ratio_adjacent_ci95=_median_interval(adjacent), pair_ratios_adjacent=adjacent,
                 bytes_per_s=r.rate if r.budget is not None
-                else r.bytes0 / r.measured_s,
+                else r.bytes0 / r.measured_s, tombstone_bytes_per_s=r.tombstone_rate,
                 step_alone_ms=statistics.median(r.alone) * 1e3,
                 worker_share=None if worker is None else worker / r.measured_s,
                 max_backlog=(st.get("backlog") or {}).get("max_handoffs"), chunk_steps=chunk,
