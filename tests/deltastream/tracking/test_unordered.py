@@ -414,3 +414,41 @@ def test_an_unordered_read_leaves_the_sort_of_inserts_and_evictions_to_its_reade
     assert unordered == 4
     assert b.stats()["compactions"] == 0
     assert a.stats()["compactions"] > 0  # get_delta merges the steps' records
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_evictions_mid_interval_against_a_twin_that_flushes(seed):
+    """Random steps with ids evicted between them — ids this interval looked up, ids it did
+    not, ids then looked up again (re-inserted, often at a freed position) — read with
+    their current rows owed: every read finishes into the rows of a twin whose tracker
+    turns its marks into a sorted record at every freed row (as before marks could be
+    forgotten), and its current rows are the table's at the read, bit for bit."""
+    twins = _twins()
+    (ta, a), (tb, b) = twins
+    a._rec.rows_freed = lambda fqn, positions: a._rec.flush(fqn)
+    g = torch.Generator().manual_seed(seed)
+    user = tb.net.user
+    unordered = 0
+    for _ in range(8):
+        for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
+            u = (torch.rand(50, generator=g) ** 2 * 120).long() * 7919 + 11
+            i = torch.randint(0, 64, (20,), generator=g)
+            for t, tracker in twins:
+                t.step(u, i, [tracker])
+            if bool(torch.rand(1, generator=g) < 0.7):  # some held ids go, any of them
+                held = user.ids()
+                gone = held[torch.randperm(held.numel(), generator=g)[:6]]
+                for t, _ in twins:
+                    t.net.user.evict(gone.clone())
+        want = a.get_delta("p")["user"]
+        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
+        if isinstance(got, UnorderedRows):
+            unordered += 1
+            rows_then, ids_then = user.storage.detach().clone(), user.position_ids().clone()
+            assert b.capture_rows(None)
+            assert torch.equal(got.ids, ids_then[got.positions])
+            assert torch.equal(got.current, rows_then[got.positions])
+            rows, order = got.finish()
+            got = rows
+        _same(got, want)
+    assert unordered == 8
