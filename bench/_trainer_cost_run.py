@@ -31,11 +31,15 @@ class Run:
                  budget: float | None = None, threaded: bool = True,
                  delta_every: int | None = None, worker: str = "auto",
                  residuals: bool = False, rounds_every: int | None = None,
-                 reads_every: int | None = 10, **policy: object) -> None:
+                 reads_every: int | None = 10, snapshot_every: int = 0,
+                 **policy: object) -> None:
         from deltastream import DeltaPublisher
 
         self.name, self.delta_every, self.reads_every = name, delta_every, reads_every
-        self.tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+        #: steps between reads of a second consumer, "snapshot" (0: none), as the demo's
+        self.snapshot_every = snapshot_every
+        self.tracker = DeltaTracker(model, consumers=["p"] + ["snapshot"] * bool(snapshot_every),
+                                    mode=TrackingMode.EMBEDDING)
         self.pub = DeltaPublisher(servers, topic, model="bench", shard=0,
                                   wire_version=5 if residuals else 2) \
             if budget or delta_every or rounds_every else None
@@ -90,6 +94,8 @@ class Run:
                 self.tick_s.append(0.0)
         elif self.reads_every is not None and step % self.reads_every == 0:
             self.tracker.get_delta("p")
+        if self.snapshot_every and step % self.snapshot_every == 0:
+            self.tracker.get_delta("snapshot")
 
     def prefills(self) -> bool:
         """Whether ``--pending`` rows are made pending before timing: a budget's. Not

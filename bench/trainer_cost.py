@@ -35,7 +35,9 @@ as a run does), each timed against the step alone in the chunks on either side o
 ``--fresh N`` puts N never-seen ids in every step's batch per table and ``--evict-every E``
 evicts those older than ``--ttl`` steps every E steps (:class:`bench.train_step.Churn`): the
 cycled batches alone insert nothing after their first cycle and evict nothing, where a
-production table does both all the time.
+production table does both all the time. ``--snapshot-every N`` gives every tracker a
+second consumer read every N steps, as the demo's trainer has (the hand-off is unordered
+and owed only while the publisher's consumer is the tracker's only one).
 Rows go to a real broker (the embedded one, f16). Each budget first runs one chunk
 untimed (its worker's first rounds, CUDA's side stream and pinned host memory growing to
 the hand-offs' size are paid once per run, not per step). With ``--pending N`` each budget starts
@@ -316,7 +318,8 @@ def _measure(args: argparse.Namespace, batch: int, servers: str) -> list[dict]:
     chunk = _chunk_steps(args, (time.perf_counter() - t_warm) / (n - n // 2))
     topic = f"bench.trainer_cost.{batch}.{time.time_ns()}"
     ensure_topic(servers, topic, partitions=1)
-    runs = [Run(name, model, servers, topic, **kw) for name, kw in _configurations(args)]
+    runs = [Run(name, model, servers, topic, snapshot_every=args.snapshot_every, **kw)
+            for name, kw in _configurations(args)]
     k = n
     try:
         for r in runs:  # every tracker sees every step; each reads only its own chunks
@@ -431,6 +434,9 @@ def parser() -> argparse.ArgumentParser:
                         "steps from every table (0: never)")
     p.add_argument("--ttl", type=int, default=50,
                    help="steps a fresh id lives before an eviction removes it (50)")
+    p.add_argument("--snapshot-every", type=int, default=0, metavar="N",
+                   help="give every tracker a second consumer, read every N steps on the "
+                        "training thread, as the demo's snapshots are (0: one consumer)")
     p.add_argument("--pending", type=int, default=0,
                    help="rows pending in each budget before timing (0)")
     p.add_argument("--chunk", type=int, default=10,
