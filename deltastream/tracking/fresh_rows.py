@@ -400,6 +400,28 @@ class FreshRows:
         return (torch.from_numpy(ids) if with_ids else None, torch.from_numpy(pos),
                 torch.from_numpy(at), rows, current, lambda: self.spares.give_back(*lent))
 
+    def marked_rows(self, keys: Optional[np.ndarray], offset: int = 0
+                    ) -> Optional[tuple[torch.Tensor, torch.Tensor, bool]]:
+        """``(ids, rows, borrowed)`` of this interval's marks, for readers other than the
+        one :meth:`take_unordered` hands them to (call it first): ``ids`` int64 ``[k]``, each
+        marked position's id (``keys[p]``, else ``p + offset``), in no id order; ``rows`` its
+        FIRST row — with ``borrowed`` the arena's first rows themselves (a view: keep the
+        arena from being written while they are held), else (marks were forgotten) a copy.
+        None unless the C code did every marking of this interval (no repeats)."""
+        self.sync()
+        used = self.used
+        if not used or self.numpy_rows or not native_enabled() or self.arena is None:
+            return None
+        order = self.order[:used]
+        rows: torch.Tensor = self.arena[:used]
+        if self.forgotten:  # only the arena rows their position still names
+            kept = np.flatnonzero(self.slot[order] == np.arange(1, used + 1, dtype=np.int32))
+            order = order[kept]
+            rows = rows.index_select(0, torch.from_numpy(kept))
+        ids = keys[order] if keys is not None else order + offset
+        return (torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), rows,
+                not self.forgotten)
+
     def _hand_over_marks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This interval's ``(slot, bits, words)``, replaced by a clear set (the last
         hand-off's, once worked off; else new): the next lookups mark that one."""

@@ -238,6 +238,14 @@ class UniqueLookups(PendingLookups):
         PendingLookups.reset(self)  # the marks are clear already
         return (table.ids_at(pos) if ids is None else ids, *got[1:])
 
+    def marked_rows(self, table: Any) -> Optional[tuple[torch.Tensor, torch.Tensor, bool]]:
+        """:meth:`FreshRows.marked_rows` of ``table`` (call it before
+        :meth:`drain_unordered`); None also when not every position's id is at hand."""
+        ascending, offset = self._id_map(table)
+        keys = None if ascending else self._keys_of(table.position_ids())
+        if not ascending and keys is None:
+            return None
+        return self.fresh.marked_rows(keys, offset)
 
 def first_states(marks: torch.Tensor, pos: list[torch.Tensor], states: list[torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

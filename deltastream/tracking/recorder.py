@@ -37,11 +37,13 @@ from typing import Any, Optional
 import torch
 
 from deltastream.tracking import fresh_rows
+from deltastream.tracking.dense_rows import DenseRows
 from deltastream.tracking.discovery import LOOKUPS, SCAN, TrackedTable
 from deltastream.tracking.positions import PendingLookups, UniqueLookups
 from deltastream.tracking.rows import RawRows
 from deltastream.tracking.scan import DriftScan
 from deltastream.tracking.sorted_ids import member
+from deltastream.tracking.spare_rows import after_both
 from deltastream.tracking.store import DeltaStore
 from deltastream.types import TrackingMode, UpdateMode
 
@@ -65,28 +67,6 @@ SPARE_CORE_TTL_S = 1.0
 COUNTERS = ("lookups_recorded", "ids_recorded", "lookups_paused", "lookups_eval_skipped",
             "bound_compactions", "degradations", "over_bound_events", "tombstones",
             "inserted", "retained_total", "reads", "reloads", "path_switches")
-
-
-class DenseRows:
-    """An ``nn.Embedding``/``EmbeddingBag`` (or a TorchRec shard) seen as a positional table:
-    id = position (+ the shard's first global row)."""
-
-    ids_ascending = True  # ascending positions are ascending ids: no sort at the flush
-
-    def __init__(self, module: Any, offset: int = 0) -> None:
-        self.module = module
-        self.offset = int(offset)  # a row-wise shard's first global row
-
-    @property
-    def capacity(self) -> int:
-        return int(self.module.weight.shape[0])
-
-    @property
-    def device(self) -> torch.device:
-        return self.module.weight.device
-
-    def ids_at(self, positions: torch.Tensor) -> torch.Tensor:
-        return positions + self.offset if self.offset else positions
 
 
 def records_as_is(device: torch.device) -> bool:
@@ -325,20 +305,40 @@ class Recorder:
         ids, states = p.drain(self.row_maps[fqn], want_states)
         self.touched.append_unique(self.idx, fqn, ids, states)
 
-    def drain_unordered(self, fqn: str, storage: Optional[torch.Tensor] = None
-                        ) -> Optional[tuple[Any, ...]]:
+    def drain_unordered(self, fqn: str, storage: Optional[torch.Tensor] = None,
+                        since: int = 0, share: bool = False) -> Optional[tuple[Any, ...]]:
         """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
         :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current,
         give_back)``
-        (``current`` owed from ``storage``, or None), nothing sorted, copied or stored.
-        None (nothing done: :meth:`flush` then stores them) unless FIRST rows are kept
-        whole for this table, none of its rows is in the store yet and the C code kept this
-        interval's rows."""
+        (``current`` owed from ``storage``, or None), nothing sorted or copied. None
+        (nothing done: :meth:`flush` then stores them) unless FIRST rows are kept whole for
+        this table, none of its rows the reader has yet to read (at index ``since`` or
+        later) is in the store and the C code kept this interval's rows.
+
+        ``share``: other readers have yet to read this interval. It also becomes their
+        record, at the current index, with no sort and no copy: the ids of the marks and
+        the FIRST rows where they lie, in the arena handed to this reader, which is given
+        back (``give_back``) only once this reader and the store are both done with it."""
         p = self.pending.get(fqn)
         if not isinstance(p, UniqueLookups) or not self.with_states or p.stateless \
-                or self.touched.is_degraded(fqn) or self.touched.num_records(fqn):
+                or self.touched.is_degraded(fqn) or self.touched.num_records(fqn, since):
             return None
-        return p.drain_unordered(self.row_maps[fqn], storage)
+        table = self.row_maps[fqn]
+        shared = p.marked_rows(table) if share else None
+        if share and shared is None:
+            return None
+        got = p.drain_unordered(table, storage)
+        if got is None or shared is None:
+            return got
+        ids, rows, borrowed = shared
+        give_back = got[5]
+        if not borrowed or give_back is None:  # the rows are a copy of their own
+            self.touched.append(self.idx, fqn, ids, rows, copy_states=False, unique=True)
+            return got
+        give_back = after_both(give_back)  # the store holds the arena too
+        self.touched.append(self.idx, fqn, ids, rows, copy_states=False, unique=True,
+                            released=give_back)
+        return (*got[:5], give_back)
 
     def row_buffers(self) -> dict[str, int]:
         """``{"reused", "allocated"}``: row buffers (FIRST-row arenas, a hand-off's current

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch
 
 from deltastream.tensor_views import as_buffer
 
-__all__ = ["SpareRows"]
+__all__ = ["SpareRows", "after_both"]
 
 #: a given-back buffer more than this many times the rows asked for is not taken, unless
 #: it is small (:data:`SMALL_BYTES`): one burst of lookups must not pin its memory for good
@@ -52,7 +53,7 @@ class SpareRows:
         #: ``(rows, dim, dtype, bytes, buffer, view)``, oldest first
         self._back: deque[tuple[int, int, torch.dtype, int, torch.Tensor, np.ndarray]] = \
             deque(maxlen=keep)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # give_back may run from a finalizer on any thread
         self.reused = 0  #: buffers taken from the given-back ones
         self.allocated = 0  #: buffers allocated because none fit
 
@@ -96,3 +97,19 @@ class SpareRows:
         self.allocated += 1
         buf = torch.empty((1 << max(0, rows - 1).bit_length(), dim), dtype=dtype)
         return buf, as_buffer(buf)
+
+
+def after_both(give_back: Callable[[], None]) -> Callable[[], None]:
+    """A function whose second call runs ``give_back`` (on the thread of that call): two
+    readers' releases of the same buffers (a hand-off's reader and the tracker's store), in
+    either order."""
+    left, lock = [2], threading.Lock()
+
+    def release() -> None:
+        with lock:
+            left[0] -= 1
+            done = left[0] == 0
+        if done:
+            give_back()
+
+    return release

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -258,10 +259,12 @@ class DeltaStore:
             return 0 if t is None else t.state_rows()
         return sum(t.state_rows() for t in self._tables.values())
 
-    def num_records(self, fqn: str) -> int:
-        """Number of separate records (runs) held for ``fqn``."""
+    def num_records(self, fqn: str, from_idx: int = 0) -> int:
+        """Number of separate records (runs) held for ``fqn`` at indices ``>= from_idx``."""
         t = self._tables.get(fqn)
-        return 0 if t is None else len(t.runs)
+        if t is None or not t.runs:
+            return 0
+        return len(t.runs) - bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
 
     def is_degraded(self, fqn: str) -> bool:
         """Whether ``fqn`` currently keeps ids only although the store keeps states."""
@@ -285,7 +288,8 @@ class DeltaStore:
 
     # -- TorchRec surface ---------------------------------------------------------------
     def append(self, batch_idx: int, fqn: str, ids: torch.Tensor,
-               states: Optional[torch.Tensor] = None, *, copy_states: bool = True) -> None:
+               states: Optional[torch.Tensor] = None, *, copy_states: bool = True,
+               unique: bool = False, released: Optional[Callable[[], None]] = None) -> None:
         """Record that table ``fqn`` saw ``ids`` (any shape, flattened) at ``batch_idx``.
 
         ``states`` is ``[N, dim]`` (or ``[*ids.shape, dim]``) aligned with the flattened ids
@@ -297,6 +301,11 @@ class DeltaStore:
         version counter is recorded: if it (or the tensor it views) is modified in place
         before the store has copied the rows, the table is degraded (its states are no longer
         the recorded values) with a warning, and :attr:`states_modified` counts it.
+        ``unique``: the ids are distinct (in any order), so however many they are they are
+        kept as recorded (no sort now; ``copy_states=False`` keeps the states by reference).
+        ``released`` (with ``copy_states=False``): called once nothing the store handed out
+        or keeps refers to ``states`` any more (at once when they are not kept), so that
+        the caller may write their memory again.
         """
         if not isinstance(batch_idx, int) or isinstance(batch_idx, bool):
             raise TypeError(f"batch_idx must be an int, got {batch_idx!r}")
@@ -306,49 +315,31 @@ class DeltaStore:
         t = self._tables.get(fqn)
         if t is None:
             t = self._tables[fqn] = _Table(runs=[], device=ids.device)
-        if self._mode is UpdateMode.NONE and states is not None:
-            # TorchRec's store refuses them too: an ids-only store that took states would
-            # let a caller believe FIRST/LAST states are kept.
-            raise ValueError(
-                f"DeltaStore(UpdateMode.NONE) keeps ids only; append got states "
-                f"{tuple(getattr(states, 'shape', ()))} for table {fqn!r}: pass states=None, "
-                f"or use DeltaStore(UpdateMode.FIRST) / UpdateMode.LAST to keep them")
-        if self._mode is not UpdateMode.NONE:
-            if states is None:
-                if not t.degraded:
-                    raise ValueError(
-                        f"update mode {self._mode.value} needs states [N, dim] for table {fqn!r}")
-            else:
-                if not isinstance(states, torch.Tensor):
-                    raise TypeError(f"states must be a torch.Tensor, got {type(states).__name__}")
-                states = states.detach()
-                if states.dim() > 2:  # [*ids.shape, dim] as an embedding lookup returns it
-                    states = states.reshape(-1, states.shape[-1])
-                if states.dim() != 2 or states.shape[0] != ids.numel():
-                    raise ValueError(
-                        f"states must be [N, dim] with N = {ids.numel()} ids, got "
-                        f"{tuple(states.shape)} for table {fqn!r}")
-                if t.dim is None:
-                    t.dim, t.dtype = int(states.shape[1]), states.dtype
-                elif states.shape[1] != t.dim:
-                    raise ValueError(
-                        f"table {fqn!r} has dim {t.dim}, got states of dim {states.shape[1]}")
+        states = self._checked_states(t, fqn, ids, states)
         if ids.numel() == 0:
+            if released is not None:
+                released()
             return
         t.device = ids.device  # empty results follow the table (moved to another device)
         keep = self._with_states(t)
-        if ids.numel() >= EAGER_DEDUPE_MIN and ids.device.type == "cpu":
+        version = None  # of states kept by reference
+        if ids.numel() >= EAGER_DEDUPE_MIN and ids.device.type == "cpu" and not unique:
             u_ids, u_states = _dedupe(ids, states if keep else None, self._mode)
             run = _Run(batch_idx, u_ids, u_states)
         else:  # kept as recorded (own copies), deduplicated when merged
             u_ids = ids.clone(memory_format=torch.contiguous_format)
-            u_states, version = None, None
+            u_states = None
             if keep and states is not None:
                 if copy_states:
                     u_states = states.clone(memory_format=torch.contiguous_format)
                 else:
                     u_states, version = states, states._version
             run = _Run(batch_idx, u_ids, u_states, sorted=False, version=version)
+        if released is not None:  # the states kept by reference, or none kept
+            if version is None:
+                released()
+            else:
+                weakref.finalize(u_states, released)
         t.n_rows += int(u_ids.numel())
         if u_states is not None:
             t.n_state_rows += int(u_ids.numel())
@@ -356,6 +347,41 @@ class DeltaStore:
             t.runs.append(run)
         else:
             t.runs.insert(bisect.bisect_right(t.runs, batch_idx, key=lambda r: r.idx), run)
+
+    def _checked_states(self, t: _Table, fqn: str, ids: torch.Tensor,
+                        states: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """``states`` of an :meth:`append` to ``t`` as ``[N, dim]`` (detached), checked
+        against the store's mode, ``ids`` and the table's width (set by the first)."""
+        if self._mode is UpdateMode.NONE:
+            if states is not None:
+                # TorchRec's store refuses them too: an ids-only store that took states
+                # would let a caller believe FIRST/LAST states are kept.
+                raise ValueError(
+                    f"DeltaStore(UpdateMode.NONE) keeps ids only; append got states "
+                    f"{tuple(getattr(states, 'shape', ()))} for table {fqn!r}: pass "
+                    f"states=None, or use DeltaStore(UpdateMode.FIRST) / UpdateMode.LAST to "
+                    f"keep them")
+            return None
+        if states is None:
+            if not t.degraded:
+                raise ValueError(
+                    f"update mode {self._mode.value} needs states [N, dim] for table {fqn!r}")
+            return None
+        if not isinstance(states, torch.Tensor):
+            raise TypeError(f"states must be a torch.Tensor, got {type(states).__name__}")
+        states = states.detach()
+        if states.dim() > 2:  # [*ids.shape, dim] as an embedding lookup returns it
+            states = states.reshape(-1, states.shape[-1])
+        if states.dim() != 2 or states.shape[0] != ids.numel():
+            raise ValueError(
+                f"states must be [N, dim] with N = {ids.numel()} ids, got "
+                f"{tuple(states.shape)} for table {fqn!r}")
+        if t.dim is None:
+            t.dim, t.dtype = int(states.shape[1]), states.dtype
+        elif states.shape[1] != t.dim:
+            raise ValueError(
+                f"table {fqn!r} has dim {t.dim}, got states of dim {states.shape[1]}")
+        return states
 
     def append_unique(self, batch_idx: int, fqn: str, ids: torch.Tensor,
                       states: Optional[torch.Tensor] = None) -> None:
@@ -494,14 +520,15 @@ class DeltaStore:
             return ids, None
         return ids, torch.cat([r.states for r in runs]) if len(runs) > 1 else runs[0].states
 
-    def take_ids(self, fqns: Iterable[str], from_idx: int = 0) -> dict[str, torch.Tensor]:
-        """``{fqn: ids}``: :meth:`raw_since`'s ids of each table of ``fqns``, the records
-        taken: int64, repeats kept, in recording order; empty (on the table's device) where
-        there is no such record. One call for many tables: most have no record."""
+    def ids_since(self, fqns: Iterable[str], from_idx: int = 0, take: bool = True
+                  ) -> dict[str, torch.Tensor]:
+        """``{fqn: ids}``: :meth:`raw_since`'s ids of each table of ``fqns`` (``take``: the
+        records taken): int64, repeats kept, in recording order; empty (on the table's
+        device) where there is no such record. One call for many tables: most have none."""
         out = {}
         for fqn in fqns:
             t = self._tables.get(fqn)
-            got = self.raw_since(fqn, from_idx, take=True) if t is not None and t.runs else None
+            got = self.raw_since(fqn, from_idx, take) if t is not None and t.runs else None
             out[fqn] = got[0] if got is not None else \
                 _NO_IDS if t is None else self._empty(t, False).ids
         return out

@@ -277,33 +277,39 @@ class DeltaTracker:
             raw: dict[str, tuple | RawRows] = {}
             owe = owe or {}
             only = len(self._cursor) == 1 and self._delete_on_read
+            # with other consumers the interval is recorded for them as it is drained
+            share = not only and self._delete_on_read
             for fqn in self._rec.pending:
                 if fqn in self._carry[c]:
                     continue
-                got = self._rec.drain_unordered(fqn, owe.get(fqn)) if only else None
+                got = self._rec.drain_unordered(fqn, owe.get(fqn), self._cursor[c], share) \
+                    if only or share else None
                 if got is None:
                     got = self._rec.drain_raw(fqn, self._cursor[c], take=only)
                 if got is not None:
                     raw[fqn] = got
-            return self._read(c, raw)
+            return self._read(c, raw, take=only)
 
-    def _read(self, c: str, raw: dict[str, tuple | RawRows]
+    def _read(self, c: str, raw: dict[str, tuple | RawRows], take: bool = True
               ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
         give_back)}`` drained unordered before the boundary, or ``RawRows`` (their tables
-        have nothing else to read)."""
+        have nothing else to read); ``take``: ``c`` is the only consumer (the inserts and
+        evictions of ``raw``'s tables are taken, not left for the others)."""
         self._boundary()
         rec = self._rec
         end = rec.idx + 1
         start = max(self._cursor.values())
         frm = self._cursor[c]
         # tables read as recorded keep their records as they are (other consumers merge
-        # them); a table drained unordered (its only consumer's) takes its evictions and
-        # inserts as recorded too: their sort is the reader's (UnorderedRows.finish), not
-        # this thread's — a few ms a hand-off at 26 tables while new ids keep arriving
+        # them); a table drained unordered reads its evictions and inserts as recorded too
+        # (taken when c is the only consumer): their sort is the reader's
+        # (UnorderedRows.finish), not this thread's — a few ms a hand-off at 26 tables
+        # while new ids keep arriving
         skip = frozenset(raw)
         unordered = [f for f, r in raw.items() if not isinstance(r, RawRows)]
-        evicted, inserted = rec.tombs.take_ids(unordered, frm), rec.news.take_ids(unordered, frm)
+        evicted = rec.tombs.ids_since(unordered, frm, take)
+        inserted = rec.news.ids_since(unordered, frm, take)
         if start < end:  # the interval nobody has read yet becomes one record
             rec.compact(start, end, skip)
         # none of raw's tables is read from the touched store: those read as recorded keep

@@ -325,3 +325,28 @@ def test_an_empty_tables_result_follows_its_declaration():
     s.append(0, "t", torch.tensor([3, 1]), torch.ones(2, DIM, dtype=torch.float16))
     s.delete(1)
     assert s.num_rows("t") == 0 and s.get_unique()["t"].ids.numel() == 0
+
+
+def test_states_kept_by_reference_are_released_once_nothing_refers_to_them():
+    """``append(copy_states=False, released=...)``: the caller hears once the store no
+    longer refers to the rows — its record read into a sorted copy, or deleted — not
+    while the record holds them (another record appended beside it), and at once when no
+    states are kept."""
+    calls = []
+    for end in ("read", "delete"):
+        s = DeltaStore(UpdateMode.FIRST)
+        held = torch.arange(6.0).reshape(3, 2)
+        s.append(0, "t", torch.tensor([5, 1, 9]), held, copy_states=False, unique=True,
+                 released=lambda end=end: calls.append(end))
+        del held
+        s.append(1, "t", torch.tensor([2]), torch.ones(1, 2))
+        assert calls == ([] if end == "read" else ["read"])
+        if end == "read":
+            got = s.get_unique(0)["t"]
+            assert got.ids.tolist() == [1, 2, 5, 9] and got.states[2].tolist() == [0.0, 1.0]
+        else:
+            s.delete(1)
+    assert calls == ["read", "delete"]
+    DeltaStore(UpdateMode.NONE).append(0, "t", torch.tensor([1]),
+                                       released=lambda: calls.append("none"))
+    assert calls == ["read", "delete", "none"]

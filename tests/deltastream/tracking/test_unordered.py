@@ -188,14 +188,8 @@ def _retained_round_trip(kind: type):
 
 
 def test_the_unsorted_form_steps_aside_where_it_cannot_hold():
-    """Two consumers (the records serve both), retained rows (merged with the fresh ones),
-    numpy-kept lookups (repeats in the arena): get_delta's rows, sorted here."""
-    t = Trainer(seed=1, sparse_opt=SparseAdam)
-    two = DeltaTracker(t.net, consumers=["p", "q"], mode=EMB)
-    t.step([5, 6, 7], [1], [two])
-    assert all(isinstance(d, DeltaRows) for d in two.get_delta_unordered("p").values())
-    two.close()
-
+    """Retained rows (merged with the fresh ones), numpy-kept lookups (repeats in the
+    arena): get_delta's rows, sorted here."""
     t, tr = _retained_round_trip(UnorderedRows)
     was = fresh_rows.native_enabled()
     try:
@@ -452,3 +446,40 @@ def test_evictions_mid_interval_against_a_twin_that_flushes(seed):
             got = rows
         _same(got, want)
     assert unordered == 8
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_second_consumer_gets_its_rows_from_where_the_unordered_read_left_them(seed):
+    """Consumers ``p`` (read unordered, its current rows owed, every interval) and ``q``
+    (``get_delta``, every third): ``p``'s reads stay unordered, the interval becoming
+    ``q``'s record where it lies — the FIRST rows in the arena handed to ``p``, given back
+    only once both are done. Random steps with evictions between them: every read of both
+    equals a twin's, whose consumers both read sorted and whose marks become a record at
+    every freed row; the arenas are reused once ``q`` has read them."""
+    twins = _twins(consumers=("p", "q"))
+    (ta, a), (tb, b) = twins
+    a._rec.rows_freed = lambda fqn, positions: a._rec.flush(fqn)
+    g = torch.Generator().manual_seed(seed)
+    user = tb.net.user
+    for interval in range(9):
+        for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
+            u = (torch.rand(50, generator=g) ** 2 * 120).long() * 7919 + 11
+            i = torch.randint(0, 64, (20,), generator=g)
+            for t, tracker in twins:
+                t.step(u, i, [tracker])
+            if bool(torch.rand(1, generator=g) < 0.5):
+                held = user.ids()
+                gone = held[torch.randperm(held.numel(), generator=g)[:6]]
+                for t, _ in twins:
+                    t.net.user.evict(gone.clone())
+        want = a.get_delta("p")["user"]
+        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
+        assert isinstance(got, UnorderedRows)
+        rows_then = user.storage.detach().clone()
+        assert b.capture_rows(None)
+        assert torch.equal(got.current, rows_then[got.positions])
+        _same(got.finish()[0], want)
+        got.give_back()  # p's reader is done: the store may still hold the arena
+        if interval % 3 == 2:
+            _same(b.get_delta("q")["user"], a.get_delta("q")["user"])
+    assert b.stats()["row_buffers"]["reused"] > 0  # arenas came back once q had read
