@@ -410,6 +410,22 @@ def test_an_unordered_read_leaves_the_sort_of_inserts_and_evictions_to_its_reade
     assert a.stats()["compactions"] > 0  # get_delta merges the steps' records
 
 
+def _steps_evicting(twins, g: torch.Generator, p_evict: float) -> None:
+    """One to three steps of both twins alike (Zipf-ish user ids); after each, with
+    probability ``p_evict``, six ids the tables hold (any of them) are evicted in both."""
+    user = twins[1][0].net.user
+    for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
+        u = (torch.rand(50, generator=g) ** 2 * 120).long() * 7919 + 11
+        i = torch.randint(0, 64, (20,), generator=g)
+        for t, tracker in twins:
+            t.step(u, i, [tracker])
+        if bool(torch.rand(1, generator=g) < p_evict):
+            held = user.ids()
+            gone = held[torch.randperm(held.numel(), generator=g)[:6]]
+            for t, _ in twins:
+                t.net.user.evict(gone.clone())
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_evictions_mid_interval_against_a_twin_that_flushes(seed):
     """Random steps with ids evicted between them — ids this interval looked up, ids it did
@@ -424,16 +440,7 @@ def test_evictions_mid_interval_against_a_twin_that_flushes(seed):
     user = tb.net.user
     unordered = 0
     for _ in range(8):
-        for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
-            u = (torch.rand(50, generator=g) ** 2 * 120).long() * 7919 + 11
-            i = torch.randint(0, 64, (20,), generator=g)
-            for t, tracker in twins:
-                t.step(u, i, [tracker])
-            if bool(torch.rand(1, generator=g) < 0.7):  # some held ids go, any of them
-                held = user.ids()
-                gone = held[torch.randperm(held.numel(), generator=g)[:6]]
-                for t, _ in twins:
-                    t.net.user.evict(gone.clone())
+        _steps_evicting(twins, g, 0.7)
         want = a.get_delta("p")["user"]
         got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
         if isinstance(got, UnorderedRows):
@@ -462,16 +469,7 @@ def test_a_second_consumer_gets_its_rows_from_where_the_unordered_read_left_them
     g = torch.Generator().manual_seed(seed)
     user = tb.net.user
     for interval in range(9):
-        for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
-            u = (torch.rand(50, generator=g) ** 2 * 120).long() * 7919 + 11
-            i = torch.randint(0, 64, (20,), generator=g)
-            for t, tracker in twins:
-                t.step(u, i, [tracker])
-            if bool(torch.rand(1, generator=g) < 0.5):
-                held = user.ids()
-                gone = held[torch.randperm(held.numel(), generator=g)[:6]]
-                for t, _ in twins:
-                    t.net.user.evict(gone.clone())
+        _steps_evicting(twins, g, 0.5)
         want = a.get_delta("p")["user"]
         got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
         assert isinstance(got, UnorderedRows)
