@@ -110,7 +110,8 @@ class TableHandoff:
 
     def live(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """``(new, tombstones)`` for a merge: ``new`` bool ``[n]`` aligned with ``ids``
-        (None: a table without it), and the tombstones of ids not live again — an id both
+        (None: a table without it), and the tombstones (ascending, unique) of ids not live
+        again — an id both
         evicted and changed was re-inserted after its last eviction (evictions purge the
         earlier touches), so it is a row, not a tombstone. The ids stay in their order: a
         merge does not need them sorted."""

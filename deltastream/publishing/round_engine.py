@@ -218,7 +218,6 @@ class RoundEngine:
         dynamic = self._dynamic.setdefault(th.fqn, new is not None or th.inserted is not None)
         if dynamic and new is None:
             new = torch.zeros(ids.numel(), dtype=torch.bool)
-        tombs = None if tombs is None else torch.unique(tombs)
         fresh = DeltaRows(ids=ids, states=first, new=new, tombstones=tombs,
                           age=torch.zeros(ids.numel(), dtype=torch.int64))
         # every id evicted in the interval: the tombstones, and the ids inserted in it (a
