@@ -13,6 +13,7 @@ output, or from the weight for a fused kernel or a pooled bag).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Optional
 
 import numpy as np
@@ -22,7 +23,7 @@ from deltastream.tracking.fresh_rows import FreshRows
 from deltastream.tracking.sorted_ids import sort_ids, sort_ids_with_perm
 
 __all__ = ["PendingLookups", "UniqueLookups", "mark_positions", "mark_positions_torch", "first_states",
-           "first_states_cpu", "first_states_torch"]
+           "first_states_cpu", "first_states_torch", "row_buffers"]
 
 
 class PendingLookups:
@@ -388,3 +389,15 @@ def mark_positions_torch(marks: torch.Tensor, pos: list[torch.Tensor]) -> torch.
     touched = marks.nonzero().squeeze(1)
     marks.index_fill_(0, touched, False)
     return touched
+
+
+def row_buffers(pending: Iterable[PendingLookups]) -> dict[str, int]:
+    """``{"reused", "allocated"}``: row buffers (FIRST-row arenas, a hand-off's current
+    rows) the tables of ``pending`` took from the ones their readers gave back, and
+    allocated anew (:class:`~deltastream.tracking.spare_rows.SpareRows`)."""
+    out = {"reused": 0, "allocated": 0}
+    for p in pending:
+        if isinstance(p, UniqueLookups) and p.fresh is not None:
+            out["reused"] += p.fresh.spares.reused
+            out["allocated"] += p.fresh.spares.allocated
+    return out

@@ -231,7 +231,7 @@ class Recorder:
 
     def record_insert(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids inserted into a dynamic table (they are ``new`` until each consumer reads)."""
-        self.news.append(self.idx, fqn, ids)
+        self.news.append(self.idx, fqn, ids, grow=True)
         self.counts["inserted"] += int(ids.numel())
 
     def rows_freed(self, fqn: str, positions: Optional[torch.Tensor]) -> None:
@@ -260,7 +260,7 @@ class Recorder:
         # a row again only once re-inserted (new either way); dropping them cost a search
         # of every insert record per eviction, on the training thread.
         self.touched.discard(fqn, ids)
-        self.tombs.append(self.idx, fqn, ids)
+        self.tombs.append(self.idx, fqn, ids, grow=True)
         self.counts["tombstones"] += int(ids.numel())
 
     def record_reload(self, fqn: str, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -340,17 +340,6 @@ class Recorder:
                             released=give_back)
         return (*got[:5], give_back)
 
-    def row_buffers(self) -> dict[str, int]:
-        """``{"reused", "allocated"}``: row buffers (FIRST-row arenas, a hand-off's current
-        rows) the tables took from the ones their readers gave back, and allocated anew
-        (:class:`~deltastream.tracking.spare_rows.SpareRows`)."""
-        out = {"reused": 0, "allocated": 0}
-        for p in self.pending.values():
-            if isinstance(p, UniqueLookups) and p.fresh is not None:
-                out["reused"] += p.fresh.spares.reused
-                out["allocated"] += p.fresh.spares.allocated
-        return out
-
     def keeps_unique(self, fqn: str) -> bool:
         """Whether positional table ``fqn`` keeps each position once (see
         :func:`records_as_is`)."""
@@ -403,16 +392,18 @@ class Recorder:
         return RawRows(ids, states, positions, raw(self.tombs), raw(self.news),
                        self.tables[fqn].dynamic)
 
-    def capture(self, max_positions: Optional[int], lane: bool = True) -> bool:
+    def capture(self, max_positions: Optional[int], lane: bool = True,
+                tables: Optional[Iterable[str]] = None) -> bool:
         """Walk handed-over marks (:meth:`FreshRows.capture`): about ``max_positions``
-        positions in all on this thread (None: every one); True when no table owes rows
-        any more. A walk the lane thread ran costs this thread only its wait, which it
+        positions in all on this thread (None: every one), of ``tables`` only (None: all);
+        True when none of them owes rows any more. A walk the lane thread ran costs this thread only its wait, which it
         does not count: else a tick would finish one table's lane walk at a time, and a
         hand-off of many tables would wait a tick per table for walks long done. A walk is
         queued on the lane whatever ``max_positions`` (it is not this thread's), except with
         ``lane`` False and ``max_positions`` 0 (left to a later call)."""
-        owing = [p.fresh for p in self.pending.values()
-                 if isinstance(p, UniqueLookups) and p.fresh.owes]
+        pending = self.pending.values() if tables is None \
+            else [self.pending[f] for f in tables if f in self.pending]
+        owing = [p.fresh for p in pending if isinstance(p, UniqueLookups) and p.fresh.owes]
         # asked only while a walk is still to queue, at most once per SPARE_CORE_TTL_S
         spare = max_positions is not None and any(not f.walk_queued for f in owing) \
             and self._spare()
@@ -528,10 +519,10 @@ class Recorder:
         for store in self.stores():
             store.compact(start, end, skip)
 
-    def delete(self, upto: Optional[int] = None) -> None:
-        """Drop records before ``upto`` (all with None) in every store."""
+    def delete(self, upto: Optional[int] = None, tables: Optional[Iterable[str]] = None) -> None:
+        """Drop records before ``upto`` (all with None) of ``tables`` (None: all), every store."""
         for store in self.stores():
-            store.delete(upto)
+            store.delete(upto, tables)
         self._next_bound_check = 0
 
     def compact_all(self, cursors: list[int]) -> None:

@@ -40,25 +40,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
-from deltastream.tracking.sorted_ids import group_mask, member, union
+from deltastream.tracking.sorted_ids import member
+from deltastream.tracking.store_runs import Run, dedupe, merge_runs, normalized
 from deltastream.types import DeltaRows, UpdateMode
 
 __all__ = ["DeltaStore"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Run:
-    """Ids (ascending, unique) a table saw at ``idx``, with aligned states or ``None``."""
-
-    idx: int
-    ids: torch.Tensor
-    states: Optional[torch.Tensor]
-    sorted: bool = True  # False: ids as recorded (duplicates, arrival order), see append
-    version: Optional[int] = None  # borrowed states: their ``_version`` when appended
 
 
 #: Appends of at least this many CPU ids are deduplicated at once; smaller ones (and those
@@ -70,7 +61,7 @@ EAGER_DEDUPE_MIN = 16384
 
 @dataclass
 class _Table:
-    runs: list[_Run]
+    runs: list[Run]
     dim: Optional[int] = None
     dtype: torch.dtype = torch.float32
     device: Optional[torch.device] = None
@@ -86,6 +77,12 @@ class _Table:
     def state_rows(self) -> int:
         return self.n_state_rows
 
+    def seal(self) -> None:
+        """The last record grows no more (a read or a change of the records is a boundary
+        no record may span)."""
+        if self.runs:
+            self.runs[-1].grow = None
+
     def recount(self) -> None:
         if not self.runs:  # nothing held (most tables of a many-table read): no sums
             self.n_rows = self.n_state_rows = 0
@@ -95,95 +92,14 @@ class _Table:
         self.n_state_rows = sum(int(r.ids.numel()) for r in self.runs if r.states is not None)
 
 
-def _dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
-            mode: UpdateMode) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Sort ``ids`` [N] and keep one entry per id; states [N, dim] follow FIRST/LAST.
-
-    Returns new tensors (never views of the inputs).
-    """
-    if states is None or mode is UpdateMode.NONE:
-        return torch.unique(ids, sorted=True), None
-    # A stable sort keeps equal ids in arrival order: the first of a group is the earliest.
-    sorted_ids, perm = torch.sort(ids, stable=True)
-    keep = group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
-    if keep.numel() == sorted_ids.numel():
-        return sorted_ids, states.index_select(0, perm)
-    return sorted_ids.index_select(0, keep), states.index_select(0, perm.index_select(0, keep))
-
-
-def _merge2(a: _Run, b: _Run, mode: UpdateMode,
-            with_states: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Merge two runs, ``a`` recorded before ``b``: ids ascending unique, states by mode."""
-    keep_states = with_states and a.states is not None and b.states is not None
-    out, pos_a, b_only, pos_b, in_a, at_a = union(a.ids, b.ids)
-    if not keep_states:
-        return out, None
-    last = mode is UpdateMode.LAST
-    if b_only.numel() == 0 and not last:
-        return a.ids, a.states  # FIRST: b adds nothing
-    # Fresh tensors: runs are never modified in place because they may have been handed out.
-    states = torch.empty((out.numel(), a.states.shape[1]), dtype=a.states.dtype,
-                         device=a.states.device)
-    states[pos_a] = a.states
-    if b_only.numel():
-        states[pos_b] = b.states.index_select(0, b_only)
-    if last:
-        common = in_a.nonzero().squeeze(1)
-        if common.numel():
-            states[pos_a.index_select(0, at_a.index_select(0, common))] = \
-                b.states.index_select(0, common)
-    return out, states
-
-
-def _normalized(r: _Run, mode: UpdateMode, with_states: bool) -> _Run:
-    """``r`` with ids ascending unique (itself when already so)."""
-    if r.sorted:
-        return r
-    ids, states = _dedupe(r.ids, r.states if with_states else None, mode)
-    return _Run(r.idx, ids, states)
-
-
-def _merge_runs(runs: list[_Run], mode: UpdateMode,
-                with_states: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Merge runs given in recording order into (ids ascending unique, states or None)."""
-    if len(runs) <= 2:
-        runs = [_normalized(r, mode, with_states) for r in runs]
-        if len(runs) == 1:
-            r = runs[0]
-            return r.ids, (r.states if with_states else None)
-        return _merge2(runs[0], runs[1], mode, with_states)
-    ids = torch.cat([r.ids for r in runs])
-    if not with_states or any(r.states is None for r in runs):
-        return torch.unique(ids, sorted=True), None
-    # A stable sort keeps equal ids in recording order (runs in order, and arrival order
-    # inside a run as recorded), so a group's first entry is FIRST and its last LAST.
-    sorted_ids, perm = torch.sort(ids, stable=True)
-    keep = group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
-    out_ids = sorted_ids.index_select(0, keep)
-    src = perm.index_select(0, keep)  # concatenation position of the chosen entry per out row
-    # Gather the chosen states run by run (each run's chosen rows in position order), then
-    # put them in id order with one gather: never a concatenation of every run's states, no
-    # scatter, no second sort. A chosen position's index in the staged rows is its rank
-    # among chosen positions.
-    chosen = torch.zeros(ids.numel(), dtype=torch.bool, device=ids.device)
-    chosen[src] = True
-    first = runs[0].states
-    staged = torch.empty((src.numel(), first.shape[1]), dtype=first.dtype, device=first.device)
-    start = at = 0
-    for r in runs:
-        size = r.ids.numel()
-        rows = chosen[start:start + size].nonzero().squeeze(1)
-        k = rows.numel()
-        if k:
-            torch.index_select(r.states, 0, rows, out=staged[at:at + k])
-            at += k
-        start += size
-    rank = chosen.cumsum(0).sub_(1)
-    return out_ids, staged.index_select(0, rank.index_select(0, src))
-
-
 #: the ids of a table no record ever named (a shared empty tensor: never written)
 _NO_IDS = torch.empty(0, dtype=torch.int64)
+
+
+def _id_buffer(n: int) -> tuple[np.ndarray, torch.Tensor]:
+    """An int64 buffer of ``n`` ids, as numpy and as the tensor sharing its memory."""
+    buf = np.empty(n, dtype=np.int64)
+    return buf, torch.from_numpy(buf)
 
 
 def _as_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
@@ -191,7 +107,11 @@ def _as_ids(ids: torch.Tensor, what: str) -> torch.Tensor:
         raise TypeError(f"{what} must be a torch.Tensor of integer ids, got {type(ids).__name__}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{what} must hold integer ids, got dtype {ids.dtype}")
-    return ids.detach().reshape(-1).to(torch.int64)
+    # integer tensors never require grad: no detach; each torch call costs ~1 µs, per
+    # table per step
+    if ids.dim() != 1:
+        ids = ids.reshape(-1)
+    return ids if ids.dtype == torch.int64 else ids.to(torch.int64)
 
 
 class DeltaStore:
@@ -279,6 +199,7 @@ class DeltaStore:
         t = self._tables.get(fqn)
         if t is None:
             raise KeyError(f"unknown table {fqn!r}; known: {sorted(self._tables)}")
+        t.seal()
         freed = t.state_rows()
         t.degraded = self._mode is not UpdateMode.NONE
         for r in t.runs:
@@ -289,7 +210,8 @@ class DeltaStore:
     # -- TorchRec surface ---------------------------------------------------------------
     def append(self, batch_idx: int, fqn: str, ids: torch.Tensor,
                states: Optional[torch.Tensor] = None, *, copy_states: bool = True,
-               unique: bool = False, released: Optional[Callable[[], None]] = None) -> None:
+               unique: bool = False, released: Optional[Callable[[], None]] = None,
+               grow: bool = False) -> None:
         """Record that table ``fqn`` saw ``ids`` (any shape, flattened) at ``batch_idx``.
 
         ``states`` is ``[N, dim]`` (or ``[*ids.shape, dim]``) aligned with the flattened ids
@@ -305,7 +227,11 @@ class DeltaStore:
         kept as recorded (no sort now; ``copy_states=False`` keeps the states by reference).
         ``released`` (with ``copy_states=False``): called once nothing the store handed out
         or keeps refers to ``states`` any more (at once when they are not kept), so that
-        the caller may write their memory again.
+        the caller may write their memory again. ``grow`` (ids only): the ids may join
+        the table's last record, appended with ``grow`` too, until the table is read,
+        compacted, trimmed or changed otherwise (the record's index is then the first of
+        the two): for a caller that reads only at indices no such record spans (the
+        tracker, at its reads).
         """
         if not isinstance(batch_idx, int) or isinstance(batch_idx, bool):
             raise TypeError(f"batch_idx must be an int, got {batch_idx!r}")
@@ -322,10 +248,14 @@ class DeltaStore:
             return
         t.device = ids.device  # empty results follow the table (moved to another device)
         keep = self._with_states(t)
+        if grow and (states is None or not keep) and self._grown(t, batch_idx, ids):
+            if released is not None:
+                released()
+            return
         version = None  # of states kept by reference
         if ids.numel() >= EAGER_DEDUPE_MIN and ids.device.type == "cpu" and not unique:
-            u_ids, u_states = _dedupe(ids, states if keep else None, self._mode)
-            run = _Run(batch_idx, u_ids, u_states)
+            u_ids, u_states = dedupe(ids, states if keep else None, self._mode)
+            run = Run(batch_idx, u_ids, u_states)
         else:  # kept as recorded (own copies), deduplicated when merged
             u_ids = ids.clone(memory_format=torch.contiguous_format)
             u_states = None
@@ -334,7 +264,9 @@ class DeltaStore:
                     u_states = states.clone(memory_format=torch.contiguous_format)
                 else:
                     u_states, version = states, states._version
-            run = _Run(batch_idx, u_ids, u_states, sorted=False, version=version)
+            run = Run(batch_idx, u_ids, u_states, sorted=False, version=version)
+            if grow and u_states is None and u_ids.device.type == "cpu":
+                run.grow = (u_ids.numpy(), u_ids, u_ids)
         if released is not None:  # the states kept by reference, or none kept
             if version is None:
                 released()
@@ -347,6 +279,24 @@ class DeltaStore:
             t.runs.append(run)
         else:
             t.runs.insert(bisect.bisect_right(t.runs, batch_idx, key=lambda r: r.idx), run)
+
+    def _grown(self, t: _Table, batch_idx: int, ids: torch.Tensor) -> bool:
+        """Append ids-only ``ids`` (CPU) to ``t``'s last record where it is still growing
+        — made since the last read, at ``batch_idx`` or before, its ids untouched since —
+        in place past its head (a head handed out stays as it was); False: not done."""
+        last = t.runs[-1] if t.runs else None
+        if last is None or last.grow is None or last.ids is not last.grow[2] or last.idx > batch_idx \
+                or ids.device.type != "cpu":
+            return False
+        (buf, whole, _), n, k = last.grow, last.ids.numel(), ids.numel()
+        if n + k > buf.size:  # numpy: a torch slice and copy cost several times more
+            buf, whole = _id_buffer(2 * (n + k))
+            buf[:n] = last.ids.numpy()
+        buf[n:n + k] = ids.numpy()
+        last.ids = whole[:n + k]
+        last.grow = (buf, whole, last.ids)
+        t.n_rows += k
+        return True
 
     def _checked_states(self, t: _Table, fqn: str, ids: torch.Tensor,
                         states: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -419,7 +369,7 @@ class DeltaStore:
         t.n_rows += n
         if states is not None:
             t.n_state_rows += n
-        run = _Run(batch_idx, ids, states)
+        run = Run(batch_idx, ids, states)
         if not t.runs or t.runs[-1].idx <= batch_idx:
             t.runs.append(run)
         else:
@@ -437,16 +387,17 @@ class DeltaStore:
         for fqn, t in self._tables.items():
             if not t.runs or fqn in skip:  # nothing held: nothing to merge
                 continue
+            t.seal()
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, start_idx, key=lambda r: r.idx)
             hi = bisect.bisect_left(t.runs, end_idx, key=lambda r: r.idx)
             if hi - lo <= 1:
                 if hi - lo == 1 and not t.runs[lo].sorted:  # same index: no semantic change
-                    t.runs[lo] = _normalized(t.runs[lo], self._mode, self._with_states(t))
+                    t.runs[lo] = normalized(t.runs[lo], self._mode, self._with_states(t))
                     t.recount()
                 continue
-            ids, states = _merge_runs(t.runs[lo:hi], self._mode, self._with_states(t))
-            t.runs[lo:hi] = [_Run(start_idx, ids, states)]
+            ids, states = merge_runs(t.runs[lo:hi], self._mode, self._with_states(t))
+            t.runs[lo:hi] = [Run(start_idx, ids, states)]
             t.recount()
             self.compactions += 1
 
@@ -462,6 +413,7 @@ class DeltaStore:
         for fqn, t in self._tables.items():
             if fqn in skip:
                 continue
+            t.seal()
             keep = self._with_states(t)
             if not t.runs:  # most tables of a read, in the stores of evictions and inserts
                 out[fqn] = self._empty(t, keep)
@@ -470,30 +422,35 @@ class DeltaStore:
             lo = bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
             for i in range(lo, len(t.runs)):  # normalize in place: same index, fewer rows
                 if not t.runs[i].sorted and len(t.runs) - lo <= 2:
-                    t.runs[i] = _normalized(t.runs[i], self._mode, keep)
+                    t.runs[i] = normalized(t.runs[i], self._mode, keep)
                     t.recount()
             runs = t.runs[lo:]
             if not runs:
                 out[fqn] = self._empty(t, keep)
                 continue
-            ids, states = _merge_runs(runs, self._mode, keep)
+            ids, states = merge_runs(runs, self._mode, keep)
             out[fqn] = DeltaRows(ids=ids, states=states)
         return out
 
     #: TorchRec's name for :meth:`get_unique`.
     get_delta = get_unique
 
-    def delete(self, up_to_idx: Optional[int] = None) -> None:
-        """Drop records at indices ``< up_to_idx`` (all records when ``None``)."""
+    def delete(self, up_to_idx: Optional[int] = None,
+               tables: Optional[Iterable[str]] = None) -> None:
+        """Drop records at indices ``< up_to_idx`` (all records when ``None``), of
+        ``tables`` only (None: every table)."""
         if up_to_idx is not None and not isinstance(up_to_idx, int):
             raise TypeError(f"up_to_idx must be an int or None, got {up_to_idx!r}")
-        for t in self._tables.values():
+        held = self._tables
+        for t in held.values() if tables is None else (held[f] for f in tables if f in held):
+            t.seal()
             if up_to_idx is None:
                 t.runs = []
             elif t.runs:
                 lo = bisect.bisect_left(t.runs, up_to_idx, key=lambda r: r.idx)
-                if lo:
-                    del t.runs[:lo]
+                if not lo:  # nothing dropped: its counts stand
+                    continue
+                del t.runs[:lo]
             t.recount()
 
     # -- extras the tracker uses --------------------------------------------------------
@@ -509,6 +466,7 @@ class DeltaStore:
         lo = 0 if t is None else bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
         if t is None or lo == len(t.runs):
             return None
+        t.seal()
         self._check_borrowed(fqn, t)
         runs = t.runs[lo:]
         keep = self._with_states(t) and all(r.states is not None for r in runs)
@@ -538,6 +496,7 @@ class DeltaStore:
         t = self._tables.get(fqn)
         if t is None or not t.runs:
             return 0
+        t.seal()
         drop = torch.unique(_as_ids(ids, "ids"), sorted=True)
         if drop.numel() == 0:
             return 0

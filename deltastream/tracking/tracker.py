@@ -71,6 +71,7 @@ from deltastream.tracking.discovery import discover
 from deltastream.tracking.model_hooks import ModelHooks, eager
 from deltastream.tracking.options import consumer_names, resolve_consumer, tracking_mode
 from deltastream.tracking.path_choice import PathSwitch, declare_lookups
+from deltastream.tracking.positions import row_buffers
 from deltastream.tracking.recorder import Recorder
 from deltastream.tracking.rows import (
     RawRows,
@@ -138,12 +139,14 @@ class DeltaTracker:
         self.curr_batch_idx = 0  #: number of step() calls
         self._cursor: dict[str, int] = dict.fromkeys(self._consumers, 0)  # first unread index
         self._carry: dict[str, dict[str, DeltaRows]] = {c: {} for c in self._consumers}
+        # tables a read in parts left unread: {fqn: its first unread index} (one consumer)
+        self._lag: dict[str, int] = {}
 
         found = discover(model, fqns_to_skip)
         self._tables = found.tables
         declare_lookups(self._tables, sparse_updates_only, found.distributed)
         self._rec = Recorder(self._mode, self._tables, max_tracked_rows,
-                             lambda: self._cursor.values())
+                             lambda: [*self._cursor.values(), *self._lag.values()])
         self._closed = False
         self._switch = PathSwitch(self._tables, found.distributed, self._rec, self._lock, eager)
         self._hooks = ModelHooks(self._tables, found.root, self._rec, self._lock, self._switch,
@@ -212,16 +215,19 @@ class DeltaTracker:
         with self._lock:
             return self._rec.drained_positions(fqn, ids)
 
-    def capture_rows(self, max_positions: Optional[int] = None, *, lane: bool = True) -> bool:
+    def capture_rows(self, max_positions: Optional[int] = None, *, lane: bool = True,
+                     tables: Optional[Iterable[str]] = None) -> bool:
         """Walk the marks an ``owe``-ing :meth:`get_delta_unordered` handed over: about
         ``max_positions`` of its positions in all (whole 64-bit words of marks; None: every
         one), writing their ids, positions, arena rows and current rows; True when nothing
         is left (every ``UnorderedRows`` it returned is complete). Call at a step boundary:
         O(max_positions). Where torch leaves a core spare, a bounded call queues every
         table's whole walk on the C code's lane thread (whatever ``max_positions``: the walk
-        is not this thread's); with ``lane`` False a call with ``max_positions`` 0 queues none."""
+        is not this thread's); with ``lane`` False a call with ``max_positions`` 0 queues none.
+        ``tables``: walk those tables' marks only (None: every table's), True when they
+        owe nothing (the hand-off of a read in parts, :meth:`get_delta_unordered`)."""
         with self._lock:
-            return self._rec.capture(max_positions, lane)
+            return self._rec.capture(max_positions, lane, tables)
 
     def step(self) -> None:
         """Mark the end of a training step (compacts the unread interval if auto_compact)."""
@@ -255,7 +261,8 @@ class DeltaTracker:
             return self._read(self._resolve(consumer), {})
 
     def get_delta_unordered(self, consumer: Optional[str] = None,
-                            owe: Optional[Mapping[str, torch.Tensor]] = None
+                            owe: Optional[Mapping[str, torch.Tensor]] = None,
+                            tables: Optional[Iterable[str]] = None
                             ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """:meth:`get_delta` for a reader that sorts elsewhere (a publisher's worker): a CPU
         table whose lookups the C code kept comes as :class:`UnorderedRows` — ids in
@@ -271,56 +278,99 @@ class DeltaTracker:
         ``current``, their values now, copied later — at their next lookup, by
         :meth:`capture_rows`, or before anything else changes a row
         (:mod:`.owed_rows`); their ``ids``, ``positions`` and ``at`` are written by the same
-        walk: read any of them once :meth:`capture_rows` returned True."""
+        walk: read any of them once :meth:`capture_rows` returned True.
+
+        ``tables``: read these tables only (the keys returned); the others keep what
+        changed in them for their next read, whenever that is: a reader of many tables
+        spreads one hand-off over several ticks, each a bounded part of the training
+        thread's time. Only where :meth:`reads_in_parts` (else ``ValueError``)."""
         with self._lock:
             c = self._resolve(consumer)
+            part = None
+            if tables is not None:
+                part = frozenset(tables)
+                if part - self._tables.keys():
+                    raise ValueError(f"unknown tables {sorted(part - self._tables.keys())}; "
+                                     f"tracked: {sorted(self._tables)}")
+                if not self.reads_in_parts(c):
+                    raise ValueError(f"consumer {c!r} cannot read some tables only: it is "
+                                     f"not the only consumer, or records are kept after a "
+                                     f"read (delete_on_read=False)")
             raw: dict[str, tuple | RawRows] = {}
             owe = owe or {}
             only = len(self._cursor) == 1 and self._delete_on_read
             # with other consumers the interval is recorded for them as it is drained
             share = not only and self._delete_on_read
-            for fqn in self._rec.pending:
+            since = self._unread_from(c)
+            pending = self._rec.pending
+            for fqn in pending if part is None else [f for f in pending if f in part]:
                 if fqn in self._carry[c]:
                     continue
-                got = self._rec.drain_unordered(fqn, owe.get(fqn), self._cursor[c], share) \
+                got = self._rec.drain_unordered(fqn, owe.get(fqn), since, share) \
                     if only or share else None
                 if got is None:
-                    got = self._rec.drain_raw(fqn, self._cursor[c], take=only)
+                    got = self._rec.drain_raw(fqn, since, take=only)
                 if got is not None:
                     raw[fqn] = got
-            return self._read(c, raw, take=only)
+            return self._read(c, raw, take=only, part=part)
 
-    def _read(self, c: str, raw: dict[str, tuple | RawRows], take: bool = True
+    def reads_in_parts(self, consumer: Optional[str] = None) -> bool:
+        """Whether :meth:`get_delta_unordered` may read ``consumer``'s tables some at a
+        time (``tables=``): it is the only consumer and records are deleted on read, so a
+        table left unread keeps its records, and nobody else reads past them."""
+        self._resolve(consumer)
+        return len(self._cursor) == 1 and self._delete_on_read
+
+    def _unread_from(self, c: str) -> int:
+        """The first index holding records ``c`` has not read: its cursor, or earlier where
+        a read in parts left tables unread (then ``c`` is the only consumer, and every
+        record the store holds is unread: the read ones were deleted)."""
+        return min(self._cursor[c], *self._lag.values()) if self._lag else self._cursor[c]
+
+    def _read(self, c: str, raw: dict[str, tuple | RawRows], take: bool = True,
+              part: Optional[frozenset[str]] = None
               ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
         give_back)}`` drained unordered before the boundary, or ``RawRows`` (their tables
         have nothing else to read); ``take``: ``c`` is the only consumer (the inserts and
-        evictions of ``raw``'s tables are taken, not left for the others)."""
-        self._boundary()
+        evictions of ``raw``'s tables are taken, not left for the others); ``part``: the
+        tables read (None: all), the others left as they are for a later read."""
+        if part is None:
+            self._boundary()
+        else:  # the boundary of the tables read only: the others' lookups stay pending
+            for fqn in part:
+                self._rec.flush(fqn)
+                if fqn in self._rec.scans and not self._closed:
+                    self._rec.scan(fqn)
         rec = self._rec
         end = rec.idx + 1
         start = max(self._cursor.values())
-        frm = self._cursor[c]
+        frm = self._unread_from(c)
+        others = frozenset() if part is None else frozenset(self._tables) - part
         # tables read as recorded keep their records as they are (other consumers merge
         # them); a table drained unordered reads its evictions and inserts as recorded too
         # (taken when c is the only consumer): their sort is the reader's
         # (UnorderedRows.finish), not this thread's — a few ms a hand-off at 26 tables
         # while new ids keep arriving
-        skip = frozenset(raw)
+        skip = frozenset(raw) | others
         unordered = [f for f, r in raw.items() if not isinstance(r, RawRows)]
         evicted = rec.tombs.ids_since(unordered, frm, take)
         inserted = rec.news.ids_since(unordered, frm, take)
-        if start < end:  # the interval nobody has read yet becomes one record
-            rec.compact(start, end, skip)
-        # none of raw's tables is read from the touched store: those read as recorded keep
-        # their records, and one is drained unordered only while it has none there
-        touched = rec.touched.get_unique(frm, skip)
-        tombs = rec.tombs.get_unique(frm, skip)
-        news = rec.news.get_unique(frm, skip)
+        touched = tombs = news = {}
+        if not skip >= self._tables.keys():  # some tables read from the stores
+            if start < end:  # the interval nobody has read yet becomes one record
+                rec.compact(start, end, skip)
+            # none of raw's tables is read from the touched store: those read as recorded
+            # keep their records, and one is drained unordered only while it has none there
+            touched = rec.touched.get_unique(frm, skip)
+            tombs = rec.tombs.get_unique(frm, skip)
+            news = rec.news.get_unique(frm, skip)
         carry = self._carry[c]
-        self._carry[c] = {}
+        self._carry[c] = {f: r for f, r in carry.items() if f in others}
         out: dict[str, DeltaRows | UnorderedRows | RawRows] = {}
         for fqn, info in self._tables.items():
+            if fqn in others:
+                continue
             if isinstance(raw.get(fqn), RawRows):
                 out[fqn] = raw[fqn]
             elif fqn in raw:
@@ -330,10 +380,13 @@ class DeltaTracker:
             else:
                 out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
                                           carry.get(fqn), info.dynamic)
+            self._lag.pop(fqn, None)
+        for fqn in others:  # a table left unread keeps its first unread index
+            self._lag.setdefault(fqn, self._cursor[c])
         self._cursor[c] = end
         rec.idx = end
-        if self._delete_on_read:
-            rec.delete(min(self._cursor.values()))
+        if self._delete_on_read:  # the tables left unread keep their records
+            rec.delete(min(self._cursor.values()), part)
         rec.counts["reads"] += 1
         return out
 
@@ -353,6 +406,7 @@ class DeltaTracker:
         with self._lock:
             rec = self._rec
             end = rec.idx + 1
+            self._lag.clear()  # what tables left unread by a read in parts had is forgotten
             if consumer is None:
                 rec.resync()
                 rec.delete()
@@ -441,7 +495,7 @@ class DeltaTracker:
                 scan_seconds=sum(sc.seconds for sc in scans),
                 rows_moved_without_lookup=sum(sc.unlooked for sc in scans),
                 shadow_bytes=sum(sc.nbytes for sc in scans),
-                row_buffers=rec.row_buffers(),
+                row_buffers=row_buffers(rec.pending.values()),
             )
             return s
 

@@ -350,3 +350,37 @@ def test_states_kept_by_reference_are_released_once_nothing_refers_to_them():
     DeltaStore(UpdateMode.NONE).append(0, "t", torch.tensor([1]),
                                        released=lambda: calls.append("none"))
     assert calls == ["read", "delete", "none"]
+
+
+def test_grown_records_join_until_their_table_is_read_or_changed(dedupe_path):
+    """Ids-only appends with ``grow`` join the table's last record (at its index) until the
+    table is read, compacted, trimmed or changed; a record handed out before keeps its ids
+    as it grows on; another table's read does not stop it."""
+    if dedupe_path == "eager":
+        pytest.skip("appends deduplicated at once are sorted records of their own")
+    s = DeltaStore(UpdateMode.NONE)
+    s.append(1, "t", torch.tensor([5, 3]), grow=True)
+    s.append(2, "t", torch.tensor([[3, 9]]), grow=True)  # flattened, repeats kept
+    s.append(2, "u", torch.tensor([1]), grow=True)
+    assert s.num_records("t") == 1 and s.num_rows("t") == 4
+    ids, _ = s.raw_since("t", 0, take=False)
+    assert ids.tolist() == [5, 3, 3, 9]
+    s.append(3, "t", torch.tensor([7]), grow=True)  # a new record: the read sealed the last
+    s.append(4, "t", torch.tensor([8] * 40), grow=True)  # grown past its room
+    assert ids.tolist() == [5, 3, 3, 9] and s.num_records("t") == 2
+    assert s.raw_since("t", 3, take=True)[0].tolist() == [7] + [8] * 40
+    assert s.get_unique(2)["t"].ids.tolist() == []  # the record at 1 spans 1-2
+    assert s.get_unique()["t"].ids.tolist() == [3, 5, 9]
+    s.append(5, "t", torch.tensor([1]))  # without grow: a record of its own
+    s.append(6, "t", torch.tensor([2]), grow=True)
+    assert s.num_records("t") == 3
+    s.raw_since("u", 0, take=True)
+    s.append(6, "t", torch.tensor([2]), grow=True)
+    assert s.num_records("t") == 3
+    for call in (lambda: s.delete(0), lambda: s.compact(0, 7),
+                 lambda: s.discard("t", torch.tensor([0])), lambda: s.get_unique(7)):
+        s.append(7, "t", torch.tensor([4]), grow=True)
+        call()
+        n = s.num_records("t")
+        s.append(7, "t", torch.tensor([4]), grow=True)
+        assert s.num_records("t") == n + 1  # each call sealed the record before it

@@ -1,0 +1,129 @@
+"""DeltaTracker.get_delta_unordered(tables=...): a reader of many tables reads them some at
+a time; a table left unread keeps everything that changed in it until its own next read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deltastream.embedding.optim import SparseAdam
+from deltastream.tracking.rows import UnorderedRows
+from deltastream.tracking.tracker import DeltaTracker
+from deltastream.types import TrackingMode
+
+from .test_tracker import Trainer
+from .test_unordered import _same, _steps_evicting
+
+EMB = TrackingMode.EMBEDDING
+TABLES = ("user", "item")
+
+
+def _trainers(n: int, **kw) -> list:
+    """``n`` identical trainers (same seed, same steps), one tracker each."""
+    out = []
+    for _ in range(n):
+        t = Trainer(seed=3, sparse_opt=SparseAdam)
+        out.append((t, DeltaTracker(t.net, consumers=["p"], mode=EMB, **kw)))
+    return out
+
+
+def _disturb(tracker: DeltaTracker, g: torch.Generator) -> None:
+    """What may befall a table left unread between its reads: its marks flushed into the
+    store (an eviction on an accelerator, a full read's boundary), or the store compacted
+    and trimmed below every cursor as ``max_tracked_rows`` does under pressure."""
+    rec = tracker._rec
+    draw = float(torch.rand(1, generator=g))
+    if draw < 0.2:
+        rec.flush("user")
+    elif draw < 0.4:
+        cursors = list(rec._cursors())
+        for store in rec.stores():
+            store.delete(min(cursors))
+        rec.compact_all(cursors)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_each_table_read_in_parts_equals_a_whole_read_at_its_own_reads(seed):
+    """Random steps with evictions; the tested tracker reads ``user``, ``item`` or both at
+    each boundary (its current rows owed), and between reads its unread tables are
+    disturbed. A table's rows at each of its reads equal those of a twin that reads every
+    table whole, but only when that table is read — FIRST rows, ``new``, tombstones, bit
+    for bit — and its current rows are the table's at the read."""
+    trainers = _trainers(1 + len(TABLES))
+    (tb, b), twins = trainers[0], dict(zip(TABLES, trainers[1:], strict=True))
+    g = torch.Generator().manual_seed(seed)
+    user = tb.net.user
+    parts = [("user",), ("item",), TABLES, ("user",), ("user",), ("item",)]
+    unordered = 0
+    for k in range(14):
+        _steps_evicting(trainers, g, 0.5)
+        if k:
+            _disturb(b, g)
+        part = parts[int(torch.randint(len(parts), (1,), generator=g))]
+        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()},
+                                    tables=None if part == TABLES else part)
+        assert got.keys() == set(part)
+        rows_then = user.storage.detach().clone()
+        assert b.capture_rows(None)
+        for fqn in part:
+            want = twins[fqn][1].get_delta("p")[fqn]
+            d = got[fqn]
+            if isinstance(d, UnorderedRows):
+                unordered += 1
+                assert torch.equal(d.current, rows_then[d.positions])
+                d = d.finish()[0]
+            _same(d, want)
+    assert unordered >= 3  # the hash table's reads after a flush are sorted, the others not
+    whole = b.get_delta("p")  # whatever was left unread, in one read
+    for fqn in TABLES:
+        _same(whole[fqn], twins[fqn][1].get_delta("p")[fqn])
+
+
+def test_a_table_left_unread_keeps_its_records_through_the_bound():
+    """``max_tracked_rows`` compacts and trims the store below every cursor: the records
+    of a table a read in parts left unread are kept (its first unread index counts as a
+    cursor), and its next read has all of them: its ids, ``new`` and tombstones equal a
+    twin's that reads whole (its FIRST rows may be dropped under the bound)."""
+    trainers = _trainers(2, max_tracked_rows=60)
+    (tb, b), (ta, a) = trainers
+    g = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        _steps_evicting(trainers, g, 0.5)
+        b.get_delta("p")
+        a.get_delta("p")
+    _steps_evicting(trainers, g, 1.0)  # changes user and item, evicts from user
+    b.get_delta_unordered("p", tables=["item"])
+    for _ in range(4):
+        _steps_evicting(trainers, g, 1.0)
+        b.get_delta_unordered("p", tables=["item"])
+    assert b.stats()["bound_compactions"] > 0
+    want = a.get_delta("p")["user"]
+    got = b.get_delta_unordered("p", tables=["user"])["user"]
+    got = got.finish()[0] if isinstance(got, UnorderedRows) else got
+    for field in ("ids", "new", "tombstones"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert want.tombstones.numel() and want.new.any()
+
+
+def test_reading_in_parts_needs_the_only_consumer_and_deletes_on_read():
+    t = Trainer(seed=3, sparse_opt=SparseAdam)
+    two = DeltaTracker(t.net, consumers=["p", "q"], mode=EMB)
+    kept = DeltaTracker(Trainer(seed=3).net, consumers=["p"], mode=EMB, delete_on_read=False)
+    one = DeltaTracker(Trainer(seed=3).net, consumers=["p"], mode=EMB)
+    assert not two.reads_in_parts("p") and not kept.reads_in_parts("p")
+    assert one.reads_in_parts("p")
+    for tracker in (two, kept):
+        with pytest.raises(ValueError, match="cannot read some tables only"):
+            tracker.get_delta_unordered("p", tables=["user"])
+    with pytest.raises(ValueError, match="unknown tables"):
+        one.get_delta_unordered("p", tables=["nope"])
+
+
+def test_clear_forgets_what_tables_left_unread_had():
+    (t, b), = _trainers(1)
+    t.step([11, 12], [1, 2], [b])
+    b.get_delta_unordered("p", tables=["item"])
+    b.clear("p")
+    t.step([13], [3], [b])
+    got = b.get_delta("p")
+    assert got["user"].ids.tolist() == [13] and got["item"].ids.tolist() == [3]
