@@ -67,7 +67,10 @@ hand-off takes the tracker's marks over whole (a swap), and the marks are walked
 next ticks, a :data:`CAPTURE_BYTES` slice each — the ids, positions and rows written — with
 a row copied earlier by its next lookup before the update (exact: a row changes only in a
 step that looks it up); the hand-off reaches the worker once complete
-(``stats()["capture_ticks"]``). So no tick copies every row changed since the last one. Merging,
+(``stats()["capture_ticks"]``). So no tick copies every row changed since the last one. A
+hand-off of many tables is read over several ticks, a part of its tables each
+(:data:`HANDOFF_PART_S`, ``stats()["part_ticks"]``), the tables not read yet keeping their
+changes in the tracker, so no tick pays every table's bookkeeping either. Merging,
 scoring, choosing, encoding and sending run on the publisher's worker threads
 (:mod:`~deltastream.publishing.budget_worker`); ``tick`` never waits for them or for the
 broker and returns ``None``. When the worker falls behind, hand-offs coalesce in the
@@ -116,7 +119,13 @@ from deltastream.publishing.budget_engine import BudgetEngine, BudgetTick, table
 from deltastream.publishing.budget_policy import SCALES, BudgetPolicy
 from deltastream.publishing.budget_process import ProcessWorker, cannot_spawn
 from deltastream.publishing.budget_worker import BudgetWorker
-from deltastream.publishing.handoff import Handoff, HostCopier, owed_storages, take_handoff
+from deltastream.publishing.handoff import (
+    Handoff,
+    HostCopier,
+    TableHandoff,
+    owed_storages,
+    take_handoff,
+)
 from deltastream.publishing.round_engine import RoundEngine, engine_for
 from deltastream.publishing.rounds import RowPublisher
 
@@ -150,6 +159,15 @@ def choose_worker(publisher: RowPublisher) -> str:
 #: (its marks, its id, its row: misses), so 4096 rows of 128 B are ~0.3-0.5 ms of the
 #: training thread per tick whatever the hand-off's size (BENCHMARKS.md, trainer-cost)
 CAPTURE_BYTES = 1 << 19
+#: training-thread seconds a tick's part of a hand-off aims at: a hand-off of many tables
+#: (all on the CPU, owing their current rows) is read over several ticks, so that no tick
+#: pays every table's fixed cost (~40-80 µs of Python and torch calls a table on a cold
+#: cache here) at once; a part one table larger or smaller each time the last part took
+#: under three quarters of this or over it; the rows reach the worker together once the
+#: last table is read (BENCHMARKS.md, trainer-cost)
+HANDOFF_PART_S = 0.4e-3
+#: tables in a hand-off's first part, before any part was timed
+HANDOFF_TABLES = 8
 #: a hand-off whose drain took the training thread less than this (s) queues its tables'
 #: walks on the lane at once (~10 µs each; half the tick p99 goal of 1 ms, so a drain and
 #: its queueing stay under it); a longer one (a model of many tables) leaves them to the
@@ -198,6 +216,8 @@ class BudgetPublisher:
 
     #: the policy class this publisher takes
     policy_type: type = BudgetPolicy
+    #: whether a hand-off of many tables may be read over several ticks (:meth:`_parts`)
+    in_parts: bool = True
 
     def __init__(self, tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                  policy: BudgetPolicy, *, tables: Optional[Mapping[str, Any]] = None,
@@ -224,7 +244,14 @@ class BudgetPublisher:
         owed = owed_storages(tracker, self._modules)
         widest = max((s.shape[1] * s.element_size() for s in owed.values()), default=1)
         self._capture_rows = max(1, CAPTURE_BYTES // max(1, widest))  # positions per tick
+        # the tables, in the order a hand-off reads them in parts: all owe their rows
+        self._owing = list(owed) if owed.keys() == self._modules.keys() else None
         self._capturing: Optional[Handoff] = None  # taken, its current rows still owed
+        # a hand-off read in parts: (it, the parts of its tables still to read)
+        self._reading: Optional[tuple[Handoff, list[list[str]]]] = None
+        self._part_ticks = 0  # ticks that read a later part of a hand-off
+        self._part_tables = HANDOFF_TABLES  # tables in a part (HANDOFF_PART_S)
+        self._holding: Optional[Handoff] = None  # complete, the worker still merging the last
         self._capture_ticks = 0  # ticks that copied rows a hand-off owed
         self._mode = (choose_worker(publisher) if worker == "auto" else worker) \
             if threaded else "inline"
@@ -285,14 +312,22 @@ class BudgetPublisher:
             self._first_step = int(step)
         too_soon = not self._due(int(step), now)
         out = None
-        if self._capturing is not None:  # the last hand-off's rows are still being copied
+        if self._reading is not None:  # the hand-off's next tables
+            self._part_ticks += 1
+            out = self._read_part()
+        elif self._capturing is not None:  # the last hand-off's rows are still being copied
             self._capture_ticks += 1
             if self.tracker.capture_rows(self._capture_rows):
                 h, self._capturing = self._capturing, None
-                out = self._submit(h)
-        elif self._worker is not None and not too_soon and self._worker.behind():
+                out = self._submit_when_merged(h)
+        elif self._holding is not None:  # complete: it waits for the worker's last merge
+            h, self._holding = self._holding, None
+            out = self._submit_when_merged(h)
+        elif self._worker is not None and not too_soon and self._worker.behind() \
+                and len(self._parts(False)) == 1:
             # the worker has not merged the last hand-off: this tick's rows stay in the
-            # tracker (coalescing there, newest value at the next hand-off)
+            # tracker (coalescing there, newest value at the next hand-off); one read in
+            # parts starts all the same, and waits for that merge once read
             self._skipped += 1
         elif not too_soon:
             self._last_round_t, self._last_round_step = now, int(step)
@@ -360,10 +395,12 @@ class BudgetPublisher:
         tick; of those, ``8 × tombstones`` were tombstones, not charged to the budget.
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
         ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
-        ``deferred_ticks``: ticks that left their rows in the tracker because the worker had
-        not merged the previous hand-off yet; ``capture_ticks``: ticks that copied a slice
-        of the current rows a hand-off still owed (:mod:`~.handoff`); ``worker_s`` / ``worker_share``: the worker's
-        busy seconds, and their share of the seconds since the first tick.
+        ``deferred_ticks``: ticks that left their rows in the tracker, or held a complete
+        hand-off read in parts, because the worker had not merged the previous one yet; ``capture_ticks``: ticks that copied a slice
+        of the current rows a hand-off still owed (:mod:`~.handoff`); ``part_ticks``: ticks
+        that read a later part of a hand-off of many tables (:data:`HANDOFF_PART_S`);
+        ``worker_s`` / ``worker_share``: the worker's busy seconds, and their share of the
+        seconds since the first tick.
         """
         st = self._state.stats()
         secs = max(1e-9, self._last_t - self._t0)
@@ -374,7 +411,7 @@ class BudgetPublisher:
             ticks=self._ticks, policy=self.policy.describe(), seconds=secs, steps=steps,
             bytes_per_s=st["bytes"] / secs, bytes_per_step=st["bytes"] / steps if steps else None,
             threaded=self._worker is not None, deferred_ticks=self._skipped,
-            capture_ticks=self._capture_ticks,
+            capture_ticks=self._capture_ticks, part_ticks=self._part_ticks,
             worker=self._mode, worker_pid=getattr(self._worker, "pid", None),
             backlog=self._worker.backlog() if self._worker is not None else None,
             worker_s=busy, worker_share=None if busy is None else busy / secs,
@@ -406,10 +443,18 @@ class BudgetPublisher:
         return max(gap, (self._worker.busy_s - self._busy_mark) / share)
 
     def _finish_capture(self) -> None:
-        """Copy every row the last hand-off still owes and give it to the worker."""
+        """Read every table a hand-off read in parts has left, copy every row the last
+        hand-off still owes and give it to the worker, merged or not its last."""
+        if self._reading is not None:
+            h, parts = self._reading
+            h.tables += self._take([f for part in parts for f in part])
+            self._reading, self._capturing = None, h
+            h.units, h.read_units, self._units = h.units + self._units, self._units, 0.0
         if self._capturing is not None:
             self.tracker.capture_rows(None)
-            h, self._capturing = self._capturing, None
+            self._holding, self._capturing = self._capturing, None
+        if self._holding is not None:
+            h, self._holding = self._holding, None
             self._submit(h)
 
     def _dense_charge(self) -> int:
@@ -421,24 +466,84 @@ class BudgetPublisher:
         out, self._dense_charged = sent - self._dense_charged, sent
         return out
 
+    def _parts(self, final: bool) -> list[Optional[list[str]]]:
+        """The tables of a hand-off, a part per tick: one part of every table (None) unless
+        more tables than fit in a part (:data:`HANDOFF_PART_S`), all owing their current
+        rows, are read by a worker and the tracker can read them in parts."""
+        names = self._owing
+        if final or not self.in_parts or self._worker is None or names is None \
+                or not self.tracker.reads_in_parts(self.consumer):
+            return [None]
+        k = self._part_tables
+        if len(names) <= k:
+            return [None]
+        return [names[i:i + k] for i in range(0, len(names), k)]
+
+    def _take(self, part: Optional[list[str]]) -> list[TableHandoff]:
+        """:func:`take_handoff` of the tables of ``part`` (None: all), their rows owed where
+        they live in a CPU storage (looked up per read: a table may grow); a part's time
+        sizes the next parts (:data:`HANDOFF_PART_S`)."""
+        t0 = time.perf_counter()
+        modules = self._modules if part is None else {f: self._modules[f] for f in part}
+        out = take_handoff(self.tracker, self.consumer, self._modules, self._copier,
+                           owe=owed_storages(self.tracker, modules), tables=part)
+        took = time.perf_counter() - t0
+        if part is not None and len(part) == self._part_tables:
+            if took > HANDOFF_PART_S:
+                self._part_tables = max(1, self._part_tables - 1)
+            elif took < 0.75 * HANDOFF_PART_S:
+                self._part_tables += 1
+        return out
+
     def _hand_off(self, step: int, ts: Optional[int], *, final: bool,
                   timeout: Optional[float] = None) -> Optional[BudgetTick]:
         t0 = time.perf_counter()
-        tables = take_handoff(self.tracker, self.consumer, self._modules, self._copier,
-                              owe=owed_storages(self.tracker, self._modules))
+        parts = self._parts(final)
+        tables = self._take(parts[0])
         lane = time.perf_counter() - t0 < QUEUE_WALKS_S
         self._tick += 1
         h = Handoff(tick=self._tick, step=step, ts=time.time_ns() if ts is None else ts,
                     units=self._units, tables=tables, final=final, ready=self._copier.finish(),
                     charged=self._dense_charge())
         self._units = 0.0
-        # the owed current rows: a slice now (the drain counts against it), the rest over
-        # the next ticks; all at once for a flush or a synchronous publisher
-        budget = None if final or self._worker is None else max(0, self._capture_rows - h.rows)
+        return self._read_on(h, parts[0], parts[1:], lane, timeout)
+
+    def _read_part(self) -> Optional[BudgetTick]:
+        """Read the next part of the hand-off being read in parts."""
+        h, parts = self._reading
+        t0 = time.perf_counter()
+        h.tables += self._take(parts[0])  # (raising, it leaves the hand-off as it was)
+        lane = time.perf_counter() - t0 < QUEUE_WALKS_S
+        self._reading = None
+        if len(parts) == 1:  # the refills while it was read: not idle, kept past the burst
+            h.units, h.read_units, self._units = h.units + self._units, self._units, 0.0
+        return self._read_on(h, parts[0], parts[1:], lane, None)
+
+    def _read_on(self, h: Handoff, part: Optional[list[str]], rest: list[list[str]],
+                 lane: bool, timeout: Optional[float]) -> Optional[BudgetTick]:
+        """After ``part`` of hand-off ``h`` was read: the ``rest`` of its tables at the next
+        ticks (``part``'s walks queued), or, all read, a slice of the rows it owes walked
+        now (its drain counts against it) and the rest over the next ticks — all at once
+        for a flush or a synchronous publisher — before it goes to the worker."""
+        if rest:
+            self._reading = (h, rest)
+            self.tracker.capture_rows(0, lane=lane, tables=part)
+            return None
+        budget = None if h.final or self._worker is None \
+            else max(0, self._capture_rows - h.rows)
         if not self.tracker.capture_rows(budget, lane=lane):
             self._capturing = h
             return None
-        return self._submit(h, timeout)
+        return self._submit(h, timeout) if h.final else self._submit_when_merged(h)
+
+    def _submit_when_merged(self, h: Handoff) -> Optional[BudgetTick]:
+        """:meth:`_submit` hand-off ``h`` (complete) once the worker merged the last one
+        (a hand-off read in parts starts without waiting for that); held until then."""
+        if self._worker is not None and self._worker.behind():
+            self._holding = h
+            self._skipped += 1
+            return None
+        return self._submit(h)
 
     def _submit(self, h: Handoff, timeout: Optional[float] = None) -> Optional[BudgetTick]:
         """Give hand-off ``h`` (its current rows complete) to the worker, or run its round

@@ -264,7 +264,7 @@ class BudgetEngine:
         """Fold hand-off ``h`` into the pending rows, refill the bucket with its units and
         charge it the bytes sent outside the rounds (``h.charged``)."""
         h.wait()
-        self.bucket.refill(h.units)
+        self.bucket.refill(h.units, h.read_units)
         if h.charged:
             self.bucket.spend(int(h.charged))
             with self._lock:

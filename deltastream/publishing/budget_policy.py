@@ -49,6 +49,8 @@ class BudgetPolicy:
         burst_bytes: most bytes one tick may send after idling (the bucket's size);
             default one second's (``bytes_per_s``) or four steps' (``bytes_per_step``)
             budget. Must hold the largest row plus a message header or that row never fits.
+            A hand-off read over several ticks (a model of many tables) brings the refill
+            of those ticks on top: they were not idle.
         scale: ``"table"`` (default: errors divided by the table's RMS row norm) or
             ``"none"`` (raw L2), see :data:`SCALES`.
         weights: ``{table name: weight >= 0}`` multiplying that table's normalized errors

@@ -65,7 +65,7 @@ from deltastream.publishing.budget_engine import BudgetTick, TableSpec
 from deltastream.publishing.budget_policy import BudgetPolicy
 from deltastream.publishing.budget_worker import first_error
 from deltastream.publishing.handoff import Handoff
-from deltastream.publishing.handoff_pack import Segment, layout, pack, shm_dir
+from deltastream.publishing.handoff_pack import Segment, describe, layout, pack, shm_dir
 from deltastream.publishing.round_engine import RoundPolicy
 
 __all__ = ["ProcessWorker", "cannot_spawn"]
@@ -324,10 +324,7 @@ class ProcessWorker:
                 pack(h, places, self._seg.map if payload is None else payload)
                 for th in h.tables:
                     th.rows_read()
-                meta = dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=h.final,
-                            charged=h.charged, fqns=[th.fqn for th in h.tables],
-                            ordered=[th.ordered for th in h.tables],
-                            layout=places, nbytes=nbytes, inline=payload is not None)
+                meta = dict(describe(h, places), nbytes=nbytes, inline=payload is not None)
                 self._send(("handoff", self._seg.path if new else None, meta), payload)
             except BaseException as e:  # a bug here must not stall ticks forever
                 log.exception("budget publisher: shipping a hand-off to the worker failed")

@@ -27,7 +27,7 @@ code.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -136,7 +136,8 @@ class Handoff:
     """What one tick hands to the worker.
 
     ``tick``: the tick's number (1, 2, …); ``units``: budget units (seconds or steps) the
-    bucket gains with it; ``final``: a flush (publish everything). ``ready``: a CUDA event
+    bucket gains with it, ``read_units`` of them while it was read (in parts, over several
+    ticks: they may fill the bucket past its burst, :meth:`TokenBucket.refill`'s ``over``); ``final``: a flush (publish everything). ``ready``: a CUDA event
     recorded after the device → host copies (None on CPU). ``charged``: bytes sent outside
     the rounds since the last hand-off that the bucket pays for too (dense versions, with
     ``BudgetPolicy.charge_dense``). ``merged``: called once the worker is done with the
@@ -147,6 +148,7 @@ class Handoff:
     step: int
     ts: int
     units: float
+    read_units: float = 0.0
     tables: list[TableHandoff] = field(default_factory=list)
     final: bool = False
     ready: Any = None
@@ -290,19 +292,20 @@ def owed_storages(tracker: DeltaTracker, modules: Mapping[str, Any]) -> dict[str
 
 
 def take_handoff(tracker: DeltaTracker, consumer: str, modules: Mapping[str, Any],
-                 copier: HostCopier, owe: Optional[Mapping[str, torch.Tensor]] = None
-                 ) -> list[TableHandoff]:
+                 copier: HostCopier, owe: Optional[Mapping[str, torch.Tensor]] = None,
+                 tables: Optional[Iterable[str]] = None) -> list[TableHandoff]:
     """Read ``consumer``'s delta and copy the changed rows' current values.
 
     A CPU hash table's rows come in storage order (:meth:`DeltaTracker.get_delta_unordered`,
     so the current rows are gathered in one sweep); the worker merges them in that order,
     reading the FIRST rows in the tracker's arena (:meth:`TableHandoff.live`). With
     ``owe`` (:func:`owed_storages`) those tables' current rows are owed, not gathered: read
-    them once ``tracker.capture_rows`` returned True.
+    them once ``tracker.capture_rows`` returned True. ``tables``: read those only (the
+    others keep their changes for a later read: ``DeltaTracker.reads_in_parts``).
     Raises ``ValueError`` for an ID_ONLY delta (no FIRST states: no serving error) and
     ``KeyError`` for a table not in ``modules``, after handing the delta back to the
     tracker (nothing is consumed)."""
-    delta = tracker.get_delta_unordered(consumer, owe)
+    delta = tracker.get_delta_unordered(consumer, owe, tables)
     try:
         out = []
         for fqn, d in delta.items():

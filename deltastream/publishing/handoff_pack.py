@@ -26,8 +26,8 @@ import torch
 from deltastream.native_ext import NativeExtension
 from deltastream.publishing.handoff import Handoff, TableHandoff
 
-__all__ = ["ALIGN", "FIELDS", "Segment", "layout", "pack", "shm_dir", "unpack", "use_native",
-           "view"]
+__all__ = ["ALIGN", "FIELDS", "Segment", "describe", "layout", "pack", "shm_dir", "unpack",
+           "use_native", "view"]
 
 _NATIVE = NativeExtension("deltastream.publishing.native", "native hand-off packing",
                           "torch copies")
@@ -127,6 +127,14 @@ def view(buf: Any, off: int, shape: tuple, dtype: str) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dt, count=n, offset=off).view(shape)
 
 
+def describe(h: Handoff, places: list[tuple]) -> dict:
+    """What :func:`unpack` needs of ``h`` besides the bytes :func:`pack` wrote at
+    ``places``: its own fields, its tables' names and forms (plain values, to send)."""
+    return dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, read_units=h.read_units,
+                final=h.final, charged=h.charged, fqns=[th.fqn for th in h.tables],
+                ordered=[th.ordered for th in h.tables], layout=places)
+
+
 def unpack(buf: Any, meta: dict) -> Handoff:
     """The hand-off ``meta`` describes, its tensors views of ``buf`` (no copy: valid until
     ``buf`` is written again)."""
@@ -136,4 +144,5 @@ def unpack(buf: Any, meta: dict) -> Handoff:
     tables = [TableHandoff(fqn=fqn, ordered=o, **fl) for fqn, o, fl in zip(
         meta["fqns"], meta["ordered"], fields, strict=True)]
     return Handoff(tick=meta["tick"], step=meta["step"], ts=meta["ts"], units=meta["units"],
-                   tables=tables, final=meta["final"], charged=meta["charged"])
+                   read_units=meta["read_units"], tables=tables, final=meta["final"],
+                   charged=meta["charged"])

@@ -60,6 +60,8 @@ class RoundPublisher(BudgetPublisher):
     """
 
     policy_type = RoundPolicy
+    #: a round publishes the delta of one step: its tables are read at once
+    in_parts = False
 
     def __init__(self, tracker: DeltaTracker, publisher: RowPublisher, consumer: str,
                  policy: RoundPolicy, *, tables: Optional[Mapping[str, Any]] = None,

@@ -43,13 +43,17 @@ class TokenBucket:
         self.added = 0.0  #: bytes added by refills (after the burst cap)
         self.spent = 0  #: bytes spent
 
-    def refill(self, units: float) -> float:
-        """Add ``rate × units`` bytes (``units >= 0``), capped at ``burst``; the tokens now."""
-        if isinstance(units, bool) or not isinstance(units, numbers.Real) \
-                or not (math.isfinite(float(units)) and float(units) >= 0.0):
-            raise ValueError(f"units must be a finite number >= 0, got {units!r}")
+    def refill(self, units: float, over: float = 0.0) -> float:
+        """Add ``rate × units`` bytes (``units >= 0``), capped at ``burst`` plus the refill
+        of ``over`` units (``0 <= over``: of ``units``, those a caller was busy through, not
+        idle: a hand-off read over several ticks); the tokens now."""
+        for what, x in (("units", units), ("over", over)):
+            if isinstance(x, bool) or not isinstance(x, numbers.Real) \
+                    or not (math.isfinite(float(x)) and float(x) >= 0.0):
+                raise ValueError(f"{what} must be a finite number >= 0, got {x!r}")
         before = self.tokens
-        self.tokens = min(self.burst, self.tokens + self.rate * float(units))
+        self.tokens = min(self.burst + self.rate * float(over),
+                          self.tokens + self.rate * float(units))
         self.added += max(0.0, self.tokens - before)
         return self.tokens
 

@@ -11,7 +11,7 @@ import torch
 
 from deltastream.publishing import handoff_pack
 from deltastream.publishing.handoff import Handoff, TableHandoff
-from deltastream.publishing.handoff_pack import layout, pack, unpack
+from deltastream.publishing.handoff_pack import describe, layout, pack, unpack
 
 native = pytest.importorskip("deltastream.publishing.native")
 
@@ -26,7 +26,7 @@ def _handoff() -> Handoff:
                      current=torch.randn(4, 2).bfloat16(), new=None,
                      tombstones=torch.empty(0, dtype=torch.int64), ordered=False,
                      inserted=torch.tensor([2]))
-    return Handoff(tick=3, step=12, ts=5, units=1.0, tables=[a, b])
+    return Handoff(tick=3, step=12, ts=5, units=1.0, read_units=0.25, tables=[a, b], charged=7)
 
 
 @pytest.mark.parametrize("use_c", [True, False], ids=["c", "torch"])
@@ -39,8 +39,9 @@ def test_a_packed_hand_off_unpacks_to_the_same_tensors(use_c):
         pack(h, places, buf)
     finally:
         handoff_pack.use_native(True)
-    out = unpack(buf, dict(tick=h.tick, step=h.step, ts=h.ts, units=h.units, final=False,
-                           charged=0, fqns=["a", "b"], ordered=[True, False], layout=places))
+    out = unpack(buf, describe(h, places))
+    for f in ("tick", "step", "ts", "units", "read_units", "final", "charged"):
+        assert getattr(out, f) == getattr(h, f), f
     for src, got in zip(h.tables, out.tables, strict=True):
         for f in handoff_pack.FIELDS:
             s, o = getattr(src, f), getattr(got, f)
