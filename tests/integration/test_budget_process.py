@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from deltastream import DeltaPublisher, DeltaTracker, HashTable, wire
+from deltastream import DeltaPublisher, DeltaTracker, HashTable, TrackingMode, ensure_topic, wire
 from deltastream.cores import spare_cores
 from deltastream.errors import PublishError
 from deltastream.publishing.budget import BudgetPolicy, BudgetPublisher
@@ -111,6 +111,51 @@ def test_rows_arrive_exactly_once_and_seqs_continue_after_the_worker_process(bro
     assert seqs == list(range(len(seqs))), seqs[:20]  # in order, none repeated or missing
     assert np.count_nonzero(np.abs(held.numpy()).sum(axis=1)) > 100
     assert_every_row_served([records], table)
+
+
+def test_a_hand_off_of_many_tables_read_in_parts_reaches_the_worker_process_whole(
+        broker, topic_name, monkeypatch):
+    """Five tables, a hand-off read a table a tick (``HANDOFF_PART_S`` 0) and shipped to
+    the worker process once the last is read, the refill of its ticks with it: every row
+    of every table that changed is served with its last value."""
+    from deltastream.publishing import budget
+
+    monkeypatch.setattr(budget, "HANDOFF_TABLES", 1)
+    monkeypatch.setattr(budget, "HANDOFF_PART_S", 0.0)
+    servers = broker.bootstrap_servers
+    assert ensure_topic(servers, topic_name, 1) == 1
+    tables = {}
+    for name in ("t0", "t1", "t2", "t3", "t4"):
+        tables[name] = HashTable(DIM, name=name, capacity=2 * ROWS)
+        tables[name].insert(torch.arange(ROWS), torch.zeros(ROWS, DIM))
+    tracker = DeltaTracker(torch.nn.ModuleDict(tables), consumers=["p"],
+                           mode=TrackingMode.EMBEDDING)
+    pub = DeltaPublisher(servers, topic_name, model="m", shard=0, dtype="f32")
+    bp = BudgetPublisher(tracker, pub, "p", BudgetPolicy(bytes_per_step=6_000),
+                         worker="process")
+    g = torch.Generator().manual_seed(3)
+    try:
+        for step in range(1, 61):
+            for table in tables.values():
+                ids = torch.randint(0, ROWS, (100,), generator=g).unique()
+                with torch.no_grad():
+                    rows = table(ids)
+                    table.insert(ids, rows + torch.randn(len(ids), DIM, generator=g))
+            tracker.step()
+            bp.tick(step)
+        bp.drain(timeout=60)
+        st = bp.stats()
+        # (a hand-off of five tables: four ticks read its later parts)
+        assert st["worker"] == "process" and st["part_ticks"] >= 8 and st["rounds"] >= 2
+        bp.flush(61, timeout=60)
+    finally:
+        bp.close()
+    pub.close(timeout=10)
+    by_table: dict[str, list] = {}
+    for r in read_all(servers, topic_name):
+        by_table.setdefault(wire.decode(r.value).table, []).append(r)
+    for name, table in tables.items():
+        assert_every_row_served([by_table[name]], table)
 
 
 def test_last_is_the_latest_rounds_record_without_an_on_round(broker, topic_name):
