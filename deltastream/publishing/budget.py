@@ -449,7 +449,7 @@ class BudgetPublisher:
             h, parts = self._reading
             h.tables += self._take([f for part in parts for f in part])
             self._reading, self._capturing = None, h
-            h.units, h.read_units, self._units = h.units + self._units, self._units, 0.0
+            self._read_units(h)
         if self._capturing is not None:
             self.tracker.capture_rows(None)
             self._holding, self._capturing = self._capturing, None
@@ -515,9 +515,14 @@ class BudgetPublisher:
         h.tables += self._take(parts[0])  # (raising, it leaves the hand-off as it was)
         lane = time.perf_counter() - t0 < QUEUE_WALKS_S
         self._reading = None
-        if len(parts) == 1:  # the refills while it was read: not idle, kept past the burst
-            h.units, h.read_units, self._units = h.units + self._units, self._units, 0.0
+        if len(parts) == 1:
+            self._read_units(h)
         return self._read_on(h, parts[0], parts[1:], lane, None)
+
+    def _read_units(self, h: Handoff) -> None:
+        """Hand-off ``h``, read in parts, takes the refill of the ticks since its first
+        part as its ``read_units`` (not idle: the bucket keeps them past its burst)."""
+        h.units, h.read_units, self._units = h.units + self._units, self._units, 0.0
 
     def _read_on(self, h: Handoff, part: Optional[list[str]], rest: list[list[str]],
                  lane: bool, timeout: Optional[float]) -> Optional[BudgetTick]:

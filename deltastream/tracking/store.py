@@ -19,6 +19,10 @@ What differs, and why:
   ``searchsorted`` merge that copies nothing when the newer run adds no id (FIRST); merging
   more runs sorts their ids once and gathers each chosen state straight from its run, so
   states are copied once, never concatenated.
+* An ids-only append with ``grow`` joins the table's last such record until the table is
+  read or its records change: the tracker's inserted and evicted ids are one record per
+  read interval, not one per step, and a read takes it without joining a record a step
+  (:mod:`~deltastream.tracking.store_runs` holds the records and their merge).
 * Empty tables and empty intervals give empty results (``DeltaRows`` with zero ids), never
   exceptions.
 * A table can be *degraded* to ids only (``degrade``): its states are dropped, its ids kept.
