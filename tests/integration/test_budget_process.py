@@ -33,13 +33,15 @@ pytestmark = pytest.mark.integration
 
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
-def _train(table: HashTable, tracker: DeltaTracker, bp: BudgetPublisher, steps: range,
-           g: torch.Generator) -> None:
+def _train(table: HashTable | list[HashTable], tracker: DeltaTracker, bp: BudgetPublisher,
+           steps: range, g: torch.Generator, ids: int = 200) -> None:
+    """``steps`` steps: ``ids`` random rows of each table looked up and moved, a tick."""
     for step in steps:
-        ids = torch.randint(0, ROWS, (200,), generator=g).unique()
-        with torch.no_grad():
-            rows = table(ids)
-            table.insert(ids, rows + torch.randn(len(ids), DIM, generator=g))
+        for t in table if isinstance(table, list) else [table]:
+            got = torch.randint(0, ROWS, (ids,), generator=g).unique()
+            with torch.no_grad():
+                rows = t(got)
+                t.insert(got, rows + torch.randn(len(got), DIM, generator=g))
         tracker.step()
         bp.tick(step)
 
@@ -135,14 +137,7 @@ def test_a_hand_off_of_many_tables_read_in_parts_reaches_the_worker_process_whol
                          worker="process")
     g = torch.Generator().manual_seed(3)
     try:
-        for step in range(1, 61):
-            for table in tables.values():
-                ids = torch.randint(0, ROWS, (100,), generator=g).unique()
-                with torch.no_grad():
-                    rows = table(ids)
-                    table.insert(ids, rows + torch.randn(len(ids), DIM, generator=g))
-            tracker.step()
-            bp.tick(step)
+        _train(list(tables.values()), tracker, bp, range(1, 61), g, ids=100)
         bp.drain(timeout=60)
         st = bp.stats()
         # (a hand-off of five tables: four ticks read its later parts)
