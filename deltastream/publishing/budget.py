@@ -448,6 +448,7 @@ class BudgetPublisher:
         if self._reading is not None:
             h, parts = self._reading
             h.tables += self._take([f for part in parts for f in part])
+            h.ready = self._copier.finish() or h.ready
             self._reading, self._capturing = None, h
             self._read_units(h)
         if self._capturing is not None:
@@ -513,6 +514,9 @@ class BudgetPublisher:
         h, parts = self._reading
         t0 = time.perf_counter()
         h.tables += self._take(parts[0])  # (raising, it leaves the hand-off as it was)
+        # a table moved to a device since: its copies, on the one side stream, end after
+        # the earlier parts' (whose event this replaces)
+        h.ready = self._copier.finish() or h.ready
         lane = time.perf_counter() - t0 < QUEUE_WALKS_S
         self._reading = None
         if len(parts) == 1:
