@@ -447,8 +447,7 @@ class BudgetPublisher:
         hand-off still owes and give it to the worker, merged or not its last."""
         if self._reading is not None:
             h, parts = self._reading
-            h.tables += self._take([f for part in parts for f in part])
-            h.ready = self._copier.finish() or h.ready
+            self._take_more(h, [f for part in parts for f in part])
             self._reading, self._capturing = None, h
             self._read_units(h)
         if self._capturing is not None:
@@ -496,6 +495,13 @@ class BudgetPublisher:
                 self._part_tables += 1
         return out
 
+    def _take_more(self, h: Handoff, part: list[str]) -> None:
+        """A later ``part`` of hand-off ``h``'s tables into it."""
+        h.tables += self._take(part)
+        # a table moved to a device since: its copies, on the one side stream, end after
+        # the earlier parts' (whose event this replaces)
+        h.ready = self._copier.finish() or h.ready
+
     def _hand_off(self, step: int, ts: Optional[int], *, final: bool,
                   timeout: Optional[float] = None) -> Optional[BudgetTick]:
         t0 = time.perf_counter()
@@ -513,10 +519,7 @@ class BudgetPublisher:
         """Read the next part of the hand-off being read in parts."""
         h, parts = self._reading
         t0 = time.perf_counter()
-        h.tables += self._take(parts[0])  # (raising, it leaves the hand-off as it was)
-        # a table moved to a device since: its copies, on the one side stream, end after
-        # the earlier parts' (whose event this replaces)
-        h.ready = self._copier.finish() or h.ready
+        self._take_more(h, parts[0])  # (raising, it leaves the hand-off as it was)
         lane = time.perf_counter() - t0 < QUEUE_WALKS_S
         self._reading = None
         if len(parts) == 1:

@@ -331,13 +331,13 @@ class Recorder:
         if got is None or shared is None:
             return got
         ids, rows, borrowed = shared
-        give_back = got[5]
-        if not borrowed or give_back is None:  # the rows are a copy of their own
-            self.touched.append(self.idx, fqn, ids, rows, copy_states=False, unique=True)
-            return got
-        give_back = after_both(give_back)  # the store holds the arena too
+        give_back = released = got[5]
+        if borrowed and give_back is not None:  # the store holds the arena too
+            give_back = released = after_both(give_back)
+        else:  # the rows are a copy of their own
+            released = None
         self.touched.append(self.idx, fqn, ids, rows, copy_states=False, unique=True,
-                            released=give_back)
+                            released=released)
         return (*got[:5], give_back)
 
     def keeps_unique(self, fqn: str) -> bool:
@@ -396,9 +396,10 @@ class Recorder:
                 tables: Optional[Iterable[str]] = None) -> bool:
         """Walk handed-over marks (:meth:`FreshRows.capture`): about ``max_positions``
         positions in all on this thread (None: every one), of ``tables`` only (None: all);
-        True when none of them owes rows any more. A walk the lane thread ran costs this thread only its wait, which it
-        does not count: else a tick would finish one table's lane walk at a time, and a
-        hand-off of many tables would wait a tick per table for walks long done. A walk is
+        True when none of them owes rows any more. A walk the lane thread ran costs this
+        thread only its wait, which it does not count: else a tick would finish one table's
+        lane walk at a time, and a hand-off of many tables would wait a tick per table for
+        walks long done. A walk is
         queued on the lane whatever ``max_positions`` (it is not this thread's), except with
         ``lane`` False and ``max_positions`` 0 (left to a later call)."""
         pending = self.pending.values() if tables is None \

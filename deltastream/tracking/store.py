@@ -270,7 +270,7 @@ class DeltaStore:
                     u_states, version = states, states._version
             run = Run(batch_idx, u_ids, u_states, sorted=False, version=version)
             if grow and u_states is None and u_ids.device.type == "cpu":
-                run.grow = (u_ids.numpy(), u_ids, u_ids)
+                run.grow = (u_ids.numpy(), u_ids)
         if released is not None:  # the states kept by reference, or none kept
             if version is None:
                 released()
@@ -286,19 +286,19 @@ class DeltaStore:
 
     def _grown(self, t: _Table, batch_idx: int, ids: torch.Tensor) -> bool:
         """Append ids-only ``ids`` (CPU) to ``t``'s last record where it is still growing
-        — made since the last read, at ``batch_idx`` or before, its ids untouched since —
+        — not sealed since (every call that reads or changes records seals), at
+        ``batch_idx`` or before —
         in place past its head (a head handed out stays as it was); False: not done."""
         last = t.runs[-1] if t.runs else None
-        if last is None or last.grow is None or last.ids is not last.grow[2] or last.idx > batch_idx \
-                or ids.device.type != "cpu":
+        if last is None or last.grow is None or last.idx > batch_idx or ids.device.type != "cpu":
             return False
-        (buf, whole, _), n, k = last.grow, last.ids.numel(), ids.numel()
+        (buf, whole), n, k = last.grow, last.ids.numel(), ids.numel()
         if n + k > buf.size:  # numpy: a torch slice and copy cost several times more
             buf, whole = _id_buffer(2 * (n + k))
             buf[:n] = last.ids.numpy()
         buf[n:n + k] = ids.numpy()
         last.ids = whole[:n + k]
-        last.grow = (buf, whole, last.ids)
+        last.grow = (buf, whole)
         t.n_rows += k
         return True
 

@@ -24,9 +24,9 @@ class Run:
     states: Optional[torch.Tensor]
     sorted: bool = True  # False: ids as recorded (duplicates, arrival order), see append
     version: Optional[int] = None  # borrowed states: their ``_version`` when appended
-    #: an ids-only record still growing: ``(buffer, its tensor, ids)``, ``ids`` the
-    #: buffer's head, until its table is read or its records change (``_Table.seal``)
-    grow: Optional[tuple[np.ndarray, torch.Tensor, torch.Tensor]] = None
+    #: an ids-only record still growing: ``(buffer, its tensor)``, ``ids`` the tensor's
+    #: head, until its table is read or its records change (``_Table.seal``)
+    grow: Optional[tuple[np.ndarray, torch.Tensor]] = None
 
 
 def dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],

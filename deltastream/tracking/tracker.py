@@ -298,7 +298,7 @@ class DeltaTracker:
                                      f"read (delete_on_read=False)")
             raw: dict[str, tuple | RawRows] = {}
             owe = owe or {}
-            only = len(self._cursor) == 1 and self._delete_on_read
+            only = self.reads_in_parts(c)  # the only consumer, deleting on read
             # with other consumers the interval is recorded for them as it is drained
             share = not only and self._delete_on_read
             since = self._unread_from(c)
