@@ -38,8 +38,10 @@ class Run:
         self.name, self.delta_every, self.reads_every = name, delta_every, reads_every
         #: steps between reads of a second consumer, "snapshot" (0: none), as the demo's
         self.snapshot_every = snapshot_every
+        # the snapshot reads ids (it writes the rows' current values), as the demo's does
         self.tracker = DeltaTracker(model, consumers=["p"] + ["snapshot"] * bool(snapshot_every),
-                                    mode=TrackingMode.EMBEDDING)
+                                    mode=TrackingMode.EMBEDDING, id_only_consumers=["snapshot"]
+                                    * bool(snapshot_every))
         self.pub = DeltaPublisher(servers, topic, model="bench", shard=0,
                                   wire_version=5 if residuals else 2) \
             if budget or delta_every or rounds_every else None

@@ -39,6 +39,7 @@ it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
@@ -62,7 +63,7 @@ class OwedRows:
     __slots__ = ("owed", "bits", "words", "keys", "offset", "ids", "positions", "at", "out",
                  "base", "early", "storage", "next", "entry", "left", "walking",
                  "_out_bytes", "_early_bytes", "_early_all", "_early_key", "_row_width",
-                 "_free", "_lane")
+                 "_free", "_lane", "_when_walked")
 
     def __init__(self) -> None:
         self.owed = np.zeros(0, dtype=np.int32)  # the handed-over slot while walking
@@ -96,6 +97,16 @@ class OwedRows:
         self.walking = False  # bits are left to walk (ids and positions not all written)
         #: the walk queued on the C code's lane thread (``walk_owed_later``), if any
         self._lane: Optional[object] = None
+        self._when_walked: list[Callable[[], None]] = []  # see when_walked
+
+    def when_walked(self, done: Callable[[], None]) -> None:
+        """Call ``done()`` (on the thread that completes the walk) as soon as this
+        hand-off's ids, positions and arena rows are all written — before its reader can
+        read them, let alone give them back (now when nothing is being walked)."""
+        if self.walking:
+            self._when_walked.append(done)
+        else:
+            done()
 
     def grow(self, capacity: int) -> None:
         """Cover ``capacity`` positions while walking: the set is extended (the new
@@ -272,6 +283,9 @@ class OwedRows:
     def _walked(self) -> None:
         """Every bit was walked: the set is clear (its words too), the reader owns the
         rows, ids and positions."""
+        done, self._when_walked = self._when_walked, []
+        for fn in done:
+            fn()
         self.words[:] = 0  # 1/512 of the slot
         self._free = (self.owed, self.bits, self.words)
         self.walking = False

@@ -42,8 +42,8 @@ from deltastream.tracking.discovery import LOOKUPS, SCAN, TrackedTable
 from deltastream.tracking.positions import PendingLookups, UniqueLookups
 from deltastream.tracking.rows import RawRows
 from deltastream.tracking.scan import DriftScan
+from deltastream.tracking.shared_interval import drain_sharing_ids, drain_sharing_rows
 from deltastream.tracking.sorted_ids import member
-from deltastream.tracking.spare_rows import after_both
 from deltastream.tracking.store import DeltaStore
 from deltastream.types import TrackingMode, UpdateMode
 
@@ -306,7 +306,8 @@ class Recorder:
         self.touched.append_unique(self.idx, fqn, ids, states)
 
     def drain_unordered(self, fqn: str, storage: Optional[torch.Tensor] = None,
-                        since: int = 0, share: bool = False) -> Optional[tuple[Any, ...]]:
+                        since: int = 0, share: bool = False, share_rows: bool = True
+                        ) -> Optional[tuple[Any, ...]]:
         """:meth:`flush` of table ``fqn`` for a reader that orders the rows itself:
         :meth:`UniqueLookups.drain_unordered`'s ``(ids, positions, at, arena, current,
         give_back)``
@@ -316,29 +317,17 @@ class Recorder:
         later) is in the store and the C code kept this interval's rows.
 
         ``share``: other readers have yet to read this interval. It also becomes their
-        record, at the current index, with no sort and no copy: the ids of the marks and
-        the FIRST rows where they lie, in the arena handed to this reader, which is given
-        back (``give_back``) only once this reader and the store are both done with it."""
+        record, at the current index (:mod:`.shared_interval`): its ids and FIRST rows, or
+        without ``share_rows`` (those readers read ids only) its ids alone."""
         p = self.pending.get(fqn)
         if not isinstance(p, UniqueLookups) or not self.with_states or p.stateless \
                 or self.touched.is_degraded(fqn) or self.touched.num_records(fqn, since):
             return None
         table = self.row_maps[fqn]
-        shared = p.marked_rows(table) if share else None
-        if share and shared is None:
-            return None
-        got = p.drain_unordered(table, storage)
-        if got is None or shared is None:
-            return got
-        ids, rows, borrowed = shared
-        give_back = released = got[5]
-        if borrowed and give_back is not None:  # the store holds the arena too
-            give_back = released = after_both(give_back)
-        else:  # the rows are a copy of their own
-            released = None
-        self.touched.append(self.idx, fqn, ids, rows, copy_states=False, unique=True,
-                            released=released)
-        return (*got[:5], give_back)
+        if not share:
+            return p.drain_unordered(table, storage)
+        drain = drain_sharing_rows if share_rows else drain_sharing_ids
+        return drain(self.touched, self.idx, fqn, p, table, storage)
 
     def keeps_unique(self, fqn: str) -> bool:
         """Whether positional table ``fqn`` keeps each position once (see

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from deltastream.tracking.sorted_ids import member
-from deltastream.tracking.store_runs import Run, dedupe, merge_runs, normalized
+from deltastream.tracking.store_runs import Run, dedupe, merge_runs, normalized, ready
 from deltastream.types import DeltaRows, UpdateMode
 
 __all__ = ["DeltaStore"]
@@ -215,7 +215,8 @@ class DeltaStore:
     def append(self, batch_idx: int, fqn: str, ids: torch.Tensor,
                states: Optional[torch.Tensor] = None, *, copy_states: bool = True,
                unique: bool = False, released: Optional[Callable[[], None]] = None,
-               grow: bool = False) -> None:
+               grow: bool = False, ids_only: bool = False,
+               ready: Optional[Callable[[], None]] = None) -> None:
         """Record that table ``fqn`` saw ``ids`` (any shape, flattened) at ``batch_idx``.
 
         ``states`` is ``[N, dim]`` (or ``[*ids.shape, dim]``) aligned with the flattened ids
@@ -235,7 +236,11 @@ class DeltaStore:
         the table's last record, appended with ``grow`` too, until the table is read,
         compacted, trimmed or changed otherwise (the record's index is then the first of
         the two): for a caller that reads only at indices no such record spans (the
-        tracker, at its reads).
+        tracker, at its reads). ``ids_only`` (no ``states``): a record for readers of
+        ids only (``get_unique(states=False)``), kept without states whatever the mode; a
+        read of states that spans it gets the table's states as None. ``ready``: ``ids`` are
+        written later, by the caller (the store keeps them by reference): called before
+        anything reads them, it returns once they are written.
         """
         if not isinstance(batch_idx, int) or isinstance(batch_idx, bool):
             raise TypeError(f"batch_idx must be an int, got {batch_idx!r}")
@@ -245,7 +250,9 @@ class DeltaStore:
         t = self._tables.get(fqn)
         if t is None:
             t = self._tables[fqn] = _Table(runs=[], device=ids.device)
-        states = self._checked_states(t, fqn, ids, states)
+        if ids_only and states is not None:
+            raise ValueError(f"an ids_only record of table {fqn!r} takes no states")
+        states = None if ids_only else self._checked_states(t, fqn, ids, states)
         if ids.numel() == 0:
             if released is not None:
                 released()
@@ -261,14 +268,14 @@ class DeltaStore:
             u_ids, u_states = dedupe(ids, states if keep else None, self._mode)
             run = Run(batch_idx, u_ids, u_states)
         else:  # kept as recorded (own copies), deduplicated when merged
-            u_ids = ids.clone(memory_format=torch.contiguous_format)
+            u_ids = ids if ready is not None else ids.clone(memory_format=torch.contiguous_format)
             u_states = None
             if keep and states is not None:
                 if copy_states:
                     u_states = states.clone(memory_format=torch.contiguous_format)
                 else:
                     u_states, version = states, states._version
-            run = Run(batch_idx, u_ids, u_states, sorted=False, version=version)
+            run = Run(batch_idx, u_ids, u_states, sorted=False, version=version, ready=ready)
             if grow and u_states is None and u_ids.device.type == "cpu":
                 run.grow = (u_ids.numpy(), u_ids)
         if released is not None:  # the states kept by reference, or none kept
@@ -395,6 +402,7 @@ class DeltaStore:
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, start_idx, key=lambda r: r.idx)
             hi = bisect.bisect_left(t.runs, end_idx, key=lambda r: r.idx)
+            ready(t.runs[lo:hi])
             if hi - lo <= 1:
                 if hi - lo == 1 and not t.runs[lo].sorted:  # same index: no semantic change
                     t.runs[lo] = normalized(t.runs[lo], self._mode, self._with_states(t))
@@ -405,12 +413,13 @@ class DeltaStore:
             t.recount()
             self.compactions += 1
 
-    def get_unique(self, from_idx: int = 0, skip: frozenset[str] = frozenset()
-                   ) -> dict[str, DeltaRows]:
+    def get_unique(self, from_idx: int = 0, skip: frozenset[str] = frozenset(),
+                   states: bool = True) -> dict[str, DeltaRows]:
         """Unique ids (ascending) and FIRST/LAST states per table, over records at indices
         ``>= from_idx``. Every known table is present (those in ``skip`` apart); one with
         no such records maps to an empty :class:`DeltaRows` (``[0, dim]`` states when the
-        store keeps states)."""
+        store keeps states). ``states=False``: the ids only (states None), a merge of ids
+        with no state gathered."""
         if not isinstance(from_idx, int):
             raise TypeError(f"from_idx must be an int, got {from_idx!r}")
         out: dict[str, DeltaRows] = {}
@@ -420,20 +429,21 @@ class DeltaStore:
             t.seal()
             keep = self._with_states(t)
             if not t.runs:  # most tables of a read, in the stores of evictions and inserts
-                out[fqn] = self._empty(t, keep)
+                out[fqn] = self._empty(t, keep and states)
                 continue
             self._check_borrowed(fqn, t)
             lo = bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
+            ready(t.runs[lo:])
             for i in range(lo, len(t.runs)):  # normalize in place: same index, fewer rows
                 if not t.runs[i].sorted and len(t.runs) - lo <= 2:
                     t.runs[i] = normalized(t.runs[i], self._mode, keep)
                     t.recount()
             runs = t.runs[lo:]
             if not runs:
-                out[fqn] = self._empty(t, keep)
+                out[fqn] = self._empty(t, keep and states)
                 continue
-            ids, states = merge_runs(runs, self._mode, keep)
-            out[fqn] = DeltaRows(ids=ids, states=states)
+            ids, rows = merge_runs(runs, self._mode, keep and states)
+            out[fqn] = DeltaRows(ids=ids, states=rows)
         return out
 
     #: TorchRec's name for :meth:`get_unique`.
@@ -472,7 +482,7 @@ class DeltaStore:
             return None
         t.seal()
         self._check_borrowed(fqn, t)
-        runs = t.runs[lo:]
+        runs = ready(t.runs[lo:])
         keep = self._with_states(t) and all(r.states is not None for r in runs)
         if take:
             del t.runs[lo:]

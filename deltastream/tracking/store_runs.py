@@ -3,6 +3,7 @@ their merge into ascending unique ids with FIRST or LAST states."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -12,7 +13,7 @@ import torch
 from deltastream.tracking.sorted_ids import group_mask, union
 from deltastream.types import UpdateMode
 
-__all__ = ["Run", "dedupe", "merge_runs", "normalized"]
+__all__ = ["Run", "dedupe", "merge_runs", "normalized", "ready"]
 
 
 @dataclass
@@ -27,6 +28,17 @@ class Run:
     #: an ids-only record still growing: ``(buffer, its tensor)``, ``ids`` the tensor's
     #: head, until its table is read or its records change (``_Table.seal``)
     grow: Optional[tuple[np.ndarray, torch.Tensor]] = None
+    #: ids written later: returns once they are (:func:`ready`)
+    ready: Optional[Callable[[], None]] = None
+
+
+def ready(runs: list[Run]) -> list[Run]:
+    """``runs``, their ids all written (each :attr:`Run.ready` waited for once)."""
+    for r in runs:
+        if r.ready is not None:
+            r.ready()
+            r.ready = None
+    return runs
 
 
 def dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],

@@ -109,6 +109,10 @@ class DeltaTracker:
         sparse_updates_only: ``True`` or FQNs of ``nn.Embedding``/``EmbeddingBag`` tables
             whose rows change only through their own lookups (optimizer without momentum or
             weight decay, no other writes): they use the lookups path instead of the scan.
+        id_only_consumers: consumers that read ids only, whatever ``mode``: their
+            ``DeltaRows.states`` are None (a snapshot writer that reads the rows' current
+            values itself). Their reads merge no states, and the records kept for them alone
+            hold none (in EMBEDDING mode, a hand-off's FIRST rows are not kept for them).
 
     Raises:
         ValueError: bad arguments, no table found, or a ``sparse_updates_only`` table the
@@ -122,11 +126,16 @@ class DeltaTracker:
                  mode: TrackingMode = TrackingMode.ID_ONLY,
                  fqns_to_skip: Iterable[str] = (),
                  max_tracked_rows: Optional[int] = None,
-                 sparse_updates_only: Union[bool, Iterable[str]] = False) -> None:
+                 sparse_updates_only: Union[bool, Iterable[str]] = False,
+                 id_only_consumers: Iterable[str] = ()) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self._mode = tracking_mode(mode)
         self._consumers = consumer_names(consumers, self.DEFAULT_CONSUMER)
+        self._ids_only = frozenset(id_only_consumers)
+        if not self._ids_only <= set(self._consumers):
+            raise ValueError(f"id_only_consumers {sorted(self._ids_only)} must be consumers "
+                             f"of this tracker: {self._consumers}")
         if max_tracked_rows is not None and (not isinstance(max_tracked_rows, int)
                                              or isinstance(max_tracked_rows, bool)
                                              or max_tracked_rows <= 0):
@@ -251,8 +260,8 @@ class DeltaTracker:
         """Rows changed since ``consumer``'s last read, per tracked table FQN.
 
         Each :class:`DeltaRows` has ``ids`` (int64 ``[n]`` ascending global ids), ``states``
-        (``[n, dim]`` FIRST states in EMBEDDING mode, ``None`` in ID_ONLY mode or for a
-        degraded table), ``new`` (bool ``[n]``; ``None`` for ``nn.Embedding``/``Bag``),
+        (``[n, dim]`` FIRST states in EMBEDDING mode, ``None`` in ID_ONLY mode, for an id-only
+        consumer or for a degraded table), ``new`` (bool ``[n]``; ``None`` for ``nn.Embedding``/``Bag``),
         ``tombstones`` (int64 ``[m]`` evicted ids, disjoint from ``ids``) and ``age`` (int64
         ``[n]``: retains in a row). Every tracked table is a key, possibly with empty rows.
         Tensors stay on the table's device (no host copy).
@@ -298,15 +307,19 @@ class DeltaTracker:
                                      f"read (delete_on_read=False)")
             raw: dict[str, tuple | RawRows] = {}
             owe = owe or {}
+            if c in self._ids_only:  # nothing to own: a read of ids
+                return self._read(c, {})
             only = self.reads_in_parts(c)  # the only consumer, deleting on read
-            # with other consumers the interval is recorded for them as it is drained
+            # with other consumers the interval is recorded for them as it is drained,
+            # with its FIRST rows where one of them reads states
             share = not only and self._delete_on_read
+            rows = any(o not in self._ids_only for o in self._cursor if o != c)
             since = self._unread_from(c)
             pending = self._rec.pending
             for fqn in pending if part is None else [f for f in pending if f in part]:
                 if fqn in self._carry[c]:
                     continue
-                got = self._rec.drain_unordered(fqn, owe.get(fqn), since, share) \
+                got = self._rec.drain_unordered(fqn, owe.get(fqn), since, share, rows) \
                     if only or share else None
                 if got is None:
                     got = self._rec.drain_raw(fqn, since, take=only)
@@ -328,13 +341,15 @@ class DeltaTracker:
         return min(self._cursor[c], *self._lag.values()) if self._lag else self._cursor[c]
 
     def _read(self, c: str, raw: dict[str, tuple | RawRows], take: bool = True,
-              part: Optional[frozenset[str]] = None
+              part: Optional[frozenset[str]] = None, states: bool = True
               ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
         give_back)}`` drained unordered before the boundary, or ``RawRows`` (their tables
         have nothing else to read); ``take``: ``c`` is the only consumer (the inserts and
         evictions of ``raw``'s tables are taken, not left for the others); ``part``: the
-        tables read (None: all), the others left as they are for a later read."""
+        tables read (None: all), the others left as they are for a later read; ``states``:
+        False for a read of ids only (as for every read of an id-only consumer)."""
+        states = states and c not in self._ids_only
         if part is None:
             self._boundary()
         else:  # the boundary of the tables read only: the others' lookups stay pending
@@ -362,7 +377,7 @@ class DeltaTracker:
                 rec.compact(start, end, skip)
             # none of raw's tables is read from the touched store: those read as recorded
             # keep their records, and one is drained unordered only while it has none there
-            touched = rec.touched.get_unique(frm, skip)
+            touched = rec.touched.get_unique(frm, skip, states=states)
             tombs = rec.tombs.get_unique(frm, skip)
             news = rec.news.get_unique(frm, skip)
         carry = self._carry[c]
@@ -394,8 +409,11 @@ class DeltaTracker:
     get_unique = get_delta
 
     def get_delta_ids(self, consumer: Optional[str] = None) -> dict[str, torch.Tensor]:
-        """``{fqn: ids}`` changed since ``consumer``'s last read (advances its cursor)."""
-        return {fqn: rows.ids for fqn, rows in self.get_delta(consumer).items()}
+        """``{fqn: ids}`` changed since ``consumer``'s last read (advances its cursor);
+        no state is merged."""
+        with self._lock:
+            return {fqn: rows.ids
+                    for fqn, rows in self._read(self._resolve(consumer), {}, states=False).items()}
 
     def clear(self, consumer: Optional[str] = None) -> None:
         """Forget what ``consumer`` has not read yet (its retained rows too).
@@ -448,7 +466,8 @@ class DeltaTracker:
                 raise ValueError(f"unknown table {fqn!r}; tracked: {sorted(self._tables)}")
             info = self._tables[fqn]
             rows = canonical_rows(rows, info.dim, info.dynamic,
-                                  self._mode is TrackingMode.EMBEDDING)
+                                  self._mode is TrackingMode.EMBEDDING
+                                  and c not in self._ids_only)
             if len(rows) and info.dynamic and callable(getattr(info.module, "contains", None)):
                 live = info.module.contains(rows.ids)
                 if isinstance(live, torch.Tensor) and live.shape == rows.ids.shape:

@@ -384,3 +384,22 @@ def test_grown_records_join_until_their_table_is_read_or_changed(dedupe_path):
         n = s.num_records("t")
         s.append(7, "t", torch.tensor([4]), grow=True)
         assert s.num_records("t") == n + 1  # each call sealed the record before it
+
+
+def test_records_of_ids_only_and_reads_of_ids():
+    """An ``ids_only`` record holds no states in a store of states; ``states=False`` reads
+    ids only across any records; a read of states that spans an ids-only record gets None,
+    one past it the FIRST states."""
+    s = DeltaStore(UpdateMode.FIRST)
+    s.append(0, "t", torch.tensor([3, 1]), torch.ones(2, 2))
+    s.append(1, "t", torch.tensor([5, 1]), ids_only=True, unique=True)
+    s.append(2, "t", torch.tensor([7, 3]), torch.zeros(2, 2))
+    assert s.num_state_rows("t") == 4 and s.num_rows("t") == 6
+    ids = s.get_unique(0, states=False)["t"]
+    assert ids.ids.tolist() == [1, 3, 5, 7] and ids.states is None
+    assert s.get_unique(0)["t"].states is None
+    past = s.get_unique(2)["t"]
+    assert past.ids.tolist() == [3, 7] and torch.equal(past.states, torch.zeros(2, 2))
+    assert s.get_unique(3, states=False)["t"].states is None
+    with pytest.raises(ValueError, match="ids_only"):
+        s.append(3, "t", torch.tensor([1]), torch.ones(1, 2), ids_only=True)
