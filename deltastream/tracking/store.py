@@ -40,7 +40,7 @@ from __future__ import annotations
 import bisect
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -413,26 +413,28 @@ class DeltaStore:
             t.recount()
             self.compactions += 1
 
-    def get_unique(self, from_idx: int = 0, skip: frozenset[str] = frozenset(),
-                   states: bool = True) -> dict[str, DeltaRows]:
+    def get_unique(self, from_idx: int | Mapping[str, int] = 0,
+                   skip: frozenset[str] = frozenset(), states: bool = True
+                   ) -> dict[str, DeltaRows]:
         """Unique ids (ascending) and FIRST/LAST states per table, over records at indices
-        ``>= from_idx``. Every known table is present (those in ``skip`` apart); one with
+        ``>= from_idx`` (per table: ``{fqn: index}`` naming every table read). Every known table is present (those in ``skip`` apart); one with
         no such records maps to an empty :class:`DeltaRows` (``[0, dim]`` states when the
         store keeps states). ``states=False``: the ids only (states None), a merge of ids
         with no state gathered."""
-        if not isinstance(from_idx, int):
-            raise TypeError(f"from_idx must be an int, got {from_idx!r}")
+        if not isinstance(from_idx, (int, Mapping)):
+            raise TypeError(f"from_idx must be an int or a mapping, got {from_idx!r}")
         out: dict[str, DeltaRows] = {}
         for fqn, t in self._tables.items():
             if fqn in skip:
                 continue
+            start = from_idx if isinstance(from_idx, int) else from_idx[fqn]
             t.seal()
             keep = self._with_states(t)
             if not t.runs:  # most tables of a read, in the stores of evictions and inserts
                 out[fqn] = self._empty(t, keep and states)
                 continue
             self._check_borrowed(fqn, t)
-            lo = bisect.bisect_left(t.runs, from_idx, key=lambda r: r.idx)
+            lo = bisect.bisect_left(t.runs, start, key=lambda r: r.idx)
             ready(t.runs[lo:])
             for i in range(lo, len(t.runs)):  # normalize in place: same index, fewer rows
                 if not t.runs[i].sorted and len(t.runs) - lo <= 2:
@@ -492,15 +494,17 @@ class DeltaStore:
             return ids, None
         return ids, torch.cat([r.states for r in runs]) if len(runs) > 1 else runs[0].states
 
-    def ids_since(self, fqns: Iterable[str], from_idx: int = 0, take: bool = True
-                  ) -> dict[str, torch.Tensor]:
+    def ids_since(self, fqns: Iterable[str], from_idx: int | Mapping[str, int] = 0,
+                  take: bool = True) -> dict[str, torch.Tensor]:
         """``{fqn: ids}``: :meth:`raw_since`'s ids of each table of ``fqns`` (``take``: the
-        records taken): int64, repeats kept, in recording order; empty (on the table's
-        device) where there is no such record. One call for many tables: most have none."""
+        records taken; ``from_idx`` per table as in :meth:`get_unique`): int64, repeats
+        kept, in recording order; empty (on the table's device) where there is no such
+        record. One call for many tables: most have none."""
         out = {}
         for fqn in fqns:
             t = self._tables.get(fqn)
-            got = self.raw_since(fqn, from_idx, take) if t is not None and t.runs else None
+            start = from_idx if isinstance(from_idx, int) else from_idx[fqn]
+            got = self.raw_since(fqn, start, take) if t is not None and t.runs else None
             out[fqn] = got[0] if got is not None else \
                 _NO_IDS if t is None else self._empty(t, False).ids
         return out

@@ -150,6 +150,7 @@ class DeltaTracker:
         self._carry: dict[str, dict[str, DeltaRows]] = {c: {} for c in self._consumers}
         # tables a read in parts left unread: {fqn: its first unread index} (one consumer)
         self._lag: dict[str, int] = {}
+        self._low = 0  # every record before this index was deleted (see _delete_read)
 
         found = discover(model, fqns_to_skip)
         self._tables = found.tables
@@ -303,22 +304,23 @@ class DeltaTracker:
                                      f"tracked: {sorted(self._tables)}")
                 if not self.reads_in_parts(c):
                     raise ValueError(f"consumer {c!r} cannot read some tables only: it is "
-                                     f"not the only consumer, or records are kept after a "
-                                     f"read (delete_on_read=False)")
+                                     f"not the only consumer of states, or records are kept "
+                                     f"after a read (delete_on_read=False)")
             raw: dict[str, tuple | RawRows] = {}
             owe = owe or {}
             if c in self._ids_only:  # nothing to own: a read of ids
                 return self._read(c, {})
-            only = self.reads_in_parts(c)  # the only consumer, deleting on read
+            only = len(self._cursor) == 1 and self._delete_on_read  # deleting on read
             # with other consumers the interval is recorded for them as it is drained,
             # with its FIRST rows where one of them reads states
             share = not only and self._delete_on_read
             rows = any(o not in self._ids_only for o in self._cursor if o != c)
-            since = self._unread_from(c)
+            frm = self._unread_from(c)
             pending = self._rec.pending
             for fqn in pending if part is None else [f for f in pending if f in part]:
                 if fqn in self._carry[c]:
                     continue
+                since = frm if isinstance(frm, int) else frm[fqn]
                 got = self._rec.drain_unordered(fqn, owe.get(fqn), since, share, rows) \
                     if only or share else None
                 if got is None:
@@ -329,16 +331,32 @@ class DeltaTracker:
 
     def reads_in_parts(self, consumer: Optional[str] = None) -> bool:
         """Whether :meth:`get_delta_unordered` may read ``consumer``'s tables some at a
-        time (``tables=``): it is the only consumer and records are deleted on read, so a
-        table left unread keeps its records, and nobody else reads past them."""
-        self._resolve(consumer)
-        return len(self._cursor) == 1 and self._delete_on_read
+        time (``tables=``): it is the only consumer of states (any other reads ids only)
+        and records are deleted on read, so a table left unread keeps its records from its
+        own first unread index (another consumer's read turns its pending lookups into
+        records, kept until then)."""
+        c = self._resolve(consumer)
+        return self._delete_on_read and c not in self._ids_only \
+            and all(o in self._ids_only for o in self._cursor if o != c)
 
-    def _unread_from(self, c: str) -> int:
-        """The first index holding records ``c`` has not read: its cursor, or earlier where
-        a read in parts left tables unread (then ``c`` is the only consumer, and every
-        record the store holds is unread: the read ones were deleted)."""
-        return min(self._cursor[c], *self._lag.values()) if self._lag else self._cursor[c]
+    def _unread_from(self, c: str) -> int | dict[str, int]:
+        """The first index holding records ``c`` has not read: its cursor, or per table
+        (``{fqn: index}``) where a read in parts left tables unread (only ``c`` reads in
+        parts: the tables' lags are its)."""
+        if not self._lag or c in self._ids_only:
+            return self._cursor[c]
+        cursor = self._cursor[c]
+        return {f: self._lag.get(f, cursor) for f in self._tables}
+
+    def _delete_read(self, read: Iterable[str]) -> None:
+        """Drop the records every consumer has read (those before every cursor) of the
+        tables no read in parts left unread: all of them when the lowest cursor moved,
+        else of ``read`` only (the tables just read). A table left unread keeps its records
+        until its own read: cheaper than a deletion of each table at its own index."""
+        low = min(self._cursor.values())
+        if low > self._low:
+            read, self._low = self._tables, low
+        self._rec.delete(low, [f for f in read if f not in self._lag])
 
     def _read(self, c: str, raw: dict[str, tuple | RawRows], take: bool = True,
               part: Optional[frozenset[str]] = None, states: bool = True
@@ -395,13 +413,15 @@ class DeltaTracker:
             else:
                 out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
                                           carry.get(fqn), info.dynamic)
-            self._lag.pop(fqn, None)
-        for fqn in others:  # a table left unread keeps its first unread index
-            self._lag.setdefault(fqn, self._cursor[c])
+        if c not in self._ids_only:  # the tables' lags are the reader of states'
+            for fqn in out:
+                self._lag.pop(fqn, None)
+            for fqn in others:  # a table left unread keeps its first unread index
+                self._lag.setdefault(fqn, self._cursor[c])
         self._cursor[c] = end
         rec.idx = end
         if self._delete_on_read:  # the tables left unread keep their records
-            rec.delete(min(self._cursor.values()), part)
+            self._delete_read(out)
         rec.counts["reads"] += 1
         return out
 
@@ -424,7 +444,8 @@ class DeltaTracker:
         with self._lock:
             rec = self._rec
             end = rec.idx + 1
-            self._lag.clear()  # what tables left unread by a read in parts had is forgotten
+            if consumer is None or self._resolve(consumer) not in self._ids_only:
+                self._lag.clear()  # what tables a read in parts left unread had is forgotten
             if consumer is None:
                 rec.resync()
                 rec.delete()
@@ -437,7 +458,7 @@ class DeltaTracker:
                 self._cursor[c] = end
                 self._carry[c] = {}
                 if self._delete_on_read:
-                    rec.delete(min(self._cursor.values()))
+                    self._delete_read(self._tables)  # (a deletion seals growing records)
             rec.idx = end
 
     @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """DeltaTracker.get_delta_unordered(tables=...): a reader of many tables reads them some at
-a time; a table left unread keeps everything that changed in it until its own next read."""
+a time; a table left unread keeps everything that changed in it until its own next read,
+whatever consumers of ids only read meanwhile."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from deltastream.embedding.optim import SparseAdam
 from deltastream.tracking.rows import UnorderedRows
 from deltastream.tracking.tracker import DeltaTracker
-from deltastream.types import TrackingMode
+from deltastream.types import DeltaRows, TrackingMode
 
 from .test_tracker import Trainer
 from .test_unordered import _same, _steps_evicting
@@ -79,6 +80,60 @@ def test_each_table_read_in_parts_equals_a_whole_read_at_its_own_reads(seed):
         _same(whole[fqn], twins[fqn][1].get_delta("p")[fqn])
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_parts_beside_a_consumer_of_ids_read_as_twins_that_read_whole(seed):
+    """A tracker with ``p`` (states, read in parts with its current rows owed) and ``s``
+    (ids only, read whole now and then, between parts too): each table's rows at each of
+    ``p``'s reads equal those of a twin that reads every table whole but only when that
+    table is read; each of ``s``'s reads equals that of a twin with ``s`` alone, but for
+    states — ids, ``new``, tombstones. Between reads the unread tables are disturbed."""
+    trainers = _trainers(1 + len(TABLES))
+    t = Trainer(seed=3, sparse_opt=SparseAdam)
+    b = DeltaTracker(t.net, consumers=["p", "s"], mode=EMB, id_only_consumers=["s"])
+    ts = Trainer(seed=3, sparse_opt=SparseAdam)
+    alone = DeltaTracker(ts.net, consumers=["s"], mode=EMB)
+    trainers = [(t, b), *trainers[1:], (ts, alone)]
+    twins = dict(zip(TABLES, trainers[1:3], strict=True))
+    g = torch.Generator().manual_seed(seed)
+    user = t.net.user
+    parts = [("user",), ("item",), TABLES, ("user",), ("item",)]
+    unordered = snaps = 0
+    for k in range(24):
+        _steps_evicting(trainers, g, 0.5)
+        if k:
+            _disturb(b, g)
+        if bool(torch.rand(1, generator=g) < 0.3):
+            snaps += 1
+            got, want = b.get_delta("s"), alone.get_delta("s")
+            for fqn in TABLES:
+                assert got[fqn].states is None
+                _same(DeltaRows(ids=got[fqn].ids, states=want[fqn].states, new=got[fqn].new,
+                                tombstones=got[fqn].tombstones, age=got[fqn].age),
+                      want[fqn])
+        part = parts[int(torch.randint(len(parts), (1,), generator=g))]
+        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()},
+                                    tables=None if part == TABLES else part)
+        assert got.keys() == set(part)
+        rows_then = user.storage.detach().clone()
+        assert b.capture_rows(None)
+        for fqn in part:
+            want = twins[fqn][1].get_delta("p")[fqn]
+            d = got[fqn]
+            if isinstance(d, UnorderedRows):
+                unordered += 1
+                assert torch.equal(d.current, rows_then[d.positions])
+                d = d.finish()[0]
+            _same(d, want)
+    assert unordered >= 3 and snaps >= 3
+    whole = b.get_delta("p")
+    for fqn in TABLES:
+        _same(whole[fqn], twins[fqn][1].get_delta("p")[fqn])
+    got, want = b.get_delta("s"), alone.get_delta("s")
+    for fqn in TABLES:
+        assert torch.equal(got[fqn].ids, want[fqn].ids)
+        assert torch.equal(got[fqn].tombstones, want[fqn].tombstones)
+
+
 def test_a_table_left_unread_keeps_its_records_through_the_bound():
     """``max_tracked_rows`` compacts and trims the store below every cursor: the records
     of a table a read in parts left unread are kept (its first unread index counts as a
@@ -110,8 +165,11 @@ def test_reading_in_parts_needs_the_only_consumer_and_deletes_on_read():
     two = DeltaTracker(t.net, consumers=["p", "q"], mode=EMB)
     kept = DeltaTracker(Trainer(seed=3).net, consumers=["p"], mode=EMB, delete_on_read=False)
     one = DeltaTracker(Trainer(seed=3).net, consumers=["p"], mode=EMB)
+    ids = DeltaTracker(Trainer(seed=3).net, consumers=["p", "q"], mode=EMB,
+                       id_only_consumers=["q"])
     assert not two.reads_in_parts("p") and not kept.reads_in_parts("p")
-    assert one.reads_in_parts("p")
+    assert one.reads_in_parts("p") and ids.reads_in_parts("p")
+    assert not ids.reads_in_parts("q")  # a reader of ids reads whole
     for tracker in (two, kept):
         with pytest.raises(ValueError, match="cannot read some tables only"):
             tracker.get_delta_unordered("p", tables=["user"])
