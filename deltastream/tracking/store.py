@@ -417,10 +417,11 @@ class DeltaStore:
                    skip: frozenset[str] = frozenset(), states: bool = True
                    ) -> dict[str, DeltaRows]:
         """Unique ids (ascending) and FIRST/LAST states per table, over records at indices
-        ``>= from_idx`` (per table: ``{fqn: index}`` naming every table read). Every known table is present (those in ``skip`` apart); one with
-        no such records maps to an empty :class:`DeltaRows` (``[0, dim]`` states when the
-        store keeps states). ``states=False``: the ids only (states None), a merge of ids
-        with no state gathered."""
+        ``>= from_idx`` (per table: ``{fqn: index}`` naming every table read). Every known
+        table is present (those in ``skip`` apart); one with no such records maps to an
+        empty :class:`DeltaRows` (``[0, dim]`` states when the store keeps states).
+        ``states=False``: the ids only (states None), a merge of ids with no state
+        gathered."""
         if not isinstance(from_idx, (int, Mapping)):
             raise TypeError(f"from_idx must be an int or a mapping, got {from_idx!r}")
         out: dict[str, DeltaRows] = {}
@@ -519,7 +520,7 @@ class DeltaStore:
         if drop.numel() == 0:
             return 0
         removed = 0
-        for r in t.runs:
+        for r in ready(t.runs):
             hit, _ = member(drop.to(r.ids.device), r.ids)
             n = int(hit.sum())
             if n:

@@ -261,8 +261,9 @@ class DeltaTracker:
         """Rows changed since ``consumer``'s last read, per tracked table FQN.
 
         Each :class:`DeltaRows` has ``ids`` (int64 ``[n]`` ascending global ids), ``states``
-        (``[n, dim]`` FIRST states in EMBEDDING mode, ``None`` in ID_ONLY mode, for an id-only
-        consumer or for a degraded table), ``new`` (bool ``[n]``; ``None`` for ``nn.Embedding``/``Bag``),
+        (``[n, dim]`` FIRST states in EMBEDDING mode, ``None`` in ID_ONLY mode, for an
+        id-only consumer or for a degraded table), ``new`` (bool ``[n]``; ``None`` for
+        ``nn.Embedding``/``Bag``),
         ``tombstones`` (int64 ``[m]`` evicted ids, disjoint from ``ids``) and ``age`` (int64
         ``[n]``: retains in a row). Every tracked table is a key, possibly with empty rows.
         Tensors stay on the table's device (no host copy).
