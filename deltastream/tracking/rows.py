@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from deltastream.tracking.sorted_ids import first_occurrences, member, sort_ids_with_perm, union
 from deltastream.types import DeltaRows
 
-__all__ = ["select_rows", "drop_ids", "canonical_rows", "merge_carry", "carry_rows",
+__all__ = ["select_rows", "drop_ids", "held_rows", "canonical_rows", "merge_carry", "carry_rows",
            "assemble_delta", "RawRows", "UnorderedRows", "order_rows"]
 
 
@@ -35,6 +35,19 @@ def drop_ids(rows: DeltaRows, ids: torch.Tensor) -> DeltaRows:
     if not bool(gone.any()):
         return rows
     return select_rows(rows, (~gone).nonzero().squeeze(1))
+
+
+def held_rows(rows: DeltaRows, table: Any) -> DeltaRows:
+    """``rows`` less those of ids ``table`` (a HashTable: ``contains(ids)`` -> bool ``[n]``)
+    no longer holds; ``rows`` itself for a table without ``contains``."""
+    contains = getattr(table, "contains", None)
+    if not len(rows) or not callable(contains):
+        return rows
+    live = contains(rows.ids)
+    if not isinstance(live, torch.Tensor) or live.shape != rows.ids.shape:
+        return rows
+    live = live.to(device=rows.ids.device, dtype=torch.bool)
+    return rows if bool(live.all()) else select_rows(rows, live.nonzero().squeeze(1))
 
 
 def canonical_rows(rows: DeltaRows, dim: int, with_new: bool, with_states: bool) -> DeltaRows:

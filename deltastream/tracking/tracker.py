@@ -68,6 +68,7 @@ from typing import Any, Optional, Union
 import torch
 
 from deltastream.tracking.discovery import discover
+from deltastream.tracking.early_reads import EarlyReads
 from deltastream.tracking.model_hooks import ModelHooks, eager
 from deltastream.tracking.options import consumer_names, resolve_consumer, tracking_mode
 from deltastream.tracking.path_choice import PathSwitch, declare_lookups
@@ -80,7 +81,7 @@ from deltastream.tracking.rows import (
     canonical_rows,
     carry_rows,
     drop_ids,
-    select_rows,
+    held_rows,
 )
 from deltastream.types import DeltaRows, TrackingMode
 
@@ -151,6 +152,7 @@ class DeltaTracker:
         # tables a read in parts left unread: {fqn: its first unread index} (one consumer)
         self._lag: dict[str, int] = {}
         self._low = 0  # every record before this index was deleted (see _delete_read)
+        self._early = EarlyReads()  # rows read for the reader of states at others' reads
 
         found = discover(model, fqns_to_skip)
         self._tables = found.tables
@@ -269,7 +271,8 @@ class DeltaTracker:
         Tensors stay on the table's device (no host copy).
         """
         with self._lock:
-            return self._read(self._resolve(consumer), {})
+            c = self._resolve(consumer)
+            return self._read(c, {}, before=self._retain_early(c))
 
     def get_delta_unordered(self, consumer: Optional[str] = None,
                             owe: Optional[Mapping[str, torch.Tensor]] = None,
@@ -311,6 +314,18 @@ class DeltaTracker:
             owe = owe or {}
             if c in self._ids_only:  # nothing to own: a read of ids
                 return self._read(c, {})
+            # a reader in parts gets the tables read early for it (at a consumer of ids'
+            # read) as they were read; a whole read has them merged into its own, so that
+            # it holds everything up to now (a flush, a round)
+            early, before = {}, {}
+            if part is not None:
+                self._early.note(c, owe)
+                early = self._early.take(c, part)
+                part = part - early.keys()
+                if early and not part:
+                    return early
+            else:
+                before = self._retain_early(c)
             only = len(self._cursor) == 1 and self._delete_on_read  # deleting on read
             # with other consumers the interval is recorded for them as it is drained,
             # with its FIRST rows where one of them reads states
@@ -328,7 +343,7 @@ class DeltaTracker:
                     got = self._rec.drain_raw(fqn, since, take=only)
                 if got is not None:
                     raw[fqn] = got
-            return self._read(c, raw, take=only, part=part)
+            return {**self._read(c, raw, take=only, part=part, before=before), **early}
 
     def reads_in_parts(self, consumer: Optional[str] = None) -> bool:
         """Whether :meth:`get_delta_unordered` may read ``consumer``'s tables some at a
@@ -359,16 +374,39 @@ class DeltaTracker:
             read, self._low = self._tables, low
         self._rec.delete(low, [f for f in read if f not in self._lag])
 
+    def _read_early(self) -> None:
+        """Before a consumer of ids reads (:mod:`.early_reads`): the tables the reader of
+        states owes, with lookups pending, are read for it now and held for its next read
+        of each."""
+        e = self._early
+        if e.reader is None or self._closed or not self.reads_in_parts(e.reader):
+            return
+        owe = e.due(self._rec.pending, self._tables, self._carry[e.reader])
+        if owe:
+            e.rows.update(self.get_delta_unordered(e.reader, owe, tables=owe))
+
+    def _retain_early(self, c: str) -> dict[str, torch.Tensor]:
+        """:meth:`EarlyReads.retain` for a whole read of ``c``: its tombstones."""
+        rec = self._rec
+        return self._early.retain(
+            c, self._tables, lambda: rec.capture(None),
+            lambda fqns: rec.tombs.ids_since(fqns, self._unread_from(c), take=False),
+            self._carry[c])
+
     def _read(self, c: str, raw: dict[str, tuple | RawRows], take: bool = True,
-              part: Optional[frozenset[str]] = None, states: bool = True
+              part: Optional[frozenset[str]] = None, states: bool = True,
+              before: Mapping[str, torch.Tensor] = {}
               ) -> dict[str, DeltaRows | UnorderedRows | RawRows]:
         """A read of consumer ``c``; ``raw``: ``{fqn: (ids, positions, at, arena, current,
         give_back)}`` drained unordered before the boundary, or ``RawRows`` (their tables
         have nothing else to read); ``take``: ``c`` is the only consumer (the inserts and
         evictions of ``raw``'s tables are taken, not left for the others); ``part``: the
         tables read (None: all), the others left as they are for a later read; ``states``:
-        False for a read of ids only (as for every read of an id-only consumer)."""
+        False for a read of ids only (as for every read of an id-only consumer);
+        ``before``: ``{fqn: ids}`` evicted in rows read early for ``c``, now retained."""
         states = states and c not in self._ids_only
+        if c in self._ids_only and part is None:
+            self._read_early()
         if part is None:
             self._boundary()
         else:  # the boundary of the tables read only: the others' lookups stay pending
@@ -412,7 +450,10 @@ class DeltaTracker:
                 out[fqn] = UnorderedRows(ids, pos, at, arena, evicted[fqn], inserted[fqn],
                                          info.dynamic, current, give_back)
             else:
-                out[fqn] = assemble_delta(touched[fqn], tombs[fqn].ids, news[fqn].ids,
+                gone = tombs[fqn].ids
+                if fqn in before:
+                    gone = torch.unique(torch.cat([before[fqn].to(gone.device), gone]))
+                out[fqn] = assemble_delta(touched[fqn], gone, news[fqn].ids,
                                           carry.get(fqn), info.dynamic)
         if c not in self._ids_only:  # the tables' lags are the reader of states'
             for fqn in out:
@@ -433,8 +474,9 @@ class DeltaTracker:
         """``{fqn: ids}`` changed since ``consumer``'s last read (advances its cursor);
         no state is merged."""
         with self._lock:
-            return {fqn: rows.ids
-                    for fqn, rows in self._read(self._resolve(consumer), {}, states=False).items()}
+            c = self._resolve(consumer)
+            read = self._read(c, {}, states=False, before=self._retain_early(c))
+            return {fqn: rows.ids for fqn, rows in read.items()}
 
     def clear(self, consumer: Optional[str] = None) -> None:
         """Forget what ``consumer`` has not read yet (its retained rows too).
@@ -445,6 +487,9 @@ class DeltaTracker:
         with self._lock:
             rec = self._rec
             end = rec.idx + 1
+            self._early.drop(self._early.reader if consumer is None
+                             else self._resolve(consumer), self._tables,
+                             lambda: rec.capture(None))
             if consumer is None or self._resolve(consumer) not in self._ids_only:
                 self._lag.clear()  # what tables a read in parts left unread had is forgotten
             if consumer is None:
@@ -490,12 +535,8 @@ class DeltaTracker:
             rows = canonical_rows(rows, info.dim, info.dynamic,
                                   self._mode is TrackingMode.EMBEDDING
                                   and c not in self._ids_only)
-            if len(rows) and info.dynamic and callable(getattr(info.module, "contains", None)):
-                live = info.module.contains(rows.ids)
-                if isinstance(live, torch.Tensor) and live.shape == rows.ids.shape:
-                    live = live.to(device=rows.ids.device, dtype=torch.bool)
-                    if not bool(live.all()):
-                        rows = select_rows(rows, live.nonzero().squeeze(1))
+            if info.dynamic:
+                rows = held_rows(rows, info.module)
             if not len(rows):
                 return
             carry_rows(self._carry[c], fqn, rows)

@@ -85,8 +85,10 @@ def test_parts_beside_a_consumer_of_ids_read_as_twins_that_read_whole(seed):
     """A tracker with ``p`` (states, read in parts with its current rows owed) and ``s``
     (ids only, read whole now and then, between parts too): each table's rows at each of
     ``p``'s reads equal those of a twin that reads every table whole but only when that
-    table is read; each of ``s``'s reads equals that of a twin with ``s`` alone, but for
-    states — ids, ``new``, tombstones. Between reads the unread tables are disturbed."""
+    table is read — or, for the hash table read early for ``p`` at a read of ``s``, at
+    that read (its current rows too); each of ``s``'s reads equals that of a twin with
+    ``s`` alone, but for states — ids, ``new``, tombstones. Between reads the unread
+    tables are disturbed."""
     trainers = _trainers(1 + len(TABLES))
     t = Trainer(seed=3, sparse_opt=SparseAdam)
     b = DeltaTracker(t.net, consumers=["p", "s"], mode=EMB, id_only_consumers=["s"])
@@ -97,34 +99,45 @@ def test_parts_beside_a_consumer_of_ids_read_as_twins_that_read_whole(seed):
     g = torch.Generator().manual_seed(seed)
     user = t.net.user
     parts = [("user",), ("item",), TABLES, ("user",), ("item",)]
-    unordered = snaps = 0
+    unordered = snaps = handed = 0
+    early: dict = {}  # {fqn: (the twin's rows, the table's rows) at the read of s}
     for k in range(24):
         _steps_evicting(trainers, g, 0.5)
         if k:
             _disturb(b, g)
         if bool(torch.rand(1, generator=g) < 0.3):
             snaps += 1
+            held = set(b._early.rows)
             got, want = b.get_delta("s"), alone.get_delta("s")
+            for fqn in set(b._early.rows) - held:  # read for p now, handed over later
+                early[fqn] = (twins[fqn][1].get_delta("p")[fqn], user.storage.detach().clone())
             for fqn in TABLES:
                 assert got[fqn].states is None
                 _same(DeltaRows(ids=got[fqn].ids, states=want[fqn].states, new=got[fqn].new,
                                 tombstones=got[fqn].tombstones, age=got[fqn].age),
                       want[fqn])
         part = parts[int(torch.randint(len(parts), (1,), generator=g))]
-        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()},
-                                    tables=None if part == TABLES else part)
+        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()}, tables=part)
         assert got.keys() == set(part)
         rows_then = user.storage.detach().clone()
         assert b.capture_rows(None)
         for fqn in part:
-            want = twins[fqn][1].get_delta("p")[fqn]
+            handed += fqn in early
+            want, then = early.pop(fqn) if fqn in early else \
+                (twins[fqn][1].get_delta("p")[fqn], rows_then)
             d = got[fqn]
             if isinstance(d, UnorderedRows):
                 unordered += 1
-                assert torch.equal(d.current, rows_then[d.positions])
+                assert torch.equal(d.current, then[d.positions])
                 d = d.finish()[0]
             _same(d, want)
-    assert unordered >= 3 and snaps >= 3
+    assert unordered >= 3 and snaps >= 3 and handed >= 1
+    got = b.get_delta_unordered("p", owe={"user": user.storage.detach()}, tables=TABLES)
+    assert b.capture_rows(None)  # a read in parts hands over what was read early as it was
+    for fqn in TABLES:
+        want = early[fqn][0] if fqn in early else twins[fqn][1].get_delta("p")[fqn]
+        d = got[fqn]
+        _same(d.finish()[0] if isinstance(d, UnorderedRows) else d, want)
     whole = b.get_delta("p")
     for fqn in TABLES:
         _same(whole[fqn], twins[fqn][1].get_delta("p")[fqn])
@@ -132,6 +145,54 @@ def test_parts_beside_a_consumer_of_ids_read_as_twins_that_read_whole(seed):
     for fqn in TABLES:
         assert torch.equal(got[fqn].ids, want[fqn].ids)
         assert torch.equal(got[fqn].tombstones, want[fqn].tombstones)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("then", ["get_delta", "get_delta_ids", "whole", "clear"])
+def test_rows_read_early_join_their_readers_whole_read_or_its_clear(seed, then):
+    """``p`` reads in parts with its current rows owed, a read of ``s`` (ids only) reads
+    the hash table early for ``p``; then steps evict and re-insert ids, and ``p`` reads
+    whole — sorted, ids, or unordered as a flush does — (or clears): it gets what a twin
+    gets whose ``p`` never had that early read — the early rows' FIRST states win, ids
+    evicted since are tombstones, not rows, and what changed since is there too."""
+    pair = _trainers(1)
+    t = Trainer(seed=3, sparse_opt=SparseAdam)
+    b = DeltaTracker(t.net, consumers=["p", "s"], mode=EMB, id_only_consumers=["s"])
+    (ta, a), = pair
+    both = [(t, b), (ta, a)]
+    g = torch.Generator().manual_seed(seed)
+    early = 0
+    for _ in range(4):
+        _steps_evicting(both, g, 0.5)
+        got = b.get_delta_unordered("p", owe={"user": t.net.user.storage.detach()},
+                                    tables=TABLES)
+        assert b.capture_rows(None)
+        want = a.get_delta("p")
+        for fqn, d in got.items():
+            _same(d.finish()[0] if isinstance(d, UnorderedRows) else d, want[fqn])
+        _steps_evicting(both, g, 0.5)
+        b.get_delta("s")
+        early += "user" in b._early.rows
+        _steps_evicting(both, g, 1.0)
+        if then == "clear":
+            b.clear("p")
+            a.clear("p")
+            assert not b._early.rows
+        elif then == "whole":
+            got = b.get_delta_unordered("p", owe={"user": t.net.user.storage.detach()})
+            assert b.capture_rows(None)
+            want = a.get_delta("p")
+            for fqn, d in got.items():
+                _same(d.finish()[0] if isinstance(d, UnorderedRows) else d, want[fqn])
+        elif then == "get_delta_ids":
+            got, want = b.get_delta_ids("p"), a.get_delta_ids("p")
+            for fqn in want:
+                assert torch.equal(got[fqn], want[fqn]), fqn
+        else:
+            got, want = b.get_delta("p"), a.get_delta("p")
+            for fqn in want:
+                _same(got[fqn], want[fqn])
+    assert early >= 3
 
 
 def test_a_table_left_unread_keeps_its_records_through_the_bound():
