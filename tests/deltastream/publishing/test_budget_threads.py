@@ -289,18 +289,20 @@ def test_hand_offs_copied_over_many_ticks_deliver_every_last_value(back, lane, m
     assert sink.torn == 0 and sink.nonfinite == 0
 
 
-def _many_tables(names, dim: int, n: int, monkeypatch):
+def _many_tables(names, dim: int, n: int, monkeypatch, snapshot: bool = False):
     """``(tables, tracker, serving, reads)``: a HashTable per name holding ids 0..n-1 as
-    zero rows, tracked for consumer ``p``, the serving tables holding the same, and the
-    list the tables each hand-off read asks for are put in (None: all)."""
+    zero rows, tracked for consumer ``p`` (and ``snap``, of ids only, with ``snapshot``),
+    the serving tables holding the same, and the list the tables each hand-off read asks
+    for are put in (None: all)."""
     from deltastream.publishing import budget
 
     tables = {}
     for name in names:
         tables[name] = HashTable(dim, name=name, capacity=4 * n)
         tables[name].insert(torch.arange(n), torch.zeros(n, dim))
-    tracker = DeltaTracker(torch.nn.ModuleDict(tables), consumers=["p"],
-                           mode=TrackingMode.EMBEDDING)
+    tracker = DeltaTracker(torch.nn.ModuleDict(tables), consumers=["p", "snap"][:1 + snapshot],
+                           mode=TrackingMode.EMBEDDING,
+                           id_only_consumers=["snap"] if snapshot else ())
     serving = {name: ServingTable(name, dim) for name in tables}
     for s in serving.values():
         s.upsert(np.arange(n), np.zeros((n, dim), dtype=np.float32))
@@ -311,13 +313,15 @@ def _many_tables(names, dim: int, n: int, monkeypatch):
     return tables, tracker, serving, reads
 
 
+@pytest.mark.parametrize("snapshot", [False, True])
 @pytest.mark.parametrize("lane", [False, True])
-def test_a_hand_off_of_many_tables_read_over_ticks_delivers_every_last_value(lane,
+def test_a_hand_off_of_many_tables_read_over_ticks_delivers_every_last_value(lane, snapshot,
                                                                              monkeypatch):
     """Three tables, read one a tick (a part's time 0) with their current rows owed
     and copied a few per tick, or walked on the lane; ids are evicted and re-inserted
-    meanwhile, in a table already read and in one still to read: no torn row reaches the
-    predictor, and after the flush it holds exactly every table."""
+    meanwhile, in a table already read and in one still to read; with ``snapshot``, a
+    consumer of ids reads every 7 steps (the tables then read early for the publisher):
+    no torn row reaches the predictor, and after the flush it holds exactly every table."""
     from deltastream.publishing import budget
     from deltastream.tracking import fresh_rows, model_hooks
 
@@ -329,8 +333,9 @@ def test_a_hand_off_of_many_tables_read_over_ticks_delivers_every_last_value(lan
     monkeypatch.setattr(budget, "HANDOFF_PART_S", 0.0)  # a table a part, however fast
     dim, n = 8, 600
     monkeypatch.setattr(budget, "CAPTURE_BYTES", 40 * dim * 4)
-    tables, tracker, serving, reads = _many_tables("abc", dim, n, monkeypatch)
+    tables, tracker, serving, reads = _many_tables("abc", dim, n, monkeypatch, snapshot)
     sink = SlowSink(serving, delay=0.0)
+    early = 0
     bp = BudgetPublisher(tracker, sink, "p",
                          BudgetPolicy(bytes_per_step=20_000, max_worker_share=None))
     g = torch.Generator().manual_seed(6)
@@ -345,9 +350,16 @@ def test_a_hand_off_of_many_tables_read_over_ticks_delivers_every_last_value(lan
                     table.insert(gone, torch.full((len(gone), dim), float(step)))
         tracker.step()
         bp.tick(step)
+        if snapshot and step % 7 == 0:
+            assert set(tracker.get_delta("snap")) == set(tables)
+            early += len(tracker._early.rows)
         time.sleep(0.001)
+    assert early > 10 or not snapshot
     assert bp.stats()["part_ticks"] > 20  # hand-offs were read over several ticks
     assert all(r is not None and len(r) == 1 for r in reads), reads  # a table a tick
+    if snapshot:  # the flush reads whole what was just read early: it merges it
+        tracker.get_delta("snap")
+        assert tracker._early.rows
     bp.flush(301)
     bp.close()
     for name, table in tables.items():
