@@ -396,8 +396,9 @@ class BudgetPublisher:
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
         ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
         ``deferred_ticks``: ticks that left their rows in the tracker, or held a complete
-        hand-off read in parts, because the worker had not merged the previous one yet; ``capture_ticks``: ticks that copied a slice
-        of the current rows a hand-off still owed (:mod:`~.handoff`); ``part_ticks``: ticks
+        hand-off read in parts, because the worker had not merged the previous one yet;
+        ``capture_ticks``: ticks that copied a slice of the current rows a hand-off still
+        owed (:mod:`~.handoff`); ``part_ticks``: ticks
         that read a later part of a hand-off of many tables (:data:`HANDOFF_PART_S`);
         ``worker_s`` / ``worker_share``: the worker's busy seconds, and their share of the
         seconds since the first tick.
@@ -479,10 +480,11 @@ class BudgetPublisher:
             return [None]
         return [names[i:i + k] for i in range(0, len(names), k)]
 
-    def _take(self, part: Optional[list[str]]) -> list[TableHandoff]:
+    def _take(self, part: Optional[list[str]]) -> tuple[list[TableHandoff], bool]:
         """:func:`take_handoff` of the tables of ``part`` (None: all), their rows owed where
-        they live in a CPU storage (looked up per read: a table may grow); a part's time
-        sizes the next parts (:data:`HANDOFF_PART_S`)."""
+        they live in a CPU storage (looked up per read: a table may grow), and whether the
+        read was short enough to queue its walks on the lane (:data:`QUEUE_WALKS_S`); a
+        part's time sizes the next parts (:data:`HANDOFF_PART_S`)."""
         t0 = time.perf_counter()
         modules = self._modules if part is None else {f: self._modules[f] for f in part}
         out = take_handoff(self.tracker, self.consumer, self._modules, self._copier,
@@ -493,21 +495,21 @@ class BudgetPublisher:
                 self._part_tables = max(1, self._part_tables - 1)
             elif took < 0.75 * HANDOFF_PART_S:
                 self._part_tables += 1
-        return out
+        return out, took < QUEUE_WALKS_S
 
-    def _take_more(self, h: Handoff, part: list[str]) -> None:
-        """A later ``part`` of hand-off ``h``'s tables into it."""
-        h.tables += self._take(part)
+    def _take_more(self, h: Handoff, part: list[str]) -> bool:
+        """A later ``part`` of hand-off ``h``'s tables into it (:meth:`_take`'s lane)."""
+        tables, lane = self._take(part)
+        h.tables += tables
         # a table moved to a device since: its copies, on the one side stream, end after
         # the earlier parts' (whose event this replaces)
         h.ready = self._copier.finish() or h.ready
+        return lane
 
     def _hand_off(self, step: int, ts: Optional[int], *, final: bool,
                   timeout: Optional[float] = None) -> Optional[BudgetTick]:
-        t0 = time.perf_counter()
         parts = self._parts(final)
-        tables = self._take(parts[0])
-        lane = time.perf_counter() - t0 < QUEUE_WALKS_S
+        tables, lane = self._take(parts[0])
         self._tick += 1
         h = Handoff(tick=self._tick, step=step, ts=time.time_ns() if ts is None else ts,
                     units=self._units, tables=tables, final=final, ready=self._copier.finish(),
@@ -518,9 +520,7 @@ class BudgetPublisher:
     def _read_part(self) -> Optional[BudgetTick]:
         """Read the next part of the hand-off being read in parts."""
         h, parts = self._reading
-        t0 = time.perf_counter()
-        self._take_more(h, parts[0])  # (raising, it leaves the hand-off as it was)
-        lane = time.perf_counter() - t0 < QUEUE_WALKS_S
+        lane = self._take_more(h, parts[0])  # (raising, it leaves the hand-off as it was)
         self._reading = None
         if len(parts) == 1:
             self._read_units(h)

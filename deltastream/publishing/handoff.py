@@ -137,7 +137,8 @@ class Handoff:
 
     ``tick``: the tick's number (1, 2, …); ``units``: budget units (seconds or steps) the
     bucket gains with it, ``read_units`` of them while it was read (in parts, over several
-    ticks: they may fill the bucket past its burst, :meth:`TokenBucket.refill`'s ``over``); ``final``: a flush (publish everything). ``ready``: a CUDA event
+    ticks: they may fill the bucket past its burst, :meth:`TokenBucket.refill`'s
+    ``over``); ``final``: a flush (publish everything). ``ready``: a CUDA event
     recorded after the device → host copies (None on CPU). ``charged``: bytes sent outside
     the rounds since the last hand-off that the bucket pays for too (dense versions, with
     ``BudgetPolicy.charge_dense``). ``merged``: called once the worker is done with the

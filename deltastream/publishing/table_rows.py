@@ -12,6 +12,7 @@ from typing import Any, Optional
 import torch
 
 from deltastream.embedding.hashtable import HashTable
+from deltastream.embedding.row_storage import row_storage  # re-exported: its old home
 
 __all__ = ["Reader", "row_reader", "read_rows", "row_storage"]
 
@@ -58,27 +59,6 @@ def row_reader(table: Any) -> tuple[Reader, int, Optional[torch.dtype], bool]:
         dtype = None  # learnt from the first read
     # HashTable.lookup documents that it returns a copy; other duck-typed tables may not
     return read_table, dim, dtype, isinstance(inner, HashTable)
-
-
-def row_storage(table: Any) -> Optional[tuple[torch.Tensor, Callable[[torch.Tensor],
-                                                                    torch.Tensor]]]:
-    """Where ``table``'s rows live, for kernels that gather them in place:
-    ``(storage, positions)`` or None when the table has no such storage (duck-typed tables).
-
-    ``storage`` is ``[R, dim]`` (detached); ``positions(ids)`` gives each id's row in it,
-    ``-1`` or an index outside ``[0, R)`` for an id the table does not hold (the caller then
-    falls back to ``row_reader``'s ``read``, which raises or reads the eval value exactly
-    as the reference path does). nn.Embedding / EmbeddingBag: the ids are the positions;
-    HashTable (and ShardedEmbedding's local HashTable): its ``storage`` and ``positions``.
-    """
-    if isinstance(table, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-        return table.weight.detach(), lambda ids: ids
-    inner = table
-    if not callable(getattr(inner, "lookup", None)) and hasattr(inner, "table"):
-        inner = inner.table  # ShardedEmbedding: its local shard (as row_reader reads it)
-    if isinstance(inner, HashTable):
-        return inner.storage.detach(), inner.positions
-    return None
 
 
 def read_rows(read: Reader, ids: torch.Tensor, dim: int, dtype: torch.dtype,

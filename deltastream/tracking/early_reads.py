@@ -19,22 +19,19 @@ from typing import Any, Optional
 
 import torch
 
-from deltastream.tracking.rows import UnorderedRows, drop_ids, merge_carry
+from deltastream.embedding.row_storage import row_storage
+from deltastream.tracking.rows import UnorderedRows, carry_rows, drop_ids
 from deltastream.types import DeltaRows
 
 __all__ = ["EarlyReads", "storage_now"]
 
 
 def storage_now(module: Any) -> Optional[torch.Tensor]:
-    """The CPU tensor a table's rows live in now (a HashTable's ``storage``, an
-    ``nn.Embedding``/``EmbeddingBag``'s ``weight``), detached; None for any other table.
-    Asked at each early read: a hash table's storage is replaced as it grows."""
-    rows = getattr(module, "storage", None)
-    if rows is None and isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-        rows = module.weight
-    if not isinstance(rows, torch.Tensor) or rows.device.type != "cpu":
-        return None
-    return rows.detach()
+    """The CPU tensor a table's rows live in now (:func:`row_storage`, as a publisher owes
+    them), or None. Asked at each early read: a hash table's storage is replaced as it
+    grows."""
+    where = row_storage(module)
+    return where[0] if where is not None and where[0].device.type == "cpu" else None
 
 
 class EarlyReads:
@@ -87,21 +84,23 @@ class EarlyReads:
         gone, tombs = evicted(list(early)), {}
         for fqn, d in early.items():
             rows = d.finish()[0] if isinstance(d, UnorderedRows) else d
-            if isinstance(d, UnorderedRows) and d.give_back is not None:
-                d.give_back()
+            _give_back(d)
             tombs[fqn] = rows.tombstones
-            rows = drop_ids(rows, gone[fqn])
-            prev = carry.get(fqn)
-            carry[fqn] = rows if prev is None or not len(prev) else merge_carry(prev, rows)
+            carry_rows(carry, fqn, drop_ids(rows, gone[fqn]), retains=0)  # not retained
         return tombs
 
     def drop(self, reader: Optional[str], tables: Iterable[str],
              written: Callable[[], Any]) -> None:
-        """Forget the rows read early for ``reader`` (their buffers given back once
-        ``written()`` completed their walks)."""
-        dropped = self.take(reader, tables)
+        """Forget the rows read early for ``reader`` (None: whoever it is) of ``tables``,
+        their buffers given back once ``written()`` completed their walks."""
+        dropped = self.take(self.reader if reader is None else reader, tables)
         if dropped:
             written()
             for d in dropped.values():
-                if isinstance(d, UnorderedRows) and d.give_back is not None:
-                    d.give_back()
+                _give_back(d)
+
+
+def _give_back(d: Any) -> None:
+    """Let the tracker reuse the buffers of rows read early (an ``UnorderedRows``'s)."""
+    if isinstance(d, UnorderedRows) and d.give_back is not None:
+        d.give_back()

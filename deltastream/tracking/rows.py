@@ -117,10 +117,11 @@ def merge_carry(old: DeltaRows, fresh: DeltaRows) -> DeltaRows:
     return DeltaRows(ids=out, states=states, new=new, tombstones=fresh.tombstones, age=age)
 
 
-def carry_rows(carry: dict, fqn: str, rows: DeltaRows) -> None:
+def carry_rows(carry: dict, fqn: str, rows: DeltaRows, retains: int = 1) -> None:
     """Retain ``rows`` of table ``fqn`` in a consumer's ``carry`` (``{fqn: DeltaRows}``):
-    one retain more (``age + 1``), united with what that table already carries."""
-    rows.age = rows.age + 1
+    ``retains`` more (``age + retains``; 0: rows read but not handed over yet), united with
+    what that table already carries (older: its FIRST states win)."""
+    rows.age = rows.age + retains
     prev = carry.get(fqn)
     carry[fqn] = rows if prev is None or not len(prev) else merge_carry(prev, rows)
 

@@ -48,7 +48,14 @@ import numpy as np
 import torch
 
 from deltastream.tracking.sorted_ids import member
-from deltastream.tracking.store_runs import Run, dedupe, merge_runs, normalized, ready
+from deltastream.tracking.store_runs import (
+    Run,
+    dedupe,
+    index_for,
+    merge_runs,
+    normalized,
+    ready,
+)
 from deltastream.types import DeltaRows, UpdateMode
 
 __all__ = ["DeltaStore"]
@@ -428,7 +435,7 @@ class DeltaStore:
         for fqn, t in self._tables.items():
             if fqn in skip:
                 continue
-            start = from_idx if isinstance(from_idx, int) else from_idx[fqn]
+            start = index_for(from_idx, fqn)
             t.seal()
             keep = self._with_states(t)
             if not t.runs:  # most tables of a read, in the stores of evictions and inserts
@@ -504,8 +511,7 @@ class DeltaStore:
         out = {}
         for fqn in fqns:
             t = self._tables.get(fqn)
-            start = from_idx if isinstance(from_idx, int) else from_idx[fqn]
-            got = self.raw_since(fqn, start, take) if t is not None and t.runs else None
+            got = self.raw_since(fqn, index_for(from_idx, fqn), take) if t is not None and t.runs else None
             out[fqn] = got[0] if got is not None else \
                 _NO_IDS if t is None else self._empty(t, False).ids
         return out

@@ -3,7 +3,7 @@ their merge into ascending unique ids with FIRST or LAST states."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,7 +13,7 @@ import torch
 from deltastream.tracking.sorted_ids import group_mask, union
 from deltastream.types import UpdateMode
 
-__all__ = ["Run", "dedupe", "merge_runs", "normalized", "ready"]
+__all__ = ["Run", "dedupe", "index_for", "merge_runs", "normalized", "ready"]
 
 
 @dataclass
@@ -30,6 +30,12 @@ class Run:
     grow: Optional[tuple[np.ndarray, torch.Tensor]] = None
     #: ids written later: returns once they are (:func:`ready`)
     ready: Optional[Callable[[], None]] = None
+
+
+def index_for(from_idx: int | Mapping[str, int], fqn: str) -> int:
+    """The first record index of table ``fqn`` a read takes: ``from_idx`` itself, or its
+    entry for ``fqn`` (a start per table)."""
+    return from_idx if isinstance(from_idx, int) else from_idx[fqn]
 
 
 def ready(runs: list[Run]) -> list[Run]:

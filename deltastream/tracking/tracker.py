@@ -83,6 +83,7 @@ from deltastream.tracking.rows import (
     drop_ids,
     held_rows,
 )
+from deltastream.tracking.store_runs import index_for
 from deltastream.types import DeltaRows, TrackingMode
 
 __all__ = ["DeltaTracker"]
@@ -336,7 +337,7 @@ class DeltaTracker:
             for fqn in pending if part is None else [f for f in pending if f in part]:
                 if fqn in self._carry[c]:
                     continue
-                since = frm if isinstance(frm, int) else frm[fqn]
+                since = index_for(frm, fqn)
                 got = self._rec.drain_unordered(fqn, owe.get(fqn), since, share, rows) \
                     if only or share else None
                 if got is None:
@@ -487,9 +488,8 @@ class DeltaTracker:
         with self._lock:
             rec = self._rec
             end = rec.idx + 1
-            self._early.drop(self._early.reader if consumer is None
-                             else self._resolve(consumer), self._tables,
-                             lambda: rec.capture(None))
+            self._early.drop(None if consumer is None else self._resolve(consumer),
+                             self._tables, lambda: rec.capture(None))
             if consumer is None or self._resolve(consumer) not in self._ids_only:
                 self._lag.clear()  # what tables a read in parts left unread had is forgotten
             if consumer is None:

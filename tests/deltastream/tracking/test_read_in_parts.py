@@ -28,6 +28,15 @@ def _trainers(n: int, **kw) -> list:
     return out
 
 
+def _finished(d, rows_then: torch.Tensor):
+    """``d`` as ``DeltaRows``; an ``UnorderedRows``'s current rows first checked against
+    the table's rows at its read, ``rows_then``."""
+    if not isinstance(d, UnorderedRows):
+        return d
+    assert torch.equal(d.current, rows_then[d.positions])
+    return d.finish()[0]
+
+
 def _disturb(tracker: DeltaTracker, g: torch.Generator) -> None:
     """What may befall a table left unread between its reads: its marks flushed into the
     store (an eviction on an accelerator, a full read's boundary), or the store compacted
@@ -67,13 +76,8 @@ def test_each_table_read_in_parts_equals_a_whole_read_at_its_own_reads(seed):
         rows_then = user.storage.detach().clone()
         assert b.capture_rows(None)
         for fqn in part:
-            want = twins[fqn][1].get_delta("p")[fqn]
-            d = got[fqn]
-            if isinstance(d, UnorderedRows):
-                unordered += 1
-                assert torch.equal(d.current, rows_then[d.positions])
-                d = d.finish()[0]
-            _same(d, want)
+            unordered += isinstance(got[fqn], UnorderedRows)
+            _same(_finished(got[fqn], rows_then), twins[fqn][1].get_delta("p")[fqn])
     assert unordered >= 3  # the hash table's reads after a flush are sorted, the others not
     whole = b.get_delta("p")  # whatever was left unread, in one read
     for fqn in TABLES:
@@ -125,12 +129,8 @@ def test_parts_beside_a_consumer_of_ids_read_as_twins_that_read_whole(seed):
             handed += fqn in early
             want, then = early.pop(fqn) if fqn in early else \
                 (twins[fqn][1].get_delta("p")[fqn], rows_then)
-            d = got[fqn]
-            if isinstance(d, UnorderedRows):
-                unordered += 1
-                assert torch.equal(d.current, then[d.positions])
-                d = d.finish()[0]
-            _same(d, want)
+            unordered += isinstance(got[fqn], UnorderedRows)
+            _same(_finished(got[fqn], then), want)
     assert unordered >= 3 and snaps >= 3 and handed >= 1
     got = b.get_delta_unordered("p", owe={"user": user.storage.detach()}, tables=TABLES)
     assert b.capture_rows(None)  # a read in parts hands over what was read early as it was
