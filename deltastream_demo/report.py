@@ -190,7 +190,7 @@ def _delta_rows(r: Mapping[str, Any], g: Any, rows: list[tuple[str, str]]) -> No
         ("rows rejected (non-finite)", _num(g("rows", "rejected"))),
         ("distinct ids published", _num(g("rows", "unique_published"))),
         ("publish rounds", _num(g("rows", "rounds"))),
-        ("ticks deferred (worker busy: rows wait in the tracker)",
+        ("ticks deferred (worker or last hand-off busy: rows wait in the tracker)",
          _num(g("rows", "deferred_ticks"))),
     ]
     if isinstance(g("budget"), Mapping):

@@ -312,6 +312,7 @@ class BudgetPublisher:
             self._first_step = int(step)
         too_soon = not self._due(int(step), now)
         out = None
+        busy, skipped = self._reading is not None or self._capturing is not None, self._skipped
         if self._reading is not None:  # the hand-off's next tables
             self._part_ticks += 1
             out = self._read_part()
@@ -334,6 +335,8 @@ class BudgetPublisher:
             if self._worker is not None:
                 self._busy_mark = self._worker.busy_s
             out = self._hand_off(int(step), ts, final=False)
+        if busy and not too_soon and self._skipped == skipped:
+            self._skipped += 1  # due, but the last hand-off is still read or copied
         self._tick_s.append(time.perf_counter() - t0)
         if self.dense is not None:  # its copy time is its own (DensePublisher.stats)
             self.dense.tick(int(step), ts=ts)
@@ -396,7 +399,8 @@ class BudgetPublisher:
         ``pending``: rows waiting to be published; ``backlog``: hand-offs not merged yet;
         ``tick_ms``: p50 / p99 / max of the training thread's time in ``tick``;
         ``deferred_ticks``: ticks that left their rows in the tracker, or held a complete
-        hand-off read in parts, because the worker had not merged the previous one yet;
+        hand-off read in parts, because the worker had not merged the previous one yet —
+        or, due, because the previous one was still being read or copied;
         ``capture_ticks``: ticks that copied a slice of the current rows a hand-off still
         owed (:mod:`~.handoff`); ``part_ticks``: ticks
         that read a later part of a hand-off of many tables (:data:`HANDOFF_PART_S`);

@@ -205,8 +205,9 @@ def test_short_demo_one_worker_f32_is_exact(tmp_path, broker, topic_name):
     assert r["drift"]["max_abs"] == 0.0 and r["drift"]["rmse"] == 0.0
     assert r["auc"]["serving"] == r["auc"]["trainer"]
     # fraction 1: every changed row goes out each round; nothing is left for the final flush
-    # unless a round's hand-off waited for a busy worker (a loaded machine): its rows then
-    # coalesce in the tracker and the last of them go out in the final flush
+    # unless a round's hand-off waited for a busy worker or for the last hand-off's copy (a
+    # loaded machine): its rows then coalesce in the tracker and the last of them go out in
+    # the final flush
     assert r["rows"]["carried"] == 0
     assert r["rows"]["final_flush"] == 0 or r["rows"]["deferred_ticks"] > 0, r["rows"]
 

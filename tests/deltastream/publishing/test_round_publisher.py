@@ -209,3 +209,40 @@ def test_rows_whose_acknowledgement_failed_go_out_again_with_their_current_value
         assert rp.stats()["pending"] == 0
     finally:
         rp.close()
+
+
+def test_a_round_due_while_the_last_hand_off_is_still_copied_is_counted_deferred(monkeypatch):
+    """A hand-off copies its owed rows a few per tick (a tiny ``CAPTURE_BYTES``); a round
+    that falls due meanwhile waits for the copy, and its rows stay in the tracker until a
+    later round or the final flush: each such tick counts in ``deferred_ticks``, as a tick
+    that waits for a busy worker does."""
+    from deltastream.publishing import budget
+    from deltastream.tracking import fresh_rows, model_hooks
+
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: False)
+    monkeypatch.setattr(model_hooks, "spare_core", lambda: False)
+    monkeypatch.setattr(budget, "CAPTURE_BYTES", 8 * DIM * 4)  # 8 positions a tick
+    n, every = 200, 3
+    model = twin_model(n, 0)
+    tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
+    pub = Recorder()
+    rp = RoundPublisher(tracker, pub, "p", RoundPolicy(every=every), worker="thread")
+    g = torch.Generator().manual_seed(1)
+    due_idle = 0  # ticks that were due and started no round
+    try:
+        for step in range(1, 61):
+            ids = torch.randint(0, n, (40,), generator=g).unique()
+            with torch.no_grad():
+                for t in model.values():
+                    t.insert(ids, t(ids) + 1.0)
+            tracker.step()
+            due = step - rp._last_round_step >= every
+            rp.tick(step)
+            due_idle += due and rp._last_round_step != step
+        st = rp.stats()
+        assert st["capture_ticks"] > 0 and due_idle > 0  # the copies did delay rounds
+        # (a complete hand-off held for the worker's merge counts at every tick it waits)
+        assert st["deferred_ticks"] >= due_idle
+        rp.flush(61)
+    finally:
+        rp.close()
