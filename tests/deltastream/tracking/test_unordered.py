@@ -354,6 +354,43 @@ def test_walks_the_lane_ran_finish_in_one_capture_whatever_the_tables(monkeypatc
     tr.close()
 
 
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE,
+                    reason="deltastream.tracking.native is not built")
+def test_a_capture_of_some_tables_takes_in_the_lane_walks_of_others_that_ran(monkeypatch):
+    """A hand-off read in parts queues each part's walks with ``capture_rows(0, tables=
+    part)``. The next call, whatever its tables, takes in the walks earlier calls queued
+    that have run (their rows complete, the tables no longer owe): else the call for every
+    table at the last part took in every table's walk at once (~25 µs each, 26 tables: over
+    the 1 ms a tick may take)."""
+    import time
+
+    from deltastream import HashTable
+
+    monkeypatch.setattr(fresh_rows, "spare_core", lambda: True)
+    n, rows = 4, 2000
+    net = torch.nn.ModuleList(HashTable(16, name=f"f{j}", capacity=4 * rows) for j in range(n))
+    tr = DeltaTracker(net, consumers=["p"], mode=EMB)
+    for t in net:
+        t(torch.arange(rows))
+    tr.step()
+    owe = {f: m.storage.detach() for f, m in tr.get_tracked_modules().items()}
+    d = tr.get_delta_unordered("p", owe=owe)
+    fresh = {f: p.fresh for f, p in tr._rec.pending.items()}  # each table's walk
+    before = sum(fresh_rows.native.lane_jobs())
+    assert not tr.capture_rows(0, tables=["0", "1"])  # the first part's walks queued
+    assert fresh["0"].walk_queued and fresh["1"].walk_queued
+    assert fresh["2"].owes and not fresh["2"].walk_queued
+    deadline = time.monotonic() + 60  # the lane runs at SCHED_IDLE: it may wait
+    while sum(fresh_rows.native.lane_jobs()) - before < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not tr.capture_rows(0, tables=["2"])  # the next part's, and the first part's in
+    assert not fresh["0"].owes and not fresh["1"].owes and fresh["2"].walk_queued
+    for f in ("0", "1"):
+        assert d[f].ids.numel() == rows and torch.equal(d[f].current, owe[f][d[f].positions])
+    assert tr.capture_rows(None)
+    tr.close()
+
+
 @pytest.mark.parametrize("ttl,asks", [(60.0, 1), (0.0, 3)])
 def test_whether_a_core_is_spare_is_asked_once_per_ttl_not_per_hand_off(monkeypatch, ttl,
                                                                          asks):
