@@ -331,7 +331,7 @@ class BudgetPublisher:
             # parts starts all the same, and waits for that merge once read
             self._skipped += 1
         elif not too_soon:
-            self._last_round_t, self._last_round_step = now, int(step)
+            self._last_round_t, self._last_round_step = now, self._round_step(int(step))
             if self._worker is not None:
                 self._busy_mark = self._worker.busy_s
             out = self._hand_off(int(step), ts, final=False)
@@ -435,6 +435,10 @@ class BudgetPublisher:
         """Whether a tick at ``step`` (``now``: the clock) hands off: ``_gap()`` seconds
         after the last hand-off."""
         return self._last_round_t is None or now - self._last_round_t >= self._gap()
+
+    def _round_step(self, step: int) -> int:
+        """The step a hand-off at ``step`` counts the next one from: ``step`` itself."""
+        return step
 
     def _gap(self) -> float:
         """Seconds the next hand-off waits after the last round: ``min_interval_s``, or

@@ -54,9 +54,13 @@ class RoundPublisher(BudgetPublisher):
         consumer: the tracker consumer.
         policy: the rounds' selection and cadence (:class:`RoundPolicy`).
         tables, start_step, threaded, worker, on_round, dense: as for
-            :class:`~deltastream.BudgetPublisher` (``start_step``: the step the first
-            round counts ``every`` from). A ``policy.select.weights`` function stays in
-            this process: ``worker="auto"`` then runs rounds on a thread.
+            :class:`~deltastream.BudgetPublisher` (``start_step``: rounds fall due at the
+            steps ``start_step + k × every``, k ≥ 1). A ``policy.select.weights`` function
+            stays in this process: ``worker="auto"`` then runs rounds on a thread.
+
+    A round that waits (the worker behind, or the last hand-off's rows still being copied:
+    ``stats()["deferred_ticks"]``) runs at a later tick; the next one is due on the
+    schedule all the same, so the rounds keep to ``publish_delta``'s steps.
     """
 
     policy_type = RoundPolicy
@@ -73,6 +77,7 @@ class RoundPublisher(BudgetPublisher):
             log.info("round publisher: a weights function is not sent to a worker "
                      "process; rounds run on a thread")
             worker = "thread"
+        self._start_step = int(start_step)
         super().__init__(tracker, publisher, consumer, policy, tables=tables,
                          start_step=start_step, threaded=threaded, worker=worker,
                          on_round=on_round, dense=dense)
@@ -80,3 +85,8 @@ class RoundPublisher(BudgetPublisher):
     def _due(self, step: int, now: float) -> bool:
         """A round every ``policy.every`` steps."""
         return step - self._last_round_step >= self.policy.every
+
+    def _round_step(self, step: int) -> int:
+        """The step on the schedule a round at ``step`` was due (``step`` itself unless it
+        waited): a round that waited does not move the ones after it."""
+        return step - (step - self._start_step) % self.policy.every

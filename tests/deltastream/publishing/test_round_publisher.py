@@ -211,11 +211,14 @@ def test_rows_whose_acknowledgement_failed_go_out_again_with_their_current_value
         rp.close()
 
 
-def test_a_round_due_while_the_last_hand_off_is_still_copied_is_counted_deferred(monkeypatch):
+def test_a_round_due_while_the_last_hand_off_is_still_copied_waits_counted_on_schedule(
+        monkeypatch):
     """A hand-off copies its owed rows a few per tick (a tiny ``CAPTURE_BYTES``); a round
     that falls due meanwhile waits for the copy, and its rows stay in the tracker until a
     later round or the final flush: each such tick counts in ``deferred_ticks``, as a tick
-    that waits for a busy worker does."""
+    that waits for a busy worker does. The round runs at the first free tick, and the
+    next one is due on the schedule (a multiple of ``every``), not ``every`` steps after
+    the round that waited."""
     from deltastream.publishing import budget
     from deltastream.tracking import fresh_rows, model_hooks
 
@@ -225,10 +228,9 @@ def test_a_round_due_while_the_last_hand_off_is_still_copied_is_counted_deferred
     n, every = 200, 3
     model = twin_model(n, 0)
     tracker = DeltaTracker(model, consumers=["p"], mode=TrackingMode.EMBEDDING)
-    pub = Recorder()
-    rp = RoundPublisher(tracker, pub, "p", RoundPolicy(every=every), worker="thread")
+    rp = RoundPublisher(tracker, Recorder(), "p", RoundPolicy(every=every), worker="thread")
     g = torch.Generator().manual_seed(1)
-    due_idle = 0  # ticks that were due and started no round
+    waited, rounds = set(), []  # due ticks that started no round; steps that started one
     try:
         for step in range(1, 61):
             ids = torch.randint(0, n, (40,), generator=g).unique()
@@ -236,13 +238,19 @@ def test_a_round_due_while_the_last_hand_off_is_still_copied_is_counted_deferred
                 for t in model.values():
                     t.insert(ids, t(ids) + 1.0)
             tracker.step()
-            due = step - rp._last_round_step >= every
+            last = rp._last_round_step
             rp.tick(step)
-            due_idle += due and rp._last_round_step != step
+            if rp._last_round_step != last:
+                rounds.append(step)
+            elif step - last >= every:
+                waited.add(step)
         st = rp.stats()
-        assert st["capture_ticks"] > 0 and due_idle > 0  # the copies did delay rounds
+        assert st["capture_ticks"] > 0 and waited  # the copies did delay rounds
         # (a complete hand-off held for the worker's merge counts at every tick it waits)
-        assert st["deferred_ticks"] >= due_idle
+        assert st["deferred_ticks"] >= len(waited)
+        for s in rounds:  # each ran when due on the schedule, or after waiting since then
+            assert all(k in waited for k in range(s - s % every, s)), (s, rounds, waited)
+        assert any(s % every for s in rounds)  # some waited
         rp.flush(61)
     finally:
         rp.close()
