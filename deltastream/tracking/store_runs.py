@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from deltastream.tracking.sorted_ids import group_mask, union, unique_ids
+from deltastream.tracking.sorted_ids import group_mask, union
 from deltastream.types import UpdateMode
 
 __all__ = ["Run", "dedupe", "index_for", "merge_runs", "normalized", "ready"]
@@ -54,7 +54,7 @@ def dedupe(ids: torch.Tensor, states: Optional[torch.Tensor],
     Returns new tensors (never views of the inputs).
     """
     if states is None or mode is UpdateMode.NONE:
-        return unique_ids(ids), None
+        return torch.unique(ids, sorted=True), None
     # A stable sort keeps equal ids in arrival order: the first of a group is the earliest.
     sorted_ids, perm = torch.sort(ids, stable=True)
     keep = group_mask(sorted_ids, last=mode is UpdateMode.LAST).nonzero().squeeze(1)
@@ -106,7 +106,7 @@ def merge_runs(runs: list[Run], mode: UpdateMode,
         return _merge2(runs[0], runs[1], mode, with_states)
     ids = torch.cat([r.ids for r in runs])
     if not with_states or any(r.states is None for r in runs):
-        return unique_ids(ids), None
+        return torch.unique(ids, sorted=True), None
     # A stable sort keeps equal ids in recording order (runs in order, and arrival order
     # inside a run as recorded), so a group's first entry is FIRST and its last LAST.
     sorted_ids, perm = torch.sort(ids, stable=True)

@@ -90,15 +90,3 @@ def test_member_sorted_is_member(path, case):
     for query in (b, b.flip(0)):  # ascending (the merge), and not (a binary search per id)
         got, want = member_sorted(a, query), member(a, query)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
-@pytest.mark.parametrize("n,span", [(0, 1), (1, 1), (5000, 40), (20000, 30000), (3000, 1 << 62)])
-def test_unique_ids_is_torch_unique(n, span):
-    """``unique_ids`` (a sort and ``unique_consecutive``) gives what ``torch.unique`` gives:
-    ascending, each id once, negative ids and the int64 extremes included."""
-    g = torch.Generator().manual_seed(n)
-    ids = torch.randint(-span, span, (n,), generator=g, dtype=torch.int64)
-    if n:
-        ids = torch.cat([ids, torch.tensor([I64.min, I64.max, I64.min]), ids[: n // 2]])
-    got = sorted_ids.unique_ids(ids)
-    assert got.dtype == torch.int64 and torch.equal(got, torch.unique(ids, sorted=True))
