@@ -10,7 +10,7 @@ import torch
 
 from deltastream.embedding.hashtable import HashTable
 
-__all__ = ["row_storage"]
+__all__ = ["row_storage", "cpu_row_storage"]
 
 
 def row_storage(table: Any) -> Optional[tuple[torch.Tensor, Callable[[torch.Tensor],
@@ -32,3 +32,11 @@ def row_storage(table: Any) -> Optional[tuple[torch.Tensor, Callable[[torch.Tens
     if isinstance(inner, HashTable):
         return inner.storage.detach(), inner.positions
     return None
+
+
+def cpu_row_storage(table: Any) -> Optional[torch.Tensor]:
+    """The CPU tensor ``table``'s rows live in now (:func:`row_storage`'s ``storage``), or
+    None (no such storage, or on a device): the rows the tracker may owe a reader, copied
+    where they lie. Ask per read: a hash table's storage is replaced as it grows."""
+    where = row_storage(table)
+    return where[0] if where is not None and where[0].device.type == "cpu" else None

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from deltastream.publishing.table_rows import row_reader, row_storage
+from deltastream.embedding.row_storage import cpu_row_storage, row_storage
+from deltastream.publishing.table_rows import row_reader
 from deltastream.tracking.row_copy import gather_rows
 from deltastream.tracking.rows import RawRows, UnorderedRows
 from deltastream.tracking.sorted_ids import first_occurrences, member
@@ -286,9 +287,9 @@ def owed_storages(tracker: DeltaTracker, modules: Mapping[str, Any]) -> dict[str
             mine = module is tracker.table(fqn)
         except KeyError:
             continue
-        where = row_storage(module) if mine else None
-        if where is not None and where[0].device.type == "cpu":
-            out[fqn] = where[0]
+        rows = cpu_row_storage(module) if mine else None
+        if rows is not None:
+            out[fqn] = rows
     return out
 
 

@@ -19,19 +19,11 @@ from typing import Any, Optional
 
 import torch
 
-from deltastream.embedding.row_storage import row_storage
+from deltastream.embedding.row_storage import cpu_row_storage
 from deltastream.tracking.rows import UnorderedRows, carry_rows, drop_ids
 from deltastream.types import DeltaRows
 
-__all__ = ["EarlyReads", "storage_now"]
-
-
-def storage_now(module: Any) -> Optional[torch.Tensor]:
-    """The CPU tensor a table's rows live in now (:func:`row_storage`, as a publisher owes
-    them), or None. Asked at each early read: a hash table's storage is replaced as it
-    grows."""
-    where = row_storage(module)
-    return where[0] if where is not None and where[0].device.type == "cpu" else None
+__all__ = ["EarlyReads"]
 
 
 class EarlyReads:
@@ -65,7 +57,7 @@ class EarlyReads:
         out = {}
         for fqn in self.owed - self.rows.keys() - set(carried):
             if getattr(pending.get(fqn), "n", 0):
-                rows = storage_now(tables[fqn].module)
+                rows = cpu_row_storage(tables[fqn].module)
                 if rows is not None:
                     out[fqn] = rows
         return out

@@ -14,7 +14,7 @@ from deltastream.tracking.tracker import DeltaTracker
 from deltastream.types import DeltaRows, TrackingMode
 
 from .test_tracker import DIM, Trainer
-from .test_unordered import _same, _steps_evicting
+from .test_unordered import _read_p, _same, _steps_evicting
 
 EMB = TrackingMode.EMBEDDING
 
@@ -51,11 +51,9 @@ def test_an_id_only_consumer_reads_what_a_consumer_of_states_reads_but_states(se
     (ta, a), (tb, b) = twins
     a._rec.rows_freed = lambda fqn, positions: a._rec.flush(fqn)
     g = torch.Generator().manual_seed(seed)
-    user = tb.net.user
     for interval in range(10):
         _steps_evicting(twins, g, 0.5)
-        want = a.get_delta("p")["user"]
-        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
+        want, got = _read_p(twins)
         assert isinstance(got, UnorderedRows)
         if interval % 4 == 1:  # q reads while the ids of p's hand-off are still owed
             w, d = a.get_delta("q"), b.get_delta("q")

@@ -447,6 +447,15 @@ def test_an_unordered_read_leaves_the_sort_of_inserts_and_evictions_to_its_reade
     assert b.stats()["compactions"] == 0
 
 
+def _read_p(twins) -> tuple[DeltaRows, object]:
+    """``p``'s read on both twins: ``a``'s sorted (``want``), ``b``'s unordered with the
+    user table's current rows owed (``got``)."""
+    (_, a), (tb, b) = twins
+    want = a.get_delta("p")["user"]
+    got = b.get_delta_unordered("p", owe={"user": tb.net.user.storage.detach()})["user"]
+    return want, got
+
+
 def _steps_evicting(twins, g: torch.Generator, p_evict: float) -> None:
     """One to three steps of both twins alike (Zipf-ish user ids); after each, with
     probability ``p_evict``, six ids the tables hold (any of them) are evicted in both."""
@@ -478,8 +487,7 @@ def test_evictions_mid_interval_against_a_twin_that_flushes(seed):
     unordered = 0
     for _ in range(8):
         _steps_evicting(twins, g, 0.7)
-        want = a.get_delta("p")["user"]
-        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
+        want, got = _read_p(twins)
         if isinstance(got, UnorderedRows):
             unordered += 1
             rows_then, ids_then = user.storage.detach().clone(), user.position_ids().clone()
@@ -507,8 +515,7 @@ def test_a_second_consumer_gets_its_rows_from_where_the_unordered_read_left_them
     user = tb.net.user
     for interval in range(9):
         _steps_evicting(twins, g, 0.5)
-        want = a.get_delta("p")["user"]
-        got = b.get_delta_unordered("p", owe={"user": user.storage.detach()})["user"]
+        want, got = _read_p(twins)
         assert isinstance(got, UnorderedRows)
         rows_then = user.storage.detach().clone()
         assert b.capture_rows(None)
