@@ -192,6 +192,18 @@ class UniqueLookups(PendingLookups):
         if src is not None:
             self.n_states += k
 
+    def add_output(self, positions: torch.Tensor, rows: torch.Tensor) -> bool:
+        """``add(positions, rows=rows)`` in one C call (:meth:`FreshRows.add_output`:
+        ``rows`` the lookup's output ``[n, dim]``, no autograd), or False (nothing
+        recorded) where :meth:`add` must run (with the table's capacity: it may have
+        grown)."""
+        k = self.fresh.add_output(positions, rows)
+        if k is None:
+            return False
+        self.n += k
+        self.n_states += k
+        return True
+
     def forget(self, positions: torch.Tensor) -> None:
         """Rows at ``positions`` (int64 CPU ``[k]``) are being freed: their marks go
         (:meth:`FreshRows.forget`); the other marks keep their ids."""

@@ -216,9 +216,10 @@ class Recorder:
         n = positions.numel()
         if isinstance(p, UniqueLookups):
             src = rows.detach() if keep else None
-            p.add(positions, weight=src if whole_table else None,
-                  rows=None if whole_table else src, later=later and whole_table,
-                  capacity=self.row_maps[fqn].capacity)
+            if src is None or whole_table or not p.add_output(positions, src):
+                p.add(positions, weight=src if whole_table else None,
+                      rows=None if whole_table else src, later=later and whole_table,
+                      capacity=self.row_maps[fqn].capacity)
         else:
             p.pos.append(positions)
             p.n += n
@@ -229,7 +230,8 @@ class Recorder:
                 p.n_states += n
         self.counts["lookups_recorded"] += 1
         self.counts["ids_recorded"] += n
-        self.enforce_bound_if_set()
+        if self.max_rows is not None:  # (enforce_bound_if_set, inline: every lookup)
+            self.enforce_bound(list(self._cursors()))
 
     def record_insert(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids inserted into a dynamic table (they are ``new`` until each consumer reads)."""

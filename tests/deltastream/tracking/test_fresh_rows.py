@@ -66,6 +66,74 @@ def test_first_rows_exact_on_both_paths(fresh_path, dtype, dim, id_dtype, by_occ
     assert not marks.any()
 
 
+def _state(f: FreshRows) -> tuple:
+    """What a marking leaves: the marks, the arena rows written and their positions."""
+    return (f.slot.copy(), f.bits.copy(), f.words.copy(), f.order[:f.used].copy(),
+            None if f.arena is None else f.arena[:f.used].clone(), f.used)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(np.array_equal(x, y) if isinstance(x, np.ndarray) else
+               torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+def test_a_lookups_output_in_one_call_equals_add_or_changes_nothing(fresh_path, dtype,
+                                                                     id_dtype):
+    """``add_output`` (the hook's one C call) leaves what ``add(by_occurrence=True)``
+    leaves; where it cannot (numpy runs, no arena yet or too small, bf16, positions past the
+    marks of a table that grew, a marking on the lane, owed rows) it returns None and
+    nothing changed, and ``add`` then records the lookup."""
+    g = torch.Generator().manual_seed(5)
+    capacity = 3000
+    weight = torch.randn(capacity + 500, 16, generator=g).to(dtype)
+    lookups = [(torch.rand(700, generator=g) ** 4 * capacity).to(id_dtype) for _ in range(8)]
+    lookups.insert(5, torch.tensor([capacity + 9, 2], dtype=id_dtype))  # the table grew
+    a, b = FreshRows(capacity), FreshRows(capacity)
+    fast = 0
+    for q in lookups:
+        rows = weight[q.long()]
+        if int(q.max()) >= a.slot.size:
+            a.grow(capacity + 500), b.grow(capacity + 500)
+        before = _state(b)
+        k = b.add_output(q, rows)
+        if k is None:
+            assert _same(_state(b), before)
+            b.add(q, rows, by_occurrence=True)
+        fast += k is not None
+        assert k is None or k == a.add(q, rows, by_occurrence=True)
+        if k is None:
+            a.add(q, rows, by_occurrence=True)
+        assert _same(_state(a), _state(b))
+        weight.index_add_(0, q.long(), torch.ones(q.numel(), 16, dtype=dtype))
+    # the C code takes every lookup that finds room in the arena (not the first: none yet;
+    # nor one that grows it) where numpy has the dtype
+    if not fresh_rows.native_enabled() or dtype is torch.bfloat16:
+        assert fast == 0
+    else:
+        assert len(lookups) // 2 <= fast < len(lookups)
+    past = FreshRows(10)
+    past.add(torch.tensor([1]), torch.ones(1, 16, dtype=dtype), by_occurrence=True)
+    before = _state(past)
+    assert past.add_output(torch.tensor([3, 12]), torch.ones(2, 16, dtype=dtype)) is None
+    assert _same(_state(past), before)
+
+
+@pytest.mark.skipif(not fresh_rows.NATIVE_AVAILABLE, reason="deltastream.tracking.native "
+                    "is not built")
+def test_a_lookups_output_waits_for_add_while_a_marking_is_late_or_rows_are_owed():
+    weight = torch.randn(100, 8)
+    f = FreshRows(100)
+    f.add(torch.tensor([1, 2]), weight, later=True)  # on the lane: add syncs it first
+    assert f.add_output(torch.tensor([3]), weight[[3]]) is None
+    f.sync()
+    assert f.add_output(torch.tensor([3]), weight[[3]]) == 1
+    f.take_unordered(weight)  # the marks handed over, their current rows owed
+    assert f.owes and f.add_output(torch.tensor([4]), weight[[4]]) is None
+
+
 def test_both_paths_agree_and_may_follow_each_other():
     if not fresh_rows.NATIVE_AVAILABLE:
         pytest.skip("deltastream.tracking.native is not built")
