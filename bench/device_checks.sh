@@ -11,7 +11,9 @@
 #                      torch.cuda.set_sync_debug_mode("error"), the recorded read on CUDA
 #   trainer_cost.json  deltastream bench trainer-cost --device cuda (B = 4096): the step with
 #   trainer_cost.png   deltastream ÷ alone, tick p99, bytes/s (the same run's picture; its
-#   trainer_cost.log   log, with a traceback if it failed)
+#   trainer_cost.log   log, with a traceback if it failed); the tracker read every 10 steps,
+#                      never read (its hooks alone), a 50 KB/s budget and publish_delta's
+#                      rounds every 10 steps
 #   demo.log           deltastream demo on CUDA and on the CPU, each at both devices' default
 #                      batch (8,192 and 512), so the CUDA ÷ CPU examples/s compare like with like
 #   summary.txt        the machine, then each stage's exit status and figures
@@ -90,7 +92,7 @@ stage gpu-tests 180 "$OUT/gpu_tests.log" \
 
 stage trainer-cost 150 "$OUT/trainer_cost.log" \
     "$PY" -m deltastream.cli bench trainer-cost --device "$DEV" --batches 4096 \
-    --budgets 50000 --only tracker,budget-50000,rounds-10 --no-sync --no-thread --rounds "$ROUNDS" \
+    --budgets 50000 --only tracker,tracker-idle,budget-50000,rounds-10 --no-sync --no-thread --rounds "$ROUNDS" \
     --json --out "$OUT"
 if [ "$DRY" = 0 ] && [ -e "$OUT/trainer_cost.log" ]; then
     grep '^{' "$OUT/trainer_cost.log" > "$OUT/trainer_cost.json"

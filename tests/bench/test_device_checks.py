@@ -52,7 +52,7 @@ def test_the_scripts_commands_parse_with_the_parsers_that_will_read_them():
     args = trainer_cost.parser().parse_args([a for a in tc[i + 1:] if a != "--json"])
     assert args.device == "cuda" and args.batches == [4096]
     assert [name for name, _ in trainer_cost._configurations(args)] == [
-        "tracker", "budget-50000", "rounds-10"]
+        "tracker", "tracker-idle", "budget-50000", "rounds-10"]
     for name in ("demo-cuda-w1-b8192", "demo-cpu-w2-b512"):
         argv = stages[name]
         opts = options_from_args(build_parser().parse_args(argv[argv.index("demo"):]))
