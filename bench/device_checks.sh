@@ -5,7 +5,7 @@
 #   bench/device_checks.sh OUT_DIR          run them (from the repository's root)
 #   bench/device_checks.sh --dry-run        print the stages' commands, run nothing
 #
-# Stages, in order, each writing to OUT_DIR (7 files, none in a subfolder):
+# Stages, in order, each writing to OUT_DIR (9 files, none in a subfolder):
 #   build.log          the C extensions built in place for this python (setup.py build_ext)
 #   gpu_tests.log      pytest -m gpu: the training loop under
 #                      torch.cuda.set_sync_debug_mode("error"), the recorded read on CUDA
@@ -16,6 +16,9 @@
 #                      rounds every 10 steps
 #   demo.log           deltastream demo on CUDA and on the CPU, each at both devices' default
 #                      batch (8,192 and 512), so the CUDA ÷ CPU examples/s compare like with like
+#   trainer_cost_cpu.json, trainer_cost_cpu.log
+#                      the same bench on this host's CPU (the training thread on one core,
+#                      the worker and the broker on others): tracker-idle, the budget, rounds
 #   summary.txt        the machine, then each stage's exit status and figures
 #                      (bench/_device_summary.py)
 #
@@ -108,5 +111,16 @@ for run in "$DEV 1 8192" "$DEV 1 512" "cpu 2 512" "cpu 2 8192"; do
 done
 # examples/s of each run, and the device's against the CPU demo's (2 workers)
 [ "$DRY" = 1 ] || summarize demo "$DEMOS" "$DEV"
+
+# the same loop on this host's CPU, last: with cores to spare for the worker and the broker
+# (the 2-core CI machine has one), does publish_delta's rounds stay within 1.05?
+stage trainer-cost-cpu 120 "$OUT/trainer_cost_cpu.log" \
+    "$PY" -m deltastream.cli bench trainer-cost --device cpu --batches 4096 \
+    --budgets 50000 --only tracker-idle,budget-50000,rounds-10 --no-sync --no-thread \
+    --rounds "$ROUNDS" --json --out "$DEMOS"
+if [ "$DRY" = 0 ] && [ -e "$OUT/trainer_cost_cpu.log" ]; then
+    grep '^{' "$OUT/trainer_cost_cpu.log" > "$OUT/trainer_cost_cpu.json"
+    summarize trainer-cost "$OUT/trainer_cost_cpu.json"
+fi
 rm -rf "$DEMOS"
 exit $FAILED

@@ -40,19 +40,22 @@ def _dry_run() -> dict[str, tuple[int, list[str]]]:
 def test_the_dry_run_lists_every_stage_in_order_within_one_device_call():
     stages = _dry_run()
     assert list(stages) == ["build", "gpu-tests", "trainer-cost", "demo-cuda-w1-b8192",
-                            "demo-cuda-w1-b512", "demo-cpu-w2-b512", "demo-cpu-w2-b8192"]
+                            "demo-cuda-w1-b512", "demo-cpu-w2-b512", "demo-cpu-w2-b8192",
+                            "trainer-cost-cpu"]
     # the whole run's own limit (540 s) caps the stages; their typical times are far less
     assert all(0 < limit <= 180 for limit, _ in stages.values())
 
 
 def test_the_scripts_commands_parse_with_the_parsers_that_will_read_them():
     stages = {name: argv for name, (_, argv) in _dry_run().items()}
-    tc = stages["trainer-cost"]
-    i = tc.index("trainer-cost")
-    args = trainer_cost.parser().parse_args([a for a in tc[i + 1:] if a != "--json"])
-    assert args.device == "cuda" and args.batches == [4096]
-    assert [name for name, _ in trainer_cost._configurations(args)] == [
-        "tracker", "tracker-idle", "budget-50000", "rounds-10"]
+    for stage, device, configs in (
+            ("trainer-cost", "cuda", ["tracker", "tracker-idle", "budget-50000", "rounds-10"]),
+            ("trainer-cost-cpu", "cpu", ["tracker-idle", "budget-50000", "rounds-10"])):
+        tc = stages[stage]
+        i = tc.index("trainer-cost")
+        args = trainer_cost.parser().parse_args([a for a in tc[i + 1:] if a != "--json"])
+        assert args.device == device and args.batches == [4096]
+        assert [name for name, _ in trainer_cost._configurations(args)] == configs
     for name in ("demo-cuda-w1-b8192", "demo-cpu-w2-b512"):
         argv = stages[name]
         opts = options_from_args(build_parser().parse_args(argv[argv.index("demo"):]))
@@ -110,5 +113,6 @@ def test_a_run_out_of_time_skips_every_stage_says_so_and_fails(tmp_path):
     assert summary[1].startswith("missing: ")
     skipped = [line.split(":")[0] for line in summary if ": skipped, " in line]
     assert skipped == list(_dry_run())
-    assert summary[-1] == "  no demo ran" and "  no records" not in summary
+    assert summary[-2] == "  no demo ran" and "  no records" not in summary
+    assert summary[-1].startswith("trainer-cost-cpu: skipped, ")
     assert run.stdout.splitlines() == summary  # the same lines, live on stdout
