@@ -15,10 +15,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["as_buffer", "as_bytes", "head_rows", "numpy_view"]
+__all__ = ["NUMPY_DTYPES", "as_buffer", "as_bytes", "head_rows", "numpy_view"]
 
 #: dtypes ``Tensor.numpy()`` takes (bf16 has no numpy dtype)
-_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64,
+NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64,
                            torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
 
 
@@ -31,7 +31,7 @@ def as_buffer(t: torch.Tensor) -> np.ndarray:
     """A C-contiguous CPU tensor's memory as a numpy array, for C code that reads it as
     bytes: of the tensor's own dtype and shape where numpy has the dtype (one call: a
     lookup hook's view, taken every step), else :func:`as_bytes`."""
-    if t.dtype in _NUMPY_DTYPES and not t.requires_grad:
+    if t.dtype in NUMPY_DTYPES and not t.requires_grad:
         return t.numpy()
     return as_bytes(t)
 

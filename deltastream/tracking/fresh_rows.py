@@ -30,7 +30,7 @@ import torch
 
 from deltastream.cores import spare_cores
 from deltastream.native_ext import NativeExtension
-from deltastream.tensor_views import as_buffer, as_bytes
+from deltastream.tensor_views import NUMPY_DTYPES, as_buffer, as_bytes
 from deltastream.tracking.owed_rows import KEEP_BYTES, OwedRows
 from deltastream.tracking.sorted_ids import sort_ids_with_perm
 from deltastream.tracking.spare_rows import SpareRows
@@ -57,10 +57,6 @@ def spare_core() -> bool:
     return native_enabled() and spare_cores() > 0
 
 
-#: arena dtypes numpy has (:meth:`FreshRows.add_output` compares a lookup's rows with it)
-_NUMPY_ROWS = frozenset({torch.float64, torch.float32, torch.float16})
-
-
 def _check_range(q: np.ndarray, capacity: int) -> None:
     if q.size and (int(q.min()) < 0 or int(q.max()) >= capacity):
         at = int(np.flatnonzero((q < 0) | (q >= capacity))[0])
@@ -84,7 +80,7 @@ class FreshRows:
 
     __slots__ = ("slot", "bits", "words", "bits_valid", "order", "arena", "used",
                  "numpy_rows", "owed", "overcount", "forgotten", "spares", "_late",
-                 "_arena_bytes", "_arena_dtype", "_arena_np", "_src_key", "_src_bytes")
+                 "_arena_bytes", "_arena_dtype", "_arena_numpy", "_src_key", "_src_bytes")
 
     def __init__(self, capacity: int) -> None:
         #: int32 ``[capacity]``: 0, or 1 + the arena row of a marked position (the marks)
@@ -100,7 +96,7 @@ class FreshRows:
         self.arena: Optional[torch.Tensor] = None  # [>= used, dim], the rows' dtype
         self._arena_bytes: Optional[np.ndarray] = None  # the arena's bytes
         self._arena_dtype: Optional[torch.dtype] = None  # and its dtype
-        self._arena_np: Optional[np.dtype] = None  # numpy's (None: bf16)
+        self._arena_numpy = False  # whether numpy has that dtype (not bf16)
         self._src_key: Optional[tuple] = None  # (address, shape, dtype) of the table seen
         self._src_bytes: Optional[np.ndarray] = None  # its bytes (keeps that memory alive)
         self.used = 0  # arena rows written (>= the marked positions)
@@ -210,22 +206,23 @@ class FreshRows:
         """:meth:`add` of a lookup's output (``ids`` int32/int64 CPU ``[n]``, ``rows`` its
         ``[n, dim]`` rows, no autograd) in one C call, or None (nothing done) where
         :meth:`add` must run: the C code off, a marking on the lane, owed rows, numpy's
-        marks, no room reserved, or a position past the marks (a table that grew: ``add``
+        marks, no room reserved, rows of another dtype than the arena's or of one numpy
+        lacks (bf16), or a position past the marks (a table that grew: ``add``
         grows first, and names a position that is out of range). The same state as
         ``add(ids, rows, by_occurrence=True)`` with fewer torch calls and frames: on a
         step's cold caches each costs ~1 µs (``BENCHMARKS.md``, stop 78)."""
         if self._late is not None or self.overcount or not self.bits_valid \
                 or (self.owed is not None and (self.owed.left or self.owed.walking)) \
-                or self._arena_np is None or not native_enabled():
+                or self._arena_bytes is None or not self._arena_numpy \
+                or rows.dtype is not self._arena_dtype or not native_enabled():
             return None
         q, r = ids.numpy(), rows.numpy()
         used, n = self.used, q.size
-        if r.ndim != 2 or r.dtype != self._arena_np or not (q.flags.c_contiguous and
-                                                           r.flags.c_contiguous) \
+        if r.ndim != 2 or not (q.flags.c_contiguous and r.flags.c_contiguous) \
                 or used + n > self.order.size or used + n >= 2**31 - 1:
             return None
         rb = r.strides[0]
-        if self._arena_bytes is None or self._arena_bytes.size < (used + n) * rb:
+        if self._arena_bytes.size < (used + n) * rb:
             return None
         try:
             self.used = native.mark_fresh(self.slot, self.bits, self.order, q, r, True, rb,
@@ -327,7 +324,7 @@ class FreshRows:
         if old is not None:  # outgrown (nobody else holds it): a later interval may fit it
             self.spares.give_back(old)
         self.arena, self._arena_bytes, self._arena_dtype = grown, as_bytes(grown), grown.dtype
-        self._arena_np = grown.numpy().dtype if grown.dtype in _NUMPY_ROWS else None
+        self._arena_numpy = grown.dtype in NUMPY_DTYPES
 
     def drain(self, with_rows: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The marked positions (int64 ``[k]``, ascending) and, with ``with_rows``, each

@@ -230,8 +230,7 @@ class Recorder:
                 p.n_states += n
         self.counts["lookups_recorded"] += 1
         self.counts["ids_recorded"] += n
-        if self.max_rows is not None:  # (enforce_bound_if_set, inline: every lookup)
-            self.enforce_bound(list(self._cursors()))
+        self.enforce_bound_if_set()
 
     def record_insert(self, fqn: str, ids: torch.Tensor) -> None:
         """Ids inserted into a dynamic table (they are ``new`` until each consumer reads)."""

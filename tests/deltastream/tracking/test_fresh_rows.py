@@ -134,6 +134,17 @@ def test_a_lookups_output_waits_for_add_while_a_marking_is_late_or_rows_are_owed
     assert f.owes and f.add_output(torch.tensor([4]), weight[[4]]) is None
 
 
+def test_a_lookups_output_of_another_dtype_than_the_arena_goes_to_add(fresh_path):
+    """Rows of another dtype than the arena's (bf16 included, which numpy lacks) are left
+    to ``add``: no error, nothing changed."""
+    f = FreshRows(100)
+    f.add(torch.tensor([1]), torch.ones(1, 8), by_occurrence=True)
+    before = _state(f)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        assert f.add_output(torch.tensor([2]), torch.ones(1, 8, dtype=dtype)) is None
+        assert _same(_state(f), before)
+
+
 def test_both_paths_agree_and_may_follow_each_other():
     if not fresh_rows.NATIVE_AVAILABLE:
         pytest.skip("deltastream.tracking.native is not built")
